@@ -1,1 +1,32 @@
+//! Device side of `blockscaled`, and the definitions both sides share.
+//!
+//! This crate is compiled twice from one source:
+//! - for `nvptx64-nvidia-cuda` (by `blockscaled-builder`, once per GPU target), where it holds the
+//!   kernel entry points ([`kernels`]) and the PTX instruction wrappers ([`ptx`]);
+//! - for the host, as an ordinary `no_std` library, where the host crate uses the `#[repr(C)]`
+//!   parameter structs ([`params`]), the bit-exact formats ([`format`]) and the kernel table
+//!   ([`registry`]) — so the two sides can never disagree on a layout or a rounding rule.
 #![no_std]
+#![cfg_attr(
+    target_arch = "nvptx64",
+    feature(abi_ptx, asm_experimental_arch, stdarch_nvptx)
+)]
+
+pub mod format;
+pub mod params;
+pub mod registry;
+
+#[cfg(target_arch = "nvptx64")]
+pub mod ptx;
+
+#[cfg(target_arch = "nvptx64")]
+pub mod kernels;
+
+/// A panic on the GPU (only reachable through a bug: kernels index with checked bounds only where
+/// the host could not validate) traps, which the host sees as a launch failure.
+#[cfg(target_arch = "nvptx64")]
+#[panic_handler]
+fn panic(_: &core::panic::PanicInfo) -> ! {
+    // SAFETY: `trap` aborts the kernel, which is what a panic must do.
+    unsafe { core::arch::nvptx::trap() }
+}

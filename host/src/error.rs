@@ -1,0 +1,36 @@
+//! The one error type of the public API. Every bad input is one of these, never a panic.
+
+use crate::format::OperandFormat;
+
+/// What went wrong, said so that the caller can fix it.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Dimensions that do not fit together or do not fit the format.
+    #[error("shape: {0}")]
+    Shape(String),
+    /// A size or stride the format's packing or a kernel's access width needs to be a multiple of.
+    #[error("alignment: {0}")]
+    Alignment(String),
+    /// A format or format combination that is not supported, or a value the format cannot hold.
+    #[error("format: {0}")]
+    Format(String),
+    /// The GPU's architecture has no kernel for this request.
+    #[error("architecture: {0}")]
+    Architecture(String),
+    /// No CUDA driver, or no GPU with that ordinal.
+    #[error("no CUDA device: {0}")]
+    NoDevice(String),
+    /// A CUDA driver call failed.
+    #[error("CUDA driver: {0}")]
+    Driver(#[from] cudarc::driver::DriverError),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+pub(crate) fn shape(msg: impl Into<String>) -> Error {
+    Error::Shape(msg.into())
+}
+
+pub(crate) fn format_err(fmt: &OperandFormat, msg: impl std::fmt::Display) -> Error {
+    Error::Format(format!("{fmt}: {msg}"))
+}

@@ -1,0 +1,299 @@
+//! [`ScaledMatrix`]: block-scaled data and its scales, validated once at construction.
+//!
+//! ## Memory layout
+//! An operand is a batch of `batch` matrices of `rows` × `k` (A: M×K, B: N×K — both K-major, the
+//! "TN" layout of cuBLASLt's fp8 GEMM, torch `_scaled_mm(a, b.t())` and DeepGEMM).
+//! - **Data**: element `(l, r, k)` is element number `(l·rows + r)·k + k` in the buffer. FP8
+//!   elements take one byte. **e2m1 packs two elements per byte: element `2i` in the low nibble
+//!   (bits 0–3), element `2i + 1` in the high nibble** — torch's `float4_e2m1fn_x2` and CUTLASS's
+//!   order — so K must be even (each row starts on a byte).
+//! - **Scales**: one per block (see [`crate::format::ScaleBlock`]): `row_blocks = ⌈rows /
+//!   block_rows⌉`, `k_blocks = ⌈k / block_k⌉`; scale `(l, rb, kb)` is scale element number
+//!   `l·batch_stride + rb·row_stride + kb·k_stride` ([`ScaleLayout`]). e8m0 and ue4m3 scales are one
+//!   byte each, fp32 scales four bytes, little-endian.
+//! - **Value**: `decode(element) · decode(scale) · tensor_scale` (`tensor_scale` is 1 except for NVFP4).
+
+use crate::error::{Error, Result, shape};
+use crate::format::{ElemType, OperandFormat, ScaleMajor, ScaleType};
+use blockscaled_kernels::params::OperandParams;
+
+/// Where each scale lives in the scale buffer, in scale elements.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ScaleLayout {
+    pub row_blocks: usize,
+    pub k_blocks: usize,
+    pub row_stride: usize,
+    pub k_stride: usize,
+    pub batch_stride: usize,
+}
+
+impl ScaleLayout {
+    /// A packed layout with the given major order.
+    pub fn packed(major: ScaleMajor, row_blocks: usize, k_blocks: usize) -> Self {
+        let (row_stride, k_stride) = match major {
+            ScaleMajor::K => (k_blocks, 1),
+            ScaleMajor::Mn => (1, row_blocks),
+        };
+        ScaleLayout {
+            row_blocks,
+            k_blocks,
+            row_stride,
+            k_stride,
+            batch_stride: row_blocks * k_blocks,
+        }
+    }
+
+    /// Scale elements a buffer needs for `batch` entries (largest index + 1).
+    pub fn required_len(&self, batch: usize) -> Option<usize> {
+        let last = (batch.checked_sub(1)?)
+            .checked_mul(self.batch_stride)?
+            .checked_add((self.row_blocks.checked_sub(1)?).checked_mul(self.row_stride)?)?
+            .checked_add((self.k_blocks.checked_sub(1)?).checked_mul(self.k_stride)?)?;
+        last.checked_add(1)
+    }
+
+    /// Index of scale (l, rb, kb).
+    #[inline]
+    pub fn index(&self, l: usize, rb: usize, kb: usize) -> usize {
+        l * self.batch_stride + rb * self.row_stride + kb * self.k_stride
+    }
+}
+
+/// Everything about a block-scaled matrix except its bytes: what a device copy keeps too.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MatrixDesc {
+    pub format: OperandFormat,
+    pub rows: usize,
+    pub k: usize,
+    pub batch: usize,
+    pub scale_layout: ScaleLayout,
+    pub tensor_scale: f32,
+}
+
+/// Largest dimension the kernels index with 32-bit coordinates.
+const MAX_DIM: usize = i32::MAX as usize;
+/// Grid z carries the batch: at most 65535.
+const MAX_BATCH: usize = 65535;
+
+impl MatrixDesc {
+    /// (rows per scale block, K per scale block).
+    pub fn block_extent(&self) -> (usize, usize) {
+        self.format.block.extent(self.rows, self.k)
+    }
+
+    /// Bytes of element data.
+    pub fn data_bytes(&self) -> usize {
+        self.batch * self.rows * self.k * self.format.elem.bits() as usize / 8
+    }
+
+    /// Bytes of the scale buffer (packed to the largest index).
+    pub fn scale_bytes(&self) -> usize {
+        self.scale_layout.required_len(self.batch).unwrap_or(0) * self.format.scale.bytes()
+    }
+
+    /// Checks every rule of the module doc; the kernels trust what passes.
+    pub fn validate(&self) -> Result<()> {
+        self.format.validate()?;
+        let (r, k, l) = (self.rows, self.k, self.batch);
+        if r == 0 || k == 0 || l == 0 {
+            return Err(shape(format!("empty matrix: rows {r}, k {k}, batch {l}")));
+        }
+        if r > MAX_DIM || k > MAX_DIM {
+            return Err(shape(format!("rows {r} or k {k} above {MAX_DIM}")));
+        }
+        if l > MAX_BATCH {
+            return Err(shape(format!("batch {l} above {MAX_BATCH}")));
+        }
+        if self.format.elem == ElemType::E2M1 && k % 2 != 0 {
+            return Err(Error::Alignment(format!(
+                "e2m1 packs two elements per byte along K, so K must be even (K = {k})"
+            )));
+        }
+        r.checked_mul(k)
+            .and_then(|x| x.checked_mul(l))
+            .ok_or_else(|| shape(format!("{l}×{r}×{k} elements overflow")))?;
+        let (br, bk) = self.block_extent();
+        let want = (r.div_ceil(br), k.div_ceil(bk));
+        let got = (self.scale_layout.row_blocks, self.scale_layout.k_blocks);
+        if want != got {
+            return Err(shape(format!(
+                "{}: a {r}×{k} matrix has {}×{} scale blocks, the scale layout says {}×{}",
+                self.format, want.0, want.1, got.0, got.1
+            )));
+        }
+        self.scale_layout
+            .required_len(l)
+            .ok_or_else(|| shape("scale layout strides overflow".to_string()))?;
+        if !(self.tensor_scale.is_finite() && self.tensor_scale > 0.0) {
+            return Err(crate::error::format_err(
+                &self.format,
+                format!(
+                    "tensor scale must be finite and positive, got {}",
+                    self.tensor_scale
+                ),
+            ));
+        }
+        if !self.format.tensor_scale && self.tensor_scale != 1.0 {
+            return Err(crate::error::format_err(
+                &self.format,
+                "this format has no tensor scale (it must be 1)",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Kernel parameters for this matrix at the given device addresses.
+    pub(crate) fn params(&self, data: u64, scales: u64) -> OperandParams {
+        let (br, bk) = self.block_extent();
+        OperandParams {
+            data,
+            scales,
+            row_stride: self.k as u64,
+            batch_stride: (self.rows * self.k) as u64,
+            scale_row_stride: self.scale_layout.row_stride as u64,
+            scale_k_stride: self.scale_layout.k_stride as u64,
+            scale_batch_stride: self.scale_layout.batch_stride as u64,
+            rows: self.rows as u32,
+            elem: self.format.elem as u32,
+            scale_type: self.format.scale as u32,
+            block_rows: br as u32,
+            block_k: bk as u32,
+            tensor_scale: self.tensor_scale,
+        }
+    }
+}
+
+/// A block-scaled matrix in host memory (see the module doc for the layout).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ScaledMatrix {
+    desc: MatrixDesc,
+    data: Vec<u8>,
+    scales: Vec<u8>,
+}
+
+impl ScaledMatrix {
+    /// Wraps existing bytes (e.g. from torch or DeepGEMM) after checking that they are complete
+    /// and consistent with the format.
+    #[allow(clippy::too_many_arguments)]
+    pub fn from_parts(
+        format: OperandFormat,
+        rows: usize,
+        k: usize,
+        batch: usize,
+        data: Vec<u8>,
+        scales: Vec<u8>,
+        scale_layout: ScaleLayout,
+        tensor_scale: f32,
+    ) -> Result<Self> {
+        let desc = MatrixDesc {
+            format,
+            rows,
+            k,
+            batch,
+            scale_layout,
+            tensor_scale,
+        };
+        desc.validate()?;
+        if data.len() != desc.data_bytes() {
+            return Err(shape(format!(
+                "{format}: {batch}×{rows}×{k} elements take {} bytes, got {}",
+                desc.data_bytes(),
+                data.len()
+            )));
+        }
+        if scales.len() < desc.scale_bytes() {
+            return Err(shape(format!(
+                "{format}: the scale layout reaches {} bytes, got {}",
+                desc.scale_bytes(),
+                scales.len()
+            )));
+        }
+        if format.scale == ScaleType::UE4M3 {
+            if let Some(b) = scales.iter().find(|&&b| b & 0x80 != 0) {
+                return Err(crate::error::format_err(
+                    &format,
+                    format!("ue4m3 scale byte {b:#04x} has the sign bit set"),
+                ));
+            }
+        }
+        Ok(ScaledMatrix { desc, data, scales })
+    }
+
+    pub(crate) fn from_validated(desc: MatrixDesc, data: Vec<u8>, scales: Vec<u8>) -> Self {
+        debug_assert!(desc.validate().is_ok());
+        debug_assert_eq!(data.len(), desc.data_bytes());
+        ScaledMatrix { desc, data, scales }
+    }
+
+    pub fn desc(&self) -> &MatrixDesc {
+        &self.desc
+    }
+    pub fn format(&self) -> OperandFormat {
+        self.desc.format
+    }
+    pub fn rows(&self) -> usize {
+        self.desc.rows
+    }
+    pub fn k(&self) -> usize {
+        self.desc.k
+    }
+    pub fn batch(&self) -> usize {
+        self.desc.batch
+    }
+    pub fn tensor_scale(&self) -> f32 {
+        self.desc.tensor_scale
+    }
+    pub fn data(&self) -> &[u8] {
+        &self.data
+    }
+    pub fn scales(&self) -> &[u8] {
+        &self.scales
+    }
+    pub fn scale_layout(&self) -> &ScaleLayout {
+        &self.desc.scale_layout
+    }
+
+    /// The element code at (l, r, k) (for e2m1 the nibble).
+    pub fn code(&self, l: usize, r: usize, k: usize) -> u8 {
+        let i = (l * self.desc.rows + r) * self.desc.k + k;
+        match self.desc.format.elem {
+            ElemType::E2M1 => {
+                let byte = self.data[i / 2];
+                if i % 2 == 0 { byte & 0x0F } else { byte >> 4 }
+            }
+            _ => self.data[i],
+        }
+    }
+
+    /// The decoded scale (times the tensor scale) that applies to element (l, r, k).
+    pub fn scale_value(&self, l: usize, r: usize, k: usize) -> f64 {
+        let (br, bk) = self.desc.block_extent();
+        let s = self.desc.scale_layout.index(l, r / br, k / bk);
+        let st = self.desc.format.scale;
+        let bits = match st.bytes() {
+            1 => self.scales[s] as u32,
+            _ => u32::from_le_bytes(self.scales[4 * s..4 * s + 4].try_into().expect("4 bytes")),
+        };
+        st.decode_bits(bits) as f64 * self.desc.tensor_scale as f64
+    }
+
+    /// The dequantized value of element (l, r, k).
+    pub fn value(&self, l: usize, r: usize, k: usize) -> f64 {
+        self.desc.format.elem.decode(self.code(l, r, k)) as f64 * self.scale_value(l, r, k)
+    }
+
+    /// All values, `[batch][rows][k]`, in float64 (exact: every product of an element and its
+    /// scales is representable).
+    pub fn dequantize(&self) -> Vec<f64> {
+        use rayon::prelude::*;
+        let (rows, k) = (self.desc.rows, self.desc.k);
+        let mut out = vec![0.0f64; self.desc.batch * rows * k];
+        out.par_chunks_mut(k).enumerate().for_each(|(lr, row)| {
+            let (l, r) = (lr / rows, lr % rows);
+            for (kk, v) in row.iter_mut().enumerate() {
+                *v = self.value(l, r, kk);
+            }
+        });
+        out
+    }
+}

@@ -1,0 +1,126 @@
+//! `#[repr(C)]` kernel parameters, shared by the host (which fills them) and the kernels (which
+//! read them). Kernel parameters travel by value in the `.param` space; every struct here is
+//! 8-byte aligned (rustc's nvptx64 ABI rejects by-value parameters aligned above 16 bytes).
+//!
+//! ## Memory layout the kernels read (the host documents and validates the same)
+//! - An operand (A: M×K, B: N×K) is stored K-major: element `(l, r, k)` at element index
+//!   `l·batch_stride + r·row_stride + k`. For e2m1 two elements share a byte: element index `i`
+//!   is in byte `i / 2`, the even element in the low nibble (bits 0–3), the odd one in the high
+//!   nibble, so `row_stride` and `batch_stride` are even.
+//! - Its scales: scale `(l, rb, kb)` with `rb = r / block_rows`, `kb = k / block_k` at scale index
+//!   `l·scale_batch_stride + rb·scale_row_stride + kb·scale_k_stride` (so K-major and MN-major
+//!   scale tensors are both described). The dequantized value is
+//!   `decode(elem) · decode(scale) · tensor_scale`.
+//! - The output C (M×N) is row-major, element `(l, m, n)` at `l·out_batch_stride +
+//!   m·out_row_stride + n`, of type [`OutType`].
+
+use crate::format::{ElemType, ScaleType};
+
+/// Output element type.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum OutType {
+    #[default]
+    Bf16 = 0,
+    F16 = 1,
+    F32 = 2,
+}
+
+impl OutType {
+    /// Bytes per element.
+    pub const fn bytes(self) -> usize {
+        match self {
+            OutType::Bf16 | OutType::F16 => 2,
+            OutType::F32 => 4,
+        }
+    }
+
+    pub const fn name(self) -> &'static str {
+        match self {
+            OutType::Bf16 => "bf16",
+            OutType::F16 => "f16",
+            OutType::F32 => "f32",
+        }
+    }
+
+    pub const fn from_u32(v: u32) -> Option<Self> {
+        match v {
+            0 => Some(OutType::Bf16),
+            1 => Some(OutType::F16),
+            2 => Some(OutType::F32),
+            _ => None,
+        }
+    }
+}
+
+/// One block-scaled operand as a kernel sees it. Strides are in elements (data) and in scale
+/// elements (scales); pointers are device addresses.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct OperandParams {
+    pub data: u64,
+    pub scales: u64,
+    pub row_stride: u64,
+    pub batch_stride: u64,
+    pub scale_row_stride: u64,
+    pub scale_k_stride: u64,
+    pub scale_batch_stride: u64,
+    /// Rows of this operand (M for A, N for B).
+    pub rows: u32,
+    /// [`ElemType`] as u32.
+    pub elem: u32,
+    /// [`ScaleType`] as u32.
+    pub scale_type: u32,
+    /// Rows that share one scale (1, 128, or `rows` for per-tensor).
+    pub block_rows: u32,
+    /// K elements that share one scale (16, 32, 128, or K for per-row / per-tensor).
+    pub block_k: u32,
+    /// Per-tensor fp32 multiplier (NVFP4's second-level scale; 1.0 otherwise).
+    pub tensor_scale: f32,
+}
+
+impl OperandParams {
+    pub fn elem_type(&self) -> Option<ElemType> {
+        ElemType::from_u32(self.elem)
+    }
+    pub fn scale_kind(&self) -> Option<ScaleType> {
+        ScaleType::from_u32(self.scale_type)
+    }
+}
+
+/// Parameters of one GEMM: C[l] = A[l] · B[l]ᵀ for l in 0..L.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct GemmParams {
+    pub a: OperandParams,
+    pub b: OperandParams,
+    pub out: u64,
+    pub out_row_stride: u64,
+    pub out_batch_stride: u64,
+    pub m: u32,
+    pub n: u32,
+    pub k: u32,
+    pub l: u32,
+    /// [`OutType`] as u32.
+    pub out_type: u32,
+    pub _pad: u32,
+}
+
+/// Reference kernel block shape: 32 threads along N (one warp reads B rows 32 apart and shares
+/// each A element by broadcast), 8 warps along M.
+pub const REFERENCE_BLOCK_N: u32 = 32;
+pub const REFERENCE_BLOCK_M: u32 = 8;
+pub const REFERENCE_BLOCK_THREADS: u32 = REFERENCE_BLOCK_N * REFERENCE_BLOCK_M;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use core::mem::{align_of, size_of};
+
+    #[test]
+    fn params_have_no_implicit_padding_and_param_space_alignment() {
+        assert_eq!(size_of::<OperandParams>(), 7 * 8 + 6 * 4);
+        assert_eq!(size_of::<GemmParams>(), 2 * size_of::<OperandParams>() + 3 * 8 + 6 * 4);
+        assert_eq!(align_of::<GemmParams>(), 8);
+    }
+}

@@ -1,0 +1,23 @@
+//! Conversions to the output types. PTX ISA: "Data Movement and Conversion Instructions: cvt"
+//! (`cvt.rn.bf16.f32` needs sm_80+, `cvt.rn.f16.f32`). Round to nearest even, as
+//! `half::bf16::from_f32` / `half::f16::from_f32` do on the host.
+
+use core::arch::asm;
+
+/// f32 → bf16 bits, round to nearest even (NaN stays NaN).
+#[inline(always)]
+pub fn f32_to_bf16(x: f32) -> u16 {
+    let h: u16;
+    // SAFETY: register-only conversion.
+    unsafe { asm!("cvt.rn.bf16.f32 {h}, {x};", h = out(reg16) h, x = in(reg32) x, options(pure, nomem, nostack)) };
+    h
+}
+
+/// f32 → f16 bits, round to nearest even, overflow to ±inf.
+#[inline(always)]
+pub fn f32_to_f16(x: f32) -> u16 {
+    let h: u16;
+    // SAFETY: register-only conversion.
+    unsafe { asm!("cvt.rn.f16.f32 {h}, {x};", h = out(reg16) h, x = in(reg32) x, options(pure, nomem, nostack)) };
+    h
+}

@@ -1,0 +1,109 @@
+//! Thread, block and cluster identity; barriers.
+//! PTX ISA: "Special Registers" (%tid, %ntid, %ctaid, %nctaid, %laneid, %cluster_ctarank,
+//! %cluster_nctarank) and "Parallel Synchronization and Communication Instructions: bar, barrier,
+//! barrier.cluster", "Miscellaneous Instructions: setmaxnreg".
+
+use core::arch::{asm, nvptx};
+
+#[inline(always)]
+pub fn thread_x() -> u32 {
+    // SAFETY: reading a special register has no preconditions.
+    unsafe { nvptx::_thread_idx_x() as u32 }
+}
+#[inline(always)]
+pub fn thread_y() -> u32 {
+    // SAFETY: as above.
+    unsafe { nvptx::_thread_idx_y() as u32 }
+}
+#[inline(always)]
+pub fn block_x() -> u32 {
+    // SAFETY: as above.
+    unsafe { nvptx::_block_idx_x() as u32 }
+}
+#[inline(always)]
+pub fn block_y() -> u32 {
+    // SAFETY: as above.
+    unsafe { nvptx::_block_idx_y() as u32 }
+}
+#[inline(always)]
+pub fn block_z() -> u32 {
+    // SAFETY: as above.
+    unsafe { nvptx::_block_idx_z() as u32 }
+}
+#[inline(always)]
+pub fn block_dim_x() -> u32 {
+    // SAFETY: as above.
+    unsafe { nvptx::_block_dim_x() as u32 }
+}
+#[inline(always)]
+pub fn grid_dim_x() -> u32 {
+    // SAFETY: as above.
+    unsafe { nvptx::_grid_dim_x() as u32 }
+}
+
+/// Lane within the warp (0..32).
+#[inline(always)]
+pub fn lane() -> u32 {
+    let r: u32;
+    // SAFETY: reads %laneid.
+    unsafe { asm!("mov.u32 {r}, %laneid;", r = out(reg32) r, options(nomem, nostack)) };
+    r
+}
+
+/// `bar.sync 0`: every thread of the block (the `__syncthreads` of CUDA).
+#[inline(always)]
+pub fn sync_block() {
+    // SAFETY: must be reached by all threads of the block (the caller's control flow is uniform).
+    unsafe { nvptx::_syncthreads() }
+}
+
+/// `bar.sync id, threads`: a named barrier among `threads` threads (a multiple of 32), used to
+/// synchronize one role (e.g. the two consumer warpgroups) without stopping the others.
+#[inline(always)]
+pub fn named_barrier(id: u32, threads: u32) {
+    // SAFETY: exactly `threads` threads, whole warps, must reach barrier `id` (< 16).
+    unsafe { asm!("bar.sync {id}, {n};", id = in(reg32) id, n = in(reg32) threads, options(nostack)) };
+}
+
+/// This CTA's rank in its cluster.
+#[inline(always)]
+pub fn cluster_cta_rank() -> u32 {
+    let r: u32;
+    // SAFETY: reads %cluster_ctarank (sm_90+).
+    unsafe { asm!("mov.u32 {r}, %cluster_ctarank;", r = out(reg32) r, options(nomem, nostack)) };
+    r
+}
+
+/// CTAs in this cluster.
+#[inline(always)]
+pub fn cluster_cta_count() -> u32 {
+    let r: u32;
+    // SAFETY: reads %cluster_nctarank (sm_90+).
+    unsafe { asm!("mov.u32 {r}, %cluster_nctarank;", r = out(reg32) r, options(nomem, nostack)) };
+    r
+}
+
+/// `barrier.cluster.arrive` + `wait`: every thread of every CTA in the cluster.
+#[inline(always)]
+pub fn sync_cluster() {
+    // SAFETY: reached by all threads of all CTAs of the cluster.
+    unsafe { asm!("barrier.cluster.arrive.aligned;", "barrier.cluster.wait.aligned;", options(nostack)) };
+}
+
+/// `setmaxnreg.inc`: raise this warpgroup's register budget to `N` (24..=256, multiple of 8).
+/// Takes effect only when the kernel has a register cap at entry (`.maxntid`, which the builder
+/// writes from `registry::KERNELS`); ptxas warns (C7508) otherwise.
+#[cfg(any(target_feature = "sm_90a", target_feature = "sm_100a"))]
+#[inline(always)]
+pub fn raise_registers<const N: u32>() {
+    // SAFETY: executed by all threads of a warpgroup (`.sync.aligned`).
+    unsafe { asm!("setmaxnreg.inc.sync.aligned.u32 {n};", n = const N, options(nostack)) };
+}
+
+/// `setmaxnreg.dec`: lower this warpgroup's register budget to `N`.
+#[cfg(any(target_feature = "sm_90a", target_feature = "sm_100a"))]
+#[inline(always)]
+pub fn lower_registers<const N: u32>() {
+    // SAFETY: executed by all threads of a warpgroup (`.sync.aligned`).
+    unsafe { asm!("setmaxnreg.dec.sync.aligned.u32 {n};", n = const N, options(nostack)) };
+}

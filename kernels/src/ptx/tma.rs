@@ -1,0 +1,86 @@
+//! The tensor memory accelerator: bulk tensor copies between global and shared memory.
+//! PTX ISA: "Data Movement and Conversion Instructions: cp.async.bulk.tensor",
+//! "cp.async.bulk.commit_group", "cp.async.bulk.wait_group", "prefetch.tensormap".
+//!
+//! Operand rules: `tmap` is the generic address of a 128-byte `CUtensorMap` in global memory,
+//! 64-byte aligned (the host encodes it with `cuTensorMapEncodeTiled` and copies it there: a
+//! by-value kernel parameter cannot carry that alignment from Rust). Coordinates are element
+//! indices, innermost first; out-of-bounds boxes are zero-filled on load and clipped on store.
+//! Destinations with 128-byte swizzle are 1024-byte aligned.
+
+use core::arch::asm;
+
+/// Loads a 2-D box into shared memory; completion is counted in bytes on `bar`.
+/// # Safety
+/// `dst` has room for the box; `bar` expects the bytes (see `mbarrier::arrive_expect_tx`).
+#[inline(always)]
+pub unsafe fn load_2d(dst: u32, tmap: u64, x: i32, y: i32, bar: u32) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        asm!("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [{d}], [{m}, {{{x}, {y}}}], [{b}];",
+             d = in(reg32) dst, m = in(reg64) tmap, x = in(reg32) x, y = in(reg32) y, b = in(reg32) bar,
+             options(nostack))
+    };
+}
+
+/// Loads a 3-D box (e.g. batch as the outer coordinate).
+/// # Safety
+/// As [`load_2d`].
+#[inline(always)]
+pub unsafe fn load_3d(dst: u32, tmap: u64, x: i32, y: i32, z: i32, bar: u32) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        asm!("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [{d}], [{m}, {{{x}, {y}, {z}}}], [{b}];",
+             d = in(reg32) dst, m = in(reg64) tmap, x = in(reg32) x, y = in(reg32) y, z = in(reg32) z,
+             b = in(reg32) bar, options(nostack))
+    };
+}
+
+/// Loads a 2-D box into the same shared offset of every CTA in `cta_mask` (multicast within the
+/// cluster); each destination CTA's barrier at offset `bar` receives the bytes.
+/// # Safety
+/// As [`load_2d`], in every CTA of the mask.
+#[inline(always)]
+pub unsafe fn load_2d_multicast(dst: u32, tmap: u64, x: i32, y: i32, bar: u32, cta_mask: u16) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        asm!("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [{d}], [{m}, {{{x}, {y}}}], [{b}], {k};",
+             d = in(reg32) dst, m = in(reg64) tmap, x = in(reg32) x, y = in(reg32) y, b = in(reg32) bar,
+             k = in(reg16) cta_mask, options(nostack))
+    };
+}
+
+/// Stores a 2-D box from shared memory; completes in a bulk group (see [`commit`] / [`wait_read`]).
+/// # Safety
+/// `src` holds the box, written before a `smem::fence_async_proxy` by each writer.
+#[inline(always)]
+pub unsafe fn store_2d(tmap: u64, x: i32, y: i32, src: u32) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        asm!("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [{m}, {{{x}, {y}}}], [{s}];",
+             m = in(reg64) tmap, x = in(reg32) x, y = in(reg32) y, s = in(reg32) src, options(nostack))
+    };
+}
+
+/// Closes the current bulk group of stores.
+#[inline(always)]
+pub fn commit() {
+    // SAFETY: no operands.
+    unsafe { asm!("cp.async.bulk.commit_group;", options(nostack)) };
+}
+
+/// Waits until at most `N` bulk groups still read their shared-memory source.
+#[inline(always)]
+pub fn wait_read<const N: u32>() {
+    // SAFETY: no memory operands.
+    unsafe { asm!("cp.async.bulk.wait_group.read {n};", n = const N, options(nostack)) };
+}
+
+/// Brings a tensor map into the cache ahead of its first use.
+/// # Safety
+/// `tmap` is the address of a tensor map.
+#[inline(always)]
+pub unsafe fn prefetch_map(tmap: u64) {
+    // SAFETY: the caller's contract; a prefetch has no visible effect.
+    unsafe { asm!("prefetch.tensormap [{m}];", m = in(reg64) tmap, options(nostack)) };
+}

@@ -1,0 +1,86 @@
+//! Warpgroup matrix multiply-accumulate (sm_90a).
+//! PTX ISA: "Asynchronous Warpgroup Level Matrix Multiply-Accumulate Instructions"
+//! (`wgmma.fence`, `wgmma.mma_async`, `wgmma.commit_group`, `wgmma.wait_group`) and its
+//! "Matrix Descriptor Format" section.
+//!
+//! Operand rules: issued by all 128 threads of a warpgroup (4 consecutive warps starting at a warp
+//! index divisible by 4). A and B come from shared memory through 64-bit descriptors; the f32
+//! accumulator fragment lives in registers: thread t (warp w = t/32, lane l) holds, for
+//! m64nNk32, value i at row `16w + l/4 + 8·((i/2)%2)`, column `8·(i/4) + 2·(l%4) + (i%2)`.
+//! Verified on the H100 (see HOPPER-RUST-NOTES): SASS `QGMMA.64xNx32.F32.E4M3.E4M3`.
+
+use core::arch::asm;
+
+/// Shared-memory layout of a K-major operand tile, as the descriptor's bits 62–63 encode it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u64)]
+pub enum Swizzle {
+    None = 0,
+    B128 = 1,
+    B64 = 2,
+    B32 = 3,
+}
+
+/// A wgmma shared-memory matrix descriptor.
+/// Bits 0–13: start address >> 4; 16–29: leading-dimension byte offset >> 4; 32–45: stride-
+/// dimension byte offset >> 4; 49–51: base offset (0: tiles are 1024-byte aligned); 62–63: swizzle.
+/// For K-major tiles: LBO is the byte step between core matrices along K (unused with 128-byte
+/// swizzle, where one row already spans the K-block), SBO the byte step between 8-row groups
+/// (1024 with 128-byte swizzle: 8 rows × 128 bytes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Descriptor(pub u64);
+
+impl Descriptor {
+    #[inline(always)]
+    pub const fn new(smem_addr: u32, lbo: u32, sbo: u32, swizzle: Swizzle) -> Self {
+        let lo = ((smem_addr as u64 >> 4) & 0x3FFF) | (((lbo as u64 >> 4) & 0x3FFF) << 16);
+        let hi = (((sbo as u64 >> 4) & 0x3FFF) << 32) | ((swizzle as u64) << 62);
+        Descriptor(lo | hi)
+    }
+
+    /// The same layout starting `bytes` further on (the k-step inside a swizzled row: 32 bytes per
+    /// 32 e4m3 elements). `bytes` is a multiple of 16.
+    #[inline(always)]
+    pub const fn advance(self, bytes: u32) -> Self {
+        Descriptor(self.0 + (bytes as u64 >> 4))
+    }
+}
+
+/// Orders this warpgroup's register accesses to the accumulators before the next `mma_async`.
+#[inline(always)]
+pub fn fence() {
+    // SAFETY: `.sync.aligned`: all threads of the warpgroup execute it.
+    unsafe { asm!("wgmma.fence.sync.aligned;", options(nostack)) };
+}
+
+/// Closes the group of issued `mma_async` operations.
+#[inline(always)]
+pub fn commit() {
+    // SAFETY: as above.
+    unsafe { asm!("wgmma.commit_group.sync.aligned;", options(nostack)) };
+}
+
+/// Waits until at most `N` committed groups are pending. The accumulator registers of completed
+/// groups may then be read.
+#[inline(always)]
+pub fn wait<const N: u32>() {
+    // SAFETY: as above.
+    unsafe { asm!("wgmma.wait_group.sync.aligned {n};", n = const N, options(nostack)) };
+}
+
+/// `wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3`: D (64×8 f32) = A·Bᵀ (+ D if
+/// `accumulate`), A 64×32 and B 8×32, both K-major in shared memory.
+/// # Safety
+/// The descriptors describe initialized shared memory visible to the async proxy; the caller
+/// brackets the call with [`fence`] / [`commit`] / [`wait`] before reading `d`.
+#[inline(always)]
+pub unsafe fn mma_m64n8k32_e4m3(d: &mut [f32; 4], a: Descriptor, b: Descriptor, accumulate: bool) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        asm!("{{ .reg .pred p;",
+             "setp.ne.b32 p, {acc}, 0;",
+             "wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3 {{{d0}, {d1}, {d2}, {d3}}}, {a}, {b}, p, 1, 1; }}",
+             d0 = inout(reg32) d[0], d1 = inout(reg32) d[1], d2 = inout(reg32) d[2], d3 = inout(reg32) d[3],
+             a = in(reg64) a.0, b = in(reg64) b.0, acc = in(reg32) accumulate as u32, options(nostack))
+    };
+}

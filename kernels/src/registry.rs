@@ -1,0 +1,38 @@
+//! The kernels this crate exports, with what the builder must write into the PTX for each.
+//! `host/build.rs` passes this table to `blockscaled-builder`; the host looks kernels up by the
+//! same names, so a renamed kernel fails at build time, not at launch.
+
+/// One kernel entry point.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KernelInfo {
+    /// The exported (unmangled) symbol.
+    pub name: &'static str,
+    /// Threads per block the kernel is written for: becomes `.maxntid N, 1, 1`, the register cap
+    /// ptxas needs before it honours `setmaxnreg`. `None`: no bound (any block size).
+    pub max_threads: Option<u32>,
+    /// `.minnctapersm`: blocks that must fit on one SM.
+    pub min_blocks_per_sm: u32,
+}
+
+/// The SIMT reference GEMM: every format and scale layout, float64 accumulation.
+pub const REFERENCE_GEMM: KernelInfo = KernelInfo {
+    name: "reference_blockscaled_gemm",
+    max_threads: Some(crate::params::REFERENCE_BLOCK_THREADS),
+    min_blocks_per_sm: 1,
+};
+
+/// Every kernel, for the builder.
+pub const KERNELS: &[KernelInfo] = &[REFERENCE_GEMM];
+
+/// The dynamic shared-memory array's name as a literal, so `asm!` templates can `concat!` it.
+#[macro_export]
+macro_rules! smem_symbol {
+    () => {
+        "blockscaled_dynamic_smem"
+    };
+}
+
+/// The name of the dynamic shared-memory array every module declares (see `ptx::smem`).
+pub const DYNAMIC_SMEM_SYMBOL: &str = smem_symbol!();
+/// Its alignment: TMA destinations with 128-byte swizzle need 1024-byte-aligned tiles.
+pub const DYNAMIC_SMEM_ALIGN: u32 = 1024;
