@@ -261,6 +261,8 @@ impl DeviceOutput {
     pub fn poison(&mut self) -> Result<()> {
         let len = self.buf.len();
         let stream = self.buf.stream().clone();
+        // A raw driver call: make the context current on this thread as cudarc's own calls do.
+        stream.context().bind_to_thread()?;
         let (ptr, _g) = self.buf.device_ptr_mut(&stream);
         // SAFETY: `ptr` covers `len` bytes of this live allocation; u8 accepts any pattern.
         unsafe { cudarc::driver::result::memset_d8_async(ptr, 0xFF, len, stream.cu_stream()) }?;

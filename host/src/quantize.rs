@@ -100,15 +100,15 @@ impl ScaledMatrix {
         let mut scales = vec![0u8; desc.scale_bytes()];
         let rows_per_chunk = br.min(rows);
         let chunk_bytes = rows_per_chunk * k * bits / 8;
-        let row_blocks = layout.row_blocks;
 
-        // Each chunk is one row-block of one batch entry: its elements are contiguous, its scales
+        // Each chunk is one row block of one batch entry: its elements are contiguous, its scales
         // are returned as (index, bits) and written afterwards (they may interleave in MN-major).
+        let batch_bytes = rows * k * bits / 8;
         let chunk_scales: Vec<Vec<(usize, u32)>> = data
-            .par_chunks_mut(chunk_bytes)
+            .par_chunks_mut(batch_bytes)
             .enumerate()
-            .map(|(c, out)| {
-                let (l, rb) = (c / row_blocks, c % row_blocks);
+            .flat_map(|(l, entry)| entry.par_chunks_mut(chunk_bytes).enumerate().map(move |(rb, out)| (l, rb, out)))
+            .map(|(l, rb, out)| {
                 let r0 = rb * br;
                 let r1 = (r0 + br).min(rows);
                 let mut sc = Vec::with_capacity(layout.k_blocks);

@@ -1,1 +1,69 @@
+//! Shared test support: random inputs that exercise the scales, and element-wise comparison with
+//! tolerances stated in units of the arithmetic (never a bare epsilon).
 
+use blockscaled::{output_ulp, HostOutput, OperandFormat, ScaledMatrix};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+/// Random values, never all zero: each row gets its own magnitude 2^e (e in -6..=6) so blocks see
+/// different scales, elements are uniform in ±[0.05, 1) of it (no zeros), a few are exact zeros
+/// and a few are 20× outliers (to make block maxima matter).
+pub fn random_values(seed: u64, len: usize, row_len: usize) -> Vec<f32> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut out = Vec::with_capacity(len);
+    let mut mag = 1.0f32;
+    for i in 0..len {
+        if i % row_len.max(1) == 0 {
+            mag = 2f32.powi(rng.random_range(-6..=6));
+        }
+        let r: f32 = rng.random_range(0.05..1.0);
+        let sign = if rng.random_bool(0.5) { -1.0 } else { 1.0 };
+        let v = match rng.random_range(0..100) {
+            0 => 0.0,
+            1 => sign * r * mag * 20.0,
+            _ => sign * r * mag,
+        };
+        out.push(v);
+    }
+    out
+}
+
+/// Quantizes fresh random values into `format`.
+pub fn random_matrix(seed: u64, rows: usize, k: usize, batch: usize, format: OperandFormat) -> (Vec<f32>, ScaledMatrix) {
+    let v = random_values(seed, rows * k * batch, k);
+    let m = ScaledMatrix::quantize(&v, rows, k, batch, format).expect("valid random matrix");
+    (v, m)
+}
+
+/// Compares every element: `got` must equal `want` to within `ulps` units in the last place of the
+/// output type (at the larger magnitude of the two). NaN in either never passes; infinities must
+/// match exactly. Returns a description of the worst mismatches.
+pub fn compare_outputs(got: &HostOutput, want: &HostOutput, ulps: f64) -> Result<(), String> {
+    if (got.m, got.n, got.l, got.dtype) != (want.m, want.n, want.l, want.dtype) {
+        return Err(format!("shape or type differ: {:?} vs {:?}", (got.m, got.n, got.l, got.dtype), (want.m, want.n, want.l, want.dtype)));
+    }
+    let mut bad = Vec::new();
+    let mut count = 0usize;
+    for (i, (&g, &w)) in got.values.iter().zip(&want.values).enumerate() {
+        let ok = if g.is_nan() || w.is_nan() {
+            false
+        } else if g.is_infinite() || w.is_infinite() {
+            g == w
+        } else {
+            let tol = ulps * output_ulp(got.dtype, g.abs().max(w.abs()));
+            ((g as f64) - (w as f64)).abs() <= tol
+        };
+        if !ok {
+            count += 1;
+            if bad.len() < 8 {
+                let (l, rem) = (i / (got.m * got.n), i % (got.m * got.n));
+                bad.push(format!("  [l {l}, m {}, n {}]: got {g:e}, want {w:e}", rem / got.n, rem % got.n));
+            }
+        }
+    }
+    if count == 0 {
+        Ok(())
+    } else {
+        Err(format!("{count} of {} elements differ:\n{}", got.values.len(), bad.join("\n")))
+    }
+}
