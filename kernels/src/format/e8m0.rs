@@ -27,6 +27,7 @@ pub fn decode(code: u8) -> f32 {
 
 /// The code of `2^e`, with `e` clamped to `-127..=127`.
 #[inline]
+#[allow(clippy::manual_clamp)] // `Ord::clamp` carries an assert; this is branch-only, no panic path.
 pub fn from_exponent(e: i32) -> u8 {
     let e = if e < MIN_EXP {
         MIN_EXP

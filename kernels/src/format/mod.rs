@@ -86,7 +86,7 @@ const fn shr_rne(v: u32, s: u32) -> u32 {
     let q = v >> s;
     let rem = v & ((1u32 << s) - 1);
     let half = 1u32 << (s - 1);
-    if rem >= half {
+    if rem > half || (rem == half && (q & 1) == 1) {
         q + 1
     } else {
         q

@@ -1,0 +1,164 @@
+//! Timing harness based on CUDA events.
+//!
+//! Every timed iteration is bracketed by its own pair of events recorded on
+//! the stream, so the reported numbers are device-side durations of exactly
+//! the work enqueued by one call of the closure. All events are recorded
+//! first and read back after the whole loop, so launches go back to back and
+//! the host never waits between iterations.
+
+use std::sync::Arc;
+
+use cudarc::driver::{CudaEvent, CudaStream, DriverError, sys::CUevent_flags};
+
+/// Summary of per-iteration device times, in milliseconds.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Timing {
+    pub median_ms: f64,
+    pub min_ms: f64,
+    pub max_ms: f64,
+    pub samples: usize,
+}
+
+impl Timing {
+    /// Summarises raw samples (milliseconds). Empty input gives NaN times and
+    /// `samples == 0`.
+    pub fn from_samples(samples: &mut [f64]) -> Timing {
+        let min_ms = samples.iter().copied().fold(f64::INFINITY, f64::min);
+        let max_ms = samples.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let (min_ms, max_ms) = if samples.is_empty() {
+            (f64::NAN, f64::NAN)
+        } else {
+            (min_ms, max_ms)
+        };
+        Timing {
+            median_ms: median(samples),
+            min_ms,
+            max_ms,
+            samples: samples.len(),
+        }
+    }
+}
+
+/// Median of `xs` (sorts `xs` in place, total order on f64). Even counts
+/// average the two middle values; an empty slice gives NaN.
+pub fn median(xs: &mut [f64]) -> f64 {
+    if xs.is_empty() {
+        return f64::NAN;
+    }
+    xs.sort_by(f64::total_cmp);
+    let n = xs.len();
+    if n % 2 == 1 {
+        xs[n / 2]
+    } else {
+        0.5 * (xs[n / 2 - 1] + xs[n / 2])
+    }
+}
+
+/// Largest number of input sets `rotation_count` will ask for.
+pub const MAX_ROTATION: usize = 16;
+
+/// How many distinct input sets of `bytes_per_set` bytes are needed so that
+/// together they cover at least 4× the L2 size (so each timed iteration reads
+/// its inputs from DRAM, not from L2 left warm by the previous iteration).
+/// At least 1, at most [`MAX_ROTATION`].
+pub fn rotation_count(bytes_per_set: usize, l2_bytes: usize) -> usize {
+    if bytes_per_set == 0 {
+        return 1;
+    }
+    let target = l2_bytes.saturating_mul(4);
+    target.div_ceil(bytes_per_set).clamp(1, MAX_ROTATION)
+}
+
+/// Times `f` on `stream`.
+///
+/// `f` is called `warmup + iters` times with a running index `0, 1, 2, …`
+/// (warm-up calls get `0..warmup`, timed calls `warmup..warmup+iters`), so a
+/// caller rotating among `r` input sets can use `i % r` throughout. `f` must
+/// only enqueue work on `stream` (it may enqueue several kernels; all of them
+/// are timed). Warm-up calls are not timed. `iters == 0` is treated as 1.
+///
+/// Errors from `f` are returned as is; CUDA errors from the event calls are
+/// converted with `E: From<DriverError>`.
+pub fn time_on_stream<E: From<DriverError>>(
+    stream: &Arc<CudaStream>,
+    warmup: usize,
+    iters: usize,
+    mut f: impl FnMut(usize) -> Result<(), E>,
+) -> Result<Timing, E> {
+    let iters = iters.max(1);
+    let ctx = stream.context();
+    for i in 0..warmup {
+        f(i)?;
+    }
+    // Events are created with timing enabled (CU_EVENT_DEFAULT; cudarc's
+    // default would disable timing).
+    let mut pairs: Vec<(CudaEvent, CudaEvent)> = Vec::with_capacity(iters);
+    for _ in 0..iters {
+        let start = ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+        let stop = ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+        pairs.push((start, stop));
+    }
+    // Drain the warm-up work so the timed loop starts on an idle stream.
+    stream.synchronize()?;
+    for (j, (start, stop)) in pairs.iter().enumerate() {
+        start.record(stream)?;
+        f(warmup + j)?;
+        stop.record(stream)?;
+    }
+    let mut samples = Vec::with_capacity(iters);
+    for (start, stop) in &pairs {
+        // `elapsed_ms` synchronises both events first.
+        samples.push(f64::from(start.elapsed_ms(stop)?));
+    }
+    Ok(Timing::from_samples(&mut samples))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn median_odd_even_empty() {
+        assert_eq!(median(&mut [3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&mut [4.0, 1.0, 3.0, 2.0]), 2.5);
+        assert_eq!(median(&mut [7.0]), 7.0);
+        assert!(median(&mut []).is_nan());
+        // NaN sorts last under total_cmp and does not poison a clean median.
+        assert_eq!(median(&mut [f64::NAN, 1.0, 2.0]), 2.0);
+    }
+
+    #[test]
+    fn timing_summary() {
+        let t = Timing::from_samples(&mut [0.5, 0.2, 0.9, 0.4]);
+        assert_eq!(t.samples, 4);
+        assert_eq!(t.min_ms, 0.2);
+        assert_eq!(t.max_ms, 0.9);
+        assert!((t.median_ms - 0.45).abs() < 1e-12);
+        let e = Timing::from_samples(&mut []);
+        assert_eq!(e.samples, 0);
+        assert!(e.median_ms.is_nan() && e.min_ms.is_nan() && e.max_ms.is_nan());
+    }
+
+    #[test]
+    fn rotation() {
+        let l2 = 50 << 20; // H100: 50 MiB
+        // Big sets: one is enough.
+        assert_eq!(rotation_count(1 << 30, l2), 1);
+        assert_eq!(rotation_count(200 << 20, l2), 1);
+        // Exactly 4x L2 / 2 -> 2 sets; just under -> 3.
+        assert_eq!(rotation_count(100 << 20, l2), 2);
+        assert_eq!(rotation_count((100 << 20) - 1, l2), 3);
+        // Small sets are capped.
+        assert_eq!(rotation_count(1 << 20, l2), MAX_ROTATION);
+        assert_eq!(rotation_count(1, l2), MAX_ROTATION);
+        // Degenerate inputs.
+        assert_eq!(rotation_count(0, l2), 1);
+        assert_eq!(rotation_count(123, 0), 1);
+        // Total covers 4x L2 whenever not capped.
+        for bytes in [7 << 20, 13 << 20, 33 << 20, 64 << 20] {
+            let r = rotation_count(bytes, l2);
+            assert!(r == MAX_ROTATION || r * bytes >= 4 * l2);
+            assert!(r == 1 || (r - 1) * bytes < 4 * l2);
+        }
+    }
+}
