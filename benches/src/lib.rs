@@ -1,1 +1,4 @@
-
+pub mod cases;
+pub mod cublaslt;
+pub mod table;
+pub mod timing;

@@ -27,31 +27,35 @@ pub fn check_operands(
     Ok((a.rows, b.rows, a.k, a.batch))
 }
 
-/// The exact-as-float64 product, `[l][m][n]`.
-pub fn gemm_f64(a: &ScaledMatrix, b: &ScaledMatrix) -> Result<Vec<f64>> {
+/// The float64 product, `[l][m][n]`, with Σ_k |A·B| per element (what bounds the rounding error
+/// of any float64 evaluation of the sum: see [`sum_error_bound`]).
+pub fn gemm_f64(a: &ScaledMatrix, b: &ScaledMatrix) -> Result<(Vec<f64>, Vec<f64>)> {
     let (m, n, k, l) = check_operands(a.desc(), b.desc())?;
     let (da, db) = (a.dequantize(), b.dequantize());
-    let mut c = vec![0.0f64; l * m * n];
+    let mut c = vec![(0.0f64, 0.0f64); l * m * n];
     c.par_chunks_mut(n).enumerate().for_each(|(lm, row)| {
         let (li, mi) = (lm / m, lm % m);
         let arow = &da[(li * m + mi) * k..(li * m + mi + 1) * k];
         for (ni, out) in row.iter_mut().enumerate() {
             let brow = &db[(li * n + ni) * k..(li * n + ni + 1) * k];
-            *out = arow.iter().zip(brow).map(|(x, y)| x * y).sum();
+            *out = arow.iter().zip(brow).fold((0.0, 0.0), |(s, sa), (x, y)| (s + x * y, sa + (x * y).abs()));
         }
     });
-    Ok(c)
+    Ok(c.into_iter().unzip())
 }
 
-/// The reference result rounded to `dtype` as the kernels round.
-pub fn gemm(a: &ScaledMatrix, b: &ScaledMatrix, dtype: OutType) -> Result<HostOutput> {
-    let c = gemm_f64(a, b)?;
-    let (m, n, l) = (a.rows(), b.rows(), a.batch());
-    Ok(HostOutput {
-        dtype,
-        m,
-        n,
-        l,
-        values: c.iter().map(|&x| round_output(dtype, x)).collect(),
-    })
+/// How far two float64 evaluations of the same K-term dot product can be apart: each is within
+/// γ·Σ|a·b| of the exact sum with γ = (K + 3)·2^-53 (K − 1 additions, one product rounding, up to
+/// two scale multiplications), so together 2γ·Σ|a·b|. Near-cancelling sums need this slack.
+pub fn sum_error_bound(k: usize, abs_sum: f64) -> f64 {
+    2.0 * (k as f64 + 3.0) * 2f64.powi(-53) * abs_sum
+}
+
+/// The reference result rounded to `dtype` as the kernels round, and per element the slack
+/// ([`sum_error_bound`]) a float64 computation of the same product may differ by before rounding.
+pub fn gemm(a: &ScaledMatrix, b: &ScaledMatrix, dtype: OutType) -> Result<(HostOutput, Vec<f64>)> {
+    let (c, abs) = gemm_f64(a, b)?;
+    let (m, n, l, k) = (a.rows(), b.rows(), a.batch(), a.k());
+    let out = HostOutput { dtype, m, n, l, values: c.iter().map(|&x| round_output(dtype, x)).collect() };
+    Ok((out, abs.into_iter().map(|s| sum_error_bound(k, s)).collect()))
 }

@@ -14,19 +14,19 @@ fn gpu() -> &'static Gpu {
     GPU.get_or_init(|| Gpu::new(0).expect("a CUDA device (these tests are ignored without one)"))
 }
 
-/// GPU reference vs CPU reference: both accumulate exact products in float64 (different orders:
-/// relative difference ≤ K·2^-52) and round the same way (f64 → f32 → output, nearest even), so
-/// they agree to one unit in the last place of the output type.
+/// GPU reference vs CPU reference: both accumulate exact products in float64, in different orders,
+/// so before rounding they differ by at most `reference::sum_error_bound` (which matters only for
+/// near-cancelling sums); both round the same way (f64 → f32 → output, nearest even).
 fn check(recipe: Recipe, m: usize, n: usize, k: usize, l: usize, dtype: OutType, seed: u64) -> Result<(), String> {
     let g = gpu();
     let (_, a) = random_matrix(seed, m, k, l, recipe.a());
     let (_, b) = random_matrix(seed.wrapping_mul(31).wrapping_add(7), n, k, l, recipe.b());
-    let want = reference::gemm(&a, &b, dtype).map_err(|e| e.to_string())?;
+    let (want, slack) = reference::gemm(&a, &b, dtype).map_err(|e| e.to_string())?;
     let (da, db) = (g.upload(&a).map_err(|e| e.to_string())?, g.upload(&b).map_err(|e| e.to_string())?);
     let mut c = g.output(m, n, l, dtype).map_err(|e| e.to_string())?; // poisoned with NaN
     g.reference_gemm(&da, &db, &mut c).map_err(|e| e.to_string())?;
     let got = c.to_host().map_err(|e| e.to_string())?;
-    compare_outputs(&got, &want, 1.0).map_err(|e| format!("{recipe} {m}x{n}x{k}x{l} {dtype:?} seed {seed}: {e}"))
+    compare_outputs(&got, &want, 1.0, &slack).map_err(|e| format!("{recipe} {m}x{n}x{k}x{l} {dtype:?} seed {seed}: {e}"))
 }
 
 proptest! {

@@ -1,0 +1,201 @@
+//! `blockscaled-run`: runs, checks and times block-scaled GEMMs from the command line.
+//!
+//! ```text
+//! blockscaled-run --mnkl 2048,2048,512,1 --recipe all
+//! blockscaled-run --mnkl 8192,8192,1024,1 --ab_dtype Float4E2M1FN --sf_dtype Float8E8M0FNU \
+//!                 --sf_vec_size 16 --c_dtype Float16 --iterations 50 --warmup_iterations 10
+//! ```
+//! Flags follow the CUTLASS CuTe-DSL examples (`--mnkl`, `--mma_tiler_mn`, `--cluster_shape_mn`,
+//! `--ab_dtype`, `--sf_dtype`, `--sf_vec_size`, `--c_dtype`, `--iterations`, `--warmup_iterations`,
+//! `--skip_ref_check`); dashes work in place of underscores. Prints time, TFLOP/s, GB/s, the
+//! fraction of the measured ceiling and the ratio to cuBLASLt timed in the same run.
+
+use std::process::ExitCode;
+
+use blockscaled::{Fp8, Gpu, OutType, Recipe};
+use blockscaled_benches::cases::{open_peer, run_case, Case};
+use blockscaled_benches::table::print_table;
+use clap::Parser;
+
+#[derive(Parser, Debug)]
+#[command(version, about = "Run, check and time block-scaled GEMMs")]
+struct Args {
+    /// Problem size M,N,K,L.
+    #[arg(long, default_value = "2048,2048,512,1")]
+    mnkl: String,
+    /// A recipe name (mxfp8-e4m3, mxfp8-e5m2, mxfp4, nvfp4, e2m1-e8m0x16, deepseek-fp8,
+    /// fp8-e4m3-tensor, fp8-e5m2-tensor, fp8-e4m3-row, fp8-e5m2-row), `all`, or a comma list.
+    /// Overridden by --ab_dtype/--sf_dtype/--sf_vec_size when those are given.
+    #[arg(long, default_value = "all")]
+    recipe: String,
+    /// Element type: Float8E4M3FN, Float8E5M2, Float4E2M1FN (or e4m3, e5m2, e2m1).
+    #[arg(long = "ab_dtype", alias = "ab-dtype")]
+    ab_dtype: Option<String>,
+    /// Scale type: Float8E8M0FNU, Float8E4M3FN (ue4m3), Float32 (or e8m0, ue4m3, f32).
+    #[arg(long = "sf_dtype", alias = "sf-dtype")]
+    sf_dtype: Option<String>,
+    /// Elements per scale along K: 16, 32, 128; with Float32 scales 0 means per tensor, -1 per row.
+    #[arg(long = "sf_vec_size", alias = "sf-vec-size", allow_hyphen_values = true)]
+    sf_vec_size: Option<i64>,
+    /// Output type: BFloat16 (default), Float16, Float32.
+    #[arg(long = "c_dtype", alias = "c-dtype", default_value = "BFloat16")]
+    c_dtype: String,
+    /// Tile M,N (accepted for the fast kernels; the reference kernel's block is fixed at 8x32).
+    #[arg(long = "mma_tiler_mn", alias = "mma-tiler-mn")]
+    mma_tiler_mn: Option<String>,
+    /// Cluster shape M,N (accepted for the fast kernels; the reference kernel runs unclustered).
+    #[arg(long = "cluster_shape_mn", alias = "cluster-shape-mn")]
+    cluster_shape_mn: Option<String>,
+    #[arg(long, default_value_t = 20)]
+    iterations: usize,
+    #[arg(long = "warmup_iterations", alias = "warmup-iterations", default_value_t = 3)]
+    warmup_iterations: usize,
+    /// Skip the comparison with the CPU reference.
+    #[arg(long = "skip_ref_check", alias = "skip-ref-check")]
+    skip_ref_check: bool,
+    /// Do not time cuBLASLt.
+    #[arg(long = "no_peer", alias = "no-peer")]
+    no_peer: bool,
+    #[arg(long, default_value_t = 0)]
+    device: usize,
+    /// Seed of the random inputs (default: a fresh one, printed).
+    #[arg(long)]
+    seed: Option<u64>,
+}
+
+fn parse_list(s: &str, n: usize, what: &str) -> Result<Vec<usize>, String> {
+    let v: Result<Vec<usize>, _> = s.split(',').map(|x| x.trim().parse::<usize>()).collect();
+    match v {
+        Ok(v) if v.len() == n => Ok(v),
+        _ => Err(format!("--{what} wants {n} comma-separated integers, got `{s}`")),
+    }
+}
+
+fn recipe_from_dtypes(ab: &str, sf: Option<&str>, vec: Option<i64>) -> Result<Recipe, String> {
+    let norm = |s: &str| s.to_ascii_lowercase().replace(['_', '-'], "");
+    let ab = norm(ab);
+    let sf = sf.map(norm).unwrap_or_else(|| "float8e8m0fnu".into());
+    let elem = match ab.as_str() {
+        "float8e4m3fn" | "e4m3" => "e4m3",
+        "float8e5m2" | "e5m2" => "e5m2",
+        "float4e2m1fn" | "e2m1" => "e2m1",
+        other => return Err(format!("--ab_dtype `{other}`: want Float8E4M3FN, Float8E5M2 or Float4E2M1FN")),
+    };
+    let scale = match sf.as_str() {
+        "float8e8m0fnu" | "e8m0" => "e8m0",
+        "float8e4m3fn" | "ue4m3" | "e4m3" => "ue4m3",
+        "float32" | "f32" => "f32",
+        other => return Err(format!("--sf_dtype `{other}`: want Float8E8M0FNU, Float8E4M3FN or Float32")),
+    };
+    let fp8 = |e: &str| if e == "e5m2" { Fp8::E5M2 } else { Fp8::E4M3 };
+    let r = match (elem, scale, vec) {
+        ("e4m3" | "e5m2", "e8m0", None | Some(32)) => Recipe::Mxfp8(fp8(elem)),
+        ("e2m1", "e8m0", None | Some(32)) => Recipe::Mxfp4,
+        ("e2m1", "e8m0", Some(16)) => Recipe::E2m1E8m0x16,
+        ("e2m1", "ue4m3", None | Some(16)) => Recipe::Nvfp4,
+        ("e4m3", "f32", None | Some(128)) => Recipe::DeepSeekFp8,
+        ("e4m3" | "e5m2", "f32", Some(0)) => Recipe::Fp8PerTensor(fp8(elem)),
+        ("e4m3" | "e5m2", "f32", Some(-1)) => Recipe::Fp8PerRow(fp8(elem)),
+        _ => {
+            return Err(format!(
+                "no recipe has {elem} elements with {scale} scales per {vec:?}: see --help for the combinations"
+            ))
+        }
+    };
+    Ok(r)
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    match run(&args) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::from(1),
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn run(args: &Args) -> Result<bool, String> {
+    let mnkl = parse_list(&args.mnkl, 4, "mnkl")?;
+    if let Some(t) = &args.mma_tiler_mn {
+        parse_list(t, 2, "mma_tiler_mn")?;
+    }
+    if let Some(c) = &args.cluster_shape_mn {
+        parse_list(c, 2, "cluster_shape_mn")?;
+    }
+    let out = match args.c_dtype.to_ascii_lowercase().replace(['_', '-'], "").as_str() {
+        "bfloat16" | "bf16" => OutType::Bf16,
+        "float16" | "f16" | "fp16" => OutType::F16,
+        "float32" | "f32" | "fp32" => OutType::F32,
+        o => return Err(format!("--c_dtype `{o}`: want BFloat16, Float16 or Float32")),
+    };
+    let recipes: Vec<Recipe> = if let Some(ab) = &args.ab_dtype {
+        vec![recipe_from_dtypes(ab, args.sf_dtype.as_deref(), args.sf_vec_size)?]
+    } else if args.recipe == "all" {
+        Recipe::ALL.to_vec()
+    } else {
+        args.recipe
+            .split(',')
+            .map(|n| Recipe::from_name(n.trim()).ok_or_else(|| format!("unknown recipe `{n}` (see --help)")))
+            .collect::<Result<_, _>>()?
+    };
+    let seed = args.seed.unwrap_or_else(|| {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1)
+    });
+    let gpu = Gpu::new(args.device).map_err(|e| e.to_string())?;
+    println!("{} ({:?}, {} SMs); kernel: reference (SIMT, float64 accumulation); seed {seed}", gpu.name(), gpu.arch(), gpu.sm_count());
+    if args.mma_tiler_mn.is_some() || args.cluster_shape_mn.is_some() {
+        println!("note: --mma_tiler_mn / --cluster_shape_mn apply to the fast kernels; the reference kernel ignores them");
+    }
+    let peer = if args.no_peer {
+        None
+    } else {
+        match open_peer(&gpu) {
+            Ok(p) => Some(p),
+            Err(e) => {
+                println!("cuBLASLt not available ({e}); peer column empty");
+                None
+            }
+        }
+    };
+    let (mut rows, mut all_ok) = (Vec::new(), true);
+    for (i, &recipe) in recipes.iter().enumerate() {
+        let case = Case {
+            recipe,
+            m: mnkl[0],
+            n: mnkl[1],
+            k: mnkl[2],
+            l: mnkl[3],
+            out,
+            warmup: args.warmup_iterations,
+            iters: args.iterations,
+            check: !args.skip_ref_check,
+            peer: peer.is_some(),
+            seed: seed.wrapping_add(i as u64),
+        };
+        match run_case(&gpu, peer.as_ref(), &case) {
+            Ok(o) => {
+                match &o.check {
+                    Some(Ok(msg)) => println!("{recipe}: check passed: {msg}"),
+                    Some(Err(msg)) => {
+                        all_ok = false;
+                        println!("{recipe}: CHECK FAILED: {msg}");
+                    }
+                    None => println!("{recipe}: not checked (--skip_ref_check)"),
+                }
+                if let Some(n) = &o.peer_note {
+                    println!("{recipe}: peer: {n}");
+                }
+                rows.push(o.row);
+            }
+            Err(e) => {
+                all_ok = false;
+                println!("{recipe}: error: {e}");
+            }
+        }
+    }
+    print_table(&rows);
+    Ok(all_ok)
+}

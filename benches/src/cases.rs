@@ -1,0 +1,168 @@
+//! One benchmark case, shared by the runner (`blockscaled-run`) and `cargo bench`: random inputs
+//! quantized into a recipe, our `gemm` timed with CUDA events (warm-up, median, rotating input
+//! sets when the inputs would sit in L2), the result checked, and the closest cuBLASLt peer timed
+//! in the same process on the same stream.
+
+use std::sync::Arc;
+
+use blockscaled::{reference, DeviceMatrix, Gpu, OutType, Recipe, ScaledMatrix};
+use blockscaled_tests::{compare_outputs, random_values};
+use cudarc::driver::CudaSlice;
+
+use crate::cublaslt::{blk128_index, blk128_len, blocks128, vec128_index, vec128_len, LtPeer, PeerError};
+use crate::table::Row;
+use crate::timing::{rotation_count, time_on_stream};
+
+/// Measured ceilings on the H100 SXM of this workplace (`shared/HOPPER-RUST-NOTES.md`,
+/// 2026-11-22): the best FP8 GEMM seen (cuBLASLt blockwise, 8192³) and a 2 GiB device copy
+/// (bytes read + written). FP4 formats run on FP8 tensor cores on Hopper, so one compute ceiling.
+pub const CEILING_TFLOPS: f64 = 1305.0;
+pub const CEILING_GBS: f64 = 3010.0;
+/// H100 L2 size (50 MiB): inputs smaller than a few times this are rotated.
+pub const L2_BYTES: usize = 50 << 20;
+
+/// What to run.
+#[derive(Clone, Copy, Debug)]
+pub struct Case {
+    pub recipe: Recipe,
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub l: usize,
+    pub out: OutType,
+    pub warmup: usize,
+    pub iters: usize,
+    pub check: bool,
+    pub peer: bool,
+    pub seed: u64,
+}
+
+/// The result of one case.
+pub struct Outcome {
+    pub row: Row,
+    /// `Some(Ok)` checked and right, `Some(Err(msg))` checked and wrong, `None` not checked.
+    pub check: Option<Result<String, String>>,
+    /// Why the peer has no number, when it has none.
+    pub peer_note: Option<String>,
+}
+
+/// Largest M·N·K·L the CPU reference is asked to check (about a second on 16 cores).
+const CPU_CHECK_LIMIT: f64 = 2.0 * 8.6e9;
+
+pub fn run_case(gpu: &Gpu, peer: Option<&LtPeer>, c: &Case) -> Result<Outcome, String> {
+    let e = |x: blockscaled::Error| x.to_string();
+    let va = random_values(c.seed, c.l * c.m * c.k, c.k);
+    let vb = random_values(c.seed ^ 0x5DEE_CE66_D1CE_4E5B, c.l * c.n * c.k, c.k);
+    let a = ScaledMatrix::quantize(&va, c.m, c.k, c.l, c.recipe.a()).map_err(e)?;
+    let b = ScaledMatrix::quantize(&vb, c.n, c.k, c.l, c.recipe.b()).map_err(e)?;
+    let in_bytes = a.data().len() + a.scales().len() + b.data().len() + b.scales().len();
+    let out_bytes = c.l * c.m * c.n * c.out.bytes();
+    let sets = rotation_count(in_bytes + out_bytes, L2_BYTES);
+    let ins: Vec<(DeviceMatrix, DeviceMatrix)> =
+        (0..sets).map(|_| Ok((gpu.upload(&a)?, gpu.upload(&b)?))).collect::<Result<_, blockscaled::Error>>().map_err(e)?;
+    let mut outs = (0..sets).map(|_| gpu.output(c.m, c.n, c.l, c.out)).collect::<Result<Vec<_>, _>>().map_err(e)?;
+
+    let t = time_on_stream(gpu.stream(), c.warmup, c.iters, |i| {
+        let s = i % sets;
+        gpu.gemm(&ins[s].0, &ins[s].1, &mut outs[s])
+    })
+    .map_err(e)?;
+
+    let check = if !c.check {
+        None
+    } else if (c.m * c.n * c.k * c.l) as f64 > CPU_CHECK_LIMIT {
+        Some(Err(format!("{}x{}x{}x{} is too large for the CPU reference here: use a smaller --mnkl to check", c.m, c.n, c.k, c.l)))
+    } else {
+        // A fresh, poisoned output, one more launch, every element compared.
+        let mut o = gpu.output(c.m, c.n, c.l, c.out).map_err(e)?;
+        gpu.gemm(&ins[0].0, &ins[0].1, &mut o).map_err(e)?;
+        let got = o.to_host().map_err(e)?;
+        let (want, slack) = reference::gemm(&a, &b, c.out).map_err(e)?;
+        Some(compare_outputs(&got, &want, 1.0, &slack).map(|_| {
+            format!("all {} elements match the CPU reference (1 ulp + float64 summation slack)", got.values.len())
+        }))
+    };
+
+    let (peer_ms, peer_name, peer_note) = match (peer, c.peer, c.l) {
+        (Some(p), true, 1) => match time_peer(p, c, &a, &b) {
+            Ok((ms, name)) => (Some(ms), name, None),
+            Err((name, err)) => (None, name, Some(err)),
+        },
+        (_, _, l) if l > 1 => (None, "-".into(), Some("peer timed for L = 1 only".into())),
+        _ => (None, "-".into(), None),
+    };
+
+    Ok(Outcome {
+        row: Row {
+            name: format!("{} ({})", c.recipe, c.out.name()),
+            shape: (c.m, c.n, c.k, c.l),
+            ms: t.median_ms,
+            flops: 2.0 * (c.m * c.n * c.k * c.l) as f64,
+            bytes: (in_bytes + out_bytes) as f64,
+            peer_ms,
+            peer_name,
+            ceiling_tflops: CEILING_TFLOPS,
+            ceiling_gbs: CEILING_GBS,
+        },
+        check,
+        peer_note,
+    })
+}
+
+/// The closest cuBLASLt operation: blockwise FP8 for DeepSeek, per-tensor FP8 for per-tensor e4m3,
+/// bf16 on the dequantized inputs for everything else (Hopper's cuBLASLt has no MX / NVFP4 GEMM).
+fn time_peer(p: &LtPeer, c: &Case, a: &ScaledMatrix, b: &ScaledMatrix) -> Result<(f64, String), (String, String)> {
+    let s = p.stream().clone();
+    let (m, n, k) = (c.m, c.n, c.k);
+    let fmt_err = |name: &str, x: PeerError| (name.to_string(), x.to_string());
+    let drv = |name: &str, x: cudarc::driver::DriverError| (name.to_string(), x.to_string());
+    let mut out: CudaSlice<u16> = s.alloc_zeros(m * n).map_err(|x| drv("cuBLASLt", x))?;
+    let (warm, iters) = (c.warmup, c.iters);
+    match c.recipe {
+        Recipe::DeepSeekFp8 if k % 128 == 0 => {
+            let name = "cuBLASLt fp8 1x128/128x128";
+            let mut sa = vec![0f32; vec128_len(m, k)];
+            for mi in 0..m {
+                for kb in 0..k / 128 {
+                    sa[vec128_index(mi, kb, m)] = a.scale_value(0, mi, kb * 128) as f32;
+                }
+            }
+            let mut sb = vec![1e6f32; blk128_len(n, k)];
+            for nb in 0..blocks128(n) {
+                for kb in 0..k / 128 {
+                    sb[blk128_index(nb, kb, k)] = b.scale_value(0, nb * 128, kb * 128) as f32;
+                }
+            }
+            let da = s.clone_htod(a.data()).map_err(|x| drv(name, x))?;
+            let db = s.clone_htod(b.data()).map_err(|x| drv(name, x))?;
+            let dsa = s.clone_htod(&sa).map_err(|x| drv(name, x))?;
+            let dsb = s.clone_htod(&sb).map_err(|x| drv(name, x))?;
+            let t = time_on_stream(&s, warm, iters, |_| p.gemm_fp8_blockwise(m, n, k, &da, &dsa, &db, &dsb, &mut out))
+                .map_err(|x| fmt_err(name, x))?;
+            Ok((t.median_ms, name.into()))
+        }
+        Recipe::Fp8PerTensor(blockscaled::Fp8::E4M3) => {
+            let name = "cuBLASLt fp8 per-tensor";
+            let da = s.clone_htod(a.data()).map_err(|x| drv(name, x))?;
+            let db = s.clone_htod(b.data()).map_err(|x| drv(name, x))?;
+            let dsa = s.clone_htod(&[a.scale_value(0, 0, 0) as f32]).map_err(|x| drv(name, x))?;
+            let dsb = s.clone_htod(&[b.scale_value(0, 0, 0) as f32]).map_err(|x| drv(name, x))?;
+            let t = time_on_stream(&s, warm, iters, |_| p.gemm_fp8_per_tensor(m, n, k, &da, &dsa, &db, &dsb, &mut out))
+                .map_err(|x| fmt_err(name, x))?;
+            Ok((t.median_ms, name.into()))
+        }
+        _ => {
+            let name = "cuBLASLt bf16";
+            let to_bf16 = |v: Vec<f64>| v.into_iter().map(|x| half::bf16::from_f64(x).to_bits()).collect::<Vec<u16>>();
+            let da = s.clone_htod(&to_bf16(a.dequantize())).map_err(|x| drv(name, x))?;
+            let db = s.clone_htod(&to_bf16(b.dequantize())).map_err(|x| drv(name, x))?;
+            let t = time_on_stream(&s, warm, iters, |_| p.gemm_bf16(m, n, k, &da, &db, &mut out)).map_err(|x| fmt_err(name, x))?;
+            Ok((t.median_ms, name.into()))
+        }
+    }
+}
+
+/// Opens the peer on the GPU's stream, or says why not.
+pub fn open_peer(gpu: &Gpu) -> Result<LtPeer, String> {
+    LtPeer::new(Arc::clone(gpu.stream())).map_err(|e| e.to_string())
+}

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine (no Rust there): every test binary with --include-ignored, then the
+# runner. Arguments are passed to the runner (default: every recipe at 2048x2048x512).
+# Output of each step also goes to $OUT (when set) for the device tool to bring back.
+set -uo pipefail
+cd "$(dirname "$0")"
+OUT=${OUT:-/tmp/blockscaled-out}; mkdir -p "$OUT"
+lt=$(find / -name 'libcublasLt.so.1[0-9]*' -not -path '*/proc/*' 2>/dev/null | head -1)
+[ -n "$lt" ] && export LD_LIBRARY_PATH="$(dirname "$lt"):${LD_LIBRARY_PATH:-}"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader
+status=0
+if [ "${SKIP_TESTS:-0}" != 1 ]; then
+  for t in tests/*; do
+    echo "=== $t"
+    "./$t" --include-ignored 2>&1 | tee "$OUT/$(basename "$t").log" | grep -E "^test result|FAILED|panicked|failed" || true
+    [ "${PIPESTATUS[0]}" = 0 ] || status=1
+  done
+fi
+echo "=== runner"
+args=("$@"); [ ${#args[@]} -gt 0 ] || args=(--mnkl 2048,2048,512,1 --recipe all)
+./blockscaled-run "${args[@]}" 2>&1 | tee "$OUT/runner.log"; [ "${PIPESTATUS[0]}" = 0 ] || status=1
+exit $status

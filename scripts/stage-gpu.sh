@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Builds release test, bench and runner binaries and stages them, with run-gpu.sh, in stage/
+# (git-ignored, well under 64 MiB) for a GPU machine that has no Rust. Then, with the device tool:
+#   run(command="bash stage/run-gpu.sh", carry=["stage"])
+# or copy stage/ anywhere with an NVIDIA driver and run `bash stage/run-gpu.sh [runner args]`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+eval "$(scripts/setup.sh)"
+export BLOCKSCALED_REQUIRE_PTXAS=1
+rm -rf stage && mkdir -p stage/tests
+json=$(cargo test --release --workspace --no-run --message-format=json 2>/dev/null)
+cargo build --release -p blockscaled-benches --bins --benches 2>&1 | grep -E "^(warning|error)" || true
+echo "$json" | python3 -c '
+import json, sys, shutil, os
+for line in sys.stdin:
+    try: m = json.loads(line)
+    except Exception: continue
+    if m.get("reason") == "compiler-artifact" and m.get("profile", {}).get("test") and m.get("executable"):
+        t = m["target"]; kind = t["kind"][0]
+        name = t["name"] if kind == "test" else m["package_id"].split("#")[0].rsplit("/", 1)[-1] + "-" + kind
+        shutil.copy(m["executable"], os.path.join("stage/tests", name))
+'
+cp target/release/blockscaled-run stage/
+bench=$(ls -t target/release/deps/gemm-* 2>/dev/null | grep -v '\.d$' | head -1 || true)
+[ -n "$bench" ] && cp "$bench" stage/bench-gemm
+cp scripts/run-gpu.sh stage/
+strip stage/tests/* stage/blockscaled-run stage/bench-gemm 2>/dev/null || true
+cp target/release/ptx/*.ptx target/release/ptx/*.ptxas.txt stage/ 2>/dev/null || true
+du -sh stage
+ls stage stage/tests
