@@ -11,7 +11,11 @@ fn main() {
         .dynamic_shared(registry::DYNAMIC_SMEM_SYMBOL, registry::DYNAMIC_SMEM_ALIGN);
     for k in registry::KERNELS {
         if let Some(t) = k.max_threads {
-            builder = builder.launch_bounds(k.name, t, k.min_blocks_per_sm);
+            let archs: Vec<Arch> = [Arch::Sm90a, Arch::Sm100a]
+                .into_iter()
+                .filter(|a| k.targets.contains(&a.name()))
+                .collect();
+            builder = builder.launch_bounds_on(&archs, k.name, t, k.min_blocks_per_sm);
         }
     }
     let built = match builder.build() {

@@ -1,7 +1,8 @@
 //! `cargo bench`: our GEMM and cuBLASLt, same process, same stream, medians of CUDA-event times.
 //! Without a GPU it says so and exits successfully (CI has none).
-//! `BLOCKSCALED_BENCH=seed` (default): seed 000's shapes in every recipe;
-//! `BLOCKSCALED_BENCH=deepseek`: the DeepSeek-V3 layer shapes in the DeepSeek recipe.
+//! `BLOCKSCALED_BENCH=seed`: seed 000's shapes in every recipe, and 8192³;
+//! `BLOCKSCALED_BENCH=deepseek`: the DeepSeek-V3 layer shapes in the DeepSeek recipe;
+//! `all` (default): both.
 
 use blockscaled::{Gpu, OutType, Recipe};
 use blockscaled_benches::cases::{open_peer, run_case, Case};
@@ -17,13 +18,14 @@ fn main() {
         }
     };
     let peer = open_peer(&gpu).map_err(|e| println!("cuBLASLt unavailable: {e}")).ok();
-    let which = std::env::var("BLOCKSCALED_BENCH").unwrap_or_else(|_| "seed".into());
+    let which = std::env::var("BLOCKSCALED_BENCH").unwrap_or_else(|_| "all".into());
     let mut shapes: Vec<(Recipe, [usize; 4])> = Vec::new();
     if which == "seed" || which == "all" {
         for r in Recipe::ALL {
             shapes.push((r, [2048, 2048, 512, 1]));
         }
         shapes.push((Recipe::DeepSeekFp8, [8192, 8192, 1024, 1]));
+        shapes.push((Recipe::DeepSeekFp8, [8192, 8192, 8192, 1]));
     }
     if which == "deepseek" || which == "all" {
         for m in [128, 4096] {
@@ -34,7 +36,7 @@ fn main() {
     }
     let mut rows = Vec::new();
     for (i, (recipe, [m, n, k, l])) in shapes.into_iter().enumerate() {
-        let case = Case { recipe, m, n, k, l, out: OutType::Bf16, warmup: 2, iters: 10, check: false, peer: true, seed: 1000 + i as u64 };
+        let case = Case { recipe, m, n, k, l, out: OutType::Bf16, warmup: 2, iters: 10, check: false, peer: true, seed: 1000 + i as u64, plan: None };
         match run_case(&gpu, peer.as_ref(), &case) {
             Ok(o) => rows.push(o.row),
             Err(e) => println!("{recipe} {m}x{n}x{k}x{l}: {e}"),

@@ -5,8 +5,8 @@
 
 use std::sync::Arc;
 
-use blockscaled::{reference, DeviceMatrix, Gpu, OutType, Recipe, ScaledMatrix};
-use blockscaled_tests::{compare_outputs, random_values};
+use blockscaled::{reference, round_output, DeviceMatrix, Gpu, HostOutput, OutType, Plan, Recipe, ScaledMatrix};
+use blockscaled_tests::{compare_outputs, fp8_accumulation_slack, random_values};
 use cudarc::driver::CudaSlice;
 
 use crate::cublaslt::{blk128_index, blk128_len, blocks128, vec128_index, vec128_len, LtPeer, PeerError};
@@ -35,6 +35,8 @@ pub struct Case {
     pub check: bool,
     pub peer: bool,
     pub seed: u64,
+    /// Force a kernel and configuration (default: what `Gpu::gemm` chooses).
+    pub plan: Option<Plan>,
 }
 
 /// The result of one case.
@@ -62,9 +64,13 @@ pub fn run_case(gpu: &Gpu, peer: Option<&LtPeer>, c: &Case) -> Result<Outcome, S
         (0..sets).map(|_| Ok((gpu.upload(&a)?, gpu.upload(&b)?))).collect::<Result<_, blockscaled::Error>>().map_err(e)?;
     let mut outs = (0..sets).map(|_| gpu.output(c.m, c.n, c.l, c.out)).collect::<Result<Vec<_>, _>>().map_err(e)?;
 
+    let plan = match c.plan {
+        Some(p) => p,
+        None => gpu.plan(&ins[0].0, &ins[0].1).map_err(e)?,
+    };
     let t = time_on_stream(gpu.stream(), c.warmup, c.iters, |i| {
         let s = i % sets;
-        gpu.gemm(&ins[s].0, &ins[s].1, &mut outs[s])
+        gpu.gemm_with(&ins[s].0, &ins[s].1, &mut outs[s], plan)
     })
     .map_err(e)?;
 
@@ -75,12 +81,17 @@ pub fn run_case(gpu: &Gpu, peer: Option<&LtPeer>, c: &Case) -> Result<Outcome, S
     } else {
         // A fresh, poisoned output, one more launch, every element compared.
         let mut o = gpu.output(c.m, c.n, c.l, c.out).map_err(e)?;
-        gpu.gemm(&ins[0].0, &ins[0].1, &mut o).map_err(e)?;
+        gpu.gemm_with(&ins[0].0, &ins[0].1, &mut o, plan).map_err(e)?;
         let got = o.to_host().map_err(e)?;
-        let (want, slack) = reference::gemm(&a, &b, c.out).map_err(e)?;
-        Some(compare_outputs(&got, &want, 1.0, &slack).map(|_| {
-            format!("all {} elements match the CPU reference (1 ulp + float64 summation slack)", got.values.len())
-        }))
+        let (c64, abs) = reference::gemm_f64(&a, &b).map_err(e)?;
+        let want = HostOutput { dtype: c.out, m: c.m, n: c.n, l: c.l, values: c64.iter().map(|&x| round_output(c.out, x)).collect() };
+        // The reference kernel differs from the CPU only by float64 summation order; tensor-core
+        // kernels by FP8 accumulation (see blockscaled_tests::fp8_accumulation_slack).
+        let (slack, what) = match plan {
+            Plan::Reference => (abs.iter().map(|&s| reference::sum_error_bound(c.k, s)).collect(), "1 ulp + float64 summation bound"),
+            Plan::Sm90Fp8(_) => (fp8_accumulation_slack(&abs), "1 ulp + 2^-9·Σ|ab| FP8 accumulation bound"),
+        };
+        Some(compare_outputs(&got, &want, 1.0, &slack).map(|_| format!("all {} elements match the CPU reference ({what})", got.values.len())))
     };
 
     let (peer_ms, peer_name, peer_note) = match (peer, c.peer, c.l) {
@@ -94,7 +105,7 @@ pub fn run_case(gpu: &Gpu, peer: Option<&LtPeer>, c: &Case) -> Result<Outcome, S
 
     Ok(Outcome {
         row: Row {
-            name: format!("{} ({})", c.recipe, c.out.name()),
+            name: format!("{} {} ({})", plan_name(&plan), c.recipe, c.out.name()),
             shape: (c.m, c.n, c.k, c.l),
             ms: t.median_ms,
             flops: 2.0 * (c.m * c.n * c.k * c.l) as f64,
@@ -159,6 +170,14 @@ fn time_peer(p: &LtPeer, c: &Case, a: &ScaledMatrix, b: &ScaledMatrix) -> Result
             let t = time_on_stream(&s, warm, iters, |_| p.gemm_bf16(m, n, k, &da, &db, &mut out)).map_err(|x| fmt_err(name, x))?;
             Ok((t.median_ms, name.into()))
         }
+    }
+}
+
+/// Short kernel name for tables.
+pub fn plan_name(p: &Plan) -> String {
+    match p {
+        Plan::Reference => "ref".into(),
+        Plan::Sm90Fp8(c) => format!("sm90/g{}", c.group_m),
     }
 }
 

@@ -118,10 +118,12 @@ pub struct BuiltPtx {
 }
 
 /// Launch bounds of one kernel, written into the PTX as `.maxntid` / `.minnctapersm`.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 struct Bounds {
     max_threads: u32,
     min_blocks: u32,
+    /// Targets whose module holds the kernel (empty: all).
+    archs: Vec<Arch>,
 }
 
 /// The kernel-crate builder (the shape of Rust-CUDA's `cuda_builder`).
@@ -172,14 +174,14 @@ impl Builder {
 
     /// Gives kernel `name` the directives `.maxntid max_threads, 1, 1` and
     /// `.minnctapersm min_blocks`.
-    pub fn launch_bounds(mut self, name: &str, max_threads: u32, min_blocks: u32) -> Self {
-        self.bounds.insert(
-            name.to_string(),
-            Bounds {
-                max_threads,
-                min_blocks,
-            },
-        );
+    pub fn launch_bounds(self, name: &str, max_threads: u32, min_blocks: u32) -> Self {
+        self.launch_bounds_on(&[], name, max_threads, min_blocks)
+    }
+
+    /// As [`launch_bounds`](Self::launch_bounds) for a kernel that only the modules of `archs`
+    /// contain (empty: every module). A kernel missing from a module it should be in is an error.
+    pub fn launch_bounds_on(mut self, archs: &[Arch], name: &str, max_threads: u32, min_blocks: u32) -> Self {
+        self.bounds.insert(name.to_string(), Bounds { max_threads, min_blocks, archs: archs.to_vec() });
         self
     }
 
@@ -226,7 +228,13 @@ impl Builder {
         for &arch in &self.archs {
             let raw = self.compile(&tools, &crate_path, &out_dir, arch)?;
             let ptx_text = std::fs::read_to_string(&raw)?;
-            let edited = edit_ptx(&ptx_text, self.shared.as_ref(), &self.bounds)?;
+            let bounds: BTreeMap<String, Bounds> = self
+                .bounds
+                .iter()
+                .filter(|(_, b)| b.archs.is_empty() || b.archs.contains(&arch))
+                .map(|(k, b)| (k.clone(), b.clone()))
+                .collect();
+            let edited = edit_ptx(&ptx_text, self.shared.as_ref(), &bounds)?;
             let ptx = out_dir.join(format!("{}.ptx", arch.name()));
             std::fs::write(&ptx, edited)?;
             let (ptxas_report, spilling_kernels) = match &ptxas {
@@ -615,7 +623,7 @@ mod tests {
             "k2".to_string(),
             Bounds {
                 max_threads: 384,
-                min_blocks: 1,
+                min_blocks: 1, archs: vec![] 
             },
         );
         let out = edit_ptx(PTX, None, &b).unwrap();
@@ -632,7 +640,7 @@ mod tests {
             "nope".to_string(),
             Bounds {
                 max_threads: 128,
-                min_blocks: 1,
+                min_blocks: 1, archs: vec![] 
             },
         );
         assert!(matches!(

@@ -17,6 +17,8 @@ use crate::format::OutType;
 use crate::matrix::{MatrixDesc, ScaledMatrix};
 use crate::output::HostOutput;
 use crate::reference::check_operands;
+use crate::config::{self, Plan};
+use crate::sm90::{self, Sm90Operand};
 use blockscaled_kernels::params::{GemmParams, REFERENCE_BLOCK_M, REFERENCE_BLOCK_N};
 use blockscaled_kernels::registry;
 
@@ -46,6 +48,8 @@ pub struct Gpu {
     stream: Arc<CudaStream>,
     _module: Arc<CudaModule>,
     reference: CudaFunction,
+    /// The Hopper FP8 kernel (sm_90a module only).
+    sm90_fp8: Option<CudaFunction>,
     arch: GpuArch,
     name: String,
     sm_count: u32,
@@ -96,12 +100,21 @@ impl Gpu {
             as u32;
         let module = ctx.load_module(Ptx::from_src(ptx))?;
         let reference = module.load_function(registry::REFERENCE_GEMM.name)?;
+        let sm90_fp8 = match arch {
+            GpuArch::Hopper => {
+                let f = module.load_function(registry::SM90_FP8_GEMM.name)?;
+                sm90::configure(&f)?;
+                Some(f)
+            }
+            GpuArch::Blackwell => None,
+        };
         let stream = ctx.new_stream()?;
         Ok(Gpu {
             ctx,
             stream,
             _module: module,
             reference,
+            sm90_fp8,
             arch,
             name,
             sm_count,
@@ -130,11 +143,11 @@ impl Gpu {
         let data = self.stream.clone_htod(m.data())?;
         // A scale buffer is never empty (every matrix has at least one block).
         let scales = self.stream.clone_htod(m.scales())?;
-        Ok(DeviceMatrix {
-            desc: *m.desc(),
-            data,
-            scales,
-        })
+        let sm90 = match self.arch {
+            GpuArch::Hopper => Sm90Operand::prepare(&self.stream, m, &data)?,
+            GpuArch::Blackwell => None,
+        };
+        Ok(DeviceMatrix { desc: *m.desc(), data, scales, sm90 })
     }
 
     /// Allocates an `l` × `m` × `n` output, filled with a NaN pattern so that an element a kernel
@@ -164,9 +177,45 @@ impl Gpu {
     /// C = A · Bᵀ for every batch entry, with the fastest kernel this GPU has for the formats.
     /// Asynchronous on [`Gpu::stream`]; [`DeviceOutput::to_host`] waits for it.
     ///
-    /// For now every request runs the reference kernel (fast kernels come per format family).
+    /// The kernel and its configuration come from [`config::choose`]; [`Gpu::plan`] tells which.
     pub fn gemm(&self, a: &DeviceMatrix, b: &DeviceMatrix, c: &mut DeviceOutput) -> Result<()> {
-        self.reference_gemm(a, b, c)
+        let plan = self.plan(a, b)?;
+        self.gemm_with(a, b, c, plan)
+    }
+
+    /// The plan [`Gpu::gemm`] would run for these operands.
+    pub fn plan(&self, a: &DeviceMatrix, b: &DeviceMatrix) -> Result<Plan> {
+        check_operands(&a.desc, &b.desc)?;
+        config::choose(self.arch, self.sm_count, &a.desc, &b.desc)
+    }
+
+    /// C = A · Bᵀ with a given plan (the runner's forced configurations). A plan the operands or
+    /// this GPU cannot run is an error.
+    pub fn gemm_with(&self, a: &DeviceMatrix, b: &DeviceMatrix, c: &mut DeviceOutput, plan: Plan) -> Result<()> {
+        let dims = self.check_output(a, b, c)?;
+        match plan {
+            Plan::Reference => self.reference_gemm(a, b, c),
+            Plan::Sm90Fp8(cfg) => {
+                let f = self.sm90_fp8.as_ref().ok_or_else(|| {
+                    Error::Architecture(format!("{}: the sm90 FP8 kernel needs compute capability 9.0", self.name))
+                })?;
+                let why = |d: &MatrixDesc, as_b| sm90::unsupported(d, as_b).unwrap_or_default();
+                let ao = a.sm90.as_ref().ok_or_else(|| Error::Format(why(&a.desc, false)))?;
+                let bo = b.sm90.as_ref().ok_or_else(|| Error::Format(why(&b.desc, true)))?;
+                if let Some(e) = sm90::unsupported(&a.desc, false).or_else(|| sm90::unsupported(&b.desc, true)) {
+                    return Err(Error::Format(e));
+                }
+                sm90::launch(&self.stream, f, ao, bo, dims, &mut c.buf, c.dtype as u32, cfg)
+            }
+        }
+    }
+
+    fn check_output(&self, a: &DeviceMatrix, b: &DeviceMatrix, c: &DeviceOutput) -> Result<(usize, usize, usize, usize)> {
+        let (m, n, k, l) = check_operands(&a.desc, &b.desc)?;
+        if (c.m, c.n, c.l) != (m, n, l) {
+            return Err(shape(format!("output is {}×{}×{} but A·Bᵀ is {l}×{m}×{n}", c.l, c.m, c.n)));
+        }
+        Ok((m, n, k, l))
     }
 
     /// C = A · Bᵀ with the SIMT reference kernel (float64 accumulation; for checking).
@@ -176,13 +225,7 @@ impl Gpu {
         b: &DeviceMatrix,
         c: &mut DeviceOutput,
     ) -> Result<()> {
-        let (m, n, k, l) = check_operands(&a.desc, &b.desc)?;
-        if (c.m, c.n, c.l) != (m, n, l) {
-            return Err(shape(format!(
-                "output is {}×{}×{} but A·Bᵀ is {l}×{m}×{n}",
-                c.l, c.m, c.n
-            )));
-        }
+        let (m, n, k, l) = self.check_output(a, b, c)?;
         let stream = &self.stream;
         let (a_data, _g1) = a.data.device_ptr(stream);
         let (a_scales, _g2) = a.scales.device_ptr(stream);
@@ -232,6 +275,8 @@ pub struct DeviceMatrix {
     desc: MatrixDesc,
     data: CudaSlice<u8>,
     scales: CudaSlice<u8>,
+    /// Tensor map and kernel-layout scales for the Hopper FP8 kernel, when the format fits it.
+    sm90: Option<Sm90Operand>,
 }
 
 impl DeviceMatrix {

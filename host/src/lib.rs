@@ -23,6 +23,7 @@
 //!
 //! Layouts are documented on [`ScaledMatrix`] (data, packing, scales) and [`HostOutput`] (C).
 
+pub mod config;
 mod device;
 mod error;
 pub mod format;
@@ -30,7 +31,9 @@ mod matrix;
 mod output;
 mod quantize;
 pub mod reference;
+mod sm90;
 
+pub use config::{Plan, Sm90Config};
 pub use device::{DeviceMatrix, DeviceOutput, Gpu, GpuArch};
 pub use error::{Error, Result};
 pub use format::{

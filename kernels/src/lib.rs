@@ -15,6 +15,10 @@
 pub mod format;
 pub mod params;
 pub mod registry;
+pub mod scheduler;
+
+#[cfg(target_arch = "nvptx64")]
+pub mod pipeline;
 
 #[cfg(target_arch = "nvptx64")]
 pub mod ptx;

@@ -124,3 +124,54 @@ mod tests {
         assert_eq!(align_of::<GemmParams>(), 8);
     }
 }
+
+/// Tile shape and pipeline of the sm90 FP8 block-scaled GEMM (`kernels::sm90_fp8`). Hardware
+/// facts behind the numbers: a 128-byte swizzled TMA box row is 128 e4m3 = one 1×128 scale block
+/// of K; `wgmma` m64nNk32 gives each consumer warpgroup 64 rows, so 2 consumers make BLOCK_M 128;
+/// BLOCK_N 128 is one 128×128 scale block of B; 6 stages of 32.5 KiB fit the 227 KiB a block may
+/// have (7 would not).
+pub mod sm90 {
+    pub const BLOCK_M: u32 = 128;
+    pub const BLOCK_N: u32 = 128;
+    pub const BLOCK_K: u32 = 128;
+    pub const STAGES: u32 = 6;
+    pub const CONSUMERS: u32 = 2;
+    pub const THREADS: u32 = 128 * (1 + CONSUMERS);
+    /// Bytes per row of a swizzled tile (the 128-byte swizzle span).
+    pub const ROW_BYTES: u32 = 128;
+    pub const A_TILE_BYTES: u32 = BLOCK_M * ROW_BYTES;
+    pub const B_TILE_BYTES: u32 = BLOCK_N * ROW_BYTES;
+    pub const SFA_BYTES: u32 = BLOCK_M * 4;
+    pub const STAGE_BYTES: u32 = A_TILE_BYTES + B_TILE_BYTES + SFA_BYTES;
+    pub const SMEM_BYTES: u32 = STAGES * STAGE_BYTES + 2 * 8 * STAGES;
+    /// Largest dynamic shared memory per block on sm_90 (227 KiB).
+    pub const SMEM_LIMIT: u32 = 232_448;
+    const _: () = assert!(SMEM_BYTES <= SMEM_LIMIT);
+    /// Register budgets after `setmaxnreg`: 128·(40 + 2·232) ≤ 65 536.
+    pub const PRODUCER_REGS: u32 = 40;
+    pub const CONSUMER_REGS: u32 = 232;
+}
+
+/// Parameters of the sm90 FP8 GEMM. Tensor maps live in device memory (64-byte aligned; see
+/// `ptx::tma`). `sfa`: f32 `[l][k/128][m_pad]`, M contiguous, zero-padded to `m_pad` (a multiple
+/// of BLOCK_M, so every tile's 128 scales are one aligned 512-byte copy). `sfb`: f32
+/// `[l][⌈n/128⌉][k/128]`. `k` is a multiple of 128.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Sm90Fp8Params {
+    pub tmap_a: u64,
+    pub tmap_b: u64,
+    pub sfa: u64,
+    pub sfb: u64,
+    pub out: u64,
+    pub m: u32,
+    pub n: u32,
+    pub k: u32,
+    pub l: u32,
+    pub m_pad: u32,
+    /// [`OutType`] as u32.
+    pub out_type: u32,
+    /// Scheduler band height in M tiles.
+    pub group_m: u32,
+    pub _pad: u32,
+}

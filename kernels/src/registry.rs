@@ -12,17 +12,32 @@ pub struct KernelInfo {
     pub max_threads: Option<u32>,
     /// `.minnctapersm`: blocks that must fit on one SM.
     pub min_blocks_per_sm: u32,
+    /// The GPU targets whose module contains this kernel (`llc -mcpu` names).
+    pub targets: &'static [&'static str],
 }
+
+const ALL_TARGETS: &[&str] = &["sm_90a", "sm_100a"];
 
 /// The SIMT reference GEMM: every format and scale layout, float64 accumulation.
 pub const REFERENCE_GEMM: KernelInfo = KernelInfo {
     name: "reference_blockscaled_gemm",
     max_threads: Some(crate::params::REFERENCE_BLOCK_THREADS),
     min_blocks_per_sm: 1,
+    targets: ALL_TARGETS,
+};
+
+/// The Hopper FP8 GEMM with fp32 block scales (1×128 A, 128×128 B): TMA, mbarrier ring,
+/// two wgmma consumer warpgroups, persistent.
+pub const SM90_FP8_GEMM: KernelInfo = KernelInfo {
+    name: "sm90_fp8_blockscaled_gemm",
+    max_threads: Some(crate::params::sm90::THREADS),
+    min_blocks_per_sm: 1,
+    // wgmma exists on sm_90a only.
+    targets: &["sm_90a"],
 };
 
 /// Every kernel, for the builder.
-pub const KERNELS: &[KernelInfo] = &[REFERENCE_GEMM];
+pub const KERNELS: &[KernelInfo] = &[REFERENCE_GEMM, SM90_FP8_GEMM];
 
 /// The dynamic shared-memory array's name as a literal, so `asm!` templates can `concat!` it.
 #[macro_export]

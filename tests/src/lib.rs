@@ -73,3 +73,33 @@ pub fn compare_outputs(got: &HostOutput, want: &HostOutput, ulps: f64, slack: &[
         Err(format!("{count} of {} elements differ:\n{}", got.values.len(), bad.join("\n")))
     }
 }
+
+/// The same matrix with every element and scale made non-negative (sign bits cleared), so that a
+/// reference GEMM of `abs(A)·abs(B)ᵀ` gives Σ_k |a_k·b_k| per element: the quantity FP8
+/// accumulation error scales with.
+pub fn abs_matrix(m: &ScaledMatrix) -> ScaledMatrix {
+    use blockscaled::{ElemType, ScaleType};
+    let d = *m.desc();
+    let data = m
+        .data()
+        .iter()
+        .map(|&b| match d.format.elem {
+            ElemType::E2M1 => b & 0x77,
+            _ => b & 0x7F,
+        })
+        .collect();
+    let scales = match d.format.scale {
+        ScaleType::F32 => m.scales().chunks_exact(4).flat_map(|c| [c[0], c[1], c[2], c[3] & 0x7F]).collect(),
+        _ => m.scales().to_vec(),
+    };
+    ScaledMatrix::from_parts(d.format, d.rows, d.k, d.batch, data, scales, d.scale_layout, d.tensor_scale)
+        .expect("same shape as a valid matrix")
+}
+
+/// Tolerance of a GEMM computed with Hopper FP8 tensor cores (partial sums promoted to fp32 every
+/// 128 of K), per element, given Σ_k |a_k·b_k|: the tensor core's own accumulation keeps fewer
+/// bits than fp32 (one m64n8k32 e4m3 product measured 1.7e-3 ≈ 2^-9.2 relative on an H100), so
+/// 2^-9 of Σ|a·b|. The output rounding is added by `compare_outputs`.
+pub fn fp8_accumulation_slack(abs_sum: &[f64]) -> Vec<f64> {
+    abs_sum.iter().map(|s| s * 2f64.powi(-9)).collect()
+}

@@ -5,8 +5,8 @@
 
 use std::sync::OnceLock;
 
-use blockscaled::{reference, Error, Gpu, OutType, Recipe};
-use blockscaled_tests::{compare_outputs, random_matrix};
+use blockscaled::{reference, round_output, Error, Fp8, Gpu, HostOutput, OutType, Plan, Recipe, Sm90Config};
+use blockscaled_tests::{abs_matrix, compare_outputs, fp8_accumulation_slack, random_matrix};
 use proptest::prelude::*;
 
 fn gpu() -> &'static Gpu {
@@ -98,4 +98,105 @@ fn opening_a_gpu_without_one_is_a_no_device_error() {
         Ok(g) => eprintln!("a GPU is present: {g:?}"),
         Err(e) => assert!(matches!(e, Error::NoDevice(_)), "expected NoDevice, got {e}"),
     }
+}
+
+/// The Hopper FP8 kernel against the CPU reference (float64), every element, with the FP8
+/// accumulation tolerance of `fp8_accumulation_slack` plus one unit of the output type.
+fn check_sm90(recipe: Recipe, m: usize, n: usize, k: usize, l: usize, dtype: OutType, seed: u64) -> Result<(), String> {
+    let g = gpu();
+    let (_, a) = random_matrix(seed, m, k, l, recipe.a());
+    let (_, b) = random_matrix(seed.wrapping_mul(0x2545_F491_4F6C_DD1D).wrapping_add(1), n, k, l, recipe.b());
+    let (c64, abs) = reference::gemm_f64(&a, &b).map_err(|e| e.to_string())?;
+    let want = HostOutput { dtype, m, n, l, values: c64.iter().map(|&x| round_output(dtype, x)).collect() };
+    let (da, db) = (g.upload(&a).map_err(|e| e.to_string())?, g.upload(&b).map_err(|e| e.to_string())?);
+    let plan = g.plan(&da, &db).map_err(|e| e.to_string())?;
+    if !matches!(plan, Plan::Sm90Fp8(_)) {
+        return Err(format!("{recipe}: expected the sm90 kernel, the plan is {plan:?}"));
+    }
+    let mut c = g.output(m, n, l, dtype).map_err(|e| e.to_string())?; // poisoned with NaN
+    g.gemm(&da, &db, &mut c).map_err(|e| e.to_string())?;
+    let got = c.to_host().map_err(|e| e.to_string())?;
+    compare_outputs(&got, &want, 1.0, &fp8_accumulation_slack(&abs))
+        .map_err(|e| format!("sm90 {recipe} {m}x{n}x{k}x{l} {dtype:?} seed {seed}: {e}"))
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(40))]
+
+    #[test]
+    #[ignore = "needs a CUDA device"]
+    fn sm90_kernel_matches_cpu_reference_on_random_ragged_shapes(
+        which in 0usize..2,
+        m in 1usize..400,
+        n in 1usize..400,
+        kb in 1usize..9,
+        l in 1usize..3,
+        out_i in 0usize..3,
+        seed in any::<u64>(),
+    ) {
+        let recipe = [Recipe::DeepSeekFp8, Recipe::Fp8PerTensor(Fp8::E4M3)][which];
+        let dtype = [OutType::Bf16, OutType::F16, OutType::F32][out_i];
+        check_sm90(recipe, m, n, 128 * kb, l, dtype, seed).map_err(TestCaseError::fail)?;
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn sm90_kernel_matches_cpu_reference_on_larger_ragged_shapes() {
+    let seed = std::process::id() as u64;
+    check_sm90(Recipe::DeepSeekFp8, 1111, 2000, 2048, 1, OutType::Bf16, seed).unwrap();
+    check_sm90(Recipe::DeepSeekFp8, 300, 7168, 512, 2, OutType::F32, seed + 1).unwrap();
+}
+
+/// Large shapes against the GPU reference kernel; Σ|a·b| comes from the reference kernel run on
+/// the sign-cleared operands.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn sm90_kernel_matches_gpu_reference_on_large_shapes() {
+    let g = gpu();
+    for (i, &(m, n, k)) in [(4096usize, 7168usize, 2048usize), (8192, 8192, 1024), (4095, 2112, 7168)].iter().enumerate() {
+        let seed = 77 + i as u64 + std::process::id() as u64;
+        let r = Recipe::DeepSeekFp8;
+        let (_, a) = random_matrix(seed, m, k, 1, r.a());
+        let (_, b) = random_matrix(seed ^ 0xABCDEF, n, k, 1, r.b());
+        let run = |a: &blockscaled::ScaledMatrix, b: &blockscaled::ScaledMatrix, reference: bool| {
+            let (da, db) = (g.upload(a).unwrap(), g.upload(b).unwrap());
+            let mut c = g.output(m, n, 1, OutType::F32).unwrap();
+            if reference { g.reference_gemm(&da, &db, &mut c).unwrap() } else { g.gemm(&da, &db, &mut c).unwrap() }
+            c.to_host().unwrap()
+        };
+        let want = run(&a, &b, true);
+        let abs = run(&abs_matrix(&a), &abs_matrix(&b), true);
+        let got = run(&a, &b, false);
+        let abs: Vec<f64> = abs.values.iter().map(|&v| v as f64).collect();
+        compare_outputs(&got, &want, 1.0, &fp8_accumulation_slack(&abs)).unwrap_or_else(|e| panic!("{m}x{n}x{k}: {e}"));
+        let worst = got.values.iter().zip(&want.values).zip(&abs).map(|((g, w), s)| ((g - w).abs() as f64) / s.max(1e-30)).fold(0.0, f64::max);
+        eprintln!("sm90 {m}x{n}x{k}: max |err| / Σ|ab| = {worst:.3e} (tolerance 2^-9 = {:.3e})", 2f64.powi(-9));
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn plans_follow_the_formats_and_k_not_multiple_of_128_is_an_error() {
+    let g = gpu();
+    let up = |r: Recipe, rows, k, as_b: bool| {
+        let (_, m) = random_matrix(5, rows, k, 1, if as_b { r.b() } else { r.a() });
+        g.upload(&m).unwrap()
+    };
+    let ds = Recipe::DeepSeekFp8;
+    assert!(matches!(g.plan(&up(ds, 64, 256, false), &up(ds, 64, 256, true)).unwrap(), Plan::Sm90Fp8(_)));
+    let mx = Recipe::Mxfp8(Fp8::E4M3);
+    assert_eq!(g.plan(&up(mx, 64, 256, false), &up(mx, 64, 256, true)).unwrap(), Plan::Reference);
+    // DeepSeek scales with K = 320: a clear error from gemm(), the reference kernel still works.
+    let (a, b) = (up(ds, 64, 320, false), up(ds, 64, 320, true));
+    assert!(matches!(g.plan(&a, &b), Err(Error::Shape(_))));
+    let mut c = g.output(64, 64, 1, OutType::Bf16).unwrap();
+    assert!(matches!(g.gemm(&a, &b, &mut c), Err(Error::Shape(_))));
+    assert!(g.reference_gemm(&a, &b, &mut c).is_ok());
+    // Per-row B scales are not what the sm90 kernel takes: forcing it is a format error.
+    let pr = Recipe::Fp8PerRow(Fp8::E4M3);
+    let (a, b) = (up(pr, 64, 256, false), up(pr, 64, 256, true));
+    let forced = Plan::Sm90Fp8(Sm90Config { group_m: 8, ctas: g.sm_count() });
+    assert!(matches!(g.gemm_with(&a, &b, &mut c, forced), Err(Error::Format(_))));
+    assert_eq!(g.plan(&a, &b).unwrap(), Plan::Reference);
 }

@@ -12,7 +12,7 @@
 
 use std::process::ExitCode;
 
-use blockscaled::{Fp8, Gpu, OutType, Recipe};
+use blockscaled::{Fp8, Gpu, OutType, Plan, Recipe, Sm90Config};
 use blockscaled_benches::cases::{open_peer, run_case, Case};
 use blockscaled_benches::table::print_table;
 use clap::Parser;
@@ -58,6 +58,12 @@ struct Args {
     no_peer: bool,
     #[arg(long, default_value_t = 0)]
     device: usize,
+    /// Kernel: auto (what `gemm` chooses), reference, or sm90 (the Hopper FP8 kernel).
+    #[arg(long, default_value = "auto")]
+    kernel: String,
+    /// sm90 scheduler band height in M tiles (default: the heuristic's).
+    #[arg(long = "group_m", alias = "group-m")]
+    group_m: Option<u32>,
     /// Seed of the random inputs (default: a fresh one, printed).
     #[arg(long)]
     seed: Option<u64>,
@@ -120,10 +126,14 @@ fn main() -> ExitCode {
 fn run(args: &Args) -> Result<bool, String> {
     let mnkl = parse_list(&args.mnkl, 4, "mnkl")?;
     if let Some(t) = &args.mma_tiler_mn {
-        parse_list(t, 2, "mma_tiler_mn")?;
+        if parse_list(t, 2, "mma_tiler_mn")? != [128, 128] && args.kernel != "reference" {
+            return Err("--mma_tiler_mn: the sm90 kernel is built for 128,128 tiles only (so far)".into());
+        }
     }
     if let Some(c) = &args.cluster_shape_mn {
-        parse_list(c, 2, "cluster_shape_mn")?;
+        if parse_list(c, 2, "cluster_shape_mn")? != [1, 1] && args.kernel != "reference" {
+            return Err("--cluster_shape_mn: clusters/multicast are not implemented yet; use 1,1".into());
+        }
     }
     let out = match args.c_dtype.to_ascii_lowercase().replace(['_', '-'], "").as_str() {
         "bfloat16" | "bf16" => OutType::Bf16,
@@ -145,10 +155,17 @@ fn run(args: &Args) -> Result<bool, String> {
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1)
     });
     let gpu = Gpu::new(args.device).map_err(|e| e.to_string())?;
-    println!("{} ({:?}, {} SMs); kernel: reference (SIMT, float64 accumulation); seed {seed}", gpu.name(), gpu.arch(), gpu.sm_count());
-    if args.mma_tiler_mn.is_some() || args.cluster_shape_mn.is_some() {
-        println!("note: --mma_tiler_mn / --cluster_shape_mn apply to the fast kernels; the reference kernel ignores them");
-    }
+    println!("{} ({:?}, {} SMs); seed {seed}", gpu.name(), gpu.arch(), gpu.sm_count());
+    let m_tiles = (mnkl[0] as u32).div_ceil(128);
+    let plan = match args.kernel.as_str() {
+        "auto" if args.group_m.is_none() => None,
+        "auto" | "sm90" => Some(Plan::Sm90Fp8(Sm90Config {
+            group_m: args.group_m.unwrap_or(m_tiles.clamp(1, 8)),
+            ctas: gpu.sm_count(),
+        })),
+        "reference" => Some(Plan::Reference),
+        k => return Err(format!("--kernel `{k}`: want auto, reference or sm90")),
+    };
     let peer = if args.no_peer {
         None
     } else {
@@ -174,6 +191,7 @@ fn run(args: &Args) -> Result<bool, String> {
             check: !args.skip_ref_check,
             peer: peer.is_some(),
             seed: seed.wrapping_add(i as u64),
+            plan,
         };
         match run_case(&gpu, peer.as_ref(), &case) {
             Ok(o) => {

@@ -23,6 +23,19 @@ pub unsafe fn load_2d(dst: u32, tmap: u64, x: i32, y: i32, bar: u32) {
     };
 }
 
+/// Copies `bytes` contiguous bytes from global to shared memory (the non-tensor bulk copy:
+/// "cp.async.bulk"); completion is counted on `bar` like a tensor load.
+/// # Safety
+/// `dst` and `src` are 16-byte aligned, `bytes` is a multiple of 16, both ranges are valid.
+#[inline(always)]
+pub unsafe fn load_bytes(dst: u32, src: u64, bytes: u32, bar: u32) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        asm!("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [{d}], [{s}], {n}, [{b}];",
+             d = in(reg32) dst, s = in(reg64) src, n = in(reg32) bytes, b = in(reg32) bar, options(nostack))
+    };
+}
+
 /// Loads a 3-D box (e.g. batch as the outer coordinate).
 /// # Safety
 /// As [`load_2d`].

@@ -84,3 +84,35 @@ pub unsafe fn mma_m64n8k32_e4m3(d: &mut [f32; 4], a: Descriptor, b: Descriptor, 
              a = in(reg64) a.0, b = in(reg64) b.0, acc = in(reg32) accumulate as u32, options(nostack))
     };
 }
+
+/// Expands to one `wgmma.mma_async` with `N/2` f32 accumulator registers (m64nNk32, e4m3·e4m3).
+/// The register list is spelled out because `asm!` needs every operand named.
+macro_rules! mma_e4m3 {
+    ($name:ident, $n:literal, $first:literal $(, $i:literal)*) => {
+        /// `wgmma.mma_async.sync.aligned.m64nNk32.f32.e4m3.e4m3` with N given in the name:
+        /// D (64×N f32, `N/2` registers per thread in the fragment order of the module doc) =
+        /// A·Bᵀ (+ D if `accumulate`); A 64×32 and B N×32, K-major in shared memory.
+        /// # Safety
+        /// As [`mma_m64n8k32_e4m3`].
+        #[inline(always)]
+        pub unsafe fn $name(d: &mut [f32; $n / 2], a: Descriptor, b: Descriptor, accumulate: bool) {
+            // SAFETY: the caller's contract.
+            unsafe {
+                asm!(
+                    "{{ .reg .pred p;",
+                    "setp.ne.b32 p, {acc}, 0;",
+                    concat!("wgmma.mma_async.sync.aligned.m64n", stringify!($n), "k32.f32.e4m3.e4m3 {{",
+                            "{", stringify!($first), "}" $(, ", {", stringify!($i), "}")*,
+                            "}}, {a}, {b}, p, 1, 1; }}"),
+                    inout(reg32) d[$first] $(, inout(reg32) d[$i])*,
+                    a = in(reg64) a.0, b = in(reg64) b.0, acc = in(reg32) accumulate as u32,
+                    options(nostack)
+                )
+            };
+        }
+    };
+}
+
+mma_e4m3!(mma_m64n128k32_e4m3, 128, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19,
+    20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44,
+    45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63);

@@ -1,0 +1,49 @@
+//! Which kernel runs a GEMM, and with what configuration: one function, rules stated as data.
+
+use crate::device::GpuArch;
+use crate::error::{shape, Result};
+use crate::format::ScaleType;
+use crate::matrix::MatrixDesc;
+pub use crate::sm90::Sm90Config;
+use blockscaled_kernels::params::sm90::{BLOCK_M, BLOCK_N};
+
+/// A kernel and its configuration.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Plan {
+    /// The SIMT reference kernel (every format; slow).
+    Reference,
+    /// The Hopper TMA + wgmma FP8 kernel with fp32 block scales.
+    Sm90Fp8(Sm90Config),
+}
+
+/// Picks the kernel for A (M×K) · Bᵀ (N×K) on `arch` with `sm_count` SMs.
+///
+/// - Hopper, e4m3 with fp32 scales that are constant over 1×128 (A) and 128×128 (B) blocks —
+///   DeepSeek, per-tensor, per-row A — runs the sm90 kernel. Its 128-wide scale blocks need
+///   K % 128 == 0: other K are an error rather than a silent 1000× slower path.
+/// - Everything else runs the reference kernel for now (MX / NVFP4 fast kernels: later issues).
+///
+/// Raster band (`group_m`): CTAs running together cover `group_m` M tiles × (SMs / group_m) N
+/// tiles, so both operands' working sets stay in L2; 8 keeps a band's A tiles (8 × 128 × K bytes)
+/// small next to the 50 MB L2 for K up to 16k.
+pub fn choose(arch: GpuArch, sm_count: u32, a: &MatrixDesc, b: &MatrixDesc) -> Result<Plan> {
+    if arch != GpuArch::Hopper {
+        return Ok(Plan::Reference);
+    }
+    let fp32_scaled = a.format.scale == ScaleType::F32 && b.format.scale == ScaleType::F32;
+    let a_no = crate::sm90::unsupported(a, false);
+    let b_no = crate::sm90::unsupported(b, true);
+    match (a_no, b_no) {
+        (None, None) => {
+            let m_tiles = a.rows.div_ceil(BLOCK_M as usize) as u32;
+            let _ = BLOCK_N;
+            Ok(Plan::Sm90Fp8(Sm90Config { group_m: m_tiles.clamp(1, 8), ctas: sm_count }))
+        }
+        _ if fp32_scaled && a.k % 128 != 0 && a.format.elem == crate::ElemType::E4M3 => Err(shape(format!(
+            "K = {} is not a multiple of 128: the Hopper FP8 kernel's 128-wide scale blocks need it \
+             (Gpu::reference_gemm computes it, slowly)",
+            a.k
+        ))),
+        _ => Ok(Plan::Reference),
+    }
+}

@@ -1,0 +1,203 @@
+//! Host side of the Hopper FP8 kernel (`kernels::sm90_fp8`): which operands it takes, the
+//! kernel-layout scale buffers and TMA tensor maps made once per uploaded matrix, and the launch.
+
+use std::sync::Arc;
+
+use cudarc::driver::{sys, CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig, PushKernelArg};
+
+use crate::error::{shape, Error, Result};
+use crate::format::{ElemType, ScaleType};
+use crate::matrix::{MatrixDesc, ScaledMatrix};
+use blockscaled_kernels::params::sm90::{BLOCK_K, BLOCK_M, BLOCK_N, ROW_BYTES, SMEM_BYTES, THREADS};
+use blockscaled_kernels::params::Sm90Fp8Params;
+use blockscaled_kernels::scheduler::TileScheduler;
+
+#[repr(transparent)]
+struct Param(Sm90Fp8Params);
+// SAFETY: `Sm90Fp8Params` is `#[repr(C)]`, `Copy`, integers only, identical on both sides (one
+// source: `blockscaled_kernels::params`).
+unsafe impl DeviceRepr for Param {}
+
+/// Why an operand cannot go through the sm90 kernel (`None`: it can, in that role).
+pub(crate) fn unsupported(desc: &MatrixDesc, as_b: bool) -> Option<String> {
+    let f = &desc.format;
+    if f.elem != ElemType::E4M3 {
+        return Some(format!("{}: the sm90 kernel takes e4m3 elements", f));
+    }
+    if f.scale != ScaleType::F32 {
+        return Some(format!("{}: the sm90 kernel takes fp32 scales", f));
+    }
+    if desc.k % BLOCK_K as usize != 0 {
+        return Some(format!("K = {} is not a multiple of {BLOCK_K}, which the 128-wide fp32 scale blocks of the sm90 kernel need", desc.k));
+    }
+    let (br, bk) = desc.block_extent();
+    if bk % BLOCK_K as usize != 0 {
+        return Some(format!("{}: scale blocks must span a multiple of 128 of K", f));
+    }
+    if as_b && !(br % BLOCK_N as usize == 0 || br >= desc.rows) {
+        return Some(format!("{}: as B, one scale must cover each 128×128 tile (per-row B scales are not supported by the sm90 kernel yet)", f));
+    }
+    None
+}
+
+/// What the kernel needs of one uploaded matrix, made at upload time.
+pub(crate) struct Sm90Operand {
+    /// The 128-byte CUtensorMap (3-D: K, rows, L; box 128 × 128; 128-byte swizzle) in device memory.
+    tmap: CudaSlice<u8>,
+    /// A-role scales `[l][k/128][m_pad]`, rows contiguous, zero-padded (None if not eligible as A).
+    sfa: Option<(CudaSlice<f32>, u32)>,
+    /// B-role scales `[l][⌈rows/128⌉][k/128]` (None if not eligible as B).
+    sfb: Option<CudaSlice<f32>>,
+}
+
+impl Sm90Operand {
+    /// `None` when the matrix is not e4m3 with fp32 scales and K % 128 == 0 (it can't be either role).
+    pub(crate) fn prepare(stream: &Arc<CudaStream>, m: &ScaledMatrix, data: &CudaSlice<u8>) -> Result<Option<Self>> {
+        let d = m.desc();
+        let (as_a, as_b) = (unsupported(d, false).is_none(), unsupported(d, true).is_none());
+        if !as_a && !as_b {
+            return Ok(None);
+        }
+        let (rows, k, l) = (d.rows, d.k, d.batch);
+        let kb = k / BLOCK_K as usize;
+        let sfa = if as_a {
+            let m_pad = rows.next_multiple_of(BLOCK_M as usize);
+            let mut v = vec![0f32; l * kb * m_pad];
+            for li in 0..l {
+                for j in 0..kb {
+                    for r in 0..rows {
+                        v[(li * kb + j) * m_pad + r] = m.scale_value(li, r, j * BLOCK_K as usize) as f32;
+                    }
+                }
+            }
+            Some((stream.clone_htod(&v)?, m_pad as u32))
+        } else {
+            None
+        };
+        let sfb = if as_b {
+            let nb = rows.div_ceil(BLOCK_N as usize);
+            let mut v = vec![0f32; l * nb * kb];
+            for li in 0..l {
+                for b in 0..nb {
+                    for j in 0..kb {
+                        v[(li * nb + b) * kb + j] = m.scale_value(li, b * BLOCK_N as usize, j * BLOCK_K as usize) as f32;
+                    }
+                }
+            }
+            Some(stream.clone_htod(&v)?)
+        } else {
+            None
+        };
+        let tmap = encode_tensor_map(stream, data, k, rows, l)?;
+        Ok(Some(Sm90Operand { tmap, sfa, sfb }))
+    }
+}
+
+/// Encodes the TMA descriptor of a K-major e4m3 operand and copies it to device memory (a by-value
+/// kernel parameter cannot carry the 64-byte alignment TMA needs from Rust; see `ptx::tma`).
+fn encode_tensor_map(stream: &Arc<CudaStream>, data: &CudaSlice<u8>, k: usize, rows: usize, l: usize) -> Result<CudaSlice<u8>> {
+    let mut map = sys::CUtensorMap { opaque: [0; 16] };
+    let dims = [k as u64, rows as u64, l as u64];
+    // Byte strides of dims 1 and 2 (dim 0 is contiguous): multiples of 16 since K % 128 == 0.
+    let strides = [k as u64, (rows * k) as u64];
+    // The box: 128 bytes of K (the 128-byte swizzle span) × 128 rows (BLOCK_M = BLOCK_N) × 1.
+    let boxes = [ROW_BYTES, BLOCK_M, 1u32];
+    let elem_strides = [1u32; 3];
+    let (ptr, _g) = data.device_ptr(stream);
+    // SAFETY: every pointer refers to a live local array of the length the rank (3) implies;
+    // `ptr` is a live device allocation of rows·k·l bytes, 256-byte aligned by cuMemAlloc.
+    let r = unsafe {
+        sys::cuTensorMapEncodeTiled(
+            &mut map,
+            sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT8,
+            3,
+            ptr as *mut std::ffi::c_void,
+            dims.as_ptr(),
+            strides.as_ptr(),
+            boxes.as_ptr(),
+            elem_strides.as_ptr(),
+            sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+            sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+            sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+        )
+    };
+    r.result()?;
+    let bytes: Vec<u8> = map.opaque.iter().flat_map(|w| w.to_le_bytes()).collect();
+    Ok(stream.clone_htod(&bytes)?)
+}
+
+/// Raises the kernel's dynamic shared-memory limit (above the default 48 KiB).
+pub(crate) fn configure(f: &CudaFunction) -> Result<()> {
+    // SAFETY: a valid function handle and a documented attribute.
+    unsafe {
+        sys::cuFuncSetAttribute(
+            f.cu_function(),
+            sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            SMEM_BYTES as i32,
+        )
+    }
+    .result()?;
+    Ok(())
+}
+
+/// Configuration of one launch (chosen by `config::choose`, or forced by the caller).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Sm90Config {
+    /// Scheduler band height in M tiles (L2 reuse of B tiles).
+    pub group_m: u32,
+    /// Persistent CTAs (at most one per SM).
+    pub ctas: u32,
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn launch(
+    stream: &Arc<CudaStream>,
+    f: &CudaFunction,
+    a: &Sm90Operand,
+    b: &Sm90Operand,
+    (m, n, k, l): (usize, usize, usize, usize),
+    out: &mut CudaSlice<u8>,
+    out_type: u32,
+    cfg: Sm90Config,
+) -> Result<()> {
+    let (Some((sfa, m_pad)), Some(sfb)) = (&a.sfa, &b.sfb) else {
+        return Err(Error::Format("operands not prepared for the sm90 kernel in these roles".into()));
+    };
+    let (tmap_a, _g1) = a.tmap.device_ptr(stream);
+    let (tmap_b, _g2) = b.tmap.device_ptr(stream);
+    let (sfa, _g3) = sfa.device_ptr(stream);
+    let (sfb, _g4) = sfb.device_ptr(stream);
+    let (out, _g5) = out.device_ptr_mut(stream);
+    if m > i32::MAX as usize || n > i32::MAX as usize {
+        return Err(shape("M and N must fit TMA's 32-bit coordinates"));
+    }
+    let p = Param(Sm90Fp8Params {
+        tmap_a,
+        tmap_b,
+        sfa,
+        sfb,
+        out,
+        m: m as u32,
+        n: n as u32,
+        k: k as u32,
+        l: l as u32,
+        m_pad: *m_pad,
+        out_type,
+        group_m: cfg.group_m.max(1),
+        _pad: 0,
+    });
+    let tiles = TileScheduler::new(m as u32, n as u32, l as u32, BLOCK_M, BLOCK_N, 1, 0, 1).total();
+    let launch_cfg = LaunchConfig {
+        grid_dim: (cfg.ctas.min(tiles).max(1), 1, 1),
+        block_dim: (THREADS, 1, 1),
+        shared_mem_bytes: SMEM_BYTES,
+    };
+    let mut builder = stream.launch_builder(f);
+    builder.arg(&p);
+    // SAFETY: the parameters come from validated, prepared operands (tensor maps over the live
+    // data buffers, scale buffers of the documented sizes), the output holds l·m·n elements of
+    // `out_type`, and the guards above order the buffers' use on this stream.
+    unsafe { builder.launch(launch_cfg) }?;
+    Ok(())
+}

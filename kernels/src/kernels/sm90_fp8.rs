@@ -1,0 +1,211 @@
+//! Hopper FP8 GEMM with fp32 block scales: 1×128 for A (per row, per 128 of K), 128×128 for B
+//! (DeepSeek-V3), C = A·Bᵀ. Per-tensor and per-row scales run through it after the host expands
+//! them into this layout.
+//!
+//! Roles (one persistent CTA per SM, `params::sm90::THREADS` threads):
+//! - warpgroup 0, one thread: the producer. For each tile of the schedule and each 128-wide K block
+//!   it waits for a free stage, then TMA-loads the A tile (128×128 e4m3), the B tile (128×128) and
+//!   the tile's 128 A scales into it.
+//! - warpgroups 1 and 2: consumers, 64 rows of the tile each. Per K block: four
+//!   `wgmma m64n128k32` into a scratch accumulator, then promotion into the fp32 accumulator with
+//!   `scale_a[row] · scale_b` (Hopper's FP8 tensor-core accumulation is not full fp32, so the
+//!   partial sums are scaled and added in fp32 every 128 of K). After the last K block: convert and
+//!   store with masks for ragged M and N, while the producer already fills the next tile's stages.
+
+use crate::params::sm90::{
+    A_TILE_BYTES, BLOCK_K, BLOCK_M, BLOCK_N, B_TILE_BYTES, CONSUMER_REGS, PRODUCER_REGS, ROW_BYTES, SFA_BYTES,
+    STAGES, STAGE_BYTES,
+};
+use crate::params::{OutType, Sm90Fp8Params};
+use crate::pipeline::Pipeline;
+use crate::ptx::wgmma::{self, Descriptor, Swizzle};
+use crate::ptx::{convert, smem, thread, tma};
+use crate::scheduler::TileScheduler;
+
+/// Rows per consumer warpgroup: the M of `wgmma` m64nNk32.
+const WG_ROWS: u32 = 64;
+/// K per `wgmma` (e4m3): 32 elements = 32 bytes of a swizzled row.
+const MMA_K: u32 = 32;
+/// Bytes between 8-row groups of a 128-byte-swizzled tile (8 rows × 128 bytes).
+const SWIZZLE_SBO: u32 = 8 * ROW_BYTES;
+
+/// Where stage `s`'s buffers are: all A tiles, then all B tiles, then all A-scale vectors, then the
+/// pipeline's barriers. Tiles stay 1024-byte aligned (128-byte swizzle needs it).
+#[derive(Clone, Copy)]
+struct StageLayout {
+    base: u32,
+}
+
+impl StageLayout {
+    #[inline(always)]
+    fn a(self, s: u32) -> u32 {
+        self.base + s * A_TILE_BYTES
+    }
+    #[inline(always)]
+    fn b(self, s: u32) -> u32 {
+        self.base + STAGES * A_TILE_BYTES + s * B_TILE_BYTES
+    }
+    #[inline(always)]
+    fn sfa(self, s: u32) -> u32 {
+        self.base + STAGES * (A_TILE_BYTES + B_TILE_BYTES) + s * SFA_BYTES
+    }
+    #[inline(always)]
+    fn barriers(self) -> u32 {
+        self.base + STAGES * STAGE_BYTES
+    }
+    /// wgmma descriptor of consumer `c`'s 64 rows of the A tile, at K step `kk`.
+    #[inline(always)]
+    fn a_desc(self, s: u32, c: u32, kk: u32) -> Descriptor {
+        Descriptor::new(self.a(s) + c * WG_ROWS * ROW_BYTES, 16, SWIZZLE_SBO, Swizzle::B128).advance(kk * MMA_K)
+    }
+    /// wgmma descriptor of the B tile (all BLOCK_N rows), at K step `kk`.
+    #[inline(always)]
+    fn b_desc(self, s: u32, kk: u32) -> Descriptor {
+        Descriptor::new(self.b(s), 16, SWIZZLE_SBO, Swizzle::B128).advance(kk * MMA_K)
+    }
+}
+
+/// # Safety
+/// Launched by the host with `THREADS` threads, `SMEM_BYTES` of dynamic shared memory and
+/// parameters from validated matrices: tensor maps of A (K, M, L) and B (K, N, L) with boxes
+/// 128 × BLOCK_M / BLOCK_N and 128-byte swizzle, scale buffers as `Sm90Fp8Params` describes,
+/// `k % 128 == 0`, and `out` sized for L·M·N elements of `out_type`.
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn sm90_fp8_blockscaled_gemm(p: Sm90Fp8Params) {
+    let layout = StageLayout { base: smem::dynamic_base() };
+    let pipe = Pipeline::new(layout.barriers(), STAGES);
+    let tid = thread::thread_x();
+    let wg = tid / 128;
+    if tid == 0 {
+        // SAFETY: the barrier memory is ours; the block barrier below precedes every use.
+        unsafe {
+            pipe.init(4 * crate::params::sm90::CONSUMERS);
+            tma::prefetch_map(p.tmap_a);
+            tma::prefetch_map(p.tmap_b);
+        }
+    }
+    thread::sync_block();
+
+    let k_blocks = p.k / BLOCK_K;
+    let mut tiles = TileScheduler::new(p.m, p.n, p.l, BLOCK_M, BLOCK_N, p.group_m, thread::block_x(), thread::grid_dim_x());
+
+    if wg == 0 {
+        thread::lower_registers::<PRODUCER_REGS>();
+        if tid == 0 {
+            let mut it = 0u32;
+            while let Some(t) = tiles.next() {
+                for kb in 0..k_blocks {
+                    let s = pipe.stage(it);
+                    let sfa = p.sfa + 4 * ((t.l * k_blocks + kb) as u64 * p.m_pad as u64 + (t.m * BLOCK_M) as u64);
+                    // SAFETY: the stage is free after `producer_acquire`; the boxes and the 512-byte
+                    // scale copy fit the stage's buffers; the maps and `sfa` cover these coordinates
+                    // (TMA zero-fills rows past M or N).
+                    unsafe {
+                        pipe.producer_acquire(it);
+                        let full = pipe.producer_expect(it, STAGE_BYTES);
+                        let (x, l) = ((kb * BLOCK_K) as i32, t.l as i32);
+                        tma::load_3d(layout.a(s), p.tmap_a, x, (t.m * BLOCK_M) as i32, l, full);
+                        tma::load_3d(layout.b(s), p.tmap_b, x, (t.n * BLOCK_N) as i32, l, full);
+                        tma::load_bytes(layout.sfa(s), sfa, SFA_BYTES, full);
+                    }
+                    it += 1;
+                }
+            }
+        }
+        return;
+    }
+
+    thread::raise_registers::<CONSUMER_REGS>();
+    let c = wg - 1;
+    let local = tid % 128;
+    let (warp, lane) = (local / 32, local % 32);
+    // This thread's two rows within the consumer's 64 (accumulator fragment layout).
+    let row = c * WG_ROWS + 16 * warp + lane / 4;
+    let n_blocks = p.n.div_ceil(BLOCK_N);
+    let mut it = 0u32;
+    while let Some(t) = tiles.next() {
+        let mut acc = [0.0f32; 64];
+        let sfb = (p.sfb as *const f32).wrapping_add(((t.l * n_blocks + t.n) * k_blocks) as usize);
+        for kb in 0..k_blocks {
+            // SAFETY: `sfb` holds n_blocks · k_blocks scales per batch entry (host-checked).
+            let scale_b = unsafe { *sfb.add(kb as usize) };
+            let s = pipe.stage(it);
+            let mut part = [0.0f32; 64];
+            // SAFETY: the stage is filled after `consumer_wait`; descriptors point into it.
+            unsafe {
+                pipe.consumer_wait(it);
+                wgmma::fence();
+                for kk in 0..BLOCK_K / MMA_K {
+                    wgmma::mma_m64n128k32_e4m3(&mut part, layout.a_desc(s, c, kk), layout.b_desc(s, kk), kk > 0);
+                }
+                wgmma::commit();
+                wgmma::wait::<0>();
+            }
+            // SAFETY: the scale vector of the stage is filled (same barrier); rows < 128.
+            let (sa0, sa1) = unsafe {
+                (f32::from_bits(smem::load_u32(layout.sfa(s) + 4 * row)), f32::from_bits(smem::load_u32(layout.sfa(s) + 4 * (row + 8))))
+            };
+            let (f0, f1) = (sa0 * scale_b, sa1 * scale_b);
+            for i in 0..64 {
+                acc[i] += part[i] * if (i / 2) % 2 == 0 { f0 } else { f1 };
+            }
+            // Every lane of this warp has read the stage (wgmma waited, scales used): release it.
+            thread::sync_warp();
+            if lane == 0 {
+                // SAFETY: after `consumer_wait(it)` and this warp's last read.
+                unsafe { pipe.consumer_release(it) };
+            }
+            it += 1;
+        }
+        store_tile(&p, t.l, t.m * BLOCK_M + row, t.n * BLOCK_N + 2 * (lane % 4), &acc);
+    }
+}
+
+/// Writes one thread's 64 accumulators: value `i` at row `row0 + 8·((i/2)%2)`, column
+/// `col0 + 8·(i/4) + (i%2)`; pairs of adjacent columns go out as one 4- or 8-byte store where the
+/// row stride keeps them aligned, elements past M or N are not written.
+#[inline(always)]
+fn store_tile(p: &Sm90Fp8Params, l: u32, row0: u32, col0: u32, acc: &[f32; 64]) {
+    let out_type = OutType::from_u32(p.out_type);
+    let pairs_aligned = p.n % 2 == 0;
+    for j in 0..32 {
+        let i = 2 * j;
+        let row = row0 + 8 * ((i / 2) % 2) as u32;
+        let col = col0 + 8 * (i / 4) as u32;
+        if row >= p.m || col >= p.n {
+            continue;
+        }
+        let idx = (l as usize * p.m as usize + row as usize) * p.n as usize + col as usize;
+        let (v0, v1) = (acc[i], acc[i + 1]);
+        let both = col + 1 < p.n;
+        // SAFETY: (row, col) and, when `both`, (row, col + 1) are inside the L·M·N output.
+        unsafe {
+            match out_type {
+                Some(OutType::Bf16) | Some(OutType::F16) => {
+                    let cvt = |v| if out_type == Some(OutType::Bf16) { convert::f32_to_bf16(v) } else { convert::f32_to_f16(v) };
+                    let o = (p.out as *mut u16).add(idx);
+                    if both && pairs_aligned {
+                        *(o as *mut u32) = cvt(v0) as u32 | (cvt(v1) as u32) << 16;
+                    } else {
+                        *o = cvt(v0);
+                        if both {
+                            *o.add(1) = cvt(v1);
+                        }
+                    }
+                }
+                Some(OutType::F32) => {
+                    let o = (p.out as *mut f32).add(idx);
+                    if both && pairs_aligned {
+                        *(o as *mut [f32; 2]) = [v0, v1];
+                    } else {
+                        *o = v0;
+                        if both {
+                            *o.add(1) = v1;
+                        }
+                    }
+                }
+                None => core::arch::nvptx::trap(),
+            }
+        }
+    }
+}

@@ -1,0 +1,101 @@
+//! The producer/consumer stage ring (the CUTLASS `PipelineTmaAsync` shape): `STAGES` buffers, each
+//! guarded by a *full* barrier (the producer's expect-tx arrival plus the TMA bytes complete it)
+//! and an *empty* barrier (each consumer warp arrives once it no longer reads the stage).
+//! Iteration `it` uses stage `it % STAGES` in phase `(it / STAGES) & 1`: the explicit phase state.
+
+use crate::ptx::mbarrier;
+
+#[derive(Clone, Copy)]
+pub struct Pipeline {
+    /// Shared address of `STAGES` full barriers followed by `STAGES` empty barriers.
+    barriers: u32,
+    stages: u32,
+}
+
+impl Pipeline {
+    #[inline(always)]
+    pub const fn new(barriers: u32, stages: u32) -> Self {
+        Pipeline { barriers, stages }
+    }
+
+    /// Bytes of shared memory the barriers take.
+    pub const fn barrier_bytes(stages: u32) -> u32 {
+        2 * 8 * stages
+    }
+
+    #[inline(always)]
+    pub const fn stage(&self, it: u32) -> u32 {
+        it % self.stages
+    }
+
+    #[inline(always)]
+    const fn phase(&self, it: u32) -> u32 {
+        (it / self.stages) & 1
+    }
+
+    #[inline(always)]
+    pub const fn full(&self, it: u32) -> u32 {
+        self.barriers + 8 * self.stage(it)
+    }
+
+    #[inline(always)]
+    const fn empty(&self, it: u32) -> u32 {
+        self.barriers + 8 * (self.stages + self.stage(it))
+    }
+
+    /// One thread, before any use: one producer arrival per fill, `consumer_arrivals` per release.
+    /// # Safety
+    /// The barrier memory belongs to this pipeline; a block barrier follows before first use.
+    #[inline(always)]
+    pub unsafe fn init(&self, consumer_arrivals: u32) {
+        for s in 0..self.stages {
+            // SAFETY: the caller's contract.
+            unsafe {
+                mbarrier::init(self.barriers + 8 * s, 1);
+                mbarrier::init(self.barriers + 8 * (self.stages + s), consumer_arrivals);
+            }
+        }
+        mbarrier::fence_init();
+    }
+
+    /// Producer: waits until the stage of iteration `it` is free (a fresh ring is free: waiting on
+    /// the parity before the first phase returns at once).
+    /// # Safety
+    /// Initialized pipeline; `it` counts the producer's fills in order.
+    #[inline(always)]
+    pub unsafe fn producer_acquire(&self, it: u32) {
+        // SAFETY: the caller's contract.
+        unsafe { mbarrier::wait(self.empty(it), self.phase(it) ^ 1) };
+    }
+
+    /// Producer: announces the bytes the copies into this stage will deliver; returns the full
+    /// barrier for the copies to complete on.
+    /// # Safety
+    /// After `producer_acquire(it)`.
+    #[inline(always)]
+    pub unsafe fn producer_expect(&self, it: u32, bytes: u32) -> u32 {
+        let bar = self.full(it);
+        // SAFETY: the caller's contract.
+        unsafe { mbarrier::arrive_expect_tx(bar, bytes) };
+        bar
+    }
+
+    /// Consumer: waits until the stage of iteration `it` is filled.
+    /// # Safety
+    /// Initialized pipeline; `it` counts this consumer's uses in order.
+    #[inline(always)]
+    pub unsafe fn consumer_wait(&self, it: u32) {
+        // SAFETY: the caller's contract.
+        unsafe { mbarrier::wait(self.full(it), self.phase(it)) };
+    }
+
+    /// Consumer: one arrival releasing the stage (made by one thread per consumer warp, after the
+    /// warp's last read of it).
+    /// # Safety
+    /// After `consumer_wait(it)` and every read of the stage by this warp.
+    #[inline(always)]
+    pub unsafe fn consumer_release(&self, it: u32) {
+        // SAFETY: the caller's contract.
+        unsafe { mbarrier::arrive(self.empty(it)) };
+    }
+}
