@@ -89,13 +89,13 @@ impl Pipeline {
         unsafe { mbarrier::wait(self.full(it), self.phase(it)) };
     }
 
-    /// Consumer: one arrival releasing the stage (made by one thread per consumer warp, after the
-    /// warp's last read of it).
+    /// Consumer: releases the stage; the one lane of each consumer warp for which `elected` is
+    /// true arrives (predicated, not branched: see `mbarrier::arrive_if`).
     /// # Safety
     /// After `consumer_wait(it)` and every read of the stage by this warp.
     #[inline(always)]
-    pub unsafe fn consumer_release(&self, it: u32) {
+    pub unsafe fn consumer_release(&self, it: u32, elected: bool) {
         // SAFETY: the caller's contract.
-        unsafe { mbarrier::arrive(self.empty(it)) };
+        unsafe { mbarrier::arrive_if(self.empty(it), elected) };
     }
 }

@@ -19,7 +19,7 @@ use crate::params::sm90::{
 use crate::params::{OutType, Sm90Fp8Params};
 use crate::pipeline::Pipeline;
 use crate::ptx::wgmma::{self, Descriptor, Swizzle};
-use crate::ptx::{convert, smem, thread, tma};
+use crate::ptx::{convert, global, smem, thread, tma};
 use crate::scheduler::TileScheduler;
 
 /// Rows per consumer warpgroup: the M of `wgmma` m64nNk32.
@@ -122,38 +122,20 @@ pub unsafe extern "ptx-kernel" fn sm90_fp8_blockscaled_gemm(p: Sm90Fp8Params) {
     // This thread's two rows within the consumer's 64 (accumulator fragment layout).
     let row = c * WG_ROWS + 16 * warp + lane / 4;
     let n_blocks = p.n.div_ceil(BLOCK_N);
+    let consumer = Consumer { pipe, layout, c, row, lane };
     let mut it = 0u32;
     while let Some(t) = tiles.next() {
-        let mut acc = [0.0f32; 64];
         let sfb = (p.sfb as *const f32).wrapping_add(((t.l * n_blocks + t.n) * k_blocks) as usize);
+        let mut acc = [0.0f32; 64];
         for kb in 0..k_blocks {
-            // SAFETY: `sfb` holds n_blocks · k_blocks scales per batch entry (host-checked).
-            let scale_b = unsafe { *sfb.add(kb as usize) };
-            let s = pipe.stage(it);
-            let mut part = [0.0f32; 64];
-            // SAFETY: the stage is filled after `consumer_wait`; descriptors point into it.
+            // SAFETY: `it` counts this consumer's stages in order; each is issued, waited for and
+            // finished before the next (overlapping two K blocks in one warpgroup was tried: see
+            // docs/PERF.md, v2 — ptxas serialized it).
             unsafe {
-                pipe.consumer_wait(it);
-                wgmma::fence();
-                for kk in 0..BLOCK_K / MMA_K {
-                    wgmma::mma_m64n128k32_e4m3(&mut part, layout.a_desc(s, c, kk), layout.b_desc(s, kk), kk > 0);
-                }
-                wgmma::commit();
+                let (mut part, scale_b) = consumer.issue(it, sfb, kb);
                 wgmma::wait::<0>();
-            }
-            // SAFETY: the scale vector of the stage is filled (same barrier); rows < 128.
-            let (sa0, sa1) = unsafe {
-                (f32::from_bits(smem::load_u32(layout.sfa(s) + 4 * row)), f32::from_bits(smem::load_u32(layout.sfa(s) + 4 * (row + 8))))
-            };
-            let (f0, f1) = (sa0 * scale_b, sa1 * scale_b);
-            for i in 0..64 {
-                acc[i] += part[i] * if (i / 2) % 2 == 0 { f0 } else { f1 };
-            }
-            // Every lane of this warp has read the stage (wgmma waited, scales used): release it.
-            thread::sync_warp();
-            if lane == 0 {
-                // SAFETY: after `consumer_wait(it)` and this warp's last read.
-                unsafe { pipe.consumer_release(it) };
+                wgmma::fence_operands_64(&mut part);
+                consumer.finish(&mut acc, &part, it, scale_b);
             }
             it += 1;
         }
@@ -161,50 +143,93 @@ pub unsafe extern "ptx-kernel" fn sm90_fp8_blockscaled_gemm(p: Sm90Fp8Params) {
     }
 }
 
+/// One consumer warpgroup's view of the pipeline.
+struct Consumer {
+    pipe: Pipeline,
+    layout: StageLayout,
+    /// Consumer index (which 64 rows of the tile).
+    c: u32,
+    /// This thread's first row in the tile (the second is `row + 8`).
+    row: u32,
+    lane: u32,
+}
+
+impl Consumer {
+    /// Waits for stage `it` and issues its four `wgmma` (not waited for); returns the scratch
+    /// accumulator they write and B's scale for K block `kb` (a global load whose latency hides
+    /// behind the MMA).
+    /// # Safety
+    /// Stages are issued in order; `sfb` holds this tile's `k_blocks` B scales.
+    #[inline(always)]
+    unsafe fn issue(&self, it: u32, sfb: *const f32, kb: u32) -> ([f32; 64], f32) {
+        let s = self.pipe.stage(it);
+        // SAFETY: the caller's contract; the stage is filled after `consumer_wait`.
+        unsafe {
+            let scale_b = *sfb.add(kb as usize);
+            self.pipe.consumer_wait(it);
+            wgmma::fence();
+            let mut part = wgmma::mma_m64n128k32_e4m3_first(self.layout.a_desc(s, self.c, 0), self.layout.b_desc(s, 0));
+            for kk in 1..BLOCK_K / MMA_K {
+                wgmma::mma_m64n128k32_e4m3(&mut part, self.layout.a_desc(s, self.c, kk), self.layout.b_desc(s, kk), true);
+            }
+            wgmma::commit();
+            (part, scale_b)
+        }
+    }
+
+    /// Adds `part · scale_a[row] · scale_b` into `acc` and releases stage `it`.
+    /// # Safety
+    /// `issue` was called for `it` and its wgmma group has been waited for.
+    #[inline(always)]
+    unsafe fn finish(&self, acc: &mut [f32; 64], part: &[f32; 64], it: u32, scale_b: f32) {
+        let s = self.pipe.stage(it);
+        let sfa = self.layout.sfa(s);
+        // SAFETY: the stage's scale vector arrived with its tiles; rows < 128.
+        let (sa0, sa1) = unsafe {
+            (f32::from_bits(smem::load_u32(sfa + 4 * self.row)), f32::from_bits(smem::load_u32(sfa + 4 * (self.row + 8))))
+        };
+        let (f0, f1) = (sa0 * scale_b, sa1 * scale_b);
+        for i in 0..64 {
+            acc[i] += part[i] * if (i / 2) % 2 == 0 { f0 } else { f1 };
+        }
+        // Every lane of this warp has read the stage (its MMAs completed, scales used): release.
+        thread::sync_warp();
+        // SAFETY: after `consumer_wait(it)` and this warp's last read.
+        unsafe { self.pipe.consumer_release(it, self.lane == 0) };
+    }
+}
+
 /// Writes one thread's 64 accumulators: value `i` at row `row0 + 8·((i/2)%2)`, column
-/// `col0 + 8·(i/4) + (i%2)`; pairs of adjacent columns go out as one 4- or 8-byte store where the
-/// row stride keeps them aligned, elements past M or N are not written.
+/// `col0 + 8·(i/4) + (i%2)`. Adjacent column pairs go out as one 4-byte (16-bit types) or 8-byte
+/// (f32) store when N is even (then the pair is aligned), else as two stores; elements past M or N
+/// are masked by predicates, not branches (see `ptx::global`).
 #[inline(always)]
 fn store_tile(p: &Sm90Fp8Params, l: u32, row0: u32, col0: u32, acc: &[f32; 64]) {
-    let out_type = OutType::from_u32(p.out_type);
-    let pairs_aligned = p.n % 2 == 0;
+    let out_type = p.out_type;
+    let pairs = p.n % 2 == 0;
+    let bytes = if out_type == OutType::F32 as u32 { 4u64 } else { 2 };
     for j in 0..32 {
         let i = 2 * j;
         let row = row0 + 8 * ((i / 2) % 2) as u32;
         let col = col0 + 8 * (i / 4) as u32;
-        if row >= p.m || col >= p.n {
-            continue;
-        }
-        let idx = (l as usize * p.m as usize + row as usize) * p.n as usize + col as usize;
+        let (in0, in1) = (row < p.m && col < p.n, row < p.m && col + 1 < p.n);
+        let idx = (l as u64 * p.m as u64 + row as u64) * p.n as u64 + col as u64;
+        let addr = p.out + idx * bytes;
         let (v0, v1) = (acc[i], acc[i + 1]);
-        let both = col + 1 < p.n;
-        // SAFETY: (row, col) and, when `both`, (row, col + 1) are inside the L·M·N output.
+        // SAFETY: each store's predicate says its element is inside the L·M·N output; a pair store
+        // is used only when N is even, so `idx` is even and the address is aligned to the pair.
         unsafe {
-            match out_type {
-                Some(OutType::Bf16) | Some(OutType::F16) => {
-                    let cvt = |v| if out_type == Some(OutType::Bf16) { convert::f32_to_bf16(v) } else { convert::f32_to_f16(v) };
-                    let o = (p.out as *mut u16).add(idx);
-                    if both && pairs_aligned {
-                        *(o as *mut u32) = cvt(v0) as u32 | (cvt(v1) as u32) << 16;
-                    } else {
-                        *o = cvt(v0);
-                        if both {
-                            *o.add(1) = cvt(v1);
-                        }
-                    }
-                }
-                Some(OutType::F32) => {
-                    let o = (p.out as *mut f32).add(idx);
-                    if both && pairs_aligned {
-                        *(o as *mut [f32; 2]) = [v0, v1];
-                    } else {
-                        *o = v0;
-                        if both {
-                            *o.add(1) = v1;
-                        }
-                    }
-                }
-                None => core::arch::nvptx::trap(),
+            if out_type == OutType::F32 as u32 {
+                global::store_u32x2_if(addr, v0.to_bits(), v1.to_bits(), pairs && in1);
+                global::store_u32_if(addr, v0.to_bits(), !pairs && in0);
+                global::store_u32_if(addr + 4, v1.to_bits(), !pairs && in1);
+            } else {
+                let bf16 = out_type == OutType::Bf16 as u32;
+                let cvt = |v| if bf16 { convert::f32_to_bf16(v) } else { convert::f32_to_f16(v) };
+                let (h0, h1) = (cvt(v0), cvt(v1));
+                global::store_u32_if(addr, h0 as u32 | (h1 as u32) << 16, pairs && in1);
+                global::store_u16_if(addr, h0, !pairs && in0);
+                global::store_u16_if(addr + 2, h1, !pairs && in1);
             }
         }
     }

@@ -6,6 +6,7 @@
 //! by [`smem::dynamic_base`]; global and tensor-map addresses are 64-bit generic addresses.
 
 pub mod convert;
+pub mod global;
 pub mod mbarrier;
 pub mod smem;
 #[cfg(target_feature = "sm_100a")]

@@ -113,6 +113,62 @@ macro_rules! mma_e4m3 {
     };
 }
 
+/// As `mma_e4m3!` for the first MMA of a sum: D = A·Bᵀ (scale-d 0), the registers are outputs only,
+/// so no initial value has to be materialized in them (a zero fed into an accumulator register
+/// would tie it to other uses of that zero, which ptxas then treats as wgmma-defined).
+macro_rules! mma_e4m3_first {
+    ($name:ident, $n:literal, $first:literal $(, $i:literal)*) => {
+        /// D (64×N f32) = A·Bᵀ, overwriting D. See the `mma_m64n…` function of the same N.
+        /// # Safety
+        /// As [`mma_m64n8k32_e4m3`].
+        #[inline(always)]
+        pub unsafe fn $name(a: Descriptor, b: Descriptor) -> [f32; $n / 2] {
+            let mut d = [0.0f32; $n / 2];
+            // SAFETY: the caller's contract.
+            unsafe {
+                asm!(
+                    concat!("wgmma.mma_async.sync.aligned.m64n", stringify!($n), "k32.f32.e4m3.e4m3 {{",
+                            "{", stringify!($first), "}" $(, ", {", stringify!($i), "}")*,
+                            "}}, {a}, {b}, 0, 1, 1;"),
+                    out(reg32) d[$first] $(, out(reg32) d[$i])*,
+                    a = in(reg64) a.0, b = in(reg64) b.0,
+                    options(nostack)
+                )
+            };
+            d
+        }
+    };
+}
+
+mma_e4m3_first!(mma_m64n128k32_e4m3_first, 128, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17,
+    18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43,
+    44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63);
+
 mma_e4m3!(mma_m64n128k32_e4m3, 128, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19,
+    20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44,
+    45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63);
+
+/// Expands to an empty `asm!` taking every register of an accumulator array as in-out: placed
+/// right after [`wait`], it makes every later use of the registers depend on a point after the
+/// wait (the wait itself names no registers, so the compiler could otherwise move reads of an
+/// in-flight accumulator above it — and ptxas then serializes the wgmma, C7514).
+macro_rules! operand_fence {
+    ($name:ident, $len:literal, $first:literal $(, $i:literal)*) => {
+        /// Orders all uses of `d` after this point (see the macro's doc). Emits no instruction.
+        #[inline(always)]
+        pub fn $name(d: &mut [f32; $len]) {
+            // SAFETY: an empty template (a PTX comment) that only claims to modify `d`.
+            unsafe {
+                asm!(
+                    concat!("// wgmma operand fence {", stringify!($first), "}" $(, " {", stringify!($i), "}")*),
+                    inout(reg32) d[$first] $(, inout(reg32) d[$i])*,
+                    options(nostack, nomem, preserves_flags)
+                )
+            };
+        }
+    };
+}
+
+operand_fence!(fence_operands_64, 64, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19,
     20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44,
     45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63);
