@@ -1,6 +1,9 @@
 //! The producer/consumer stage ring (the CUTLASS `PipelineTmaAsync` shape): `STAGES` buffers, each
 //! guarded by a *full* barrier (the producer's expect-tx arrival plus the TMA bytes complete it)
-//! and an *empty* barrier (each consumer warp arrives once it no longer reads the stage).
+//! and an *empty* barrier (every consumer thread arrives once it no longer reads the stage: each
+//! thread's own reads are then ordered before the refill by its own release, which is what
+//! compute-sanitizer's racecheck can follow — one elected lane per warp after `bar.warp.sync` is
+//! ordered too, but racecheck reported it as a WAR hazard).
 //! Iteration `it` uses stage `it % STAGES` in phase `(it / STAGES) & 1`: the explicit phase state.
 
 use crate::ptx::mbarrier;
@@ -43,7 +46,8 @@ impl Pipeline {
         self.barriers + 8 * (self.stages + self.stage(it))
     }
 
-    /// One thread, before any use: one producer arrival per fill, `consumer_arrivals` per release.
+    /// One thread, before any use: one producer arrival per fill, `consumer_arrivals` (consumer
+    /// threads) per release.
     /// # Safety
     /// The barrier memory belongs to this pipeline; a block barrier follows before first use.
     #[inline(always)]
@@ -89,13 +93,12 @@ impl Pipeline {
         unsafe { mbarrier::wait(self.full(it), self.phase(it)) };
     }
 
-    /// Consumer: releases the stage; the one lane of each consumer warp for which `elected` is
-    /// true arrives (predicated, not branched: see `mbarrier::arrive_if`).
+    /// Consumer: this thread releases the stage (every consumer thread calls it once per stage).
     /// # Safety
-    /// After `consumer_wait(it)` and every read of the stage by this warp.
+    /// After `consumer_wait(it)` and this thread's last read of the stage.
     #[inline(always)]
-    pub unsafe fn consumer_release(&self, it: u32, elected: bool) {
+    pub unsafe fn consumer_release(&self, it: u32) {
         // SAFETY: the caller's contract.
-        unsafe { mbarrier::arrive_if(self.empty(it), elected) };
+        unsafe { mbarrier::arrive(self.empty(it)) };
     }
 }

@@ -35,6 +35,20 @@ pub fn random_matrix(seed: u64, rows: usize, k: usize, batch: usize, format: Ope
     (v, m)
 }
 
+/// ±inf as the signed overflow threshold of `dtype` (largest finite + half a unit in the last
+/// place: values from there on round to inf), finite values unchanged.
+fn finite_or_threshold(dtype: OutType, v: f32) -> f64 {
+    if !v.is_infinite() {
+        return v as f64;
+    }
+    let (max, half_ulp) = match dtype {
+        OutType::F16 => (65504.0, 16.0),
+        OutType::Bf16 => (half::bf16::MAX.to_f64(), 2f64.powi(127 - 8)),
+        OutType::F32 => (f32::MAX as f64, 2f64.powi(127 - 24)),
+    };
+    (max + half_ulp).copysign(v as f64)
+}
+
 /// Compares every element. Two float64 values at most `slack[i]` apart, each rounded to f32 and
 /// then to the output type (both roundings monotone, each moving a value by at most one unit in
 /// the last place), end at most `slack + ulp_f32 + ulp_out` apart; `got` must be that close to
@@ -52,12 +66,16 @@ pub fn compare_outputs(got: &HostOutput, want: &HostOutput, ulps: f64, slack: &[
     for (i, (&g, &w)) in got.values.iter().zip(&want.values).enumerate() {
         let ok = if g.is_nan() || w.is_nan() {
             false
-        } else if g.is_infinite() || w.is_infinite() {
+        } else if g.is_infinite() && w.is_infinite() {
             g == w
         } else {
-            let mag = g.abs().max(w.abs());
+            // An infinity means the value reached the type's overflow threshold (where rounding
+            // goes to inf): compare it as that value, so an error within the bound that crosses
+            // the threshold is judged like any other.
+            let (g, w) = (finite_or_threshold(got.dtype, g), finite_or_threshold(got.dtype, w));
+            let mag = g.abs().max(w.abs()) as f32;
             let tol = ulps * output_ulp(got.dtype, mag) + output_ulp(OutType::F32, mag) + slack[i];
-            ((g as f64) - (w as f64)).abs() <= tol
+            (g - w).abs() <= tol
         };
         if !ok {
             count += 1;
@@ -102,4 +120,36 @@ pub fn abs_matrix(m: &ScaledMatrix) -> ScaledMatrix {
 /// 2^-9 of Σ|a·b|. The output rounding is added by `compare_outputs`.
 pub fn fp8_accumulation_slack(abs_sum: &[f64]) -> Vec<f64> {
     abs_sum.iter().map(|s| s * 2f64.powi(-9)).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn out(dtype: OutType, v: &[f32]) -> HostOutput {
+        HostOutput { dtype, m: 1, n: v.len(), l: 1, values: v.to_vec() }
+    }
+
+    #[test]
+    fn nan_never_passes_even_against_nan() {
+        let z = [0.0];
+        assert!(compare_outputs(&out(OutType::F32, &[f32::NAN]), &out(OutType::F32, &[f32::NAN]), 1.0, &z).is_err());
+        assert!(compare_outputs(&out(OutType::Bf16, &[f32::NAN]), &out(OutType::Bf16, &[1.0]), 1e9, &[1e9]).is_err());
+    }
+
+    #[test]
+    fn an_error_of_two_ulps_fails_and_one_ulp_passes() {
+        let one_ulp = 1.0 + 2f32.powi(-7);
+        let two_ulps = 1.0 + 2.0 * 2f32.powi(-7);
+        assert!(compare_outputs(&out(OutType::Bf16, &[one_ulp]), &out(OutType::Bf16, &[1.0]), 1.0, &[0.0]).is_ok());
+        assert!(compare_outputs(&out(OutType::Bf16, &[two_ulps]), &out(OutType::Bf16, &[1.0]), 1.0, &[0.0]).is_err());
+    }
+
+    #[test]
+    fn infinity_is_compared_as_the_overflow_threshold() {
+        // 65504 is f16's largest value; inf stands for >= 65520: 16 apart, within 1 ulp (32).
+        assert!(compare_outputs(&out(OutType::F16, &[f32::INFINITY]), &out(OutType::F16, &[65504.0]), 1.0, &[0.0]).is_ok());
+        assert!(compare_outputs(&out(OutType::F16, &[f32::INFINITY]), &out(OutType::F16, &[60000.0]), 1.0, &[0.0]).is_err());
+        assert!(compare_outputs(&out(OutType::F16, &[f32::NEG_INFINITY]), &out(OutType::F16, &[65504.0]), 1.0, &[0.0]).is_err());
+    }
 }

@@ -79,7 +79,7 @@ pub unsafe extern "ptx-kernel" fn sm90_fp8_blockscaled_gemm(p: Sm90Fp8Params) {
     if tid == 0 {
         // SAFETY: the barrier memory is ours; the block barrier below precedes every use.
         unsafe {
-            pipe.init(4 * crate::params::sm90::CONSUMERS);
+            pipe.init(128 * crate::params::sm90::CONSUMERS);
             tma::prefetch_map(p.tmap_a);
             tma::prefetch_map(p.tmap_b);
         }
@@ -122,7 +122,7 @@ pub unsafe extern "ptx-kernel" fn sm90_fp8_blockscaled_gemm(p: Sm90Fp8Params) {
     // This thread's two rows within the consumer's 64 (accumulator fragment layout).
     let row = c * WG_ROWS + 16 * warp + lane / 4;
     let n_blocks = p.n.div_ceil(BLOCK_N);
-    let consumer = Consumer { pipe, layout, c, row, lane };
+    let consumer = Consumer { pipe, layout, c, row };
     let mut it = 0u32;
     while let Some(t) = tiles.next() {
         let sfb = (p.sfb as *const f32).wrapping_add(((t.l * n_blocks + t.n) * k_blocks) as usize);
@@ -151,7 +151,6 @@ struct Consumer {
     c: u32,
     /// This thread's first row in the tile (the second is `row + 8`).
     row: u32,
-    lane: u32,
 }
 
 impl Consumer {
@@ -192,10 +191,9 @@ impl Consumer {
         for i in 0..64 {
             acc[i] += part[i] * if (i / 2) % 2 == 0 { f0 } else { f1 };
         }
-        // Every lane of this warp has read the stage (its MMAs completed, scales used): release.
-        thread::sync_warp();
-        // SAFETY: after `consumer_wait(it)` and this warp's last read.
-        unsafe { self.pipe.consumer_release(it, self.lane == 0) };
+        // This thread has read the stage (its MMAs completed, its scales used): release it.
+        // SAFETY: after `consumer_wait(it)` and this thread's last read.
+        unsafe { self.pipe.consumer_release(it) };
     }
 }
 

@@ -33,19 +33,6 @@ pub unsafe fn arrive(bar: u32) {
     unsafe { asm!("mbarrier.arrive.shared::cta.b64 _, [{b}];", b = in(reg32) bar, options(nostack)) };
 }
 
-/// One arrival if `pred`, as a predicated instruction rather than a branch: code that runs while
-/// `wgmma` groups are in flight must not diverge, or ptxas serializes the wgmma (C7518).
-/// # Safety
-/// `bar` is an initialized barrier.
-#[inline(always)]
-pub unsafe fn arrive_if(bar: u32, pred: bool) {
-    // SAFETY: the caller's contract.
-    unsafe {
-        asm!("{{ .reg .pred p;", "setp.ne.b32 p, {c}, 0;", "@p mbarrier.arrive.shared::cta.b64 _, [{b}]; }}",
-             b = in(reg32) bar, c = in(reg32) pred as u32, options(nostack))
-    };
-}
-
 /// One arrival that also expects `bytes` of asynchronous transactions (TMA) on this phase.
 /// # Safety
 /// `bar` is an initialized barrier.

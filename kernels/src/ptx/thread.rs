@@ -108,9 +108,3 @@ pub fn lower_registers<const N: u32>() {
     unsafe { asm!("setmaxnreg.dec.sync.aligned.u32 {n};", n = const N, options(nostack)) };
 }
 
-/// `bar.warp.sync`: reconverges the warp and orders its lanes' memory accesses.
-#[inline(always)]
-pub fn sync_warp() {
-    // SAFETY: executed by all 32 lanes (full mask).
-    unsafe { asm!("bar.warp.sync 0xffffffff;", options(nostack)) };
-}

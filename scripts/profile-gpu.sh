@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# On the GPU machine, after stage-gpu.sh: compute-sanitizer (memcheck, racecheck, synccheck) on
+# small ragged shapes of the sm90 kernel, then an ncu summary of one 8192³ launch.
+set -uo pipefail
+cd "$(dirname "$0")"
+run=./blockscaled-run
+small=(--recipe deepseek-fp8 --iterations 1 --warmup_iterations 0 --no_peer)
+for tool in memcheck racecheck synccheck; do
+  for shape in 200,136,512,2 384,256,1024,1; do
+    printf '%-10s %-16s ' "$tool" "$shape"
+    timeout 300 compute-sanitizer --tool "$tool" "$run" --mnkl "$shape" "${small[@]}" 2>&1 | grep -E "ERROR SUMMARY|RACECHECK SUMMARY" | tr '\n' ' '
+    echo
+  done
+done
+echo "=== ncu 8192^3 (sm90_fp8_blockscaled_gemm)"
+timeout 300 ncu --clock-control none -k sm90_fp8_blockscaled_gemm -c 1 \
+  --metrics sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active,lts__t_sectors_srcunit_tex.avg.pct_of_peak_sustained_elapsed,sm__throughput.avg.pct_of_peak_sustained_elapsed,dram__throughput.avg.pct_of_peak_sustained_elapsed,smsp__average_warp_latency_issue_stalled_barrier.ratio,smsp__average_warp_latency_issue_stalled_long_scoreboard.ratio,smsp__average_warp_latency_issue_stalled_wait.ratio,smsp__average_warp_latency_issue_stalled_math_pipe_throttle.ratio,smsp__average_warp_latency_issue_stalled_membar.ratio,smsp__average_warp_latency_issue_stalled_short_scoreboard.ratio,smsp__average_warp_latency_issue_stalled_dispatch_stall.ratio,smsp__average_warp_latency_issue_stalled_sleeping.ratio,gpu__time_duration.sum \
+  "$run" --mnkl 8192,8192,8192,1 --recipe deepseek-fp8 --skip_ref_check --no_peer --iterations 1 --warmup_iterations 0 2>&1 | grep -E "^\s+(sm__|lts__|dram__|smsp__|gpu__)"
