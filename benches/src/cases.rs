@@ -177,7 +177,7 @@ fn time_peer(p: &LtPeer, c: &Case, a: &ScaledMatrix, b: &ScaledMatrix) -> Result
 pub fn plan_name(p: &Plan) -> String {
     match p {
         Plan::Reference => "ref".into(),
-        Plan::Sm90Fp8(c) => format!("sm90/g{}", c.group_m),
+        Plan::Sm90Fp8(c) => format!("sm90/g{}c{}", c.group_m, c.cluster_m),
     }
 }
 

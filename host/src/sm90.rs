@@ -3,20 +3,14 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{sys, CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{sys, CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 
 use crate::error::{shape, Error, Result};
 use crate::format::{ElemType, ScaleType};
 use crate::matrix::{MatrixDesc, ScaledMatrix};
-use blockscaled_kernels::params::sm90::{BLOCK_K, BLOCK_M, BLOCK_N, ROW_BYTES, SMEM_BYTES, THREADS};
+use blockscaled_kernels::params::sm90::{BLOCK_K, BLOCK_M, BLOCK_N, MAX_CLUSTER_M, ROW_BYTES, SMEM_BYTES, THREADS};
 use blockscaled_kernels::params::Sm90Fp8Params;
 use blockscaled_kernels::scheduler::TileScheduler;
-
-#[repr(transparent)]
-struct Param(Sm90Fp8Params);
-// SAFETY: `Sm90Fp8Params` is `#[repr(C)]`, `Copy`, integers only, identical on both sides (one
-// source: `blockscaled_kernels::params`).
-unsafe impl DeviceRepr for Param {}
 
 /// Why an operand cannot go through the sm90 kernel (`None`: it can, in that role).
 pub(crate) fn unsupported(desc: &MatrixDesc, as_b: bool) -> Option<String> {
@@ -44,6 +38,8 @@ pub(crate) fn unsupported(desc: &MatrixDesc, as_b: bool) -> Option<String> {
 pub(crate) struct Sm90Operand {
     /// The 128-byte CUtensorMap (3-D: K, rows, L; box 128 × 128; 128-byte swizzle) in device memory.
     tmap: CudaSlice<u8>,
+    /// The same with a box of 128 / MAX_CLUSTER_M rows: each CTA's share of a multicast B tile.
+    tmap_share: CudaSlice<u8>,
     /// A-role scales `[l][k/128][m_pad]`, rows contiguous, zero-padded (None if not eligible as A).
     sfa: Option<(CudaSlice<f32>, u32)>,
     /// B-role scales `[l][⌈rows/128⌉][k/128]` (None if not eligible as B).
@@ -61,7 +57,8 @@ impl Sm90Operand {
         let (rows, k, l) = (d.rows, d.k, d.batch);
         let kb = k / BLOCK_K as usize;
         let sfa = if as_a {
-            let m_pad = rows.next_multiple_of(BLOCK_M as usize);
+            // Whole clusters of tiles: a cluster's last CTA may sit past M and still loads scales.
+            let m_pad = rows.next_multiple_of((BLOCK_M * MAX_CLUSTER_M) as usize);
             let mut v = vec![0f32; l * kb * m_pad];
             for li in 0..l {
                 for j in 0..kb {
@@ -88,20 +85,28 @@ impl Sm90Operand {
         } else {
             None
         };
-        let tmap = encode_tensor_map(stream, data, k, rows, l)?;
-        Ok(Some(Sm90Operand { tmap, sfa, sfb }))
+        let tmap = encode_tensor_map(stream, data, k, rows, l, BLOCK_M)?;
+        let tmap_share = encode_tensor_map(stream, data, k, rows, l, BLOCK_N / MAX_CLUSTER_M)?;
+        Ok(Some(Sm90Operand { tmap, tmap_share, sfa, sfb }))
     }
 }
 
 /// Encodes the TMA descriptor of a K-major e4m3 operand and copies it to device memory (a by-value
 /// kernel parameter cannot carry the 64-byte alignment TMA needs from Rust; see `ptx::tma`).
-fn encode_tensor_map(stream: &Arc<CudaStream>, data: &CudaSlice<u8>, k: usize, rows: usize, l: usize) -> Result<CudaSlice<u8>> {
+fn encode_tensor_map(
+    stream: &Arc<CudaStream>,
+    data: &CudaSlice<u8>,
+    k: usize,
+    rows: usize,
+    l: usize,
+    box_rows: u32,
+) -> Result<CudaSlice<u8>> {
     let mut map = sys::CUtensorMap { opaque: [0; 16] };
     let dims = [k as u64, rows as u64, l as u64];
     // Byte strides of dims 1 and 2 (dim 0 is contiguous): multiples of 16 since K % 128 == 0.
     let strides = [k as u64, (rows * k) as u64];
-    // The box: 128 bytes of K (the 128-byte swizzle span) × 128 rows (BLOCK_M = BLOCK_N) × 1.
-    let boxes = [ROW_BYTES, BLOCK_M, 1u32];
+    // The box: 128 bytes of K (the 128-byte swizzle span) × `box_rows` rows × 1 batch entry.
+    let boxes = [ROW_BYTES, box_rows, 1u32];
     let elem_strides = [1u32; 3];
     let (ptr, _g) = data.device_ptr(stream);
     // SAFETY: every pointer refers to a live local array of the length the rank (3) implies;
@@ -148,6 +153,8 @@ pub struct Sm90Config {
     pub group_m: u32,
     /// Persistent CTAs (at most one per SM).
     pub ctas: u32,
+    /// CTAs per cluster along M (1 or 2): a cluster's CTAs share each B tile by TMA multicast.
+    pub cluster_m: u32,
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -164,15 +171,19 @@ pub(crate) fn launch(
     let (Some((sfa, m_pad)), Some(sfb)) = (&a.sfa, &b.sfb) else {
         return Err(Error::Format("operands not prepared for the sm90 kernel in these roles".into()));
     };
+    let cluster = cfg.cluster_m;
+    if !(1..=MAX_CLUSTER_M).contains(&cluster) {
+        return Err(Error::Format(format!("cluster of {cluster} CTAs along M: the sm90 kernel takes 1 or {MAX_CLUSTER_M}")));
+    }
     let (tmap_a, _g1) = a.tmap.device_ptr(stream);
-    let (tmap_b, _g2) = b.tmap.device_ptr(stream);
+    let (tmap_b, _g2) = if cluster > 1 { b.tmap_share.device_ptr(stream) } else { b.tmap.device_ptr(stream) };
     let (sfa, _g3) = sfa.device_ptr(stream);
     let (sfb, _g4) = sfb.device_ptr(stream);
     let (out, _g5) = out.device_ptr_mut(stream);
     if m > i32::MAX as usize || n > i32::MAX as usize {
         return Err(shape("M and N must fit TMA's 32-bit coordinates"));
     }
-    let p = Param(Sm90Fp8Params {
+    let mut p = Sm90Fp8Params {
         tmap_a,
         tmap_b,
         sfa,
@@ -185,19 +196,36 @@ pub(crate) fn launch(
         m_pad: *m_pad,
         out_type,
         group_m: cfg.group_m.max(1),
-        _pad: 0,
-    });
-    let tiles = TileScheduler::new(m as u32, n as u32, l as u32, BLOCK_M, BLOCK_N, 1, 0, 1).total();
-    let launch_cfg = LaunchConfig {
-        grid_dim: (cfg.ctas.min(tiles).max(1), 1, 1),
-        block_dim: (THREADS, 1, 1),
-        shared_mem_bytes: SMEM_BYTES,
+        cluster_m: cluster,
     };
-    let mut builder = stream.launch_builder(f);
-    builder.arg(&p);
+    // Units of work are clusters of tiles; whole clusters of CTAs, at most one CTA per unit tile.
+    let units = TileScheduler::new(m as u32, n as u32, l as u32, BLOCK_M * cluster, BLOCK_N, 1, 0, 1).total();
+    let ctas = (cfg.ctas / cluster * cluster).clamp(cluster, units * cluster);
+    let mut attr = sys::CUlaunchAttribute {
+        id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION,
+        pad: [0; 4],
+        value: sys::CUlaunchAttributeValue { pad: [0; 64] },
+    };
+    attr.value.clusterDim = sys::CUlaunchAttributeValue_union__bindgen_ty_1 { x: cluster, y: 1, z: 1 };
+    let launch = sys::CUlaunchConfig {
+        gridDimX: ctas,
+        gridDimY: 1,
+        gridDimZ: 1,
+        blockDimX: THREADS,
+        blockDimY: 1,
+        blockDimZ: 1,
+        sharedMemBytes: SMEM_BYTES,
+        hStream: stream.cu_stream(),
+        attrs: &mut attr,
+        numAttrs: 1,
+    };
+    let mut args = [&mut p as *mut Sm90Fp8Params as *mut std::ffi::c_void];
+    stream.context().bind_to_thread()?;
     // SAFETY: the parameters come from validated, prepared operands (tensor maps over the live
-    // data buffers, scale buffers of the documented sizes), the output holds l·m·n elements of
-    // `out_type`, and the guards above order the buffers' use on this stream.
-    unsafe { builder.launch(launch_cfg) }?;
+    // data buffers, scale buffers of the documented sizes, A scales padded to whole clusters), the
+    // output holds l·m·n elements of `out_type`, `args` points at one live `Sm90Fp8Params` (the
+    // kernel's single parameter), the grid is a whole number of clusters, and the guards above
+    // order the buffers' use on this stream.
+    unsafe { sys::cuLaunchKernelEx(&launch, f.cu_function(), args.as_mut_ptr(), std::ptr::null_mut()) }.result()?;
     Ok(())
 }

@@ -150,11 +150,13 @@ pub mod sm90 {
     /// Register budgets after `setmaxnreg`: 128·(40 + 2·232) ≤ 65 536.
     pub const PRODUCER_REGS: u32 = 40;
     pub const CONSUMER_REGS: u32 = 232;
+    /// Largest cluster along M; the A-scale padding (`m_pad`) is a multiple of BLOCK_M × this.
+    pub const MAX_CLUSTER_M: u32 = 2;
 }
 
 /// Parameters of the sm90 FP8 GEMM. Tensor maps live in device memory (64-byte aligned; see
-/// `ptx::tma`). `sfa`: f32 `[l][k/128][m_pad]`, M contiguous, zero-padded to `m_pad` (a multiple
-/// of BLOCK_M, so every tile's 128 scales are one aligned 512-byte copy). `sfb`: f32
+/// `ptx::tma`); `tmap_b`'s box is BLOCK_N / `cluster_m` rows (each CTA of a cluster loads its share). `sfa`: f32 `[l][k/128][m_pad]`, M contiguous, zero-padded to `m_pad` (a multiple
+/// of BLOCK_M · MAX_CLUSTER_M, so every tile's 128 scales are one aligned 512-byte copy). `sfb`: f32
 /// `[l][⌈n/128⌉][k/128]`. `k` is a multiple of 128.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -173,5 +175,7 @@ pub struct Sm90Fp8Params {
     pub out_type: u32,
     /// Scheduler band height in M tiles.
     pub group_m: u32,
-    pub _pad: u32,
+    /// CTAs per cluster along M (1 or [`sm90::MAX_CLUSTER_M`]): the CTAs of a cluster compute
+    /// consecutive M tiles of one N tile and multicast halves of the shared B tile.
+    pub cluster_m: u32,
 }

@@ -94,11 +94,22 @@ impl Pipeline {
     }
 
     /// Consumer: this thread releases the stage (every consumer thread calls it once per stage).
+    /// With a cluster of `cluster` CTAs whose producers multicast into each other's stages, the
+    /// release goes to the empty barrier of every CTA of the cluster: each producer may refill a
+    /// stage only when all the CTAs it writes into are done with it.
     /// # Safety
     /// After `consumer_wait(it)` and this thread's last read of the stage.
     #[inline(always)]
-    pub unsafe fn consumer_release(&self, it: u32) {
-        // SAFETY: the caller's contract.
-        unsafe { mbarrier::arrive(self.empty(it)) };
+    pub unsafe fn consumer_release(&self, it: u32, cluster: u32) {
+        // SAFETY: the caller's contract; with a cluster, every CTA has the same barrier layout.
+        unsafe {
+            if cluster == 1 {
+                mbarrier::arrive(self.empty(it));
+            } else {
+                for cta in 0..cluster {
+                    mbarrier::arrive_cluster(self.empty(it), cta);
+                }
+            }
+        }
     }
 }

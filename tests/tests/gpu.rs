@@ -102,19 +102,20 @@ fn opening_a_gpu_without_one_is_a_no_device_error() {
 
 /// The Hopper FP8 kernel against the CPU reference (float64), every element, with the FP8
 /// accumulation tolerance of `fp8_accumulation_slack` plus one unit of the output type.
-fn check_sm90(recipe: Recipe, m: usize, n: usize, k: usize, l: usize, dtype: OutType, seed: u64) -> Result<(), String> {
+fn check_sm90(recipe: Recipe, m: usize, n: usize, k: usize, l: usize, dtype: OutType, seed: u64, cluster: Option<u32>) -> Result<(), String> {
     let g = gpu();
     let (_, a) = random_matrix(seed, m, k, l, recipe.a());
     let (_, b) = random_matrix(seed.wrapping_mul(0x2545_F491_4F6C_DD1D).wrapping_add(1), n, k, l, recipe.b());
     let (c64, abs) = reference::gemm_f64(&a, &b).map_err(|e| e.to_string())?;
     let want = HostOutput { dtype, m, n, l, values: c64.iter().map(|&x| round_output(dtype, x)).collect() };
     let (da, db) = (g.upload(&a).map_err(|e| e.to_string())?, g.upload(&b).map_err(|e| e.to_string())?);
-    let plan = g.plan(&da, &db).map_err(|e| e.to_string())?;
-    if !matches!(plan, Plan::Sm90Fp8(_)) {
-        return Err(format!("{recipe}: expected the sm90 kernel, the plan is {plan:?}"));
-    }
+    let plan = match (g.plan(&da, &db).map_err(|e| e.to_string())?, cluster) {
+        (Plan::Sm90Fp8(cfg), Some(cluster_m)) => Plan::Sm90Fp8(Sm90Config { cluster_m, ..cfg }),
+        (p @ Plan::Sm90Fp8(_), None) => p,
+        (p, _) => return Err(format!("{recipe}: expected the sm90 kernel, the plan is {p:?}")),
+    };
     let mut c = g.output(m, n, l, dtype).map_err(|e| e.to_string())?; // poisoned with NaN
-    g.gemm(&da, &db, &mut c).map_err(|e| e.to_string())?;
+    g.gemm_with(&da, &db, &mut c, plan).map_err(|e| e.to_string())?;
     let got = c.to_host().map_err(|e| e.to_string())?;
     compare_outputs(&got, &want, 1.0, &fp8_accumulation_slack(&abs))
         .map_err(|e| format!("sm90 {recipe} {m}x{n}x{k}x{l} {dtype:?} seed {seed}: {e}"))
@@ -132,11 +133,12 @@ proptest! {
         kb in 1usize..9,
         l in 1usize..3,
         out_i in 0usize..3,
+        cluster in 1u32..3,
         seed in any::<u64>(),
     ) {
         let recipe = [Recipe::DeepSeekFp8, Recipe::Fp8PerTensor(Fp8::E4M3)][which];
         let dtype = [OutType::Bf16, OutType::F16, OutType::F32][out_i];
-        check_sm90(recipe, m, n, 128 * kb, l, dtype, seed).map_err(TestCaseError::fail)?;
+        check_sm90(recipe, m, n, 128 * kb, l, dtype, seed, Some(cluster)).map_err(TestCaseError::fail)?;
     }
 }
 
@@ -144,8 +146,12 @@ proptest! {
 #[ignore = "needs a CUDA device"]
 fn sm90_kernel_matches_cpu_reference_on_larger_ragged_shapes() {
     let seed = std::process::id() as u64;
-    check_sm90(Recipe::DeepSeekFp8, 1111, 2000, 2048, 1, OutType::Bf16, seed).unwrap();
-    check_sm90(Recipe::DeepSeekFp8, 300, 7168, 512, 2, OutType::F32, seed + 1).unwrap();
+    for cluster in [1, 2] {
+        check_sm90(Recipe::DeepSeekFp8, 1111, 2000, 2048, 1, OutType::Bf16, seed, Some(cluster)).unwrap();
+        check_sm90(Recipe::DeepSeekFp8, 300, 7168, 512, 2, OutType::F32, seed + 1, Some(cluster)).unwrap();
+    }
+    // What `gemm` chooses by itself.
+    check_sm90(Recipe::DeepSeekFp8, 2048, 2048, 1024, 1, OutType::Bf16, seed + 2, None).unwrap();
 }
 
 /// Large shapes against the GPU reference kernel; Σ|a·b| comes from the reference kernel run on
@@ -196,7 +202,7 @@ fn plans_follow_the_formats_and_k_not_multiple_of_128_is_an_error() {
     // Per-row B scales are not what the sm90 kernel takes: forcing it is a format error.
     let pr = Recipe::Fp8PerRow(Fp8::E4M3);
     let (a, b) = (up(pr, 64, 256, false), up(pr, 64, 256, true));
-    let forced = Plan::Sm90Fp8(Sm90Config { group_m: 8, ctas: g.sm_count() });
+    let forced = Plan::Sm90Fp8(Sm90Config { group_m: 8, ctas: g.sm_count(), cluster_m: 1 });
     assert!(matches!(g.gemm_with(&a, &b, &mut c, forced), Err(Error::Format(_))));
     assert_eq!(g.plan(&a, &b).unwrap(), Plan::Reference);
 }

@@ -130,11 +130,13 @@ fn run(args: &Args) -> Result<bool, String> {
             return Err("--mma_tiler_mn: the sm90 kernel is built for 128,128 tiles only (so far)".into());
         }
     }
-    if let Some(c) = &args.cluster_shape_mn {
-        if parse_list(c, 2, "cluster_shape_mn")? != [1, 1] && args.kernel != "reference" {
-            return Err("--cluster_shape_mn: clusters/multicast are not implemented yet; use 1,1".into());
-        }
-    }
+    let cluster_m = match &args.cluster_shape_mn {
+        None => None,
+        Some(c) => match parse_list(c, 2, "cluster_shape_mn")?.as_slice() {
+            [cm @ (1 | 2), 1] => Some(*cm as u32),
+            _ => return Err("--cluster_shape_mn: the sm90 kernel takes 1,1 or 2,1 (pairs along M share B by multicast)".into()),
+        },
+    };
     let out = match args.c_dtype.to_ascii_lowercase().replace(['_', '-'], "").as_str() {
         "bfloat16" | "bf16" => OutType::Bf16,
         "float16" | "f16" | "fp16" => OutType::F16,
@@ -158,10 +160,11 @@ fn run(args: &Args) -> Result<bool, String> {
     println!("{} ({:?}, {} SMs); seed {seed}", gpu.name(), gpu.arch(), gpu.sm_count());
     let m_tiles = (mnkl[0] as u32).div_ceil(128);
     let plan = match args.kernel.as_str() {
-        "auto" if args.group_m.is_none() => None,
+        "auto" if args.group_m.is_none() && cluster_m.is_none() => None,
         "auto" | "sm90" => Some(Plan::Sm90Fp8(Sm90Config {
             group_m: args.group_m.unwrap_or(m_tiles.clamp(1, 8)),
             ctas: gpu.sm_count(),
+            cluster_m: cluster_m.unwrap_or(if m_tiles >= 2 { 2 } else { 1 }),
         })),
         "reference" => Some(Plan::Reference),
         k => return Err(format!("--kernel `{k}`: want auto, reference or sm90")),

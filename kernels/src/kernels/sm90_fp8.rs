@@ -76,55 +76,98 @@ pub unsafe extern "ptx-kernel" fn sm90_fp8_blockscaled_gemm(p: Sm90Fp8Params) {
     let pipe = Pipeline::new(layout.barriers(), STAGES);
     let tid = thread::thread_x();
     let wg = tid / 128;
+    let cluster = p.cluster_m;
+    let rank = if cluster > 1 { thread::cluster_cta_rank() } else { 0 };
     if tid == 0 {
-        // SAFETY: the barrier memory is ours; the block barrier below precedes every use.
+        // SAFETY: the barrier memory is ours; the block / cluster barrier below precedes every use.
         unsafe {
-            pipe.init(128 * crate::params::sm90::CONSUMERS);
+            pipe.init(128 * crate::params::sm90::CONSUMERS * cluster);
             tma::prefetch_map(p.tmap_a);
             tma::prefetch_map(p.tmap_b);
         }
     }
-    thread::sync_block();
+    // With a cluster, the peer's barriers must be initialized before we multicast into its stages
+    // or arrive on its barriers.
+    if cluster > 1 { thread::sync_cluster() } else { thread::sync_block() }
 
     let k_blocks = p.k / BLOCK_K;
-    let mut tiles = TileScheduler::new(p.m, p.n, p.l, BLOCK_M, BLOCK_N, p.group_m, thread::block_x(), thread::grid_dim_x());
+    // The schedule's unit is one cluster: `cluster` consecutive M tiles of one N tile.
+    let mut tiles = TileScheduler::new(
+        p.m,
+        p.n,
+        p.l,
+        BLOCK_M * cluster,
+        BLOCK_N,
+        p.group_m,
+        thread::block_x() / cluster,
+        thread::grid_dim_x() / cluster,
+    );
 
     if wg == 0 {
         thread::lower_registers::<PRODUCER_REGS>();
         if tid == 0 {
+            let b_rows = BLOCK_N / cluster;
             let mut it = 0u32;
             while let Some(t) = tiles.next() {
+                let m_tile = t.m * cluster + rank;
                 for kb in 0..k_blocks {
                     let s = pipe.stage(it);
-                    let sfa = p.sfa + 4 * ((t.l * k_blocks + kb) as u64 * p.m_pad as u64 + (t.m * BLOCK_M) as u64);
-                    // SAFETY: the stage is free after `producer_acquire`; the boxes and the 512-byte
-                    // scale copy fit the stage's buffers; the maps and `sfa` cover these coordinates
-                    // (TMA zero-fills rows past M or N).
+                    let sfa = p.sfa + 4 * ((t.l * k_blocks + kb) as u64 * p.m_pad as u64 + (m_tile * BLOCK_M) as u64);
+                    // SAFETY: the stage is free in every CTA we write into after `producer_acquire`
+                    // (their consumers release to our barrier too); the boxes and the 512-byte scale
+                    // copy fit the stage's buffers; the maps and `sfa` (padded to whole clusters of
+                    // tiles) cover these coordinates; TMA zero-fills rows past M or N.
                     unsafe {
                         pipe.producer_acquire(it);
                         let full = pipe.producer_expect(it, STAGE_BYTES);
                         let (x, l) = ((kb * BLOCK_K) as i32, t.l as i32);
-                        tma::load_3d(layout.a(s), p.tmap_a, x, (t.m * BLOCK_M) as i32, l, full);
-                        tma::load_3d(layout.b(s), p.tmap_b, x, (t.n * BLOCK_N) as i32, l, full);
+                        tma::load_3d(layout.a(s), p.tmap_a, x, (m_tile * BLOCK_M) as i32, l, full);
+                        let b_dst = layout.b(s) + rank * b_rows * ROW_BYTES;
+                        let b_y = (t.n * BLOCK_N + rank * b_rows) as i32;
+                        if cluster > 1 {
+                            // Our share of the B tile, into the same place in every CTA of the cluster.
+                            tma::load_3d_multicast(b_dst, p.tmap_b, x, b_y, l, full, ((1u32 << cluster) - 1) as u16);
+                        } else {
+                            tma::load_3d(b_dst, p.tmap_b, x, b_y, l, full);
+                        }
                         tma::load_bytes(layout.sfa(s), sfa, SFA_BYTES, full);
                     }
                     it += 1;
                 }
             }
         }
-        return;
+    } else {
+        consume(&p, &pipe, layout, &mut tiles, wg - 1, tid % 128, cluster, rank, k_blocks);
     }
+    // No CTA may leave while a peer can still multicast into it or arrive on its barriers.
+    if cluster > 1 {
+        thread::sync_cluster();
+    }
+}
 
+/// The consumer warpgroups' part of the kernel.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn consume(
+    p: &Sm90Fp8Params,
+    pipe: &Pipeline,
+    layout: StageLayout,
+    tiles: &mut TileScheduler,
+    c: u32,
+    local: u32,
+    cluster: u32,
+    rank: u32,
+    k_blocks: u32,
+) {
     thread::raise_registers::<CONSUMER_REGS>();
-    let c = wg - 1;
-    let local = tid % 128;
     let (warp, lane) = (local / 32, local % 32);
     // This thread's two rows within the consumer's 64 (accumulator fragment layout).
     let row = c * WG_ROWS + 16 * warp + lane / 4;
     let n_blocks = p.n.div_ceil(BLOCK_N);
-    let consumer = Consumer { pipe, layout, c, row };
+    let consumer = Consumer { pipe: *pipe, layout, c, row, cluster };
     let mut it = 0u32;
     while let Some(t) = tiles.next() {
+        let m_tile = t.m * cluster + rank;
         let sfb = (p.sfb as *const f32).wrapping_add(((t.l * n_blocks + t.n) * k_blocks) as usize);
         let mut acc = [0.0f32; 64];
         for kb in 0..k_blocks {
@@ -139,7 +182,7 @@ pub unsafe extern "ptx-kernel" fn sm90_fp8_blockscaled_gemm(p: Sm90Fp8Params) {
             }
             it += 1;
         }
-        store_tile(&p, t.l, t.m * BLOCK_M + row, t.n * BLOCK_N + 2 * (lane % 4), &acc);
+        store_tile(p, t.l, m_tile * BLOCK_M + row, t.n * BLOCK_N + 2 * (lane % 4), &acc);
     }
 }
 
@@ -151,6 +194,7 @@ struct Consumer {
     c: u32,
     /// This thread's first row in the tile (the second is `row + 8`).
     row: u32,
+    cluster: u32,
 }
 
 impl Consumer {
@@ -193,7 +237,7 @@ impl Consumer {
         }
         // This thread has read the stage (its MMAs completed, its scales used): release it.
         // SAFETY: after `consumer_wait(it)` and this thread's last read.
-        unsafe { self.pipe.consumer_release(it) };
+        unsafe { self.pipe.consumer_release(it, self.cluster) };
     }
 }
 

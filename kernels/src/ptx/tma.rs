@@ -63,6 +63,20 @@ pub unsafe fn load_2d_multicast(dst: u32, tmap: u64, x: i32, y: i32, bar: u32, c
     };
 }
 
+/// Loads a 3-D box into the same shared offset of every CTA in `cta_mask`; each destination CTA's
+/// barrier at offset `bar` receives the bytes that land in it.
+/// # Safety
+/// As [`load_3d`], in every CTA of the mask.
+#[inline(always)]
+pub unsafe fn load_3d_multicast(dst: u32, tmap: u64, x: i32, y: i32, z: i32, bar: u32, cta_mask: u16) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        asm!("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [{d}], [{m}, {{{x}, {y}, {z}}}], [{b}], {k};",
+             d = in(reg32) dst, m = in(reg64) tmap, x = in(reg32) x, y = in(reg32) y, z = in(reg32) z, b = in(reg32) bar,
+             k = in(reg16) cta_mask, options(nostack))
+    };
+}
+
 /// Stores a 2-D box from shared memory; completes in a bulk group (see [`commit`] / [`wait_read`]).
 /// # Safety
 /// `src` holds the box, written before a `smem::fence_async_proxy` by each writer.
