@@ -77,7 +77,10 @@ pub fn run_case(gpu: &Gpu, peer: Option<&LtPeer>, c: &Case) -> Result<Outcome, S
     let check = if !c.check {
         None
     } else if (c.m * c.n * c.k * c.l) as f64 > CPU_CHECK_LIMIT {
-        Some(Err(format!("{}x{}x{}x{} is too large for the CPU reference here: use a smaller --mnkl to check", c.m, c.n, c.k, c.l)))
+        // Not a failure: say so and leave it unchecked (the GPU tests check large shapes against
+        // the GPU reference kernel).
+        println!("{}: {}x{}x{}x{} is too large for the CPU reference here: not checked", c.recipe, c.m, c.n, c.k, c.l);
+        None
     } else {
         // A fresh, poisoned output, one more launch, every element compared.
         let mut o = gpu.output(c.m, c.n, c.l, c.out).map_err(e)?;

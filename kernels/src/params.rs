@@ -143,8 +143,8 @@ pub mod sm90 {
     pub const B_TILE_BYTES: u32 = BLOCK_N * ROW_BYTES;
     pub const SFA_BYTES: u32 = BLOCK_M * 4;
     pub const STAGE_BYTES: u32 = A_TILE_BYTES + B_TILE_BYTES + SFA_BYTES;
-    /// Stages plus three mbarriers per stage (full, empty, peer: see `pipeline`).
-    pub const SMEM_BYTES: u32 = STAGES * STAGE_BYTES + 3 * 8 * STAGES;
+    /// Stages plus two mbarriers per stage (full, empty: see `pipeline`).
+    pub const SMEM_BYTES: u32 = STAGES * STAGE_BYTES + 2 * 8 * STAGES;
     /// Largest dynamic shared memory per block on sm_90 (227 KiB).
     pub const SMEM_LIMIT: u32 = 232_448;
     const _: () = assert!(SMEM_BYTES <= SMEM_LIMIT);
