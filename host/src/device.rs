@@ -48,8 +48,9 @@ pub struct Gpu {
     stream: Arc<CudaStream>,
     _module: Arc<CudaModule>,
     reference: CudaFunction,
-    /// The Hopper FP8 kernel (sm_90a module only).
-    sm90_fp8: Option<CudaFunction>,
+    /// The Hopper FP8 kernel (sm_90a module only), and how many of its CTAs fit at once for each
+    /// cluster size.
+    sm90_fp8: Option<(CudaFunction, [u32; 2])>,
     arch: GpuArch,
     name: String,
     sm_count: u32,
@@ -100,15 +101,15 @@ impl Gpu {
             as u32;
         let module = ctx.load_module(Ptx::from_src(ptx))?;
         let reference = module.load_function(registry::REFERENCE_GEMM.name)?;
+        let stream = ctx.new_stream()?;
         let sm90_fp8 = match arch {
             GpuArch::Hopper => {
                 let f = module.load_function(registry::SM90_FP8_GEMM.name)?;
-                sm90::configure(&f)?;
-                Some(f)
+                let resident = sm90::configure(&f, &stream, sm_count)?;
+                Some((f, resident))
             }
             GpuArch::Blackwell => None,
         };
-        let stream = ctx.new_stream()?;
         Ok(Gpu {
             ctx,
             stream,
@@ -196,7 +197,7 @@ impl Gpu {
         match plan {
             Plan::Reference => self.reference_gemm(a, b, c),
             Plan::Sm90Fp8(cfg) => {
-                let f = self.sm90_fp8.as_ref().ok_or_else(|| {
+                let (f, resident) = self.sm90_fp8.as_ref().ok_or_else(|| {
                     Error::Architecture(format!("{}: the sm90 FP8 kernel needs compute capability 9.0", self.name))
                 })?;
                 let why = |d: &MatrixDesc, as_b| sm90::unsupported(d, as_b).unwrap_or_default();
@@ -205,7 +206,7 @@ impl Gpu {
                 if let Some(e) = sm90::unsupported(&a.desc, false).or_else(|| sm90::unsupported(&b.desc, true)) {
                     return Err(Error::Format(e));
                 }
-                sm90::launch(&self.stream, f, ao, bo, dims, &mut c.buf, c.dtype as u32, cfg)
+                sm90::launch(&self.stream, f, ao, bo, dims, &mut c.buf, c.dtype as u32, cfg, resident)
             }
         }
     }

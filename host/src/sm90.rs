@@ -132,8 +132,11 @@ fn encode_tensor_map(
     Ok(stream.clone_htod(&bytes)?)
 }
 
-/// Raises the kernel's dynamic shared-memory limit (above the default 48 KiB).
-pub(crate) fn configure(f: &CudaFunction) -> Result<()> {
+/// Raises the kernel's dynamic shared-memory limit (above the default 48 KiB) and returns how many
+/// CTAs can be resident at once for each cluster size (index: cluster − 1). Clusters must fit in
+/// one GPC, so fewer pairs than SMs / 2 may fit; a persistent grid larger than that would run its
+/// last clusters as a second wave (measured: 2–3× slower).
+pub(crate) fn configure(f: &CudaFunction, stream: &CudaStream, sm_count: u32) -> Result<[u32; MAX_CLUSTER_M as usize]> {
     // SAFETY: a valid function handle and a documented attribute.
     unsafe {
         sys::cuFuncSetAttribute(
@@ -143,7 +146,37 @@ pub(crate) fn configure(f: &CudaFunction) -> Result<()> {
         )
     }
     .result()?;
-    Ok(())
+    let mut resident = [sm_count; MAX_CLUSTER_M as usize];
+    for cluster in 2..=MAX_CLUSTER_M {
+        let mut attr = cluster_attribute(cluster);
+        let cfg = sys::CUlaunchConfig {
+            gridDimX: sm_count / cluster * cluster,
+            gridDimY: 1,
+            gridDimZ: 1,
+            blockDimX: THREADS,
+            blockDimY: 1,
+            blockDimZ: 1,
+            sharedMemBytes: SMEM_BYTES,
+            hStream: stream.cu_stream(),
+            attrs: &mut attr,
+            numAttrs: 1,
+        };
+        let mut clusters = 0i32;
+        // SAFETY: valid function, a config whose attribute pointer outlives the call.
+        unsafe { sys::cuOccupancyMaxActiveClusters(&mut clusters, f.cu_function(), &cfg) }.result()?;
+        resident[cluster as usize - 1] = (clusters.max(0) as u32 * cluster).min(sm_count);
+    }
+    Ok(resident)
+}
+
+fn cluster_attribute(cluster: u32) -> sys::CUlaunchAttribute {
+    let mut attr = sys::CUlaunchAttribute {
+        id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION,
+        pad: [0; 4],
+        value: sys::CUlaunchAttributeValue { pad: [0; 64] },
+    };
+    attr.value.clusterDim = sys::CUlaunchAttributeValue_union__bindgen_ty_1 { x: cluster, y: 1, z: 1 };
+    attr
 }
 
 /// Configuration of one launch (chosen by `config::choose`, or forced by the caller).
@@ -167,6 +200,7 @@ pub(crate) fn launch(
     out: &mut CudaSlice<u8>,
     out_type: u32,
     cfg: Sm90Config,
+    resident: &[u32; MAX_CLUSTER_M as usize],
 ) -> Result<()> {
     let (Some((sfa, m_pad)), Some(sfb)) = (&a.sfa, &b.sfb) else {
         return Err(Error::Format("operands not prepared for the sm90 kernel in these roles".into()));
@@ -200,13 +234,9 @@ pub(crate) fn launch(
     };
     // Units of work are clusters of tiles; whole clusters of CTAs, at most one CTA per unit tile.
     let units = TileScheduler::new(m as u32, n as u32, l as u32, BLOCK_M * cluster, BLOCK_N, 1, 0, 1).total();
-    let ctas = (cfg.ctas / cluster * cluster).clamp(cluster, units * cluster);
-    let mut attr = sys::CUlaunchAttribute {
-        id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION,
-        pad: [0; 4],
-        value: sys::CUlaunchAttributeValue { pad: [0; 64] },
-    };
-    attr.value.clusterDim = sys::CUlaunchAttributeValue_union__bindgen_ty_1 { x: cluster, y: 1, z: 1 };
+    // Never more CTAs than can be resident at once in clusters of this size (no second wave).
+    let ctas = (cfg.ctas.min(resident[cluster as usize - 1]) / cluster * cluster).clamp(cluster, units * cluster);
+    let mut attr = cluster_attribute(cluster);
     let launch = sys::CUlaunchConfig {
         gridDimX: ctas,
         gridDimY: 1,

@@ -6,14 +6,12 @@
 //! ordered too, but racecheck reported it as a WAR hazard).
 //! Iteration `it` uses stage `it % STAGES` in phase `(it / STAGES) & 1`: the explicit phase state.
 //!
-//! In a cluster whose producers multicast into each other's stages, a stage may be refilled only
-//! when every CTA of the cluster is done with it, so each consumer warpgroup's release goes to the
-//! empty barrier of every CTA (count: consumer warpgroups × cluster size). A warpgroup releases
-//! through one thread after a named barrier over its 128 threads (which orders every thread's reads
-//! of the stage before the release, in a way compute-sanitizer's racecheck follows). Two designs
-//! measured slower on the H100: every consumer thread arriving on every CTA's barrier (hundreds of
-//! remote arrivals per stage), and producers exchanging per-stage arrivals (a round trip on the
-//! producer's critical path).
+//! Every consumer thread releases a stage itself after its own last read of it, to the empty
+//! barrier of every CTA of the cluster (a producer multicasts into all of them, so it may refill a
+//! stage only when all are done): each thread's reads are then ordered before the refill by its own
+//! release, which compute-sanitizer's racecheck follows. (One elected thread per warp after
+//! `bar.warp.sync`, or per warpgroup after a named barrier, is ordered as well under the PTX memory
+//! model, but racecheck reports it as a WAR hazard, and it measured no faster on the H100.)
 
 use crate::ptx::mbarrier;
 
@@ -59,16 +57,16 @@ impl Pipeline {
 
 
     /// One thread, before any use: one producer arrival per fill; per release, one arrival from
-    /// each of `consumer_groups` consumer warpgroups of every CTA of the cluster.
+    /// each of `consumer_threads` consumer threads of every CTA of the cluster.
     /// # Safety
     /// The barrier memory belongs to this pipeline; a block barrier follows before first use.
     #[inline(always)]
-    pub unsafe fn init(&self, consumer_groups: u32) {
+    pub unsafe fn init(&self, consumer_threads: u32) {
         for s in 0..self.stages {
             // SAFETY: the caller's contract.
             unsafe {
                 mbarrier::init(self.barriers + 8 * s, 1);
-                mbarrier::init(self.barriers + 8 * (self.stages + s), consumer_groups * self.cluster);
+                mbarrier::init(self.barriers + 8 * (self.stages + s), consumer_threads * self.cluster);
             }
         }
         mbarrier::fence_init();
@@ -105,23 +103,19 @@ impl Pipeline {
         unsafe { mbarrier::wait(self.full(it), self.phase(it)) };
     }
 
-    /// Consumer warpgroup: releases the stage to every CTA of the cluster. All 128 threads call
-    /// it; a named barrier (`group_barrier`, < 16) orders their reads, then thread `elected` arrives.
+    /// Consumer: this thread releases the stage to every CTA of the cluster (every consumer
+    /// thread calls it once per stage).
     /// # Safety
-    /// After `consumer_wait(it)` and each calling thread's last read of the stage; called by all
-    /// 128 threads of the warpgroup with the same `group_barrier`.
+    /// After `consumer_wait(it)` and this thread's last read of the stage.
     #[inline(always)]
-    pub unsafe fn consumer_release(&self, it: u32, group_barrier: u32, elected: bool) {
-        crate::ptx::thread::named_barrier(group_barrier, 128);
-        if elected {
-            // SAFETY: the caller's contract; every CTA of the cluster has the same barrier layout.
-            unsafe {
-                if self.cluster == 1 {
-                    mbarrier::arrive(self.empty(it));
-                } else {
-                    for cta in 0..self.cluster {
-                        mbarrier::arrive_cluster(self.empty(it), cta);
-                    }
+    pub unsafe fn consumer_release(&self, it: u32) {
+        // SAFETY: the caller's contract; every CTA of the cluster has the same barrier layout.
+        unsafe {
+            if self.cluster == 1 {
+                mbarrier::arrive(self.empty(it));
+            } else {
+                for cta in 0..self.cluster {
+                    mbarrier::arrive_cluster(self.empty(it), cta);
                 }
             }
         }

@@ -157,7 +157,7 @@ fn run(args: &Args) -> Result<bool, String> {
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1)
     });
     let gpu = Gpu::new(args.device).map_err(|e| e.to_string())?;
-    println!("{} ({:?}, {} SMs); seed {seed}", gpu.name(), gpu.arch(), gpu.sm_count());
+    println!("{gpu:?}; seed {seed}");
     let m_tiles = (mnkl[0] as u32).div_ceil(128);
     let plan = match args.kernel.as_str() {
         "auto" if args.group_m.is_none() && cluster_m.is_none() => None,

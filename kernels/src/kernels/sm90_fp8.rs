@@ -81,7 +81,7 @@ pub unsafe extern "ptx-kernel" fn sm90_fp8_blockscaled_gemm(p: Sm90Fp8Params) {
     if tid == 0 {
         // SAFETY: the barrier memory is ours; the block / cluster barrier below precedes every use.
         unsafe {
-            pipe.init(crate::params::sm90::CONSUMERS);
+            pipe.init(128 * crate::params::sm90::CONSUMERS);
             tma::prefetch_map(p.tmap_a);
             tma::prefetch_map(p.tmap_b);
         }
@@ -164,7 +164,7 @@ fn consume(
     // This thread's two rows within the consumer's 64 (accumulator fragment layout).
     let row = c * WG_ROWS + 16 * warp + lane / 4;
     let n_blocks = p.n.div_ceil(BLOCK_N);
-    let consumer = Consumer { pipe: *pipe, layout, c, row, local };
+    let consumer = Consumer { pipe: *pipe, layout, c, row };
     let mut it = 0u32;
     while let Some(t) = tiles.next() {
         let m_tile = t.m * cluster + rank;
@@ -194,8 +194,6 @@ struct Consumer {
     c: u32,
     /// This thread's first row in the tile (the second is `row + 8`).
     row: u32,
-    /// Thread index within the warpgroup.
-    local: u32,
 }
 
 impl Consumer {
@@ -236,10 +234,9 @@ impl Consumer {
         for i in 0..64 {
             acc[i] += part[i] * if (i / 2) % 2 == 0 { f0 } else { f1 };
         }
-        // This thread has read the stage (its MMAs completed, its scales used): release it with its
-        // warpgroup (named barrier 1 + c: barrier 0 is the block's).
-        // SAFETY: after `consumer_wait(it)` and this thread's last read; all 128 threads call it.
-        unsafe { self.pipe.consumer_release(it, 1 + self.c, self.local == 0) };
+        // This thread has read the stage (its MMAs completed, its scales used): release it.
+        // SAFETY: after `consumer_wait(it)` and this thread's last read.
+        unsafe { self.pipe.consumer_release(it) };
     }
 }
 
