@@ -58,11 +58,11 @@ pub struct Gpu {
 
 impl std::fmt::Debug for Gpu {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "Gpu({}, {:?}, {} SMs)",
-            self.name, self.arch, self.sm_count
-        )
+        write!(f, "Gpu({}, {:?}, {} SMs", self.name, self.arch, self.sm_count)?;
+        if let Some((_, r)) = &self.sm90_fp8 {
+            write!(f, "; sm90 kernel: {} CTAs resident alone, {} in clusters of 2", r[0], r[1])?;
+        }
+        write!(f, ")")
     }
 }
 

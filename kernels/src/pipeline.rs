@@ -104,17 +104,16 @@ impl Pipeline {
     }
 
     /// Consumer: this thread releases the stage to every CTA of the cluster (every consumer
-    /// thread calls it once per stage).
+    /// thread calls it once per stage); `rank` is this CTA's rank in the cluster.
     /// # Safety
     /// After `consumer_wait(it)` and this thread's last read of the stage.
     #[inline(always)]
-    pub unsafe fn consumer_release(&self, it: u32) {
+    pub unsafe fn consumer_release(&self, it: u32, rank: u32) {
         // SAFETY: the caller's contract; every CTA of the cluster has the same barrier layout.
         unsafe {
-            if self.cluster == 1 {
-                mbarrier::arrive(self.empty(it));
-            } else {
-                for cta in 0..self.cluster {
+            mbarrier::arrive(self.empty(it));
+            for cta in 0..self.cluster {
+                if cta != rank {
                     mbarrier::arrive_cluster(self.empty(it), cta);
                 }
             }

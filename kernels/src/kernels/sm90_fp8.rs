@@ -164,7 +164,7 @@ fn consume(
     // This thread's two rows within the consumer's 64 (accumulator fragment layout).
     let row = c * WG_ROWS + 16 * warp + lane / 4;
     let n_blocks = p.n.div_ceil(BLOCK_N);
-    let consumer = Consumer { pipe: *pipe, layout, c, row };
+    let consumer = Consumer { pipe: *pipe, layout, c, row, rank };
     let mut it = 0u32;
     while let Some(t) = tiles.next() {
         let m_tile = t.m * cluster + rank;
@@ -194,6 +194,8 @@ struct Consumer {
     c: u32,
     /// This thread's first row in the tile (the second is `row + 8`).
     row: u32,
+    /// This CTA's rank in its cluster.
+    rank: u32,
 }
 
 impl Consumer {
@@ -236,7 +238,7 @@ impl Consumer {
         }
         // This thread has read the stage (its MMAs completed, its scales used): release it.
         // SAFETY: after `consumer_wait(it)` and this thread's last read.
-        unsafe { self.pipe.consumer_release(it) };
+        unsafe { self.pipe.consumer_release(it, self.rank) };
     }
 }
 
