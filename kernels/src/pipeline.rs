@@ -112,9 +112,11 @@ impl Pipeline {
         // SAFETY: the caller's contract; every CTA of the cluster has the same barrier layout.
         unsafe {
             mbarrier::arrive(self.empty(it));
-            for cta in 0..self.cluster {
-                if cta != rank {
-                    mbarrier::arrive_cluster(self.empty(it), cta);
+            if self.cluster > 1 {
+                for cta in 0..self.cluster {
+                    if cta != rank {
+                        mbarrier::arrive_cluster(self.empty(it), cta);
+                    }
                 }
             }
         }
