@@ -6,11 +6,11 @@ cd "$(dirname "$0")"
 run=./blockscaled-run
 small=(--recipe deepseek-fp8 --iterations 1 --warmup_iterations 0 --no_peer)
 for tool in memcheck racecheck synccheck; do
-  for shape in 200,136,512,2 384,256,1024,1; do
-    printf '%-10s %-16s ' "$tool" "$shape"
-    timeout 300 compute-sanitizer --tool "$tool" "$run" --mnkl "$shape" "${small[@]}" 2>&1 | grep -E "ERROR SUMMARY|RACECHECK SUMMARY" | tr '\n' ' '
+  for shape in 200,136,512,2 384,256,1024,1; do for cl in 1,1 2,1; do
+    printf "%-10s %-16s %-4s " "$tool" "$shape" "$cl"
+    timeout 300 compute-sanitizer --tool "$tool" "$run" --mnkl "$shape" --cluster_shape_mn "$cl" "${small[@]}" 2>&1 | grep -E "ERROR SUMMARY|RACECHECK SUMMARY" | tr '\n' ' '
     echo
-  done
+  done; done
 done
 echo "=== ncu 8192^3 (sm90_fp8_blockscaled_gemm)"
 timeout 300 ncu --clock-control none -k sm90_fp8_blockscaled_gemm -c 1 \

@@ -23,8 +23,8 @@ pub enum Plan {
 ///   K % 128 == 0: other K are an error rather than a silent 1000× slower path.
 /// - Everything else runs the reference kernel for now (MX / NVFP4 fast kernels: later issues).
 ///
-/// Cluster (`cluster_m`): 2 along M when there are enough tiles, so the pair's B tiles are
-/// multicast (each CTA loads half).
+/// Cluster (`cluster_m`): 1; clusters of 2 along M (B tiles multicast, each CTA loads half) are
+/// available through [`Sm90Config`] and measured slower for now.
 ///
 /// Raster band (`group_m`): CTAs running together cover `group_m` M tiles × (SMs / group_m) N
 /// tiles, so both operands' working sets stay in L2; 8 keeps a band's A tiles (8 × 128 × K bytes)
@@ -39,10 +39,11 @@ pub fn choose(arch: GpuArch, sm_count: u32, a: &MatrixDesc, b: &MatrixDesc) -> R
     match (a_no, b_no) {
         (None, None) => {
             let m_tiles = a.rows.div_ceil(BLOCK_M as usize) as u32;
-            let n_tiles = b.rows.div_ceil(BLOCK_N as usize) as u32;
-            // A cluster of two along M halves the L2→SM traffic of B; worth it once there are
-            // M tiles to pair and enough tiles to keep every SM busy in pairs.
-            let cluster_m = if m_tiles >= 2 && m_tiles * n_tiles >= sm_count { 2 } else { 1 };
+            // Cluster 2 (B multicast) is correct but measured slower than 1 on every DeepSeek shape
+            // (H100, 2026-11-22: 8192³ 868 vs 899 TFLOP/s): L2 bandwidth is not this kernel's
+            // limit yet (docs/PERF.md, v3), so a cluster is opt-in.
+            let cluster_m = 1;
+            let _ = BLOCK_N;
             Ok(Plan::Sm90Fp8(Sm90Config { group_m: m_tiles.clamp(1, 8), ctas: sm_count, cluster_m }))
         }
         _ if fp32_scaled && a.k % 128 != 0 && a.format.elem == crate::ElemType::E4M3 => Err(shape(format!(

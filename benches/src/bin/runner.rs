@@ -164,7 +164,7 @@ fn run(args: &Args) -> Result<bool, String> {
         "auto" | "sm90" => Some(Plan::Sm90Fp8(Sm90Config {
             group_m: args.group_m.unwrap_or(m_tiles.clamp(1, 8)),
             ctas: gpu.sm_count(),
-            cluster_m: cluster_m.unwrap_or(if m_tiles >= 2 { 2 } else { 1 }),
+            cluster_m: cluster_m.unwrap_or(1),
         })),
         "reference" => Some(Plan::Reference),
         k => return Err(format!("--kernel `{k}`: want auto, reference or sm90")),
