@@ -5,7 +5,7 @@
 //! `all` (default): both.
 
 use blockscaled::{Gpu, OutType, Recipe};
-use blockscaled_benches::cases::{open_peer, run_case, Case};
+use blockscaled_benches::cases::{Case, open_peer, run_case};
 use blockscaled_benches::table::print_table;
 
 fn main() {
@@ -17,7 +17,9 @@ fn main() {
             return;
         }
     };
-    let peer = open_peer(&gpu).map_err(|e| println!("cuBLASLt unavailable: {e}")).ok();
+    let peer = open_peer(&gpu)
+        .map_err(|e| println!("cuBLASLt unavailable: {e}"))
+        .ok();
     let which = std::env::var("BLOCKSCALED_BENCH").unwrap_or_else(|_| "all".into());
     let mut shapes: Vec<(Recipe, [usize; 4])> = Vec::new();
     if which == "seed" || which == "all" {
@@ -29,14 +31,34 @@ fn main() {
     }
     if which == "deepseek" || which == "all" {
         for m in [128, 4096] {
-            for (n, k) in [(2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048)] {
+            for (n, k) in [
+                (2112, 7168),
+                (24576, 1536),
+                (32768, 512),
+                (7168, 16384),
+                (4096, 7168),
+                (7168, 2048),
+            ] {
                 shapes.push((Recipe::DeepSeekFp8, [m, n, k, 1]));
             }
         }
     }
     let mut rows = Vec::new();
     for (i, (recipe, [m, n, k, l])) in shapes.into_iter().enumerate() {
-        let case = Case { recipe, m, n, k, l, out: OutType::Bf16, warmup: 2, iters: 10, check: false, peer: true, seed: 1000 + i as u64, plan: None };
+        let case = Case {
+            recipe,
+            m,
+            n,
+            k,
+            l,
+            out: OutType::Bf16,
+            warmup: 2,
+            iters: 10,
+            check: false,
+            peer: true,
+            seed: 1000 + i as u64,
+            plan: None,
+        };
         match run_case(&gpu, peer.as_ref(), &case) {
             Ok(o) => rows.push(o.row),
             Err(e) => println!("{recipe} {m}x{n}x{k}x{l}: {e}"),

@@ -5,11 +5,15 @@
 
 use std::sync::Arc;
 
-use blockscaled::{reference, round_output, DeviceMatrix, Gpu, HostOutput, OutType, Plan, Recipe, ScaledMatrix};
+use blockscaled::{
+    DeviceMatrix, Gpu, HostOutput, OutType, Plan, Recipe, ScaledMatrix, reference, round_output,
+};
 use blockscaled_tests::{compare_outputs, fp8_accumulation_slack, random_values};
 use cudarc::driver::CudaSlice;
 
-use crate::cublaslt::{blk128_index, blk128_len, blocks128, vec128_index, vec128_len, LtPeer, PeerError};
+use crate::cublaslt::{
+    LtPeer, PeerError, blk128_index, blk128_len, blocks128, vec128_index, vec128_len,
+};
 use crate::table::Row;
 use crate::timing::{rotation_count, time_on_stream};
 
@@ -60,9 +64,14 @@ pub fn run_case(gpu: &Gpu, peer: Option<&LtPeer>, c: &Case) -> Result<Outcome, S
     let in_bytes = a.data().len() + a.scales().len() + b.data().len() + b.scales().len();
     let out_bytes = c.l * c.m * c.n * c.out.bytes();
     let sets = rotation_count(in_bytes + out_bytes, L2_BYTES);
-    let ins: Vec<(DeviceMatrix, DeviceMatrix)> =
-        (0..sets).map(|_| Ok((gpu.upload(&a)?, gpu.upload(&b)?))).collect::<Result<_, blockscaled::Error>>().map_err(e)?;
-    let mut outs = (0..sets).map(|_| gpu.output(c.m, c.n, c.l, c.out)).collect::<Result<Vec<_>, _>>().map_err(e)?;
+    let ins: Vec<(DeviceMatrix, DeviceMatrix)> = (0..sets)
+        .map(|_| Ok((gpu.upload(&a)?, gpu.upload(&b)?)))
+        .collect::<Result<_, blockscaled::Error>>()
+        .map_err(e)?;
+    let mut outs = (0..sets)
+        .map(|_| gpu.output(c.m, c.n, c.l, c.out))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(e)?;
 
     let plan = match c.plan {
         Some(p) => p,
@@ -79,22 +88,45 @@ pub fn run_case(gpu: &Gpu, peer: Option<&LtPeer>, c: &Case) -> Result<Outcome, S
     } else if (c.m * c.n * c.k * c.l) as f64 > CPU_CHECK_LIMIT {
         // Not a failure: say so and leave it unchecked (the GPU tests check large shapes against
         // the GPU reference kernel).
-        println!("{}: {}x{}x{}x{} is too large for the CPU reference here: not checked", c.recipe, c.m, c.n, c.k, c.l);
+        println!(
+            "{}: {}x{}x{}x{} is too large for the CPU reference here: not checked",
+            c.recipe, c.m, c.n, c.k, c.l
+        );
         None
     } else {
         // A fresh, poisoned output, one more launch, every element compared.
         let mut o = gpu.output(c.m, c.n, c.l, c.out).map_err(e)?;
-        gpu.gemm_with(&ins[0].0, &ins[0].1, &mut o, plan).map_err(e)?;
+        gpu.gemm_with(&ins[0].0, &ins[0].1, &mut o, plan)
+            .map_err(e)?;
         let got = o.to_host().map_err(e)?;
         let (c64, abs) = reference::gemm_f64(&a, &b).map_err(e)?;
-        let want = HostOutput { dtype: c.out, m: c.m, n: c.n, l: c.l, values: c64.iter().map(|&x| round_output(c.out, x)).collect() };
+        let want = HostOutput {
+            dtype: c.out,
+            m: c.m,
+            n: c.n,
+            l: c.l,
+            values: c64.iter().map(|&x| round_output(c.out, x)).collect(),
+        };
         // The reference kernel differs from the CPU only by float64 summation order; tensor-core
         // kernels by FP8 accumulation (see blockscaled_tests::fp8_accumulation_slack).
         let (slack, what) = match plan {
-            Plan::Reference => (abs.iter().map(|&s| reference::sum_error_bound(c.k, s)).collect(), "1 ulp + float64 summation bound"),
-            Plan::Sm90Fp8(_) => (fp8_accumulation_slack(&abs), "1 ulp + 2^-9·Σ|ab| FP8 accumulation bound"),
+            Plan::Reference => (
+                abs.iter()
+                    .map(|&s| reference::sum_error_bound(c.k, s))
+                    .collect(),
+                "1 ulp + float64 summation bound",
+            ),
+            Plan::Sm90Fp8(_) => (
+                fp8_accumulation_slack(&abs),
+                "1 ulp + 2^-9·Σ|ab| FP8 accumulation bound",
+            ),
         };
-        Some(compare_outputs(&got, &want, 1.0, &slack).map(|_| format!("all {} elements match the CPU reference ({what})", got.values.len())))
+        Some(compare_outputs(&got, &want, 1.0, &slack).map(|_| {
+            format!(
+                "all {} elements match the CPU reference ({what})",
+                got.values.len()
+            )
+        }))
     };
 
     let (peer_ms, peer_name, peer_note) = match (peer, c.peer, c.l) {
@@ -125,7 +157,12 @@ pub fn run_case(gpu: &Gpu, peer: Option<&LtPeer>, c: &Case) -> Result<Outcome, S
 
 /// The closest cuBLASLt operation: blockwise FP8 for DeepSeek, per-tensor FP8 for per-tensor e4m3,
 /// bf16 on the dequantized inputs for everything else (Hopper's cuBLASLt has no MX / NVFP4 GEMM).
-fn time_peer(p: &LtPeer, c: &Case, a: &ScaledMatrix, b: &ScaledMatrix) -> Result<(f64, String), (String, String)> {
+fn time_peer(
+    p: &LtPeer,
+    c: &Case,
+    a: &ScaledMatrix,
+    b: &ScaledMatrix,
+) -> Result<(f64, String), (String, String)> {
     let s = p.stream().clone();
     let (m, n, k) = (c.m, c.n, c.k);
     let fmt_err = |name: &str, x: PeerError| (name.to_string(), x.to_string());
@@ -151,26 +188,45 @@ fn time_peer(p: &LtPeer, c: &Case, a: &ScaledMatrix, b: &ScaledMatrix) -> Result
             let db = s.clone_htod(b.data()).map_err(|x| drv(name, x))?;
             let dsa = s.clone_htod(&sa).map_err(|x| drv(name, x))?;
             let dsb = s.clone_htod(&sb).map_err(|x| drv(name, x))?;
-            let t = time_on_stream(&s, warm, iters, |_| p.gemm_fp8_blockwise(m, n, k, &da, &dsa, &db, &dsb, &mut out))
-                .map_err(|x| fmt_err(name, x))?;
+            let t = time_on_stream(&s, warm, iters, |_| {
+                p.gemm_fp8_blockwise(m, n, k, &da, &dsa, &db, &dsb, &mut out)
+            })
+            .map_err(|x| fmt_err(name, x))?;
             Ok((t.median_ms, name.into()))
         }
         Recipe::Fp8PerTensor(blockscaled::Fp8::E4M3) => {
             let name = "cuBLASLt fp8 per-tensor";
             let da = s.clone_htod(a.data()).map_err(|x| drv(name, x))?;
             let db = s.clone_htod(b.data()).map_err(|x| drv(name, x))?;
-            let dsa = s.clone_htod(&[a.scale_value(0, 0, 0) as f32]).map_err(|x| drv(name, x))?;
-            let dsb = s.clone_htod(&[b.scale_value(0, 0, 0) as f32]).map_err(|x| drv(name, x))?;
-            let t = time_on_stream(&s, warm, iters, |_| p.gemm_fp8_per_tensor(m, n, k, &da, &dsa, &db, &dsb, &mut out))
-                .map_err(|x| fmt_err(name, x))?;
+            let dsa = s
+                .clone_htod(&[a.scale_value(0, 0, 0) as f32])
+                .map_err(|x| drv(name, x))?;
+            let dsb = s
+                .clone_htod(&[b.scale_value(0, 0, 0) as f32])
+                .map_err(|x| drv(name, x))?;
+            let t = time_on_stream(&s, warm, iters, |_| {
+                p.gemm_fp8_per_tensor(m, n, k, &da, &dsa, &db, &dsb, &mut out)
+            })
+            .map_err(|x| fmt_err(name, x))?;
             Ok((t.median_ms, name.into()))
         }
         _ => {
             let name = "cuBLASLt bf16";
-            let to_bf16 = |v: Vec<f64>| v.into_iter().map(|x| half::bf16::from_f64(x).to_bits()).collect::<Vec<u16>>();
-            let da = s.clone_htod(&to_bf16(a.dequantize())).map_err(|x| drv(name, x))?;
-            let db = s.clone_htod(&to_bf16(b.dequantize())).map_err(|x| drv(name, x))?;
-            let t = time_on_stream(&s, warm, iters, |_| p.gemm_bf16(m, n, k, &da, &db, &mut out)).map_err(|x| fmt_err(name, x))?;
+            let to_bf16 = |v: Vec<f64>| {
+                v.into_iter()
+                    .map(|x| half::bf16::from_f64(x).to_bits())
+                    .collect::<Vec<u16>>()
+            };
+            let da = s
+                .clone_htod(&to_bf16(a.dequantize()))
+                .map_err(|x| drv(name, x))?;
+            let db = s
+                .clone_htod(&to_bf16(b.dequantize()))
+                .map_err(|x| drv(name, x))?;
+            let t = time_on_stream(&s, warm, iters, |_| {
+                p.gemm_bf16(m, n, k, &da, &db, &mut out)
+            })
+            .map_err(|x| fmt_err(name, x))?;
             Ok((t.median_ms, name.into()))
         }
     }

@@ -180,8 +180,21 @@ impl Builder {
 
     /// As [`launch_bounds`](Self::launch_bounds) for a kernel that only the modules of `archs`
     /// contain (empty: every module). A kernel missing from a module it should be in is an error.
-    pub fn launch_bounds_on(mut self, archs: &[Arch], name: &str, max_threads: u32, min_blocks: u32) -> Self {
-        self.bounds.insert(name.to_string(), Bounds { max_threads, min_blocks, archs: archs.to_vec() });
+    pub fn launch_bounds_on(
+        mut self,
+        archs: &[Arch],
+        name: &str,
+        max_threads: u32,
+        min_blocks: u32,
+    ) -> Self {
+        self.bounds.insert(
+            name.to_string(),
+            Bounds {
+                max_threads,
+                min_blocks,
+                archs: archs.to_vec(),
+            },
+        );
         self
     }
 
@@ -623,7 +636,8 @@ mod tests {
             "k2".to_string(),
             Bounds {
                 max_threads: 384,
-                min_blocks: 1, archs: vec![] 
+                min_blocks: 1,
+                archs: vec![],
             },
         );
         let out = edit_ptx(PTX, None, &b).unwrap();
@@ -640,7 +654,8 @@ mod tests {
             "nope".to_string(),
             Bounds {
                 max_threads: 128,
-                min_blocks: 1, archs: vec![] 
+                min_blocks: 1,
+                archs: vec![],
             },
         );
         assert!(matches!(

@@ -1,7 +1,7 @@
 //! Which kernel runs a GEMM, and with what configuration: one function, rules stated as data.
 
 use crate::device::GpuArch;
-use crate::error::{shape, Result};
+use crate::error::{Result, shape};
 use crate::format::ScaleType;
 use crate::matrix::MatrixDesc;
 pub use crate::sm90::Sm90Config;
@@ -44,13 +44,19 @@ pub fn choose(arch: GpuArch, sm_count: u32, a: &MatrixDesc, b: &MatrixDesc) -> R
             // limit yet (docs/PERF.md, v3), so a cluster is opt-in.
             let cluster_m = 1;
             let _ = BLOCK_N;
-            Ok(Plan::Sm90Fp8(Sm90Config { group_m: m_tiles.clamp(1, 8), ctas: sm_count, cluster_m }))
+            Ok(Plan::Sm90Fp8(Sm90Config {
+                group_m: m_tiles.clamp(1, 8),
+                ctas: sm_count,
+                cluster_m,
+            }))
         }
-        _ if fp32_scaled && a.k % 128 != 0 && a.format.elem == crate::ElemType::E4M3 => Err(shape(format!(
-            "K = {} is not a multiple of 128: the Hopper FP8 kernel's 128-wide scale blocks need it \
+        _ if fp32_scaled && a.k % 128 != 0 && a.format.elem == crate::ElemType::E4M3 => {
+            Err(shape(format!(
+                "K = {} is not a multiple of 128: the Hopper FP8 kernel's 128-wide scale blocks need it \
              (Gpu::reference_gemm computes it, slowly)",
-            a.k
-        ))),
+                a.k
+            )))
+        }
         _ => Ok(Plan::Reference),
     }
 }

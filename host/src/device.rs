@@ -12,12 +12,12 @@ use cudarc::driver::{
 };
 use cudarc::nvrtc::Ptx;
 
+use crate::config::{self, Plan};
 use crate::error::{Error, Result, shape};
 use crate::format::OutType;
 use crate::matrix::{MatrixDesc, ScaledMatrix};
 use crate::output::HostOutput;
 use crate::reference::check_operands;
-use crate::config::{self, Plan};
 use crate::sm90::{self, Sm90Operand};
 use blockscaled_kernels::params::{GemmParams, REFERENCE_BLOCK_M, REFERENCE_BLOCK_N};
 use blockscaled_kernels::registry;
@@ -58,9 +58,17 @@ pub struct Gpu {
 
 impl std::fmt::Debug for Gpu {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Gpu({}, {:?}, {} SMs", self.name, self.arch, self.sm_count)?;
+        write!(
+            f,
+            "Gpu({}, {:?}, {} SMs",
+            self.name, self.arch, self.sm_count
+        )?;
         if let Some((_, r)) = &self.sm90_fp8 {
-            write!(f, "; sm90 kernel: {} CTAs resident alone, {} in clusters of 2", r[0], r[1])?;
+            write!(
+                f,
+                "; sm90 kernel: {} CTAs resident alone, {} in clusters of 2",
+                r[0], r[1]
+            )?;
         }
         write!(f, ")")
     }
@@ -148,7 +156,12 @@ impl Gpu {
             GpuArch::Hopper => Sm90Operand::prepare(&self.stream, m, &data)?,
             GpuArch::Blackwell => None,
         };
-        Ok(DeviceMatrix { desc: *m.desc(), data, scales, sm90 })
+        Ok(DeviceMatrix {
+            desc: *m.desc(),
+            data,
+            scales,
+            sm90,
+        })
     }
 
     /// Allocates an `l` × `m` × `n` output, filled with a NaN pattern so that an element a kernel
@@ -192,29 +205,64 @@ impl Gpu {
 
     /// C = A · Bᵀ with a given plan (the runner's forced configurations). A plan the operands or
     /// this GPU cannot run is an error.
-    pub fn gemm_with(&self, a: &DeviceMatrix, b: &DeviceMatrix, c: &mut DeviceOutput, plan: Plan) -> Result<()> {
+    pub fn gemm_with(
+        &self,
+        a: &DeviceMatrix,
+        b: &DeviceMatrix,
+        c: &mut DeviceOutput,
+        plan: Plan,
+    ) -> Result<()> {
         let dims = self.check_output(a, b, c)?;
         match plan {
             Plan::Reference => self.reference_gemm(a, b, c),
             Plan::Sm90Fp8(cfg) => {
                 let (f, resident) = self.sm90_fp8.as_ref().ok_or_else(|| {
-                    Error::Architecture(format!("{}: the sm90 FP8 kernel needs compute capability 9.0", self.name))
+                    Error::Architecture(format!(
+                        "{}: the sm90 FP8 kernel needs compute capability 9.0",
+                        self.name
+                    ))
                 })?;
                 let why = |d: &MatrixDesc, as_b| sm90::unsupported(d, as_b).unwrap_or_default();
-                let ao = a.sm90.as_ref().ok_or_else(|| Error::Format(why(&a.desc, false)))?;
-                let bo = b.sm90.as_ref().ok_or_else(|| Error::Format(why(&b.desc, true)))?;
-                if let Some(e) = sm90::unsupported(&a.desc, false).or_else(|| sm90::unsupported(&b.desc, true)) {
+                let ao = a
+                    .sm90
+                    .as_ref()
+                    .ok_or_else(|| Error::Format(why(&a.desc, false)))?;
+                let bo = b
+                    .sm90
+                    .as_ref()
+                    .ok_or_else(|| Error::Format(why(&b.desc, true)))?;
+                if let Some(e) =
+                    sm90::unsupported(&a.desc, false).or_else(|| sm90::unsupported(&b.desc, true))
+                {
                     return Err(Error::Format(e));
                 }
-                sm90::launch(&self.stream, f, ao, bo, dims, &mut c.buf, c.dtype as u32, cfg, resident)
+                sm90::launch(
+                    &self.stream,
+                    f,
+                    ao,
+                    bo,
+                    dims,
+                    &mut c.buf,
+                    c.dtype as u32,
+                    cfg,
+                    resident,
+                )
             }
         }
     }
 
-    fn check_output(&self, a: &DeviceMatrix, b: &DeviceMatrix, c: &DeviceOutput) -> Result<(usize, usize, usize, usize)> {
+    fn check_output(
+        &self,
+        a: &DeviceMatrix,
+        b: &DeviceMatrix,
+        c: &DeviceOutput,
+    ) -> Result<(usize, usize, usize, usize)> {
         let (m, n, k, l) = check_operands(&a.desc, &b.desc)?;
         if (c.m, c.n, c.l) != (m, n, l) {
-            return Err(shape(format!("output is {}×{}×{} but A·Bᵀ is {l}×{m}×{n}", c.l, c.m, c.n)));
+            return Err(shape(format!(
+                "output is {}×{}×{} but A·Bᵀ is {l}×{m}×{n}",
+                c.l, c.m, c.n
+            )));
         }
         Ok((m, n, k, l))
     }

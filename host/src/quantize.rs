@@ -107,7 +107,12 @@ impl ScaledMatrix {
         let chunk_scales: Vec<Vec<(usize, u32)>> = data
             .par_chunks_mut(batch_bytes)
             .enumerate()
-            .flat_map(|(l, entry)| entry.par_chunks_mut(chunk_bytes).enumerate().map(move |(rb, out)| (l, rb, out)))
+            .flat_map(|(l, entry)| {
+                entry
+                    .par_chunks_mut(chunk_bytes)
+                    .enumerate()
+                    .map(move |(rb, out)| (l, rb, out))
+            })
             .map(|(l, rb, out)| {
                 let r0 = rb * br;
                 let r1 = (r0 + br).min(rows);

@@ -38,7 +38,9 @@ pub fn gemm_f64(a: &ScaledMatrix, b: &ScaledMatrix) -> Result<(Vec<f64>, Vec<f64
         let arow = &da[(li * m + mi) * k..(li * m + mi + 1) * k];
         for (ni, out) in row.iter_mut().enumerate() {
             let brow = &db[(li * n + ni) * k..(li * n + ni + 1) * k];
-            *out = arow.iter().zip(brow).fold((0.0, 0.0), |(s, sa), (x, y)| (s + x * y, sa + (x * y).abs()));
+            *out = arow.iter().zip(brow).fold((0.0, 0.0), |(s, sa), (x, y)| {
+                (s + x * y, sa + (x * y).abs())
+            });
         }
     });
     Ok(c.into_iter().unzip())
@@ -56,6 +58,15 @@ pub fn sum_error_bound(k: usize, abs_sum: f64) -> f64 {
 pub fn gemm(a: &ScaledMatrix, b: &ScaledMatrix, dtype: OutType) -> Result<(HostOutput, Vec<f64>)> {
     let (c, abs) = gemm_f64(a, b)?;
     let (m, n, l, k) = (a.rows(), b.rows(), a.batch(), a.k());
-    let out = HostOutput { dtype, m, n, l, values: c.iter().map(|&x| round_output(dtype, x)).collect() };
-    Ok((out, abs.into_iter().map(|s| sum_error_bound(k, s)).collect()))
+    let out = HostOutput {
+        dtype,
+        m,
+        n,
+        l,
+        values: c.iter().map(|&x| round_output(dtype, x)).collect(),
+    };
+    Ok((
+        out,
+        abs.into_iter().map(|s| sum_error_bound(k, s)).collect(),
+    ))
 }

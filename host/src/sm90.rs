@@ -3,13 +3,15 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{sys, CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
+use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, sys};
 
-use crate::error::{shape, Error, Result};
+use crate::error::{Error, Result, shape};
 use crate::format::{ElemType, ScaleType};
 use crate::matrix::{MatrixDesc, ScaledMatrix};
-use blockscaled_kernels::params::sm90::{BLOCK_K, BLOCK_M, BLOCK_N, MAX_CLUSTER_M, ROW_BYTES, SMEM_BYTES, THREADS};
 use blockscaled_kernels::params::Sm90Fp8Params;
+use blockscaled_kernels::params::sm90::{
+    BLOCK_K, BLOCK_M, BLOCK_N, MAX_CLUSTER_M, ROW_BYTES, SMEM_BYTES, THREADS,
+};
 use blockscaled_kernels::scheduler::TileScheduler;
 
 /// Why an operand cannot go through the sm90 kernel (`None`: it can, in that role).
@@ -22,14 +24,23 @@ pub(crate) fn unsupported(desc: &MatrixDesc, as_b: bool) -> Option<String> {
         return Some(format!("{}: the sm90 kernel takes fp32 scales", f));
     }
     if desc.k % BLOCK_K as usize != 0 {
-        return Some(format!("K = {} is not a multiple of {BLOCK_K}, which the 128-wide fp32 scale blocks of the sm90 kernel need", desc.k));
+        return Some(format!(
+            "K = {} is not a multiple of {BLOCK_K}, which the 128-wide fp32 scale blocks of the sm90 kernel need",
+            desc.k
+        ));
     }
     let (br, bk) = desc.block_extent();
     if bk % BLOCK_K as usize != 0 {
-        return Some(format!("{}: scale blocks must span a multiple of 128 of K", f));
+        return Some(format!(
+            "{}: scale blocks must span a multiple of 128 of K",
+            f
+        ));
     }
     if as_b && !(br % BLOCK_N as usize == 0 || br >= desc.rows) {
-        return Some(format!("{}: as B, one scale must cover each 128×128 tile (per-row B scales are not supported by the sm90 kernel yet)", f));
+        return Some(format!(
+            "{}: as B, one scale must cover each 128×128 tile (per-row B scales are not supported by the sm90 kernel yet)",
+            f
+        ));
     }
     None
 }
@@ -48,9 +59,16 @@ pub(crate) struct Sm90Operand {
 
 impl Sm90Operand {
     /// `None` when the matrix is not e4m3 with fp32 scales and K % 128 == 0 (it can't be either role).
-    pub(crate) fn prepare(stream: &Arc<CudaStream>, m: &ScaledMatrix, data: &CudaSlice<u8>) -> Result<Option<Self>> {
+    pub(crate) fn prepare(
+        stream: &Arc<CudaStream>,
+        m: &ScaledMatrix,
+        data: &CudaSlice<u8>,
+    ) -> Result<Option<Self>> {
         let d = m.desc();
-        let (as_a, as_b) = (unsupported(d, false).is_none(), unsupported(d, true).is_none());
+        let (as_a, as_b) = (
+            unsupported(d, false).is_none(),
+            unsupported(d, true).is_none(),
+        );
         if !as_a && !as_b {
             return Ok(None);
         }
@@ -63,7 +81,8 @@ impl Sm90Operand {
             for li in 0..l {
                 for j in 0..kb {
                     for r in 0..rows {
-                        v[(li * kb + j) * m_pad + r] = m.scale_value(li, r, j * BLOCK_K as usize) as f32;
+                        v[(li * kb + j) * m_pad + r] =
+                            m.scale_value(li, r, j * BLOCK_K as usize) as f32;
                     }
                 }
             }
@@ -77,7 +96,8 @@ impl Sm90Operand {
             for li in 0..l {
                 for b in 0..nb {
                     for j in 0..kb {
-                        v[(li * nb + b) * kb + j] = m.scale_value(li, b * BLOCK_N as usize, j * BLOCK_K as usize) as f32;
+                        v[(li * nb + b) * kb + j] =
+                            m.scale_value(li, b * BLOCK_N as usize, j * BLOCK_K as usize) as f32;
                     }
                 }
             }
@@ -87,7 +107,12 @@ impl Sm90Operand {
         };
         let tmap = encode_tensor_map(stream, data, k, rows, l, BLOCK_M)?;
         let tmap_share = encode_tensor_map(stream, data, k, rows, l, BLOCK_N / MAX_CLUSTER_M)?;
-        Ok(Some(Sm90Operand { tmap, tmap_share, sfa, sfb }))
+        Ok(Some(Sm90Operand {
+            tmap,
+            tmap_share,
+            sfa,
+            sfb,
+        }))
     }
 }
 
@@ -136,7 +161,11 @@ fn encode_tensor_map(
 /// CTAs can be resident at once for each cluster size (index: cluster − 1). Clusters must fit in
 /// one GPC, so fewer pairs than SMs / 2 may fit; a persistent grid larger than that would run its
 /// last clusters as a second wave (measured: 2–3× slower).
-pub(crate) fn configure(f: &CudaFunction, stream: &CudaStream, sm_count: u32) -> Result<[u32; MAX_CLUSTER_M as usize]> {
+pub(crate) fn configure(
+    f: &CudaFunction,
+    stream: &CudaStream,
+    sm_count: u32,
+) -> Result<[u32; MAX_CLUSTER_M as usize]> {
     // SAFETY: a valid function handle and a documented attribute.
     unsafe {
         sys::cuFuncSetAttribute(
@@ -149,24 +178,35 @@ pub(crate) fn configure(f: &CudaFunction, stream: &CudaStream, sm_count: u32) ->
     let mut resident = [sm_count; MAX_CLUSTER_M as usize];
     for cluster in 2..=MAX_CLUSTER_M {
         let mut attr = cluster_attribute(cluster);
-        let cfg = sys::CUlaunchConfig {
-            gridDimX: sm_count / cluster * cluster,
-            gridDimY: 1,
-            gridDimZ: 1,
-            blockDimX: THREADS,
-            blockDimY: 1,
-            blockDimZ: 1,
-            sharedMemBytes: SMEM_BYTES,
-            hStream: stream.cu_stream(),
-            attrs: &mut attr,
-            numAttrs: 1,
-        };
+        let cfg = launch_config(sm_count / cluster * cluster, stream, &mut attr);
         let mut clusters = 0i32;
         // SAFETY: valid function, a config whose attribute pointer outlives the call.
-        unsafe { sys::cuOccupancyMaxActiveClusters(&mut clusters, f.cu_function(), &cfg) }.result()?;
+        unsafe { sys::cuOccupancyMaxActiveClusters(&mut clusters, f.cu_function(), &cfg) }
+            .result()?;
         resident[cluster as usize - 1] = (clusters.max(0) as u32 * cluster).min(sm_count);
     }
     Ok(resident)
+}
+
+/// The kernel's launch: `ctas` blocks of THREADS threads with SMEM_BYTES of shared memory, and the
+/// cluster attribute `attr` (which must outlive the config's use).
+fn launch_config(
+    ctas: u32,
+    stream: &CudaStream,
+    attr: &mut sys::CUlaunchAttribute,
+) -> sys::CUlaunchConfig {
+    sys::CUlaunchConfig {
+        gridDimX: ctas,
+        gridDimY: 1,
+        gridDimZ: 1,
+        blockDimX: THREADS,
+        blockDimY: 1,
+        blockDimZ: 1,
+        sharedMemBytes: SMEM_BYTES,
+        hStream: stream.cu_stream(),
+        attrs: attr,
+        numAttrs: 1,
+    }
 }
 
 fn cluster_attribute(cluster: u32) -> sys::CUlaunchAttribute {
@@ -175,7 +215,11 @@ fn cluster_attribute(cluster: u32) -> sys::CUlaunchAttribute {
         pad: [0; 4],
         value: sys::CUlaunchAttributeValue { pad: [0; 64] },
     };
-    attr.value.clusterDim = sys::CUlaunchAttributeValue_union__bindgen_ty_1 { x: cluster, y: 1, z: 1 };
+    attr.value.clusterDim = sys::CUlaunchAttributeValue_union__bindgen_ty_1 {
+        x: cluster,
+        y: 1,
+        z: 1,
+    };
     attr
 }
 
@@ -203,14 +247,22 @@ pub(crate) fn launch(
     resident: &[u32; MAX_CLUSTER_M as usize],
 ) -> Result<()> {
     let (Some((sfa, m_pad)), Some(sfb)) = (&a.sfa, &b.sfb) else {
-        return Err(Error::Format("operands not prepared for the sm90 kernel in these roles".into()));
+        return Err(Error::Format(
+            "operands not prepared for the sm90 kernel in these roles".into(),
+        ));
     };
     let cluster = cfg.cluster_m;
     if !(1..=MAX_CLUSTER_M).contains(&cluster) {
-        return Err(Error::Format(format!("cluster of {cluster} CTAs along M: the sm90 kernel takes 1 or {MAX_CLUSTER_M}")));
+        return Err(Error::Format(format!(
+            "cluster of {cluster} CTAs along M: the sm90 kernel takes 1 or {MAX_CLUSTER_M}"
+        )));
     }
     let (tmap_a, _g1) = a.tmap.device_ptr(stream);
-    let (tmap_b, _g2) = if cluster > 1 { b.tmap_share.device_ptr(stream) } else { b.tmap.device_ptr(stream) };
+    let (tmap_b, _g2) = if cluster > 1 {
+        b.tmap_share.device_ptr(stream)
+    } else {
+        b.tmap.device_ptr(stream)
+    };
     let (sfa, _g3) = sfa.device_ptr(stream);
     let (sfb, _g4) = sfb.device_ptr(stream);
     let (out, _g5) = out.device_ptr_mut(stream);
@@ -233,22 +285,22 @@ pub(crate) fn launch(
         cluster_m: cluster,
     };
     // Units of work are clusters of tiles; whole clusters of CTAs, at most one CTA per unit tile.
-    let units = TileScheduler::new(m as u32, n as u32, l as u32, BLOCK_M * cluster, BLOCK_N, 1, 0, 1).total();
+    let units = TileScheduler::new(
+        m as u32,
+        n as u32,
+        l as u32,
+        BLOCK_M * cluster,
+        BLOCK_N,
+        1,
+        0,
+        1,
+    )
+    .total();
     // Never more CTAs than can be resident at once in clusters of this size (no second wave).
-    let ctas = (cfg.ctas.min(resident[cluster as usize - 1]) / cluster * cluster).clamp(cluster, units * cluster);
+    let ctas = (cfg.ctas.min(resident[cluster as usize - 1]) / cluster * cluster)
+        .clamp(cluster, units * cluster);
     let mut attr = cluster_attribute(cluster);
-    let launch = sys::CUlaunchConfig {
-        gridDimX: ctas,
-        gridDimY: 1,
-        gridDimZ: 1,
-        blockDimX: THREADS,
-        blockDimY: 1,
-        blockDimZ: 1,
-        sharedMemBytes: SMEM_BYTES,
-        hStream: stream.cu_stream(),
-        attrs: &mut attr,
-        numAttrs: 1,
-    };
+    let launch = launch_config(ctas, stream, &mut attr);
     let mut args = [&mut p as *mut Sm90Fp8Params as *mut std::ffi::c_void];
     stream.context().bind_to_thread()?;
     // SAFETY: the parameters come from validated, prepared operands (tensor maps over the live
@@ -256,6 +308,14 @@ pub(crate) fn launch(
     // output holds l·m·n elements of `out_type`, `args` points at one live `Sm90Fp8Params` (the
     // kernel's single parameter), the grid is a whole number of clusters, and the guards above
     // order the buffers' use on this stream.
-    unsafe { sys::cuLaunchKernelEx(&launch, f.cu_function(), args.as_mut_ptr(), std::ptr::null_mut()) }.result()?;
+    unsafe {
+        sys::cuLaunchKernelEx(
+            &launch,
+            f.cu_function(),
+            args.as_mut_ptr(),
+            std::ptr::null_mut(),
+        )
+    }
+    .result()?;
     Ok(())
 }

@@ -120,7 +120,10 @@ mod tests {
     #[test]
     fn params_have_no_implicit_padding_and_param_space_alignment() {
         assert_eq!(size_of::<OperandParams>(), 7 * 8 + 6 * 4);
-        assert_eq!(size_of::<GemmParams>(), 2 * size_of::<OperandParams>() + 3 * 8 + 6 * 4);
+        assert_eq!(
+            size_of::<GemmParams>(),
+            2 * size_of::<OperandParams>() + 3 * 8 + 6 * 4
+        );
         assert_eq!(align_of::<GemmParams>(), 8);
     }
 }

@@ -27,7 +27,11 @@ pub struct Pipeline {
 impl Pipeline {
     #[inline(always)]
     pub const fn new(barriers: u32, stages: u32, cluster: u32) -> Self {
-        Pipeline { barriers, stages, cluster }
+        Pipeline {
+            barriers,
+            stages,
+            cluster,
+        }
     }
 
     /// Bytes of shared memory the barriers take.
@@ -55,7 +59,6 @@ impl Pipeline {
         self.barriers + 8 * (self.stages + self.stage(it))
     }
 
-
     /// One thread, before any use: one producer arrival per fill; per release, one arrival from
     /// each of `consumer_threads` consumer threads of every CTA of the cluster.
     /// # Safety
@@ -66,7 +69,10 @@ impl Pipeline {
             // SAFETY: the caller's contract.
             unsafe {
                 mbarrier::init(self.barriers + 8 * s, 1);
-                mbarrier::init(self.barriers + 8 * (self.stages + s), consumer_threads * self.cluster);
+                mbarrier::init(
+                    self.barriers + 8 * (self.stages + s),
+                    consumer_threads * self.cluster,
+                );
             }
         }
         mbarrier::fence_init();

@@ -26,11 +26,27 @@ pub struct TileScheduler {
 impl TileScheduler {
     /// `m`, `n`: the output's size in elements; `block_m`, `block_n`: the tile; `group_m` ≥ 1.
     #[inline(always)]
-    pub const fn new(m: u32, n: u32, l: u32, block_m: u32, block_n: u32, group_m: u32, first: u32, stride: u32) -> Self {
+    pub const fn new(
+        m: u32,
+        n: u32,
+        l: u32,
+        block_m: u32,
+        block_n: u32,
+        group_m: u32,
+        first: u32,
+        stride: u32,
+    ) -> Self {
         let m_tiles = m.div_ceil(block_m);
         let n_tiles = n.div_ceil(block_n);
         let group_m = if group_m == 0 { 1 } else { group_m };
-        TileScheduler { m_tiles, n_tiles, total: m_tiles * n_tiles * l, group_m, next: first, stride }
+        TileScheduler {
+            m_tiles,
+            n_tiles,
+            total: m_tiles * n_tiles * l,
+            group_m,
+            next: first,
+            stride,
+        }
     }
 
     /// Number of tiles of the whole problem.
@@ -47,9 +63,17 @@ impl TileScheduler {
         let r = t % per_batch;
         let band = r / (self.group_m * self.n_tiles);
         let first_m = band * self.group_m;
-        let rows = if self.m_tiles - first_m < self.group_m { self.m_tiles - first_m } else { self.group_m };
+        let rows = if self.m_tiles - first_m < self.group_m {
+            self.m_tiles - first_m
+        } else {
+            self.group_m
+        };
         let in_band = r - band * self.group_m * self.n_tiles;
-        Tile { m: first_m + in_band % rows, n: in_band / rows, l }
+        Tile {
+            m: first_m + in_band % rows,
+            n: in_band / rows,
+            l,
+        }
     }
 
     /// This CTA's next tile.
@@ -72,7 +96,12 @@ mod tests {
 
     #[test]
     fn every_tile_is_scheduled_exactly_once_across_ctas() {
-        for &(m, n, l, g, ctas) in &[(1000u32, 777u32, 3u32, 8u32, 132u32), (128, 128, 1, 1, 1), (8192, 8192, 1, 16, 132), (129, 7168, 2, 8, 7)] {
+        for &(m, n, l, g, ctas) in &[
+            (1000u32, 777u32, 3u32, 8u32, 132u32),
+            (128, 128, 1, 1, 1),
+            (8192, 8192, 1, 16, 132),
+            (129, 7168, 2, 8, 7),
+        ] {
             let total = TileScheduler::new(m, n, l, 128, 128, g, 0, 1).total();
             let mut seen = HashSet::new();
             for c in 0..ctas {

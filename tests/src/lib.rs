@@ -1,7 +1,7 @@
 //! Shared test support: random inputs that exercise the scales, and element-wise comparison with
 //! tolerances stated in units of the arithmetic (never a bare epsilon).
 
-use blockscaled::{output_ulp, HostOutput, OperandFormat, OutType, ScaledMatrix};
+use blockscaled::{HostOutput, OperandFormat, OutType, ScaledMatrix, output_ulp};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -29,7 +29,13 @@ pub fn random_values(seed: u64, len: usize, row_len: usize) -> Vec<f32> {
 }
 
 /// Quantizes fresh random values into `format`.
-pub fn random_matrix(seed: u64, rows: usize, k: usize, batch: usize, format: OperandFormat) -> (Vec<f32>, ScaledMatrix) {
+pub fn random_matrix(
+    seed: u64,
+    rows: usize,
+    k: usize,
+    batch: usize,
+    format: OperandFormat,
+) -> (Vec<f32>, ScaledMatrix) {
     let v = random_values(seed, rows * k * batch, k);
     let m = ScaledMatrix::quantize(&v, rows, k, batch, format).expect("valid random matrix");
     (v, m)
@@ -54,12 +60,25 @@ fn finite_or_threshold(dtype: OutType, v: f32) -> f64 {
 /// the last place), end at most `slack + ulp_f32 + ulp_out` apart; `got` must be that close to
 /// `want` (ulps counted at the larger magnitude of the two, `ulps` units of the output type).
 /// NaN in either never passes; infinities must match exactly. Returns the worst mismatches.
-pub fn compare_outputs(got: &HostOutput, want: &HostOutput, ulps: f64, slack: &[f64]) -> Result<(), String> {
+pub fn compare_outputs(
+    got: &HostOutput,
+    want: &HostOutput,
+    ulps: f64,
+    slack: &[f64],
+) -> Result<(), String> {
     if slack.len() != want.values.len() {
-        return Err(format!("{} slack values for {} elements", slack.len(), want.values.len()));
+        return Err(format!(
+            "{} slack values for {} elements",
+            slack.len(),
+            want.values.len()
+        ));
     }
     if (got.m, got.n, got.l, got.dtype) != (want.m, want.n, want.l, want.dtype) {
-        return Err(format!("shape or type differ: {:?} vs {:?}", (got.m, got.n, got.l, got.dtype), (want.m, want.n, want.l, want.dtype)));
+        return Err(format!(
+            "shape or type differ: {:?} vs {:?}",
+            (got.m, got.n, got.l, got.dtype),
+            (want.m, want.n, want.l, want.dtype)
+        ));
     }
     let mut bad = Vec::new();
     let mut count = 0usize;
@@ -72,7 +91,10 @@ pub fn compare_outputs(got: &HostOutput, want: &HostOutput, ulps: f64, slack: &[
             // An infinity means the value reached the type's overflow threshold (where rounding
             // goes to inf): compare it as that value, so an error within the bound that crosses
             // the threshold is judged like any other.
-            let (g, w) = (finite_or_threshold(got.dtype, g), finite_or_threshold(got.dtype, w));
+            let (g, w) = (
+                finite_or_threshold(got.dtype, g),
+                finite_or_threshold(got.dtype, w),
+            );
             let mag = g.abs().max(w.abs()) as f32;
             let tol = ulps * output_ulp(got.dtype, mag) + output_ulp(OutType::F32, mag) + slack[i];
             (g - w).abs() <= tol
@@ -81,14 +103,22 @@ pub fn compare_outputs(got: &HostOutput, want: &HostOutput, ulps: f64, slack: &[
             count += 1;
             if bad.len() < 8 {
                 let (l, rem) = (i / (got.m * got.n), i % (got.m * got.n));
-                bad.push(format!("  [l {l}, m {}, n {}]: got {g:e}, want {w:e}", rem / got.n, rem % got.n));
+                bad.push(format!(
+                    "  [l {l}, m {}, n {}]: got {g:e}, want {w:e}",
+                    rem / got.n,
+                    rem % got.n
+                ));
             }
         }
     }
     if count == 0 {
         Ok(())
     } else {
-        Err(format!("{count} of {} elements differ:\n{}", got.values.len(), bad.join("\n")))
+        Err(format!(
+            "{count} of {} elements differ:\n{}",
+            got.values.len(),
+            bad.join("\n")
+        ))
     }
 }
 
@@ -107,11 +137,24 @@ pub fn abs_matrix(m: &ScaledMatrix) -> ScaledMatrix {
         })
         .collect();
     let scales = match d.format.scale {
-        ScaleType::F32 => m.scales().chunks_exact(4).flat_map(|c| [c[0], c[1], c[2], c[3] & 0x7F]).collect(),
+        ScaleType::F32 => m
+            .scales()
+            .chunks_exact(4)
+            .flat_map(|c| [c[0], c[1], c[2], c[3] & 0x7F])
+            .collect(),
         _ => m.scales().to_vec(),
     };
-    ScaledMatrix::from_parts(d.format, d.rows, d.k, d.batch, data, scales, d.scale_layout, d.tensor_scale)
-        .expect("same shape as a valid matrix")
+    ScaledMatrix::from_parts(
+        d.format,
+        d.rows,
+        d.k,
+        d.batch,
+        data,
+        scales,
+        d.scale_layout,
+        d.tensor_scale,
+    )
+    .expect("same shape as a valid matrix")
 }
 
 /// Tolerance of a GEMM computed with Hopper FP8 tensor cores (partial sums promoted to fp32 every
@@ -127,29 +170,91 @@ mod tests {
     use super::*;
 
     fn out(dtype: OutType, v: &[f32]) -> HostOutput {
-        HostOutput { dtype, m: 1, n: v.len(), l: 1, values: v.to_vec() }
+        HostOutput {
+            dtype,
+            m: 1,
+            n: v.len(),
+            l: 1,
+            values: v.to_vec(),
+        }
     }
 
     #[test]
     fn nan_never_passes_even_against_nan() {
         let z = [0.0];
-        assert!(compare_outputs(&out(OutType::F32, &[f32::NAN]), &out(OutType::F32, &[f32::NAN]), 1.0, &z).is_err());
-        assert!(compare_outputs(&out(OutType::Bf16, &[f32::NAN]), &out(OutType::Bf16, &[1.0]), 1e9, &[1e9]).is_err());
+        assert!(
+            compare_outputs(
+                &out(OutType::F32, &[f32::NAN]),
+                &out(OutType::F32, &[f32::NAN]),
+                1.0,
+                &z
+            )
+            .is_err()
+        );
+        assert!(
+            compare_outputs(
+                &out(OutType::Bf16, &[f32::NAN]),
+                &out(OutType::Bf16, &[1.0]),
+                1e9,
+                &[1e9]
+            )
+            .is_err()
+        );
     }
 
     #[test]
     fn an_error_of_two_ulps_fails_and_one_ulp_passes() {
         let one_ulp = 1.0 + 2f32.powi(-7);
         let two_ulps = 1.0 + 2.0 * 2f32.powi(-7);
-        assert!(compare_outputs(&out(OutType::Bf16, &[one_ulp]), &out(OutType::Bf16, &[1.0]), 1.0, &[0.0]).is_ok());
-        assert!(compare_outputs(&out(OutType::Bf16, &[two_ulps]), &out(OutType::Bf16, &[1.0]), 1.0, &[0.0]).is_err());
+        assert!(
+            compare_outputs(
+                &out(OutType::Bf16, &[one_ulp]),
+                &out(OutType::Bf16, &[1.0]),
+                1.0,
+                &[0.0]
+            )
+            .is_ok()
+        );
+        assert!(
+            compare_outputs(
+                &out(OutType::Bf16, &[two_ulps]),
+                &out(OutType::Bf16, &[1.0]),
+                1.0,
+                &[0.0]
+            )
+            .is_err()
+        );
     }
 
     #[test]
     fn infinity_is_compared_as_the_overflow_threshold() {
         // 65504 is f16's largest value; inf stands for >= 65520: 16 apart, within 1 ulp (32).
-        assert!(compare_outputs(&out(OutType::F16, &[f32::INFINITY]), &out(OutType::F16, &[65504.0]), 1.0, &[0.0]).is_ok());
-        assert!(compare_outputs(&out(OutType::F16, &[f32::INFINITY]), &out(OutType::F16, &[60000.0]), 1.0, &[0.0]).is_err());
-        assert!(compare_outputs(&out(OutType::F16, &[f32::NEG_INFINITY]), &out(OutType::F16, &[65504.0]), 1.0, &[0.0]).is_err());
+        assert!(
+            compare_outputs(
+                &out(OutType::F16, &[f32::INFINITY]),
+                &out(OutType::F16, &[65504.0]),
+                1.0,
+                &[0.0]
+            )
+            .is_ok()
+        );
+        assert!(
+            compare_outputs(
+                &out(OutType::F16, &[f32::INFINITY]),
+                &out(OutType::F16, &[60000.0]),
+                1.0,
+                &[0.0]
+            )
+            .is_err()
+        );
+        assert!(
+            compare_outputs(
+                &out(OutType::F16, &[f32::NEG_INFINITY]),
+                &out(OutType::F16, &[65504.0]),
+                1.0,
+                &[0.0]
+            )
+            .is_err()
+        );
     }
 }

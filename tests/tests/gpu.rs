@@ -5,7 +5,9 @@
 
 use std::sync::OnceLock;
 
-use blockscaled::{reference, round_output, Error, Fp8, Gpu, HostOutput, OutType, Plan, Recipe, Sm90Config};
+use blockscaled::{
+    Error, Fp8, Gpu, HostOutput, OutType, Plan, Recipe, Sm90Config, reference, round_output,
+};
 use blockscaled_tests::{abs_matrix, compare_outputs, fp8_accumulation_slack, random_matrix};
 use proptest::prelude::*;
 
@@ -17,16 +19,29 @@ fn gpu() -> &'static Gpu {
 /// GPU reference vs CPU reference: both accumulate exact products in float64, in different orders,
 /// so before rounding they differ by at most `reference::sum_error_bound` (which matters only for
 /// near-cancelling sums); both round the same way (f64 → f32 → output, nearest even).
-fn check(recipe: Recipe, m: usize, n: usize, k: usize, l: usize, dtype: OutType, seed: u64) -> Result<(), String> {
+fn check(
+    recipe: Recipe,
+    m: usize,
+    n: usize,
+    k: usize,
+    l: usize,
+    dtype: OutType,
+    seed: u64,
+) -> Result<(), String> {
     let g = gpu();
     let (_, a) = random_matrix(seed, m, k, l, recipe.a());
     let (_, b) = random_matrix(seed.wrapping_mul(31).wrapping_add(7), n, k, l, recipe.b());
     let (want, slack) = reference::gemm(&a, &b, dtype).map_err(|e| e.to_string())?;
-    let (da, db) = (g.upload(&a).map_err(|e| e.to_string())?, g.upload(&b).map_err(|e| e.to_string())?);
+    let (da, db) = (
+        g.upload(&a).map_err(|e| e.to_string())?,
+        g.upload(&b).map_err(|e| e.to_string())?,
+    );
     let mut c = g.output(m, n, l, dtype).map_err(|e| e.to_string())?; // poisoned with NaN
-    g.reference_gemm(&da, &db, &mut c).map_err(|e| e.to_string())?;
+    g.reference_gemm(&da, &db, &mut c)
+        .map_err(|e| e.to_string())?;
     let got = c.to_host().map_err(|e| e.to_string())?;
-    compare_outputs(&got, &want, 1.0, &slack).map_err(|e| format!("{recipe} {m}x{n}x{k}x{l} {dtype:?} seed {seed}: {e}"))
+    compare_outputs(&got, &want, 1.0, &slack)
+        .map_err(|e| format!("{recipe} {m}x{n}x{k}x{l} {dtype:?} seed {seed}: {e}"))
 }
 
 proptest! {
@@ -52,8 +67,16 @@ proptest! {
 #[ignore = "needs a CUDA device"]
 fn gpu_reference_matches_cpu_reference_for_every_recipe_on_a_ragged_larger_shape() {
     for (i, r) in Recipe::ALL.into_iter().enumerate() {
-        check(r, 1000, 777, 1040, 1, OutType::Bf16, 0xC0FFEE + i as u64 * 1_000_003 + std::process::id() as u64)
-            .unwrap();
+        check(
+            r,
+            1000,
+            777,
+            1040,
+            1,
+            OutType::Bf16,
+            0xC0FFEE + i as u64 * 1_000_003 + std::process::id() as u64,
+        )
+        .unwrap();
     }
 }
 
@@ -75,13 +98,23 @@ fn mismatched_operands_and_outputs_are_shape_errors() {
     let (_, a) = random_matrix(1, 64, 128, 1, r.a());
     let (_, b) = random_matrix(2, 32, 96, 1, r.b());
     let (_, b_ok) = random_matrix(3, 32, 128, 1, r.b());
-    let (da, db, dbok) = (g.upload(&a).unwrap(), g.upload(&b).unwrap(), g.upload(&b_ok).unwrap());
+    let (da, db, dbok) = (
+        g.upload(&a).unwrap(),
+        g.upload(&b).unwrap(),
+        g.upload(&b_ok).unwrap(),
+    );
     let mut c = g.output(64, 32, 1, OutType::Bf16).unwrap();
     assert!(matches!(g.gemm(&da, &db, &mut c), Err(Error::Shape(_))));
     let mut wrong = g.output(64, 33, 1, OutType::Bf16).unwrap();
-    assert!(matches!(g.gemm(&da, &dbok, &mut wrong), Err(Error::Shape(_))));
+    assert!(matches!(
+        g.gemm(&da, &dbok, &mut wrong),
+        Err(Error::Shape(_))
+    ));
     assert!(g.gemm(&da, &dbok, &mut c).is_ok());
-    assert!(matches!(g.output(0, 3, 1, OutType::F32), Err(Error::Shape(_))));
+    assert!(matches!(
+        g.output(0, 3, 1, OutType::F32),
+        Err(Error::Shape(_))
+    ));
 }
 
 #[test]
@@ -96,26 +129,58 @@ fn a_missing_gpu_ordinal_is_a_no_device_error() {
 fn opening_a_gpu_without_one_is_a_no_device_error() {
     match Gpu::new(0) {
         Ok(g) => eprintln!("a GPU is present: {g:?}"),
-        Err(e) => assert!(matches!(e, Error::NoDevice(_)), "expected NoDevice, got {e}"),
+        Err(e) => assert!(
+            matches!(e, Error::NoDevice(_)),
+            "expected NoDevice, got {e}"
+        ),
     }
 }
 
 /// The Hopper FP8 kernel against the CPU reference (float64), every element, with the FP8
 /// accumulation tolerance of `fp8_accumulation_slack` plus one unit of the output type.
-fn check_sm90(recipe: Recipe, m: usize, n: usize, k: usize, l: usize, dtype: OutType, seed: u64, cluster: Option<u32>) -> Result<(), String> {
+fn check_sm90(
+    recipe: Recipe,
+    m: usize,
+    n: usize,
+    k: usize,
+    l: usize,
+    dtype: OutType,
+    seed: u64,
+    cluster: Option<u32>,
+) -> Result<(), String> {
     let g = gpu();
     let (_, a) = random_matrix(seed, m, k, l, recipe.a());
-    let (_, b) = random_matrix(seed.wrapping_mul(0x2545_F491_4F6C_DD1D).wrapping_add(1), n, k, l, recipe.b());
+    let (_, b) = random_matrix(
+        seed.wrapping_mul(0x2545_F491_4F6C_DD1D).wrapping_add(1),
+        n,
+        k,
+        l,
+        recipe.b(),
+    );
     let (c64, abs) = reference::gemm_f64(&a, &b).map_err(|e| e.to_string())?;
-    let want = HostOutput { dtype, m, n, l, values: c64.iter().map(|&x| round_output(dtype, x)).collect() };
-    let (da, db) = (g.upload(&a).map_err(|e| e.to_string())?, g.upload(&b).map_err(|e| e.to_string())?);
+    let want = HostOutput {
+        dtype,
+        m,
+        n,
+        l,
+        values: c64.iter().map(|&x| round_output(dtype, x)).collect(),
+    };
+    let (da, db) = (
+        g.upload(&a).map_err(|e| e.to_string())?,
+        g.upload(&b).map_err(|e| e.to_string())?,
+    );
     let plan = match (g.plan(&da, &db).map_err(|e| e.to_string())?, cluster) {
         (Plan::Sm90Fp8(cfg), Some(cluster_m)) => Plan::Sm90Fp8(Sm90Config { cluster_m, ..cfg }),
         (p @ Plan::Sm90Fp8(_), None) => p,
-        (p, _) => return Err(format!("{recipe}: expected the sm90 kernel, the plan is {p:?}")),
+        (p, _) => {
+            return Err(format!(
+                "{recipe}: expected the sm90 kernel, the plan is {p:?}"
+            ));
+        }
     };
     let mut c = g.output(m, n, l, dtype).map_err(|e| e.to_string())?; // poisoned with NaN
-    g.gemm_with(&da, &db, &mut c, plan).map_err(|e| e.to_string())?;
+    g.gemm_with(&da, &db, &mut c, plan)
+        .map_err(|e| e.to_string())?;
     let got = c.to_host().map_err(|e| e.to_string())?;
     compare_outputs(&got, &want, 1.0, &fp8_accumulation_slack(&abs))
         .map_err(|e| format!("sm90 {recipe} {m}x{n}x{k}x{l} {dtype:?} seed {seed}: {e}"))
@@ -147,11 +212,41 @@ proptest! {
 fn sm90_kernel_matches_cpu_reference_on_larger_ragged_shapes() {
     let seed = std::process::id() as u64;
     for cluster in [1, 2] {
-        check_sm90(Recipe::DeepSeekFp8, 1111, 2000, 2048, 1, OutType::Bf16, seed, Some(cluster)).unwrap();
-        check_sm90(Recipe::DeepSeekFp8, 300, 7168, 512, 2, OutType::F32, seed + 1, Some(cluster)).unwrap();
+        check_sm90(
+            Recipe::DeepSeekFp8,
+            1111,
+            2000,
+            2048,
+            1,
+            OutType::Bf16,
+            seed,
+            Some(cluster),
+        )
+        .unwrap();
+        check_sm90(
+            Recipe::DeepSeekFp8,
+            300,
+            7168,
+            512,
+            2,
+            OutType::F32,
+            seed + 1,
+            Some(cluster),
+        )
+        .unwrap();
     }
     // What `gemm` chooses by itself.
-    check_sm90(Recipe::DeepSeekFp8, 2048, 2048, 1024, 1, OutType::Bf16, seed + 2, None).unwrap();
+    check_sm90(
+        Recipe::DeepSeekFp8,
+        2048,
+        2048,
+        1024,
+        1,
+        OutType::Bf16,
+        seed + 2,
+        None,
+    )
+    .unwrap();
 }
 
 /// Large shapes against the GPU reference kernel; Σ|a·b| comes from the reference kernel run on
@@ -160,24 +255,46 @@ fn sm90_kernel_matches_cpu_reference_on_larger_ragged_shapes() {
 #[ignore = "needs a CUDA device"]
 fn sm90_kernel_matches_gpu_reference_on_large_shapes() {
     let g = gpu();
-    for (i, &(m, n, k)) in [(4096usize, 7168usize, 2048usize), (8192, 8192, 1024), (4095, 2112, 7168)].iter().enumerate() {
+    for (i, &(m, n, k)) in [
+        (4096usize, 7168usize, 2048usize),
+        (8192, 8192, 1024),
+        (4095, 2112, 7168),
+    ]
+    .iter()
+    .enumerate()
+    {
         let seed = 77 + i as u64 + std::process::id() as u64;
         let r = Recipe::DeepSeekFp8;
         let (_, a) = random_matrix(seed, m, k, 1, r.a());
         let (_, b) = random_matrix(seed ^ 0xABCDEF, n, k, 1, r.b());
-        let run = |a: &blockscaled::ScaledMatrix, b: &blockscaled::ScaledMatrix, reference: bool| {
-            let (da, db) = (g.upload(a).unwrap(), g.upload(b).unwrap());
-            let mut c = g.output(m, n, 1, OutType::F32).unwrap();
-            if reference { g.reference_gemm(&da, &db, &mut c).unwrap() } else { g.gemm(&da, &db, &mut c).unwrap() }
-            c.to_host().unwrap()
-        };
+        let run =
+            |a: &blockscaled::ScaledMatrix, b: &blockscaled::ScaledMatrix, reference: bool| {
+                let (da, db) = (g.upload(a).unwrap(), g.upload(b).unwrap());
+                let mut c = g.output(m, n, 1, OutType::F32).unwrap();
+                if reference {
+                    g.reference_gemm(&da, &db, &mut c).unwrap()
+                } else {
+                    g.gemm(&da, &db, &mut c).unwrap()
+                }
+                c.to_host().unwrap()
+            };
         let want = run(&a, &b, true);
         let abs = run(&abs_matrix(&a), &abs_matrix(&b), true);
         let got = run(&a, &b, false);
         let abs: Vec<f64> = abs.values.iter().map(|&v| v as f64).collect();
-        compare_outputs(&got, &want, 1.0, &fp8_accumulation_slack(&abs)).unwrap_or_else(|e| panic!("{m}x{n}x{k}: {e}"));
-        let worst = got.values.iter().zip(&want.values).zip(&abs).map(|((g, w), s)| ((g - w).abs() as f64) / s.max(1e-30)).fold(0.0, f64::max);
-        eprintln!("sm90 {m}x{n}x{k}: max |err| / Σ|ab| = {worst:.3e} (tolerance 2^-9 = {:.3e})", 2f64.powi(-9));
+        compare_outputs(&got, &want, 1.0, &fp8_accumulation_slack(&abs))
+            .unwrap_or_else(|e| panic!("{m}x{n}x{k}: {e}"));
+        let worst = got
+            .values
+            .iter()
+            .zip(&want.values)
+            .zip(&abs)
+            .map(|((g, w), s)| ((g - w).abs() as f64) / s.max(1e-30))
+            .fold(0.0, f64::max);
+        eprintln!(
+            "sm90 {m}x{n}x{k}: max |err| / Σ|ab| = {worst:.3e} (tolerance 2^-9 = {:.3e})",
+            2f64.powi(-9)
+        );
     }
 }
 
@@ -190,9 +307,17 @@ fn plans_follow_the_formats_and_k_not_multiple_of_128_is_an_error() {
         g.upload(&m).unwrap()
     };
     let ds = Recipe::DeepSeekFp8;
-    assert!(matches!(g.plan(&up(ds, 64, 256, false), &up(ds, 64, 256, true)).unwrap(), Plan::Sm90Fp8(_)));
+    assert!(matches!(
+        g.plan(&up(ds, 64, 256, false), &up(ds, 64, 256, true))
+            .unwrap(),
+        Plan::Sm90Fp8(_)
+    ));
     let mx = Recipe::Mxfp8(Fp8::E4M3);
-    assert_eq!(g.plan(&up(mx, 64, 256, false), &up(mx, 64, 256, true)).unwrap(), Plan::Reference);
+    assert_eq!(
+        g.plan(&up(mx, 64, 256, false), &up(mx, 64, 256, true))
+            .unwrap(),
+        Plan::Reference
+    );
     // DeepSeek scales with K = 320: a clear error from gemm(), the reference kernel still works.
     let (a, b) = (up(ds, 64, 320, false), up(ds, 64, 320, true));
     assert!(matches!(g.plan(&a, &b), Err(Error::Shape(_))));
@@ -202,7 +327,14 @@ fn plans_follow_the_formats_and_k_not_multiple_of_128_is_an_error() {
     // Per-row B scales are not what the sm90 kernel takes: forcing it is a format error.
     let pr = Recipe::Fp8PerRow(Fp8::E4M3);
     let (a, b) = (up(pr, 64, 256, false), up(pr, 64, 256, true));
-    let forced = Plan::Sm90Fp8(Sm90Config { group_m: 8, ctas: g.sm_count(), cluster_m: 1 });
-    assert!(matches!(g.gemm_with(&a, &b, &mut c, forced), Err(Error::Format(_))));
+    let forced = Plan::Sm90Fp8(Sm90Config {
+        group_m: 8,
+        ctas: g.sm_count(),
+        cluster_m: 1,
+    });
+    assert!(matches!(
+        g.gemm_with(&a, &b, &mut c, forced),
+        Err(Error::Format(_))
+    ));
     assert_eq!(g.plan(&a, &b).unwrap(), Plan::Reference);
 }

@@ -1,7 +1,9 @@
 //! Quantize → dequantize stays within each format's error bound; the stored layout is the
 //! documented one; bad input is a typed error.
 
-use blockscaled::{ElemType, Error, Recipe, ScaleBlock, ScaleLayout, ScaleMajor, ScaledMatrix, ScaleType};
+use blockscaled::{
+    ElemType, Error, Recipe, ScaleBlock, ScaleLayout, ScaleMajor, ScaleType, ScaledMatrix,
+};
 use blockscaled_tests::{random_matrix, random_values};
 use proptest::prelude::*;
 
@@ -16,7 +18,14 @@ fn bound(elem: ElemType, x: f64, s: f64) -> f64 {
     sat + (0.5 * elem.ulp(v.min(max) as f32) as f64 + v * 2f64.powi(-21)) * s
 }
 
-fn check_round_trip(recipe: Recipe, rows: usize, k: usize, batch: usize, seed: u64, operand_b: bool) {
+fn check_round_trip(
+    recipe: Recipe,
+    rows: usize,
+    k: usize,
+    batch: usize,
+    seed: u64,
+    operand_b: bool,
+) {
     let fmt = if operand_b { recipe.b() } else { recipe.a() };
     let (x, q) = random_matrix(seed, rows, k, batch, fmt);
     for l in 0..batch {
@@ -99,7 +108,8 @@ fn mx_scale_is_the_power_of_two_of_the_block_maximum_over_the_element_emax() {
     // One block of 32 with maximum 3.0: floor(log2 3) = 1, e4m3 emax 8 → scale 2^-7.
     let mut v = vec![0.5f32; 32];
     v[7] = -3.0;
-    let q = ScaledMatrix::quantize(&v, 1, 32, 1, Recipe::Mxfp8(blockscaled::Fp8::E4M3).a()).unwrap();
+    let q =
+        ScaledMatrix::quantize(&v, 1, 32, 1, Recipe::Mxfp8(blockscaled::Fp8::E4M3).a()).unwrap();
     assert_eq!(q.scales(), &[127 - 7]);
     assert_eq!(q.value(0, 0, 7), -3.0);
 }
@@ -130,7 +140,8 @@ fn non_finite_input_is_a_format_error() {
     for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
         let mut v = vec![1.0f32; 64];
         v[5] = bad;
-        let e = ScaledMatrix::quantize(&v, 1, 64, 1, Recipe::Mxfp8(blockscaled::Fp8::E4M3).a()).unwrap_err();
+        let e = ScaledMatrix::quantize(&v, 1, 64, 1, Recipe::Mxfp8(blockscaled::Fp8::E4M3).a())
+            .unwrap_err();
         assert!(matches!(e, Error::Format(_)), "{e}");
     }
 }
@@ -144,22 +155,40 @@ fn odd_k_for_e2m1_is_an_alignment_error() {
 #[test]
 fn wrong_value_count_and_empty_shapes_are_shape_errors() {
     let f = Recipe::DeepSeekFp8.a();
-    assert!(matches!(ScaledMatrix::quantize(&[1.0; 10], 2, 6, 1, f), Err(Error::Shape(_))));
-    assert!(matches!(ScaledMatrix::quantize(&[], 0, 6, 1, f), Err(Error::Shape(_))));
-    assert!(matches!(ScaledMatrix::quantize(&[], 2, 0, 1, f), Err(Error::Shape(_))));
+    assert!(matches!(
+        ScaledMatrix::quantize(&[1.0; 10], 2, 6, 1, f),
+        Err(Error::Shape(_))
+    ));
+    assert!(matches!(
+        ScaledMatrix::quantize(&[], 0, 6, 1, f),
+        Err(Error::Shape(_))
+    ));
+    assert!(matches!(
+        ScaledMatrix::quantize(&[], 2, 0, 1, f),
+        Err(Error::Shape(_))
+    ));
 }
 
 #[test]
 fn unsupported_format_combinations_are_format_errors() {
     let mut f = Recipe::Mxfp4.a();
     f.scale = ScaleType::F32;
-    assert!(matches!(ScaledMatrix::quantize(&[1.0; 32], 1, 32, 1, f), Err(Error::Format(_))));
+    assert!(matches!(
+        ScaledMatrix::quantize(&[1.0; 32], 1, 32, 1, f),
+        Err(Error::Format(_))
+    ));
     let mut f = Recipe::Mxfp8(blockscaled::Fp8::E4M3).a();
     f.scale = ScaleType::UE4M3;
-    assert!(matches!(ScaledMatrix::quantize(&[1.0; 32], 1, 32, 1, f), Err(Error::Format(_))));
+    assert!(matches!(
+        ScaledMatrix::quantize(&[1.0; 32], 1, 32, 1, f),
+        Err(Error::Format(_))
+    ));
     let mut f = Recipe::DeepSeekFp8.a();
     f.block = ScaleBlock::Tile { rows: 1, k: 0 };
-    assert!(matches!(ScaledMatrix::quantize(&[1.0; 32], 1, 32, 1, f), Err(Error::Format(_))));
+    assert!(matches!(
+        ScaledMatrix::quantize(&[1.0; 32], 1, 32, 1, f),
+        Err(Error::Format(_))
+    ));
 }
 
 #[test]
@@ -170,9 +199,19 @@ fn from_parts_rejects_short_buffers_wrong_scale_grids_and_bad_scales() {
     assert!(ok.is_ok());
     let short = ScaledMatrix::from_parts(f, 2, 64, 1, vec![0x38; 127], vec![127; 4], layout, 1.0);
     assert!(matches!(short, Err(Error::Shape(_))));
-    let few_scales = ScaledMatrix::from_parts(f, 2, 64, 1, vec![0x38; 128], vec![127; 3], layout, 1.0);
+    let few_scales =
+        ScaledMatrix::from_parts(f, 2, 64, 1, vec![0x38; 128], vec![127; 3], layout, 1.0);
     assert!(matches!(few_scales, Err(Error::Shape(_))));
-    let grid = ScaledMatrix::from_parts(f, 2, 64, 1, vec![0x38; 128], vec![127; 4], ScaleLayout::packed(ScaleMajor::K, 2, 1), 1.0);
+    let grid = ScaledMatrix::from_parts(
+        f,
+        2,
+        64,
+        1,
+        vec![0x38; 128],
+        vec![127; 4],
+        ScaleLayout::packed(ScaleMajor::K, 2, 1),
+        1.0,
+    );
     assert!(matches!(grid, Err(Error::Shape(_))));
     let ts = ScaledMatrix::from_parts(f, 2, 64, 1, vec![0x38; 128], vec![127; 4], layout, 2.0);
     assert!(matches!(ts, Err(Error::Format(_))));
@@ -180,6 +219,7 @@ fn from_parts_rejects_short_buffers_wrong_scale_grids_and_bad_scales() {
     let l4 = ScaleLayout::packed(ScaleMajor::K, 1, 2);
     let signed = ScaledMatrix::from_parts(nv, 1, 32, 1, vec![0x11; 16], vec![0x38, 0xB8], l4, 0.5);
     assert!(matches!(signed, Err(Error::Format(_))));
-    let nan_ts = ScaledMatrix::from_parts(nv, 1, 32, 1, vec![0x11; 16], vec![0x38, 0x38], l4, f32::NAN);
+    let nan_ts =
+        ScaledMatrix::from_parts(nv, 1, 32, 1, vec![0x11; 16], vec![0x38, 0x38], l4, f32::NAN);
     assert!(matches!(nan_ts, Err(Error::Format(_))));
 }

@@ -2,7 +2,7 @@
 //! (straight from the codes and scales, no dequantized buffers, no threads), on random shapes
 //! including M, N, K that are not multiples of 16, 32 or 128.
 
-use blockscaled::{reference, round_output, Error, OutType, Recipe, ScaledMatrix};
+use blockscaled::{Error, OutType, Recipe, ScaledMatrix, reference, round_output};
 use blockscaled_kernels::format::{ElemType, ScaleType};
 use blockscaled_tests::{compare_outputs, random_matrix};
 use proptest::prelude::*;
@@ -17,7 +17,9 @@ fn naive_value(q: &ScaledMatrix, l: usize, r: usize, k: usize) -> f64 {
         _ => q.data()[i],
     };
     let (br, bk) = d.block_extent();
-    let si = l * d.scale_layout.batch_stride + (r / br) * d.scale_layout.row_stride + (k / bk) * d.scale_layout.k_stride;
+    let si = l * d.scale_layout.batch_stride
+        + (r / br) * d.scale_layout.row_stride
+        + (k / bk) * d.scale_layout.k_stride;
     let scale = match d.format.scale {
         ScaleType::F32 => f32::from_le_bytes(q.scales()[4 * si..4 * si + 4].try_into().unwrap()),
         s => s.decode_bits(q.scales()[si] as u32),
@@ -73,9 +75,15 @@ fn reference_rejects_mismatched_k_and_batch() {
     let f = Recipe::DeepSeekFp8;
     let (_, a) = random_matrix(1, 4, 256, 1, f.a());
     let (_, b) = random_matrix(2, 4, 384, 1, f.b());
-    assert!(matches!(reference::gemm(&a, &b, OutType::Bf16), Err(Error::Shape(_))));
+    assert!(matches!(
+        reference::gemm(&a, &b, OutType::Bf16),
+        Err(Error::Shape(_))
+    ));
     let (_, b2) = random_matrix(3, 4, 256, 2, f.b());
-    assert!(matches!(reference::gemm(&a, &b2, OutType::Bf16), Err(Error::Shape(_))));
+    assert!(matches!(
+        reference::gemm(&a, &b2, OutType::Bf16),
+        Err(Error::Shape(_))
+    ));
 }
 
 #[test]

@@ -13,7 +13,7 @@
 use std::process::ExitCode;
 
 use blockscaled::{Fp8, Gpu, OutType, Plan, Recipe, Sm90Config};
-use blockscaled_benches::cases::{open_peer, run_case, Case};
+use blockscaled_benches::cases::{Case, open_peer, run_case};
 use blockscaled_benches::table::print_table;
 use clap::Parser;
 
@@ -35,7 +35,11 @@ struct Args {
     #[arg(long = "sf_dtype", alias = "sf-dtype")]
     sf_dtype: Option<String>,
     /// Elements per scale along K: 16, 32, 128; with Float32 scales 0 means per tensor, -1 per row.
-    #[arg(long = "sf_vec_size", alias = "sf-vec-size", allow_hyphen_values = true)]
+    #[arg(
+        long = "sf_vec_size",
+        alias = "sf-vec-size",
+        allow_hyphen_values = true
+    )]
     sf_vec_size: Option<i64>,
     /// Output type: BFloat16 (default), Float16, Float32.
     #[arg(long = "c_dtype", alias = "c-dtype", default_value = "BFloat16")]
@@ -48,7 +52,11 @@ struct Args {
     cluster_shape_mn: Option<String>,
     #[arg(long, default_value_t = 20)]
     iterations: usize,
-    #[arg(long = "warmup_iterations", alias = "warmup-iterations", default_value_t = 3)]
+    #[arg(
+        long = "warmup_iterations",
+        alias = "warmup-iterations",
+        default_value_t = 3
+    )]
     warmup_iterations: usize,
     /// Skip the comparison with the CPU reference.
     #[arg(long = "skip_ref_check", alias = "skip-ref-check")]
@@ -73,7 +81,9 @@ fn parse_list(s: &str, n: usize, what: &str) -> Result<Vec<usize>, String> {
     let v: Result<Vec<usize>, _> = s.split(',').map(|x| x.trim().parse::<usize>()).collect();
     match v {
         Ok(v) if v.len() == n => Ok(v),
-        _ => Err(format!("--{what} wants {n} comma-separated integers, got `{s}`")),
+        _ => Err(format!(
+            "--{what} wants {n} comma-separated integers, got `{s}`"
+        )),
     }
 }
 
@@ -85,13 +95,21 @@ fn recipe_from_dtypes(ab: &str, sf: Option<&str>, vec: Option<i64>) -> Result<Re
         "float8e4m3fn" | "e4m3" => "e4m3",
         "float8e5m2" | "e5m2" => "e5m2",
         "float4e2m1fn" | "e2m1" => "e2m1",
-        other => return Err(format!("--ab_dtype `{other}`: want Float8E4M3FN, Float8E5M2 or Float4E2M1FN")),
+        other => {
+            return Err(format!(
+                "--ab_dtype `{other}`: want Float8E4M3FN, Float8E5M2 or Float4E2M1FN"
+            ));
+        }
     };
     let scale = match sf.as_str() {
         "float8e8m0fnu" | "e8m0" => "e8m0",
         "float8e4m3fn" | "ue4m3" | "e4m3" => "ue4m3",
         "float32" | "f32" => "f32",
-        other => return Err(format!("--sf_dtype `{other}`: want Float8E8M0FNU, Float8E4M3FN or Float32")),
+        other => {
+            return Err(format!(
+                "--sf_dtype `{other}`: want Float8E8M0FNU, Float8E4M3FN or Float32"
+            ));
+        }
     };
     let fp8 = |e: &str| if e == "e5m2" { Fp8::E5M2 } else { Fp8::E4M3 };
     let r = match (elem, scale, vec) {
@@ -105,7 +123,7 @@ fn recipe_from_dtypes(ab: &str, sf: Option<&str>, vec: Option<i64>) -> Result<Re
         _ => {
             return Err(format!(
                 "no recipe has {elem} elements with {scale} scales per {vec:?}: see --help for the combinations"
-            ))
+            ));
         }
     };
     Ok(r)
@@ -127,7 +145,9 @@ fn run(args: &Args) -> Result<bool, String> {
     let mnkl = parse_list(&args.mnkl, 4, "mnkl")?;
     if let Some(t) = &args.mma_tiler_mn {
         if parse_list(t, 2, "mma_tiler_mn")? != [128, 128] && args.kernel != "reference" {
-            return Err("--mma_tiler_mn: the sm90 kernel is built for 128,128 tiles only (so far)".into());
+            return Err(
+                "--mma_tiler_mn: the sm90 kernel is built for 128,128 tiles only (so far)".into(),
+            );
         }
     }
     let cluster_m = match &args.cluster_shape_mn {
@@ -137,24 +157,43 @@ fn run(args: &Args) -> Result<bool, String> {
             _ => return Err("--cluster_shape_mn: the sm90 kernel takes 1,1 or 2,1 (pairs along M share B by multicast)".into()),
         },
     };
-    let out = match args.c_dtype.to_ascii_lowercase().replace(['_', '-'], "").as_str() {
+    let out = match args
+        .c_dtype
+        .to_ascii_lowercase()
+        .replace(['_', '-'], "")
+        .as_str()
+    {
         "bfloat16" | "bf16" => OutType::Bf16,
         "float16" | "f16" | "fp16" => OutType::F16,
         "float32" | "f32" | "fp32" => OutType::F32,
-        o => return Err(format!("--c_dtype `{o}`: want BFloat16, Float16 or Float32")),
+        o => {
+            return Err(format!(
+                "--c_dtype `{o}`: want BFloat16, Float16 or Float32"
+            ));
+        }
     };
     let recipes: Vec<Recipe> = if let Some(ab) = &args.ab_dtype {
-        vec![recipe_from_dtypes(ab, args.sf_dtype.as_deref(), args.sf_vec_size)?]
+        vec![recipe_from_dtypes(
+            ab,
+            args.sf_dtype.as_deref(),
+            args.sf_vec_size,
+        )?]
     } else if args.recipe == "all" {
         Recipe::ALL.to_vec()
     } else {
         args.recipe
             .split(',')
-            .map(|n| Recipe::from_name(n.trim()).ok_or_else(|| format!("unknown recipe `{n}` (see --help)")))
+            .map(|n| {
+                Recipe::from_name(n.trim())
+                    .ok_or_else(|| format!("unknown recipe `{n}` (see --help)"))
+            })
             .collect::<Result<_, _>>()?
     };
     let seed = args.seed.unwrap_or_else(|| {
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(1)
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(1)
     });
     let gpu = Gpu::new(args.device).map_err(|e| e.to_string())?;
     println!("{gpu:?}; seed {seed}");

@@ -13,8 +13,8 @@
 //!   store with masks for ragged M and N, while the producer already fills the next tile's stages.
 
 use crate::params::sm90::{
-    A_TILE_BYTES, BLOCK_K, BLOCK_M, BLOCK_N, B_TILE_BYTES, CONSUMER_REGS, PRODUCER_REGS, ROW_BYTES, SFA_BYTES,
-    STAGES, STAGE_BYTES,
+    A_TILE_BYTES, B_TILE_BYTES, BLOCK_K, BLOCK_M, BLOCK_N, CONSUMER_REGS, PRODUCER_REGS, ROW_BYTES,
+    SFA_BYTES, STAGE_BYTES, STAGES,
 };
 use crate::params::{OutType, Sm90Fp8Params};
 use crate::pipeline::Pipeline;
@@ -56,7 +56,13 @@ impl StageLayout {
     /// wgmma descriptor of consumer `c`'s 64 rows of the A tile, at K step `kk`.
     #[inline(always)]
     fn a_desc(self, s: u32, c: u32, kk: u32) -> Descriptor {
-        Descriptor::new(self.a(s) + c * WG_ROWS * ROW_BYTES, 16, SWIZZLE_SBO, Swizzle::B128).advance(kk * MMA_K)
+        Descriptor::new(
+            self.a(s) + c * WG_ROWS * ROW_BYTES,
+            16,
+            SWIZZLE_SBO,
+            Swizzle::B128,
+        )
+        .advance(kk * MMA_K)
     }
     /// wgmma descriptor of the B tile (all BLOCK_N rows), at K step `kk`.
     #[inline(always)]
@@ -72,12 +78,18 @@ impl StageLayout {
 /// `k % 128 == 0`, and `out` sized for L·M·N elements of `out_type`.
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn sm90_fp8_blockscaled_gemm(p: Sm90Fp8Params) {
-    let layout = StageLayout { base: smem::dynamic_base() };
+    let layout = StageLayout {
+        base: smem::dynamic_base(),
+    };
     let cluster = p.cluster_m;
     let pipe = Pipeline::new(layout.barriers(), STAGES, cluster);
     let tid = thread::thread_x();
     let wg = tid / 128;
-    let rank = if cluster > 1 { thread::cluster_cta_rank() } else { 0 };
+    let rank = if cluster > 1 {
+        thread::cluster_cta_rank()
+    } else {
+        0
+    };
     if tid == 0 {
         // SAFETY: the barrier memory is ours; the block / cluster barrier below precedes every use.
         unsafe {
@@ -88,7 +100,11 @@ pub unsafe extern "ptx-kernel" fn sm90_fp8_blockscaled_gemm(p: Sm90Fp8Params) {
     }
     // With a cluster, the peer's barriers must be initialized before we multicast into its stages
     // or arrive on its barriers.
-    if cluster > 1 { thread::sync_cluster() } else { thread::sync_block() }
+    if cluster > 1 {
+        thread::sync_cluster()
+    } else {
+        thread::sync_block()
+    }
 
     let k_blocks = p.k / BLOCK_K;
     // The schedule's unit is one cluster: `cluster` consecutive M tiles of one N tile.
@@ -112,7 +128,9 @@ pub unsafe extern "ptx-kernel" fn sm90_fp8_blockscaled_gemm(p: Sm90Fp8Params) {
                 let m_tile = t.m * cluster + rank;
                 for kb in 0..k_blocks {
                     let s = pipe.stage(it);
-                    let sfa = p.sfa + 4 * ((t.l * k_blocks + kb) as u64 * p.m_pad as u64 + (m_tile * BLOCK_M) as u64);
+                    let sfa = p.sfa
+                        + 4 * ((t.l * k_blocks + kb) as u64 * p.m_pad as u64
+                            + (m_tile * BLOCK_M) as u64);
                     // SAFETY: the stage is free in every CTA we write into after `producer_acquire`
                     // (every CTA's consumers release to our empty barrier); the boxes and the 512-byte scale
                     // copy fit the stage's buffers; the maps and `sfa` (padded to whole clusters of
@@ -126,7 +144,15 @@ pub unsafe extern "ptx-kernel" fn sm90_fp8_blockscaled_gemm(p: Sm90Fp8Params) {
                         let b_y = (t.n * BLOCK_N + rank * b_rows) as i32;
                         if cluster > 1 {
                             // Our share of the B tile, into the same place in every CTA of the cluster.
-                            tma::load_3d_multicast(b_dst, p.tmap_b, x, b_y, l, full, ((1u32 << cluster) - 1) as u16);
+                            tma::load_3d_multicast(
+                                b_dst,
+                                p.tmap_b,
+                                x,
+                                b_y,
+                                l,
+                                full,
+                                ((1u32 << cluster) - 1) as u16,
+                            );
                         } else {
                             tma::load_3d(b_dst, p.tmap_b, x, b_y, l, full);
                         }
@@ -137,7 +163,17 @@ pub unsafe extern "ptx-kernel" fn sm90_fp8_blockscaled_gemm(p: Sm90Fp8Params) {
             }
         }
     } else {
-        consume(&p, &pipe, layout, &mut tiles, wg - 1, tid % 128, cluster, rank, k_blocks);
+        consume(
+            &p,
+            &pipe,
+            layout,
+            &mut tiles,
+            wg - 1,
+            tid % 128,
+            cluster,
+            rank,
+            k_blocks,
+        );
     }
     // No CTA may leave while a peer can still multicast into it or arrive on its barriers.
     if cluster > 1 {
@@ -164,7 +200,13 @@ fn consume(
     // This thread's two rows within the consumer's 64 (accumulator fragment layout).
     let row = c * WG_ROWS + 16 * warp + lane / 4;
     let n_blocks = p.n.div_ceil(BLOCK_N);
-    let consumer = Consumer { pipe: *pipe, layout, c, row, rank };
+    let consumer = Consumer {
+        pipe: *pipe,
+        layout,
+        c,
+        row,
+        rank,
+    };
     let mut it = 0u32;
     while let Some(t) = tiles.next() {
         let m_tile = t.m * cluster + rank;
@@ -182,7 +224,13 @@ fn consume(
             }
             it += 1;
         }
-        store_tile(p, t.l, m_tile * BLOCK_M + row, t.n * BLOCK_N + 2 * (lane % 4), &acc);
+        store_tile(
+            p,
+            t.l,
+            m_tile * BLOCK_M + row,
+            t.n * BLOCK_N + 2 * (lane % 4),
+            &acc,
+        );
     }
 }
 
@@ -212,9 +260,17 @@ impl Consumer {
             let scale_b = *sfb.add(kb as usize);
             self.pipe.consumer_wait(it);
             wgmma::fence();
-            let mut part = wgmma::mma_m64n128k32_e4m3_first(self.layout.a_desc(s, self.c, 0), self.layout.b_desc(s, 0));
+            let mut part = wgmma::mma_m64n128k32_e4m3_first(
+                self.layout.a_desc(s, self.c, 0),
+                self.layout.b_desc(s, 0),
+            );
             for kk in 1..BLOCK_K / MMA_K {
-                wgmma::mma_m64n128k32_e4m3(&mut part, self.layout.a_desc(s, self.c, kk), self.layout.b_desc(s, kk), true);
+                wgmma::mma_m64n128k32_e4m3(
+                    &mut part,
+                    self.layout.a_desc(s, self.c, kk),
+                    self.layout.b_desc(s, kk),
+                    true,
+                );
             }
             wgmma::commit();
             (part, scale_b)
@@ -230,7 +286,10 @@ impl Consumer {
         let sfa = self.layout.sfa(s);
         // SAFETY: the stage's scale vector arrived with its tiles; rows < 128.
         let (sa0, sa1) = unsafe {
-            (f32::from_bits(smem::load_u32(sfa + 4 * self.row)), f32::from_bits(smem::load_u32(sfa + 4 * (self.row + 8))))
+            (
+                f32::from_bits(smem::load_u32(sfa + 4 * self.row)),
+                f32::from_bits(smem::load_u32(sfa + 4 * (self.row + 8))),
+            )
         };
         let (f0, f1) = (sa0 * scale_b, sa1 * scale_b);
         for i in 0..64 {
@@ -250,7 +309,11 @@ impl Consumer {
 fn store_tile(p: &Sm90Fp8Params, l: u32, row0: u32, col0: u32, acc: &[f32; 64]) {
     let out_type = p.out_type;
     let pairs = p.n % 2 == 0;
-    let bytes = if out_type == OutType::F32 as u32 { 4u64 } else { 2 };
+    let bytes = if out_type == OutType::F32 as u32 {
+        4u64
+    } else {
+        2
+    };
     for j in 0..32 {
         let i = 2 * j;
         let row = row0 + 8 * ((i / 2) % 2) as u32;
@@ -268,7 +331,13 @@ fn store_tile(p: &Sm90Fp8Params, l: u32, row0: u32, col0: u32, acc: &[f32; 64]) 
                 global::store_u32_if(addr + 4, v1.to_bits(), !pairs && in1);
             } else {
                 let bf16 = out_type == OutType::Bf16 as u32;
-                let cvt = |v| if bf16 { convert::f32_to_bf16(v) } else { convert::f32_to_f16(v) };
+                let cvt = |v| {
+                    if bf16 {
+                        convert::f32_to_bf16(v)
+                    } else {
+                        convert::f32_to_f16(v)
+                    }
+                };
                 let (h0, h1) = (cvt(v0), cvt(v1));
                 global::store_u32_if(addr, h0 as u32 | (h1 as u32) << 16, pairs && in1);
                 global::store_u16_if(addr, h0, !pairs && in0);

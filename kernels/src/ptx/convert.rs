@@ -9,7 +9,9 @@ use core::arch::asm;
 pub fn f32_to_bf16(x: f32) -> u16 {
     let h: u16;
     // SAFETY: register-only conversion.
-    unsafe { asm!("cvt.rn.bf16.f32 {h}, {x};", h = out(reg16) h, x = in(reg32) x, options(pure, nomem, nostack)) };
+    unsafe {
+        asm!("cvt.rn.bf16.f32 {h}, {x};", h = out(reg16) h, x = in(reg32) x, options(pure, nomem, nostack))
+    };
     h
 }
 
@@ -18,6 +20,8 @@ pub fn f32_to_bf16(x: f32) -> u16 {
 pub fn f32_to_f16(x: f32) -> u16 {
     let h: u16;
     // SAFETY: register-only conversion.
-    unsafe { asm!("cvt.rn.f16.f32 {h}, {x};", h = out(reg16) h, x = in(reg32) x, options(pure, nomem, nostack)) };
+    unsafe {
+        asm!("cvt.rn.f16.f32 {h}, {x};", h = out(reg16) h, x = in(reg32) x, options(pure, nomem, nostack))
+    };
     h
 }

@@ -13,7 +13,9 @@ use core::arch::asm;
 #[inline(always)]
 pub unsafe fn init(bar: u32, arrivals: u32) {
     // SAFETY: the caller's contract.
-    unsafe { asm!("mbarrier.init.shared::cta.b64 [{b}], {n};", b = in(reg32) bar, n = in(reg32) arrivals, options(nostack)) };
+    unsafe {
+        asm!("mbarrier.init.shared::cta.b64 [{b}], {n};", b = in(reg32) bar, n = in(reg32) arrivals, options(nostack))
+    };
 }
 
 /// Makes initialized barriers visible to the cluster and the async proxy (TMA); issue once after
@@ -30,7 +32,9 @@ pub fn fence_init() {
 #[inline(always)]
 pub unsafe fn arrive(bar: u32) {
     // SAFETY: the caller's contract.
-    unsafe { asm!("mbarrier.arrive.shared::cta.b64 _, [{b}];", b = in(reg32) bar, options(nostack)) };
+    unsafe {
+        asm!("mbarrier.arrive.shared::cta.b64 _, [{b}];", b = in(reg32) bar, options(nostack))
+    };
 }
 
 /// One arrival that also expects `bytes` of asynchronous transactions (TMA) on this phase.

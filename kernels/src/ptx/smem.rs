@@ -25,7 +25,9 @@ pub fn dynamic_base() -> u32 {
 pub unsafe fn load_u32(addr: u32) -> u32 {
     let v: u32;
     // SAFETY: the caller's contract.
-    unsafe { asm!("ld.shared.u32 {v}, [{a}];", v = out(reg32) v, a = in(reg32) addr, options(nostack, readonly)) };
+    unsafe {
+        asm!("ld.shared.u32 {v}, [{a}];", v = out(reg32) v, a = in(reg32) addr, options(nostack, readonly))
+    };
     v
 }
 
@@ -34,7 +36,9 @@ pub unsafe fn load_u32(addr: u32) -> u32 {
 #[inline(always)]
 pub unsafe fn store_u32(addr: u32, v: u32) {
     // SAFETY: the caller's contract.
-    unsafe { asm!("st.shared.u32 [{a}], {v};", a = in(reg32) addr, v = in(reg32) v, options(nostack)) };
+    unsafe {
+        asm!("st.shared.u32 [{a}], {v};", a = in(reg32) addr, v = in(reg32) v, options(nostack))
+    };
 }
 
 /// # Safety

@@ -13,14 +13,21 @@ use core::arch::asm;
 #[inline(always)]
 pub unsafe fn alloc(dst: u32, cols: u32) {
     // SAFETY: the caller's contract.
-    unsafe { asm!("tcgen05.alloc.cta_group::1.sync.aligned.shared::cta.b32 [{d}], {n};", d = in(reg32) dst, n = in(reg32) cols, options(nostack)) };
+    unsafe {
+        asm!("tcgen05.alloc.cta_group::1.sync.aligned.shared::cta.b32 [{d}], {n};", d = in(reg32) dst, n = in(reg32) cols, options(nostack))
+    };
 }
 
 /// Lets other CTAs on this SM allocate (issue after the last `alloc`).
 #[inline(always)]
 pub fn relinquish_alloc_permit() {
     // SAFETY: no operands; one warp executes it.
-    unsafe { asm!("tcgen05.relinquish_alloc_permit.cta_group::1.sync.aligned;", options(nostack)) };
+    unsafe {
+        asm!(
+            "tcgen05.relinquish_alloc_permit.cta_group::1.sync.aligned;",
+            options(nostack)
+        )
+    };
 }
 
 /// Frees tensor memory.
@@ -29,7 +36,9 @@ pub fn relinquish_alloc_permit() {
 #[inline(always)]
 pub unsafe fn dealloc(taddr: u32, cols: u32) {
     // SAFETY: the caller's contract.
-    unsafe { asm!("tcgen05.dealloc.cta_group::1.sync.aligned.b32 {t}, {n};", t = in(reg32) taddr, n = in(reg32) cols, options(nostack)) };
+    unsafe {
+        asm!("tcgen05.dealloc.cta_group::1.sync.aligned.b32 {t}, {n};", t = in(reg32) taddr, n = in(reg32) cols, options(nostack))
+    };
 }
 
 /// Makes the mbarrier at `bar` track completion of this thread's prior async tcgen05 operations.
@@ -38,7 +47,9 @@ pub unsafe fn dealloc(taddr: u32, cols: u32) {
 #[inline(always)]
 pub unsafe fn commit(bar: u32) {
     // SAFETY: the caller's contract.
-    unsafe { asm!("tcgen05.commit.cta_group::1.mbarrier::arrive::one.shared::cluster.b64 [{b}];", b = in(reg32) bar, options(nostack)) };
+    unsafe {
+        asm!("tcgen05.commit.cta_group::1.mbarrier::arrive::one.shared::cluster.b64 [{b}];", b = in(reg32) bar, options(nostack))
+    };
 }
 
 /// Orders tcgen05 operations before a thread synchronization.

@@ -62,7 +62,9 @@ pub fn sync_block() {
 #[inline(always)]
 pub fn named_barrier(id: u32, threads: u32) {
     // SAFETY: exactly `threads` threads, whole warps, must reach barrier `id` (< 16).
-    unsafe { asm!("bar.sync {id}, {n};", id = in(reg32) id, n = in(reg32) threads, options(nostack)) };
+    unsafe {
+        asm!("bar.sync {id}, {n};", id = in(reg32) id, n = in(reg32) threads, options(nostack))
+    };
 }
 
 /// This CTA's rank in its cluster.
@@ -87,7 +89,13 @@ pub fn cluster_cta_count() -> u32 {
 #[inline(always)]
 pub fn sync_cluster() {
     // SAFETY: reached by all threads of all CTAs of the cluster.
-    unsafe { asm!("barrier.cluster.arrive.aligned;", "barrier.cluster.wait.aligned;", options(nostack)) };
+    unsafe {
+        asm!(
+            "barrier.cluster.arrive.aligned;",
+            "barrier.cluster.wait.aligned;",
+            options(nostack)
+        )
+    };
 }
 
 /// `setmaxnreg.inc`: raise this warpgroup's register budget to `N` (24..=256, multiple of 8).
@@ -107,4 +115,3 @@ pub fn lower_registers<const N: u32>() {
     // SAFETY: executed by all threads of a warpgroup (`.sync.aligned`).
     unsafe { asm!("setmaxnreg.dec.sync.aligned.u32 {n};", n = const N, options(nostack)) };
 }
-

@@ -68,7 +68,15 @@ pub unsafe fn load_2d_multicast(dst: u32, tmap: u64, x: i32, y: i32, bar: u32, c
 /// # Safety
 /// As [`load_3d`], in every CTA of the mask.
 #[inline(always)]
-pub unsafe fn load_3d_multicast(dst: u32, tmap: u64, x: i32, y: i32, z: i32, bar: u32, cta_mask: u16) {
+pub unsafe fn load_3d_multicast(
+    dst: u32,
+    tmap: u64,
+    x: i32,
+    y: i32,
+    z: i32,
+    bar: u32,
+    cta_mask: u16,
+) {
     // SAFETY: the caller's contract.
     unsafe {
         asm!("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [{d}], [{m}, {{{x}, {y}, {z}}}], [{b}], {k};",

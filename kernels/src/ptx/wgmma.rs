@@ -85,6 +85,16 @@ pub unsafe fn mma_m64n8k32_e4m3(d: &mut [f32; 4], a: Descriptor, b: Descriptor, 
     };
 }
 
+/// Calls `$mac!($args…, 0, 1, …, 63)`: the register indices of a 64-register accumulator
+/// fragment, spelled once for every macro that must name each register in an `asm!`.
+macro_rules! with_regs_64 {
+    ($mac:ident!($($args:tt)*)) => {
+        $mac!($($args)*, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22,
+            23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46,
+            47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63);
+    };
+}
+
 /// Expands to one `wgmma.mma_async` with `N/2` f32 accumulator registers (m64nNk32, e4m3·e4m3).
 /// The register list is spelled out because `asm!` needs every operand named.
 macro_rules! mma_e4m3 {
@@ -140,13 +150,9 @@ macro_rules! mma_e4m3_first {
     };
 }
 
-mma_e4m3_first!(mma_m64n128k32_e4m3_first, 128, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17,
-    18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43,
-    44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63);
+with_regs_64!(mma_e4m3_first!(mma_m64n128k32_e4m3_first, 128));
 
-mma_e4m3!(mma_m64n128k32_e4m3, 128, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19,
-    20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44,
-    45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63);
+with_regs_64!(mma_e4m3!(mma_m64n128k32_e4m3, 128));
 
 /// Expands to an empty `asm!` taking every register of an accumulator array as in-out: placed
 /// right after [`wait`], it makes every later use of the registers depend on a point after the
@@ -169,6 +175,4 @@ macro_rules! operand_fence {
     };
 }
 
-operand_fence!(fence_operands_64, 64, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19,
-    20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44,
-    45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63);
+with_regs_64!(operand_fence!(fence_operands_64, 64));
