@@ -5,7 +5,7 @@
 //! (`0x7F`, `0xFF`); there are no infinities. Max normal `1.75 * 2^8 = 448`, min normal `2^-6`,
 //! subnormals `k * 2^-9` (`k = 1..=7`), ±0.
 
-use super::{decode_mag, rne_mag_code, ulp_generic, with_sign};
+use super::{decode_mag, encode_sat_signed8, ulp_generic, with_sign};
 
 /// Largest finite value, `S.1111.110 = 448`.
 pub const MAX: f32 = 448.0;
@@ -42,14 +42,7 @@ pub fn decode(code: u8) -> f32 {
 /// ±`2^-9` (`2^-10` exactly is a tie and gives ±0); the sign is kept, so -0.0 gives `0x80`.
 #[inline]
 pub fn encode_sat(x: f32) -> u8 {
-    let bits = x.to_bits();
-    let sign = ((bits >> 31) << 7) as u8;
-    if x.is_nan() {
-        return NAN | sign;
-    }
-    let q = rne_mag_code(bits & 0x7FFF_FFFF, MANTISSA_BITS, EMIN);
-    let q = if q > MAX_CODE { MAX_CODE } else { q };
-    q as u8 | sign
+    encode_sat_signed8(x, MANTISSA_BITS, EMIN, MAX_CODE, NAN)
 }
 
 /// Spacing of E4M3 values at magnitude `|v|`: `2^(max(floor(log2|v|), -6) - 3)` (so the

@@ -5,7 +5,7 @@
 //! (`S.11111.{01,10,11}`). Max normal `1.75 * 2^15 = 57344`, min normal `2^-14`, subnormals
 //! `k * 2^-16` (`k = 1..=3`), ±0.
 
-use super::{decode_mag, rne_mag_code, ulp_generic, with_sign};
+use super::{decode_mag, encode_sat_signed8, ulp_generic, with_sign};
 
 /// Largest finite value, `S.11110.11 = 57344`.
 pub const MAX: f32 = 57344.0;
@@ -49,14 +49,7 @@ pub fn decode(code: u8) -> f32 {
 /// ±`2^-16` (ties to even); the sign is kept, so -0.0 gives `0x80`.
 #[inline]
 pub fn encode_sat(x: f32) -> u8 {
-    let bits = x.to_bits();
-    let sign = ((bits >> 31) << 7) as u8;
-    if x.is_nan() {
-        return NAN | sign;
-    }
-    let q = rne_mag_code(bits & 0x7FFF_FFFF, MANTISSA_BITS, EMIN);
-    let q = if q > MAX_CODE { MAX_CODE } else { q };
-    q as u8 | sign
+    encode_sat_signed8(x, MANTISSA_BITS, EMIN, MAX_CODE, NAN)
 }
 
 /// Spacing of E5M2 values at magnitude `|v|`: `2^(max(floor(log2|v|), -14) - 2)`, capped at the

@@ -93,6 +93,26 @@ const fn shr_rne(v: u32, s: u32) -> u32 {
     }
 }
 
+/// Saturating RNE encode of a signed 8-bit float (e4m3, e5m2): the sign bit is bit 7, NaN maps to
+/// `nan | sign`, magnitudes round with [`rne_mag_code`] and clamp at `max_code` (±Inf included).
+#[inline]
+pub(crate) fn encode_sat_signed8(
+    x: f32,
+    mantissa_bits: u32,
+    emin: i32,
+    max_code: u32,
+    nan: u8,
+) -> u8 {
+    let bits = x.to_bits();
+    let sign = ((bits >> 31) << 7) as u8;
+    if x.is_nan() {
+        return nan | sign;
+    }
+    let q = rne_mag_code(bits & 0x7FFF_FFFF, mantissa_bits, emin);
+    let q = if q > max_code { max_code } else { q };
+    q as u8 | sign
+}
+
 /// Magnitude code (sign bit clear) of the nearest (ties to even) value of a binary format with
 /// `m` mantissa bits and minimum normal exponent `emin` to the finite, non-NaN `f32` magnitude
 /// `mag` (bits with the sign cleared), **before** saturation: the result may exceed the format's
