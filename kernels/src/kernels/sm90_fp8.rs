@@ -28,10 +28,6 @@ const WG_ROWS: u32 = 64;
 const MMA_K: u32 = 32;
 /// Bytes between 8-row groups of a 128-byte-swizzled tile (8 rows × 128 bytes).
 const SWIZZLE_SBO: u32 = 8 * ROW_BYTES;
-/// Named barrier `TURN + c` is consumer `c`'s turn to issue its MMAs (barrier 0 is the block's).
-const TURN: u32 = 1;
-/// Threads taking part in a turn hand-over: both consumer warpgroups.
-const TURN_THREADS: u32 = 256;
 
 /// Where stage `s`'s buffers are: all A tiles, then all B tiles, then all A-scale vectors, then the
 /// pipeline's barriers. Tiles stay 1024-byte aligned (128-byte swizzle needs it).
@@ -211,12 +207,6 @@ fn consume(
         row,
         rank,
     };
-    // The consumers take turns issuing their MMAs (ping-pong): consumer 0 goes first, each passes
-    // the turn right after issuing, so one warpgroup's promotion overlaps the other's MMAs instead
-    // of both waiting and promoting in lockstep.
-    if c == 1 {
-        thread::named_barrier_arrive(TURN, TURN_THREADS);
-    }
     let mut it = 0u32;
     while let Some(t) = tiles.next() {
         let m_tile = t.m * cluster + rank;
@@ -241,11 +231,6 @@ fn consume(
             t.n * BLOCK_N + 2 * (lane % 4),
             &acc,
         );
-    }
-    // Consumer 1 passed consumer 0 one turn more than consumer 0 took: take it, so no named
-    // barrier is left half-arrived at exit.
-    if c == 0 {
-        thread::named_barrier(TURN, TURN_THREADS);
     }
 }
 
@@ -274,7 +259,6 @@ impl Consumer {
         unsafe {
             let scale_b = *sfb.add(kb as usize);
             self.pipe.consumer_wait(it);
-            thread::named_barrier(TURN + self.c, TURN_THREADS);
             wgmma::fence();
             let mut part = wgmma::mma_m64n128k32_e4m3_first(
                 self.layout.a_desc(s, self.c, 0),
@@ -289,7 +273,6 @@ impl Consumer {
                 );
             }
             wgmma::commit();
-            thread::named_barrier_arrive(TURN + (1 - self.c), TURN_THREADS);
             (part, scale_b)
         }
     }

@@ -115,12 +115,3 @@ pub fn lower_registers<const N: u32>() {
     // SAFETY: executed by all threads of a warpgroup (`.sync.aligned`).
     unsafe { asm!("setmaxnreg.dec.sync.aligned.u32 {n};", n = const N, options(nostack)) };
 }
-
-/// `bar.arrive id, threads`: arrives on named barrier `id` without waiting; the threads that
-/// `bar.sync` on it wait until `threads` threads (arrivers and waiters) have arrived. Used to pass a
-/// turn from one warpgroup to another.
-#[inline(always)]
-pub fn named_barrier_arrive(id: u32, threads: u32) {
-    // SAFETY: `threads` is a multiple of 32 counting every arriving and waiting thread; `id` < 16.
-    unsafe { asm!("bar.arrive {id}, {n};", id = in(reg32) id, n = in(reg32) threads, options(nostack)) };
-}
