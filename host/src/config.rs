@@ -5,7 +5,7 @@ use crate::error::{Result, shape};
 use crate::format::ScaleType;
 use crate::matrix::MatrixDesc;
 pub use crate::sm90::Sm90Config;
-use blockscaled_kernels::params::sm90::{BLOCK_M, BLOCK_N};
+use blockscaled_kernels::params::sm90::BLOCK_M;
 
 /// A kernel and its configuration.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -37,19 +37,7 @@ pub fn choose(arch: GpuArch, sm_count: u32, a: &MatrixDesc, b: &MatrixDesc) -> R
     let a_no = crate::sm90::unsupported(a, false);
     let b_no = crate::sm90::unsupported(b, true);
     match (a_no, b_no) {
-        (None, None) => {
-            let m_tiles = a.rows.div_ceil(BLOCK_M as usize) as u32;
-            // Cluster 2 (B multicast) is correct but measured slower than 1 on every DeepSeek shape
-            // (H100, 2026-11-22: 8192³ 868 vs 899 TFLOP/s): L2 bandwidth is not this kernel's
-            // limit yet (docs/PERF.md, v3), so a cluster is opt-in.
-            let cluster_m = 1;
-            let _ = BLOCK_N;
-            Ok(Plan::Sm90Fp8(Sm90Config {
-                group_m: m_tiles.clamp(1, 8),
-                ctas: sm_count,
-                cluster_m,
-            }))
-        }
+        (None, None) => Ok(Plan::Sm90Fp8(sm90_default(a.rows, sm_count))),
         _ if fp32_scaled && a.k % 128 != 0 && a.format.elem == crate::ElemType::E4M3 => {
             Err(shape(format!(
                 "K = {} is not a multiple of 128: the Hopper FP8 kernel's 128-wide scale blocks need it \
@@ -58,5 +46,19 @@ pub fn choose(arch: GpuArch, sm_count: u32, a: &MatrixDesc, b: &MatrixDesc) -> R
             )))
         }
         _ => Ok(Plan::Reference),
+    }
+}
+
+/// The sm90 configuration `choose` uses for an A of `m` rows on a GPU with `sm_count` SMs (the
+/// runner starts from it when it forces a field).
+pub fn sm90_default(m: usize, sm_count: u32) -> Sm90Config {
+    let m_tiles = m.div_ceil(BLOCK_M as usize) as u32;
+    // Cluster 2 (B multicast) is correct but measured slower than 1 on every DeepSeek shape (H100,
+    // 2026-11-22: 8192³ 868 vs 899 TFLOP/s): L2 bandwidth of B is not what limits this kernel yet
+    // (docs/PERF.md, v3), so a cluster is opt-in.
+    Sm90Config {
+        group_m: m_tiles.clamp(1, 8),
+        ctas: sm_count,
+        cluster_m: 1,
     }
 }

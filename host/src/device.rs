@@ -222,20 +222,17 @@ impl Gpu {
                         self.name
                     ))
                 })?;
-                let why = |d: &MatrixDesc, as_b| sm90::unsupported(d, as_b).unwrap_or_default();
-                let ao = a
-                    .sm90
-                    .as_ref()
-                    .ok_or_else(|| Error::Format(why(&a.desc, false)))?;
-                let bo = b
-                    .sm90
-                    .as_ref()
-                    .ok_or_else(|| Error::Format(why(&b.desc, true)))?;
                 if let Some(e) =
                     sm90::unsupported(&a.desc, false).or_else(|| sm90::unsupported(&b.desc, true))
                 {
                     return Err(Error::Format(e));
                 }
+                // Eligible matrices were prepared at upload (on this Hopper GPU).
+                let (Some(ao), Some(bo)) = (a.sm90.as_ref(), b.sm90.as_ref()) else {
+                    return Err(Error::Format(
+                        "operands were not prepared for the sm90 kernel".into(),
+                    ));
+                };
                 sm90::launch(
                     &self.stream,
                     f,

@@ -34,11 +34,6 @@ impl Pipeline {
         }
     }
 
-    /// Bytes of shared memory the barriers take.
-    pub const fn barrier_bytes(stages: u32) -> u32 {
-        2 * 8 * stages
-    }
-
     #[inline(always)]
     pub const fn stage(&self, it: u32) -> u32 {
         it % self.stages

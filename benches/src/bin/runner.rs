@@ -197,14 +197,16 @@ fn run(args: &Args) -> Result<bool, String> {
     });
     let gpu = Gpu::new(args.device).map_err(|e| e.to_string())?;
     println!("{gpu:?}; seed {seed}");
-    let m_tiles = (mnkl[0] as u32).div_ceil(128);
     let plan = match args.kernel.as_str() {
         "auto" if args.group_m.is_none() && cluster_m.is_none() => None,
-        "auto" | "sm90" => Some(Plan::Sm90Fp8(Sm90Config {
-            group_m: args.group_m.unwrap_or(m_tiles.clamp(1, 8)),
-            ctas: gpu.sm_count(),
-            cluster_m: cluster_m.unwrap_or(1),
-        })),
+        "auto" | "sm90" => {
+            let d = blockscaled::config::sm90_default(mnkl[0], gpu.sm_count());
+            Some(Plan::Sm90Fp8(Sm90Config {
+                group_m: args.group_m.unwrap_or(d.group_m),
+                cluster_m: cluster_m.unwrap_or(d.cluster_m),
+                ..d
+            }))
+        }
         "reference" => Some(Plan::Reference),
         k => return Err(format!("--kernel `{k}`: want auto, reference or sm90")),
     };
