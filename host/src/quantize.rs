@@ -4,7 +4,8 @@
 //!   elements `encode_sat(x / 2^e)`. A block's largest element may then exceed the element's
 //!   largest finite value and saturate: that is the spec's rule, and the error bound says so.
 //! - **ue4m3 scales + fp32 tensor scale (NVFP4)**: `tensor_scale = amax(tensor) / (448 · 6)`; block
-//!   scale `ue4m3(amax(block) / 6 / tensor_scale)`; elements `e2m1(x / (scale · tensor_scale))`.
+//!   scale `ue4m3(amax(block) / 6 / tensor_scale)` (never rounded to zero for a non-zero block);
+//!   elements `e2m1(x / (scale · tensor_scale))`.
 //! - **fp32 scales (DeepSeek, per-tensor, per-row)**: `scale = amax(block) / max(elem)`; elements
 //!   `encode_sat(x / scale)`. An all-zero block gets scale 1.
 //!
@@ -159,7 +160,13 @@ fn block_scale(scale: ScaleType, elem: ElemType, amax: f32, tensor_scale: f32) -
             (code as u32, e8m0::decode(code))
         }
         ScaleType::UE4M3 => {
-            let code = ue4m3::encode_sat(amax / elem.max() / tensor_scale);
+            // A block far below the tensor's largest one can round its scale to the code 0; that
+            // would flush every element of the block to zero. Its smallest non-zero scale (2^-9,
+            // code 1) keeps the elements representable, each within the element format's bound.
+            let code = match ue4m3::encode_sat(amax / elem.max() / tensor_scale) {
+                0 if amax > 0.0 => 1,
+                c => c,
+            };
             (code as u32, ue4m3::decode(code) * tensor_scale)
         }
         ScaleType::F32 => {

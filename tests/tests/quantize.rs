@@ -12,6 +12,9 @@ use proptest::prelude::*;
 /// format's largest value (the MX rule lets a block maximum do so), plus 2^-21·|x| for the f32
 /// division x / s done before encoding (it can move a value across a rounding boundary).
 fn bound(elem: ElemType, x: f64, s: f64) -> f64 {
+    if s == 0.0 {
+        return 0.0; // only an all-zero block may have a zero scale, and it must decode to zeros
+    }
     let v = x.abs() / s;
     let max = elem.max() as f64;
     let sat = (x.abs() - max * s).max(0.0);
@@ -121,6 +124,25 @@ fn nvfp4_uses_a_tensor_scale_of_amax_over_448_times_6() {
     let q = ScaledMatrix::quantize(&v, 4, 64, 1, Recipe::Nvfp4.a()).unwrap();
     assert_eq!(q.tensor_scale(), amax / (448.0 * 6.0));
     assert!(q.scales().iter().all(|&b| b & 0x80 == 0));
+}
+
+#[test]
+fn nvfp4_blocks_far_below_the_tensor_maximum_keep_a_non_zero_scale() {
+    // Found by CI's proptest: with a tensor maximum of 1280 the tensor scale is ~0.476, and a
+    // block of maximum 2.5e-3 wants a block scale of ~8.7e-4, below ue4m3's smallest subnormal
+    // (2^-9); rounding it to zero flushed the whole block. Its elements must survive.
+    let mut v = random_values(11, 2 * 32, 32);
+    v[..32].iter_mut().for_each(|x| *x = x.signum() * 1280.0 * x.abs().max(0.5).min(1.0));
+    v[32..].iter_mut().for_each(|x| *x = x.signum() * 2.5e-3 * x.abs().max(0.5).min(1.0));
+    v[0] = 1280.0;
+    v[32] = 2.5e-3;
+    let q = ScaledMatrix::quantize(&v, 2, 32, 1, Recipe::Nvfp4.a()).unwrap();
+    for kk in 0..32 {
+        let (x, s) = (v[32 + kk] as f64, q.scale_value(0, 1, kk));
+        assert!(s > 0.0, "block scale flushed to zero");
+        let err = (q.value(0, 1, kk) - x).abs();
+        assert!(err <= bound(ElemType::E2M1, x, s), "x {x:e} -> {} (scale {s:e})", q.value(0, 1, kk));
+    }
 }
 
 #[test]
