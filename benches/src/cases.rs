@@ -236,7 +236,7 @@ fn time_peer(
 pub fn plan_name(p: &Plan) -> String {
     match p {
         Plan::Reference => "ref".into(),
-        Plan::Sm90Fp8(c) => format!("sm90/g{}c{}", c.group_m, c.cluster_m),
+        Plan::Sm90Fp8(c) => format!("sm90/m{}g{}c{}", c.block_m, c.group_m, c.cluster_m),
     }
 }
 

@@ -435,14 +435,13 @@ fn edit_ptx(
     for line in ptx.lines() {
         let t = line.trim_start();
         // The performance directives go between the parameter list and the body's `{`.
-        if t == "{" {
-            if let Some(name) = pending_entry.take() {
-                if let Some(b) = bounds.get(&name) {
-                    out.push_str(&format!(".maxntid {}, 1, 1\n", b.max_threads));
-                    out.push_str(&format!(".minnctapersm {}\n", b.min_blocks));
-                    seen_bounds += 1;
-                }
-            }
+        if t == "{"
+            && let Some(name) = pending_entry.take()
+            && let Some(b) = bounds.get(&name)
+        {
+            out.push_str(&format!(".maxntid {}, 1, 1\n", b.max_threads));
+            out.push_str(&format!(".minnctapersm {}\n", b.min_blocks));
+            seen_bounds += 1;
         }
         if let Some(rest) = t
             .strip_prefix(".visible .entry ")

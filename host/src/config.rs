@@ -5,7 +5,7 @@ use crate::error::{Result, shape};
 use crate::format::ScaleType;
 use crate::matrix::MatrixDesc;
 pub use crate::sm90::Sm90Config;
-use blockscaled_kernels::params::sm90::BLOCK_M;
+use blockscaled_kernels::params::sm90::{BLOCK_N, Tile};
 
 /// A kernel and its configuration.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -27,8 +27,7 @@ pub enum Plan {
 /// available through [`Sm90Config`] and measured slower for now.
 ///
 /// Raster band (`group_m`): CTAs running together cover `group_m` M tiles × (SMs / group_m) N
-/// tiles, so both operands' working sets stay in L2; 8 keeps a band's A tiles (8 × 128 × K bytes)
-/// small next to the 50 MB L2 for K up to 16k.
+/// tiles, so both operands' working sets stay in L2.
 pub fn choose(arch: GpuArch, sm_count: u32, a: &MatrixDesc, b: &MatrixDesc) -> Result<Plan> {
     if arch != GpuArch::Hopper {
         return Ok(Plan::Reference);
@@ -37,7 +36,9 @@ pub fn choose(arch: GpuArch, sm_count: u32, a: &MatrixDesc, b: &MatrixDesc) -> R
     let a_no = crate::sm90::unsupported(a, false);
     let b_no = crate::sm90::unsupported(b, true);
     match (a_no, b_no) {
-        (None, None) => Ok(Plan::Sm90Fp8(sm90_default(a.rows, sm_count))),
+        (None, None) => Ok(Plan::Sm90Fp8(sm90_default(
+            a.rows, b.rows, a.batch, sm_count,
+        ))),
         _ if fp32_scaled && a.k % 128 != 0 && a.format.elem == crate::ElemType::E4M3 => {
             Err(shape(format!(
                 "K = {} is not a multiple of 128: the Hopper FP8 kernel's 128-wide scale blocks need it \
@@ -49,16 +50,65 @@ pub fn choose(arch: GpuArch, sm_count: u32, a: &MatrixDesc, b: &MatrixDesc) -> R
     }
 }
 
-/// The sm90 configuration `choose` uses for an A of `m` rows on a GPU with `sm_count` SMs (the
-/// runner starts from it when it forces a field).
-pub fn sm90_default(m: usize, sm_count: u32) -> Sm90Config {
-    let m_tiles = m.div_ceil(BLOCK_M as usize) as u32;
+/// The sm90 configuration `choose` uses for an A of `m` rows and a B of `n` rows (`l` batch
+/// entries) on a GPU with `sm_count` SMs (the runner starts from it when it forces a field).
+///
+/// Tile: the persistent CTAs work through the tiles in rounds of `sm_count`; the time is about
+/// rounds × the time of one tile. A 256-row tile takes [`M256_TILE_COST`] times as long as a
+/// 128-row one (it does twice the work with a quarter fewer L2 bytes per FLOP), so it wins unless
+/// its coarser rounds leave SMs idle (small M, or few tiles).
+pub fn sm90_default(m: usize, n: usize, l: usize, sm_count: u32) -> Sm90Config {
+    let n_tiles = n.div_ceil(BLOCK_N as usize) * l.max(1);
+    let cost = |t: Tile| {
+        let tiles = m.div_ceil(t.block_m() as usize) * n_tiles;
+        let rounds = tiles.div_ceil(sm_count.max(1) as usize) as f64;
+        rounds * if t == Tile::M256 { M256_TILE_COST } else { 1.0 }
+    };
+    // Ties go to the taller tile (fewer L2 bytes for the same time).
+    let tile = if cost(Tile::M256) <= cost(Tile::M128) {
+        Tile::M256
+    } else {
+        Tile::M128
+    };
+    let m_tiles = m.div_ceil(tile.block_m() as usize) as u32;
     // Cluster 2 (B multicast) is correct but measured slower than 1 on every DeepSeek shape (H100,
-    // 2026-11-22: 8192³ 868 vs 899 TFLOP/s): L2 bandwidth of B is not what limits this kernel yet
-    // (docs/PERF.md, v3), so a cluster is opt-in.
+    // 2026-11-22: 8192³ 868 vs 899 TFLOP/s with 128-row tiles): L2 bandwidth of B is not what
+    // limits this kernel yet (docs/PERF.md, v3), so a cluster is opt-in.
     Sm90Config {
-        group_m: m_tiles.clamp(1, 8),
+        block_m: tile.block_m(),
+        // Bands of 1024 rows of A (8 × 128 or 4 × 256).
+        group_m: m_tiles.clamp(1, GROUP_ROWS / tile.block_m()),
         ctas: sm_count,
         cluster_m: 1,
+    }
+}
+
+/// Time of one 256-row tile in units of a 128-row tile's: 1.85 measured on the H100 at 8192³
+/// (16 rounds of 256-row tiles 1157 µs, 32 rounds of 128-row tiles 1254 µs; 1.76 at
+/// 4096×2112×7168). With it the rule picks the faster tile at all eight DeepSeek shapes of
+/// docs/PERF.md (v6).
+pub const M256_TILE_COST: f64 = 1.85;
+
+/// Rows of A in one scheduler band: a band's A tiles (1024 × K bytes) stay small next to the
+/// 50 MB L2 for K up to 16k.
+const GROUP_ROWS: u32 = 1024;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tall_tiles_for_large_m_short_tiles_where_they_would_idle_sms() {
+        let h100 = 132;
+        assert_eq!(sm90_default(8192, 8192, 1, h100).block_m, 256);
+        assert_eq!(sm90_default(4096, 7168, 1, h100).block_m, 256);
+        // One 256-row tile per N tile would be half empty.
+        assert_eq!(sm90_default(128, 7168, 1, h100).block_m, 128);
+        assert_eq!(sm90_default(200, 2112, 1, h100).block_m, 128);
+        for (m, n, l) in [(1, 1, 1), (8192, 8192, 1), (128, 2112, 3)] {
+            let c = sm90_default(m, n, l, h100);
+            assert!(c.group_m >= 1 && c.group_m * c.block_m <= GROUP_ROWS.max(c.block_m));
+            assert_eq!((c.ctas, c.cluster_m), (h100, 1));
+        }
     }
 }

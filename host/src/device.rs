@@ -48,9 +48,8 @@ pub struct Gpu {
     stream: Arc<CudaStream>,
     _module: Arc<CudaModule>,
     reference: CudaFunction,
-    /// The Hopper FP8 kernel (sm_90a module only), and how many of its CTAs fit at once for each
-    /// cluster size.
-    sm90_fp8: Option<(CudaFunction, [u32; 2])>,
+    /// The Hopper FP8 kernels (sm_90a module only).
+    sm90_fp8: Option<sm90::Sm90Kernels>,
     arch: GpuArch,
     name: String,
     sm_count: u32,
@@ -63,7 +62,8 @@ impl std::fmt::Debug for Gpu {
             "Gpu({}, {:?}, {} SMs",
             self.name, self.arch, self.sm_count
         )?;
-        if let Some((_, r)) = &self.sm90_fp8 {
+        if let Some(k) = &self.sm90_fp8 {
+            let r = k.resident();
             write!(
                 f,
                 "; sm90 kernel: {} CTAs resident alone, {} in clusters of 2",
@@ -111,11 +111,7 @@ impl Gpu {
         let reference = module.load_function(registry::REFERENCE_GEMM.name)?;
         let stream = ctx.new_stream()?;
         let sm90_fp8 = match arch {
-            GpuArch::Hopper => {
-                let f = module.load_function(registry::SM90_FP8_GEMM.name)?;
-                let resident = sm90::configure(&f, &stream, sm_count)?;
-                Some((f, resident))
-            }
+            GpuArch::Hopper => Some(sm90::Sm90Kernels::load(&module, &stream, sm_count)?),
             GpuArch::Blackwell => None,
         };
         Ok(Gpu {
@@ -216,7 +212,7 @@ impl Gpu {
         match plan {
             Plan::Reference => self.reference_gemm(a, b, c),
             Plan::Sm90Fp8(cfg) => {
-                let (f, resident) = self.sm90_fp8.as_ref().ok_or_else(|| {
+                let kernels = self.sm90_fp8.as_ref().ok_or_else(|| {
                     Error::Architecture(format!(
                         "{}: the sm90 FP8 kernel needs compute capability 9.0",
                         self.name
@@ -235,14 +231,13 @@ impl Gpu {
                 };
                 sm90::launch(
                     &self.stream,
-                    f,
+                    kernels,
                     ao,
                     bo,
                     dims,
                     &mut c.buf,
                     c.dtype as u32,
                     cfg,
-                    resident,
                 )
             }
         }

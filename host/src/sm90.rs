@@ -10,8 +10,9 @@ use crate::format::{ElemType, ScaleType};
 use crate::matrix::{MatrixDesc, ScaledMatrix};
 use blockscaled_kernels::params::Sm90Fp8Params;
 use blockscaled_kernels::params::sm90::{
-    BLOCK_K, BLOCK_M, BLOCK_N, MAX_CLUSTER_M, ROW_BYTES, SMEM_BYTES, THREADS,
+    BLOCK_K, BLOCK_N, M_PAD, MAX_CLUSTER_M, ROW_BYTES, THREADS, Tile, WAVE_M,
 };
+use blockscaled_kernels::registry;
 use blockscaled_kernels::scheduler::TileScheduler;
 
 /// Why an operand cannot go through the sm90 kernel (`None`: it can, in that role).
@@ -47,7 +48,8 @@ pub(crate) fn unsupported(desc: &MatrixDesc, as_b: bool) -> Option<String> {
 
 /// What the kernel needs of one uploaded matrix, made at upload time.
 pub(crate) struct Sm90Operand {
-    /// The 128-byte CUtensorMap (3-D: K, rows, L; box 128 × 128; 128-byte swizzle) in device memory.
+    /// The 128-byte CUtensorMap (3-D: K, rows, L; box 128 × 128; 128-byte swizzle) in device memory
+    /// (a 256-row A tile is two boxes).
     tmap: CudaSlice<u8>,
     /// The same with a box of 128 / MAX_CLUSTER_M rows: each CTA's share of a multicast B tile.
     tmap_share: CudaSlice<u8>,
@@ -75,8 +77,9 @@ impl Sm90Operand {
         let (rows, k, l) = (d.rows, d.k, d.batch);
         let kb = k / BLOCK_K as usize;
         let sfa = if as_a {
-            // Whole clusters of tiles: a cluster's last CTA may sit past M and still loads scales.
-            let m_pad = rows.next_multiple_of((BLOCK_M * MAX_CLUSTER_M) as usize);
+            // Whole clusters of the tallest tiles: a cluster's last CTA may sit past M and still
+            // loads scales.
+            let m_pad = rows.next_multiple_of(M_PAD as usize);
             let mut v = vec![0f32; l * kb * m_pad];
             for li in 0..l {
                 for j in 0..kb {
@@ -105,7 +108,7 @@ impl Sm90Operand {
         } else {
             None
         };
-        let tmap = encode_tensor_map(stream, data, k, rows, l, BLOCK_M)?;
+        let tmap = encode_tensor_map(stream, data, k, rows, l, WAVE_M)?;
         let tmap_share = encode_tensor_map(stream, data, k, rows, l, BLOCK_N / MAX_CLUSTER_M)?;
         Ok(Some(Sm90Operand {
             tmap,
@@ -157,28 +160,68 @@ fn encode_tensor_map(
     Ok(stream.clone_htod(&bytes)?)
 }
 
+/// The loaded sm90 kernels, one per tile shape, each with how many of its CTAs can be resident at
+/// once for each cluster size (index: cluster − 1). Clusters must fit in one GPC, so fewer pairs
+/// than SMs / 2 may fit; a persistent grid larger than that would run its last clusters as a
+/// second wave (measured: 2–3× slower).
+pub(crate) struct Sm90Kernels {
+    kernels: Vec<(Tile, CudaFunction, [u32; MAX_CLUSTER_M as usize])>,
+}
+
+impl Sm90Kernels {
+    pub(crate) fn load(
+        module: &Arc<cudarc::driver::CudaModule>,
+        stream: &CudaStream,
+        sm_count: u32,
+    ) -> Result<Self> {
+        let mut kernels = Vec::new();
+        for (tile, info) in registry::SM90_FP8_TILES {
+            let f = module.load_function(info.name)?;
+            let resident = configure(&f, stream, sm_count, tile)?;
+            kernels.push((tile, f, resident));
+        }
+        Ok(Sm90Kernels { kernels })
+    }
+
+    /// CTAs resident at once for the 128-row kernel, alone and in clusters of 2 (for `Debug`).
+    pub(crate) fn resident(&self) -> [u32; MAX_CLUSTER_M as usize] {
+        self.kernels[0].2
+    }
+
+    fn get(&self, block_m: u32) -> Result<&(Tile, CudaFunction, [u32; MAX_CLUSTER_M as usize])> {
+        self.kernels
+            .iter()
+            .find(|(t, _, _)| t.block_m() == block_m)
+            .ok_or_else(|| {
+                Error::Format(format!(
+                    "tile of {block_m} rows: the sm90 kernel has tiles of {} rows",
+                    Tile::ALL.map(|t| t.block_m().to_string()).join(" or ")
+                ))
+            })
+    }
+}
+
 /// Raises the kernel's dynamic shared-memory limit (above the default 48 KiB) and returns how many
-/// CTAs can be resident at once for each cluster size (index: cluster − 1). Clusters must fit in
-/// one GPC, so fewer pairs than SMs / 2 may fit; a persistent grid larger than that would run its
-/// last clusters as a second wave (measured: 2–3× slower).
-pub(crate) fn configure(
+/// CTAs can be resident at once for each cluster size.
+fn configure(
     f: &CudaFunction,
     stream: &CudaStream,
     sm_count: u32,
+    tile: Tile,
 ) -> Result<[u32; MAX_CLUSTER_M as usize]> {
     // SAFETY: a valid function handle and a documented attribute.
     unsafe {
         sys::cuFuncSetAttribute(
             f.cu_function(),
             sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-            SMEM_BYTES as i32,
+            tile.smem_bytes() as i32,
         )
     }
     .result()?;
     let mut resident = [sm_count; MAX_CLUSTER_M as usize];
     for cluster in 2..=MAX_CLUSTER_M {
         let mut attr = cluster_attribute(cluster);
-        let cfg = launch_config(sm_count / cluster * cluster, stream, &mut attr);
+        let cfg = launch_config(sm_count / cluster * cluster, tile, stream, &mut attr);
         let mut clusters = 0i32;
         // SAFETY: valid function, a config whose attribute pointer outlives the call.
         unsafe { sys::cuOccupancyMaxActiveClusters(&mut clusters, f.cu_function(), &cfg) }
@@ -188,10 +231,11 @@ pub(crate) fn configure(
     Ok(resident)
 }
 
-/// The kernel's launch: `ctas` blocks of THREADS threads with SMEM_BYTES of shared memory, and the
+/// The kernel's launch: `ctas` blocks of THREADS threads with the tile's shared memory, and the
 /// cluster attribute `attr` (which must outlive the config's use).
 fn launch_config(
     ctas: u32,
+    tile: Tile,
     stream: &CudaStream,
     attr: &mut sys::CUlaunchAttribute,
 ) -> sys::CUlaunchConfig {
@@ -202,7 +246,7 @@ fn launch_config(
         blockDimX: THREADS,
         blockDimY: 1,
         blockDimZ: 1,
-        sharedMemBytes: SMEM_BYTES,
+        sharedMemBytes: tile.smem_bytes(),
         hStream: stream.cu_stream(),
         attrs: attr,
         numAttrs: 1,
@@ -226,6 +270,9 @@ fn cluster_attribute(cluster: u32) -> sys::CUlaunchAttribute {
 /// Configuration of one launch (chosen by `config::choose`, or forced by the caller).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Sm90Config {
+    /// Rows of the output tile: 128 or 256 (two 128-row waves per stage, a quarter fewer L2 bytes
+    /// per FLOP; the columns are always 128).
+    pub block_m: u32,
     /// Scheduler band height in M tiles (L2 reuse of B tiles).
     pub group_m: u32,
     /// Persistent CTAs (at most one per SM).
@@ -237,15 +284,15 @@ pub struct Sm90Config {
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn launch(
     stream: &Arc<CudaStream>,
-    f: &CudaFunction,
+    kernels: &Sm90Kernels,
     a: &Sm90Operand,
     b: &Sm90Operand,
     (m, n, k, l): (usize, usize, usize, usize),
     out: &mut CudaSlice<u8>,
     out_type: u32,
     cfg: Sm90Config,
-    resident: &[u32; MAX_CLUSTER_M as usize],
 ) -> Result<()> {
+    let (tile, f, resident) = kernels.get(cfg.block_m)?;
     let (Some((sfa, m_pad)), Some(sfb)) = (&a.sfa, &b.sfb) else {
         return Err(Error::Format(
             "operands not prepared for the sm90 kernel in these roles".into(),
@@ -289,7 +336,7 @@ pub(crate) fn launch(
         m as u32,
         n as u32,
         l as u32,
-        BLOCK_M * cluster,
+        tile.block_m() * cluster,
         BLOCK_N,
         1,
         0,
@@ -300,7 +347,7 @@ pub(crate) fn launch(
     let ctas = (cfg.ctas.min(resident[cluster as usize - 1]) / cluster * cluster)
         .clamp(cluster, units * cluster);
     let mut attr = cluster_attribute(cluster);
-    let launch = launch_config(ctas, stream, &mut attr);
+    let launch = launch_config(ctas, *tile, stream, &mut attr);
     let mut args = [&mut p as *mut Sm90Fp8Params as *mut std::ffi::c_void];
     stream.context().bind_to_thread()?;
     // SAFETY: the parameters come from validated, prepared operands (tensor maps over the live

@@ -128,34 +128,69 @@ mod tests {
     }
 }
 
-/// Tile shape and pipeline of the sm90 FP8 block-scaled GEMM (`kernels::sm90_fp8`). Hardware
+/// Tile shapes and pipeline of the sm90 FP8 block-scaled GEMM (`kernels::sm90_fp8`). Hardware
 /// facts behind the numbers: a 128-byte swizzled TMA box row is 128 e4m3 = one 1×128 scale block
-/// of K; `wgmma` m64nNk32 gives each consumer warpgroup 64 rows, so 2 consumers make BLOCK_M 128;
-/// BLOCK_N 128 is one 128×128 scale block of B; 6 stages of 32.5 KiB fit the 227 KiB a block may
-/// have (7 would not).
+/// of K; `wgmma` m64nNk32 gives each consumer warpgroup 64 rows, so one *wave* of the two consumers
+/// covers 128 rows; BLOCK_N 128 is one 128×128 scale block of B. A tile is 1 or 2 waves tall
+/// ([`sm90::Tile`]); the stages are as many as fit the 227 KiB a block may have.
 pub mod sm90 {
-    pub const BLOCK_M: u32 = 128;
     pub const BLOCK_N: u32 = 128;
     pub const BLOCK_K: u32 = 128;
-    pub const STAGES: u32 = 6;
+    /// Rows one wave of the consumers covers: 2 warpgroups × wgmma M 64.
+    pub const WAVE_M: u32 = 128;
     pub const CONSUMERS: u32 = 2;
     pub const THREADS: u32 = 128 * (1 + CONSUMERS);
     /// Bytes per row of a swizzled tile (the 128-byte swizzle span).
     pub const ROW_BYTES: u32 = 128;
-    pub const A_TILE_BYTES: u32 = BLOCK_M * ROW_BYTES;
     pub const B_TILE_BYTES: u32 = BLOCK_N * ROW_BYTES;
-    pub const SFA_BYTES: u32 = BLOCK_M * 4;
-    pub const STAGE_BYTES: u32 = A_TILE_BYTES + B_TILE_BYTES + SFA_BYTES;
-    /// Stages plus two mbarriers per stage (full, empty: see `pipeline`).
-    pub const SMEM_BYTES: u32 = STAGES * STAGE_BYTES + 2 * 8 * STAGES;
     /// Largest dynamic shared memory per block on sm_90 (227 KiB).
     pub const SMEM_LIMIT: u32 = 232_448;
-    const _: () = assert!(SMEM_BYTES <= SMEM_LIMIT);
     /// Register budgets after `setmaxnreg`: 128·(40 + 2·232) ≤ 65 536.
     pub const PRODUCER_REGS: u32 = 40;
     pub const CONSUMER_REGS: u32 = 232;
-    /// Largest cluster along M; the A-scale padding (`m_pad`) is a multiple of BLOCK_M × this.
+    /// Largest cluster along M.
     pub const MAX_CLUSTER_M: u32 = 2;
+    /// Tallest tile in waves: each wave costs a consumer thread 64 fp32 accumulators (plus 64
+    /// scratch shared by the waves), so 2 waves need ≈ 200 of the 232 registers; 3 would not fit.
+    pub const MAX_WAVES: u32 = 2;
+    /// The A-scale padding (`m_pad`): whole clusters of the tallest tiles, so every CTA's scale
+    /// loads stay inside the buffer.
+    pub const M_PAD: u32 = WAVE_M * MAX_WAVES * MAX_CLUSTER_M;
+
+    /// One tile shape: `waves` × 128 rows of A by 128 columns of B.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+    pub struct Tile {
+        pub waves: u32,
+    }
+
+    impl Tile {
+        pub const M128: Tile = Tile { waves: 1 };
+        pub const M256: Tile = Tile { waves: 2 };
+        pub const ALL: [Tile; 2] = [Tile::M128, Tile::M256];
+
+        pub const fn block_m(self) -> u32 {
+            WAVE_M * self.waves
+        }
+        pub const fn a_bytes(self) -> u32 {
+            self.block_m() * ROW_BYTES
+        }
+        /// The A scales of one stage: one f32 per row.
+        pub const fn sfa_bytes(self) -> u32 {
+            self.block_m() * 4
+        }
+        pub const fn stage_bytes(self) -> u32 {
+            self.a_bytes() + B_TILE_BYTES + self.sfa_bytes()
+        }
+        /// As many stages as fit, each with its two mbarriers (full, empty: see `pipeline`):
+        /// 6 of 32.5 KiB for 128-row tiles, 4 of 49 KiB for 256-row tiles.
+        pub const fn stages(self) -> u32 {
+            SMEM_LIMIT / (self.stage_bytes() + 16)
+        }
+        pub const fn smem_bytes(self) -> u32 {
+            self.stages() * (self.stage_bytes() + 16)
+        }
+    }
+    const _: () = assert!(Tile::M128.stages() == 6 && Tile::M256.stages() == 4);
 }
 
 /// Parameters of the sm90 FP8 GEMM. Tensor maps live in device memory (64-byte aligned; see

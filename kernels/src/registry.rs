@@ -36,8 +36,20 @@ pub const SM90_FP8_GEMM: KernelInfo = KernelInfo {
     targets: &["sm_90a"],
 };
 
+/// The same with 256 × 128 tiles (two 128-row waves per stage): large shapes.
+pub const SM90_FP8_GEMM_M256: KernelInfo = KernelInfo {
+    name: "sm90_fp8_blockscaled_gemm_m256",
+    ..SM90_FP8_GEMM
+};
+
+/// The sm90 FP8 kernels by tile shape.
+pub const SM90_FP8_TILES: [(crate::params::sm90::Tile, KernelInfo); 2] = [
+    (crate::params::sm90::Tile::M128, SM90_FP8_GEMM),
+    (crate::params::sm90::Tile::M256, SM90_FP8_GEMM_M256),
+];
+
 /// Every kernel, for the builder.
-pub const KERNELS: &[KernelInfo] = &[REFERENCE_GEMM, SM90_FP8_GEMM];
+pub const KERNELS: &[KernelInfo] = &[REFERENCE_GEMM, SM90_FP8_GEMM, SM90_FP8_GEMM_M256];
 
 /// The dynamic shared-memory array's name as a literal, so `asm!` templates can `concat!` it.
 #[macro_export]

@@ -146,7 +146,7 @@ fn check_sm90(
     l: usize,
     dtype: OutType,
     seed: u64,
-    cluster: Option<u32>,
+    force: Option<(u32, u32)>,
 ) -> Result<(), String> {
     let g = gpu();
     let (_, a) = random_matrix(seed, m, k, l, recipe.a());
@@ -169,8 +169,12 @@ fn check_sm90(
         g.upload(&a).map_err(|e| e.to_string())?,
         g.upload(&b).map_err(|e| e.to_string())?,
     );
-    let plan = match (g.plan(&da, &db).map_err(|e| e.to_string())?, cluster) {
-        (Plan::Sm90Fp8(cfg), Some(cluster_m)) => Plan::Sm90Fp8(Sm90Config { cluster_m, ..cfg }),
+    let plan = match (g.plan(&da, &db).map_err(|e| e.to_string())?, force) {
+        (Plan::Sm90Fp8(cfg), Some((block_m, cluster_m))) => Plan::Sm90Fp8(Sm90Config {
+            block_m,
+            cluster_m,
+            ..cfg
+        }),
         (p @ Plan::Sm90Fp8(_), None) => p,
         (p, _) => {
             return Err(format!(
@@ -199,11 +203,13 @@ proptest! {
         l in 1usize..3,
         out_i in 0usize..3,
         cluster in 1u32..3,
+        tall in any::<bool>(),
         seed in any::<u64>(),
     ) {
         let recipe = [Recipe::DeepSeekFp8, Recipe::Fp8PerTensor(Fp8::E4M3)][which];
         let dtype = [OutType::Bf16, OutType::F16, OutType::F32][out_i];
-        check_sm90(recipe, m, n, 128 * kb, l, dtype, seed, Some(cluster)).map_err(TestCaseError::fail)?;
+        let block_m = if tall { 256 } else { 128 };
+        check_sm90(recipe, m, n, 128 * kb, l, dtype, seed, Some((block_m, cluster))).map_err(TestCaseError::fail)?;
     }
 }
 
@@ -211,7 +217,7 @@ proptest! {
 #[ignore = "needs a CUDA device"]
 fn sm90_kernel_matches_cpu_reference_on_larger_ragged_shapes() {
     let seed = std::process::id() as u64;
-    for cluster in [1, 2] {
+    for force in [(128, 1), (128, 2), (256, 1), (256, 2)] {
         check_sm90(
             Recipe::DeepSeekFp8,
             1111,
@@ -220,7 +226,7 @@ fn sm90_kernel_matches_cpu_reference_on_larger_ragged_shapes() {
             1,
             OutType::Bf16,
             seed,
-            Some(cluster),
+            Some(force),
         )
         .unwrap();
         check_sm90(
@@ -231,7 +237,7 @@ fn sm90_kernel_matches_cpu_reference_on_larger_ragged_shapes() {
             2,
             OutType::F32,
             seed + 1,
-            Some(cluster),
+            Some(force),
         )
         .unwrap();
     }
@@ -327,14 +333,26 @@ fn plans_follow_the_formats_and_k_not_multiple_of_128_is_an_error() {
     // Per-row B scales are not what the sm90 kernel takes: forcing it is a format error.
     let pr = Recipe::Fp8PerRow(Fp8::E4M3);
     let (a, b) = (up(pr, 64, 256, false), up(pr, 64, 256, true));
-    let forced = Plan::Sm90Fp8(Sm90Config {
+    let forced = Sm90Config {
+        block_m: 128,
         group_m: 8,
         ctas: g.sm_count(),
         cluster_m: 1,
-    });
+    };
     assert!(matches!(
-        g.gemm_with(&a, &b, &mut c, forced),
+        g.gemm_with(&a, &b, &mut c, Plan::Sm90Fp8(forced)),
         Err(Error::Format(_))
     ));
     assert_eq!(g.plan(&a, &b).unwrap(), Plan::Reference);
+    // A tile height the kernel is not built for is a format error too.
+    let ds = Recipe::DeepSeekFp8;
+    let (a, b) = (up(ds, 64, 256, false), up(ds, 64, 256, true));
+    let tile = Sm90Config {
+        block_m: 192,
+        ..forced
+    };
+    assert!(matches!(
+        g.gemm_with(&a, &b, &mut c, Plan::Sm90Fp8(tile)),
+        Err(Error::Format(_))
+    ));
 }

@@ -132,8 +132,12 @@ fn nvfp4_blocks_far_below_the_tensor_maximum_keep_a_non_zero_scale() {
     // block of maximum 2.5e-3 wants a block scale of ~8.7e-4, below ue4m3's smallest subnormal
     // (2^-9); rounding it to zero flushed the whole block. Its elements must survive.
     let mut v = random_values(11, 2 * 32, 32);
-    v[..32].iter_mut().for_each(|x| *x = x.signum() * 1280.0 * x.abs().max(0.5).min(1.0));
-    v[32..].iter_mut().for_each(|x| *x = x.signum() * 2.5e-3 * x.abs().max(0.5).min(1.0));
+    v[..32]
+        .iter_mut()
+        .for_each(|x| *x = x.signum() * 1280.0 * x.abs().max(0.5).min(1.0));
+    v[32..]
+        .iter_mut()
+        .for_each(|x| *x = x.signum() * 2.5e-3 * x.abs().max(0.5).min(1.0));
     v[0] = 1280.0;
     v[32] = 2.5e-3;
     let q = ScaledMatrix::quantize(&v, 2, 32, 1, Recipe::Nvfp4.a()).unwrap();
@@ -141,7 +145,11 @@ fn nvfp4_blocks_far_below_the_tensor_maximum_keep_a_non_zero_scale() {
         let (x, s) = (v[32 + kk] as f64, q.scale_value(0, 1, kk));
         assert!(s > 0.0, "block scale flushed to zero");
         let err = (q.value(0, 1, kk) - x).abs();
-        assert!(err <= bound(ElemType::E2M1, x, s), "x {x:e} -> {} (scale {s:e})", q.value(0, 1, kk));
+        assert!(
+            err <= bound(ElemType::E2M1, x, s),
+            "x {x:e} -> {} (scale {s:e})",
+            q.value(0, 1, kk)
+        );
     }
 }
 

@@ -44,7 +44,7 @@ struct Args {
     /// Output type: BFloat16 (default), Float16, Float32.
     #[arg(long = "c_dtype", alias = "c-dtype", default_value = "BFloat16")]
     c_dtype: String,
-    /// Tile M,N (accepted for the fast kernels; the reference kernel's block is fixed at 8x32).
+    /// Tile M,N of the sm90 kernel: 128,128 or 256,128 (default: the heuristic's).
     #[arg(long = "mma_tiler_mn", alias = "mma-tiler-mn")]
     mma_tiler_mn: Option<String>,
     /// Cluster shape M,N (accepted for the fast kernels; the reference kernel runs unclustered).
@@ -143,13 +143,17 @@ fn main() -> ExitCode {
 
 fn run(args: &Args) -> Result<bool, String> {
     let mnkl = parse_list(&args.mnkl, 4, "mnkl")?;
-    if let Some(t) = &args.mma_tiler_mn {
-        if parse_list(t, 2, "mma_tiler_mn")? != [128, 128] && args.kernel != "reference" {
-            return Err(
-                "--mma_tiler_mn: the sm90 kernel is built for 128,128 tiles only (so far)".into(),
-            );
-        }
-    }
+    let block_m = match &args.mma_tiler_mn {
+        None => None,
+        Some(t) => match parse_list(t, 2, "mma_tiler_mn")?.as_slice() {
+            [bm @ (128 | 256), 128] => Some(*bm as u32),
+            _ => {
+                return Err(
+                    "--mma_tiler_mn: the sm90 kernel has tiles of 128,128 and 256,128".into(),
+                );
+            }
+        },
+    };
     let cluster_m = match &args.cluster_shape_mn {
         None => None,
         Some(c) => match parse_list(c, 2, "cluster_shape_mn")?.as_slice() {
@@ -198,11 +202,17 @@ fn run(args: &Args) -> Result<bool, String> {
     let gpu = Gpu::new(args.device).map_err(|e| e.to_string())?;
     println!("{gpu:?}; seed {seed}");
     let plan = match args.kernel.as_str() {
-        "auto" if args.group_m.is_none() && cluster_m.is_none() => None,
+        "auto" if args.group_m.is_none() && cluster_m.is_none() && block_m.is_none() => None,
         "auto" | "sm90" => {
-            let d = blockscaled::config::sm90_default(mnkl[0], gpu.sm_count());
+            let d = blockscaled::config::sm90_default(mnkl[0], mnkl[1], mnkl[3], gpu.sm_count());
+            let block_m = block_m.unwrap_or(d.block_m);
             Some(Plan::Sm90Fp8(Sm90Config {
-                group_m: args.group_m.unwrap_or(d.group_m),
+                block_m,
+                // A forced tile height keeps the default band's rows.
+                group_m: args
+                    .group_m
+                    .unwrap_or(d.group_m * d.block_m / block_m)
+                    .max(1),
                 cluster_m: cluster_m.unwrap_or(d.cluster_m),
                 ..d
             }))

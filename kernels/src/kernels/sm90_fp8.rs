@@ -2,19 +2,25 @@
 //! (DeepSeek-V3), C = A·Bᵀ. Per-tensor and per-row scales run through it after the host expands
 //! them into this layout.
 //!
+//! Two entry points, one body: tiles of 128 × 128 (`WAVES` = 1) and 256 × 128 (`WAVES` = 2). The
+//! taller tile moves a quarter fewer L2 bytes per FLOP, which is what limits the 128-row tile on
+//! large shapes (docs/PERF.md).
+//!
 //! Roles (one persistent CTA per SM, `params::sm90::THREADS` threads):
 //! - warpgroup 0, one thread: the producer. For each tile of the schedule and each 128-wide K block
-//!   it waits for a free stage, then TMA-loads the A tile (128×128 e4m3), the B tile (128×128) and
-//!   the tile's 128 A scales into it.
-//! - warpgroups 1 and 2: consumers, 64 rows of the tile each. Per K block: four
-//!   `wgmma m64n128k32` into a scratch accumulator, then promotion into the fp32 accumulator with
-//!   `scale_a[row] · scale_b` (Hopper's FP8 tensor-core accumulation is not full fp32, so the
-//!   partial sums are scaled and added in fp32 every 128 of K). After the last K block: convert and
-//!   store with masks for ragged M and N, while the producer already fills the next tile's stages.
+//!   it waits for a free stage, then TMA-loads the A tile (`WAVES`·128 × 128 e4m3), the B tile
+//!   (128×128) and the tile's A scales into it.
+//! - warpgroups 1 and 2: consumers, 64 rows of each 128-row wave each. Per K block and wave: four
+//!   `wgmma m64n128k32` into one scratch accumulator, then promotion into that wave's fp32
+//!   accumulator with `scale_a[row] · scale_b` (Hopper's FP8 tensor-core accumulation is not full
+//!   fp32, so the partial sums are scaled and added in fp32 every 128 of K). The waves share the
+//!   scratch, so a consumer thread holds 64·(WAVES + 1) accumulators (DeepGEMM's arrangement).
+//!   After the last K block: convert and store with masks for ragged M and N, while the producer
+//!   already fills the next tile's stages.
 
 use crate::params::sm90::{
-    A_TILE_BYTES, B_TILE_BYTES, BLOCK_K, BLOCK_M, BLOCK_N, CONSUMER_REGS, PRODUCER_REGS, ROW_BYTES,
-    SFA_BYTES, STAGE_BYTES, STAGES,
+    B_TILE_BYTES, BLOCK_K, BLOCK_N, CONSUMER_REGS, CONSUMERS, PRODUCER_REGS, ROW_BYTES, Tile,
+    WAVE_M,
 };
 use crate::params::{OutType, Sm90Fp8Params};
 use crate::pipeline::Pipeline;
@@ -22,7 +28,7 @@ use crate::ptx::wgmma::{self, Descriptor, Swizzle};
 use crate::ptx::{convert, global, smem, thread, tma};
 use crate::scheduler::TileScheduler;
 
-/// Rows per consumer warpgroup: the M of `wgmma` m64nNk32.
+/// Rows per consumer warpgroup and wave: the M of `wgmma` m64nNk32.
 const WG_ROWS: u32 = 64;
 /// K per `wgmma` (e4m3): 32 elements = 32 bytes of a swizzled row.
 const MMA_K: u32 = 32;
@@ -34,30 +40,33 @@ const SWIZZLE_SBO: u32 = 8 * ROW_BYTES;
 #[derive(Clone, Copy)]
 struct StageLayout {
     base: u32,
+    tile: Tile,
 }
 
 impl StageLayout {
     #[inline(always)]
     fn a(self, s: u32) -> u32 {
-        self.base + s * A_TILE_BYTES
+        self.base + s * self.tile.a_bytes()
     }
     #[inline(always)]
     fn b(self, s: u32) -> u32 {
-        self.base + STAGES * A_TILE_BYTES + s * B_TILE_BYTES
+        self.base + self.tile.stages() * self.tile.a_bytes() + s * B_TILE_BYTES
     }
     #[inline(always)]
     fn sfa(self, s: u32) -> u32 {
-        self.base + STAGES * (A_TILE_BYTES + B_TILE_BYTES) + s * SFA_BYTES
+        self.base
+            + self.tile.stages() * (self.tile.a_bytes() + B_TILE_BYTES)
+            + s * self.tile.sfa_bytes()
     }
     #[inline(always)]
     fn barriers(self) -> u32 {
-        self.base + STAGES * STAGE_BYTES
+        self.base + self.tile.stages() * self.tile.stage_bytes()
     }
-    /// wgmma descriptor of consumer `c`'s 64 rows of the A tile, at K step `kk`.
+    /// wgmma descriptor of consumer `c`'s 64 rows of wave `w` of the A tile, at K step `kk`.
     #[inline(always)]
-    fn a_desc(self, s: u32, c: u32, kk: u32) -> Descriptor {
+    fn a_desc(self, s: u32, w: u32, c: u32, kk: u32) -> Descriptor {
         Descriptor::new(
-            self.a(s) + c * WG_ROWS * ROW_BYTES,
+            self.a(s) + (w * WAVE_M + c * WG_ROWS) * ROW_BYTES,
             16,
             SWIZZLE_SBO,
             Swizzle::B128,
@@ -71,18 +80,41 @@ impl StageLayout {
     }
 }
 
+/// 128 × 128 tiles: small M, and shapes with too few 256-row tiles to fill the GPU.
 /// # Safety
-/// Launched by the host with `THREADS` threads, `SMEM_BYTES` of dynamic shared memory and
-/// parameters from validated matrices: tensor maps of A (K, M, L) and B (K, N, L) with boxes
-/// 128 × BLOCK_M / BLOCK_N and 128-byte swizzle, scale buffers as `Sm90Fp8Params` describes,
-/// `k % 128 == 0`, and `out` sized for L·M·N elements of `out_type`.
+/// See [`gemm`].
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn sm90_fp8_blockscaled_gemm(p: Sm90Fp8Params) {
+    // SAFETY: the caller's contract.
+    unsafe { gemm::<1>(p) }
+}
+
+/// 256 × 128 tiles: large shapes.
+/// # Safety
+/// See [`gemm`].
+#[unsafe(no_mangle)]
+pub unsafe extern "ptx-kernel" fn sm90_fp8_blockscaled_gemm_m256(p: Sm90Fp8Params) {
+    // SAFETY: the caller's contract.
+    unsafe { gemm::<2>(p) }
+}
+
+/// # Safety
+/// Launched by the host with `THREADS` threads, `Tile { waves: WAVES }.smem_bytes()` of dynamic
+/// shared memory and parameters from validated matrices: tensor maps of A (K, M, L) and B (K, N, L)
+/// with boxes 128 × 128 rows (B: 128 / cluster rows) and 128-byte swizzle, scale buffers as
+/// `Sm90Fp8Params` describes, `k % 128 == 0`, and `out` sized for L·M·N elements of `out_type`.
+#[inline(always)]
+unsafe fn gemm<const WAVES: usize>(p: Sm90Fp8Params) {
+    let tile = Tile {
+        waves: WAVES as u32,
+    };
+    let (block_m, stages) = (tile.block_m(), tile.stages());
     let layout = StageLayout {
         base: smem::dynamic_base(),
+        tile,
     };
     let cluster = p.cluster_m;
-    let pipe = Pipeline::new(layout.barriers(), STAGES, cluster);
+    let pipe = Pipeline::new(layout.barriers(), stages, cluster);
     let tid = thread::thread_x();
     let wg = tid / 128;
     let rank = if cluster > 1 {
@@ -93,7 +125,7 @@ pub unsafe extern "ptx-kernel" fn sm90_fp8_blockscaled_gemm(p: Sm90Fp8Params) {
     if tid == 0 {
         // SAFETY: the barrier memory is ours; the block / cluster barrier below precedes every use.
         unsafe {
-            pipe.init(128 * crate::params::sm90::CONSUMERS);
+            pipe.init(128 * CONSUMERS);
             tma::prefetch_map(p.tmap_a);
             tma::prefetch_map(p.tmap_b);
         }
@@ -107,20 +139,24 @@ pub unsafe extern "ptx-kernel" fn sm90_fp8_blockscaled_gemm(p: Sm90Fp8Params) {
     }
 
     let k_blocks = p.k / BLOCK_K;
-    // The schedule's unit is one cluster: `cluster` consecutive M tiles of one N tile.
-    let mut tiles = TileScheduler::new(
-        p.m,
-        p.n,
-        p.l,
-        BLOCK_M * cluster,
-        BLOCK_N,
-        p.group_m,
-        thread::block_x() / cluster,
-        thread::grid_dim_x() / cluster,
-    );
+    // The schedule's unit is one cluster: `cluster` consecutive M tiles of one N tile. Each role
+    // makes it after its `setmaxnreg` (ptxas spills values live across that instruction).
+    let schedule = || {
+        TileScheduler::new(
+            p.m,
+            p.n,
+            p.l,
+            block_m * cluster,
+            BLOCK_N,
+            p.group_m,
+            thread::block_x() / cluster,
+            thread::grid_dim_x() / cluster,
+        )
+    };
 
     if wg == 0 {
         thread::lower_registers::<PRODUCER_REGS>();
+        let mut tiles = schedule();
         if tid == 0 {
             let b_rows = BLOCK_N / cluster;
             let mut it = 0u32;
@@ -130,16 +166,26 @@ pub unsafe extern "ptx-kernel" fn sm90_fp8_blockscaled_gemm(p: Sm90Fp8Params) {
                     let s = pipe.stage(it);
                     let sfa = p.sfa
                         + 4 * ((t.l * k_blocks + kb) as u64 * p.m_pad as u64
-                            + (m_tile * BLOCK_M) as u64);
+                            + (m_tile * block_m) as u64);
                     // SAFETY: the stage is free in every CTA we write into after `producer_acquire`
-                    // (every CTA's consumers release to our empty barrier); the boxes and the 512-byte scale
+                    // (every CTA's consumers release to our empty barrier); the boxes and the scale
                     // copy fit the stage's buffers; the maps and `sfa` (padded to whole clusters of
-                    // tiles) cover these coordinates; TMA zero-fills rows past M or N.
+                    // the tallest tiles) cover these coordinates; TMA zero-fills rows past M or N.
                     unsafe {
                         pipe.producer_acquire(it);
-                        let full = pipe.producer_expect(it, STAGE_BYTES);
+                        let full = pipe.producer_expect(it, tile.stage_bytes());
                         let (x, l) = ((kb * BLOCK_K) as i32, t.l as i32);
-                        tma::load_3d(layout.a(s), p.tmap_a, x, (m_tile * BLOCK_M) as i32, l, full);
+                        for w in 0..tile.waves {
+                            let y = (m_tile * block_m + w * WAVE_M) as i32;
+                            tma::load_3d(
+                                layout.a(s) + w * WAVE_M * ROW_BYTES,
+                                p.tmap_a,
+                                x,
+                                y,
+                                l,
+                                full,
+                            );
+                        }
                         let b_dst = layout.b(s) + rank * b_rows * ROW_BYTES;
                         let b_y = (t.n * BLOCK_N + rank * b_rows) as i32;
                         if cluster > 1 {
@@ -156,18 +202,18 @@ pub unsafe extern "ptx-kernel" fn sm90_fp8_blockscaled_gemm(p: Sm90Fp8Params) {
                         } else {
                             tma::load_3d(b_dst, p.tmap_b, x, b_y, l, full);
                         }
-                        tma::load_bytes(layout.sfa(s), sfa, SFA_BYTES, full);
+                        tma::load_bytes(layout.sfa(s), sfa, tile.sfa_bytes(), full);
                     }
                     it += 1;
                 }
             }
         }
     } else {
-        consume(
+        consume::<WAVES>(
             &p,
             &pipe,
             layout,
-            &mut tiles,
+            schedule,
             wg - 1,
             tid % 128,
             cluster,
@@ -184,11 +230,11 @@ pub unsafe extern "ptx-kernel" fn sm90_fp8_blockscaled_gemm(p: Sm90Fp8Params) {
 /// The consumer warpgroups' part of the kernel.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-fn consume(
+fn consume<const WAVES: usize>(
     p: &Sm90Fp8Params,
     pipe: &Pipeline,
     layout: StageLayout,
-    tiles: &mut TileScheduler,
+    schedule: impl FnOnce() -> TileScheduler,
     c: u32,
     local: u32,
     cluster: u32,
@@ -196,10 +242,12 @@ fn consume(
     k_blocks: u32,
 ) {
     thread::raise_registers::<CONSUMER_REGS>();
+    let mut tiles = schedule();
     let (warp, lane) = (local / 32, local % 32);
-    // This thread's two rows within the consumer's 64 (accumulator fragment layout).
+    // This thread's first row within each wave (accumulator fragment layout; the second is +8).
     let row = c * WG_ROWS + 16 * warp + lane / 4;
     let n_blocks = p.n.div_ceil(BLOCK_N);
+    let block_m = layout.tile.block_m();
     let consumer = Consumer {
         pipe: *pipe,
         layout,
@@ -211,26 +259,22 @@ fn consume(
     while let Some(t) = tiles.next() {
         let m_tile = t.m * cluster + rank;
         let sfb = (p.sfb as *const f32).wrapping_add(((t.l * n_blocks + t.n) * k_blocks) as usize);
-        let mut acc = [0.0f32; 64];
+        let mut acc = [[0.0f32; 64]; WAVES];
         for kb in 0..k_blocks {
-            // SAFETY: `it` counts this consumer's stages in order; each is issued, waited for and
-            // finished before the next (overlapping two K blocks in one warpgroup was tried: see
-            // docs/PERF.md, v2 — ptxas serialized it).
-            unsafe {
-                let (mut part, scale_b) = consumer.issue(it, sfb, kb);
-                wgmma::wait::<0>();
-                wgmma::fence_operands_64(&mut part);
-                consumer.finish(&mut acc, &part, it, scale_b);
-            }
+            // SAFETY: `it` counts this consumer's stages in order; each is waited for, used by
+            // every wave and released before the next.
+            unsafe { consumer.k_block(&mut acc, it, sfb.add(kb as usize)) };
             it += 1;
         }
-        store_tile(
-            p,
-            t.l,
-            m_tile * BLOCK_M + row,
-            t.n * BLOCK_N + 2 * (lane % 4),
-            &acc,
-        );
+        for (w, acc) in acc.iter().enumerate() {
+            store_tile(
+                p,
+                t.l,
+                m_tile * block_m + w as u32 * WAVE_M + row,
+                t.n * BLOCK_N + 2 * (lane % 4),
+                acc,
+            );
+        }
     }
 }
 
@@ -238,69 +282,73 @@ fn consume(
 struct Consumer {
     pipe: Pipeline,
     layout: StageLayout,
-    /// Consumer index (which 64 rows of the tile).
+    /// Consumer index (which 64 rows of each wave).
     c: u32,
-    /// This thread's first row in the tile (the second is `row + 8`).
+    /// This thread's first row in each wave (the second is `row + 8`).
     row: u32,
     /// This CTA's rank in its cluster.
     rank: u32,
 }
 
 impl Consumer {
-    /// Waits for stage `it` and issues its four `wgmma` (not waited for); returns the scratch
-    /// accumulator they write and B's scale for K block `kb` (a global load whose latency hides
-    /// behind the MMA).
+    /// Waits for stage `it`; for each wave issues its four `wgmma` into the scratch accumulator,
+    /// waits for them and promotes the partial sums into the wave's accumulator; releases the stage.
+    /// (Overlapping a wave's promotion with the next wave's MMAs needs a second scratch: no
+    /// registers for it with 2 waves, and ptxas serialized it with 1 — docs/PERF.md, v2.)
     /// # Safety
-    /// Stages are issued in order; `sfb` holds this tile's `k_blocks` B scales.
+    /// Stages are used in order; `sfb` points at this K block's B scale.
     #[inline(always)]
-    unsafe fn issue(&self, it: u32, sfb: *const f32, kb: u32) -> ([f32; 64], f32) {
-        let s = self.pipe.stage(it);
-        // SAFETY: the caller's contract; the stage is filled after `consumer_wait`.
-        unsafe {
-            let scale_b = *sfb.add(kb as usize);
-            self.pipe.consumer_wait(it);
-            wgmma::fence();
-            let mut part = wgmma::mma_m64n128k32_e4m3_first(
-                self.layout.a_desc(s, self.c, 0),
-                self.layout.b_desc(s, 0),
-            );
-            for kk in 1..BLOCK_K / MMA_K {
-                wgmma::mma_m64n128k32_e4m3(
-                    &mut part,
-                    self.layout.a_desc(s, self.c, kk),
-                    self.layout.b_desc(s, kk),
-                    true,
-                );
-            }
-            wgmma::commit();
-            (part, scale_b)
-        }
-    }
-
-    /// Adds `part · scale_a[row] · scale_b` into `acc` and releases stage `it`.
-    /// # Safety
-    /// `issue` was called for `it` and its wgmma group has been waited for.
-    #[inline(always)]
-    unsafe fn finish(&self, acc: &mut [f32; 64], part: &[f32; 64], it: u32, scale_b: f32) {
+    unsafe fn k_block<const WAVES: usize>(
+        &self,
+        acc: &mut [[f32; 64]; WAVES],
+        it: u32,
+        sfb: *const f32,
+    ) {
         let s = self.pipe.stage(it);
         let sfa = self.layout.sfa(s);
-        // SAFETY: the stage's scale vector arrived with its tiles; rows < 128.
-        let (sa0, sa1) = unsafe {
-            (
-                f32::from_bits(smem::load_u32(sfa + 4 * self.row)),
-                f32::from_bits(smem::load_u32(sfa + 4 * (self.row + 8))),
-            )
-        };
-        let (f0, f1) = (sa0 * scale_b, sa1 * scale_b);
-        for i in 0..64 {
-            acc[i] += part[i] * if (i / 2) % 2 == 0 { f0 } else { f1 };
+        // SAFETY: the caller's contract; the stage (tiles and scales) is filled after
+        // `consumer_wait`; rows < block_m.
+        unsafe {
+            // A global load whose latency hides behind the wait and the first MMAs.
+            let scale_b = *sfb;
+            self.pipe.consumer_wait(it);
+            for (w, acc) in acc.iter_mut().enumerate() {
+                let w = w as u32;
+                wgmma::fence();
+                let mut part = wgmma::mma_m64n128k32_e4m3_first(
+                    self.layout.a_desc(s, w, self.c, 0),
+                    self.layout.b_desc(s, 0),
+                );
+                for kk in 1..BLOCK_K / MMA_K {
+                    wgmma::mma_m64n128k32_e4m3(
+                        &mut part,
+                        self.layout.a_desc(s, w, self.c, kk),
+                        self.layout.b_desc(s, kk),
+                        true,
+                    );
+                }
+                wgmma::commit();
+                let r = w * WAVE_M + self.row;
+                let (sa0, sa1) = (
+                    f32::from_bits(smem::load_u32(sfa + 4 * r)),
+                    f32::from_bits(smem::load_u32(sfa + 4 * (r + 8))),
+                );
+                wgmma::wait::<0>();
+                wgmma::fence_operands_64(&mut part);
+                let (f0, f1) = (sa0 * scale_b, sa1 * scale_b);
+                for i in 0..64 {
+                    acc[i] += part[i] * if (i / 2) % 2 == 0 { f0 } else { f1 };
+                }
+                // Pins the sums here: LLVM otherwise sinks them to the loop latch (their only
+                // use is the next K block), past the next wave's MMAs, and that wave's scratch
+                // then no longer fits beside them (ptxas spilled 144 bytes).
+                wgmma::fence_operands_64(acc);
+            }
+            // This thread has read the stage (its MMAs completed, its scales used): release it.
+            self.pipe.consumer_release(it, self.rank);
         }
-        // This thread has read the stage (its MMAs completed, its scales used): release it.
-        // SAFETY: after `consumer_wait(it)` and this thread's last read.
-        unsafe { self.pipe.consumer_release(it, self.rank) };
     }
 }
-
 /// Writes one thread's 64 accumulators: value `i` at row `row0 + 8·((i/2)%2)`, column
 /// `col0 + 8·(i/4) + (i%2)`. Adjacent column pairs go out as one 4-byte (16-bit types) or 8-byte
 /// (f32) store when N is even (then the pair is aligned), else as two stores; elements past M or N
