@@ -173,12 +173,17 @@ impl Gpu {
             .ok_or_else(|| shape(format!("output {l}×{m}×{n} overflows")))?;
         // SAFETY: u8 has no invalid bit patterns; `poison` fills it before anyone reads it.
         let buf = unsafe { self.stream.alloc::<u8>(bytes) }?;
+        let sm90_tmap = match self.arch {
+            GpuArch::Hopper => sm90::output_tensor_map(&self.stream, &buf, dtype, (m, n, l))?,
+            GpuArch::Blackwell => None,
+        };
         let mut out = DeviceOutput {
             dtype,
             m,
             n,
             l,
             buf,
+            sm90_tmap,
         };
         out.poison()?;
         Ok(out)
@@ -236,6 +241,7 @@ impl Gpu {
                     bo,
                     dims,
                     &mut c.buf,
+                    c.sm90_tmap.as_ref(),
                     c.dtype as u32,
                     cfg,
                 )
@@ -333,6 +339,8 @@ pub struct DeviceOutput {
     pub(crate) n: usize,
     pub(crate) l: usize,
     pub(crate) buf: CudaSlice<u8>,
+    /// The sm90 kernel's TMA-store descriptor of `buf` (Hopper, 16-bit output, N % 8 == 0).
+    pub(crate) sm90_tmap: Option<CudaSlice<u8>>,
 }
 
 impl DeviceOutput {

@@ -10,7 +10,7 @@ use crate::format::{ElemType, ScaleType};
 use crate::matrix::{MatrixDesc, ScaledMatrix};
 use blockscaled_kernels::params::Sm90Fp8Params;
 use blockscaled_kernels::params::sm90::{
-    BLOCK_K, BLOCK_N, M_PAD, MAX_CLUSTER_M, ROW_BYTES, THREADS, Tile, WAVE_M,
+    BLOCK_K, BLOCK_N, C_BOX_N, M_PAD, MAX_CLUSTER_M, ROW_BYTES, THREADS, Tile, WAVE_M,
 };
 use blockscaled_kernels::registry;
 use blockscaled_kernels::scheduler::TileScheduler;
@@ -119,8 +119,8 @@ impl Sm90Operand {
     }
 }
 
-/// Encodes the TMA descriptor of a K-major e4m3 operand and copies it to device memory (a by-value
-/// kernel parameter cannot carry the 64-byte alignment TMA needs from Rust; see `ptx::tma`).
+/// Encodes the TMA descriptor of a K-major e4m3 operand (box: 128 bytes of K × `box_rows` rows,
+/// 128-byte swizzle) and copies it to device memory.
 fn encode_tensor_map(
     stream: &Arc<CudaStream>,
     data: &CudaSlice<u8>,
@@ -129,23 +129,67 @@ fn encode_tensor_map(
     l: usize,
     box_rows: u32,
 ) -> Result<CudaSlice<u8>> {
-    let mut map = sys::CUtensorMap { opaque: [0; 16] };
-    let dims = [k as u64, rows as u64, l as u64];
-    // Byte strides of dims 1 and 2 (dim 0 is contiguous): multiples of 16 since K % 128 == 0.
-    let strides = [k as u64, (rows * k) as u64];
-    // The box: 128 bytes of K (the 128-byte swizzle span) × `box_rows` rows × 1 batch entry.
-    let boxes = [ROW_BYTES, box_rows, 1u32];
-    let elem_strides = [1u32; 3];
     let (ptr, _g) = data.device_ptr(stream);
+    // Byte strides of dims 1 and 2 (dim 0 is contiguous): multiples of 16 since K % 128 == 0.
+    encode_3d(
+        stream,
+        ptr,
+        sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT8,
+        [k, rows, l],
+        1,
+        [ROW_BYTES, box_rows],
+    )
+}
+
+/// The output's TMA-store descriptor (N, M, L of 16-bit values; box 64 × 64, 128-byte swizzle),
+/// or `None` where the kernel stores directly: f32 output, or N % 8 ≠ 0 (TMA needs 16-byte
+/// row strides).
+pub(crate) fn output_tensor_map(
+    stream: &Arc<CudaStream>,
+    buf: &CudaSlice<u8>,
+    dtype: crate::OutType,
+    (m, n, l): (usize, usize, usize),
+) -> Result<Option<CudaSlice<u8>>> {
+    if dtype.bytes() != 2 || n % 8 != 0 {
+        return Ok(None);
+    }
+    let (ptr, _g) = buf.device_ptr(stream);
+    encode_3d(
+        stream,
+        ptr,
+        sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT16,
+        [n, m, l],
+        2,
+        [C_BOX_N, WAVE_M / 2],
+    )
+    .map(Some)
+}
+
+/// Encodes a 3-D row-major tensor map (`dims` innermost first, `elem` bytes per element, dense;
+/// boxes of `box_xy` × 1 with 128-byte swizzle) over device memory at `ptr` and copies it to device
+/// memory (a by-value kernel parameter cannot carry the 64-byte alignment TMA needs from Rust).
+fn encode_3d(
+    stream: &Arc<CudaStream>,
+    ptr: u64,
+    dtype: sys::CUtensorMapDataType,
+    dims: [usize; 3],
+    elem: usize,
+    box_xy: [u32; 2],
+) -> Result<CudaSlice<u8>> {
+    let mut map = sys::CUtensorMap { opaque: [0; 16] };
+    let sizes = dims.map(|d| d as u64);
+    let strides = [(dims[0] * elem) as u64, (dims[0] * dims[1] * elem) as u64];
+    let boxes = [box_xy[0], box_xy[1], 1u32];
+    let elem_strides = [1u32; 3];
     // SAFETY: every pointer refers to a live local array of the length the rank (3) implies;
-    // `ptr` is a live device allocation of rows·k·l bytes, 256-byte aligned by cuMemAlloc.
+    // `ptr` is a live device allocation of the dims' size, 256-byte aligned by cuMemAlloc.
     let r = unsafe {
         sys::cuTensorMapEncodeTiled(
             &mut map,
-            sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT8,
+            dtype,
             3,
             ptr as *mut std::ffi::c_void,
-            dims.as_ptr(),
+            sizes.as_ptr(),
             strides.as_ptr(),
             boxes.as_ptr(),
             elem_strides.as_ptr(),
@@ -289,6 +333,7 @@ pub(crate) fn launch(
     b: &Sm90Operand,
     (m, n, k, l): (usize, usize, usize, usize),
     out: &mut CudaSlice<u8>,
+    out_tmap: Option<&CudaSlice<u8>>,
     out_type: u32,
     cfg: Sm90Config,
 ) -> Result<()> {
@@ -313,12 +358,20 @@ pub(crate) fn launch(
     let (sfa, _g3) = sfa.device_ptr(stream);
     let (sfb, _g4) = sfb.device_ptr(stream);
     let (out, _g5) = out.device_ptr_mut(stream);
+    let (tmap_c, _g6) = match out_tmap {
+        Some(t) => {
+            let (p, g) = t.device_ptr(stream);
+            (p, Some(g))
+        }
+        None => (0, None),
+    };
     if m > i32::MAX as usize || n > i32::MAX as usize {
         return Err(shape("M and N must fit TMA's 32-bit coordinates"));
     }
     let mut p = Sm90Fp8Params {
         tmap_a,
         tmap_b,
+        tmap_c,
         sfa,
         sfb,
         out,

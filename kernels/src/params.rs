@@ -181,27 +181,38 @@ pub mod sm90 {
         pub const fn stage_bytes(self) -> u32 {
             self.a_bytes() + B_TILE_BYTES + self.sfa_bytes()
         }
-        /// As many stages as fit, each with its two mbarriers (full, empty: see `pipeline`):
-        /// 6 of 32.5 KiB for 128-row tiles, 4 of 49 KiB for 256-row tiles.
+        /// The output tile staged for its TMA store: 16-bit values (f32 output is stored
+        /// directly, without it).
+        pub const fn c_bytes(self) -> u32 {
+            self.block_m() * BLOCK_N * 2
+        }
+        /// As many stages as fit beside the output tile, each with its two mbarriers (full,
+        /// empty: see `pipeline`): 5 of 32.5 KiB for 128-row tiles, 3 of 49 KiB for 256-row ones.
         pub const fn stages(self) -> u32 {
-            SMEM_LIMIT / (self.stage_bytes() + 16)
+            (SMEM_LIMIT - self.c_bytes()) / (self.stage_bytes() + 16)
         }
         pub const fn smem_bytes(self) -> u32 {
-            self.stages() * (self.stage_bytes() + 16)
+            self.stages() * (self.stage_bytes() + 16) + self.c_bytes()
         }
     }
-    const _: () = assert!(Tile::M128.stages() == 6 && Tile::M256.stages() == 4);
+    const _: () = assert!(Tile::M128.stages() == 5 && Tile::M256.stages() == 3);
+    /// Columns of one output box of the TMA store: 64 × 2 bytes = the 128-byte swizzle span.
+    pub const C_BOX_N: u32 = 64;
 }
 
 /// Parameters of the sm90 FP8 GEMM. Tensor maps live in device memory (64-byte aligned; see
-/// `ptx::tma`); `tmap_b`'s box is BLOCK_N / `cluster_m` rows (each CTA of a cluster loads its share). `sfa`: f32 `[l][k/128][m_pad]`, M contiguous, zero-padded to `m_pad` (a multiple
-/// of BLOCK_M · MAX_CLUSTER_M, so every tile's 128 scales are one aligned 512-byte copy). `sfb`: f32
+/// `ptx::tma`); `tmap_b`'s box is BLOCK_N / `cluster_m` rows (each CTA of a cluster loads its
+/// share). `sfa`: f32 `[l][k/128][m_pad]`, M contiguous, zero-padded to `m_pad` (a multiple of
+/// [`sm90::M_PAD`], so every tile's scales are one aligned copy). `sfb`: f32
 /// `[l][⌈n/128⌉][k/128]`. `k` is a multiple of 128.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Sm90Fp8Params {
     pub tmap_a: u64,
     pub tmap_b: u64,
+    /// Tensor map of the output for TMA stores (N, M, L; box 64 × 64; 128-byte swizzle), or 0:
+    /// direct stores (f32 output, or N % 8 ≠ 0 so rows are not 16-byte aligned).
+    pub tmap_c: u64,
     pub sfa: u64,
     pub sfb: u64,
     pub out: u64,

@@ -204,8 +204,11 @@ proptest! {
         out_i in 0usize..3,
         cluster in 1u32..3,
         tall in any::<bool>(),
+        n_mult_8 in any::<bool>(),
         seed in any::<u64>(),
     ) {
+        // N % 8 == 0 with 16-bit output goes through the TMA-store epilogue, else direct stores.
+        let n = if n_mult_8 { n.next_multiple_of(8) } else { n };
         let recipe = [Recipe::DeepSeekFp8, Recipe::Fp8PerTensor(Fp8::E4M3)][which];
         let dtype = [OutType::Bf16, OutType::F16, OutType::F32][out_i];
         let block_m = if tall { 256 } else { 128 };
@@ -237,6 +240,20 @@ fn sm90_kernel_matches_cpu_reference_on_larger_ragged_shapes() {
             2,
             OutType::F32,
             seed + 1,
+            Some(force),
+        )
+        .unwrap();
+    }
+    // f16 through the TMA-store epilogue with ragged M and a partial last 64-column box.
+    for force in [(128, 1), (256, 2)] {
+        check_sm90(
+            Recipe::DeepSeekFp8,
+            333,
+            1000,
+            384,
+            2,
+            OutType::F16,
+            seed + 2,
             Some(force),
         )
         .unwrap();

@@ -19,8 +19,8 @@
 //!   already fills the next tile's stages.
 
 use crate::params::sm90::{
-    B_TILE_BYTES, BLOCK_K, BLOCK_N, CONSUMER_REGS, CONSUMERS, PRODUCER_REGS, ROW_BYTES, Tile,
-    WAVE_M,
+    B_TILE_BYTES, BLOCK_K, BLOCK_N, C_BOX_N, CONSUMER_REGS, CONSUMERS, PRODUCER_REGS, ROW_BYTES,
+    Tile, WAVE_M,
 };
 use crate::params::{OutType, Sm90Fp8Params};
 use crate::pipeline::Pipeline;
@@ -35,8 +35,9 @@ const MMA_K: u32 = 32;
 /// Bytes between 8-row groups of a 128-byte-swizzled tile (8 rows × 128 bytes).
 const SWIZZLE_SBO: u32 = 8 * ROW_BYTES;
 
-/// Where stage `s`'s buffers are: all A tiles, then all B tiles, then all A-scale vectors, then the
-/// pipeline's barriers. Tiles stay 1024-byte aligned (128-byte swizzle needs it).
+/// Where stage `s`'s buffers are: all A tiles, then all B tiles, then the output tile, then all
+/// A-scale vectors, then the pipeline's barriers. Tiles stay 1024-byte aligned (128-byte swizzle
+/// needs it).
 #[derive(Clone, Copy)]
 struct StageLayout {
     base: u32,
@@ -52,15 +53,24 @@ impl StageLayout {
     fn b(self, s: u32) -> u32 {
         self.base + self.tile.stages() * self.tile.a_bytes() + s * B_TILE_BYTES
     }
+    /// Output box `h` (columns 64h..64h+64) of consumer `c`'s 64 rows of wave `w`: 64 rows of
+    /// 128 bytes, 128-byte swizzled, the layout the output's TMA store reads.
+    #[inline(always)]
+    fn c(self, w: u32, c: u32, h: u32) -> u32 {
+        self.base
+            + self.tile.stages() * (self.tile.a_bytes() + B_TILE_BYTES)
+            + ((w * CONSUMERS + c) * 2 + h) * WG_ROWS * ROW_BYTES
+    }
     #[inline(always)]
     fn sfa(self, s: u32) -> u32 {
         self.base
             + self.tile.stages() * (self.tile.a_bytes() + B_TILE_BYTES)
+            + self.tile.c_bytes()
             + s * self.tile.sfa_bytes()
     }
     #[inline(always)]
     fn barriers(self) -> u32 {
-        self.base + self.tile.stages() * self.tile.stage_bytes()
+        self.base + self.tile.stages() * self.tile.stage_bytes() + self.tile.c_bytes()
     }
     /// wgmma descriptor of consumer `c`'s 64 rows of wave `w` of the A tile, at K step `kk`.
     #[inline(always)]
@@ -266,15 +276,99 @@ fn consume<const WAVES: usize>(
             unsafe { consumer.k_block(&mut acc, it, sfb.add(kb as usize)) };
             it += 1;
         }
-        for (w, acc) in acc.iter().enumerate() {
-            store_tile(
-                p,
-                t.l,
-                m_tile * block_m + w as u32 * WAVE_M + row,
-                t.n * BLOCK_N + 2 * (lane % 4),
-                acc,
-            );
+        let m0 = m_tile * block_m;
+        if p.tmap_c != 0 {
+            // Through shared memory and TMA stores: the warpgroup goes on to the next tile's MMAs
+            // while the output drains (the direct stores below stall it on DRAM).
+            // This warpgroup only (named barrier 1 or 2; 0 is the block's).
+            let sync_wg = || {
+                if c == 0 {
+                    thread::named_barrier::<1>(128)
+                } else {
+                    thread::named_barrier::<2>(128)
+                }
+            };
+            if local == 0 {
+                // The previous tile's stores have read the buffer.
+                tma::wait_read::<0>();
+            }
+            sync_wg();
+            let bf16 = p.out_type == OutType::Bf16 as u32;
+            // This thread's first row in the boxes; 128-byte swizzle: chunk j of row r is at
+            // chunk j ^ (r % 8), and r % 8 = lane / 4 for every row this thread writes.
+            let r = 16 * warp + lane / 4;
+            let base =
+                smem::opaque(layout.c(0, c, 0) + r * ROW_BYTES + 16 * (lane / 4) + 4 * (lane % 4));
+            for (w, acc) in acc.iter().enumerate() {
+                // One conversion per path (a runtime choice per value doubles the live registers).
+                if bf16 {
+                    stage_tile::<true>(base, w as u32, acc);
+                } else {
+                    stage_tile::<false>(base, w as u32, acc);
+                }
+            }
+            smem::fence_async_proxy();
+            sync_wg();
+            if local == 0 {
+                for w in 0..WAVES as u32 {
+                    for h in 0..BLOCK_N / C_BOX_N {
+                        let (x, y) = (t.n * BLOCK_N + h * C_BOX_N, m0 + w * WAVE_M + c * WG_ROWS);
+                        // SAFETY: the boxes were written and fenced by the whole warpgroup (the
+                        // barrier above); the map covers the output, TMA clips rows past M and
+                        // columns past N.
+                        unsafe {
+                            tma::store_3d(
+                                p.tmap_c,
+                                x as i32,
+                                y as i32,
+                                t.l as i32,
+                                layout.c(w, c, h),
+                            )
+                        };
+                    }
+                }
+                tma::commit();
+            }
+        } else {
+            for (w, acc) in acc.iter().enumerate() {
+                store_tile(
+                    p,
+                    t.l,
+                    m0 + w as u32 * WAVE_M + row,
+                    t.n * BLOCK_N + 2 * (lane % 4),
+                    acc,
+                );
+            }
         }
+    }
+    if p.tmap_c != 0 && local == 0 {
+        // Shared memory must outlive the last stores' reads.
+        tma::wait::<0>();
+    }
+}
+
+/// Writes one thread's 64 accumulators of wave `w` as 16-bit values into its warpgroup's output
+/// boxes: value `i` at row `16·warp + lane/4 + 8·((i/2)%2)`, column `8·(i/4) + 2·(lane%4) + i%2`.
+/// `base` is the thread's address of chunk 0 of its first row in wave 0's first box, with the
+/// swizzle term `16·(lane/4)` added (bits 4–6 of the address, which nothing else sets): chunk `j`
+/// is then at `base ^ 16·j`. The 128-byte swizzle is what the TMA store reads, and it spreads a
+/// warp's 8 rows over all 32 banks (no conflicts).
+#[inline(always)]
+fn stage_tile<const BF16: bool>(base: u32, w: u32, acc: &[f32; 64]) {
+    // Wave w's boxes follow the two consumers' boxes of the waves before it.
+    let wave = w * CONSUMERS * 2 * WG_ROWS * ROW_BYTES;
+    for j in 0..32u32 {
+        let i = 2 * j as usize;
+        let chunk = (j / 2) % 8; // 16-byte chunk of the 128-byte box row
+        let h = j / 16; // which 64-column box
+        let addr = (base ^ (16 * chunk)) + wave + h * WG_ROWS * ROW_BYTES + 8 * (j % 2) * ROW_BYTES;
+        let pair = if BF16 {
+            convert::f32x2_to_bf16x2(acc[i], acc[i + 1])
+        } else {
+            convert::f32x2_to_f16x2(acc[i], acc[i + 1])
+        };
+        // SAFETY: inside this warpgroup's boxes (row < 64, chunk < 8, lane % 4 < 4).
+        unsafe { smem::store_u32(addr, pair) };
     }
 }
 

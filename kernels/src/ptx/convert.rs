@@ -25,3 +25,28 @@ pub fn f32_to_f16(x: f32) -> u16 {
     };
     h
 }
+
+/// Two f32 → two bf16 in one 32-bit word, `lo` in bits 0–15 (`cvt.rn.bf16x2.f32` takes the high
+/// half first). Round to nearest even.
+#[inline(always)]
+pub fn f32x2_to_bf16x2(lo: f32, hi: f32) -> u32 {
+    let r: u32;
+    // SAFETY: register-only conversion.
+    unsafe {
+        asm!("cvt.rn.bf16x2.f32 {r}, {hi}, {lo};", r = out(reg32) r, hi = in(reg32) hi, lo = in(reg32) lo,
+             options(pure, nomem, nostack))
+    };
+    r
+}
+
+/// Two f32 → two f16 in one 32-bit word, `lo` in bits 0–15. Round to nearest even.
+#[inline(always)]
+pub fn f32x2_to_f16x2(lo: f32, hi: f32) -> u32 {
+    let r: u32;
+    // SAFETY: register-only conversion.
+    unsafe {
+        asm!("cvt.rn.f16x2.f32 {r}, {hi}, {lo};", r = out(reg32) r, hi = in(reg32) hi, lo = in(reg32) lo,
+             options(pure, nomem, nostack))
+    };
+    r
+}

@@ -19,6 +19,18 @@ pub fn dynamic_base() -> u32 {
     r
 }
 
+/// `addr`, hidden from the compiler's loop-invariant code motion (an empty `asm` it cannot see
+/// through, re-executed where it is written). Addresses derived from it are computed where they
+/// are used: hoisted out of a loop, 64 epilogue addresses would stay live through the MMAs and
+/// spill.
+#[inline(always)]
+pub fn opaque(addr: u32) -> u32 {
+    let r: u32;
+    // SAFETY: moves a register; reads nothing.
+    unsafe { asm!("mov.u32 {r}, {a};", r = out(reg32) r, a = in(reg32) addr, options(nostack)) };
+    r
+}
+
 /// # Safety
 /// `addr` is a 4-byte-aligned address inside this block's shared memory.
 #[inline(always)]

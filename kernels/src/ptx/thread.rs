@@ -57,14 +57,14 @@ pub fn sync_block() {
     unsafe { nvptx::_syncthreads() }
 }
 
-/// `bar.sync id, threads`: a named barrier among `threads` threads (a multiple of 32), used to
-/// synchronize one role (e.g. the two consumer warpgroups) without stopping the others.
+/// `bar.sync ID, threads`: a named barrier among `threads` threads (a multiple of 32), used to
+/// synchronize one role (e.g. one consumer warpgroup) without stopping the others. The ID is an
+/// immediate so ptxas knows which of the 16 barriers the kernel uses.
 #[inline(always)]
-pub fn named_barrier(id: u32, threads: u32) {
-    // SAFETY: exactly `threads` threads, whole warps, must reach barrier `id` (< 16).
-    unsafe {
-        asm!("bar.sync {id}, {n};", id = in(reg32) id, n = in(reg32) threads, options(nostack))
-    };
+pub fn named_barrier<const ID: u32>(threads: u32) {
+    const { assert!(ID < 16) };
+    // SAFETY: exactly `threads` threads, whole warps, must reach barrier `ID`.
+    unsafe { asm!("bar.sync {id}, {n};", id = const ID, n = in(reg32) threads, options(nostack)) };
 }
 
 /// This CTA's rank in its cluster.

@@ -97,6 +97,19 @@ pub unsafe fn store_2d(tmap: u64, x: i32, y: i32, src: u32) {
     };
 }
 
+/// Stores a 3-D box from shared memory; completes in a bulk group (see [`commit`] / [`wait_read`]).
+/// # Safety
+/// `src` holds the box, written before a `smem::fence_async_proxy` by each writer.
+#[inline(always)]
+pub unsafe fn store_3d(tmap: u64, x: i32, y: i32, z: i32, src: u32) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        asm!("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [{m}, {{{x}, {y}, {z}}}], [{s}];",
+             m = in(reg64) tmap, x = in(reg32) x, y = in(reg32) y, z = in(reg32) z, s = in(reg32) src,
+             options(nostack))
+    };
+}
+
 /// Closes the current bulk group of stores.
 #[inline(always)]
 pub fn commit() {
@@ -109,6 +122,13 @@ pub fn commit() {
 pub fn wait_read<const N: u32>() {
     // SAFETY: no memory operands.
     unsafe { asm!("cp.async.bulk.wait_group.read {n};", n = const N, options(nostack)) };
+}
+
+/// Waits until at most `N` bulk groups are incomplete (their writes done and visible).
+#[inline(always)]
+pub fn wait<const N: u32>() {
+    // SAFETY: no memory operands.
+    unsafe { asm!("cp.async.bulk.wait_group {n};", n = const N, options(nostack)) };
 }
 
 /// Brings a tensor map into the cache ahead of its first use.
