@@ -236,6 +236,10 @@ fn time_peer(
 pub fn plan_name(p: &Plan) -> String {
     match p {
         Plan::Reference => "ref".into(),
+        Plan::Sm90Fp8(c) if c.split_k > 1 => format!(
+            "sm90/m{}g{}c{}s{}",
+            c.block_m, c.group_m, c.cluster_m, c.split_k
+        ),
         Plan::Sm90Fp8(c) => format!("sm90/m{}g{}c{}", c.block_m, c.group_m, c.cluster_m),
     }
 }

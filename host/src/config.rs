@@ -37,7 +37,7 @@ pub fn choose(arch: GpuArch, sm_count: u32, a: &MatrixDesc, b: &MatrixDesc) -> R
     let b_no = crate::sm90::unsupported(b, true);
     match (a_no, b_no) {
         (None, None) => Ok(Plan::Sm90Fp8(sm90_default(
-            a.rows, b.rows, a.batch, sm_count,
+            a.rows, b.rows, a.k, a.batch, sm_count,
         ))),
         _ if fp32_scaled && a.k % 128 != 0 && a.format.elem == crate::ElemType::E4M3 => {
             Err(shape(format!(
@@ -57,7 +57,7 @@ pub fn choose(arch: GpuArch, sm_count: u32, a: &MatrixDesc, b: &MatrixDesc) -> R
 /// rounds × the time of one tile. A 256-row tile takes [`M256_TILE_COST`] times as long as a
 /// 128-row one (it does twice the work with a quarter fewer L2 bytes per FLOP), so it wins unless
 /// its coarser rounds leave SMs idle (small M, or few tiles).
-pub fn sm90_default(m: usize, n: usize, l: usize, sm_count: u32) -> Sm90Config {
+pub fn sm90_default(m: usize, n: usize, k: usize, l: usize, sm_count: u32) -> Sm90Config {
     let n_tiles = n.div_ceil(BLOCK_N as usize) * l.max(1);
     let cost = |t: Tile| {
         let tiles = m.div_ceil(t.block_m() as usize) * n_tiles;
@@ -74,14 +74,41 @@ pub fn sm90_default(m: usize, n: usize, l: usize, sm_count: u32) -> Sm90Config {
     // Cluster 2 (B multicast) is correct but measured slower than 1 on every DeepSeek shape (H100,
     // 2026-11-22: 8192³ 868 vs 899 TFLOP/s with 128-row tiles): L2 bandwidth of B is not what
     // limits this kernel yet (docs/PERF.md, v3), so a cluster is opt-in.
+    let tiles = m_tiles as usize * n_tiles;
     Sm90Config {
         block_m: tile.block_m(),
         // Bands of 1024 rows of A (8 × 128 or 4 × 256).
         group_m: m_tiles.clamp(1, GROUP_ROWS / tile.block_m()),
         ctas: sm_count,
         cluster_m: 1,
+        split_k: split_k(tiles, k, sm_count),
     }
 }
+
+/// Split-K when the tiles fill less than half the SMs: as many K ranges as keep every CTA busy
+/// without a second round, each at least [`MIN_SPLIT_K_BLOCKS`] K blocks long, and only when the
+/// shorter K loop saves more than the reduction costs ([`SPLIT_K_COST_BLOCKS`]).
+fn split_k(tiles: usize, k: usize, sm_count: u32) -> u32 {
+    let k_blocks = k / 128;
+    if 2 * tiles > sm_count as usize {
+        return 1;
+    }
+    let split = (sm_count as usize / tiles.max(1))
+        .min(k_blocks / MIN_SPLIT_K_BLOCKS)
+        .max(1);
+    if k_blocks.div_ceil(split) + SPLIT_K_COST_BLOCKS < k_blocks {
+        split as u32
+    } else {
+        1
+    }
+}
+
+/// Shortest K range of a split, in blocks of 128.
+const MIN_SPLIT_K_BLOCKS: usize = 4;
+/// The f32 workspace round trip and the reduction launch, in K blocks of one 128×128 tile
+/// (≈ 0.7 µs each at M = 128): measured on the H100, 128×7168×2048 split 2 took 20.7 µs against
+/// 16.3 µs unsplit (16 K blocks), 128×2112×7168 split 7 took 20.2 µs against 39.1 (56 blocks).
+const SPLIT_K_COST_BLOCKS: usize = 10;
 
 /// Time of one 256-row tile in units of a 128-row tile's: 1.85 measured on the H100 at 8192³
 /// (16 rounds of 256-row tiles 1157 µs, 32 rounds of 128-row tiles 1254 µs; 1.76 at
@@ -100,15 +127,36 @@ mod tests {
     #[test]
     fn tall_tiles_for_large_m_short_tiles_where_they_would_idle_sms() {
         let h100 = 132;
-        assert_eq!(sm90_default(8192, 8192, 1, h100).block_m, 256);
-        assert_eq!(sm90_default(4096, 7168, 1, h100).block_m, 256);
+        assert_eq!(sm90_default(8192, 8192, 8192, 1, h100).block_m, 256);
+        assert_eq!(sm90_default(4096, 7168, 2048, 1, h100).block_m, 256);
         // One 256-row tile per N tile would be half empty.
-        assert_eq!(sm90_default(128, 7168, 1, h100).block_m, 128);
-        assert_eq!(sm90_default(200, 2112, 1, h100).block_m, 128);
+        assert_eq!(sm90_default(128, 7168, 2048, 1, h100).block_m, 128);
+        assert_eq!(sm90_default(200, 2112, 7168, 1, h100).block_m, 128);
         for (m, n, l) in [(1, 1, 1), (8192, 8192, 1), (128, 2112, 3)] {
-            let c = sm90_default(m, n, l, h100);
+            let c = sm90_default(m, n, 1024, l, h100);
             assert!(c.group_m >= 1 && c.group_m * c.block_m <= GROUP_ROWS.max(c.block_m));
             assert_eq!((c.ctas, c.cluster_m), (h100, 1));
+        }
+    }
+
+    #[test]
+    fn split_k_only_where_tiles_leave_most_sms_idle() {
+        let h100 = 132;
+        // 17 tiles × 7 ranges of 8 K blocks = 119 CTAs.
+        assert_eq!(sm90_default(128, 2112, 7168, 1, h100).split_k, 7);
+        // 32 tiles × 4 = 128 CTAs.
+        assert_eq!(sm90_default(128, 4096, 7168, 1, h100).split_k, 4);
+        // 192 tiles fill the GPU; 1024 tiles too.
+        assert_eq!(sm90_default(128, 24576, 1536, 1, h100).split_k, 1);
+        assert_eq!(sm90_default(4096, 4096, 7168, 1, h100).split_k, 1);
+        // Too little K to split: 512 = 4 blocks is one range of 4; at K = 2048 (16 blocks) two
+        // ranges of 8 save less than the reduction costs (measured slower).
+        assert_eq!(sm90_default(128, 128, 512, 1, h100).split_k, 1);
+        assert_eq!(sm90_default(128, 7168, 2048, 1, h100).split_k, 1);
+        assert_eq!(sm90_default(128, 7168, 16384, 1, h100).split_k, 2);
+        for (m, n, k) in [(1, 1, 128), (64, 64, 128 * 300), (128, 2112, 7168)] {
+            let c = sm90_default(m, n, k, 1, h100);
+            assert!(c.split_k >= 1 && c.split_k as usize <= k / 128);
         }
     }
 }

@@ -48,6 +48,9 @@ pub struct Gpu {
     stream: Arc<CudaStream>,
     _module: Arc<CudaModule>,
     reference: CudaFunction,
+    /// The split-K reduction, and its f32 workspace (grown on demand, reused in stream order).
+    splitk: CudaFunction,
+    splitk_ws: std::sync::Mutex<Option<CudaSlice<f32>>>,
     /// The Hopper FP8 kernels (sm_90a module only).
     sm90_fp8: Option<sm90::Sm90Kernels>,
     arch: GpuArch,
@@ -109,6 +112,7 @@ impl Gpu {
             as u32;
         let module = ctx.load_module(Ptx::from_src(ptx))?;
         let reference = module.load_function(registry::REFERENCE_GEMM.name)?;
+        let splitk = module.load_function(registry::SPLITK_REDUCE.name)?;
         let stream = ctx.new_stream()?;
         let sm90_fp8 = match arch {
             GpuArch::Hopper => Some(sm90::Sm90Kernels::load(&module, &stream, sm_count)?),
@@ -119,6 +123,8 @@ impl Gpu {
             stream,
             _module: module,
             reference,
+            splitk,
+            splitk_ws: std::sync::Mutex::new(None),
             sm90_fp8,
             arch,
             name,
@@ -234,6 +240,24 @@ impl Gpu {
                         "operands were not prepared for the sm90 kernel".into(),
                     ));
                 };
+                let mut ws_guard = None;
+                if cfg.split_k > 1 {
+                    let (m, n, _, l) = dims;
+                    let need = (cfg.split_k as usize)
+                        .checked_mul(l * m * n)
+                        .ok_or_else(|| shape("split-K workspace size overflows"))?;
+                    let mut ws = self.splitk_ws.lock().unwrap_or_else(|e| e.into_inner());
+                    if ws.as_ref().is_none_or(|w| w.len() < need) {
+                        // Replaced in stream order: earlier launches that use the old one are
+                        // ordered before its free.
+                        *ws = Some(self.stream.alloc_zeros::<f32>(need)?);
+                    }
+                    ws_guard = Some(ws);
+                }
+                let splitk = ws_guard
+                    .as_mut()
+                    .and_then(|g| g.as_mut())
+                    .map(|w| (w, &self.splitk));
                 sm90::launch(
                     &self.stream,
                     kernels,
@@ -244,6 +268,7 @@ impl Gpu {
                     c.sm90_tmap.as_ref(),
                     c.dtype as u32,
                     cfg,
+                    splitk,
                 )
             }
         }

@@ -8,10 +8,10 @@ use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMu
 use crate::error::{Error, Result, shape};
 use crate::format::{ElemType, ScaleType};
 use crate::matrix::{MatrixDesc, ScaledMatrix};
-use blockscaled_kernels::params::Sm90Fp8Params;
 use blockscaled_kernels::params::sm90::{
     BLOCK_K, BLOCK_N, C_BOX_N, M_PAD, MAX_CLUSTER_M, ROW_BYTES, THREADS, Tile, WAVE_M,
 };
+use blockscaled_kernels::params::{OutType, SPLITK_THREADS, Sm90Fp8Params, SplitKParams};
 use blockscaled_kernels::registry;
 use blockscaled_kernels::scheduler::TileScheduler;
 
@@ -323,6 +323,10 @@ pub struct Sm90Config {
     pub ctas: u32,
     /// CTAs per cluster along M (1 or 2): a cluster's CTAs share each B tile by TMA multicast.
     pub cluster_m: u32,
+    /// K split into this many ranges, each its own CTA (≥ 1, at most K / 128): when M·N has too
+    /// few tiles to fill the GPU. The partial sums go through an f32 workspace and a reduction
+    /// kernel.
+    pub split_k: u32,
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -336,8 +340,16 @@ pub(crate) fn launch(
     out_tmap: Option<&CudaSlice<u8>>,
     out_type: u32,
     cfg: Sm90Config,
+    splitk: Option<(&mut CudaSlice<f32>, &CudaFunction)>,
 ) -> Result<()> {
     let (tile, f, resident) = kernels.get(cfg.block_m)?;
+    let k_blocks = (k / BLOCK_K as usize) as u32;
+    if !(1..=k_blocks.max(1)).contains(&cfg.split_k) {
+        return Err(Error::Format(format!(
+            "split-K of {}: K = {k} has {k_blocks} blocks of 128 to split",
+            cfg.split_k
+        )));
+    }
     let (Some((sfa, m_pad)), Some(sfb)) = (&a.sfa, &b.sfb) else {
         return Err(Error::Format(
             "operands not prepared for the sm90 kernel in these roles".into(),
@@ -359,11 +371,32 @@ pub(crate) fn launch(
     let (sfb, _g4) = sfb.device_ptr(stream);
     let (out, _g5) = out.device_ptr_mut(stream);
     let (tmap_c, _g6) = match out_tmap {
-        Some(t) => {
+        Some(t) if cfg.split_k == 1 => {
             let (p, g) = t.device_ptr(stream);
             (p, Some(g))
         }
-        None => (0, None),
+        _ => (0, None),
+    };
+    // With split-K the GEMM writes f32 partials into the workspace; the reduction writes `out`.
+    let (ws_buf, reduce) = match splitk {
+        Some((w, f)) => (Some(w), Some(f)),
+        None => (None, None),
+    };
+    let (ws, _g7) = match (cfg.split_k, ws_buf.as_ref()) {
+        (1, _) => (None, None),
+        (split, Some(ws)) => {
+            if ws.len() < split as usize * l * m * n {
+                return Err(Error::Format("split-K workspace too small".into()));
+            }
+            if l > 65535 {
+                return Err(shape(format!(
+                    "split-K takes at most 65535 batch entries, not {l}"
+                )));
+            }
+            let (p, g) = ws.device_ptr(stream);
+            (Some(p), Some(g))
+        }
+        (_, None) => return Err(Error::Format("split-K needs a workspace".into())),
     };
     if m > i32::MAX as usize || n > i32::MAX as usize {
         return Err(shape("M and N must fit TMA's 32-bit coordinates"));
@@ -374,21 +407,26 @@ pub(crate) fn launch(
         tmap_c,
         sfa,
         sfb,
-        out,
+        out: ws.unwrap_or(out),
         m: m as u32,
         n: n as u32,
         k: k as u32,
         l: l as u32,
         m_pad: *m_pad,
-        out_type,
+        out_type: if ws.is_some() {
+            OutType::F32 as u32
+        } else {
+            out_type
+        },
         group_m: cfg.group_m.max(1),
+        split_k: cfg.split_k,
         cluster_m: cluster,
     };
     // Units of work are clusters of tiles; whole clusters of CTAs, at most one CTA per unit tile.
     let units = TileScheduler::new(
         m as u32,
         n as u32,
-        l as u32,
+        (l * cfg.split_k as usize) as u32,
         tile.block_m() * cluster,
         BLOCK_N,
         1,
@@ -417,5 +455,37 @@ pub(crate) fn launch(
         )
     }
     .result()?;
+    if let (Some(ws), Some(reduce)) = (ws, reduce) {
+        let p = SplitKParams {
+            ws,
+            out,
+            mn: (m * n) as u64,
+            l: l as u32,
+            split: cfg.split_k,
+            out_type,
+            _pad: 0,
+        };
+        let blocks = ((m * n).div_ceil(SPLITK_THREADS as usize) as u32).min(4 * 132);
+        let mut args = [&p as *const SplitKParams as *mut std::ffi::c_void];
+        // SAFETY: `ws` holds split·l·m·n f32 (checked above) written by the launch before it on
+        // this stream; `out` holds l·m·n values of `out_type`; the grid covers m·n (x, strided)
+        // and l (y ≤ 65535, checked above).
+        unsafe {
+            sys::cuLaunchKernel(
+                reduce.cu_function(),
+                blocks,
+                l as u32,
+                1,
+                SPLITK_THREADS,
+                1,
+                1,
+                0,
+                stream.cu_stream(),
+                args.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        }
+        .result()?;
+    }
     Ok(())
 }

@@ -225,7 +225,31 @@ pub struct Sm90Fp8Params {
     pub out_type: u32,
     /// Scheduler band height in M tiles.
     pub group_m: u32,
+    /// K blocks are split into this many ranges (≥ 1); with more than one, `out` is an f32
+    /// workspace of `split_k · l` batch entries (entry `l·split_k + s` holds range `s`'s partial
+    /// sums), which [`SplitKParams`]'s kernel reduces.
+    pub split_k: u32,
     /// CTAs per cluster along M (1 or [`sm90::MAX_CLUSTER_M`]): the CTAs of a cluster compute
     /// consecutive M tiles of one N tile and multicast halves of the shared B tile.
     pub cluster_m: u32,
 }
+
+/// Parameters of the split-K reduction: `out[l][i] = Σ_s ws[l·split + s][i]` for `i < mn`,
+/// converted to `out_type` (round to nearest even), summed in the order s = 0, 1, … (deterministic).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SplitKParams {
+    /// f32 partial sums, `l · split` entries of `mn` values.
+    pub ws: u64,
+    pub out: u64,
+    /// Elements per batch entry (M·N).
+    pub mn: u64,
+    pub l: u32,
+    pub split: u32,
+    /// [`OutType`] as u32.
+    pub out_type: u32,
+    pub _pad: u32,
+}
+
+/// Threads per block of the split-K reduction.
+pub const SPLITK_THREADS: u32 = 256;

@@ -42,6 +42,14 @@ pub const SM90_FP8_GEMM_M256: KernelInfo = KernelInfo {
     ..SM90_FP8_GEMM
 };
 
+/// The split-K reduction (f32 partials → output type).
+pub const SPLITK_REDUCE: KernelInfo = KernelInfo {
+    name: "splitk_reduce",
+    max_threads: Some(crate::params::SPLITK_THREADS),
+    min_blocks_per_sm: 1,
+    targets: ALL_TARGETS,
+};
+
 /// The sm90 FP8 kernels by tile shape.
 pub const SM90_FP8_TILES: [(crate::params::sm90::Tile, KernelInfo); 2] = [
     (crate::params::sm90::Tile::M128, SM90_FP8_GEMM),
@@ -49,7 +57,12 @@ pub const SM90_FP8_TILES: [(crate::params::sm90::Tile, KernelInfo); 2] = [
 ];
 
 /// Every kernel, for the builder.
-pub const KERNELS: &[KernelInfo] = &[REFERENCE_GEMM, SM90_FP8_GEMM, SM90_FP8_GEMM_M256];
+pub const KERNELS: &[KernelInfo] = &[
+    REFERENCE_GEMM,
+    SPLITK_REDUCE,
+    SM90_FP8_GEMM,
+    SM90_FP8_GEMM_M256,
+];
 
 /// The dynamic shared-memory array's name as a literal, so `asm!` templates can `concat!` it.
 #[macro_export]

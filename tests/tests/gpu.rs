@@ -146,7 +146,7 @@ fn check_sm90(
     l: usize,
     dtype: OutType,
     seed: u64,
-    force: Option<(u32, u32)>,
+    force: Option<(u32, u32, u32)>,
 ) -> Result<(), String> {
     let g = gpu();
     let (_, a) = random_matrix(seed, m, k, l, recipe.a());
@@ -170,9 +170,10 @@ fn check_sm90(
         g.upload(&b).map_err(|e| e.to_string())?,
     );
     let plan = match (g.plan(&da, &db).map_err(|e| e.to_string())?, force) {
-        (Plan::Sm90Fp8(cfg), Some((block_m, cluster_m))) => Plan::Sm90Fp8(Sm90Config {
+        (Plan::Sm90Fp8(cfg), Some((block_m, cluster_m, split_k))) => Plan::Sm90Fp8(Sm90Config {
             block_m,
             cluster_m,
+            split_k,
             ..cfg
         }),
         (p @ Plan::Sm90Fp8(_), None) => p,
@@ -212,7 +213,7 @@ proptest! {
         let recipe = [Recipe::DeepSeekFp8, Recipe::Fp8PerTensor(Fp8::E4M3)][which];
         let dtype = [OutType::Bf16, OutType::F16, OutType::F32][out_i];
         let block_m = if tall { 256 } else { 128 };
-        check_sm90(recipe, m, n, 128 * kb, l, dtype, seed, Some((block_m, cluster))).map_err(TestCaseError::fail)?;
+        check_sm90(recipe, m, n, 128 * kb, l, dtype, seed, Some((block_m, cluster, 1))).map_err(TestCaseError::fail)?;
     }
 }
 
@@ -220,7 +221,7 @@ proptest! {
 #[ignore = "needs a CUDA device"]
 fn sm90_kernel_matches_cpu_reference_on_larger_ragged_shapes() {
     let seed = std::process::id() as u64;
-    for force in [(128, 1), (128, 2), (256, 1), (256, 2)] {
+    for force in [(128, 1, 1), (128, 2, 1), (256, 1, 1), (256, 2, 1)] {
         check_sm90(
             Recipe::DeepSeekFp8,
             1111,
@@ -245,7 +246,7 @@ fn sm90_kernel_matches_cpu_reference_on_larger_ragged_shapes() {
         .unwrap();
     }
     // f16 through the TMA-store epilogue with ragged M and a partial last 64-column box.
-    for force in [(128, 1), (256, 2)] {
+    for force in [(128, 1, 1), (256, 2, 1)] {
         check_sm90(
             Recipe::DeepSeekFp8,
             333,
@@ -258,6 +259,44 @@ fn sm90_kernel_matches_cpu_reference_on_larger_ragged_shapes() {
         )
         .unwrap();
     }
+    // Split-K (f32 workspace + reduction) in every output type, uneven ranges (K blocks not a
+    // multiple of the split), with clusters, and the heuristic's own choice at M = 128.
+    for (m, n, kb, l, dtype, force) in [
+        (100, 300, 10, 2, OutType::Bf16, (128, 1, 3)),
+        (77, 136, 5, 1, OutType::F32, (256, 2, 5)),
+        (130, 1000, 9, 1, OutType::F16, (128, 2, 4)),
+    ] {
+        check_sm90(
+            Recipe::DeepSeekFp8,
+            m,
+            n,
+            128 * kb,
+            l,
+            dtype,
+            seed + 3,
+            Some(force),
+        )
+        .unwrap();
+    }
+    let g = gpu();
+    let (da, db) = (
+        g.upload(&random_matrix(seed, 128, 7168, 1, Recipe::DeepSeekFp8.a()).1)
+            .unwrap(),
+        g.upload(&random_matrix(seed, 2112, 7168, 1, Recipe::DeepSeekFp8.b()).1)
+            .unwrap(),
+    );
+    assert!(matches!(g.plan(&da, &db).unwrap(), Plan::Sm90Fp8(c) if c.split_k > 1));
+    check_sm90(
+        Recipe::DeepSeekFp8,
+        128,
+        2112,
+        7168,
+        1,
+        OutType::Bf16,
+        seed + 4,
+        None,
+    )
+    .unwrap();
     // What `gemm` chooses by itself.
     check_sm90(
         Recipe::DeepSeekFp8,
@@ -355,6 +394,7 @@ fn plans_follow_the_formats_and_k_not_multiple_of_128_is_an_error() {
         group_m: 8,
         ctas: g.sm_count(),
         cluster_m: 1,
+        split_k: 1,
     };
     assert!(matches!(
         g.gemm_with(&a, &b, &mut c, Plan::Sm90Fp8(forced)),

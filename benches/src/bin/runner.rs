@@ -69,6 +69,10 @@ struct Args {
     /// Kernel: auto (what `gemm` chooses), reference, or sm90 (the Hopper FP8 kernel).
     #[arg(long, default_value = "auto")]
     kernel: String,
+    /// sm90 split-K: K ranges computed by separate CTAs and summed by a reduction (default: the
+    /// heuristic's; 1 = none).
+    #[arg(long = "split_k", alias = "split-k")]
+    split_k: Option<u32>,
     /// sm90 scheduler band height in M tiles (default: the heuristic's).
     #[arg(long = "group_m", alias = "group-m")]
     group_m: Option<u32>,
@@ -202,9 +206,22 @@ fn run(args: &Args) -> Result<bool, String> {
     let gpu = Gpu::new(args.device).map_err(|e| e.to_string())?;
     println!("{gpu:?}; seed {seed}");
     let plan = match args.kernel.as_str() {
-        "auto" if args.group_m.is_none() && cluster_m.is_none() && block_m.is_none() => None,
+        "auto"
+            if args.group_m.is_none()
+                && cluster_m.is_none()
+                && block_m.is_none()
+                && args.split_k.is_none() =>
+        {
+            None
+        }
         "auto" | "sm90" => {
-            let d = blockscaled::config::sm90_default(mnkl[0], mnkl[1], mnkl[3], gpu.sm_count());
+            let d = blockscaled::config::sm90_default(
+                mnkl[0],
+                mnkl[1],
+                mnkl[2],
+                mnkl[3],
+                gpu.sm_count(),
+            );
             let block_m = block_m.unwrap_or(d.block_m);
             Some(Plan::Sm90Fp8(Sm90Config {
                 block_m,
@@ -214,6 +231,7 @@ fn run(args: &Args) -> Result<bool, String> {
                     .unwrap_or(d.group_m * d.block_m / block_m)
                     .max(1),
                 cluster_m: cluster_m.unwrap_or(d.cluster_m),
+                split_k: args.split_k.unwrap_or(d.split_k),
                 ..d
             }))
         }

@@ -4,3 +4,4 @@
 pub mod reference;
 #[cfg(target_feature = "sm_90a")]
 pub mod sm90_fp8;
+pub mod splitk;

@@ -155,7 +155,7 @@ unsafe fn gemm<const WAVES: usize>(p: Sm90Fp8Params) {
         TileScheduler::new(
             p.m,
             p.n,
-            p.l,
+            p.l * p.split_k,
             block_m * cluster,
             BLOCK_N,
             p.group_m,
@@ -172,10 +172,11 @@ unsafe fn gemm<const WAVES: usize>(p: Sm90Fp8Params) {
             let mut it = 0u32;
             while let Some(t) = tiles.next() {
                 let m_tile = t.m * cluster + rank;
-                for kb in 0..k_blocks {
+                let (l, kbs) = k_range(t.l, p.split_k, k_blocks);
+                for kb in kbs {
                     let s = pipe.stage(it);
                     let sfa = p.sfa
-                        + 4 * ((t.l * k_blocks + kb) as u64 * p.m_pad as u64
+                        + 4 * ((l * k_blocks + kb) as u64 * p.m_pad as u64
                             + (m_tile * block_m) as u64);
                     // SAFETY: the stage is free in every CTA we write into after `producer_acquire`
                     // (every CTA's consumers release to our empty barrier); the boxes and the scale
@@ -184,7 +185,7 @@ unsafe fn gemm<const WAVES: usize>(p: Sm90Fp8Params) {
                     unsafe {
                         pipe.producer_acquire(it);
                         let full = pipe.producer_expect(it, tile.stage_bytes());
-                        let (x, l) = ((kb * BLOCK_K) as i32, t.l as i32);
+                        let (x, l) = ((kb * BLOCK_K) as i32, l as i32);
                         for w in 0..tile.waves {
                             let y = (m_tile * block_m + w * WAVE_M) as i32;
                             tma::load_3d(
@@ -237,6 +238,21 @@ unsafe fn gemm<const WAVES: usize>(p: Sm90Fp8Params) {
     }
 }
 
+/// The batch entry and the K blocks of scheduled batch index `t_l`: with split-K the schedule
+/// runs over `l · split` entries and entry `l·split + s` takes the `s`-th of `split` near-equal
+/// ranges of K blocks (its output goes to workspace entry `t_l`).
+#[inline(always)]
+fn k_range(t_l: u32, split: u32, k_blocks: u32) -> (u32, core::ops::Range<u32>) {
+    if split <= 1 {
+        return (t_l, 0..k_blocks);
+    }
+    let s = t_l % split;
+    (
+        t_l / split,
+        s * k_blocks / split..(s + 1) * k_blocks / split,
+    )
+}
+
 /// The consumer warpgroups' part of the kernel.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
@@ -268,9 +284,10 @@ fn consume<const WAVES: usize>(
     let mut it = 0u32;
     while let Some(t) = tiles.next() {
         let m_tile = t.m * cluster + rank;
-        let sfb = (p.sfb as *const f32).wrapping_add(((t.l * n_blocks + t.n) * k_blocks) as usize);
+        let (l, kbs) = k_range(t.l, p.split_k, k_blocks);
+        let sfb = (p.sfb as *const f32).wrapping_add(((l * n_blocks + t.n) * k_blocks) as usize);
         let mut acc = [[0.0f32; 64]; WAVES];
-        for kb in 0..k_blocks {
+        for kb in kbs {
             // SAFETY: `it` counts this consumer's stages in order; each is waited for, used by
             // every wave and released before the next.
             unsafe { consumer.k_block(&mut acc, it, sfb.add(kb as usize)) };
