@@ -15,8 +15,12 @@
 //!   accumulator with `scale_a[row] · scale_b` (Hopper's FP8 tensor-core accumulation is not full
 //!   fp32, so the partial sums are scaled and added in fp32 every 128 of K). The waves share the
 //!   scratch, so a consumer thread holds 64·(WAVES + 1) accumulators (DeepGEMM's arrangement).
-//!   After the last K block: convert and store with masks for ragged M and N, while the producer
-//!   already fills the next tile's stages.
+//!   After the last K block, 16-bit output goes through 128-byte-swizzled shared boxes and TMA
+//!   stores (the warpgroup goes on to the next tile while they drain; TMA clips ragged M and N);
+//!   f32 output, N % 8 ≠ 0 and split-K partials are stored directly with masks. The producer
+//!   already fills the next tile's stages meanwhile.
+//! - Split-K (`split_k` > 1): the schedule runs over `l · split_k` entries, each a range of K
+//!   blocks of one batch entry, and writes f32 partials for `kernels::splitk` to sum.
 
 use crate::params::sm90::{
     B_TILE_BYTES, BLOCK_K, BLOCK_N, C_BOX_N, CONSUMER_REGS, CONSUMERS, PRODUCER_REGS, ROW_BYTES,
