@@ -465,7 +465,8 @@ pub(crate) fn launch(
             out_type,
             _pad: 0,
         };
-        let blocks = ((m * n).div_ceil(SPLITK_THREADS as usize) as u32).min(4 * 132);
+        // Enough blocks to cover m·n, at most four per SM (the kernel strides over the rest).
+        let blocks = ((m * n).div_ceil(SPLITK_THREADS as usize) as u32).min(4 * resident[0]);
         let mut args = [&p as *const SplitKParams as *mut std::ffi::c_void];
         // SAFETY: `ws` holds split·l·m·n f32 (checked above) written by the launch before it on
         // this stream; `out` holds l·m·n values of `out_type`; the grid covers m·n (x, strided)
