@@ -7,7 +7,9 @@ run=./blockscaled-run
 small=(--recipe deepseek-fp8 --iterations 1 --warmup_iterations 0 --no_peer)
 # 200×136 (N % 8 == 0: the TMA-store epilogue) and 200×100 f32 (direct stores), both tiles, both
 # cluster sizes.
-for tool in memcheck racecheck synccheck; do
+# SANITIZE=0 skips the sanitizer runs (ncu only).
+tools="memcheck racecheck synccheck"; [ "${SANITIZE:-1}" = 0 ] && tools=""
+for tool in $tools; do
   for case in "200,136,512,2 BFloat16" "200,100,256,1 Float32"; do set -- $case
   for tile in 128,128 256,128; do for cl in 1,1 2,1; do
     printf "%-10s %-14s %-8s %-8s %-4s " "$tool" "$1" "$2" "$tile" "$cl"

@@ -9,7 +9,7 @@
 #![no_std]
 #![cfg_attr(
     target_arch = "nvptx64",
-    feature(abi_ptx, asm_experimental_arch, stdarch_nvptx)
+    feature(abi_ptx, asm_experimental_arch, stdarch_nvptx, core_float_math)
 )]
 
 pub mod format;

@@ -145,9 +145,11 @@ pub mod sm90 {
     pub const B_TILE_BYTES: u32 = BLOCK_N * ROW_BYTES;
     /// Largest dynamic shared memory per block on sm_90 (227 KiB).
     pub const SMEM_LIMIT: u32 = 232_448;
-    /// Register budgets after `setmaxnreg`: 128·(40 + 2·232) ≤ 65 536.
+    /// Register budgets after `setmaxnreg`: 128·(40 + 2·224) ≤ 65 536. The 256-row tile's consumers
+    /// need 128 sums + 64 scratch + addressing; ptxas spent 232 or 240 on starting the next wave's
+    /// MMAs earlier and then spilled the scheduler's state (24–132 bytes), at 224 it spills nothing.
     pub const PRODUCER_REGS: u32 = 40;
-    pub const CONSUMER_REGS: u32 = 232;
+    pub const CONSUMER_REGS: u32 = 224;
     /// Largest cluster along M.
     pub const MAX_CLUSTER_M: u32 = 2;
     /// Tallest tile in waves: each wave costs a consumer thread 64 fp32 accumulators (plus 64

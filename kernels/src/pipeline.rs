@@ -13,7 +13,7 @@
 //! `bar.warp.sync`, or per warpgroup after a named barrier, is ordered as well under the PTX memory
 //! model, but racecheck reports it as a WAR hazard, and it measured no faster on the H100.)
 
-use crate::ptx::mbarrier;
+use crate::ptx::{mbarrier, thread};
 
 #[derive(Clone, Copy)]
 pub struct Pipeline {
@@ -120,6 +120,60 @@ impl Pipeline {
                     }
                 }
             }
+        }
+    }
+}
+
+/// Strict alternation of the two consumer warpgroups' MMA batches (CUTLASS's ordered sequence
+/// barrier, two parties): warpgroup 0 issues a batch, then 1, then 0, … Why: both warpgroups wait
+/// on the same full barrier, so unordered they issue together, the tensor cores interleave the
+/// two batches, both finish at the end and both promote at once while the tensor cores idle. In
+/// turn, one warpgroup's batch runs while the other promotes its previous one.
+/// Named barriers 3 (warpgroup 0 waits) and 4 (warpgroup 1 waits), each 128 arriving + 128
+/// waiting threads; 0 is the block's, 1 and 2 the consumers' epilogue barriers.
+#[derive(Clone, Copy)]
+pub struct Turn {
+    /// This warpgroup's index among the two (0 goes first).
+    party: u32,
+}
+
+impl Turn {
+    const THREADS: u32 = 256;
+
+    #[inline(always)]
+    pub const fn new(party: u32) -> Self {
+        Turn { party }
+    }
+
+    /// Waits until the other warpgroup has issued its batch before ours (`first`: warpgroup 0's
+    /// very first batch, which waits for nothing).
+    #[inline(always)]
+    pub fn wait(&self, first: bool) {
+        if self.party == 0 {
+            if !first {
+                thread::named_barrier::<3>(Self::THREADS);
+            }
+        } else {
+            thread::named_barrier::<4>(Self::THREADS);
+        }
+    }
+
+    /// Our batch is issued: the other warpgroup's turn.
+    #[inline(always)]
+    pub fn pass(&self) {
+        if self.party == 0 {
+            thread::named_arrive::<4>(Self::THREADS);
+        } else {
+            thread::named_arrive::<3>(Self::THREADS);
+        }
+    }
+
+    /// After the last batch: warpgroup 0 takes the pass that warpgroup 1 gave after its last
+    /// batch, so no barrier is left half-arrived when the block exits.
+    #[inline(always)]
+    pub fn finish(&self) {
+        if self.party == 0 {
+            thread::named_barrier::<3>(Self::THREADS);
         }
     }
 }

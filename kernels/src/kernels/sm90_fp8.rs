@@ -27,7 +27,7 @@ use crate::params::sm90::{
     Tile, WAVE_M,
 };
 use crate::params::{OutType, Sm90Fp8Params};
-use crate::pipeline::Pipeline;
+use crate::pipeline::{Pipeline, Turn};
 use crate::ptx::wgmma::{self, Descriptor, Swizzle};
 use crate::ptx::{convert, global, smem, thread, tma};
 use crate::scheduler::TileScheduler;
@@ -281,6 +281,7 @@ fn consume<const WAVES: usize>(
     let consumer = Consumer {
         pipe: *pipe,
         layout,
+        turn: Turn::new(c),
         c,
         row,
         rank,
@@ -362,6 +363,10 @@ fn consume<const WAVES: usize>(
             }
         }
     }
+    if WAVES == 1 && it > 0 {
+        // (Both consumers ran the same tiles, so they agree on whether there was a batch.)
+        consumer.turn.finish();
+    }
     if p.tmap_c != 0 && local == 0 {
         // Shared memory must outlive the last stores' reads.
         tma::wait::<0>();
@@ -397,6 +402,8 @@ fn stage_tile<const BF16: bool>(base: u32, w: u32, acc: &[f32; 64]) {
 struct Consumer {
     pipe: Pipeline,
     layout: StageLayout,
+    /// The two consumers issue their MMA batches in turn.
+    turn: Turn,
     /// Consumer index (which 64 rows of each wave).
     c: u32,
     /// This thread's first row in each wave (the second is `row + 8`).
@@ -429,6 +436,12 @@ impl Consumer {
             self.pipe.consumer_wait(it);
             for (w, acc) in acc.iter_mut().enumerate() {
                 let w = w as u32;
+                // 128-row tiles: the consumers' batches alternate (+6% at 8192³). Not with two
+                // waves: there ptxas already starts wave 1's MMAs under wave 0's promotion, and
+                // the turn's barrier between them made it 2–3% slower (docs/PERF.md, v9).
+                if WAVES == 1 {
+                    self.turn.wait(it == 0);
+                }
                 wgmma::fence();
                 let mut part = wgmma::mma_m64n128k32_e4m3_first(
                     self.layout.a_desc(s, w, self.c, 0),
@@ -443,6 +456,9 @@ impl Consumer {
                     );
                 }
                 wgmma::commit();
+                if WAVES == 1 {
+                    self.turn.pass();
+                }
                 let r = w * WAVE_M + self.row;
                 let (sa0, sa1) = (
                     f32::from_bits(smem::load_u32(sfa + 4 * r)),
@@ -452,14 +468,18 @@ impl Consumer {
                 wgmma::fence_operands_64(&mut part);
                 let (f0, f1) = (sa0 * scale_b, sa1 * scale_b);
                 for i in 0..64 {
-                    acc[i] += part[i] * if (i / 2) % 2 == 0 { f0 } else { f1 };
+                    // Fused (one FFMA, not FMUL + FADD: Rust never contracts `a * b + c`); the
+                    // promotion is on each warpgroup's critical path between its MMA batches.
+                    let f = if (i / 2) % 2 == 0 { f0 } else { f1 };
+                    acc[i] = core::f32::math::mul_add(part[i], f, acc[i]);
                 }
                 // Pins the sums here: LLVM otherwise sinks them to the loop latch (their only
                 // use is the next K block), past the next wave's MMAs, and that wave's scratch
                 // then no longer fits beside them (ptxas spilled 144 bytes).
                 wgmma::fence_operands_64(acc);
             }
-            // This thread has read the stage (its MMAs completed, its scales used): release it.
+            // This thread has read the stage (its MMAs completed, its scales loaded): release it.
+            // (ptxas hoists the arrival above the last wave's promotion, which reads registers only.)
             self.pipe.consumer_release(it, self.rank);
         }
     }

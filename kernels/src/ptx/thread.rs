@@ -67,6 +67,16 @@ pub fn named_barrier<const ID: u32>(threads: u32) {
     unsafe { asm!("bar.sync {id}, {n};", id = const ID, n = in(reg32) threads, options(nostack)) };
 }
 
+/// `bar.arrive ID, threads`: counts this warp's threads at named barrier `ID` without waiting
+/// (PTX ISA "Parallel Synchronization and Communication Instructions: bar, barrier"): producer side
+/// of a one-way signal whose consumers `bar.sync ID, threads` with the same count.
+#[inline(always)]
+pub fn named_arrive<const ID: u32>(threads: u32) {
+    const { assert!(ID < 16) };
+    // SAFETY: as `named_barrier`: the arriving and the waiting threads together are `threads`.
+    unsafe { asm!("bar.arrive {id}, {n};", id = const ID, n = in(reg32) threads, options(nostack)) };
+}
+
 /// This CTA's rank in its cluster.
 #[inline(always)]
 pub fn cluster_cta_rank() -> u32 {

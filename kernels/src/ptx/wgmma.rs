@@ -21,28 +21,40 @@ pub enum Swizzle {
     B32 = 3,
 }
 
-/// A wgmma shared-memory matrix descriptor.
+/// A wgmma shared-memory matrix descriptor, kept as its two 32-bit halves.
 /// Bits 0–13: start address >> 4; 16–29: leading-dimension byte offset >> 4; 32–45: stride-
 /// dimension byte offset >> 4; 49–51: base offset (0: tiles are 1024-byte aligned); 62–63: swizzle.
 /// For K-major tiles: LBO is the byte step between core matrices along K (unused with 128-byte
 /// swizzle, where one row already spans the K-block), SBO the byte step between 8-row groups
 /// (1024 with 128-byte swizzle: 8 rows × 128 bytes).
+/// Why halves: only the low word changes from one K step to the next, and the high word is the
+/// same for every tile of a kernel; as one u64 every step cost a 64-bit add (two instructions and
+/// two registers per descriptor), which ptxas paid for with registers the accumulators need. The
+/// halves are joined by a `mov.b64` inside each MMA's `asm!`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Descriptor(pub u64);
+pub struct Descriptor {
+    pub lo: u32,
+    pub hi: u32,
+}
 
 impl Descriptor {
     #[inline(always)]
     pub const fn new(smem_addr: u32, lbo: u32, sbo: u32, swizzle: Swizzle) -> Self {
-        let lo = ((smem_addr as u64 >> 4) & 0x3FFF) | (((lbo as u64 >> 4) & 0x3FFF) << 16);
-        let hi = (((sbo as u64 >> 4) & 0x3FFF) << 32) | ((swizzle as u64) << 62);
-        Descriptor(lo | hi)
+        Descriptor {
+            lo: ((smem_addr >> 4) & 0x3FFF) | (((lbo >> 4) & 0x3FFF) << 16),
+            hi: ((sbo >> 4) & 0x3FFF) | ((swizzle as u32) << 30),
+        }
     }
 
     /// The same layout starting `bytes` further on (the k-step inside a swizzled row: 32 bytes per
-    /// 32 e4m3 elements). `bytes` is a multiple of 16.
+    /// 32 e4m3 elements). `bytes` is a multiple of 16 and the advanced address is still inside
+    /// shared memory (< 256 KiB), so the 14-bit start-address field cannot carry into the LBO.
     #[inline(always)]
     pub const fn advance(self, bytes: u32) -> Self {
-        Descriptor(self.0 + (bytes as u64 >> 4))
+        Descriptor {
+            lo: self.lo + (bytes >> 4),
+            hi: self.hi,
+        }
     }
 }
 
@@ -77,11 +89,13 @@ pub fn wait<const N: u32>() {
 pub unsafe fn mma_m64n8k32_e4m3(d: &mut [f32; 4], a: Descriptor, b: Descriptor, accumulate: bool) {
     // SAFETY: the caller's contract.
     unsafe {
-        asm!("{{ .reg .pred p;",
+        asm!("{{ .reg .pred p; .reg .b64 da, db;",
              "setp.ne.b32 p, {acc}, 0;",
-             "wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3 {{{d0}, {d1}, {d2}, {d3}}}, {a}, {b}, p, 1, 1; }}",
+             "mov.b64 da, {{{alo}, {ahi}}}; mov.b64 db, {{{blo}, {bhi}}};",
+             "wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3 {{{d0}, {d1}, {d2}, {d3}}}, da, db, p, 1, 1; }}",
              d0 = inout(reg32) d[0], d1 = inout(reg32) d[1], d2 = inout(reg32) d[2], d3 = inout(reg32) d[3],
-             a = in(reg64) a.0, b = in(reg64) b.0, acc = in(reg32) accumulate as u32, options(nostack))
+             alo = in(reg32) a.lo, ahi = in(reg32) a.hi, blo = in(reg32) b.lo, bhi = in(reg32) b.hi,
+             acc = in(reg32) accumulate as u32, options(nostack))
     };
 }
 
@@ -109,13 +123,15 @@ macro_rules! mma_e4m3 {
             // SAFETY: the caller's contract.
             unsafe {
                 asm!(
-                    "{{ .reg .pred p;",
+                    "{{ .reg .pred p; .reg .b64 da, db;",
                     "setp.ne.b32 p, {acc}, 0;",
+                    "mov.b64 da, {{{alo}, {ahi}}}; mov.b64 db, {{{blo}, {bhi}}};",
                     concat!("wgmma.mma_async.sync.aligned.m64n", stringify!($n), "k32.f32.e4m3.e4m3 {{",
                             "{", stringify!($first), "}" $(, ", {", stringify!($i), "}")*,
-                            "}}, {a}, {b}, p, 1, 1; }}"),
+                            "}}, da, db, p, 1, 1; }}"),
                     inout(reg32) d[$first] $(, inout(reg32) d[$i])*,
-                    a = in(reg64) a.0, b = in(reg64) b.0, acc = in(reg32) accumulate as u32,
+                    alo = in(reg32) a.lo, ahi = in(reg32) a.hi, blo = in(reg32) b.lo, bhi = in(reg32) b.hi,
+                    acc = in(reg32) accumulate as u32,
                     options(nostack)
                 )
             };
@@ -137,11 +153,13 @@ macro_rules! mma_e4m3_first {
             // SAFETY: the caller's contract.
             unsafe {
                 asm!(
+                    "{{ .reg .b64 da, db;",
+                    "mov.b64 da, {{{alo}, {ahi}}}; mov.b64 db, {{{blo}, {bhi}}};",
                     concat!("wgmma.mma_async.sync.aligned.m64n", stringify!($n), "k32.f32.e4m3.e4m3 {{",
                             "{", stringify!($first), "}" $(, ", {", stringify!($i), "}")*,
-                            "}}, {a}, {b}, 0, 1, 1;"),
+                            "}}, da, db, 0, 1, 1; }}"),
                     out(reg32) d[$first] $(, out(reg32) d[$i])*,
-                    a = in(reg64) a.0, b = in(reg64) b.0,
+                    alo = in(reg32) a.lo, ahi = in(reg32) a.hi, blo = in(reg32) b.lo, bhi = in(reg32) b.hi,
                     options(nostack)
                 )
             };
