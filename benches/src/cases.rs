@@ -236,11 +236,20 @@ fn time_peer(
 pub fn plan_name(p: &Plan) -> String {
     match p {
         Plan::Reference => "ref".into(),
-        Plan::Sm90Fp8(c) if c.split_k > 1 => format!(
-            "sm90/m{}g{}c{}s{}",
-            c.block_m, c.group_m, c.cluster_m, c.split_k
-        ),
-        Plan::Sm90Fp8(c) => format!("sm90/m{}g{}c{}", c.block_m, c.group_m, c.cluster_m),
+        Plan::Sm90Fp8(c) => {
+            // c2: pair along M; cn2: pair along N.
+            let cluster = if c.cluster_n > 1 {
+                format!("cn{}", c.cluster_n)
+            } else {
+                format!("c{}", c.cluster_m)
+            };
+            let split = if c.split_k > 1 {
+                format!("s{}", c.split_k)
+            } else {
+                String::new()
+            };
+            format!("sm90/m{}g{}{cluster}{split}", c.block_m, c.group_m)
+        }
     }
 }
 

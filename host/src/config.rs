@@ -23,8 +23,9 @@ pub enum Plan {
 ///   K % 128 == 0: other K are an error rather than a silent 1000× slower path.
 /// - Everything else runs the reference kernel for now (MX / NVFP4 fast kernels: later issues).
 ///
-/// Cluster (`cluster_m`): 1; clusters of 2 along M (B tiles multicast, each CTA loads half) are
-/// available through [`Sm90Config`] and measured slower for now.
+/// Cluster: 1. Pairs along M (`cluster_m` = 2: B tiles multicast, each CTA loads half) and along
+/// N (`cluster_n` = 2, 256-row tiles: A tiles multicast, each CTA loads one 128-row wave) are
+/// available through [`Sm90Config`] and measured 4–14% slower on the H100 (docs/PERF.md, v9).
 ///
 /// Raster band (`group_m`): CTAs running together cover `group_m` M tiles × (SMs / group_m) N
 /// tiles, so both operands' working sets stay in L2.
@@ -71,9 +72,10 @@ pub fn sm90_default(m: usize, n: usize, k: usize, l: usize, sm_count: u32) -> Sm
         Tile::M128
     };
     let m_tiles = m.div_ceil(tile.block_m() as usize) as u32;
-    // Cluster 2 (B multicast) is correct but measured slower than 1 on every DeepSeek shape (H100,
-    // 2026-11-22: 8192³ 868 vs 899 TFLOP/s with 128-row tiles): L2 bandwidth of B is not what
-    // limits this kernel yet (docs/PERF.md, v3), so a cluster is opt-in.
+    // Clusters are correct but measured slower than 1 on the H100 (2026-11-23, 256-row tiles,
+    // 8192³: 968 µs alone, 1024 paired along M, 1015 along N; 128-row tiles paired along M 14%
+    // slower), although L2 is at 76% alone: the pair waits for its slower CTA at every stage
+    // (docs/PERF.md, v9), so a cluster is opt-in.
     let tiles = m_tiles as usize * n_tiles;
     Sm90Config {
         block_m: tile.block_m(),
@@ -81,6 +83,7 @@ pub fn sm90_default(m: usize, n: usize, k: usize, l: usize, sm_count: u32) -> Sm
         group_m: m_tiles.clamp(1, GROUP_ROWS / tile.block_m()),
         ctas: sm_count,
         cluster_m: 1,
+        cluster_n: 1,
         split_k: split_k(tiles, k, sm_count),
     }
 }

@@ -9,11 +9,11 @@ use crate::error::{Error, Result, shape};
 use crate::format::{ElemType, ScaleType};
 use crate::matrix::{MatrixDesc, ScaledMatrix};
 use blockscaled_kernels::params::sm90::{
-    BLOCK_K, BLOCK_N, C_BOX_N, M_PAD, MAX_CLUSTER_M, ROW_BYTES, THREADS, Tile, WAVE_M,
+    BLOCK_K, BLOCK_N, C_BOX_N, M_PAD, MAX_CLUSTER, ROW_BYTES, THREADS, Tile, WAVE_M,
 };
 use blockscaled_kernels::params::{OutType, SPLITK_THREADS, Sm90Fp8Params, SplitKParams};
 use blockscaled_kernels::registry;
-use blockscaled_kernels::scheduler::TileScheduler;
+use blockscaled_kernels::scheduler::{ClusterShape, TileScheduler};
 
 /// Why an operand cannot go through the sm90 kernel (`None`: it can, in that role).
 pub(crate) fn unsupported(desc: &MatrixDesc, as_b: bool) -> Option<String> {
@@ -51,7 +51,7 @@ pub(crate) struct Sm90Operand {
     /// The 128-byte CUtensorMap (3-D: K, rows, L; box 128 × 128; 128-byte swizzle) in device memory
     /// (a 256-row A tile is two boxes).
     tmap: CudaSlice<u8>,
-    /// The same with a box of 128 / MAX_CLUSTER_M rows: each CTA's share of a multicast B tile.
+    /// The same with a box of 128 / MAX_CLUSTER rows: each CTA's share of a multicast B tile.
     tmap_share: CudaSlice<u8>,
     /// A-role scales `[l][k/128][m_pad]`, rows contiguous, zero-padded (None if not eligible as A).
     sfa: Option<(CudaSlice<f32>, u32)>,
@@ -109,7 +109,7 @@ impl Sm90Operand {
             None
         };
         let tmap = encode_tensor_map(stream, data, k, rows, l, WAVE_M)?;
-        let tmap_share = encode_tensor_map(stream, data, k, rows, l, BLOCK_N / MAX_CLUSTER_M)?;
+        let tmap_share = encode_tensor_map(stream, data, k, rows, l, BLOCK_N / MAX_CLUSTER)?;
         Ok(Some(Sm90Operand {
             tmap,
             tmap_share,
@@ -209,7 +209,7 @@ fn encode_3d(
 /// than SMs / 2 may fit; a persistent grid larger than that would run its last clusters as a
 /// second wave (measured: 2–3× slower).
 pub(crate) struct Sm90Kernels {
-    kernels: Vec<(Tile, CudaFunction, [u32; MAX_CLUSTER_M as usize])>,
+    kernels: Vec<(Tile, CudaFunction, [u32; MAX_CLUSTER as usize])>,
 }
 
 impl Sm90Kernels {
@@ -228,11 +228,11 @@ impl Sm90Kernels {
     }
 
     /// CTAs resident at once for the 128-row kernel, alone and in clusters of 2 (for `Debug`).
-    pub(crate) fn resident(&self) -> [u32; MAX_CLUSTER_M as usize] {
+    pub(crate) fn resident(&self) -> [u32; MAX_CLUSTER as usize] {
         self.kernels[0].2
     }
 
-    fn get(&self, block_m: u32) -> Result<&(Tile, CudaFunction, [u32; MAX_CLUSTER_M as usize])> {
+    fn get(&self, block_m: u32) -> Result<&(Tile, CudaFunction, [u32; MAX_CLUSTER as usize])> {
         self.kernels
             .iter()
             .find(|(t, _, _)| t.block_m() == block_m)
@@ -252,7 +252,7 @@ fn configure(
     stream: &CudaStream,
     sm_count: u32,
     tile: Tile,
-) -> Result<[u32; MAX_CLUSTER_M as usize]> {
+) -> Result<[u32; MAX_CLUSTER as usize]> {
     // SAFETY: a valid function handle and a documented attribute.
     unsafe {
         sys::cuFuncSetAttribute(
@@ -262,8 +262,8 @@ fn configure(
         )
     }
     .result()?;
-    let mut resident = [sm_count; MAX_CLUSTER_M as usize];
-    for cluster in 2..=MAX_CLUSTER_M {
+    let mut resident = [sm_count; MAX_CLUSTER as usize];
+    for cluster in 2..=MAX_CLUSTER {
         let mut attr = cluster_attribute(cluster);
         let cfg = launch_config(sm_count / cluster * cluster, tile, stream, &mut attr);
         let mut clusters = 0i32;
@@ -323,6 +323,9 @@ pub struct Sm90Config {
     pub ctas: u32,
     /// CTAs per cluster along M (1 or 2): a cluster's CTAs share each B tile by TMA multicast.
     pub cluster_m: u32,
+    /// CTAs per cluster along N (1 or 2; 2 only with 256-row tiles and `cluster_m` = 1): a
+    /// cluster's CTAs share each A tile, the larger operand of the 256-row tile, by TMA multicast.
+    pub cluster_n: u32,
     /// K split into this many ranges, each its own CTA (≥ 1, at most K / 128): when M·N has too
     /// few tiles to fill the GPU. The partial sums go through an f32 workspace and a reduction
     /// kernel.
@@ -355,14 +358,28 @@ pub(crate) fn launch(
             "operands not prepared for the sm90 kernel in these roles".into(),
         ));
     };
-    let cluster = cfg.cluster_m;
-    if !(1..=MAX_CLUSTER_M).contains(&cluster) {
+    let cl = ClusterShape {
+        m: cfg.cluster_m,
+        n: cfg.cluster_n,
+    };
+    let cluster = cl.size();
+    if cl.m == 0 || cl.n == 0 || cluster > MAX_CLUSTER {
         return Err(Error::Format(format!(
-            "cluster of {cluster} CTAs along M: the sm90 kernel takes 1 or {MAX_CLUSTER_M}"
+            "cluster of {}×{} CTAs (M×N): the sm90 kernel takes 1×1, 2×1 or 1×2",
+            cl.m, cl.n
+        )));
+    }
+    if cl.n > 1 && tile.waves != cl.n {
+        return Err(Error::Format(format!(
+            "a cluster of {} along N shares the A tile one 128-row wave per CTA: it needs {}-row \
+             tiles, not {}",
+            cl.n,
+            cl.n * WAVE_M,
+            tile.block_m()
         )));
     }
     let (tmap_a, _g1) = a.tmap.device_ptr(stream);
-    let (tmap_b, _g2) = if cluster > 1 {
+    let (tmap_b, _g2) = if cl.m > 1 {
         b.tmap_share.device_ptr(stream)
     } else {
         b.tmap.device_ptr(stream)
@@ -420,15 +437,16 @@ pub(crate) fn launch(
         },
         group_m: cfg.group_m.max(1),
         split_k: cfg.split_k,
-        cluster_m: cluster,
+        cluster_m: cl.m,
+        cluster_n: cl.n,
     };
     // Units of work are clusters of tiles; whole clusters of CTAs, at most one CTA per unit tile.
     let units = TileScheduler::new(
         m as u32,
         n as u32,
         (l * cfg.split_k as usize) as u32,
-        tile.block_m() * cluster,
-        BLOCK_N,
+        tile.block_m() * cl.m,
+        BLOCK_N * cl.n,
         1,
         0,
         1,

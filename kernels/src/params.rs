@@ -150,14 +150,14 @@ pub mod sm90 {
     /// MMAs earlier and then spilled the scheduler's state (24–132 bytes), at 224 it spills nothing.
     pub const PRODUCER_REGS: u32 = 40;
     pub const CONSUMER_REGS: u32 = 224;
-    /// Largest cluster along M.
-    pub const MAX_CLUSTER_M: u32 = 2;
+    /// Most CTAs per cluster (along M or along N).
+    pub const MAX_CLUSTER: u32 = 2;
     /// Tallest tile in waves: each wave costs a consumer thread 64 fp32 accumulators (plus 64
-    /// scratch shared by the waves), so 2 waves need ≈ 200 of the 232 registers; 3 would not fit.
+    /// scratch shared by the waves), so 2 waves need ≈ 200 of the 224 registers; 3 would not fit.
     pub const MAX_WAVES: u32 = 2;
     /// The A-scale padding (`m_pad`): whole clusters of the tallest tiles, so every CTA's scale
     /// loads stay inside the buffer.
-    pub const M_PAD: u32 = WAVE_M * MAX_WAVES * MAX_CLUSTER_M;
+    pub const M_PAD: u32 = WAVE_M * MAX_WAVES * MAX_CLUSTER;
 
     /// One tile shape: `waves` × 128 rows of A by 128 columns of B.
     #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -231,9 +231,13 @@ pub struct Sm90Fp8Params {
     /// workspace of `split_k · l` batch entries (entry `l·split_k + s` holds range `s`'s partial
     /// sums), which [`SplitKParams`]'s kernel reduces.
     pub split_k: u32,
-    /// CTAs per cluster along M (1 or [`sm90::MAX_CLUSTER_M`]): the CTAs of a cluster compute
+    /// CTAs per cluster along M (1 or [`sm90::MAX_CLUSTER`]): the CTAs of a cluster compute
     /// consecutive M tiles of one N tile and multicast halves of the shared B tile.
     pub cluster_m: u32,
+    /// CTAs per cluster along N (1 or [`sm90::MAX_CLUSTER`], and then `cluster_m` = 1 and the tile
+    /// has 256 rows): the CTAs compute consecutive N tiles of one M tile, and CTA `r` loads wave `r`
+    /// (128 rows) of the shared A tile into both.
+    pub cluster_n: u32,
 }
 
 /// Parameters of the split-K reduction: `out[l][i] = Σ_s ws[l·split + s][i]` for `i < mn`,

@@ -13,6 +13,32 @@ pub struct Tile {
     pub l: u32,
 }
 
+/// CTAs per cluster along M and N (one of them 1). The scheduler hands out cluster-sized units
+/// (`m` × `n` tiles); CTA `rank` of the cluster computes [`ClusterShape::tile`] of its unit. The
+/// CTAs of a cluster along M share their B tile, along N their A tile (TMA multicast).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ClusterShape {
+    pub m: u32,
+    pub n: u32,
+}
+
+impl ClusterShape {
+    #[inline(always)]
+    pub const fn size(self) -> u32 {
+        self.m * self.n
+    }
+
+    /// The tile that CTA `rank` computes in the cluster's unit `unit` (ranks run along M first).
+    #[inline(always)]
+    pub const fn tile(self, unit: Tile, rank: u32) -> Tile {
+        Tile {
+            m: unit.m * self.m + rank % self.m,
+            n: unit.n * self.n + rank / self.m,
+            l: unit.l,
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug)]
 pub struct TileScheduler {
     m_tiles: u32,
@@ -112,6 +138,20 @@ mod tests {
                 }
             }
             assert_eq!(seen.len() as u32, total);
+        }
+    }
+
+    #[test]
+    fn cluster_ranks_cover_their_unit_once() {
+        for shape in [ClusterShape { m: 2, n: 1 }, ClusterShape { m: 1, n: 2 }, ClusterShape { m: 1, n: 1 }] {
+            let unit = Tile { m: 3, n: 5, l: 1 };
+            let tiles: HashSet<Tile> = (0..shape.size()).map(|r| shape.tile(unit, r)).collect();
+            assert_eq!(tiles.len() as u32, shape.size());
+            for t in tiles {
+                assert_eq!(t.m / shape.m, unit.m);
+                assert_eq!(t.n / shape.n, unit.n);
+                assert_eq!(t.l, 1);
+            }
         }
     }
 

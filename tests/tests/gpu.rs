@@ -146,7 +146,7 @@ fn check_sm90(
     l: usize,
     dtype: OutType,
     seed: u64,
-    force: Option<(u32, u32, u32)>,
+    force: Option<(u32, (u32, u32), u32)>,
 ) -> Result<(), String> {
     let g = gpu();
     let (_, a) = random_matrix(seed, m, k, l, recipe.a());
@@ -170,9 +170,10 @@ fn check_sm90(
         g.upload(&b).map_err(|e| e.to_string())?,
     );
     let plan = match (g.plan(&da, &db).map_err(|e| e.to_string())?, force) {
-        (Plan::Sm90Fp8(cfg), Some((block_m, cluster_m, split_k))) => Plan::Sm90Fp8(Sm90Config {
+        (Plan::Sm90Fp8(cfg), Some((block_m, (cluster_m, cluster_n), split_k))) => Plan::Sm90Fp8(Sm90Config {
             block_m,
             cluster_m,
+            cluster_n,
             split_k,
             ..cfg
         }),
@@ -203,7 +204,7 @@ proptest! {
         kb in 1usize..9,
         l in 1usize..3,
         out_i in 0usize..3,
-        cluster in 1u32..3,
+        cluster in 0u32..3,
         tall in any::<bool>(),
         n_mult_8 in any::<bool>(),
         seed in any::<u64>(),
@@ -213,6 +214,12 @@ proptest! {
         let recipe = [Recipe::DeepSeekFp8, Recipe::Fp8PerTensor(Fp8::E4M3)][which];
         let dtype = [OutType::Bf16, OutType::F16, OutType::F32][out_i];
         let block_m = if tall { 256 } else { 128 };
+        // None, along M, or along N (256-row tiles only; else along M).
+        let cluster = match (cluster, tall) {
+            (0, _) => (1, 1),
+            (2, true) => (1, 2),
+            _ => (2, 1),
+        };
         check_sm90(recipe, m, n, 128 * kb, l, dtype, seed, Some((block_m, cluster, 1))).map_err(TestCaseError::fail)?;
     }
 }
@@ -221,7 +228,13 @@ proptest! {
 #[ignore = "needs a CUDA device"]
 fn sm90_kernel_matches_cpu_reference_on_larger_ragged_shapes() {
     let seed = std::process::id() as u64;
-    for force in [(128, 1, 1), (128, 2, 1), (256, 1, 1), (256, 2, 1)] {
+    for force in [
+        (128, (1, 1), 1),
+        (128, (2, 1), 1),
+        (256, (1, 1), 1),
+        (256, (2, 1), 1),
+        (256, (1, 2), 1),
+    ] {
         check_sm90(
             Recipe::DeepSeekFp8,
             1111,
@@ -246,7 +259,7 @@ fn sm90_kernel_matches_cpu_reference_on_larger_ragged_shapes() {
         .unwrap();
     }
     // f16 through the TMA-store epilogue with ragged M and a partial last 64-column box.
-    for force in [(128, 1, 1), (256, 2, 1)] {
+    for force in [(128, (1, 1), 1), (256, (2, 1), 1), (256, (1, 2), 1)] {
         check_sm90(
             Recipe::DeepSeekFp8,
             333,
@@ -262,9 +275,12 @@ fn sm90_kernel_matches_cpu_reference_on_larger_ragged_shapes() {
     // Split-K (f32 workspace + reduction) in every output type, uneven ranges (K blocks not a
     // multiple of the split), with clusters, and the heuristic's own choice at M = 128.
     for (m, n, kb, l, dtype, force) in [
-        (100, 300, 10, 2, OutType::Bf16, (128, 1, 3)),
-        (77, 136, 5, 1, OutType::F32, (256, 2, 5)),
-        (130, 1000, 9, 1, OutType::F16, (128, 2, 4)),
+        (100, 300, 10, 2, OutType::Bf16, (128, (1, 1), 3)),
+        (77, 136, 5, 1, OutType::F32, (256, (2, 1), 5)),
+        (130, 1000, 9, 1, OutType::F16, (128, (2, 1), 4)),
+        // Along N with an odd number of N tiles: the last pair's second CTA is past N.
+        (300, 300, 6, 2, OutType::Bf16, (256, (1, 2), 3)),
+        (257, 1100, 4, 1, OutType::Bf16, (256, (1, 2), 1)),
     ] {
         check_sm90(
             Recipe::DeepSeekFp8,
@@ -394,6 +410,7 @@ fn plans_follow_the_formats_and_k_not_multiple_of_128_is_an_error() {
         group_m: 8,
         ctas: g.sm_count(),
         cluster_m: 1,
+        cluster_n: 1,
         split_k: 1,
     };
     assert!(matches!(
@@ -412,4 +429,18 @@ fn plans_follow_the_formats_and_k_not_multiple_of_128_is_an_error() {
         g.gemm_with(&a, &b, &mut c, Plan::Sm90Fp8(tile)),
         Err(Error::Format(_))
     ));
+    // A cluster along N shares A one 128-row wave per CTA: not with 128-row tiles, and no
+    // clusters larger than 2.
+    for (block_m, cluster_m, cluster_n) in [(128, 1, 2), (256, 2, 2), (256, 1, 3), (256, 0, 1)] {
+        let bad = Sm90Config {
+            block_m,
+            cluster_m,
+            cluster_n,
+            ..forced
+        };
+        assert!(matches!(
+            g.gemm_with(&a, &b, &mut c, Plan::Sm90Fp8(bad)),
+            Err(Error::Format(_))
+        ));
+    }
 }

@@ -158,11 +158,12 @@ fn run(args: &Args) -> Result<bool, String> {
             }
         },
     };
-    let cluster_m = match &args.cluster_shape_mn {
+    let cluster = match &args.cluster_shape_mn {
         None => None,
         Some(c) => match parse_list(c, 2, "cluster_shape_mn")?.as_slice() {
-            [cm @ (1 | 2), 1] => Some(*cm as u32),
-            _ => return Err("--cluster_shape_mn: the sm90 kernel takes 1,1 or 2,1 (pairs along M share B by multicast)".into()),
+            [cm @ (1 | 2), 1] => Some((*cm as u32, 1)),
+            [1, 2] => Some((1, 2)),
+            _ => return Err("--cluster_shape_mn: the sm90 kernel takes 1,1, 2,1 (pairs along M share B by multicast) or 1,2 (pairs along N share A; 256-row tiles)".into()),
         },
     };
     let out = match args
@@ -208,7 +209,7 @@ fn run(args: &Args) -> Result<bool, String> {
     let plan = match args.kernel.as_str() {
         "auto"
             if args.group_m.is_none()
-                && cluster_m.is_none()
+                && cluster.is_none()
                 && block_m.is_none()
                 && args.split_k.is_none() =>
         {
@@ -230,7 +231,8 @@ fn run(args: &Args) -> Result<bool, String> {
                     .group_m
                     .unwrap_or(d.group_m * d.block_m / block_m)
                     .max(1),
-                cluster_m: cluster_m.unwrap_or(d.cluster_m),
+                cluster_m: cluster.map_or(d.cluster_m, |c| c.0),
+                cluster_n: cluster.map_or(d.cluster_n, |c| c.1),
                 split_k: args.split_k.unwrap_or(d.split_k),
                 ..d
             }))

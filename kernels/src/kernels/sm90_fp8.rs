@@ -21,6 +21,9 @@
 //!   already fills the next tile's stages meanwhile.
 //! - Split-K (`split_k` > 1): the schedule runs over `l · split_k` entries, each a range of K
 //!   blocks of one batch entry, and writes f32 partials for `kernels::splitk` to sum.
+//! - Clusters of 2 (`ClusterShape`): along M the two CTAs share the B tile (each loads half and
+//!   multicasts it), along N (256-row tiles) they share the A tile (each loads one 128-row wave).
+//!   Every consumer thread releases a stage to both CTAs' empty barriers.
 
 use crate::params::sm90::{
     B_TILE_BYTES, BLOCK_K, BLOCK_N, C_BOX_N, CONSUMER_REGS, CONSUMERS, PRODUCER_REGS, ROW_BYTES,
@@ -30,7 +33,7 @@ use crate::params::{OutType, Sm90Fp8Params};
 use crate::pipeline::{Pipeline, Turn};
 use crate::ptx::wgmma::{self, Descriptor, Swizzle};
 use crate::ptx::{convert, global, smem, thread, tma};
-use crate::scheduler::TileScheduler;
+use crate::scheduler::{ClusterShape, TileScheduler};
 
 /// Rows per consumer warpgroup and wave: the M of `wgmma` m64nNk32.
 const WG_ROWS: u32 = 64;
@@ -115,8 +118,10 @@ pub unsafe extern "ptx-kernel" fn sm90_fp8_blockscaled_gemm_m256(p: Sm90Fp8Param
 /// # Safety
 /// Launched by the host with `THREADS` threads, `Tile { waves: WAVES }.smem_bytes()` of dynamic
 /// shared memory and parameters from validated matrices: tensor maps of A (K, M, L) and B (K, N, L)
-/// with boxes 128 × 128 rows (B: 128 / cluster rows) and 128-byte swizzle, scale buffers as
-/// `Sm90Fp8Params` describes, `k % 128 == 0`, and `out` sized for L·M·N elements of `out_type`.
+/// with boxes 128 × 128 rows (B: 128 / `cluster_m` rows) and 128-byte swizzle, scale buffers as
+/// `Sm90Fp8Params` describes, `k % 128 == 0`, `out` sized for L·M·N elements of `out_type`, a grid
+/// of whole clusters of `cluster_m · cluster_n` ≤ 2 CTAs, and `cluster_n` > 1 only with `WAVES` =
+/// `cluster_n` (each CTA loads one wave of the shared A tile; the full barrier counts all of it).
 #[inline(always)]
 unsafe fn gemm<const WAVES: usize>(p: Sm90Fp8Params) {
     let tile = Tile {
@@ -127,7 +132,11 @@ unsafe fn gemm<const WAVES: usize>(p: Sm90Fp8Params) {
         base: smem::dynamic_base(),
         tile,
     };
-    let cluster = p.cluster_m;
+    let shape = ClusterShape {
+        m: p.cluster_m,
+        n: p.cluster_n,
+    };
+    let cluster = shape.size();
     let pipe = Pipeline::new(layout.barriers(), stages, cluster);
     let tid = thread::thread_x();
     let wg = tid / 128;
@@ -153,15 +162,15 @@ unsafe fn gemm<const WAVES: usize>(p: Sm90Fp8Params) {
     }
 
     let k_blocks = p.k / BLOCK_K;
-    // The schedule's unit is one cluster: `cluster` consecutive M tiles of one N tile. Each role
-    // makes it after its `setmaxnreg` (ptxas spills values live across that instruction).
+    // The schedule's unit is one cluster: `cluster` consecutive M (or N) tiles. Each role makes it
+    // after its `setmaxnreg` (ptxas spills values live across that instruction).
     let schedule = || {
         TileScheduler::new(
             p.m,
             p.n,
             p.l * p.split_k,
-            block_m * cluster,
-            BLOCK_N,
+            block_m * shape.m,
+            BLOCK_N * shape.n,
             p.group_m,
             thread::block_x() / cluster,
             thread::grid_dim_x() / cluster,
@@ -172,10 +181,12 @@ unsafe fn gemm<const WAVES: usize>(p: Sm90Fp8Params) {
         thread::lower_registers::<PRODUCER_REGS>();
         let mut tiles = schedule();
         if tid == 0 {
-            let b_rows = BLOCK_N / cluster;
+            let b_rows = BLOCK_N / shape.m;
+            let all = ((1u32 << cluster) - 1) as u16;
             let mut it = 0u32;
             while let Some(t) = tiles.next() {
-                let m_tile = t.m * cluster + rank;
+                let own = shape.tile(t, rank);
+                let m_tile = own.m;
                 let (l, kbs) = k_range(t.l, p.split_k, k_blocks);
                 for kb in kbs {
                     let s = pipe.stage(it);
@@ -191,29 +202,23 @@ unsafe fn gemm<const WAVES: usize>(p: Sm90Fp8Params) {
                         let full = pipe.producer_expect(it, tile.stage_bytes());
                         let (x, l) = ((kb * BLOCK_K) as i32, l as i32);
                         for w in 0..tile.waves {
-                            let y = (m_tile * block_m + w * WAVE_M) as i32;
-                            tma::load_3d(
+                            let (dst, y) = (
                                 layout.a(s) + w * WAVE_M * ROW_BYTES,
-                                p.tmap_a,
-                                x,
-                                y,
-                                l,
-                                full,
+                                (m_tile * block_m + w * WAVE_M) as i32,
                             );
+                            if shape.n == 1 {
+                                tma::load_3d(dst, p.tmap_a, x, y, l, full);
+                            } else if w % shape.n == rank {
+                                // Our wave of the shared A tile, into every CTA of the cluster.
+                                tma::load_3d_multicast(dst, p.tmap_a, x, y, l, full, all);
+                            }
                         }
-                        let b_dst = layout.b(s) + rank * b_rows * ROW_BYTES;
-                        let b_y = (t.n * BLOCK_N + rank * b_rows) as i32;
-                        if cluster > 1 {
-                            // Our share of the B tile, into the same place in every CTA of the cluster.
-                            tma::load_3d_multicast(
-                                b_dst,
-                                p.tmap_b,
-                                x,
-                                b_y,
-                                l,
-                                full,
-                                ((1u32 << cluster) - 1) as u16,
-                            );
+                        // Along M: our share of the shared B tile, into every CTA of the cluster.
+                        let share = if shape.m > 1 { rank } else { 0 };
+                        let b_dst = layout.b(s) + share * b_rows * ROW_BYTES;
+                        let b_y = (own.n * BLOCK_N + share * b_rows) as i32;
+                        if shape.m > 1 {
+                            tma::load_3d_multicast(b_dst, p.tmap_b, x, b_y, l, full, all);
                         } else {
                             tma::load_3d(b_dst, p.tmap_b, x, b_y, l, full);
                         }
@@ -231,7 +236,7 @@ unsafe fn gemm<const WAVES: usize>(p: Sm90Fp8Params) {
             schedule,
             wg - 1,
             tid % 128,
-            cluster,
+            shape,
             rank,
             k_blocks,
         );
@@ -267,7 +272,7 @@ fn consume<const WAVES: usize>(
     schedule: impl FnOnce() -> TileScheduler,
     c: u32,
     local: u32,
-    cluster: u32,
+    shape: ClusterShape,
     rank: u32,
     k_blocks: u32,
 ) {
@@ -288,9 +293,14 @@ fn consume<const WAVES: usize>(
     };
     let mut it = 0u32;
     while let Some(t) = tiles.next() {
-        let m_tile = t.m * cluster + rank;
+        let own = shape.tile(t, rank);
+        let m_tile = own.m;
         let (l, kbs) = k_range(t.l, p.split_k, k_blocks);
-        let sfb = (p.sfb as *const f32).wrapping_add(((l * n_blocks + t.n) * k_blocks) as usize);
+        // A cluster along N may hang past N by one tile: its output is clipped, and its B scales
+        // are read from the last real tile (not past the buffer).
+        let sfb_tile = own.n.min(n_blocks - 1);
+        let sfb =
+            (p.sfb as *const f32).wrapping_add(((l * n_blocks + sfb_tile) * k_blocks) as usize);
         let mut acc = [[0.0f32; 64]; WAVES];
         for kb in kbs {
             // SAFETY: `it` counts this consumer's stages in order; each is waited for, used by
@@ -334,7 +344,7 @@ fn consume<const WAVES: usize>(
             if local == 0 {
                 for w in 0..WAVES as u32 {
                     for h in 0..BLOCK_N / C_BOX_N {
-                        let (x, y) = (t.n * BLOCK_N + h * C_BOX_N, m0 + w * WAVE_M + c * WG_ROWS);
+                        let (x, y) = (own.n * BLOCK_N + h * C_BOX_N, m0 + w * WAVE_M + c * WG_ROWS);
                         // SAFETY: the boxes were written and fenced by the whole warpgroup (the
                         // barrier above); the map covers the output, TMA clips rows past M and
                         // columns past N.
@@ -357,7 +367,7 @@ fn consume<const WAVES: usize>(
                     p,
                     t.l,
                     m0 + w as u32 * WAVE_M + row,
-                    t.n * BLOCK_N + 2 * (lane % 4),
+                    own.n * BLOCK_N + 2 * (lane % 4),
                     acc,
                 );
             }
