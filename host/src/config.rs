@@ -23,9 +23,10 @@ pub enum Plan {
 ///   K % 128 == 0: other K are an error rather than a silent 1000× slower path.
 /// - Everything else runs the reference kernel for now (MX / NVFP4 fast kernels: later issues).
 ///
-/// Cluster: 1. Pairs along M (`cluster_m` = 2: B tiles multicast, each CTA loads half) and along
-/// N (`cluster_n` = 2, 256-row tiles: A tiles multicast, each CTA loads one 128-row wave) are
-/// available through [`Sm90Config`] and measured 4–14% slower on the H100 (docs/PERF.md, v9).
+/// Cluster: pairs of CTAs share an operand tile by TMA multicast, which halves that operand's L2
+/// reads — along N (`cluster_n` = 2, 256-row tiles: the A tile, the larger one), else along M
+/// (`cluster_m` = 2: the B tile) — whenever pairing costs no extra round of tiles (a pair whose
+/// second tile is past the edge still takes a slot); else none. See [`cluster`].
 ///
 /// Raster band (`group_m`): CTAs running together cover `group_m` M tiles × (SMs / group_m) N
 /// tiles, so both operands' working sets stay in L2.
@@ -72,19 +73,44 @@ pub fn sm90_default(m: usize, n: usize, k: usize, l: usize, sm_count: u32) -> Sm
         Tile::M128
     };
     let m_tiles = m.div_ceil(tile.block_m() as usize) as u32;
-    // Clusters are correct but measured slower than 1 on the H100 (2026-11-23, 256-row tiles,
-    // 8192³: 968 µs alone, 1024 paired along M, 1015 along N; 128-row tiles paired along M 14%
-    // slower), although L2 is at 76% alone: the pair waits for its slower CTA at every stage
-    // (docs/PERF.md, v9), so a cluster is opt-in.
     let tiles = m_tiles as usize * n_tiles;
+    let split_k = split_k(tiles, k, sm_count);
+    let (cluster_m, cluster_n) = if split_k == 1 {
+        cluster(tile, m_tiles as usize, n.div_ceil(BLOCK_N as usize), l.max(1), sm_count)
+    } else {
+        (1, 1)
+    };
     Sm90Config {
         block_m: tile.block_m(),
         // Bands of 1024 rows of A (8 × 128 or 4 × 256).
         group_m: m_tiles.clamp(1, GROUP_ROWS / tile.block_m()),
         ctas: sm_count,
-        cluster_m: 1,
-        cluster_n: 1,
-        split_k: split_k(tiles, k, sm_count),
+        cluster_m,
+        cluster_n,
+        split_k,
+    }
+}
+
+/// CTAs per cluster along M and N: a pair when the tiles fill at least one round and pairing
+/// them (units of two tiles on half as many pairs of SMs) takes no more rounds; along N first for
+/// 256-row tiles (it shares A, twice B's bytes). Measured on the H100 (docs/PERF.md, v9): 8192³
+/// 256-row tiles 961 µs alone, 930 along M, 927 along N; 4096×7168×2048 even.
+fn cluster(tile: Tile, m_tiles: usize, n_tiles: usize, l: usize, sm_count: u32) -> (u32, u32) {
+    let sms = sm_count.max(2) as usize;
+    let tiles = m_tiles * n_tiles * l;
+    if tiles < sms {
+        return (1, 1);
+    }
+    let rounds = tiles.div_ceil(sms);
+    let pair_rounds = |cm: usize, cn: usize| {
+        (m_tiles.div_ceil(cm) * n_tiles.div_ceil(cn) * l).div_ceil(sms / 2)
+    };
+    if tile == Tile::M256 && pair_rounds(1, 2) <= rounds {
+        (1, 2)
+    } else if pair_rounds(2, 1) <= rounds {
+        (2, 1)
+    } else {
+        (1, 1)
     }
 }
 
@@ -113,11 +139,10 @@ const MIN_SPLIT_K_BLOCKS: usize = 4;
 /// 16.3 µs unsplit (16 K blocks), 128×2112×7168 split 7 took 20.2 µs against 39.1 (56 blocks).
 const SPLIT_K_COST_BLOCKS: usize = 10;
 
-/// Time of one 256-row tile in units of a 128-row tile's: 1.85 measured on the H100 at 8192³
-/// (16 rounds of 256-row tiles 1157 µs, 32 rounds of 128-row tiles 1254 µs; 1.76 at
-/// 4096×2112×7168). With it the rule picks the faster tile at all eight DeepSeek shapes of
-/// docs/PERF.md (v6).
-pub const M256_TILE_COST: f64 = 1.85;
+/// Time of one 256-row tile in units of a 128-row tile's: 1.74 measured on the H100 (v9, same
+/// run, both tiles alone: 8192³ 16 rounds of 256-row tiles 960.6 µs, 32 rounds of 128-row tiles
+/// 1102.8 µs; 1.74 at 4096×7168×2048, 7 rounds 112.0 µs against 14 rounds 129.1 µs).
+pub const M256_TILE_COST: f64 = 1.75;
 
 /// Rows of A in one scheduler band: a band's A tiles (1024 × K bytes) stay small next to the
 /// 50 MB L2 for K up to 16k.
@@ -138,7 +163,31 @@ mod tests {
         for (m, n, l) in [(1, 1, 1), (8192, 8192, 1), (128, 2112, 3)] {
             let c = sm90_default(m, n, 1024, l, h100);
             assert!(c.group_m >= 1 && c.group_m * c.block_m <= GROUP_ROWS.max(c.block_m));
-            assert_eq!((c.ctas, c.cluster_m), (h100, 1));
+            assert_eq!(c.ctas, h100);
+        }
+    }
+
+    #[test]
+    fn pairs_only_where_they_cost_no_extra_round() {
+        let h100 = 132;
+        let cl = |m, n, k| {
+            let c = sm90_default(m, n, k, 1, h100);
+            (c.cluster_m, c.cluster_n)
+        };
+        // 256-row tiles, even tile counts: pairs along N (share A).
+        assert_eq!(cl(8192, 8192, 8192), (1, 2));
+        assert_eq!(cl(4096, 7168, 2048), (1, 2));
+        // 128-row tiles (N = 2112: 17 N tiles, odd): along M.
+        assert_eq!(cl(4096, 2112, 7168), (2, 1));
+        // One M tile: a pair along M would be half empty and add a round; 192 tiles along N
+        // pair into 96 units on 66 pairs, 2 rounds as alone, but 128-row tiles pair along M only.
+        assert_eq!(cl(128, 24576, 1536), (1, 1));
+        // Fewer tiles than SMs, or split-K: alone.
+        assert_eq!(cl(256, 1024, 1024), (1, 1));
+        assert_eq!(cl(128, 2112, 7168), (1, 1));
+        for (m, n) in [(1, 1), (8192, 8192), (4096, 2112), (100, 100_000)] {
+            let (a, b) = cl(m, n, 1024);
+            assert!(a * b <= 2 && a >= 1 && b >= 1);
         }
     }
 

@@ -15,6 +15,9 @@
 
 use crate::ptx::{mbarrier, thread};
 
+// `consumer_release` arrives on the one peer of a pair.
+const _: () = assert!(crate::params::sm90::MAX_CLUSTER <= 2);
+
 #[derive(Clone, Copy)]
 pub struct Pipeline {
     /// Shared address of `STAGES` full barriers followed by `STAGES` empty barriers.
@@ -104,8 +107,8 @@ impl Pipeline {
         unsafe { mbarrier::wait(self.full(it), self.phase(it)) };
     }
 
-    /// Consumer: this thread releases the stage to every CTA of the cluster (every consumer
-    /// thread calls it once per stage); `rank` is this CTA's rank in the cluster.
+    /// Consumer: this thread releases the stage to both CTAs of the pair (every consumer thread
+    /// calls it once per stage); `rank` is this CTA's rank in the cluster (of at most 2).
     /// # Safety
     /// After `consumer_wait(it)` and this thread's last read of the stage.
     #[inline(always)]
@@ -114,11 +117,10 @@ impl Pipeline {
         unsafe {
             mbarrier::arrive(self.empty(it));
             if self.cluster > 1 {
-                for cta in 0..self.cluster {
-                    if cta != rank {
-                        mbarrier::arrive_cluster(self.empty(it), cta);
-                    }
-                }
+                // Clusters are pairs (`params::sm90::MAX_CLUSTER`): the peer is `rank ^ 1`. (A
+                // loop over a run-time cluster size was unrolled into ~40 predicated instructions
+                // per K block.)
+                mbarrier::arrive_cluster(self.empty(it), rank ^ 1);
             }
         }
     }

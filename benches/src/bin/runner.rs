@@ -231,8 +231,12 @@ fn run(args: &Args) -> Result<bool, String> {
                     .group_m
                     .unwrap_or(d.group_m * d.block_m / block_m)
                     .max(1),
-                cluster_m: cluster.map_or(d.cluster_m, |c| c.0),
-                cluster_n: cluster.map_or(d.cluster_n, |c| c.1),
+                // A forced 128-row tile cannot pair along N: the default pair goes along M.
+                cluster_m: cluster.map_or(
+                    if block_m == d.block_m { d.cluster_m } else { d.cluster_m.max(d.cluster_n) },
+                    |c| c.0,
+                ),
+                cluster_n: cluster.map_or(if block_m == d.block_m { d.cluster_n } else { 1 }, |c| c.1),
                 split_k: args.split_k.unwrap_or(d.split_k),
                 ..d
             }))
