@@ -23,10 +23,11 @@ pub enum Plan {
 ///   K % 128 == 0: other K are an error rather than a silent 1000× slower path.
 /// - Everything else runs the reference kernel for now (MX / NVFP4 fast kernels: later issues).
 ///
-/// Cluster: pairs of CTAs share an operand tile by TMA multicast, which halves that operand's L2
-/// reads — along N (`cluster_n` = 2, 256-row tiles: the A tile, the larger one), else along M
-/// (`cluster_m` = 2: the B tile) — whenever pairing costs no extra round of tiles (a pair whose
-/// second tile is past the edge still takes a slot); else none. See [`cluster`].
+/// Cluster: 256-row tiles go in pairs along N (`cluster_n` = 2: the pair shares the A tile, the
+/// larger operand, by TMA multicast, halving its L2 reads) whenever pairing costs no extra round
+/// of tiles (a pair whose second tile is past N still takes a slot); 128-row tiles run alone
+/// (measured faster). Pairs along M (`cluster_m` = 2, sharing B) are available through
+/// [`Sm90Config`]. See [`cluster`].
 ///
 /// Raster band (`group_m`): CTAs running together cover `group_m` M tiles × (SMs / group_m) N
 /// tiles, so both operands' working sets stay in L2.
@@ -91,10 +92,12 @@ pub fn sm90_default(m: usize, n: usize, k: usize, l: usize, sm_count: u32) -> Sm
     }
 }
 
-/// CTAs per cluster along M and N: a pair when the tiles fill at least one round and pairing
-/// them (units of two tiles on half as many pairs of SMs) takes no more rounds; along N first for
-/// 256-row tiles (it shares A, twice B's bytes). Measured on the H100 (docs/PERF.md, v9): 8192³
-/// 256-row tiles 961 µs alone, 930 along M, 927 along N; 4096×7168×2048 even.
+/// CTAs per cluster along M and N: for 256-row tiles a pair along N (it shares A, twice B's bytes)
+/// when the tiles fill at least one round and pairing them (units of two tiles on half as many
+/// pairs of SMs) takes no more rounds. Measured on the H100 (docs/PERF.md, v9–v10): 8192³ with
+/// 256-row tiles 961 µs alone, 930 paired along M, 927 along N; 4096×7168×2048 even. 128-row
+/// tiles (two K blocks in flight per consumer, v10) ran 1–4% slower paired along M than alone
+/// (8192³ 1077 vs 1060 µs, 4096×2112×7168 151 vs 145), so they stay alone.
 fn cluster(tile: Tile, m_tiles: usize, n_tiles: usize, l: usize, sm_count: u32) -> (u32, u32) {
     let sms = sm_count.max(2) as usize;
     let tiles = m_tiles * n_tiles * l;
@@ -107,8 +110,6 @@ fn cluster(tile: Tile, m_tiles: usize, n_tiles: usize, l: usize, sm_count: u32) 
     };
     if tile == Tile::M256 && pair_rounds(1, 2) <= rounds {
         (1, 2)
-    } else if pair_rounds(2, 1) <= rounds {
-        (2, 1)
     } else {
         (1, 1)
     }
@@ -177,11 +178,14 @@ mod tests {
         // 256-row tiles, even tile counts: pairs along N (share A).
         assert_eq!(cl(8192, 8192, 8192), (1, 2));
         assert_eq!(cl(4096, 7168, 2048), (1, 2));
-        // 128-row tiles (N = 2112: 17 N tiles, odd): along M.
-        assert_eq!(cl(4096, 2112, 7168), (2, 1));
-        // One M tile: a pair along M would be half empty and add a round; 192 tiles along N
-        // pair into 96 units on 66 pairs, 2 rounds as alone, but 128-row tiles pair along M only.
+        // 128-row tiles run alone.
+        assert_eq!(cl(4096, 2112, 7168), (1, 1));
         assert_eq!(cl(128, 24576, 1536), (1, 1));
+        // 256-row tiles with an odd number of N tiles where pairing adds a round: alone. (4224
+        // columns: 33 N tiles; 2048 rows: 8 M tiles; 264 tiles = 2 rounds, 8 × 17 = 136 pairs on
+        // 66 pair slots = 3 rounds.)
+        assert_eq!(sm90_default(2048, 4224, 7168, 1, h100).block_m, 256);
+        assert_eq!(cl(2048, 4224, 7168), (1, 1));
         // Fewer tiles than SMs, or split-K: alone.
         assert_eq!(cl(256, 1024, 1024), (1, 1));
         assert_eq!(cl(128, 2112, 7168), (1, 1));

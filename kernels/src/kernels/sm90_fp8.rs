@@ -13,8 +13,11 @@
 //! - warpgroups 1 and 2: consumers, 64 rows of each 128-row wave each. Per K block and wave: four
 //!   `wgmma m64n128k32` into one scratch accumulator, then promotion into that wave's fp32
 //!   accumulator with `scale_a[row] · scale_b` (Hopper's FP8 tensor-core accumulation is not full
-//!   fp32, so the partial sums are scaled and added in fp32 every 128 of K). The waves share the
-//!   scratch, so a consumer thread holds 64·(WAVES + 1) accumulators (DeepGEMM's arrangement).
+//!   fp32, so the partial sums are scaled and added in fp32 every 128 of K, with FFMA). The waves
+//!   share the scratch, so a consumer thread holds 64·(WAVES + 1) accumulators (DeepGEMM's
+//!   arrangement). 128-row tiles have registers for two scratch accumulators instead: each
+//!   consumer issues two K blocks' MMAs and promotes the first while the second runs, and the two
+//!   consumers take turns issuing (`pipeline::Turn`).
 //!   After the last K block, 16-bit output goes through 128-byte-swizzled shared boxes and TMA
 //!   stores (the warpgroup goes on to the next tile while they drain; TMA clips ragged M and N);
 //!   f32 output, N % 8 ≠ 0 and split-K partials are stored directly with masks. The producer
@@ -302,11 +305,19 @@ fn consume<const WAVES: usize>(
         let sfb =
             (p.sfb as *const f32).wrapping_add(((l * n_blocks + sfb_tile) * k_blocks) as usize);
         let mut acc = [[0.0f32; 64]; WAVES];
-        for kb in kbs {
+        let mut kb = kbs.start;
+        while kb < kbs.end {
             // SAFETY: `it` counts this consumer's stages in order; each is waited for, used by
-            // every wave and released before the next.
-            unsafe { consumer.k_block(&mut acc, it, sfb.add(kb as usize)) };
-            it += 1;
+            // every wave and released before the next; `kb + 1` is in range for a pair.
+            unsafe {
+                if WAVES == 1 && kb + 1 < kbs.end {
+                    consumer.k_pair(&mut acc[0], it, sfb.add(kb as usize));
+                    (kb, it) = (kb + 2, it + 2);
+                } else {
+                    consumer.k_block(&mut acc, it, sfb.add(kb as usize));
+                    (kb, it) = (kb + 1, it + 1);
+                }
+            }
         }
         let m0 = m_tile * block_m;
         if p.tmap_c != 0 {
@@ -425,8 +436,9 @@ struct Consumer {
 impl Consumer {
     /// Waits for stage `it`; for each wave issues its four `wgmma` into the scratch accumulator,
     /// waits for them and promotes the partial sums into the wave's accumulator; releases the stage.
-    /// (Overlapping a wave's promotion with the next wave's MMAs needs a second scratch: no
-    /// registers for it with 2 waves, and ptxas serialized it with 1 — docs/PERF.md, v2.)
+    /// With two waves there are no registers for a second scratch, but ptxas starts wave 1's MMAs
+    /// under wave 0's promotion by itself; 128-row tiles use [`Consumer::k_pair`] instead where
+    /// two K blocks remain.
     /// # Safety
     /// Stages are used in order; `sfb` points at this K block's B scale.
     #[inline(always)]
@@ -493,7 +505,93 @@ impl Consumer {
             self.pipe.consumer_release(it, self.rank);
         }
     }
+
+    /// 128-row tiles, two K blocks at once: issues stage `it`'s four MMAs into one scratch
+    /// accumulator and stage `it + 1`'s into a second, then promotes the first while the second
+    /// runs, and the second while the other consumer's MMAs run. (One K block at a time, the
+    /// tensor cores wait for every promotion of both consumers; a third scratch does not fit.)
+    /// # Safety
+    /// As [`Consumer::k_block`], for stages `it` and `it + 1`; `sfb` points at the first's B scale.
+    #[inline(always)]
+    unsafe fn k_pair(&self, acc: &mut [f32; 64], it: u32, sfb: *const f32) {
+        let (s0, s1) = (self.pipe.stage(it), self.pipe.stage(it + 1));
+        // SAFETY: the caller's contract; each stage is read only after its `consumer_wait` and
+        // released after its MMAs completed and its scales were loaded.
+        unsafe {
+            let (sb0, sb1) = (*sfb, *sfb.add(1));
+            self.pipe.consumer_wait(it);
+            self.turn.wait(it == 0);
+            let mut part0 = self.issue(s0);
+            self.pipe.consumer_wait(it + 1);
+            let mut part1 = self.issue(s1);
+            self.turn.pass();
+            let (f00, f01) = self.scales(s0, sb0);
+            let (f10, f11) = self.scales(s1, sb1);
+            wgmma::wait::<1>();
+            wgmma::fence_operands_64(&mut part0);
+            self.pipe.consumer_release(it, self.rank);
+            promote(acc, &part0, f00, f01);
+            wgmma::wait::<0>();
+            wgmma::fence_operands_64(&mut part1);
+            self.pipe.consumer_release(it + 1, self.rank);
+            promote(acc, &part1, f10, f11);
+        }
+    }
+
+    /// The four `wgmma m64n128k32` of stage `s` (wave 0) into a fresh scratch accumulator, committed
+    /// as one group.
+    /// # Safety
+    /// Stage `s` is filled (its full barrier waited for).
+    #[inline(always)]
+    unsafe fn issue(&self, s: u32) -> [f32; 64] {
+        wgmma::fence();
+        // SAFETY: the caller's contract.
+        unsafe {
+            let mut part = wgmma::mma_m64n128k32_e4m3_first(
+                self.layout.a_desc(s, 0, self.c, 0),
+                self.layout.b_desc(s, 0),
+            );
+            for kk in 1..BLOCK_K / MMA_K {
+                wgmma::mma_m64n128k32_e4m3(
+                    &mut part,
+                    self.layout.a_desc(s, 0, self.c, kk),
+                    self.layout.b_desc(s, kk),
+                    true,
+                );
+            }
+            wgmma::commit();
+            part
+        }
+    }
+
+    /// This thread's two promotion factors for stage `s` (wave 0): its rows' A scales × `scale_b`.
+    /// # Safety
+    /// Stage `s` is filled.
+    #[inline(always)]
+    unsafe fn scales(&self, s: u32, scale_b: f32) -> (f32, f32) {
+        let sfa = self.layout.sfa(s);
+        // SAFETY: the caller's contract; rows < 128.
+        let (sa0, sa1) = unsafe {
+            (
+                f32::from_bits(smem::load_u32(sfa + 4 * self.row)),
+                f32::from_bits(smem::load_u32(sfa + 4 * (self.row + 8))),
+            )
+        };
+        (sa0 * scale_b, sa1 * scale_b)
+    }
 }
+/// Promotion: `acc += part · f`, with `f0` for the thread's first row and `f1` for its second
+/// (fragment value `i` is in row `+8·((i/2)%2)`). Fused (one FFMA, not FMUL + FADD: Rust never
+/// contracts `a * b + c`); the sums are pinned after it (see [`Consumer::k_block`]).
+#[inline(always)]
+fn promote(acc: &mut [f32; 64], part: &[f32; 64], f0: f32, f1: f32) {
+    for i in 0..64 {
+        let f = if (i / 2) % 2 == 0 { f0 } else { f1 };
+        acc[i] = core::f32::math::mul_add(part[i], f, acc[i]);
+    }
+    wgmma::fence_operands_64(acc);
+}
+
 /// Writes one thread's 64 accumulators: value `i` at row `row0 + 8·((i/2)%2)`, column
 /// `col0 + 8·(i/4) + (i%2)`. Adjacent column pairs go out as one 4-byte (16-bit types) or 8-byte
 /// (f32) store when N is even (then the pair is aligned), else as two stores; elements past M or N
