@@ -42,7 +42,10 @@ pub fn choose(arch: GpuArch, sm_count: u32, a: &MatrixDesc, b: &MatrixDesc) -> R
         (None, None) => Ok(Plan::Sm90Fp8(sm90_default(
             a.rows, b.rows, a.k, a.batch, sm_count,
         ))),
-        _ if fp32_scaled && a.k % 128 != 0 && a.format.elem == crate::ElemType::E4M3 => {
+        _ if fp32_scaled
+            && a.k % 128 != 0
+            && matches!(a.format.elem, crate::ElemType::E4M3 | crate::ElemType::E5M2) =>
+        {
             Err(shape(format!(
                 "K = {} is not a multiple of 128: the Hopper FP8 kernel's 128-wide scale blocks need it \
              (Gpu::reference_gemm computes it, slowly)",
@@ -77,7 +80,13 @@ pub fn sm90_default(m: usize, n: usize, k: usize, l: usize, sm_count: u32) -> Sm
     let tiles = m_tiles as usize * n_tiles;
     let split_k = split_k(tiles, k, sm_count);
     let (cluster_m, cluster_n) = if split_k == 1 {
-        cluster(tile, m_tiles as usize, n.div_ceil(BLOCK_N as usize), l.max(1), sm_count)
+        cluster(
+            tile,
+            m_tiles as usize,
+            n.div_ceil(BLOCK_N as usize),
+            l.max(1),
+            sm_count,
+        )
     } else {
         (1, 1)
     };
@@ -105,9 +114,8 @@ fn cluster(tile: Tile, m_tiles: usize, n_tiles: usize, l: usize, sm_count: u32) 
         return (1, 1);
     }
     let rounds = tiles.div_ceil(sms);
-    let pair_rounds = |cm: usize, cn: usize| {
-        (m_tiles.div_ceil(cm) * n_tiles.div_ceil(cn) * l).div_ceil(sms / 2)
-    };
+    let pair_rounds =
+        |cm: usize, cn: usize| (m_tiles.div_ceil(cm) * n_tiles.div_ceil(cn) * l).div_ceil(sms / 2);
     if tile == Tile::M256 && pair_rounds(1, 2) <= rounds {
         (1, 2)
     } else {

@@ -14,11 +14,12 @@ use cudarc::nvrtc::Ptx;
 
 use crate::config::{self, Plan};
 use crate::error::{Error, Result, shape};
-use crate::format::OutType;
+use crate::format::{ElemType, OutType};
 use crate::matrix::{MatrixDesc, ScaledMatrix};
 use crate::output::HostOutput;
 use crate::reference::check_operands;
 use crate::sm90::{self, Sm90Operand};
+use blockscaled_kernels::params::sm90::Fp8Types;
 use blockscaled_kernels::params::{GemmParams, REFERENCE_BLOCK_M, REFERENCE_BLOCK_N};
 use blockscaled_kernels::registry;
 
@@ -267,6 +268,10 @@ impl Gpu {
                     &mut c.buf,
                     c.sm90_tmap.as_ref(),
                     c.dtype as u32,
+                    Fp8Types::new(
+                        a.desc.format.elem == ElemType::E5M2,
+                        b.desc.format.elem == ElemType::E5M2,
+                    ),
                     cfg,
                     splitk,
                 )

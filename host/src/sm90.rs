@@ -9,7 +9,7 @@ use crate::error::{Error, Result, shape};
 use crate::format::{ElemType, ScaleType};
 use crate::matrix::{MatrixDesc, ScaledMatrix};
 use blockscaled_kernels::params::sm90::{
-    BLOCK_K, BLOCK_N, C_BOX_N, M_PAD, MAX_CLUSTER, ROW_BYTES, THREADS, Tile, WAVE_M,
+    BLOCK_K, BLOCK_N, C_BOX_N, Fp8Types, M_PAD, MAX_CLUSTER, ROW_BYTES, THREADS, Tile, WAVE_M,
 };
 use blockscaled_kernels::params::{OutType, SPLITK_THREADS, Sm90Fp8Params, SplitKParams};
 use blockscaled_kernels::registry;
@@ -18,8 +18,11 @@ use blockscaled_kernels::scheduler::{ClusterShape, TileScheduler};
 /// Why an operand cannot go through the sm90 kernel (`None`: it can, in that role).
 pub(crate) fn unsupported(desc: &MatrixDesc, as_b: bool) -> Option<String> {
     let f = &desc.format;
-    if f.elem != ElemType::E4M3 {
-        return Some(format!("{}: the sm90 kernel takes e4m3 elements", f));
+    if !matches!(f.elem, ElemType::E4M3 | ElemType::E5M2) {
+        return Some(format!(
+            "{}: the sm90 kernel takes e4m3 or e5m2 elements",
+            f
+        ));
     }
     if f.scale != ScaleType::F32 {
         return Some(format!("{}: the sm90 kernel takes fp32 scales", f));
@@ -37,13 +40,19 @@ pub(crate) fn unsupported(desc: &MatrixDesc, as_b: bool) -> Option<String> {
             f
         ));
     }
-    if as_b && !(br % BLOCK_N as usize == 0 || br >= desc.rows) {
+    if as_b && !(br % BLOCK_N as usize == 0 || br >= desc.rows || per_row(desc)) {
         return Some(format!(
-            "{}: as B, one scale must cover each 128×128 tile (per-row B scales are not supported by the sm90 kernel yet)",
+            "{}: as B, scales must be constant over 128×128 tiles or per row over all of K",
             f
         ));
     }
     None
+}
+
+/// Scales per row, constant over all of K (as B: per column of C, multiplied in after the K loop).
+fn per_row(desc: &MatrixDesc) -> bool {
+    let (br, bk) = desc.block_extent();
+    br == 1 && bk >= desc.k
 }
 
 /// What the kernel needs of one uploaded matrix, made at upload time.
@@ -55,8 +64,11 @@ pub(crate) struct Sm90Operand {
     tmap_share: CudaSlice<u8>,
     /// A-role scales `[l][k/128][m_pad]`, rows contiguous, zero-padded (None if not eligible as A).
     sfa: Option<(CudaSlice<f32>, u32)>,
-    /// B-role scales `[l][⌈rows/128⌉][k/128]` (None if not eligible as B).
+    /// B-role scales `[l][⌈rows/128⌉][k/128]` (None if not eligible as B); all 1 when the scales
+    /// are per row, which `sfb_col` then holds.
     sfb: Option<CudaSlice<f32>>,
+    /// B-role per-row scales `[l][rows]`, when B is scaled per row over all of K.
+    sfb_col: Option<CudaSlice<f32>>,
 }
 
 impl Sm90Operand {
@@ -93,17 +105,32 @@ impl Sm90Operand {
         } else {
             None
         };
+        // Per-row B scales (not constant over a 128-row tile) go to the epilogue's column scales.
+        let (br, _) = d.block_extent();
+        let columns = as_b && per_row(d) && br < rows;
         let sfb = if as_b {
             let nb = rows.div_ceil(BLOCK_N as usize);
-            let mut v = vec![0f32; l * nb * kb];
-            for li in 0..l {
-                for b in 0..nb {
-                    for j in 0..kb {
-                        v[(li * nb + b) * kb + j] =
-                            m.scale_value(li, b * BLOCK_N as usize, j * BLOCK_K as usize) as f32;
+            let mut v = vec![1f32; l * nb * kb];
+            if !columns {
+                for li in 0..l {
+                    for b in 0..nb {
+                        for j in 0..kb {
+                            v[(li * nb + b) * kb + j] =
+                                m.scale_value(li, b * BLOCK_N as usize, j * BLOCK_K as usize)
+                                    as f32;
+                        }
                     }
                 }
             }
+            Some(stream.clone_htod(&v)?)
+        } else {
+            None
+        };
+        let sfb_col = if columns {
+            let v: Vec<f32> = (0..l)
+                .flat_map(|li| (0..rows).map(move |r| (li, r)))
+                .map(|(li, r)| m.scale_value(li, r, 0) as f32)
+                .collect();
             Some(stream.clone_htod(&v)?)
         } else {
             None
@@ -115,6 +142,7 @@ impl Sm90Operand {
             tmap_share,
             sfa,
             sfb,
+            sfb_col,
         }))
     }
 }
@@ -209,7 +237,7 @@ fn encode_3d(
 /// than SMs / 2 may fit; a persistent grid larger than that would run its last clusters as a
 /// second wave (measured: 2–3× slower).
 pub(crate) struct Sm90Kernels {
-    kernels: Vec<(Tile, CudaFunction, [u32; MAX_CLUSTER as usize])>,
+    kernels: Vec<(Tile, Fp8Types, CudaFunction, [u32; MAX_CLUSTER as usize])>,
 }
 
 impl Sm90Kernels {
@@ -219,23 +247,28 @@ impl Sm90Kernels {
         sm_count: u32,
     ) -> Result<Self> {
         let mut kernels = Vec::new();
-        for (tile, info) in registry::SM90_FP8_TILES {
+        for (tile, types, info) in registry::SM90_FP8_KERNELS {
             let f = module.load_function(info.name)?;
             let resident = configure(&f, stream, sm_count, tile)?;
-            kernels.push((tile, f, resident));
+            kernels.push((tile, types, f, resident));
         }
         Ok(Sm90Kernels { kernels })
     }
 
     /// CTAs resident at once for the 128-row kernel, alone and in clusters of 2 (for `Debug`).
     pub(crate) fn resident(&self) -> [u32; MAX_CLUSTER as usize] {
-        self.kernels[0].2
+        self.kernels[0].3
     }
 
-    fn get(&self, block_m: u32) -> Result<&(Tile, CudaFunction, [u32; MAX_CLUSTER as usize])> {
+    fn get(
+        &self,
+        block_m: u32,
+        types: Fp8Types,
+    ) -> Result<(&Tile, &CudaFunction, &[u32; MAX_CLUSTER as usize])> {
         self.kernels
             .iter()
-            .find(|(t, _, _)| t.block_m() == block_m)
+            .find(|(t, ty, _, _)| t.block_m() == block_m && *ty == types)
+            .map(|(t, _, f, r)| (t, f, r))
             .ok_or_else(|| {
                 Error::Format(format!(
                     "tile of {block_m} rows: the sm90 kernel has tiles of {} rows",
@@ -342,10 +375,11 @@ pub(crate) fn launch(
     out: &mut CudaSlice<u8>,
     out_tmap: Option<&CudaSlice<u8>>,
     out_type: u32,
+    types: Fp8Types,
     cfg: Sm90Config,
     splitk: Option<(&mut CudaSlice<f32>, &CudaFunction)>,
 ) -> Result<()> {
-    let (tile, f, resident) = kernels.get(cfg.block_m)?;
+    let (tile, f, resident) = kernels.get(cfg.block_m, types)?;
     let k_blocks = (k / BLOCK_K as usize) as u32;
     if !(1..=k_blocks.max(1)).contains(&cfg.split_k) {
         return Err(Error::Format(format!(
@@ -386,6 +420,13 @@ pub(crate) fn launch(
     };
     let (sfa, _g3) = sfa.device_ptr(stream);
     let (sfb, _g4) = sfb.device_ptr(stream);
+    let (sfb_col, _g8) = match &b.sfb_col {
+        Some(c) => {
+            let (p, g) = c.device_ptr(stream);
+            (p, Some(g))
+        }
+        None => (0, None),
+    };
     let (out, _g5) = out.device_ptr_mut(stream);
     let (tmap_c, _g6) = match out_tmap {
         Some(t) if cfg.split_k == 1 => {
@@ -424,6 +465,7 @@ pub(crate) fn launch(
         tmap_c,
         sfa,
         sfb,
+        sfb_col,
         out: ws.unwrap_or(out),
         m: m as u32,
         n: n as u32,

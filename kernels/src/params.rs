@@ -198,6 +198,26 @@ pub mod sm90 {
         }
     }
     const _: () = assert!(Tile::M128.stages() == 5 && Tile::M256.stages() == 3);
+    /// The FP8 element types of A and B: part of the `wgmma` instruction, so one kernel each.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+    pub enum Fp8Types {
+        E4m3E4m3,
+        E5m2E5m2,
+        E4m3E5m2,
+        E5m2E4m3,
+    }
+
+    impl Fp8Types {
+        /// From whether A and B are e5m2 (else e4m3).
+        pub const fn new(a_e5m2: bool, b_e5m2: bool) -> Self {
+            match (a_e5m2, b_e5m2) {
+                (false, false) => Fp8Types::E4m3E4m3,
+                (true, true) => Fp8Types::E5m2E5m2,
+                (false, true) => Fp8Types::E4m3E5m2,
+                (true, false) => Fp8Types::E5m2E4m3,
+            }
+        }
+    }
     /// Columns of one output box of the TMA store: 64 × 2 bytes = the 128-byte swizzle span.
     pub const C_BOX_N: u32 = 64;
 }
@@ -217,6 +237,9 @@ pub struct Sm90Fp8Params {
     pub tmap_c: u64,
     pub sfa: u64,
     pub sfb: u64,
+    /// Per-column scales of C (B scaled per row, constant over K): f32 `[l][n]`, multiplied in
+    /// after the K loop; 0 when B's scales are all in `sfb`.
+    pub sfb_col: u64,
     pub out: u64,
     pub m: u32,
     pub n: u32,

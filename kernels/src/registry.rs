@@ -2,6 +2,8 @@
 //! `host/build.rs` passes this table to `blockscaled-builder`; the host looks kernels up by the
 //! same names, so a renamed kernel fails at build time, not at launch.
 
+use crate::params::sm90::{Fp8Types, Tile};
+
 /// One kernel entry point.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct KernelInfo {
@@ -27,7 +29,7 @@ pub const REFERENCE_GEMM: KernelInfo = KernelInfo {
 };
 
 /// The Hopper FP8 GEMM with fp32 block scales (1×128 A, 128×128 B): TMA, mbarrier ring,
-/// two wgmma consumer warpgroups, persistent.
+/// two wgmma consumer warpgroups, persistent; 128 × 128 tiles, e4m3 · e4m3.
 pub const SM90_FP8_GEMM: KernelInfo = KernelInfo {
     name: "sm90_fp8_blockscaled_gemm",
     max_threads: Some(crate::params::sm90::THREADS),
@@ -36,11 +38,52 @@ pub const SM90_FP8_GEMM: KernelInfo = KernelInfo {
     targets: &["sm_90a"],
 };
 
-/// The same with 256 × 128 tiles (two 128-row waves per stage): large shapes.
-pub const SM90_FP8_GEMM_M256: KernelInfo = KernelInfo {
-    name: "sm90_fp8_blockscaled_gemm_m256",
-    ..SM90_FP8_GEMM
-};
+const fn sm90(name: &'static str) -> KernelInfo {
+    KernelInfo {
+        name,
+        ..SM90_FP8_GEMM
+    }
+}
+
+/// The sm90 FP8 kernels by tile shape and element types (one body, `kernels::sm90_fp8`).
+pub const SM90_FP8_KERNELS: [(Tile, Fp8Types, KernelInfo); 8] = [
+    (Tile::M128, Fp8Types::E4m3E4m3, SM90_FP8_GEMM),
+    (
+        Tile::M256,
+        Fp8Types::E4m3E4m3,
+        sm90("sm90_fp8_blockscaled_gemm_m256"),
+    ),
+    (
+        Tile::M128,
+        Fp8Types::E5m2E5m2,
+        sm90("sm90_fp8_blockscaled_gemm_e5m2_e5m2"),
+    ),
+    (
+        Tile::M256,
+        Fp8Types::E5m2E5m2,
+        sm90("sm90_fp8_blockscaled_gemm_m256_e5m2_e5m2"),
+    ),
+    (
+        Tile::M128,
+        Fp8Types::E4m3E5m2,
+        sm90("sm90_fp8_blockscaled_gemm_e4m3_e5m2"),
+    ),
+    (
+        Tile::M256,
+        Fp8Types::E4m3E5m2,
+        sm90("sm90_fp8_blockscaled_gemm_m256_e4m3_e5m2"),
+    ),
+    (
+        Tile::M128,
+        Fp8Types::E5m2E4m3,
+        sm90("sm90_fp8_blockscaled_gemm_e5m2_e4m3"),
+    ),
+    (
+        Tile::M256,
+        Fp8Types::E5m2E4m3,
+        sm90("sm90_fp8_blockscaled_gemm_m256_e5m2_e4m3"),
+    ),
+];
 
 /// The split-K reduction (f32 partials → output type).
 pub const SPLITK_REDUCE: KernelInfo = KernelInfo {
@@ -50,18 +93,18 @@ pub const SPLITK_REDUCE: KernelInfo = KernelInfo {
     targets: ALL_TARGETS,
 };
 
-/// The sm90 FP8 kernels by tile shape.
-pub const SM90_FP8_TILES: [(crate::params::sm90::Tile, KernelInfo); 2] = [
-    (crate::params::sm90::Tile::M128, SM90_FP8_GEMM),
-    (crate::params::sm90::Tile::M256, SM90_FP8_GEMM_M256),
-];
-
 /// Every kernel, for the builder.
 pub const KERNELS: &[KernelInfo] = &[
     REFERENCE_GEMM,
     SPLITK_REDUCE,
-    SM90_FP8_GEMM,
-    SM90_FP8_GEMM_M256,
+    SM90_FP8_KERNELS[0].2,
+    SM90_FP8_KERNELS[1].2,
+    SM90_FP8_KERNELS[2].2,
+    SM90_FP8_KERNELS[3].2,
+    SM90_FP8_KERNELS[4].2,
+    SM90_FP8_KERNELS[5].2,
+    SM90_FP8_KERNELS[6].2,
+    SM90_FP8_KERNELS[7].2,
 ];
 
 /// The dynamic shared-memory array's name as a literal, so `asm!` templates can `concat!` it.

@@ -143,7 +143,11 @@ mod tests {
 
     #[test]
     fn cluster_ranks_cover_their_unit_once() {
-        for shape in [ClusterShape { m: 2, n: 1 }, ClusterShape { m: 1, n: 2 }, ClusterShape { m: 1, n: 1 }] {
+        for shape in [
+            ClusterShape { m: 2, n: 1 },
+            ClusterShape { m: 1, n: 2 },
+            ClusterShape { m: 1, n: 1 },
+        ] {
             let unit = Tile { m: 3, n: 5, l: 1 };
             let tiles: HashSet<Tile> = (0..shape.size()).map(|r| shape.tile(unit, r)).collect();
             assert_eq!(tiles.len() as u32, shape.size());

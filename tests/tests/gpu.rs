@@ -138,6 +138,7 @@ fn opening_a_gpu_without_one_is_a_no_device_error() {
 
 /// The Hopper FP8 kernel against the CPU reference (float64), every element, with the FP8
 /// accumulation tolerance of `fp8_accumulation_slack` plus one unit of the output type.
+#[allow(clippy::too_many_arguments)]
 fn check_sm90(
     recipe: Recipe,
     m: usize,
@@ -148,14 +149,35 @@ fn check_sm90(
     seed: u64,
     force: Option<(u32, (u32, u32), u32)>,
 ) -> Result<(), String> {
+    check_sm90_mixed((recipe, recipe), m, n, k, l, dtype, seed, force)
+}
+
+/// As `check_sm90` with A in the first recipe's A format and B in the second's B format (e4m3 ·
+/// e5m2 and the reverse).
+#[allow(clippy::too_many_arguments)]
+fn check_sm90_mixed(
+    (ra, rb): (Recipe, Recipe),
+    m: usize,
+    n: usize,
+    k: usize,
+    l: usize,
+    dtype: OutType,
+    seed: u64,
+    force: Option<(u32, (u32, u32), u32)>,
+) -> Result<(), String> {
+    let recipe = if ra == rb {
+        ra.to_string()
+    } else {
+        format!("{ra} · {rb}")
+    };
     let g = gpu();
-    let (_, a) = random_matrix(seed, m, k, l, recipe.a());
+    let (_, a) = random_matrix(seed, m, k, l, ra.a());
     let (_, b) = random_matrix(
         seed.wrapping_mul(0x2545_F491_4F6C_DD1D).wrapping_add(1),
         n,
         k,
         l,
-        recipe.b(),
+        rb.b(),
     );
     let (c64, abs) = reference::gemm_f64(&a, &b).map_err(|e| e.to_string())?;
     let want = HostOutput {
@@ -170,13 +192,15 @@ fn check_sm90(
         g.upload(&b).map_err(|e| e.to_string())?,
     );
     let plan = match (g.plan(&da, &db).map_err(|e| e.to_string())?, force) {
-        (Plan::Sm90Fp8(cfg), Some((block_m, (cluster_m, cluster_n), split_k))) => Plan::Sm90Fp8(Sm90Config {
-            block_m,
-            cluster_m,
-            cluster_n,
-            split_k,
-            ..cfg
-        }),
+        (Plan::Sm90Fp8(cfg), Some((block_m, (cluster_m, cluster_n), split_k))) => {
+            Plan::Sm90Fp8(Sm90Config {
+                block_m,
+                cluster_m,
+                cluster_n,
+                split_k,
+                ..cfg
+            })
+        }
         (p @ Plan::Sm90Fp8(_), None) => p,
         (p, _) => {
             return Err(format!(
@@ -198,7 +222,7 @@ proptest! {
     #[test]
     #[ignore = "needs a CUDA device"]
     fn sm90_kernel_matches_cpu_reference_on_random_ragged_shapes(
-        which in 0usize..2,
+        which in 0usize..7,
         m in 1usize..400,
         n in 1usize..400,
         kb in 1usize..9,
@@ -211,7 +235,19 @@ proptest! {
     ) {
         // N % 8 == 0 with 16-bit output goes through the TMA-store epilogue, else direct stores.
         let n = if n_mult_8 { n.next_multiple_of(8) } else { n };
-        let recipe = [Recipe::DeepSeekFp8, Recipe::Fp8PerTensor(Fp8::E4M3)][which];
+        // DeepSeek, per-tensor e4m3, per-tensor e5m2, the two mixes, per-row e4m3 and e5m2 (B per
+        // row: per-column scales in the epilogue).
+        let (e4, e5) = (Recipe::Fp8PerTensor(Fp8::E4M3), Recipe::Fp8PerTensor(Fp8::E5M2));
+        let (r4, r5) = (Recipe::Fp8PerRow(Fp8::E4M3), Recipe::Fp8PerRow(Fp8::E5M2));
+        let recipes = [
+            (Recipe::DeepSeekFp8, Recipe::DeepSeekFp8),
+            (e4, e4),
+            (e5, e5),
+            (e4, e5),
+            (e5, e4),
+            (r4, r4),
+            (r5, r5),
+        ][which];
         let dtype = [OutType::Bf16, OutType::F16, OutType::F32][out_i];
         let block_m = if tall { 256 } else { 128 };
         // None, along M, or along N (256-row tiles only; else along M).
@@ -220,7 +256,7 @@ proptest! {
             (2, true) => (1, 2),
             _ => (2, 1),
         };
-        check_sm90(recipe, m, n, 128 * kb, l, dtype, seed, Some((block_m, cluster, 1))).map_err(TestCaseError::fail)?;
+        check_sm90_mixed(recipes, m, n, 128 * kb, l, dtype, seed, Some((block_m, cluster, 1))).map_err(TestCaseError::fail)?;
     }
 }
 
@@ -294,6 +330,41 @@ fn sm90_kernel_matches_cpu_reference_on_larger_ragged_shapes() {
         )
         .unwrap();
     }
+    // e5m2 and per-column scales on the larger shapes: pairs along N, split-K (the column scales
+    // multiply each partial sum), f32 output with N odd, and e5m2 A with DeepSeek's e4m3 B.
+    check_sm90(
+        Recipe::Fp8PerRow(Fp8::E5M2),
+        300,
+        1000,
+        1024,
+        2,
+        OutType::Bf16,
+        seed + 5,
+        Some((256, (1, 2), 1)),
+    )
+    .unwrap();
+    check_sm90(
+        Recipe::Fp8PerRow(Fp8::E4M3),
+        130,
+        777,
+        1280,
+        1,
+        OutType::F32,
+        seed + 6,
+        Some((128, (1, 1), 3)),
+    )
+    .unwrap();
+    check_sm90_mixed(
+        (Recipe::Fp8PerTensor(Fp8::E5M2), Recipe::DeepSeekFp8),
+        1000,
+        520,
+        2048,
+        1,
+        OutType::F16,
+        seed + 7,
+        Some((256, (2, 1), 1)),
+    )
+    .unwrap();
     let g = gpu();
     let (da, db) = (
         g.upload(&random_matrix(seed, 128, 7168, 1, Recipe::DeepSeekFp8.a()).1)
@@ -402,9 +473,18 @@ fn plans_follow_the_formats_and_k_not_multiple_of_128_is_an_error() {
     let mut c = g.output(64, 64, 1, OutType::Bf16).unwrap();
     assert!(matches!(g.gemm(&a, &b, &mut c), Err(Error::Shape(_))));
     assert!(g.reference_gemm(&a, &b, &mut c).is_ok());
-    // Per-row B scales are not what the sm90 kernel takes: forcing it is a format error.
-    let pr = Recipe::Fp8PerRow(Fp8::E4M3);
-    let (a, b) = (up(pr, 64, 256, false), up(pr, 64, 256, true));
+    // Per-row B scales (per column of C) run on the sm90 kernel, e4m3 and e5m2.
+    for fp8 in [Fp8::E4M3, Fp8::E5M2] {
+        let pr = Recipe::Fp8PerRow(fp8);
+        let (a, b) = (up(pr, 64, 256, false), up(pr, 64, 256, true));
+        assert!(matches!(g.plan(&a, &b).unwrap(), Plan::Sm90Fp8(_)));
+    }
+    // B with scales per row per 128 of K (DeepSeek's A layout) is neither: the reference kernel
+    // runs it, and forcing the sm90 kernel is a format error.
+    let (a, b) = (
+        up(ds, 64, 256, false),
+        g.upload(&random_matrix(6, 64, 256, 1, ds.a()).1).unwrap(),
+    );
     let forced = Sm90Config {
         block_m: 128,
         group_m: 8,

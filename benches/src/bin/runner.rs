@@ -233,10 +233,15 @@ fn run(args: &Args) -> Result<bool, String> {
                     .max(1),
                 // A forced 128-row tile cannot pair along N: the default pair goes along M.
                 cluster_m: cluster.map_or(
-                    if block_m == d.block_m { d.cluster_m } else { d.cluster_m.max(d.cluster_n) },
+                    if block_m == d.block_m {
+                        d.cluster_m
+                    } else {
+                        d.cluster_m.max(d.cluster_n)
+                    },
                     |c| c.0,
                 ),
-                cluster_n: cluster.map_or(if block_m == d.block_m { d.cluster_n } else { 1 }, |c| c.1),
+                cluster_n: cluster
+                    .map_or(if block_m == d.block_m { d.cluster_n } else { 1 }, |c| c.1),
                 split_k: args.split_k.unwrap_or(d.split_k),
                 ..d
             }))

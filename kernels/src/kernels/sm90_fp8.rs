@@ -34,7 +34,9 @@ use crate::params::sm90::{
 };
 use crate::params::{OutType, Sm90Fp8Params};
 use crate::pipeline::{Pipeline, Turn};
-use crate::ptx::wgmma::{self, Descriptor, Swizzle};
+use crate::ptx::wgmma::{
+    self, Descriptor, E4m3E4m3, E4m3E5m2, E5m2E4m3, E5m2E5m2, Fp8Pair, Swizzle,
+};
 use crate::ptx::{convert, global, smem, thread, tma};
 use crate::scheduler::{ClusterShape, TileScheduler};
 
@@ -100,23 +102,31 @@ impl StageLayout {
     }
 }
 
-/// 128 × 128 tiles: small M, and shapes with too few 256-row tiles to fill the GPU.
-/// # Safety
-/// See [`gemm`].
-#[unsafe(no_mangle)]
-pub unsafe extern "ptx-kernel" fn sm90_fp8_blockscaled_gemm(p: Sm90Fp8Params) {
-    // SAFETY: the caller's contract.
-    unsafe { gemm::<1>(p) }
+/// One exported kernel per tile height and pair of element types (`registry::SM90_FP8_KERNELS`
+/// lists the same names).
+macro_rules! entry {
+    ($(#[$doc:meta])* $name:ident, $waves:literal, $types:ty) => {
+        $(#[$doc])*
+        /// # Safety
+        /// See [`gemm`].
+        #[unsafe(no_mangle)]
+        pub unsafe extern "ptx-kernel" fn $name(p: Sm90Fp8Params) {
+            // SAFETY: the caller's contract.
+            unsafe { gemm::<$waves, $types>(p) }
+        }
+    };
 }
 
-/// 256 × 128 tiles: large shapes.
-/// # Safety
-/// See [`gemm`].
-#[unsafe(no_mangle)]
-pub unsafe extern "ptx-kernel" fn sm90_fp8_blockscaled_gemm_m256(p: Sm90Fp8Params) {
-    // SAFETY: the caller's contract.
-    unsafe { gemm::<2>(p) }
-}
+entry!(/// 128 × 128 tiles, e4m3 · e4m3: small M, and shapes with too few 256-row tiles.
+    sm90_fp8_blockscaled_gemm, 1, E4m3E4m3);
+entry!(/// 256 × 128 tiles, e4m3 · e4m3: large shapes.
+    sm90_fp8_blockscaled_gemm_m256, 2, E4m3E4m3);
+entry!(sm90_fp8_blockscaled_gemm_e5m2_e5m2, 1, E5m2E5m2);
+entry!(sm90_fp8_blockscaled_gemm_m256_e5m2_e5m2, 2, E5m2E5m2);
+entry!(sm90_fp8_blockscaled_gemm_e4m3_e5m2, 1, E4m3E5m2);
+entry!(sm90_fp8_blockscaled_gemm_m256_e4m3_e5m2, 2, E4m3E5m2);
+entry!(sm90_fp8_blockscaled_gemm_e5m2_e4m3, 1, E5m2E4m3);
+entry!(sm90_fp8_blockscaled_gemm_m256_e5m2_e4m3, 2, E5m2E4m3);
 
 /// # Safety
 /// Launched by the host with `THREADS` threads, `Tile { waves: WAVES }.smem_bytes()` of dynamic
@@ -126,7 +136,7 @@ pub unsafe extern "ptx-kernel" fn sm90_fp8_blockscaled_gemm_m256(p: Sm90Fp8Param
 /// of whole clusters of `cluster_m · cluster_n` ≤ 2 CTAs, and `cluster_n` > 1 only with `WAVES` =
 /// `cluster_n` (each CTA loads one wave of the shared A tile; the full barrier counts all of it).
 #[inline(always)]
-unsafe fn gemm<const WAVES: usize>(p: Sm90Fp8Params) {
+unsafe fn gemm<const WAVES: usize, T: Fp8Pair>(p: Sm90Fp8Params) {
     let tile = Tile {
         waves: WAVES as u32,
     };
@@ -232,7 +242,7 @@ unsafe fn gemm<const WAVES: usize>(p: Sm90Fp8Params) {
             }
         }
     } else {
-        consume::<WAVES>(
+        consume::<WAVES, T>(
             &p,
             &pipe,
             layout,
@@ -268,7 +278,7 @@ fn k_range(t_l: u32, split: u32, k_blocks: u32) -> (u32, core::ops::Range<u32>) 
 /// The consumer warpgroups' part of the kernel.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-fn consume<const WAVES: usize>(
+fn consume<const WAVES: usize, T: Fp8Pair>(
     p: &Sm90Fp8Params,
     pipe: &Pipeline,
     layout: StageLayout,
@@ -311,13 +321,27 @@ fn consume<const WAVES: usize>(
             // every wave and released before the next; `kb + 1` is in range for a pair.
             unsafe {
                 if WAVES == 1 && kb + 1 < kbs.end {
-                    consumer.k_pair(&mut acc[0], it, sfb.add(kb as usize));
+                    consumer.k_pair::<T>(&mut acc[0], it, sfb.add(kb as usize));
                     (kb, it) = (kb + 2, it + 2);
                 } else {
-                    consumer.k_block(&mut acc, it, sfb.add(kb as usize));
+                    consumer.k_block::<WAVES, T>(&mut acc, it, sfb.add(kb as usize));
                     (kb, it) = (kb + 1, it + 1);
                 }
             }
+        }
+        if p.sfb_col != 0 {
+            // SAFETY: `sfb_col` holds `l · n` scales; columns are clamped to n − 1 (past N the
+            // values are never stored).
+            unsafe {
+                scale_columns(
+                    &mut acc,
+                    p.sfb_col,
+                    l as usize * p.n as usize,
+                    own.n * BLOCK_N,
+                    p.n,
+                    lane,
+                )
+            };
         }
         let m0 = m_tile * block_m;
         if p.tmap_c != 0 {
@@ -394,6 +418,37 @@ fn consume<const WAVES: usize>(
     }
 }
 
+/// Multiplies each accumulator by its column's scale `cols[batch + col]` (B scaled per row,
+/// constant over K, so it factors out of the sum): value `i` is in column
+/// `n0 + 8·(i/4) + 2·(lane%4) + i%2`.
+/// # Safety
+/// `cols` holds at least `batch + n` f32; `n` ≥ 1.
+#[inline(always)]
+unsafe fn scale_columns<const WAVES: usize>(
+    acc: &mut [[f32; 64]; WAVES],
+    cols: u64,
+    batch: usize,
+    n0: u32,
+    n: u32,
+    lane: u32,
+) {
+    let cols = (cols as *const f32).wrapping_add(batch);
+    for j in 0..32u32 {
+        let col = n0 + 8 * (j / 2) + 2 * (lane % 4);
+        // SAFETY: the caller's contract; both columns are clamped into [0, n).
+        let (s0, s1) = unsafe {
+            (
+                *cols.add(col.min(n - 1) as usize),
+                *cols.add((col + 1).min(n - 1) as usize),
+            )
+        };
+        for acc in acc.iter_mut() {
+            acc[2 * j as usize] *= s0;
+            acc[2 * j as usize + 1] *= s1;
+        }
+    }
+}
+
 /// Writes one thread's 64 accumulators of wave `w` as 16-bit values into its warpgroup's output
 /// boxes: value `i` at row `16·warp + lane/4 + 8·((i/2)%2)`, column `8·(i/4) + 2·(lane%4) + i%2`.
 /// `base` is the thread's address of chunk 0 of its first row in wave 0's first box, with the
@@ -442,7 +497,7 @@ impl Consumer {
     /// # Safety
     /// Stages are used in order; `sfb` points at this K block's B scale.
     #[inline(always)]
-    unsafe fn k_block<const WAVES: usize>(
+    unsafe fn k_block<const WAVES: usize, T: Fp8Pair>(
         &self,
         acc: &mut [[f32; 64]; WAVES],
         it: u32,
@@ -464,20 +519,7 @@ impl Consumer {
                 if WAVES == 1 {
                     self.turn.wait(it == 0);
                 }
-                wgmma::fence();
-                let mut part = wgmma::mma_m64n128k32_e4m3_first(
-                    self.layout.a_desc(s, w, self.c, 0),
-                    self.layout.b_desc(s, 0),
-                );
-                for kk in 1..BLOCK_K / MMA_K {
-                    wgmma::mma_m64n128k32_e4m3(
-                        &mut part,
-                        self.layout.a_desc(s, w, self.c, kk),
-                        self.layout.b_desc(s, kk),
-                        true,
-                    );
-                }
-                wgmma::commit();
+                let mut part = self.issue::<T>(s, w);
                 if WAVES == 1 {
                     self.turn.pass();
                 }
@@ -513,7 +555,7 @@ impl Consumer {
     /// # Safety
     /// As [`Consumer::k_block`], for stages `it` and `it + 1`; `sfb` points at the first's B scale.
     #[inline(always)]
-    unsafe fn k_pair(&self, acc: &mut [f32; 64], it: u32, sfb: *const f32) {
+    unsafe fn k_pair<T: Fp8Pair>(&self, acc: &mut [f32; 64], it: u32, sfb: *const f32) {
         let (s0, s1) = (self.pipe.stage(it), self.pipe.stage(it + 1));
         // SAFETY: the caller's contract; each stage is read only after its `consumer_wait` and
         // released after its MMAs completed and its scales were loaded.
@@ -521,9 +563,9 @@ impl Consumer {
             let (sb0, sb1) = (*sfb, *sfb.add(1));
             self.pipe.consumer_wait(it);
             self.turn.wait(it == 0);
-            let mut part0 = self.issue(s0);
+            let mut part0 = self.issue::<T>(s0, 0);
             self.pipe.consumer_wait(it + 1);
-            let mut part1 = self.issue(s1);
+            let mut part1 = self.issue::<T>(s1, 0);
             self.turn.pass();
             let (f00, f01) = self.scales(s0, sb0);
             let (f10, f11) = self.scales(s1, sb1);
@@ -538,25 +580,24 @@ impl Consumer {
         }
     }
 
-    /// The four `wgmma m64n128k32` of stage `s` (wave 0) into a fresh scratch accumulator, committed
-    /// as one group.
+    /// The four `wgmma m64n128k32` of stage `s`, wave `w`, into a fresh scratch accumulator,
+    /// committed as one group.
     /// # Safety
     /// Stage `s` is filled (its full barrier waited for).
     #[inline(always)]
-    unsafe fn issue(&self, s: u32) -> [f32; 64] {
+    unsafe fn issue<T: Fp8Pair>(&self, s: u32, w: u32) -> [f32; 64] {
         wgmma::fence();
         // SAFETY: the caller's contract.
         unsafe {
-            let mut part = wgmma::mma_m64n128k32_e4m3_first(
-                self.layout.a_desc(s, 0, self.c, 0),
+            let mut part = T::first(
+                self.layout.a_desc(s, w, self.c, 0),
                 self.layout.b_desc(s, 0),
             );
             for kk in 1..BLOCK_K / MMA_K {
-                wgmma::mma_m64n128k32_e4m3(
+                T::acc(
                     &mut part,
-                    self.layout.a_desc(s, 0, self.c, kk),
+                    self.layout.a_desc(s, w, self.c, kk),
                     self.layout.b_desc(s, kk),
-                    true,
                 );
             }
             wgmma::commit();

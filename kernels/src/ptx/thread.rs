@@ -74,7 +74,9 @@ pub fn named_barrier<const ID: u32>(threads: u32) {
 pub fn named_arrive<const ID: u32>(threads: u32) {
     const { assert!(ID < 16) };
     // SAFETY: as `named_barrier`: the arriving and the waiting threads together are `threads`.
-    unsafe { asm!("bar.arrive {id}, {n};", id = const ID, n = in(reg32) threads, options(nostack)) };
+    unsafe {
+        asm!("bar.arrive {id}, {n};", id = const ID, n = in(reg32) threads, options(nostack))
+    };
 }
 
 /// This CTA's rank in its cluster.

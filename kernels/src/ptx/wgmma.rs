@@ -109,11 +109,11 @@ macro_rules! with_regs_64 {
     };
 }
 
-/// Expands to one `wgmma.mma_async` with `N/2` f32 accumulator registers (m64nNk32, e4m3·e4m3).
-/// The register list is spelled out because `asm!` needs every operand named.
-macro_rules! mma_e4m3 {
-    ($name:ident, $n:literal, $first:literal $(, $i:literal)*) => {
-        /// `wgmma.mma_async.sync.aligned.m64nNk32.f32.e4m3.e4m3` with N given in the name:
+/// Expands to one `wgmma.mma_async` with `N/2` f32 accumulator registers (m64nNk32, FP8 types
+/// `$at`·`$bt`). The register list is spelled out because `asm!` needs every operand named.
+macro_rules! mma_fp8 {
+    ($name:ident, $at:literal, $bt:literal, $n:literal, $first:literal $(, $i:literal)*) => {
+        /// `wgmma.mma_async.sync.aligned.m64nNk32.f32.atype.btype` with N and the types in the name:
         /// D (64×N f32, `N/2` registers per thread in the fragment order of the module doc) =
         /// A·Bᵀ (+ D if `accumulate`); A 64×32 and B N×32, K-major in shared memory.
         /// # Safety
@@ -126,7 +126,7 @@ macro_rules! mma_e4m3 {
                     "{{ .reg .pred p; .reg .b64 da, db;",
                     "setp.ne.b32 p, {acc}, 0;",
                     "mov.b64 da, {{{alo}, {ahi}}}; mov.b64 db, {{{blo}, {bhi}}};",
-                    concat!("wgmma.mma_async.sync.aligned.m64n", stringify!($n), "k32.f32.e4m3.e4m3 {{",
+                    concat!("wgmma.mma_async.sync.aligned.m64n", stringify!($n), "k32.f32.", $at, ".", $bt, " {{",
                             "{", stringify!($first), "}" $(, ", {", stringify!($i), "}")*,
                             "}}, da, db, p, 1, 1; }}"),
                     inout(reg32) d[$first] $(, inout(reg32) d[$i])*,
@@ -139,11 +139,11 @@ macro_rules! mma_e4m3 {
     };
 }
 
-/// As `mma_e4m3!` for the first MMA of a sum: D = A·Bᵀ (scale-d 0), the registers are outputs only,
+/// As `mma_fp8!` for the first MMA of a sum: D = A·Bᵀ (scale-d 0), the registers are outputs only,
 /// so no initial value has to be materialized in them (a zero fed into an accumulator register
 /// would tie it to other uses of that zero, which ptxas then treats as wgmma-defined).
-macro_rules! mma_e4m3_first {
-    ($name:ident, $n:literal, $first:literal $(, $i:literal)*) => {
+macro_rules! mma_fp8_first {
+    ($name:ident, $at:literal, $bt:literal, $n:literal, $first:literal $(, $i:literal)*) => {
         /// D (64×N f32) = A·Bᵀ, overwriting D. See the `mma_m64n…` function of the same N.
         /// # Safety
         /// As [`mma_m64n8k32_e4m3`].
@@ -155,7 +155,7 @@ macro_rules! mma_e4m3_first {
                 asm!(
                     "{{ .reg .b64 da, db;",
                     "mov.b64 da, {{{alo}, {ahi}}}; mov.b64 db, {{{blo}, {bhi}}};",
-                    concat!("wgmma.mma_async.sync.aligned.m64n", stringify!($n), "k32.f32.e4m3.e4m3 {{",
+                    concat!("wgmma.mma_async.sync.aligned.m64n", stringify!($n), "k32.f32.", $at, ".", $bt, " {{",
                             "{", stringify!($first), "}" $(, ", {", stringify!($i), "}")*,
                             "}}, da, db, 0, 1, 1; }}"),
                     out(reg32) d[$first] $(, out(reg32) d[$i])*,
@@ -168,9 +168,75 @@ macro_rules! mma_e4m3_first {
     };
 }
 
-with_regs_64!(mma_e4m3_first!(mma_m64n128k32_e4m3_first, 128));
+with_regs_64!(mma_fp8_first!(
+    mma_m64n128k32_e4m3_e4m3_first,
+    "e4m3",
+    "e4m3",
+    128
+));
+with_regs_64!(mma_fp8!(mma_m64n128k32_e4m3_e4m3, "e4m3", "e4m3", 128));
+with_regs_64!(mma_fp8_first!(
+    mma_m64n128k32_e5m2_e5m2_first,
+    "e5m2",
+    "e5m2",
+    128
+));
+with_regs_64!(mma_fp8!(mma_m64n128k32_e5m2_e5m2, "e5m2", "e5m2", 128));
+with_regs_64!(mma_fp8_first!(
+    mma_m64n128k32_e4m3_e5m2_first,
+    "e4m3",
+    "e5m2",
+    128
+));
+with_regs_64!(mma_fp8!(mma_m64n128k32_e4m3_e5m2, "e4m3", "e5m2", 128));
+with_regs_64!(mma_fp8_first!(
+    mma_m64n128k32_e5m2_e4m3_first,
+    "e5m2",
+    "e4m3",
+    128
+));
+with_regs_64!(mma_fp8!(mma_m64n128k32_e5m2_e4m3, "e5m2", "e4m3", 128));
 
-with_regs_64!(mma_e4m3!(mma_m64n128k32_e4m3, 128));
+/// The FP8 element types of A and B as a type, so a kernel is generic over them: the types are
+/// part of the `wgmma` instruction's name, which an `asm!` template must spell out.
+pub trait Fp8Pair {
+    /// D (64×128 f32) = A·Bᵀ (scale-d 0). See [`mma_m64n128k32_e4m3_e4m3_first`].
+    /// # Safety
+    /// As [`mma_m64n8k32_e4m3`].
+    unsafe fn first(a: Descriptor, b: Descriptor) -> [f32; 64];
+    /// D += A·Bᵀ. See [`mma_m64n128k32_e4m3_e4m3`].
+    /// # Safety
+    /// As [`mma_m64n8k32_e4m3`].
+    unsafe fn acc(d: &mut [f32; 64], a: Descriptor, b: Descriptor);
+}
+
+macro_rules! fp8_pair {
+    ($(#[$doc:meta])* $t:ident, $first:ident, $acc:ident) => {
+        $(#[$doc])*
+        pub struct $t;
+        impl Fp8Pair for $t {
+            #[inline(always)]
+            unsafe fn first(a: Descriptor, b: Descriptor) -> [f32; 64] {
+                // SAFETY: the caller's contract.
+                unsafe { $first(a, b) }
+            }
+            #[inline(always)]
+            unsafe fn acc(d: &mut [f32; 64], a: Descriptor, b: Descriptor) {
+                // SAFETY: the caller's contract.
+                unsafe { $acc(d, a, b, true) }
+            }
+        }
+    };
+}
+
+fp8_pair!(/// A e4m3, B e4m3.
+    E4m3E4m3, mma_m64n128k32_e4m3_e4m3_first, mma_m64n128k32_e4m3_e4m3);
+fp8_pair!(/// A e5m2, B e5m2.
+    E5m2E5m2, mma_m64n128k32_e5m2_e5m2_first, mma_m64n128k32_e5m2_e5m2);
+fp8_pair!(/// A e4m3, B e5m2.
+    E4m3E5m2, mma_m64n128k32_e4m3_e5m2_first, mma_m64n128k32_e4m3_e5m2);
+fp8_pair!(/// A e5m2, B e4m3.
+    E5m2E4m3, mma_m64n128k32_e5m2_e4m3_first, mma_m64n128k32_e5m2_e4m3);
 
 /// Expands to an empty `asm!` taking every register of an accumulator array as in-out: placed
 /// right after [`wait`], it makes every later use of the registers depend on a point after the
