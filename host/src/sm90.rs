@@ -528,20 +528,35 @@ pub(crate) fn launch(
         // Enough blocks to cover m·n, at most four per SM (the kernel strides over the rest).
         let blocks = ((m * n).div_ceil(SPLITK_THREADS as usize) as u32).min(4 * resident[0]);
         let mut args = [&p as *const SplitKParams as *mut std::ffi::c_void];
+        // Programmatic dependent launch: the reduction is scheduled while the GEMM's last CTAs
+        // finish (they signal `griddepcontrol.launch_dependents`) instead of after a full
+        // launch gap; it waits for the GEMM's writes with `griddepcontrol.wait`.
+        let mut attr = sys::CUlaunchAttribute {
+            id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+            pad: [0; 4],
+            value: sys::CUlaunchAttributeValue { pad: [0; 64] },
+        };
+        attr.value.programmaticStreamSerializationAllowed = 1;
+        let launch = sys::CUlaunchConfig {
+            gridDimX: blocks,
+            gridDimY: l as u32,
+            gridDimZ: 1,
+            blockDimX: SPLITK_THREADS,
+            blockDimY: 1,
+            blockDimZ: 1,
+            sharedMemBytes: 0,
+            hStream: stream.cu_stream(),
+            attrs: &mut attr,
+            numAttrs: 1,
+        };
         // SAFETY: `ws` holds split·l·m·n f32 (checked above) written by the launch before it on
-        // this stream; `out` holds l·m·n values of `out_type`; the grid covers m·n (x, strided)
-        // and l (y ≤ 65535, checked above).
+        // this stream (the kernel waits for it: `griddepcontrol.wait`); `out` holds l·m·n values
+        // of `out_type`; the grid covers m·n (x, strided) and l (y ≤ 65535, checked above);
+        // `attr` outlives the call.
         unsafe {
-            sys::cuLaunchKernel(
+            sys::cuLaunchKernelEx(
+                &launch,
                 reduce.cu_function(),
-                blocks,
-                l as u32,
-                1,
-                SPLITK_THREADS,
-                1,
-                1,
-                0,
-                stream.cu_stream(),
                 args.as_mut_ptr(),
                 std::ptr::null_mut(),
             )

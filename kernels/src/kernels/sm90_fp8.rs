@@ -254,6 +254,9 @@ unsafe fn gemm<const WAVES: usize, T: Fp8Pair>(p: Sm90Fp8Params) {
             k_blocks,
         );
     }
+    // This CTA's work is issued: a dependent launch (the split-K reduction) may start being
+    // scheduled; it waits for this grid's writes itself.
+    thread::launch_dependents();
     // No CTA may leave while a peer can still multicast into it or arrive on its barriers.
     if cluster > 1 {
         thread::sync_cluster();

@@ -11,6 +11,9 @@ use crate::ptx::{convert, thread};
 /// `SPLITK_THREADS` threads per block and a grid over `mn` (x) and `l` (y).
 #[unsafe(no_mangle)]
 pub unsafe extern "ptx-kernel" fn splitk_reduce(p: SplitKParams) {
+    // Launched as a programmatic dependent of the GEMM (it may start during the GEMM's last
+    // tiles): the partials are complete and visible only after this.
+    thread::grid_dependency_wait();
     let l = thread::block_y() as u64;
     let mut i = (thread::block_x() * SPLITK_THREADS + thread::thread_x()) as u64;
     let stride = (thread::grid_dim_x() * SPLITK_THREADS) as u64;

@@ -79,6 +79,24 @@ pub fn named_arrive<const ID: u32>(threads: u32) {
     };
 }
 
+/// `griddepcontrol.wait`: blocks until the grids this one depends on (programmatic dependent
+/// launch) have completed and their memory operations are visible (PTX ISA "griddepcontrol";
+/// sm_90+). Without such a launch it returns at once.
+#[inline(always)]
+pub fn grid_dependency_wait() {
+    // SAFETY: no operands; orders this thread's later memory accesses after the prerequisite grid.
+    unsafe { asm!("griddepcontrol.wait;", options(nostack)) };
+}
+
+/// `griddepcontrol.launch_dependents`: this CTA no longer holds back a dependent grid launched
+/// with programmatic stream serialization (it may start once every CTA has said so or exited; it
+/// still waits for this grid's memory with [`grid_dependency_wait`]). A no-op without one.
+#[inline(always)]
+pub fn launch_dependents() {
+    // SAFETY: no operands, no memory effects on this grid.
+    unsafe { asm!("griddepcontrol.launch_dependents;", options(nostack)) };
+}
+
 /// This CTA's rank in its cluster.
 #[inline(always)]
 pub fn cluster_cta_rank() -> u32 {
