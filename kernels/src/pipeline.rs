@@ -130,7 +130,8 @@ impl Pipeline {
 /// barrier, two parties): warpgroup 0 issues a batch, then 1, then 0, … Why: both warpgroups wait
 /// on the same full barrier, so unordered they issue together, the tensor cores interleave the
 /// two batches, both finish at the end and both promote at once while the tensor cores idle. In
-/// turn, one warpgroup's batch runs while the other promotes its previous one.
+/// turn, one warpgroup's batch runs while the other promotes its previous one. (The 256-row
+/// kernel orders only its very first batch with it: a one-time stagger.)
 /// Named barriers 3 (warpgroup 0 waits) and 4 (warpgroup 1 waits), each 128 arriving + 128
 /// waiting threads; 0 is the block's, 1 and 2 the consumers' epilogue barriers.
 #[derive(Clone, Copy)]

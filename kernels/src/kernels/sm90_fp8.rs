@@ -519,11 +519,14 @@ impl Consumer {
                 // 128-row tiles: the consumers' batches alternate (+6% at 8192³). Not with two
                 // waves: there ptxas already starts wave 1's MMAs under wave 0's promotion, and
                 // the turn's barrier between them made it 2–3% slower (docs/PERF.md, v9).
-                if WAVES == 1 {
+                // 256-row tiles: only the very first batch is ordered (consumer 1 waits for
+                // consumer 0's), a one-time stagger that keeps their promotions apart (+1%).
+                let stagger = WAVES > 1 && it == 0 && w == 0;
+                if WAVES == 1 || (stagger && self.c == 1) {
                     self.turn.wait(it == 0);
                 }
                 let mut part = self.issue::<T>(s, w);
-                if WAVES == 1 {
+                if WAVES == 1 || (stagger && self.c == 0) {
                     self.turn.pass();
                 }
                 let r = w * WAVE_M + self.row;
