@@ -1,14 +1,16 @@
 //! Hopper FP8 GEMM with fp32 block scales: 1×128 for A (per row, per 128 of K), 128×128 for B
-//! (DeepSeek-V3), C = A·Bᵀ. Per-tensor and per-row scales run through it after the host expands
-//! them into this layout.
+//! (DeepSeek-V3), C = A·Bᵀ. Per-tensor and per-row A scales run through it after the host expands
+//! them into this layout; per-row B scales (per column of C, constant over K) are multiplied in
+//! after the K loop (`sfb_col`).
 //!
-//! Two entry points, one body: tiles of 128 × 128 (`WAVES` = 1) and 256 × 128 (`WAVES` = 2). The
+//! Eight entry points, one body: tiles of 128 × 128 (`WAVES` = 1) and 256 × 128 (`WAVES` = 2),
+//! each for e4m3 / e5m2 A and B (`wgmma::Fp8Pair`: the types are part of the instruction). The
 //! taller tile moves a quarter fewer L2 bytes per FLOP, which is what limits the 128-row tile on
 //! large shapes (docs/PERF.md).
 //!
 //! Roles (one persistent CTA per SM, `params::sm90::THREADS` threads):
 //! - warpgroup 0, one thread: the producer. For each tile of the schedule and each 128-wide K block
-//!   it waits for a free stage, then TMA-loads the A tile (`WAVES`·128 × 128 e4m3), the B tile
+//!   it waits for a free stage, then TMA-loads the A tile (`WAVES`·128 × 128 FP8), the B tile
 //!   (128×128) and the tile's A scales into it.
 //! - warpgroups 1 and 2: consumers, 64 rows of each 128-row wave each. Per K block and wave: four
 //!   `wgmma m64n128k32` into one scratch accumulator, then promotion into that wave's fp32
