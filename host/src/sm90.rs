@@ -525,8 +525,9 @@ pub(crate) fn launch(
             out_type,
             _pad: 0,
         };
-        // Enough blocks to cover m·n, at most four per SM (the kernel strides over the rest).
-        let blocks = ((m * n).div_ceil(SPLITK_THREADS as usize) as u32).min(4 * resident[0]);
+        // Enough blocks to cover m·n (four elements per thread), at most four per SM (the kernel
+        // strides over the rest).
+        let blocks = ((m * n).div_ceil(4 * SPLITK_THREADS as usize) as u32).min(4 * resident[0]);
         let mut args = [&p as *const SplitKParams as *mut std::ffi::c_void];
         // Programmatic dependent launch: the reduction is scheduled while the GEMM's last CTAs
         // finish (they signal `griddepcontrol.launch_dependents`) instead of after a full

@@ -314,6 +314,8 @@ fn sm90_kernel_matches_cpu_reference_on_larger_ragged_shapes() {
         (100, 300, 10, 2, OutType::Bf16, (128, (1, 1), 3)),
         (77, 136, 5, 1, OutType::F32, (256, (2, 1), 5)),
         (130, 1000, 9, 1, OutType::F16, (128, (2, 1), 4)),
+        // M·N odd: the reduction's element-by-element path (else it reads float4s).
+        (77, 135, 5, 2, OutType::F16, (128, (1, 1), 2)),
         // Along N with an odd number of N tiles: the last pair's second CTA is past N.
         (300, 300, 6, 2, OutType::Bf16, (256, (1, 2), 3)),
         (257, 1100, 4, 1, OutType::Bf16, (256, (1, 2), 1)),
