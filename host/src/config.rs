@@ -43,7 +43,7 @@ pub fn choose(arch: GpuArch, sm_count: u32, a: &MatrixDesc, b: &MatrixDesc) -> R
             a.rows, b.rows, a.k, a.batch, sm_count,
         ))),
         _ if fp32_scaled
-            && a.k % 128 != 0
+            && !a.k.is_multiple_of(128)
             && matches!(a.format.elem, crate::ElemType::E4M3 | crate::ElemType::E5M2) =>
         {
             Err(shape(format!(

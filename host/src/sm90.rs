@@ -27,7 +27,7 @@ pub(crate) fn unsupported(desc: &MatrixDesc, as_b: bool) -> Option<String> {
     if f.scale != ScaleType::F32 {
         return Some(format!("{}: the sm90 kernel takes fp32 scales", f));
     }
-    if desc.k % BLOCK_K as usize != 0 {
+    if !desc.k.is_multiple_of(BLOCK_K as usize) {
         return Some(format!(
             "K = {} is not a multiple of {BLOCK_K}, which the 128-wide fp32 scale blocks of the sm90 kernel need",
             desc.k

@@ -136,11 +136,29 @@ fn opening_a_gpu_without_one_is_a_no_device_error() {
     }
 }
 
+/// A and B in one recipe's formats, or A in the first recipe's A format and B in the second's B
+/// format (e4m3 · e5m2 and the reverse).
+trait Recipes {
+    fn pair(self) -> (Recipe, Recipe);
+}
+
+impl Recipes for Recipe {
+    fn pair(self) -> (Recipe, Recipe) {
+        (self, self)
+    }
+}
+
+impl Recipes for (Recipe, Recipe) {
+    fn pair(self) -> (Recipe, Recipe) {
+        self
+    }
+}
+
 /// The Hopper FP8 kernel against the CPU reference (float64), every element, with the FP8
 /// accumulation tolerance of `fp8_accumulation_slack` plus one unit of the output type.
 #[allow(clippy::too_many_arguments)]
 fn check_sm90(
-    recipe: Recipe,
+    recipes: impl Recipes,
     m: usize,
     n: usize,
     k: usize,
@@ -149,22 +167,7 @@ fn check_sm90(
     seed: u64,
     force: Option<(u32, (u32, u32), u32)>,
 ) -> Result<(), String> {
-    check_sm90_mixed((recipe, recipe), m, n, k, l, dtype, seed, force)
-}
-
-/// As `check_sm90` with A in the first recipe's A format and B in the second's B format (e4m3 ·
-/// e5m2 and the reverse).
-#[allow(clippy::too_many_arguments)]
-fn check_sm90_mixed(
-    (ra, rb): (Recipe, Recipe),
-    m: usize,
-    n: usize,
-    k: usize,
-    l: usize,
-    dtype: OutType,
-    seed: u64,
-    force: Option<(u32, (u32, u32), u32)>,
-) -> Result<(), String> {
+    let (ra, rb) = recipes.pair();
     let recipe = if ra == rb {
         ra.to_string()
     } else {
@@ -256,7 +259,7 @@ proptest! {
             (2, true) => (1, 2),
             _ => (2, 1),
         };
-        check_sm90_mixed(recipes, m, n, 128 * kb, l, dtype, seed, Some((block_m, cluster, 1))).map_err(TestCaseError::fail)?;
+        check_sm90(recipes, m, n, 128 * kb, l, dtype, seed, Some((block_m, cluster, 1))).map_err(TestCaseError::fail)?;
     }
 }
 
@@ -356,7 +359,7 @@ fn sm90_kernel_matches_cpu_reference_on_larger_ragged_shapes() {
         Some((128, (1, 1), 3)),
     )
     .unwrap();
-    check_sm90_mixed(
+    check_sm90(
         (Recipe::Fp8PerTensor(Fp8::E5M2), Recipe::DeepSeekFp8),
         1000,
         520,

@@ -81,9 +81,15 @@ unsafe fn store4(p: &SplitKParams, o: u64, v: &[f32; 4], count: u64, vector: boo
                 global::store_u32x2_if(a + 8, v[2].to_bits(), v[3].to_bits(), true);
             } else {
                 let (lo, hi) = if bf16 {
-                    (convert::f32x2_to_bf16x2(v[0], v[1]), convert::f32x2_to_bf16x2(v[2], v[3]))
+                    (
+                        convert::f32x2_to_bf16x2(v[0], v[1]),
+                        convert::f32x2_to_bf16x2(v[2], v[3]),
+                    )
                 } else {
-                    (convert::f32x2_to_f16x2(v[0], v[1]), convert::f32x2_to_f16x2(v[2], v[3]))
+                    (
+                        convert::f32x2_to_f16x2(v[0], v[1]),
+                        convert::f32x2_to_f16x2(v[2], v[3]),
+                    )
                 };
                 global::store_u32x2_if(p.out + 2 * o, lo, hi, true);
             }
