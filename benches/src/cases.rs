@@ -130,7 +130,7 @@ pub fn run_case(gpu: &Gpu, peer: Option<&LtPeer>, c: &Case) -> Result<Outcome, S
     };
 
     let (peer_ms, peer_name, peer_note) = match (peer, c.peer, c.l) {
-        (Some(p), true, 1) => match time_peer(p, c, &a, &b) {
+        (Some(p), true, 1) => match time_peer(p, c, &a, &b, sets) {
             Ok((ms, name)) => (Some(ms), name, None),
             Err((name, err)) => (None, name, Some(err)),
         },
@@ -157,17 +157,34 @@ pub fn run_case(gpu: &Gpu, peer: Option<&LtPeer>, c: &Case) -> Result<Outcome, S
 
 /// The closest cuBLASLt operation: blockwise FP8 for DeepSeek, per-tensor FP8 for per-tensor e4m3,
 /// bf16 on the dequantized inputs for everything else (Hopper's cuBLASLt has no MX / NVFP4 GEMM).
+///
+/// The peer rotates among `sets` copies of its inputs and outputs, as our kernel does (the same
+/// count), so neither side reads operands left in L2 by the previous iteration.
 fn time_peer(
     p: &LtPeer,
     c: &Case,
     a: &ScaledMatrix,
     b: &ScaledMatrix,
+    sets: usize,
 ) -> Result<(f64, String), (String, String)> {
     let s = p.stream().clone();
     let (m, n, k) = (c.m, c.n, c.k);
     let fmt_err = |name: &str, x: PeerError| (name.to_string(), x.to_string());
     let drv = |name: &str, x: cudarc::driver::DriverError| (name.to_string(), x.to_string());
-    let mut out: CudaSlice<u16> = s.alloc_zeros(m * n).map_err(|x| drv("cuBLASLt", x))?;
+    // `sets` device copies of one host buffer.
+    let up = |name: &str, v: &[u8]| -> Result<Vec<CudaSlice<u8>>, (String, String)> {
+        (0..sets)
+            .map(|_| s.clone_htod(v).map_err(|x| drv(name, x)))
+            .collect()
+    };
+    let up_f32 = |name: &str, v: &[f32]| -> Result<Vec<CudaSlice<f32>>, (String, String)> {
+        (0..sets)
+            .map(|_| s.clone_htod(v).map_err(|x| drv(name, x)))
+            .collect()
+    };
+    let mut out: Vec<CudaSlice<u16>> = (0..sets)
+        .map(|_| s.alloc_zeros(m * n).map_err(|x| drv("cuBLASLt", x)))
+        .collect::<Result<_, _>>()?;
     let (warm, iters) = (c.warmup, c.iters);
     match c.recipe {
         Recipe::DeepSeekFp8 if k % 128 == 0 => {
@@ -184,28 +201,23 @@ fn time_peer(
                     sb[blk128_index(nb, kb, k)] = b.scale_value(0, nb * 128, kb * 128) as f32;
                 }
             }
-            let da = s.clone_htod(a.data()).map_err(|x| drv(name, x))?;
-            let db = s.clone_htod(b.data()).map_err(|x| drv(name, x))?;
-            let dsa = s.clone_htod(&sa).map_err(|x| drv(name, x))?;
-            let dsb = s.clone_htod(&sb).map_err(|x| drv(name, x))?;
-            let t = time_on_stream(&s, warm, iters, |_| {
-                p.gemm_fp8_blockwise(m, n, k, &da, &dsa, &db, &dsb, &mut out)
+            let (da, db) = (up(name, a.data())?, up(name, b.data())?);
+            let (dsa, dsb) = (up_f32(name, &sa)?, up_f32(name, &sb)?);
+            let t = time_on_stream(&s, warm, iters, |i| {
+                let r = i % sets;
+                p.gemm_fp8_blockwise(m, n, k, &da[r], &dsa[r], &db[r], &dsb[r], &mut out[r])
             })
             .map_err(|x| fmt_err(name, x))?;
             Ok((t.median_ms, name.into()))
         }
         Recipe::Fp8PerTensor(blockscaled::Fp8::E4M3) => {
             let name = "cuBLASLt fp8 per-tensor";
-            let da = s.clone_htod(a.data()).map_err(|x| drv(name, x))?;
-            let db = s.clone_htod(b.data()).map_err(|x| drv(name, x))?;
-            let dsa = s
-                .clone_htod(&[a.scale_value(0, 0, 0) as f32])
-                .map_err(|x| drv(name, x))?;
-            let dsb = s
-                .clone_htod(&[b.scale_value(0, 0, 0) as f32])
-                .map_err(|x| drv(name, x))?;
-            let t = time_on_stream(&s, warm, iters, |_| {
-                p.gemm_fp8_per_tensor(m, n, k, &da, &dsa, &db, &dsb, &mut out)
+            let (da, db) = (up(name, a.data())?, up(name, b.data())?);
+            let dsa = up_f32(name, &[a.scale_value(0, 0, 0) as f32])?;
+            let dsb = up_f32(name, &[b.scale_value(0, 0, 0) as f32])?;
+            let t = time_on_stream(&s, warm, iters, |i| {
+                let r = i % sets;
+                p.gemm_fp8_per_tensor(m, n, k, &da[r], &dsa[r], &db[r], &dsb[r], &mut out[r])
             })
             .map_err(|x| fmt_err(name, x))?;
             Ok((t.median_ms, name.into()))
@@ -217,14 +229,16 @@ fn time_peer(
                     .map(|x| half::bf16::from_f64(x).to_bits())
                     .collect::<Vec<u16>>()
             };
-            let da = s
-                .clone_htod(&to_bf16(a.dequantize()))
-                .map_err(|x| drv(name, x))?;
-            let db = s
-                .clone_htod(&to_bf16(b.dequantize()))
-                .map_err(|x| drv(name, x))?;
-            let t = time_on_stream(&s, warm, iters, |_| {
-                p.gemm_bf16(m, n, k, &da, &db, &mut out)
+            let (ha, hb) = (to_bf16(a.dequantize()), to_bf16(b.dequantize()));
+            let up16 = |v: &[u16]| -> Result<Vec<CudaSlice<u16>>, (String, String)> {
+                (0..sets)
+                    .map(|_| s.clone_htod(v).map_err(|x| drv(name, x)))
+                    .collect()
+            };
+            let (da, db) = (up16(&ha)?, up16(&hb)?);
+            let t = time_on_stream(&s, warm, iters, |i| {
+                let r = i % sets;
+                p.gemm_bf16(m, n, k, &da[r], &db[r], &mut out[r])
             })
             .map_err(|x| fmt_err(name, x))?;
             Ok((t.median_ms, name.into()))

@@ -5,10 +5,17 @@
 //! the work enqueued by one call of the closure. All events are recorded
 //! first and read back after the whole loop, so launches go back to back and
 //! the host never waits between iterations.
+//!
+//! The stream is held closed (`cuStreamWaitValue32` on a host-mapped flag)
+//! while the host enqueues the timed iterations and opened after the last: a
+//! kernel shorter than its host-side launch path (a few µs for small shapes,
+//! ours or cuBLASLt's) would otherwise be timed together with the gap in which
+//! the GPU waits for the next launch, and the reading would be the host's
+//! speed, noisy from run to run.
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaEvent, CudaStream, DriverError, sys::CUevent_flags};
+use cudarc::driver::{CudaEvent, CudaStream, DriverError, sys, sys::CUevent_flags};
 
 /// Summary of per-iteration device times, in milliseconds.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -100,10 +107,19 @@ pub fn time_on_stream<E: From<DriverError>>(
     }
     // Drain the warm-up work so the timed loop starts on an idle stream.
     stream.synchronize()?;
-    for (j, (start, stop)) in pairs.iter().enumerate() {
-        start.record(stream)?;
-        f(warmup + j)?;
-        stop.record(stream)?;
+    {
+        // Held closed while the iterations are enqueued (not for long loops: the driver's
+        // queue of pending launches would fill and block the host while the stream waits).
+        let _gate = if iters <= MAX_GATED {
+            Gate::close(stream)
+        } else {
+            None
+        };
+        for (j, (start, stop)) in pairs.iter().enumerate() {
+            start.record(stream)?;
+            f(warmup + j)?;
+            stop.record(stream)?;
+        }
     }
     let mut samples = Vec::with_capacity(iters);
     for (start, stop) in &pairs {
@@ -111,6 +127,66 @@ pub fn time_on_stream<E: From<DriverError>>(
         samples.push(f64::from(start.elapsed_ms(stop)?));
     }
     Ok(Timing::from_samples(&mut samples))
+}
+
+/// Most timed iterations enqueued behind a closed [`Gate`]: each is two events and a few launches,
+/// far below the driver's pending-launch queue (about a thousand entries).
+const MAX_GATED: usize = 128;
+
+/// A host-mapped flag the stream waits on (`cuStreamWaitValue32`, PTX-free): work enqueued after
+/// [`Gate::close`] starts only when the gate is dropped (which opens it and waits for the stream
+/// to pass it before freeing the flag).
+struct Gate {
+    host: *mut u32,
+    stream: sys::CUstream,
+}
+
+impl Gate {
+    /// Closes `stream`; `None` (no gate, timing as before) if the driver refuses any step.
+    fn close(stream: &Arc<CudaStream>) -> Option<Gate> {
+        let mut host: *mut core::ffi::c_void = core::ptr::null_mut();
+        // SAFETY: a 4-byte pinned, device-mapped allocation; freed in `drop` (or below on error).
+        unsafe {
+            sys::cuMemHostAlloc(&mut host, 4, sys::CU_MEMHOSTALLOC_DEVICEMAP)
+                .result()
+                .ok()?;
+            let host = host as *mut u32;
+            core::ptr::write_volatile(host, 0);
+            let mut dev: sys::CUdeviceptr = 0;
+            let waited = sys::cuMemHostGetDevicePointer_v2(&mut dev, host.cast(), 0)
+                .result()
+                .and_then(|_| {
+                    sys::cuStreamWaitValue32_v2(
+                        stream.cu_stream(),
+                        dev,
+                        1,
+                        sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32,
+                    )
+                    .result()
+                });
+            if waited.is_err() {
+                let _ = sys::cuMemFreeHost(host.cast());
+                return None;
+            }
+            Some(Gate {
+                host,
+                stream: stream.cu_stream(),
+            })
+        }
+    }
+}
+
+impl Drop for Gate {
+    fn drop(&mut self) {
+        // SAFETY: `host` is the live mapped allocation; the stream is synchronized (it has passed
+        // the wait) before the flag is freed.
+        unsafe {
+            core::ptr::write_volatile(self.host, 1);
+            core::sync::atomic::fence(core::sync::atomic::Ordering::SeqCst);
+            let _ = sys::cuStreamSynchronize(self.stream);
+            let _ = sys::cuMemFreeHost(self.host.cast());
+        }
+    }
 }
 
 #[cfg(test)]
