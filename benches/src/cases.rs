@@ -171,17 +171,8 @@ fn time_peer(
     let (m, n, k) = (c.m, c.n, c.k);
     let fmt_err = |name: &str, x: PeerError| (name.to_string(), x.to_string());
     let drv = |name: &str, x: cudarc::driver::DriverError| (name.to_string(), x.to_string());
-    // `sets` device copies of one host buffer.
-    let up = |name: &str, v: &[u8]| -> Result<Vec<CudaSlice<u8>>, (String, String)> {
-        (0..sets)
-            .map(|_| s.clone_htod(v).map_err(|x| drv(name, x)))
-            .collect()
-    };
-    let up_f32 = |name: &str, v: &[f32]| -> Result<Vec<CudaSlice<f32>>, (String, String)> {
-        (0..sets)
-            .map(|_| s.clone_htod(v).map_err(|x| drv(name, x)))
-            .collect()
-    };
+    let up = |name: &str, v: &[u8]| copies(&s, v, sets).map_err(|x| drv(name, x));
+    let up_f32 = |name: &str, v: &[f32]| copies(&s, v, sets).map_err(|x| drv(name, x));
     let mut out: Vec<CudaSlice<u16>> = (0..sets)
         .map(|_| s.alloc_zeros(m * n).map_err(|x| drv("cuBLASLt", x)))
         .collect::<Result<_, _>>()?;
@@ -230,12 +221,10 @@ fn time_peer(
                     .collect::<Vec<u16>>()
             };
             let (ha, hb) = (to_bf16(a.dequantize()), to_bf16(b.dequantize()));
-            let up16 = |v: &[u16]| -> Result<Vec<CudaSlice<u16>>, (String, String)> {
-                (0..sets)
-                    .map(|_| s.clone_htod(v).map_err(|x| drv(name, x)))
-                    .collect()
-            };
-            let (da, db) = (up16(&ha)?, up16(&hb)?);
+            let (da, db) = (
+                copies(&s, &ha, sets).map_err(|x| drv(name, x))?,
+                copies(&s, &hb, sets).map_err(|x| drv(name, x))?,
+            );
             let t = time_on_stream(&s, warm, iters, |i| {
                 let r = i % sets;
                 p.gemm_bf16(m, n, k, &da[r], &db[r], &mut out[r])
@@ -244,6 +233,16 @@ fn time_peer(
             Ok((t.median_ms, name.into()))
         }
     }
+}
+
+/// `sets` device copies of one host buffer (inputs rotated like ours, so neither side reads
+/// operands left in L2 by the previous iteration).
+fn copies<T: cudarc::driver::DeviceRepr>(
+    s: &Arc<cudarc::driver::CudaStream>,
+    v: &[T],
+    sets: usize,
+) -> Result<Vec<CudaSlice<T>>, cudarc::driver::DriverError> {
+    (0..sets).map(|_| s.clone_htod(v)).collect()
 }
 
 /// Short kernel name for tables.

@@ -330,12 +330,18 @@ fn launch_config(
     }
 }
 
-fn cluster_attribute(cluster: u32) -> sys::CUlaunchAttribute {
-    let mut attr = sys::CUlaunchAttribute {
-        id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION,
+/// A launch attribute with its value zeroed (the caller sets the field `id` uses).
+fn launch_attribute(id: sys::CUlaunchAttributeID) -> sys::CUlaunchAttribute {
+    sys::CUlaunchAttribute {
+        id,
         pad: [0; 4],
         value: sys::CUlaunchAttributeValue { pad: [0; 64] },
-    };
+    }
+}
+
+fn cluster_attribute(cluster: u32) -> sys::CUlaunchAttribute {
+    let mut attr =
+        launch_attribute(sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION);
     attr.value.clusterDim = sys::CUlaunchAttributeValue_union__bindgen_ty_1 {
         x: cluster,
         y: 1,
@@ -532,11 +538,9 @@ pub(crate) fn launch(
         // Programmatic dependent launch: the reduction is scheduled while the GEMM's last CTAs
         // finish (they signal `griddepcontrol.launch_dependents`) instead of after a full
         // launch gap; it waits for the GEMM's writes with `griddepcontrol.wait`.
-        let mut attr = sys::CUlaunchAttribute {
-            id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
-            pad: [0; 4],
-            value: sys::CUlaunchAttributeValue { pad: [0; 64] },
-        };
+        let mut attr = launch_attribute(
+            sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+        );
         attr.value.programmaticStreamSerializationAllowed = 1;
         let launch = sys::CUlaunchConfig {
             gridDimX: blocks,

@@ -231,15 +231,10 @@ fn run(args: &Args) -> Result<bool, String> {
                     .group_m
                     .unwrap_or(d.group_m * d.block_m / block_m)
                     .max(1),
-                // A forced 128-row tile cannot pair along N: the default pair goes along M.
-                cluster_m: cluster.map_or(
-                    if block_m == d.block_m {
-                        d.cluster_m
-                    } else {
-                        d.cluster_m.max(d.cluster_n)
-                    },
-                    |c| c.0,
-                ),
+                // A forced tile other than the default's runs alone unless a cluster is forced
+                // too (the default pairing was chosen for the default tile).
+                cluster_m: cluster
+                    .map_or(if block_m == d.block_m { d.cluster_m } else { 1 }, |c| c.0),
                 cluster_n: cluster
                     .map_or(if block_m == d.block_m { d.cluster_n } else { 1 }, |c| c.1),
                 split_k: args.split_k.unwrap_or(d.split_k),

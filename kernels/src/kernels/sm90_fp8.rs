@@ -509,7 +509,6 @@ impl Consumer {
         sfb: *const f32,
     ) {
         let s = self.pipe.stage(it);
-        let sfa = self.layout.sfa(s);
         // SAFETY: the caller's contract; the stage (tiles and scales) is filled after
         // `consumer_wait`; rows < block_m.
         unsafe {
@@ -531,24 +530,10 @@ impl Consumer {
                 if WAVES == 1 || (stagger && self.c == 0) {
                     self.turn.pass();
                 }
-                let r = w * WAVE_M + self.row;
-                let (sa0, sa1) = (
-                    f32::from_bits(smem::load_u32(sfa + 4 * r)),
-                    f32::from_bits(smem::load_u32(sfa + 4 * (r + 8))),
-                );
+                let (f0, f1) = self.scales(s, w, scale_b);
                 wgmma::wait::<0>();
                 wgmma::fence_operands_64(&mut part);
-                let (f0, f1) = (sa0 * scale_b, sa1 * scale_b);
-                for i in 0..64 {
-                    // Fused (one FFMA, not FMUL + FADD: Rust never contracts `a * b + c`); the
-                    // promotion is on each warpgroup's critical path between its MMA batches.
-                    let f = if (i / 2) % 2 == 0 { f0 } else { f1 };
-                    acc[i] = core::f32::math::mul_add(part[i], f, acc[i]);
-                }
-                // Pins the sums here: LLVM otherwise sinks them to the loop latch (their only
-                // use is the next K block), past the next wave's MMAs, and that wave's scratch
-                // then no longer fits beside them (ptxas spilled 144 bytes).
-                wgmma::fence_operands_64(acc);
+                promote(acc, &part, f0, f1);
             }
             // This thread has read the stage (its MMAs completed, its scales loaded): release it.
             // (ptxas hoists the arrival above the last wave's promotion, which reads registers only.)
@@ -575,8 +560,8 @@ impl Consumer {
             self.pipe.consumer_wait(it + 1);
             let mut part1 = self.issue::<T>(s1, 0);
             self.turn.pass();
-            let (f00, f01) = self.scales(s0, sb0);
-            let (f10, f11) = self.scales(s1, sb1);
+            let (f00, f01) = self.scales(s0, 0, sb0);
+            let (f10, f11) = self.scales(s1, 0, sb1);
             wgmma::wait::<1>();
             wgmma::fence_operands_64(&mut part0);
             self.pipe.consumer_release(it, self.rank);
@@ -613,17 +598,18 @@ impl Consumer {
         }
     }
 
-    /// This thread's two promotion factors for stage `s` (wave 0): its rows' A scales × `scale_b`.
+    /// This thread's two promotion factors for stage `s`, wave `w`: its rows' A scales ×
+    /// `scale_b`.
     /// # Safety
     /// Stage `s` is filled.
     #[inline(always)]
-    unsafe fn scales(&self, s: u32, scale_b: f32) -> (f32, f32) {
-        let sfa = self.layout.sfa(s);
-        // SAFETY: the caller's contract; rows < 128.
+    unsafe fn scales(&self, s: u32, w: u32, scale_b: f32) -> (f32, f32) {
+        let (sfa, r) = (self.layout.sfa(s), w * WAVE_M + self.row);
+        // SAFETY: the caller's contract; rows < block_m.
         let (sa0, sa1) = unsafe {
             (
-                f32::from_bits(smem::load_u32(sfa + 4 * self.row)),
-                f32::from_bits(smem::load_u32(sfa + 4 * (self.row + 8))),
+                f32::from_bits(smem::load_u32(sfa + 4 * r)),
+                f32::from_bits(smem::load_u32(sfa + 4 * (r + 8))),
             )
         };
         (sa0 * scale_b, sa1 * scale_b)
@@ -631,13 +617,17 @@ impl Consumer {
 }
 /// Promotion: `acc += part · f`, with `f0` for the thread's first row and `f1` for its second
 /// (fragment value `i` is in row `+8·((i/2)%2)`). Fused (one FFMA, not FMUL + FADD: Rust never
-/// contracts `a * b + c`); the sums are pinned after it (see [`Consumer::k_block`]).
+/// contracts `a * b + c`; the promotion sits on each warpgroup's critical path between its MMA
+/// batches).
 #[inline(always)]
 fn promote(acc: &mut [f32; 64], part: &[f32; 64], f0: f32, f1: f32) {
     for i in 0..64 {
         let f = if (i / 2) % 2 == 0 { f0 } else { f1 };
         acc[i] = core::f32::math::mul_add(part[i], f, acc[i]);
     }
+    // Pins the sums here: LLVM otherwise sinks them to the loop latch (their only use is the
+    // next K block), past the next wave's MMAs, and that wave's scratch then no longer fits
+    // beside them (ptxas spilled 144 bytes).
     wgmma::fence_operands_64(acc);
 }
 
