@@ -5,14 +5,14 @@ set -uo pipefail
 cd "$(dirname "$0")"
 run=./blockscaled-run
 small=(--recipe deepseek-fp8 --iterations 1 --warmup_iterations 0 --no_peer)
-# 200×136 (N % 8 == 0: the TMA-store epilogue) and 200×100 f32 (direct stores), both tiles, alone
-# and in pairs along M and (256-row tiles) along N.
+# 200×136 (N % 8 == 0: the TMA-store epilogue) and 200×100 f32 (direct stores), every tile, alone
+# and in pairs along M and (256-row tiles) along N. TILES="..." picks tiles (default all three).
 # SANITIZE=0 skips the sanitizer runs (ncu only).
 tools="memcheck racecheck synccheck"; [ "${SANITIZE:-1}" = 0 ] && tools=""
 for tool in $tools; do
   for case in "200,136,512,2 BFloat16" "200,100,256,1 Float32"; do set -- $case
-  for tile in 128,128 256,128; do for cl in 1,1 2,1 1,2; do
-    [ "$tile,$cl" = "128,128,1,2" ] && continue   # pairs along N need 256-row tiles
+  for tile in ${TILES:-128,128 192,128 256,128}; do for cl in 1,1 2,1 1,2; do
+    [ "$tile" != 256,128 ] && [ "$cl" = 1,2 ] && continue   # pairs along N need 256-row tiles
     printf "%-10s %-14s %-8s %-8s %-4s " "$tool" "$1" "$2" "$tile" "$cl"
     timeout 300 compute-sanitizer --tool "$tool" "$run" --mnkl "$1" --c_dtype "$2" --mma_tiler_mn "$tile" --cluster_shape_mn "$cl" "${small[@]}" 2>&1 | grep -E "ERROR SUMMARY|RACECHECK SUMMARY|mismatch|FAIL" | tr '\n' ' '
     echo

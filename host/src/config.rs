@@ -60,22 +60,21 @@ pub fn choose(arch: GpuArch, sm_count: u32, a: &MatrixDesc, b: &MatrixDesc) -> R
 /// entries) on a GPU with `sm_count` SMs (the runner starts from it when it forces a field).
 ///
 /// Tile: the persistent CTAs work through the tiles in rounds of `sm_count`; the time is about
-/// rounds × the time of one tile. A 256-row tile takes [`M256_TILE_COST`] times as long as a
-/// 128-row one (it does twice the work with a quarter fewer L2 bytes per FLOP), so it wins unless
-/// its coarser rounds leave SMs idle (small M, or few tiles).
+/// rounds × the time of one tile ([`tile_cost`], in 128-row tiles). The 256-row tile does twice
+/// the work with a quarter fewer L2 bytes per FLOP, so it wins unless its coarser rounds leave SMs
+/// idle (small M, or few tiles); the 192-row tile sits between them and fills rounds that
+/// neither does (4096 × 2112: 3 rounds of 192-row tiles for 5 of 128 or 3 of 256).
 pub fn sm90_default(m: usize, n: usize, k: usize, l: usize, sm_count: u32) -> Sm90Config {
     let n_tiles = n.div_ceil(BLOCK_N as usize) * l.max(1);
     let cost = |t: Tile| {
         let tiles = m.div_ceil(t.block_m() as usize) * n_tiles;
         let rounds = tiles.div_ceil(sm_count.max(1) as usize) as f64;
-        rounds * if t == Tile::M256 { M256_TILE_COST } else { 1.0 }
+        rounds * tile_cost(t)
     };
     // Ties go to the taller tile (fewer L2 bytes for the same time).
-    let tile = if cost(Tile::M256) <= cost(Tile::M128) {
-        Tile::M256
-    } else {
-        Tile::M128
-    };
+    let tile = [Tile::M256, Tile::M192, Tile::M128]
+        .into_iter()
+        .fold(Tile::M256, |best, t| if cost(t) < cost(best) { t } else { best });
     let m_tiles = m.div_ceil(tile.block_m() as usize) as u32;
     let tiles = m_tiles as usize * n_tiles;
     let split_k = split_k(tiles, k, sm_count);
@@ -106,7 +105,8 @@ pub fn sm90_default(m: usize, n: usize, k: usize, l: usize, sm_count: u32) -> Sm
 /// pairs of SMs) takes no more rounds. Measured on the H100 (docs/PERF.md, v9–v10): 8192³ with
 /// 256-row tiles 961 µs alone, 930 paired along M, 927 along N; 4096×7168×2048 even. 128-row
 /// tiles (two K blocks in flight per consumer, v10) ran 1–4% slower paired along M than alone
-/// (8192³ 1077 vs 1060 µs, 4096×2112×7168 151 vs 145), so they stay alone.
+/// (8192³ 1077 vs 1060 µs, 4096×2112×7168 151 vs 145), so they stay alone; so do 192-row tiles
+/// (v20, pairs along M: 8192³ 1026.8 vs 986.8 µs, 4096×2112×7168 125.5 vs 123.1).
 fn cluster(tile: Tile, m_tiles: usize, n_tiles: usize, l: usize, sm_count: u32) -> (u32, u32) {
     let sms = sm_count.max(2) as usize;
     let tiles = m_tiles * n_tiles * l;
@@ -148,10 +148,19 @@ const MIN_SPLIT_K_BLOCKS: usize = 4;
 /// 16.3 µs unsplit (16 K blocks), 128×2112×7168 split 7 took 20.2 µs against 39.1 (56 blocks).
 const SPLIT_K_COST_BLOCKS: usize = 10;
 
-/// Time of one 256-row tile in units of a 128-row tile's: 1.74 measured on the H100 (v9, same
-/// run, both tiles alone: 8192³ 16 rounds of 256-row tiles 960.6 µs, 32 rounds of 128-row tiles
-/// 1102.8 µs; 1.74 at 4096×7168×2048, 7 rounds 112.0 µs against 14 rounds 129.1 µs).
-pub const M256_TILE_COST: f64 = 1.75;
+/// Time of one tile in units of a 128-row tile's, measured on the H100:
+/// - 256 rows: 1.74 (v9, same run, both tiles alone: 8192³ 16 rounds of 256-row tiles 960.6 µs,
+///   32 rounds of 128-row tiles 1102.8 µs; 1.74 at 4096×7168×2048, 7 rounds 112.0 µs against
+///   14 rounds 129.1 µs).
+/// - 192 rows: 1.4 (v20, same run: 8192³ 21 rounds alone 986.8 µs against 32 rounds of 128-row
+///   tiles in pairs 1091 µs; 4096×2112×7168 3 rounds 123.1 µs against 5 rounds 143.5 µs).
+pub fn tile_cost(t: Tile) -> f64 {
+    match t.block_m() {
+        256 => 1.75,
+        192 => 1.4,
+        _ => 1.0,
+    }
+}
 
 /// Rows of A in one scheduler band: a band's A tiles (2048 × K bytes) stay small next to the
 /// 50 MB L2 for K up to 16k. Measured on the H100 (v14, 256-row tiles in pairs, same run): bands
@@ -171,6 +180,9 @@ mod tests {
         // One 256-row tile per N tile would be half empty.
         assert_eq!(sm90_default(128, 7168, 2048, 1, h100).block_m, 128);
         assert_eq!(sm90_default(200, 2112, 7168, 1, h100).block_m, 128);
+        // 4096 × 2112: 374 tiles of 192 rows are 3 rounds (544 of 128 rows are 5; 272 of 256
+        // rows 3, at 1.75 each).
+        assert_eq!(sm90_default(4096, 2112, 7168, 1, h100).block_m, 192);
         for (m, n, l) in [(1, 1, 1), (8192, 8192, 1), (128, 2112, 3)] {
             let c = sm90_default(m, n, 1024, l, h100);
             assert!(c.group_m >= 1 && c.group_m * c.block_m <= GROUP_ROWS.max(c.block_m));
@@ -188,7 +200,7 @@ mod tests {
         // 256-row tiles, even tile counts: pairs along N (share A).
         assert_eq!(cl(8192, 8192, 8192), (1, 2));
         assert_eq!(cl(4096, 7168, 2048), (1, 2));
-        // 128-row tiles run alone.
+        // 128- and 192-row tiles run alone.
         assert_eq!(cl(4096, 2112, 7168), (1, 1));
         assert_eq!(cl(128, 24576, 1536), (1, 1));
         // 256-row tiles with an odd number of N tiles where pairing adds a round: alone. (4224

@@ -9,7 +9,7 @@ use crate::error::{Error, Result, shape};
 use crate::format::{ElemType, ScaleType};
 use crate::matrix::{MatrixDesc, ScaledMatrix};
 use blockscaled_kernels::params::sm90::{
-    BLOCK_K, BLOCK_N, C_BOX_N, Fp8Types, M_PAD, MAX_CLUSTER, ROW_BYTES, THREADS, Tile, WAVE_M,
+    BLOCK_K, BLOCK_N, C_BOX_N, Fp8Types, MAX_CLUSTER, ROW_BYTES, Tile, WG_ROWS, m_pad,
 };
 use blockscaled_kernels::params::{OutType, SPLITK_THREADS, Sm90Fp8Params, SplitKParams};
 use blockscaled_kernels::registry;
@@ -60,7 +60,8 @@ pub(crate) struct Sm90Operand {
     /// The 128-byte CUtensorMap (3-D: K, rows, L; box 128 × 128; 128-byte swizzle) in device memory
     /// (a 256-row A tile is two boxes).
     tmap: CudaSlice<u8>,
-    /// The same with a box of 128 / MAX_CLUSTER rows: each CTA's share of a multicast B tile.
+    /// The same with a box of 64 rows: each CTA's share of a multicast B tile (128 / MAX_CLUSTER),
+    /// or one consumer's rows of a three-consumer A tile.
     tmap_share: CudaSlice<u8>,
     /// A-role scales `[l][k/128][m_pad]`, rows contiguous, zero-padded (None if not eligible as A).
     sfa: Option<(CudaSlice<f32>, u32)>,
@@ -91,7 +92,7 @@ impl Sm90Operand {
         let sfa = if as_a {
             // Whole clusters of the tallest tiles: a cluster's last CTA may sit past M and still
             // loads scales.
-            let m_pad = rows.next_multiple_of(M_PAD as usize);
+            let m_pad = m_pad(rows as u32) as usize;
             let mut v = vec![0f32; l * kb * m_pad];
             for li in 0..l {
                 for j in 0..kb {
@@ -135,8 +136,8 @@ impl Sm90Operand {
         } else {
             None
         };
-        let tmap = encode_tensor_map(stream, data, k, rows, l, WAVE_M)?;
-        let tmap_share = encode_tensor_map(stream, data, k, rows, l, BLOCK_N / MAX_CLUSTER)?;
+        let tmap = encode_tensor_map(stream, data, k, rows, l, Tile::M128.a_box_rows())?;
+        let tmap_share = encode_tensor_map(stream, data, k, rows, l, WG_ROWS)?;
         Ok(Some(Sm90Operand {
             tmap,
             tmap_share,
@@ -149,6 +150,8 @@ impl Sm90Operand {
 
 /// Encodes the TMA descriptor of a K-major e4m3 operand (box: 128 bytes of K × `box_rows` rows,
 /// 128-byte swizzle) and copies it to device memory.
+const _: () = assert!(BLOCK_N / MAX_CLUSTER == WG_ROWS);
+
 fn encode_tensor_map(
     stream: &Arc<CudaStream>,
     data: &CudaSlice<u8>,
@@ -188,7 +191,7 @@ pub(crate) fn output_tensor_map(
         sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT16,
         [n, m, l],
         2,
-        [C_BOX_N, WAVE_M / 2],
+        [C_BOX_N, WG_ROWS],
     )
     .map(Some)
 }
@@ -308,7 +311,7 @@ fn configure(
     Ok(resident)
 }
 
-/// The kernel's launch: `ctas` blocks of THREADS threads with the tile's shared memory, and the
+/// The kernel's launch: `ctas` blocks of the tile's threads with the tile's shared memory, and the
 /// cluster attribute `attr` (which must outlive the config's use).
 fn launch_config(
     ctas: u32,
@@ -320,7 +323,7 @@ fn launch_config(
         gridDimX: ctas,
         gridDimY: 1,
         gridDimZ: 1,
-        blockDimX: THREADS,
+        blockDimX: tile.threads(),
         blockDimY: 1,
         blockDimZ: 1,
         sharedMemBytes: tile.smem_bytes(),
@@ -409,16 +412,21 @@ pub(crate) fn launch(
             cl.m, cl.n
         )));
     }
-    if cl.n > 1 && tile.waves != cl.n {
+    if cl.n > 1 && (tile.waves != cl.n || tile.a_box_rows() != tile.wave_m()) {
         return Err(Error::Format(format!(
             "a cluster of {} along N shares the A tile one 128-row wave per CTA: it needs {}-row \
              tiles, not {}",
             cl.n,
-            cl.n * WAVE_M,
+            cl.n * Tile::M128.block_m(),
             tile.block_m()
         )));
     }
-    let (tmap_a, _g1) = a.tmap.device_ptr(stream);
+    // A in boxes of a wave (128 rows) or of one consumer's 64 rows (`Tile::a_box_rows`).
+    let (tmap_a, _g1) = if tile.a_box_rows() == WG_ROWS {
+        a.tmap_share.device_ptr(stream)
+    } else {
+        a.tmap.device_ptr(stream)
+    };
     let (tmap_b, _g2) = if cl.m > 1 {
         b.tmap_share.device_ptr(stream)
     } else {
@@ -464,6 +472,12 @@ pub(crate) fn launch(
     };
     if m > i32::MAX as usize || n > i32::MAX as usize {
         return Err(shape("M and N must fit TMA's 32-bit coordinates"));
+    }
+    // The kernel indexes the A scales with 32 bits.
+    if l as u64 * k_blocks as u64 * *m_pad as u64 > u32::MAX as u64 {
+        return Err(shape(format!(
+            "L·(K/128)·M = {l}·{k_blocks}·{m_pad} A scales: the sm90 kernel indexes at most 2³²"
+        )));
     }
     let mut p = Sm90Fp8Params {
         tmap_a,

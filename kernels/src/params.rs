@@ -130,48 +130,79 @@ mod tests {
 
 /// Tile shapes and pipeline of the sm90 FP8 block-scaled GEMM (`kernels::sm90_fp8`). Hardware
 /// facts behind the numbers: a 128-byte swizzled TMA box row is 128 e4m3 = one 1×128 scale block
-/// of K; `wgmma` m64nNk32 gives each consumer warpgroup 64 rows, so one *wave* of the two consumers
-/// covers 128 rows; BLOCK_N 128 is one 128×128 scale block of B. A tile is 1 or 2 waves tall
-/// ([`sm90::Tile`]); the stages are as many as fit the 227 KiB a block may have.
+/// of K; `wgmma` m64nNk32 gives each consumer warpgroup 64 rows, so one *wave* of the consumers
+/// covers 64 rows per consumer; BLOCK_N 128 is one 128×128 scale block of B. A tile is 2
+/// consumers × 1 or 2 waves, or 3 consumers × 1 wave ([`sm90::Tile`]); the stages are as many as
+/// fit the 227 KiB a block may have.
 pub mod sm90 {
     pub const BLOCK_N: u32 = 128;
     pub const BLOCK_K: u32 = 128;
-    /// Rows one wave of the consumers covers: 2 warpgroups × wgmma M 64.
-    pub const WAVE_M: u32 = 128;
-    pub const CONSUMERS: u32 = 2;
-    pub const THREADS: u32 = 128 * (1 + CONSUMERS);
+    /// Rows of one consumer warpgroup per wave: the M of `wgmma` m64nNk32.
+    pub const WG_ROWS: u32 = 64;
     /// Bytes per row of a swizzled tile (the 128-byte swizzle span).
     pub const ROW_BYTES: u32 = 128;
     pub const B_TILE_BYTES: u32 = BLOCK_N * ROW_BYTES;
     /// Largest dynamic shared memory per block on sm_90 (227 KiB).
     pub const SMEM_LIMIT: u32 = 232_448;
-    /// Register budgets after `setmaxnreg`: 128·(40 + 2·224) ≤ 65 536. The 256-row tile's consumers
-    /// need 128 sums + 64 scratch + addressing; ptxas spent 232 or 240 on starting the next wave's
-    /// MMAs earlier and then spilled the scheduler's state (24–132 bytes), at 224 it spills nothing.
-    pub const PRODUCER_REGS: u32 = 40;
-    pub const CONSUMER_REGS: u32 = 224;
+    /// Registers of one SM, shared by the block's threads after `setmaxnreg`.
+    pub const SM_REGISTERS: u32 = 65_536;
     /// Most CTAs per cluster (along M or along N).
     pub const MAX_CLUSTER: u32 = 2;
-    /// Tallest tile in waves: each wave costs a consumer thread 64 fp32 accumulators (plus 64
-    /// scratch shared by the waves), so 2 waves need ≈ 200 of the 224 registers; 3 would not fit.
-    pub const MAX_WAVES: u32 = 2;
-    /// The A-scale padding (`m_pad`): whole clusters of the tallest tiles, so every CTA's scale
-    /// loads stay inside the buffer.
-    pub const M_PAD: u32 = WAVE_M * MAX_WAVES * MAX_CLUSTER;
 
-    /// One tile shape: `waves` × 128 rows of A by 128 columns of B.
+    /// One tile shape: `consumers` warpgroups × 64 rows × `waves` of A by 128 columns of B.
     #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
     pub struct Tile {
+        /// Consumer warpgroups (2 or 3), each 64 rows of every wave.
+        pub consumers: u32,
+        /// Waves (1 or 2): each costs a consumer thread 64 fp32 sums (plus 64 scratch shared by
+        /// the waves), so 2 waves need ≈ 200 of 224 registers; 3 would not fit.
         pub waves: u32,
     }
 
     impl Tile {
-        pub const M128: Tile = Tile { waves: 1 };
-        pub const M256: Tile = Tile { waves: 2 };
-        pub const ALL: [Tile; 2] = [Tile::M128, Tile::M256];
+        pub const M128: Tile = Tile {
+            consumers: 2,
+            waves: 1,
+        };
+        pub const M256: Tile = Tile {
+            consumers: 2,
+            waves: 2,
+        };
+        /// Three consumers, one wave: while one promotes, the other two have batches queued
+        /// (with two, only one), at L2 bytes per FLOP between the 128- and 256-row tiles.
+        pub const M192: Tile = Tile {
+            consumers: 3,
+            waves: 1,
+        };
+        pub const ALL: [Tile; 3] = [Tile::M128, Tile::M256, Tile::M192];
 
+        /// Rows one wave of the consumers covers.
+        pub const fn wave_m(self) -> u32 {
+            WG_ROWS * self.consumers
+        }
         pub const fn block_m(self) -> u32 {
-            WAVE_M * self.waves
+            self.wave_m() * self.waves
+        }
+        /// One producer warpgroup and the consumers.
+        pub const fn threads(self) -> u32 {
+            128 * (1 + self.consumers)
+        }
+        /// Register budgets after `setmaxnreg` (multiples of 8, 24..=256), within
+        /// [`SM_REGISTERS`]: two consumers 128·(40 + 2·224) — the 256-row tile's consumers need
+        /// 128 sums + 64 scratch + addressing; ptxas spent 232 or 240 on starting the next wave's
+        /// MMAs earlier and then spilled the scheduler's state (24–132 bytes), at 224 it spills
+        /// nothing; three consumers 128·(32 + 3·160) = all of them (64 sums + 64 scratch + addressing;
+        /// the producer spilled at 24, the consumers a per-tile value at 152).
+        pub const fn producer_regs(self) -> u32 {
+            if self.consumers == 2 { 40 } else { 32 }
+        }
+        pub const fn consumer_regs(self) -> u32 {
+            if self.consumers == 2 { 224 } else { 160 }
+        }
+        /// Rows of one TMA box of A: a wave (128), or for three consumers one consumer's 64 rows
+        /// (the host encodes a map for each).
+        pub const fn a_box_rows(self) -> u32 {
+            if self.consumers == 2 { 128 } else { WG_ROWS }
         }
         pub const fn a_bytes(self) -> u32 {
             self.block_m() * ROW_BYTES
@@ -189,7 +220,8 @@ pub mod sm90 {
             self.block_m() * BLOCK_N * 2
         }
         /// As many stages as fit beside the output tile, each with its two mbarriers (full,
-        /// empty: see `pipeline`): 5 of 32.5 KiB for 128-row tiles, 3 of 49 KiB for 256-row ones.
+        /// empty: see `pipeline`): 5 of 32.5 KiB for 128-row tiles, 3 of 49 KiB for 256-row ones,
+        /// 4 of 40.75 KiB for 192-row ones.
         pub const fn stages(self) -> u32 {
             (SMEM_LIMIT - self.c_bytes()) / (self.stage_bytes() + 16)
         }
@@ -197,7 +229,31 @@ pub mod sm90 {
             self.stages() * (self.stage_bytes() + 16) + self.c_bytes()
         }
     }
-    const _: () = assert!(Tile::M128.stages() == 5 && Tile::M256.stages() == 3);
+    const _: () = {
+        assert!(Tile::M128.stages() == 5 && Tile::M256.stages() == 3 && Tile::M192.stages() == 4);
+        let mut i = 0;
+        while i < Tile::ALL.len() {
+            let t = Tile::ALL[i];
+            assert!(128 * (t.producer_regs() + t.consumers * t.consumer_regs()) <= SM_REGISTERS);
+            i += 1;
+        }
+    };
+
+    /// The A-scale padding (`m_pad`) for `rows` rows: whole clusters of every tile height, so
+    /// every CTA's scale copies stay inside the buffer; a multiple of 4 (16-byte copies).
+    pub const fn m_pad(rows: u32) -> u32 {
+        let mut pad = rows;
+        let mut i = 0;
+        while i < Tile::ALL.len() {
+            let unit = Tile::ALL[i].block_m() * MAX_CLUSTER;
+            if rows.next_multiple_of(unit) > pad {
+                pad = rows.next_multiple_of(unit);
+            }
+            i += 1;
+        }
+        pad.next_multiple_of(4)
+    }
+
     /// The FP8 element types of A and B: part of the `wgmma` instruction, so one kernel each.
     #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
     pub enum Fp8Types {
@@ -225,7 +281,7 @@ pub mod sm90 {
 /// Parameters of the sm90 FP8 GEMM. Tensor maps live in device memory (64-byte aligned; see
 /// `ptx::tma`); `tmap_b`'s box is BLOCK_N / `cluster_m` rows (each CTA of a cluster loads its
 /// share). `sfa`: f32 `[l][k/128][m_pad]`, M contiguous, zero-padded to `m_pad` (a multiple of
-/// [`sm90::M_PAD`], so every tile's scales are one aligned copy). `sfb`: f32
+/// [`sm90::m_pad`], so every tile's scales are one aligned copy). `sfb`: f32
 /// `[l][⌈n/128⌉][k/128]`. `k` is a multiple of 128.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq)]

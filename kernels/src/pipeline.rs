@@ -126,57 +126,73 @@ impl Pipeline {
     }
 }
 
-/// Strict alternation of the two consumer warpgroups' MMA batches (CUTLASS's ordered sequence
-/// barrier, two parties): warpgroup 0 issues a batch, then 1, then 0, … Why: both warpgroups wait
-/// on the same full barrier, so unordered they issue together, the tensor cores interleave the
-/// two batches, both finish at the end and both promote at once while the tensor cores idle. In
-/// turn, one warpgroup's batch runs while the other promotes its previous one. (The 256-row
-/// kernel orders only its very first batch with it: a one-time stagger.)
-/// Named barriers 3 (warpgroup 0 waits) and 4 (warpgroup 1 waits), each 128 arriving + 128
-/// waiting threads; 0 is the block's, 1 and 2 the consumers' epilogue barriers.
+/// Strict rotation of the consumer warpgroups' MMA batches (CUTLASS's ordered sequence barrier):
+/// warpgroup 0 issues a batch, then 1, (then 2,) then 0, … Why: the consumers wait on the same
+/// full barrier, so unordered they issue together, the tensor cores interleave the batches, all
+/// finish at the end and all promote at once while the tensor cores idle. In turn, the others'
+/// batches run while one warpgroup promotes its previous one. (The 256-row kernel orders only its
+/// very first batch with it: a one-time stagger.)
+/// Named barrier `TURN_FIRST_ID + p` is where party `p` waits for party `p − 1`'s pass: 128 arriving +
+/// 128 waiting threads. (0 is the block's barrier, 1–3 the consumers' epilogue barriers.)
+/// `PARTIES`: the consumer warpgroups taking turns, 2 or 3 (a constant, so each party's
+/// barrier choice compiles to one uniform branch).
 #[derive(Clone, Copy)]
-pub struct Turn {
-    /// This warpgroup's index among the two (0 goes first).
+pub struct Turn<const PARTIES: u32> {
+    /// This warpgroup's index among the parties (0 goes first).
     party: u32,
 }
 
-impl Turn {
+/// The first named barrier of the turns.
+pub const TURN_FIRST_ID: u32 = 4;
+
+impl<const PARTIES: u32> Turn<PARTIES> {
     const THREADS: u32 = 256;
 
     #[inline(always)]
     pub const fn new(party: u32) -> Self {
+        const { assert!(PARTIES == 2 || PARTIES == 3) };
         Turn { party }
     }
 
-    /// Waits until the other warpgroup has issued its batch before ours (`first`: warpgroup 0's
+    /// Waits until the previous party has issued its batch before ours (`first`: warpgroup 0's
     /// very first batch, which waits for nothing).
     #[inline(always)]
     pub fn wait(&self, first: bool) {
-        if self.party == 0 {
-            if !first {
-                thread::named_barrier::<3>(Self::THREADS);
-            }
-        } else {
-            thread::named_barrier::<4>(Self::THREADS);
+        if !(self.party == 0 && first) {
+            Self::sync(self.party);
         }
     }
 
-    /// Our batch is issued: the other warpgroup's turn.
+    /// Our batch is issued: the next party's turn.
     #[inline(always)]
     pub fn pass(&self) {
+        // The immediate IDs keep ptxas's barrier accounting exact.
         if self.party == 0 {
-            thread::named_arrive::<4>(Self::THREADS);
+            thread::named_arrive::<{ TURN_FIRST_ID + 1 }>(Self::THREADS)
+        } else if PARTIES == 2 || self.party == 2 {
+            thread::named_arrive::<TURN_FIRST_ID>(Self::THREADS)
         } else {
-            thread::named_arrive::<3>(Self::THREADS);
+            thread::named_arrive::<{ TURN_FIRST_ID + 2 }>(Self::THREADS)
         }
     }
 
-    /// After the last batch: warpgroup 0 takes the pass that warpgroup 1 gave after its last
+    /// After the last batch: warpgroup 0 takes the pass that the last party gave after its last
     /// batch, so no barrier is left half-arrived when the block exits.
     #[inline(always)]
     pub fn finish(&self) {
         if self.party == 0 {
-            thread::named_barrier::<3>(Self::THREADS);
+            Self::sync(0);
+        }
+    }
+
+    #[inline(always)]
+    fn sync(party: u32) {
+        if party == 0 {
+            thread::named_barrier::<TURN_FIRST_ID>(Self::THREADS)
+        } else if PARTIES == 2 || party == 1 {
+            thread::named_barrier::<{ TURN_FIRST_ID + 1 }>(Self::THREADS)
+        } else {
+            thread::named_barrier::<{ TURN_FIRST_ID + 2 }>(Self::THREADS)
         }
     }
 }

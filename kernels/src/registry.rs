@@ -29,61 +29,38 @@ pub const REFERENCE_GEMM: KernelInfo = KernelInfo {
 };
 
 /// The Hopper FP8 GEMM with fp32 block scales (1×128 A, 128×128 B): TMA, mbarrier ring,
-/// two wgmma consumer warpgroups, persistent; 128 × 128 tiles, e4m3 · e4m3.
-pub const SM90_FP8_GEMM: KernelInfo = KernelInfo {
-    name: "sm90_fp8_blockscaled_gemm",
-    max_threads: Some(crate::params::sm90::THREADS),
-    min_blocks_per_sm: 1,
-    // wgmma exists on sm_90a only.
-    targets: &["sm_90a"],
-};
-
-const fn sm90(name: &'static str) -> KernelInfo {
+/// wgmma consumer warpgroups, persistent; `tile`'s shape, one kernel per pair of element types.
+const fn sm90(name: &'static str, tile: Tile) -> KernelInfo {
     KernelInfo {
         name,
-        ..SM90_FP8_GEMM
+        max_threads: Some(tile.threads()),
+        min_blocks_per_sm: 1,
+        // wgmma exists on sm_90a only.
+        targets: &["sm_90a"],
     }
 }
 
 /// The sm90 FP8 kernels by tile shape and element types (one body, `kernels::sm90_fp8`).
-pub const SM90_FP8_KERNELS: [(Tile, Fp8Types, KernelInfo); 8] = [
-    (Tile::M128, Fp8Types::E4m3E4m3, SM90_FP8_GEMM),
-    (
-        Tile::M256,
-        Fp8Types::E4m3E4m3,
-        sm90("sm90_fp8_blockscaled_gemm_m256"),
-    ),
-    (
-        Tile::M128,
-        Fp8Types::E5m2E5m2,
-        sm90("sm90_fp8_blockscaled_gemm_e5m2_e5m2"),
-    ),
-    (
-        Tile::M256,
-        Fp8Types::E5m2E5m2,
-        sm90("sm90_fp8_blockscaled_gemm_m256_e5m2_e5m2"),
-    ),
-    (
-        Tile::M128,
-        Fp8Types::E4m3E5m2,
-        sm90("sm90_fp8_blockscaled_gemm_e4m3_e5m2"),
-    ),
-    (
-        Tile::M256,
-        Fp8Types::E4m3E5m2,
-        sm90("sm90_fp8_blockscaled_gemm_m256_e4m3_e5m2"),
-    ),
-    (
-        Tile::M128,
-        Fp8Types::E5m2E4m3,
-        sm90("sm90_fp8_blockscaled_gemm_e5m2_e4m3"),
-    ),
-    (
-        Tile::M256,
-        Fp8Types::E5m2E4m3,
-        sm90("sm90_fp8_blockscaled_gemm_m256_e5m2_e4m3"),
-    ),
-];
+pub const SM90_FP8_KERNELS: [(Tile, Fp8Types, KernelInfo); 12] = {
+    use Fp8Types::*;
+    const fn k(tile: Tile, types: Fp8Types, name: &'static str) -> (Tile, Fp8Types, KernelInfo) {
+        (tile, types, sm90(name, tile))
+    }
+    [
+        k(Tile::M128, E4m3E4m3, "sm90_fp8_blockscaled_gemm"),
+        k(Tile::M256, E4m3E4m3, "sm90_fp8_blockscaled_gemm_m256"),
+        k(Tile::M192, E4m3E4m3, "sm90_fp8_blockscaled_gemm_m192"),
+        k(Tile::M128, E5m2E5m2, "sm90_fp8_blockscaled_gemm_e5m2_e5m2"),
+        k(Tile::M256, E5m2E5m2, "sm90_fp8_blockscaled_gemm_m256_e5m2_e5m2"),
+        k(Tile::M192, E5m2E5m2, "sm90_fp8_blockscaled_gemm_m192_e5m2_e5m2"),
+        k(Tile::M128, E4m3E5m2, "sm90_fp8_blockscaled_gemm_e4m3_e5m2"),
+        k(Tile::M256, E4m3E5m2, "sm90_fp8_blockscaled_gemm_m256_e4m3_e5m2"),
+        k(Tile::M192, E4m3E5m2, "sm90_fp8_blockscaled_gemm_m192_e4m3_e5m2"),
+        k(Tile::M128, E5m2E4m3, "sm90_fp8_blockscaled_gemm_e5m2_e4m3"),
+        k(Tile::M256, E5m2E4m3, "sm90_fp8_blockscaled_gemm_m256_e5m2_e4m3"),
+        k(Tile::M192, E5m2E4m3, "sm90_fp8_blockscaled_gemm_m192_e5m2_e4m3"),
+    ]
+};
 
 /// The split-K reduction (f32 partials → output type).
 pub const SPLITK_REDUCE: KernelInfo = KernelInfo {
@@ -94,18 +71,16 @@ pub const SPLITK_REDUCE: KernelInfo = KernelInfo {
 };
 
 /// Every kernel, for the builder.
-pub const KERNELS: &[KernelInfo] = &[
-    REFERENCE_GEMM,
-    SPLITK_REDUCE,
-    SM90_FP8_KERNELS[0].2,
-    SM90_FP8_KERNELS[1].2,
-    SM90_FP8_KERNELS[2].2,
-    SM90_FP8_KERNELS[3].2,
-    SM90_FP8_KERNELS[4].2,
-    SM90_FP8_KERNELS[5].2,
-    SM90_FP8_KERNELS[6].2,
-    SM90_FP8_KERNELS[7].2,
-];
+pub const KERNELS: &[KernelInfo] = &{
+    let mut all = [REFERENCE_GEMM; 2 + SM90_FP8_KERNELS.len()];
+    all[1] = SPLITK_REDUCE;
+    let mut i = 0;
+    while i < SM90_FP8_KERNELS.len() {
+        all[2 + i] = SM90_FP8_KERNELS[i].2;
+        i += 1;
+    }
+    all
+};
 
 /// The dynamic shared-memory array's name as a literal, so `asm!` templates can `concat!` it.
 #[macro_export]

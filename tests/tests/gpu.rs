@@ -232,7 +232,7 @@ proptest! {
         l in 1usize..3,
         out_i in 0usize..3,
         cluster in 0u32..3,
-        tall in any::<bool>(),
+        tile in 0usize..3,
         n_mult_8 in any::<bool>(),
         seed in any::<u64>(),
     ) {
@@ -252,11 +252,11 @@ proptest! {
             (r5, r5),
         ][which];
         let dtype = [OutType::Bf16, OutType::F16, OutType::F32][out_i];
-        let block_m = if tall { 256 } else { 128 };
+        let block_m = [128, 192, 256][tile];
         // None, along M, or along N (256-row tiles only; else along M).
-        let cluster = match (cluster, tall) {
+        let cluster = match (cluster, block_m) {
             (0, _) => (1, 1),
-            (2, true) => (1, 2),
+            (2, 256) => (1, 2),
             _ => (2, 1),
         };
         check_sm90(recipes, m, n, 128 * kb, l, dtype, seed, Some((block_m, cluster, 1))).map_err(TestCaseError::fail)?;
@@ -270,6 +270,8 @@ fn sm90_kernel_matches_cpu_reference_on_larger_ragged_shapes() {
     for force in [
         (128, (1, 1), 1),
         (128, (2, 1), 1),
+        (192, (1, 1), 1),
+        (192, (2, 1), 1),
         (256, (1, 1), 1),
         (256, (2, 1), 1),
         (256, (1, 2), 1),
@@ -298,7 +300,12 @@ fn sm90_kernel_matches_cpu_reference_on_larger_ragged_shapes() {
         .unwrap();
     }
     // f16 through the TMA-store epilogue with ragged M and a partial last 64-column box.
-    for force in [(128, (1, 1), 1), (256, (2, 1), 1), (256, (1, 2), 1)] {
+    for force in [
+        (128, (1, 1), 1),
+        (192, (2, 1), 1),
+        (256, (2, 1), 1),
+        (256, (1, 2), 1),
+    ] {
         check_sm90(
             Recipe::DeepSeekFp8,
             333,
@@ -317,6 +324,7 @@ fn sm90_kernel_matches_cpu_reference_on_larger_ragged_shapes() {
         (100, 300, 10, 2, OutType::Bf16, (128, (1, 1), 3)),
         (77, 136, 5, 1, OutType::F32, (256, (2, 1), 5)),
         (130, 1000, 9, 1, OutType::F16, (128, (2, 1), 4)),
+        (200, 520, 7, 1, OutType::Bf16, (192, (2, 1), 3)),
         // M·N odd: the reduction's element-by-element path (else it reads float4s).
         (77, 135, 5, 2, OutType::F16, (128, (1, 1), 2)),
         // Along N with an odd number of N tiles: the last pair's second CTA is past N.
@@ -507,16 +515,22 @@ fn plans_follow_the_formats_and_k_not_multiple_of_128_is_an_error() {
     let ds = Recipe::DeepSeekFp8;
     let (a, b) = (up(ds, 64, 256, false), up(ds, 64, 256, true));
     let tile = Sm90Config {
-        block_m: 192,
+        block_m: 320,
         ..forced
     };
     assert!(matches!(
         g.gemm_with(&a, &b, &mut c, Plan::Sm90Fp8(tile)),
         Err(Error::Format(_))
     ));
-    // A cluster along N shares A one 128-row wave per CTA: not with 128-row tiles, and no
+    // A cluster along N shares A one 128-row wave per CTA: not with 128- or 192-row tiles, and no
     // clusters larger than 2.
-    for (block_m, cluster_m, cluster_n) in [(128, 1, 2), (256, 2, 2), (256, 1, 3), (256, 0, 1)] {
+    for (block_m, cluster_m, cluster_n) in [
+        (128, 1, 2),
+        (192, 1, 2),
+        (256, 2, 2),
+        (256, 1, 3),
+        (256, 0, 1),
+    ] {
         let bad = Sm90Config {
             block_m,
             cluster_m,

@@ -44,7 +44,7 @@ struct Args {
     /// Output type: BFloat16 (default), Float16, Float32.
     #[arg(long = "c_dtype", alias = "c-dtype", default_value = "BFloat16")]
     c_dtype: String,
-    /// Tile M,N of the sm90 kernel: 128,128 or 256,128 (default: the heuristic's).
+    /// Tile M,N of the sm90 kernel: 128,128, 192,128 or 256,128 (default: the heuristic's).
     #[arg(long = "mma_tiler_mn", alias = "mma-tiler-mn")]
     mma_tiler_mn: Option<String>,
     /// Cluster shape M,N (accepted for the fast kernels; the reference kernel runs unclustered).
@@ -150,10 +150,11 @@ fn run(args: &Args) -> Result<bool, String> {
     let block_m = match &args.mma_tiler_mn {
         None => None,
         Some(t) => match parse_list(t, 2, "mma_tiler_mn")?.as_slice() {
-            [bm @ (128 | 256), 128] => Some(*bm as u32),
+            [bm @ (128 | 192 | 256), 128] => Some(*bm as u32),
             _ => {
                 return Err(
-                    "--mma_tiler_mn: the sm90 kernel has tiles of 128,128 and 256,128".into(),
+                    "--mma_tiler_mn: the sm90 kernel has tiles of 128,128, 192,128 and 256,128"
+                        .into(),
                 );
             }
         },

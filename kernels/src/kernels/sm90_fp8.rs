@@ -3,23 +3,24 @@
 //! them into this layout; per-row B scales (per column of C, constant over K) are multiplied in
 //! after the K loop (`sfb_col`).
 //!
-//! Eight entry points, one body: tiles of 128 × 128 (`WAVES` = 1) and 256 × 128 (`WAVES` = 2),
-//! each for e4m3 / e5m2 A and B (`wgmma::Fp8Pair`: the types are part of the instruction). The
-//! taller tile moves a quarter fewer L2 bytes per FLOP, which is what limits the 128-row tile on
-//! large shapes (docs/PERF.md).
+//! Twelve entry points, one body: tiles (`params::sm90::Tile`) of 128 × 128 (two consumers, one
+//! wave), 256 × 128 (two consumers, two waves) and 192 × 128 (three consumers, one wave), each for
+//! e4m3 / e5m2 A and B (`wgmma::Fp8Pair`: the types are part of the instruction). Taller tiles
+//! move fewer L2 bytes per FLOP, which is what limits the 128-row tile on large shapes; the
+//! 192-row tile fills rounds of the schedule that the others leave part empty (docs/PERF.md).
 //!
-//! Roles (one persistent CTA per SM, `params::sm90::THREADS` threads):
+//! Roles (one persistent CTA per SM, `tile.threads()` threads):
 //! - warpgroup 0, one thread: the producer. For each tile of the schedule and each 128-wide K block
-//!   it waits for a free stage, then TMA-loads the A tile (`WAVES`·128 × 128 FP8), the B tile
-//!   (128×128) and the tile's A scales into it.
-//! - warpgroups 1 and 2: consumers, 64 rows of each 128-row wave each. Per K block and wave: four
+//!   it waits for a free stage, then TMA-loads the A tile (`block_m` × 128 FP8, in boxes of a wave
+//!   or of 64 rows), the B tile (128×128) and the tile's A scales into it.
+//! - warpgroups 1.. : consumers, 64 rows of each wave each. Per K block and wave: four
 //!   `wgmma m64n128k32` into one scratch accumulator, then promotion into that wave's fp32
 //!   accumulator with `scale_a[row] · scale_b` (Hopper's FP8 tensor-core accumulation is not full
 //!   fp32, so the partial sums are scaled and added in fp32 every 128 of K, with FFMA). The waves
 //!   share the scratch, so a consumer thread holds 64·(WAVES + 1) accumulators (DeepGEMM's
-//!   arrangement). 128-row tiles have registers for two scratch accumulators instead: each
-//!   consumer issues two K blocks' MMAs and promotes the first while the second runs, and the two
-//!   consumers take turns issuing (`pipeline::Turn`).
+//!   arrangement). The consumers take turns issuing (`pipeline::Turn`, two or three parties).
+//!   128-row tiles have registers for two scratch accumulators: each consumer issues two K
+//!   blocks' MMAs and promotes the first while the second runs.
 //!   After the last K block, 16-bit output goes through 128-byte-swizzled shared boxes and TMA
 //!   stores (the warpgroup goes on to the next tile while they drain; TMA clips ragged M and N);
 //!   f32 output, N % 8 ≠ 0 and split-K partials are stored directly with masks. The producer
@@ -30,10 +31,7 @@
 //!   multicasts it), along N (256-row tiles) they share the A tile (each loads one 128-row wave).
 //!   Every consumer thread releases a stage to both CTAs' empty barriers.
 
-use crate::params::sm90::{
-    B_TILE_BYTES, BLOCK_K, BLOCK_N, C_BOX_N, CONSUMER_REGS, CONSUMERS, PRODUCER_REGS, ROW_BYTES,
-    Tile, WAVE_M,
-};
+use crate::params::sm90::{B_TILE_BYTES, BLOCK_K, BLOCK_N, C_BOX_N, ROW_BYTES, Tile, WG_ROWS};
 use crate::params::{OutType, Sm90Fp8Params};
 use crate::pipeline::{Pipeline, Turn};
 use crate::ptx::wgmma::{
@@ -42,8 +40,6 @@ use crate::ptx::wgmma::{
 use crate::ptx::{convert, global, smem, thread, tma};
 use crate::scheduler::{ClusterShape, TileScheduler};
 
-/// Rows per consumer warpgroup and wave: the M of `wgmma` m64nNk32.
-const WG_ROWS: u32 = 64;
 /// K per `wgmma` (e4m3): 32 elements = 32 bytes of a swizzled row.
 const MMA_K: u32 = 32;
 /// Bytes between 8-row groups of a 128-byte-swizzled tile (8 rows × 128 bytes).
@@ -73,7 +69,7 @@ impl StageLayout {
     fn c(self, w: u32, c: u32, h: u32) -> u32 {
         self.base
             + self.tile.stages() * (self.tile.a_bytes() + B_TILE_BYTES)
-            + ((w * CONSUMERS + c) * 2 + h) * WG_ROWS * ROW_BYTES
+            + ((w * self.tile.consumers + c) * 2 + h) * WG_ROWS * ROW_BYTES
     }
     #[inline(always)]
     fn sfa(self, s: u32) -> u32 {
@@ -90,7 +86,7 @@ impl StageLayout {
     #[inline(always)]
     fn a_desc(self, s: u32, w: u32, c: u32, kk: u32) -> Descriptor {
         Descriptor::new(
-            self.a(s) + (w * WAVE_M + c * WG_ROWS) * ROW_BYTES,
+            self.a(s) + (w * self.tile.wave_m() + c * WG_ROWS) * ROW_BYTES,
             16,
             SWIZZLE_SBO,
             Swizzle::B128,
@@ -107,39 +103,62 @@ impl StageLayout {
 /// One exported kernel per tile height and pair of element types (`registry::SM90_FP8_KERNELS`
 /// lists the same names).
 macro_rules! entry {
-    ($(#[$doc:meta])* $name:ident, $waves:literal, $types:ty) => {
+    ($(#[$doc:meta])* $name:ident, $tile:expr, $types:ty) => {
         $(#[$doc])*
         /// # Safety
         /// See [`gemm`].
         #[unsafe(no_mangle)]
         pub unsafe extern "ptx-kernel" fn $name(p: Sm90Fp8Params) {
             // SAFETY: the caller's contract.
-            unsafe { gemm::<$waves, $types>(p) }
+            unsafe {
+                gemm::<
+                    { $tile.consumers },
+                    { $tile.waves as usize },
+                    { $tile.producer_regs() },
+                    { $tile.consumer_regs() },
+                    $types,
+                >(p)
+            }
         }
     };
 }
 
 entry!(/// 128 × 128 tiles, e4m3 · e4m3: small M, and shapes with too few 256-row tiles.
-    sm90_fp8_blockscaled_gemm, 1, E4m3E4m3);
+    sm90_fp8_blockscaled_gemm, Tile::M128, E4m3E4m3);
 entry!(/// 256 × 128 tiles, e4m3 · e4m3: large shapes.
-    sm90_fp8_blockscaled_gemm_m256, 2, E4m3E4m3);
-entry!(sm90_fp8_blockscaled_gemm_e5m2_e5m2, 1, E5m2E5m2);
-entry!(sm90_fp8_blockscaled_gemm_m256_e5m2_e5m2, 2, E5m2E5m2);
-entry!(sm90_fp8_blockscaled_gemm_e4m3_e5m2, 1, E4m3E5m2);
-entry!(sm90_fp8_blockscaled_gemm_m256_e4m3_e5m2, 2, E4m3E5m2);
-entry!(sm90_fp8_blockscaled_gemm_e5m2_e4m3, 1, E5m2E4m3);
-entry!(sm90_fp8_blockscaled_gemm_m256_e5m2_e4m3, 2, E5m2E4m3);
+    sm90_fp8_blockscaled_gemm_m256, Tile::M256, E4m3E4m3);
+entry!(/// 192 × 128 tiles (three consumers), e4m3 · e4m3.
+    sm90_fp8_blockscaled_gemm_m192, Tile::M192, E4m3E4m3);
+entry!(sm90_fp8_blockscaled_gemm_e5m2_e5m2, Tile::M128, E5m2E5m2);
+entry!(sm90_fp8_blockscaled_gemm_m256_e5m2_e5m2, Tile::M256, E5m2E5m2);
+entry!(sm90_fp8_blockscaled_gemm_m192_e5m2_e5m2, Tile::M192, E5m2E5m2);
+entry!(sm90_fp8_blockscaled_gemm_e4m3_e5m2, Tile::M128, E4m3E5m2);
+entry!(sm90_fp8_blockscaled_gemm_m256_e4m3_e5m2, Tile::M256, E4m3E5m2);
+entry!(sm90_fp8_blockscaled_gemm_m192_e4m3_e5m2, Tile::M192, E4m3E5m2);
+entry!(sm90_fp8_blockscaled_gemm_e5m2_e4m3, Tile::M128, E5m2E4m3);
+entry!(sm90_fp8_blockscaled_gemm_m256_e5m2_e4m3, Tile::M256, E5m2E4m3);
+entry!(sm90_fp8_blockscaled_gemm_m192_e5m2_e4m3, Tile::M192, E5m2E4m3);
 
 /// # Safety
-/// Launched by the host with `THREADS` threads, `Tile { waves: WAVES }.smem_bytes()` of dynamic
-/// shared memory and parameters from validated matrices: tensor maps of A (K, M, L) and B (K, N, L)
-/// with boxes 128 × 128 rows (B: 128 / `cluster_m` rows) and 128-byte swizzle, scale buffers as
+/// Launched by the host with `tile.threads()` threads, `tile.smem_bytes()` of dynamic shared memory
+/// (`tile` = `Tile { consumers: CONS, waves: WAVES }`, `PREGS` / `CREGS` its register budgets) and
+/// parameters from validated matrices: tensor maps of A (K, M, L) and B (K, N, L) with boxes
+/// 128 × `tile.a_box_rows()` (B: 128 / `cluster_m` rows) and 128-byte swizzle, scale buffers as
 /// `Sm90Fp8Params` describes, `k % 128 == 0`, `out` sized for L·M·N elements of `out_type`, a grid
 /// of whole clusters of `cluster_m · cluster_n` ≤ 2 CTAs, and `cluster_n` > 1 only with `WAVES` =
 /// `cluster_n` (each CTA loads one wave of the shared A tile; the full barrier counts all of it).
 #[inline(always)]
-unsafe fn gemm<const WAVES: usize, T: Fp8Pair>(p: Sm90Fp8Params) {
+unsafe fn gemm<
+    const CONS: u32,
+    const WAVES: usize,
+    const PREGS: u32,
+    const CREGS: u32,
+    T: Fp8Pair,
+>(
+    p: Sm90Fp8Params,
+) {
     let tile = Tile {
+        consumers: CONS,
         waves: WAVES as u32,
     };
     let (block_m, stages) = (tile.block_m(), tile.stages());
@@ -163,7 +182,7 @@ unsafe fn gemm<const WAVES: usize, T: Fp8Pair>(p: Sm90Fp8Params) {
     if tid == 0 {
         // SAFETY: the barrier memory is ours; the block / cluster barrier below precedes every use.
         unsafe {
-            pipe.init(128 * CONSUMERS);
+            pipe.init(128 * tile.consumers);
             tma::prefetch_map(p.tmap_a);
             tma::prefetch_map(p.tmap_b);
         }
@@ -193,7 +212,7 @@ unsafe fn gemm<const WAVES: usize, T: Fp8Pair>(p: Sm90Fp8Params) {
     };
 
     if wg == 0 {
-        thread::lower_registers::<PRODUCER_REGS>();
+        thread::lower_registers::<PREGS>();
         let mut tiles = schedule();
         if tid == 0 {
             let b_rows = BLOCK_N / shape.m;
@@ -205,9 +224,8 @@ unsafe fn gemm<const WAVES: usize, T: Fp8Pair>(p: Sm90Fp8Params) {
                 let (l, kbs) = k_range(t.l, p.split_k, k_blocks);
                 for kb in kbs {
                     let s = pipe.stage(it);
-                    let sfa = p.sfa
-                        + 4 * ((l * k_blocks + kb) as u64 * p.m_pad as u64
-                            + (m_tile * block_m) as u64);
+                    // (The host keeps the scale count below 2³², so the index is 32-bit.)
+                    let sfa = p.sfa + 4 * ((l * k_blocks + kb) * p.m_pad + m_tile * block_m) as u64;
                     // SAFETY: the stage is free in every CTA we write into after `producer_acquire`
                     // (every CTA's consumers release to our empty barrier); the boxes and the scale
                     // copy fit the stage's buffers; the maps and `sfa` (padded to whole clusters of
@@ -216,15 +234,17 @@ unsafe fn gemm<const WAVES: usize, T: Fp8Pair>(p: Sm90Fp8Params) {
                         pipe.producer_acquire(it);
                         let full = pipe.producer_expect(it, tile.stage_bytes());
                         let (x, l) = ((kb * BLOCK_K) as i32, l as i32);
-                        for w in 0..tile.waves {
+                        let a_box = tile.a_box_rows();
+                        for w in 0..block_m / a_box {
                             let (dst, y) = (
-                                layout.a(s) + w * WAVE_M * ROW_BYTES,
-                                (m_tile * block_m + w * WAVE_M) as i32,
+                                layout.a(s) + w * a_box * ROW_BYTES,
+                                (m_tile * block_m + w * a_box) as i32,
                             );
                             if shape.n == 1 {
                                 tma::load_3d(dst, p.tmap_a, x, y, l, full);
                             } else if w % shape.n == rank {
-                                // Our wave of the shared A tile, into every CTA of the cluster.
+                                // Our box (wave) of the shared A tile, into every CTA of the
+                                // cluster.
                                 tma::load_3d_multicast(dst, p.tmap_a, x, y, l, full, all);
                             }
                         }
@@ -244,7 +264,7 @@ unsafe fn gemm<const WAVES: usize, T: Fp8Pair>(p: Sm90Fp8Params) {
             }
         }
     } else {
-        consume::<WAVES, T>(
+        consume::<CONS, WAVES, CREGS, T>(
             &p,
             &pipe,
             layout,
@@ -283,7 +303,7 @@ fn k_range(t_l: u32, split: u32, k_blocks: u32) -> (u32, core::ops::Range<u32>) 
 /// The consumer warpgroups' part of the kernel.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-fn consume<const WAVES: usize, T: Fp8Pair>(
+fn consume<const CONS: u32, const WAVES: usize, const CREGS: u32, T: Fp8Pair>(
     p: &Sm90Fp8Params,
     pipe: &Pipeline,
     layout: StageLayout,
@@ -294,14 +314,14 @@ fn consume<const WAVES: usize, T: Fp8Pair>(
     rank: u32,
     k_blocks: u32,
 ) {
-    thread::raise_registers::<CONSUMER_REGS>();
+    thread::raise_registers::<CREGS>();
     let mut tiles = schedule();
     let (warp, lane) = (local / 32, local % 32);
     // This thread's first row within each wave (accumulator fragment layout; the second is +8).
     let row = c * WG_ROWS + 16 * warp + lane / 4;
     let n_blocks = p.n.div_ceil(BLOCK_N);
     let block_m = layout.tile.block_m();
-    let consumer = Consumer {
+    let consumer = Consumer::<CONS> {
         pipe: *pipe,
         layout,
         turn: Turn::new(c),
@@ -325,7 +345,7 @@ fn consume<const WAVES: usize, T: Fp8Pair>(
             // SAFETY: `it` counts this consumer's stages in order; each is waited for, used by
             // every wave and released before the next; `kb + 1` is in range for a pair.
             unsafe {
-                if WAVES == 1 && kb + 1 < kbs.end {
+                if CONS == 2 && WAVES == 1 && kb + 1 < kbs.end {
                     consumer.k_pair::<T>(&mut acc[0], it, sfb.add(kb as usize));
                     (kb, it) = (kb + 2, it + 2);
                 } else {
@@ -352,13 +372,11 @@ fn consume<const WAVES: usize, T: Fp8Pair>(
         if p.tmap_c != 0 {
             // Through shared memory and TMA stores: the warpgroup goes on to the next tile's MMAs
             // while the output drains (the direct stores below stall it on DRAM).
-            // This warpgroup only (named barrier 1 or 2; 0 is the block's).
-            let sync_wg = || {
-                if c == 0 {
-                    thread::named_barrier::<1>(128)
-                } else {
-                    thread::named_barrier::<2>(128)
-                }
+            // This warpgroup only (named barrier 1 + c; 0 is the block's, 4–6 the turns').
+            let sync_wg = || match c {
+                0 => thread::named_barrier::<1>(128),
+                1 => thread::named_barrier::<2>(128),
+                _ => thread::named_barrier::<3>(128),
             };
             if local == 0 {
                 // The previous tile's stores have read the buffer.
@@ -374,9 +392,9 @@ fn consume<const WAVES: usize, T: Fp8Pair>(
             for (w, acc) in acc.iter().enumerate() {
                 // One conversion per path (a runtime choice per value doubles the live registers).
                 if bf16 {
-                    stage_tile::<true>(base, w as u32, acc);
+                    stage_tile::<true>(base, w as u32 * CONS, acc);
                 } else {
-                    stage_tile::<false>(base, w as u32, acc);
+                    stage_tile::<false>(base, w as u32 * CONS, acc);
                 }
             }
             smem::fence_async_proxy();
@@ -384,7 +402,8 @@ fn consume<const WAVES: usize, T: Fp8Pair>(
             if local == 0 {
                 for w in 0..WAVES as u32 {
                     for h in 0..BLOCK_N / C_BOX_N {
-                        let (x, y) = (own.n * BLOCK_N + h * C_BOX_N, m0 + w * WAVE_M + c * WG_ROWS);
+                        let wave_m = layout.tile.wave_m();
+                        let (x, y) = (own.n * BLOCK_N + h * C_BOX_N, m0 + w * wave_m + c * WG_ROWS);
                         // SAFETY: the boxes were written and fenced by the whole warpgroup (the
                         // barrier above); the map covers the output, TMA clips rows past M and
                         // columns past N.
@@ -406,7 +425,7 @@ fn consume<const WAVES: usize, T: Fp8Pair>(
                 store_tile(
                     p,
                     t.l,
-                    m0 + w as u32 * WAVE_M + row,
+                    m0 + w as u32 * layout.tile.wave_m() + row,
                     own.n * BLOCK_N + 2 * (lane % 4),
                     acc,
                 );
@@ -454,16 +473,16 @@ unsafe fn scale_columns<const WAVES: usize>(
     }
 }
 
-/// Writes one thread's 64 accumulators of wave `w` as 16-bit values into its warpgroup's output
-/// boxes: value `i` at row `16·warp + lane/4 + 8·((i/2)%2)`, column `8·(i/4) + 2·(lane%4) + i%2`.
+/// Writes one thread's 64 accumulators as 16-bit values into its warpgroup's output boxes of a
+/// wave whose first boxes follow `boxes` consumers' pairs of boxes: value `i` at row `16·warp + lane/4 + 8·((i/2)%2)`, column `8·(i/4) + 2·(lane%4) + i%2`.
 /// `base` is the thread's address of chunk 0 of its first row in wave 0's first box, with the
 /// swizzle term `16·(lane/4)` added (bits 4–6 of the address, which nothing else sets): chunk `j`
 /// is then at `base ^ 16·j`. The 128-byte swizzle is what the TMA store reads, and it spreads a
 /// warp's 8 rows over all 32 banks (no conflicts).
 #[inline(always)]
-fn stage_tile<const BF16: bool>(base: u32, w: u32, acc: &[f32; 64]) {
-    // Wave w's boxes follow the two consumers' boxes of the waves before it.
-    let wave = w * CONSUMERS * 2 * WG_ROWS * ROW_BYTES;
+fn stage_tile<const BF16: bool>(base: u32, boxes: u32, acc: &[f32; 64]) {
+    // A wave's boxes follow the consumers' boxes of the waves before it.
+    let wave = boxes * 2 * WG_ROWS * ROW_BYTES;
     for j in 0..32u32 {
         let i = 2 * j as usize;
         let chunk = (j / 2) % 8; // 16-byte chunk of the 128-byte box row
@@ -480,11 +499,11 @@ fn stage_tile<const BF16: bool>(base: u32, w: u32, acc: &[f32; 64]) {
 }
 
 /// One consumer warpgroup's view of the pipeline.
-struct Consumer {
+struct Consumer<const CONS: u32> {
     pipe: Pipeline,
     layout: StageLayout,
     /// The two consumers issue their MMA batches in turn.
-    turn: Turn,
+    turn: Turn<CONS>,
     /// Consumer index (which 64 rows of each wave).
     c: u32,
     /// This thread's first row in each wave (the second is `row + 8`).
@@ -493,7 +512,7 @@ struct Consumer {
     rank: u32,
 }
 
-impl Consumer {
+impl<const CONS: u32> Consumer<CONS> {
     /// Waits for stage `it`; for each wave issues its four `wgmma` into the scratch accumulator,
     /// waits for them and promotes the partial sums into the wave's accumulator; releases the stage.
     /// With two waves there are no registers for a second scratch, but ptxas starts wave 1's MMAs
@@ -517,7 +536,7 @@ impl Consumer {
             self.pipe.consumer_wait(it);
             for (w, acc) in acc.iter_mut().enumerate() {
                 let w = w as u32;
-                // 128-row tiles: the consumers' batches alternate (+6% at 8192³). Not with two
+                // One-wave tiles: the consumers' batches rotate (+6% at 8192³). Not with two
                 // waves: there ptxas already starts wave 1's MMAs under wave 0's promotion, and
                 // the turn's barrier between them made it 2–3% slower (docs/PERF.md, v9).
                 // 256-row tiles: only the very first batch is ordered (consumer 1 waits for
@@ -604,7 +623,7 @@ impl Consumer {
     /// Stage `s` is filled.
     #[inline(always)]
     unsafe fn scales(&self, s: u32, w: u32, scale_b: f32) -> (f32, f32) {
-        let (sfa, r) = (self.layout.sfa(s), w * WAVE_M + self.row);
+        let (sfa, r) = (self.layout.sfa(s), w * self.layout.tile.wave_m() + self.row);
         // SAFETY: the caller's contract; rows < block_m.
         let (sa0, sa1) = unsafe {
             (
