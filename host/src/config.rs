@@ -23,10 +23,10 @@ pub enum Plan {
 ///   K % 128 == 0: other K are an error rather than a silent 1000× slower path.
 /// - Everything else runs the reference kernel for now (MX / NVFP4 fast kernels: later issues).
 ///
-/// Cluster: 256-row tiles go in pairs along N (`cluster_n` = 2: the pair shares the A tile, the
-/// larger operand, by TMA multicast, halving its L2 reads) whenever pairing costs no extra round
-/// of tiles (a pair whose second tile is past N still takes a slot); 128-row tiles run alone
-/// (measured faster). Pairs along M (`cluster_m` = 2, sharing B) are available through
+/// Cluster: 256- and 192-row tiles go in pairs along N (`cluster_n` = 2: the pair shares the A
+/// tile, the larger operand, by TMA multicast, halving its L2 reads) whenever pairing costs no
+/// extra round of tiles (a pair whose second tile is past N still takes a slot); 128-row tiles
+/// run alone (measured faster). Pairs along M (`cluster_m` = 2, sharing B) are available through
 /// [`Sm90Config`]. See [`cluster`].
 ///
 /// Raster band (`group_m`): CTAs running together cover `group_m` M tiles × (SMs / group_m) N
@@ -100,13 +100,15 @@ pub fn sm90_default(m: usize, n: usize, k: usize, l: usize, sm_count: u32) -> Sm
     }
 }
 
-/// CTAs per cluster along M and N: for 256-row tiles a pair along N (it shares A, twice B's bytes)
-/// when the tiles fill at least one round and pairing them (units of two tiles on half as many
-/// pairs of SMs) takes no more rounds. Measured on the H100 (docs/PERF.md, v9–v10): 8192³ with
+/// CTAs per cluster along M and N: for 256- and 192-row tiles a pair along N (it shares A, 2 or
+/// 1.5 times B's bytes) when the tiles fill at least one round and pairing them (units of two
+/// tiles on half as many pairs of SMs) takes no more rounds. Measured on the H100 (docs/PERF.md, v9–v10): 8192³ with
 /// 256-row tiles 961 µs alone, 930 paired along M, 927 along N; 4096×7168×2048 even. 128-row
 /// tiles (two K blocks in flight per consumer, v10) ran 1–4% slower paired along M than alone
-/// (8192³ 1077 vs 1060 µs, 4096×2112×7168 151 vs 145), so they stay alone; so do 192-row tiles
-/// (v20, pairs along M: 8192³ 1026.8 vs 986.8 µs, 4096×2112×7168 125.5 vs 123.1).
+/// (8192³ 1077 vs 1060 µs, 4096×2112×7168 151 vs 145) and along N (v20: 128×7168×2048 16.0 vs
+/// 14.6 µs, 128×24576×1536 24.9 vs 23.6, 8192³ 1097), so they stay alone. 192-row tiles (v20):
+/// along N 4096×2112×7168 120.3 µs against 123.4 alone, 8192³ 933 against 952–987; along M
+/// slower (1027, 125.5).
 fn cluster(tile: Tile, m_tiles: usize, n_tiles: usize, l: usize, sm_count: u32) -> (u32, u32) {
     let sms = sm_count.max(2) as usize;
     let tiles = m_tiles * n_tiles * l;
@@ -116,7 +118,7 @@ fn cluster(tile: Tile, m_tiles: usize, n_tiles: usize, l: usize, sm_count: u32) 
     let rounds = tiles.div_ceil(sms);
     let pair_rounds =
         |cm: usize, cn: usize| (m_tiles.div_ceil(cm) * n_tiles.div_ceil(cn) * l).div_ceil(sms / 2);
-    if tile == Tile::M256 && pair_rounds(1, 2) <= rounds {
+    if tile != Tile::M128 && pair_rounds(1, 2) <= rounds {
         (1, 2)
     } else {
         (1, 1)
@@ -200,8 +202,9 @@ mod tests {
         // 256-row tiles, even tile counts: pairs along N (share A).
         assert_eq!(cl(8192, 8192, 8192), (1, 2));
         assert_eq!(cl(4096, 7168, 2048), (1, 2));
-        // 128- and 192-row tiles run alone.
-        assert_eq!(cl(4096, 2112, 7168), (1, 1));
+        // 192-row tiles pair along N too (22 × 9 pairs fill 3 rounds, as 374 tiles do alone);
+        // 128-row tiles run alone.
+        assert_eq!(cl(4096, 2112, 7168), (1, 2));
         assert_eq!(cl(128, 24576, 1536), (1, 1));
         // 256-row tiles with an odd number of N tiles where pairing adds a round: alone. (4224
         // columns: 33 N tiles; 2048 rows: 8 M tiles; 264 tiles = 2 rounds, 8 × 17 = 136 pairs on

@@ -136,7 +136,7 @@ impl Sm90Operand {
         } else {
             None
         };
-        let tmap = encode_tensor_map(stream, data, k, rows, l, Tile::M128.a_box_rows())?;
+        let tmap = encode_tensor_map(stream, data, k, rows, l, Tile::M128.a_box_rows(1))?;
         let tmap_share = encode_tensor_map(stream, data, k, rows, l, WG_ROWS)?;
         Ok(Some(Sm90Operand {
             tmap,
@@ -365,8 +365,8 @@ pub struct Sm90Config {
     pub ctas: u32,
     /// CTAs per cluster along M (1 or 2): a cluster's CTAs share each B tile by TMA multicast.
     pub cluster_m: u32,
-    /// CTAs per cluster along N (1 or 2; 2 only with 256-row tiles and `cluster_m` = 1): a
-    /// cluster's CTAs share each A tile, the larger operand of the 256-row tile, by TMA multicast.
+    /// CTAs per cluster along N (1 or 2; 2 only with `cluster_m` = 1): a cluster's CTAs share
+    /// each A tile by TMA multicast (each loads every other box of it).
     pub cluster_n: u32,
     /// K split into this many ranges, each its own CTA (≥ 1, at most K / 128): when M·N has too
     /// few tiles to fill the GPU. The partial sums go through an f32 workspace and a reduction
@@ -412,17 +412,8 @@ pub(crate) fn launch(
             cl.m, cl.n
         )));
     }
-    if cl.n > 1 && (tile.waves != cl.n || tile.a_box_rows() != tile.wave_m()) {
-        return Err(Error::Format(format!(
-            "a cluster of {} along N shares the A tile one 128-row wave per CTA: it needs {}-row \
-             tiles, not {}",
-            cl.n,
-            cl.n * Tile::M128.block_m(),
-            tile.block_m()
-        )));
-    }
-    // A in boxes of a wave (128 rows) or of one consumer's 64 rows (`Tile::a_box_rows`).
-    let (tmap_a, _g1) = if tile.a_box_rows() == WG_ROWS {
+    // A in boxes of a wave (128 rows) or of 64 rows (`Tile::a_box_rows`).
+    let (tmap_a, _g1) = if tile.a_box_rows(cl.n) == WG_ROWS {
         a.tmap_share.device_ptr(stream)
     } else {
         a.tmap.device_ptr(stream)

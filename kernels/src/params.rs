@@ -199,10 +199,16 @@ pub mod sm90 {
         pub const fn consumer_regs(self) -> u32 {
             if self.consumers == 2 { 224 } else { 160 }
         }
-        /// Rows of one TMA box of A: a wave (128), or for three consumers one consumer's 64 rows
-        /// (the host encodes a map for each).
-        pub const fn a_box_rows(self) -> u32 {
-            if self.consumers == 2 { 128 } else { WG_ROWS }
+        /// Rows of one TMA box of A for clusters of `cluster_n` along N: a wave (128), or one
+        /// consumer's 64 rows for three consumers, and for one-wave tiles shared along N (each
+        /// CTA of the pair loads every other box and multicasts it). The host encodes a map for
+        /// each size.
+        pub const fn a_box_rows(self, cluster_n: u32) -> u32 {
+            if self.consumers == 2 && (cluster_n == 1 || self.waves > 1) {
+                2 * WG_ROWS
+            } else {
+                WG_ROWS
+            }
         }
         pub const fn a_bytes(self) -> u32 {
             self.block_m() * ROW_BYTES
@@ -313,9 +319,9 @@ pub struct Sm90Fp8Params {
     /// CTAs per cluster along M (1 or [`sm90::MAX_CLUSTER`]): the CTAs of a cluster compute
     /// consecutive M tiles of one N tile and multicast halves of the shared B tile.
     pub cluster_m: u32,
-    /// CTAs per cluster along N (1 or [`sm90::MAX_CLUSTER`], and then `cluster_m` = 1 and the tile
-    /// has 256 rows): the CTAs compute consecutive N tiles of one M tile, and CTA `r` loads wave `r`
-    /// (128 rows) of the shared A tile into both.
+    /// CTAs per cluster along N (1 or [`sm90::MAX_CLUSTER`], and then `cluster_m` = 1): the CTAs
+    /// compute consecutive N tiles of one M tile, and CTA `r` loads the boxes `b` of the shared A
+    /// tile with `b % cluster_n == r` into both (boxes of `Tile::a_box_rows(cluster_n)` rows).
     pub cluster_n: u32,
 }
 

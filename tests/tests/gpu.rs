@@ -253,12 +253,8 @@ proptest! {
         ][which];
         let dtype = [OutType::Bf16, OutType::F16, OutType::F32][out_i];
         let block_m = [128, 192, 256][tile];
-        // None, along M, or along N (256-row tiles only; else along M).
-        let cluster = match (cluster, block_m) {
-            (0, _) => (1, 1),
-            (2, 256) => (1, 2),
-            _ => (2, 1),
-        };
+        // None, along M, or along N.
+        let cluster = [(1, 1), (2, 1), (1, 2)][cluster as usize];
         check_sm90(recipes, m, n, 128 * kb, l, dtype, seed, Some((block_m, cluster, 1))).map_err(TestCaseError::fail)?;
     }
 }
@@ -270,8 +266,10 @@ fn sm90_kernel_matches_cpu_reference_on_larger_ragged_shapes() {
     for force in [
         (128, (1, 1), 1),
         (128, (2, 1), 1),
+        (128, (1, 2), 1),
         (192, (1, 1), 1),
         (192, (2, 1), 1),
+        (192, (1, 2), 1),
         (256, (1, 1), 1),
         (256, (2, 1), 1),
         (256, (1, 2), 1),
@@ -325,6 +323,7 @@ fn sm90_kernel_matches_cpu_reference_on_larger_ragged_shapes() {
         (77, 136, 5, 1, OutType::F32, (256, (2, 1), 5)),
         (130, 1000, 9, 1, OutType::F16, (128, (2, 1), 4)),
         (200, 520, 7, 1, OutType::Bf16, (192, (2, 1), 3)),
+        (128, 1000, 16, 1, OutType::Bf16, (128, (1, 2), 2)),
         // M·N odd: the reduction's element-by-element path (else it reads float4s).
         (77, 135, 5, 2, OutType::F16, (128, (1, 1), 2)),
         // Along N with an odd number of N tiles: the last pair's second CTA is past N.
@@ -522,11 +521,8 @@ fn plans_follow_the_formats_and_k_not_multiple_of_128_is_an_error() {
         g.gemm_with(&a, &b, &mut c, Plan::Sm90Fp8(tile)),
         Err(Error::Format(_))
     ));
-    // A cluster along N shares A one 128-row wave per CTA: not with 128- or 192-row tiles, and no
-    // clusters larger than 2.
+    // No clusters larger than 2, and none of 0.
     for (block_m, cluster_m, cluster_n) in [
-        (128, 1, 2),
-        (192, 1, 2),
         (256, 2, 2),
         (256, 1, 3),
         (256, 0, 1),

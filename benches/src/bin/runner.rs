@@ -164,7 +164,7 @@ fn run(args: &Args) -> Result<bool, String> {
         Some(c) => match parse_list(c, 2, "cluster_shape_mn")?.as_slice() {
             [cm @ (1 | 2), 1] => Some((*cm as u32, 1)),
             [1, 2] => Some((1, 2)),
-            _ => return Err("--cluster_shape_mn: the sm90 kernel takes 1,1, 2,1 (pairs along M share B by multicast) or 1,2 (pairs along N share A; 256-row tiles)".into()),
+            _ => return Err("--cluster_shape_mn: the sm90 kernel takes 1,1, 2,1 (pairs along M share B by multicast) or 1,2 (pairs along N share A)".into()),
         },
     };
     let out = match args

@@ -28,7 +28,8 @@
 //! - Split-K (`split_k` > 1): the schedule runs over `l · split_k` entries, each a range of K
 //!   blocks of one batch entry, and writes f32 partials for `kernels::splitk` to sum.
 //! - Clusters of 2 (`ClusterShape`): along M the two CTAs share the B tile (each loads half and
-//!   multicasts it), along N (256-row tiles) they share the A tile (each loads one 128-row wave).
+//!   multicasts it), along N they share the A tile (each loads every other box of it: a 128-row
+//!   wave of 256-row tiles, 64 rows otherwise).
 //!   Every consumer thread releases a stage to both CTAs' empty barriers.
 
 use crate::params::sm90::{B_TILE_BYTES, BLOCK_K, BLOCK_N, C_BOX_N, ROW_BYTES, Tile, WG_ROWS};
@@ -143,10 +144,9 @@ entry!(sm90_fp8_blockscaled_gemm_m192_e5m2_e4m3, Tile::M192, E5m2E4m3);
 /// Launched by the host with `tile.threads()` threads, `tile.smem_bytes()` of dynamic shared memory
 /// (`tile` = `Tile { consumers: CONS, waves: WAVES }`, `PREGS` / `CREGS` its register budgets) and
 /// parameters from validated matrices: tensor maps of A (K, M, L) and B (K, N, L) with boxes
-/// 128 × `tile.a_box_rows()` (B: 128 / `cluster_m` rows) and 128-byte swizzle, scale buffers as
-/// `Sm90Fp8Params` describes, `k % 128 == 0`, `out` sized for L·M·N elements of `out_type`, a grid
-/// of whole clusters of `cluster_m · cluster_n` ≤ 2 CTAs, and `cluster_n` > 1 only with `WAVES` =
-/// `cluster_n` (each CTA loads one wave of the shared A tile; the full barrier counts all of it).
+/// 128 × `tile.a_box_rows(cluster_n)` (B: 128 / `cluster_m` rows) and 128-byte swizzle, scale
+/// buffers as `Sm90Fp8Params` describes, `k % 128 == 0`, `out` sized for L·M·N elements of
+/// `out_type`, and a grid of whole clusters of `cluster_m · cluster_n` ≤ 2 CTAs.
 #[inline(always)]
 unsafe fn gemm<
     const CONS: u32,
@@ -234,7 +234,7 @@ unsafe fn gemm<
                         pipe.producer_acquire(it);
                         let full = pipe.producer_expect(it, tile.stage_bytes());
                         let (x, l) = ((kb * BLOCK_K) as i32, l as i32);
-                        let a_box = tile.a_box_rows();
+                        let a_box = tile.a_box_rows(shape.n);
                         for w in 0..block_m / a_box {
                             let (dst, y) = (
                                 layout.a(s) + w * a_box * ROW_BYTES,
