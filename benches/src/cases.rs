@@ -261,7 +261,12 @@ pub fn plan_name(p: &Plan) -> String {
             } else {
                 String::new()
             };
-            format!("sm90/m{}g{}{cluster}{split}", c.block_m, c.group_m)
+            let n = if c.block_n == 128 {
+                String::new()
+            } else {
+                format!("n{}", c.block_n)
+            };
+            format!("sm90/m{}{n}g{}{cluster}{split}", c.block_m, c.group_m)
         }
     }
 }

@@ -5,7 +5,7 @@ use crate::error::{Result, shape};
 use crate::format::ScaleType;
 use crate::matrix::MatrixDesc;
 pub use crate::sm90::Sm90Config;
-use blockscaled_kernels::params::sm90::{BLOCK_N, Tile};
+use blockscaled_kernels::params::sm90::Tile;
 
 /// A kernel and its configuration.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -63,18 +63,25 @@ pub fn choose(arch: GpuArch, sm_count: u32, a: &MatrixDesc, b: &MatrixDesc) -> R
 /// rounds × the time of one tile ([`tile_cost`], in 128-row tiles). The 256-row tile does twice
 /// the work with a quarter fewer L2 bytes per FLOP, so it wins unless its coarser rounds leave SMs
 /// idle (small M, or few tiles); the 192-row tile sits between them and fills rounds that
-/// neither does (4096 × 2112: 3 rounds of 192-row tiles for 5 of 128 or 3 of 256).
+/// neither does (4096 × 2112: 3 rounds of 192-row tiles for 5 of 128 or 3 of 256). Where A is one
+/// 128-row tile (M ≤ [`N64_MAX_M`]), 128 × 64 tiles double the tiles: more SMs share B, the
+/// operand that comes from DRAM, while A stays in L2.
 pub fn sm90_default(m: usize, n: usize, k: usize, l: usize, sm_count: u32) -> Sm90Config {
-    let n_tiles = n.div_ceil(BLOCK_N as usize) * l.max(1);
     let cost = |t: Tile| {
-        let tiles = m.div_ceil(t.block_m() as usize) * n_tiles;
+        let tiles = m.div_ceil(t.block_m() as usize) * n.div_ceil(t.block_n as usize) * l.max(1);
         let rounds = tiles.div_ceil(sm_count.max(1) as usize) as f64;
         rounds * tile_cost(t)
     };
-    // Ties go to the taller tile (fewer L2 bytes for the same time).
-    let tile = [Tile::M256, Tile::M192, Tile::M128]
-        .into_iter()
-        .fold(Tile::M256, |best, t| if cost(t) < cost(best) { t } else { best });
+    let mut candidates = vec![Tile::M256, Tile::M192, Tile::M128];
+    if m <= N64_MAX_M {
+        candidates.push(Tile::M128N64);
+    }
+    // Ties go to the earlier (taller, wider) tile: fewer L2 bytes for the same time.
+    let tile = candidates.into_iter().fold(
+        Tile::M256,
+        |best, t| if cost(t) < cost(best) { t } else { best },
+    );
+    let n_tiles = n.div_ceil(tile.block_n as usize) * l.max(1);
     let m_tiles = m.div_ceil(tile.block_m() as usize) as u32;
     let tiles = m_tiles as usize * n_tiles;
     let split_k = split_k(tiles, k, sm_count);
@@ -82,7 +89,7 @@ pub fn sm90_default(m: usize, n: usize, k: usize, l: usize, sm_count: u32) -> Sm
         cluster(
             tile,
             m_tiles as usize,
-            n.div_ceil(BLOCK_N as usize),
+            n.div_ceil(tile.block_n as usize),
             l.max(1),
             sm_count,
         )
@@ -91,6 +98,7 @@ pub fn sm90_default(m: usize, n: usize, k: usize, l: usize, sm_count: u32) -> Sm
     };
     Sm90Config {
         block_m: tile.block_m(),
+        block_n: tile.block_n,
         // Bands of 2048 rows of A (16 × 128 or 8 × 256).
         group_m: m_tiles.clamp(1, GROUP_ROWS / tile.block_m()),
         ctas: sm_count,
@@ -118,7 +126,7 @@ fn cluster(tile: Tile, m_tiles: usize, n_tiles: usize, l: usize, sm_count: u32) 
     let rounds = tiles.div_ceil(sms);
     let pair_rounds =
         |cm: usize, cn: usize| (m_tiles.div_ceil(cm) * n_tiles.div_ceil(cn) * l).div_ceil(sms / 2);
-    if tile != Tile::M128 && pair_rounds(1, 2) <= rounds {
+    if tile.block_m() > 128 && pair_rounds(1, 2) <= rounds {
         (1, 2)
     } else {
         (1, 1)
@@ -156,13 +164,23 @@ const SPLIT_K_COST_BLOCKS: usize = 10;
 ///   14 rounds 129.1 µs).
 /// - 192 rows: 1.4 (v20, same run: 8192³ 21 rounds alone 986.8 µs against 32 rounds of 128-row
 ///   tiles in pairs 1091 µs; 4096×2112×7168 3 rounds 123.1 µs against 5 rounds 143.5 µs).
+/// - 128 × 64: 0.6 (v22, M = 128, same run, one round each unless said: 128×7168×2048 12.7 µs
+///   against 14.7; 128×7168×16384 49.2 against 62.7; 128×24576×1536 3 rounds 22.2 against 2
+///   rounds 23.3; 128×32768×512 4 rounds 15.9 against 2 rounds 15.2). Per round the half tile
+///   took 0.64–0.86 of a full one's time (these shapes wait on memory, not on the tensor
+///   cores); 0.6 is the cost that reproduces every measured choice.
 pub fn tile_cost(t: Tile) -> f64 {
-    match t.block_m() {
-        256 => 1.75,
-        192 => 1.4,
+    match (t.block_m(), t.block_n) {
+        (256, _) => 1.75,
+        (192, _) => 1.4,
+        (_, 64) => 0.6,
         _ => 1.0,
     }
 }
+
+/// Largest M for 128 × 64 tiles: they read A once per 64 columns instead of 128, which only
+/// pays where A is a single tile that stays in L2 and B (from DRAM) is what the SMs wait for.
+pub const N64_MAX_M: usize = 128;
 
 /// Rows of A in one scheduler band: a band's A tiles (2048 × K bytes) stay small next to the
 /// 50 MB L2 for K up to 16k. Measured on the H100 (v14, 256-row tiles in pairs, same run): bands
@@ -185,6 +203,26 @@ mod tests {
         // 4096 × 2112: 374 tiles of 192 rows are 3 rounds (544 of 128 rows are 5; 272 of 256
         // rows 3, at 1.75 each).
         assert_eq!(sm90_default(4096, 2112, 7168, 1, h100).block_m, 192);
+        for (m, n) in [(8192, 8192), (4096, 2112), (200, 2112), (256, 7168)] {
+            assert_eq!(sm90_default(m, n, 2048, 1, h100).block_n, 128, "{m}×{n}");
+        }
+    }
+
+    #[test]
+    fn narrow_tiles_only_for_one_row_of_tiles_that_leaves_sms_idle() {
+        let h100 = 132;
+        let tile = |m, n, k| {
+            let c = sm90_default(m, n, k, 1, h100);
+            (c.block_m, c.block_n)
+        };
+        // 56 tiles of 128 columns on 132 SMs: 112 of 64.
+        assert_eq!(tile(128, 7168, 2048), (128, 64));
+        // 2 rounds of 192 tiles against 3 rounds of 384 half tiles.
+        assert_eq!(tile(128, 24576, 1536), (128, 64));
+        // 256 tiles are 2 rounds; 512 half tiles 4.
+        assert_eq!(tile(128, 32768, 512), (128, 128));
+        // Never with more than one row of tiles (A is read once per 64 columns).
+        assert_eq!(tile(129, 7168, 2048).1, 128);
         for (m, n, l) in [(1, 1, 1), (8192, 8192, 1), (128, 2112, 3)] {
             let c = sm90_default(m, n, 1024, l, h100);
             assert!(c.group_m >= 1 && c.group_m * c.block_m <= GROUP_ROWS.max(c.block_m));
@@ -223,18 +261,20 @@ mod tests {
     #[test]
     fn split_k_only_where_tiles_leave_most_sms_idle() {
         let h100 = 132;
-        // 17 tiles × 7 ranges of 8 K blocks = 119 CTAs.
-        assert_eq!(sm90_default(128, 2112, 7168, 1, h100).split_k, 7);
-        // 32 tiles × 4 = 128 CTAs.
-        assert_eq!(sm90_default(128, 4096, 7168, 1, h100).split_k, 4);
-        // 192 tiles fill the GPU; 1024 tiles too.
+        // 33 tiles of 128 × 64 × 4 ranges of 14 K blocks = 132 CTAs.
+        assert_eq!(sm90_default(128, 2112, 7168, 1, h100).split_k, 4);
+        // 64 tiles × 2 = 128 CTAs.
+        assert_eq!(sm90_default(128, 4096, 7168, 1, h100).split_k, 2);
+        // 384 tiles fill the GPU; 1024 tiles too.
         assert_eq!(sm90_default(128, 24576, 1536, 1, h100).split_k, 1);
         assert_eq!(sm90_default(4096, 4096, 7168, 1, h100).split_k, 1);
         // Too little K to split: 512 = 4 blocks is one range of 4; at K = 2048 (16 blocks) two
         // ranges of 8 save less than the reduction costs (measured slower).
         assert_eq!(sm90_default(128, 128, 512, 1, h100).split_k, 1);
         assert_eq!(sm90_default(128, 7168, 2048, 1, h100).split_k, 1);
-        assert_eq!(sm90_default(128, 7168, 16384, 1, h100).split_k, 2);
+        // 112 tiles of 128 × 64: no split (at 128 columns, 56 tiles took 2).
+        assert_eq!(sm90_default(128, 7168, 16384, 1, h100).split_k, 1);
+        assert_eq!(sm90_default(128, 7168, 16384, 1, h100).block_n, 64);
         for (m, n, k) in [(1, 1, 128), (64, 64, 128 * 300), (128, 2112, 7168)] {
             let c = sm90_default(m, n, k, 1, h100);
             assert!(c.split_k >= 1 && c.split_k as usize <= k / 128);

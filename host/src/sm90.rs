@@ -266,16 +266,19 @@ impl Sm90Kernels {
     fn get(
         &self,
         block_m: u32,
+        block_n: u32,
         types: Fp8Types,
     ) -> Result<(&Tile, &CudaFunction, &[u32; MAX_CLUSTER as usize])> {
         self.kernels
             .iter()
-            .find(|(t, ty, _, _)| t.block_m() == block_m && *ty == types)
+            .find(|(t, ty, _, _)| t.block_m() == block_m && t.block_n == block_n && *ty == types)
             .map(|(t, _, f, r)| (t, f, r))
             .ok_or_else(|| {
                 Error::Format(format!(
-                    "tile of {block_m} rows: the sm90 kernel has tiles of {} rows",
-                    Tile::ALL.map(|t| t.block_m().to_string()).join(" or ")
+                    "tile of {block_m} × {block_n}: the sm90 kernel has tiles of {}",
+                    Tile::ALL
+                        .map(|t| format!("{} × {}", t.block_m(), t.block_n))
+                        .join(", ")
                 ))
             })
     }
@@ -356,9 +359,11 @@ fn cluster_attribute(cluster: u32) -> sys::CUlaunchAttribute {
 /// Configuration of one launch (chosen by `config::choose`, or forced by the caller).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Sm90Config {
-    /// Rows of the output tile: 128 or 256 (two 128-row waves per stage, a quarter fewer L2 bytes
-    /// per FLOP; the columns are always 128).
+    /// Rows of the output tile: 128, 192 (three consumer warpgroups) or 256 (two 128-row waves per
+    /// stage, a quarter fewer L2 bytes per FLOP).
     pub block_m: u32,
+    /// Columns of the output tile: 128, or 64 with 128 rows (twice the tiles at small M).
+    pub block_n: u32,
     /// Scheduler band height in M tiles (L2 reuse of B tiles).
     pub group_m: u32,
     /// Persistent CTAs (at most one per SM).
@@ -388,7 +393,7 @@ pub(crate) fn launch(
     cfg: Sm90Config,
     splitk: Option<(&mut CudaSlice<f32>, &CudaFunction)>,
 ) -> Result<()> {
-    let (tile, f, resident) = kernels.get(cfg.block_m, types)?;
+    let (tile, f, resident) = kernels.get(cfg.block_m, cfg.block_n, types)?;
     let k_blocks = (k / BLOCK_K as usize) as u32;
     if !(1..=k_blocks.max(1)).contains(&cfg.split_k) {
         return Err(Error::Format(format!(
@@ -418,10 +423,16 @@ pub(crate) fn launch(
     } else {
         a.tmap.device_ptr(stream)
     };
-    let (tmap_b, _g2) = if cl.m > 1 {
-        b.tmap_share.device_ptr(stream)
-    } else {
-        b.tmap.device_ptr(stream)
+    // B in boxes of block_n / cluster_m rows: 128 or 64 (each CTA's share of a pair along M).
+    let (tmap_b, _g2) = match tile.block_n / cl.m {
+        128 => b.tmap.device_ptr(stream),
+        64 => b.tmap_share.device_ptr(stream),
+        _ => {
+            return Err(Error::Format(format!(
+                "a pair along M shares the B tile in halves: not with {}-column tiles",
+                tile.block_n
+            )));
+        }
     };
     let (sfa, _g3) = sfa.device_ptr(stream);
     let (sfb, _g4) = sfb.device_ptr(stream);
@@ -499,7 +510,7 @@ pub(crate) fn launch(
         n as u32,
         (l * cfg.split_k as usize) as u32,
         tile.block_m() * cl.m,
-        BLOCK_N * cl.n,
+        tile.block_n * cl.n,
         1,
         0,
         1,

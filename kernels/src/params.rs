@@ -149,7 +149,7 @@ pub mod sm90 {
     /// Most CTAs per cluster (along M or along N).
     pub const MAX_CLUSTER: u32 = 2;
 
-    /// One tile shape: `consumers` warpgroups × 64 rows × `waves` of A by 128 columns of B.
+    /// One tile shape: `consumers` warpgroups × 64 rows × `waves` of A by `block_n` columns of B.
     #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
     pub struct Tile {
         /// Consumer warpgroups (2 or 3), each 64 rows of every wave.
@@ -157,24 +157,36 @@ pub mod sm90 {
         /// Waves (1 or 2): each costs a consumer thread 64 fp32 sums (plus 64 scratch shared by
         /// the waves), so 2 waves need ≈ 200 of 224 registers; 3 would not fit.
         pub waves: u32,
+        /// Columns: 128 (one 128×128 B-scale block), or 64 (half of one: twice the tiles where
+        /// too few 128-column tiles leave SMs idle, at M = 128).
+        pub block_n: u32,
     }
 
     impl Tile {
         pub const M128: Tile = Tile {
             consumers: 2,
             waves: 1,
+            block_n: 128,
         };
         pub const M256: Tile = Tile {
             consumers: 2,
             waves: 2,
+            block_n: 128,
         };
         /// Three consumers, one wave: while one promotes, the other two have batches queued
         /// (with two, only one), at L2 bytes per FLOP between the 128- and 256-row tiles.
         pub const M192: Tile = Tile {
             consumers: 3,
             waves: 1,
+            block_n: 128,
         };
-        pub const ALL: [Tile; 3] = [Tile::M128, Tile::M256, Tile::M192];
+        /// 128 × 64: `wgmma` m64n64k32.
+        pub const M128N64: Tile = Tile {
+            consumers: 2,
+            waves: 1,
+            block_n: 64,
+        };
+        pub const ALL: [Tile; 4] = [Tile::M128, Tile::M256, Tile::M192, Tile::M128N64];
 
         /// Rows one wave of the consumers covers.
         pub const fn wave_m(self) -> u32 {
@@ -217,17 +229,20 @@ pub mod sm90 {
         pub const fn sfa_bytes(self) -> u32 {
             self.block_m() * 4
         }
+        pub const fn b_bytes(self) -> u32 {
+            self.block_n * ROW_BYTES
+        }
         pub const fn stage_bytes(self) -> u32 {
-            self.a_bytes() + B_TILE_BYTES + self.sfa_bytes()
+            self.a_bytes() + self.b_bytes() + self.sfa_bytes()
         }
         /// The output tile staged for its TMA store: 16-bit values (f32 output is stored
         /// directly, without it).
         pub const fn c_bytes(self) -> u32 {
-            self.block_m() * BLOCK_N * 2
+            self.block_m() * self.block_n * 2
         }
         /// As many stages as fit beside the output tile, each with its two mbarriers (full,
         /// empty: see `pipeline`): 5 of 32.5 KiB for 128-row tiles, 3 of 49 KiB for 256-row ones,
-        /// 4 of 40.75 KiB for 192-row ones.
+        /// 4 of 40.75 KiB for 192-row ones, 8 of 24.5 KiB for 128 × 64.
         pub const fn stages(self) -> u32 {
             (SMEM_LIMIT - self.c_bytes()) / (self.stage_bytes() + 16)
         }
@@ -237,6 +252,7 @@ pub mod sm90 {
     }
     const _: () = {
         assert!(Tile::M128.stages() == 5 && Tile::M256.stages() == 3 && Tile::M192.stages() == 4);
+        assert!(Tile::M128N64.stages() == 8);
         let mut i = 0;
         while i < Tile::ALL.len() {
             let t = Tile::ALL[i];

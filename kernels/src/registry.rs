@@ -41,7 +41,7 @@ const fn sm90(name: &'static str, tile: Tile) -> KernelInfo {
 }
 
 /// The sm90 FP8 kernels by tile shape and element types (one body, `kernels::sm90_fp8`).
-pub const SM90_FP8_KERNELS: [(Tile, Fp8Types, KernelInfo); 12] = {
+pub const SM90_FP8_KERNELS: [(Tile, Fp8Types, KernelInfo); 16] = {
     use Fp8Types::*;
     const fn k(tile: Tile, types: Fp8Types, name: &'static str) -> (Tile, Fp8Types, KernelInfo) {
         (tile, types, sm90(name, tile))
@@ -51,14 +51,54 @@ pub const SM90_FP8_KERNELS: [(Tile, Fp8Types, KernelInfo); 12] = {
         k(Tile::M256, E4m3E4m3, "sm90_fp8_blockscaled_gemm_m256"),
         k(Tile::M192, E4m3E4m3, "sm90_fp8_blockscaled_gemm_m192"),
         k(Tile::M128, E5m2E5m2, "sm90_fp8_blockscaled_gemm_e5m2_e5m2"),
-        k(Tile::M256, E5m2E5m2, "sm90_fp8_blockscaled_gemm_m256_e5m2_e5m2"),
-        k(Tile::M192, E5m2E5m2, "sm90_fp8_blockscaled_gemm_m192_e5m2_e5m2"),
+        k(
+            Tile::M256,
+            E5m2E5m2,
+            "sm90_fp8_blockscaled_gemm_m256_e5m2_e5m2",
+        ),
+        k(
+            Tile::M192,
+            E5m2E5m2,
+            "sm90_fp8_blockscaled_gemm_m192_e5m2_e5m2",
+        ),
         k(Tile::M128, E4m3E5m2, "sm90_fp8_blockscaled_gemm_e4m3_e5m2"),
-        k(Tile::M256, E4m3E5m2, "sm90_fp8_blockscaled_gemm_m256_e4m3_e5m2"),
-        k(Tile::M192, E4m3E5m2, "sm90_fp8_blockscaled_gemm_m192_e4m3_e5m2"),
+        k(
+            Tile::M256,
+            E4m3E5m2,
+            "sm90_fp8_blockscaled_gemm_m256_e4m3_e5m2",
+        ),
+        k(
+            Tile::M192,
+            E4m3E5m2,
+            "sm90_fp8_blockscaled_gemm_m192_e4m3_e5m2",
+        ),
         k(Tile::M128, E5m2E4m3, "sm90_fp8_blockscaled_gemm_e5m2_e4m3"),
-        k(Tile::M256, E5m2E4m3, "sm90_fp8_blockscaled_gemm_m256_e5m2_e4m3"),
-        k(Tile::M192, E5m2E4m3, "sm90_fp8_blockscaled_gemm_m192_e5m2_e4m3"),
+        k(
+            Tile::M256,
+            E5m2E4m3,
+            "sm90_fp8_blockscaled_gemm_m256_e5m2_e4m3",
+        ),
+        k(
+            Tile::M192,
+            E5m2E4m3,
+            "sm90_fp8_blockscaled_gemm_m192_e5m2_e4m3",
+        ),
+        k(Tile::M128N64, E4m3E4m3, "sm90_fp8_blockscaled_gemm_n64"),
+        k(
+            Tile::M128N64,
+            E5m2E5m2,
+            "sm90_fp8_blockscaled_gemm_n64_e5m2_e5m2",
+        ),
+        k(
+            Tile::M128N64,
+            E4m3E5m2,
+            "sm90_fp8_blockscaled_gemm_n64_e4m3_e5m2",
+        ),
+        k(
+            Tile::M128N64,
+            E5m2E4m3,
+            "sm90_fp8_blockscaled_gemm_n64_e5m2_e4m3",
+        ),
     ]
 };
 

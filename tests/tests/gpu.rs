@@ -165,7 +165,7 @@ fn check_sm90(
     l: usize,
     dtype: OutType,
     seed: u64,
-    force: Option<(u32, (u32, u32), u32)>,
+    force: Option<((u32, u32), (u32, u32), u32)>,
 ) -> Result<(), String> {
     let (ra, rb) = recipes.pair();
     let recipe = if ra == rb {
@@ -195,9 +195,10 @@ fn check_sm90(
         g.upload(&b).map_err(|e| e.to_string())?,
     );
     let plan = match (g.plan(&da, &db).map_err(|e| e.to_string())?, force) {
-        (Plan::Sm90Fp8(cfg), Some((block_m, (cluster_m, cluster_n), split_k))) => {
+        (Plan::Sm90Fp8(cfg), Some(((block_m, block_n), (cluster_m, cluster_n), split_k))) => {
             Plan::Sm90Fp8(Sm90Config {
                 block_m,
+                block_n,
                 cluster_m,
                 cluster_n,
                 split_k,
@@ -232,7 +233,7 @@ proptest! {
         l in 1usize..3,
         out_i in 0usize..3,
         cluster in 0u32..3,
-        tile in 0usize..3,
+        tile in 0usize..4,
         n_mult_8 in any::<bool>(),
         seed in any::<u64>(),
     ) {
@@ -252,10 +253,13 @@ proptest! {
             (r5, r5),
         ][which];
         let dtype = [OutType::Bf16, OutType::F16, OutType::F32][out_i];
-        let block_m = [128, 192, 256][tile];
-        // None, along M, or along N.
-        let cluster = [(1, 1), (2, 1), (1, 2)][cluster as usize];
-        check_sm90(recipes, m, n, 128 * kb, l, dtype, seed, Some((block_m, cluster, 1))).map_err(TestCaseError::fail)?;
+        let tile = [(128, 128), (192, 128), (256, 128), (128, 64)][tile];
+        // None, along M, or along N (64-column tiles: no pairs along M, which share B in halves).
+        let cluster = match [(1, 1), (2, 1), (1, 2)][cluster as usize] {
+            (2, 1) if tile.1 == 64 => (1, 2),
+            c => c,
+        };
+        check_sm90(recipes, m, n, 128 * kb, l, dtype, seed, Some((tile, cluster, 1))).map_err(TestCaseError::fail)?;
     }
 }
 
@@ -264,15 +268,17 @@ proptest! {
 fn sm90_kernel_matches_cpu_reference_on_larger_ragged_shapes() {
     let seed = std::process::id() as u64;
     for force in [
-        (128, (1, 1), 1),
-        (128, (2, 1), 1),
-        (128, (1, 2), 1),
-        (192, (1, 1), 1),
-        (192, (2, 1), 1),
-        (192, (1, 2), 1),
-        (256, (1, 1), 1),
-        (256, (2, 1), 1),
-        (256, (1, 2), 1),
+        ((128, 128), (1, 1), 1),
+        ((128, 128), (2, 1), 1),
+        ((128, 128), (1, 2), 1),
+        ((192, 128), (1, 1), 1),
+        ((192, 128), (2, 1), 1),
+        ((192, 128), (1, 2), 1),
+        ((256, 128), (1, 1), 1),
+        ((256, 128), (2, 1), 1),
+        ((256, 128), (1, 2), 1),
+        ((128, 64), (1, 1), 1),
+        ((128, 64), (1, 2), 1),
     ] {
         check_sm90(
             Recipe::DeepSeekFp8,
@@ -299,10 +305,11 @@ fn sm90_kernel_matches_cpu_reference_on_larger_ragged_shapes() {
     }
     // f16 through the TMA-store epilogue with ragged M and a partial last 64-column box.
     for force in [
-        (128, (1, 1), 1),
-        (192, (2, 1), 1),
-        (256, (2, 1), 1),
-        (256, (1, 2), 1),
+        ((128, 128), (1, 1), 1),
+        ((192, 128), (2, 1), 1),
+        ((256, 128), (2, 1), 1),
+        ((256, 128), (1, 2), 1),
+        ((128, 64), (1, 1), 1),
     ] {
         check_sm90(
             Recipe::DeepSeekFp8,
@@ -319,16 +326,19 @@ fn sm90_kernel_matches_cpu_reference_on_larger_ragged_shapes() {
     // Split-K (f32 workspace + reduction) in every output type, uneven ranges (K blocks not a
     // multiple of the split), with clusters, and the heuristic's own choice at M = 128.
     for (m, n, kb, l, dtype, force) in [
-        (100, 300, 10, 2, OutType::Bf16, (128, (1, 1), 3)),
-        (77, 136, 5, 1, OutType::F32, (256, (2, 1), 5)),
-        (130, 1000, 9, 1, OutType::F16, (128, (2, 1), 4)),
-        (200, 520, 7, 1, OutType::Bf16, (192, (2, 1), 3)),
-        (128, 1000, 16, 1, OutType::Bf16, (128, (1, 2), 2)),
+        (100, 300, 10, 2, OutType::Bf16, ((128, 128), (1, 1), 3)),
+        (77, 136, 5, 1, OutType::F32, ((256, 128), (2, 1), 5)),
+        (130, 1000, 9, 1, OutType::F16, ((128, 128), (2, 1), 4)),
+        (200, 520, 7, 1, OutType::Bf16, ((192, 128), (2, 1), 3)),
+        (128, 1000, 16, 1, OutType::Bf16, ((128, 128), (1, 2), 2)),
+        (128, 1000, 9, 1, OutType::F32, ((128, 64), (1, 1), 2)),
+        // 64-column tiles in pairs along N, 3 N tiles: the second pair's second CTA is past N.
+        (100, 150, 3, 1, OutType::Bf16, ((128, 64), (1, 2), 1)),
         // M·N odd: the reduction's element-by-element path (else it reads float4s).
-        (77, 135, 5, 2, OutType::F16, (128, (1, 1), 2)),
+        (77, 135, 5, 2, OutType::F16, ((128, 128), (1, 1), 2)),
         // Along N with an odd number of N tiles: the last pair's second CTA is past N.
-        (300, 300, 6, 2, OutType::Bf16, (256, (1, 2), 3)),
-        (257, 1100, 4, 1, OutType::Bf16, (256, (1, 2), 1)),
+        (300, 300, 6, 2, OutType::Bf16, ((256, 128), (1, 2), 3)),
+        (257, 1100, 4, 1, OutType::Bf16, ((256, 128), (1, 2), 1)),
     ] {
         check_sm90(
             Recipe::DeepSeekFp8,
@@ -352,7 +362,7 @@ fn sm90_kernel_matches_cpu_reference_on_larger_ragged_shapes() {
         2,
         OutType::Bf16,
         seed + 5,
-        Some((256, (1, 2), 1)),
+        Some(((256, 128), (1, 2), 1)),
     )
     .unwrap();
     check_sm90(
@@ -363,7 +373,7 @@ fn sm90_kernel_matches_cpu_reference_on_larger_ragged_shapes() {
         1,
         OutType::F32,
         seed + 6,
-        Some((128, (1, 1), 3)),
+        Some(((128, 128), (1, 1), 3)),
     )
     .unwrap();
     check_sm90(
@@ -374,7 +384,7 @@ fn sm90_kernel_matches_cpu_reference_on_larger_ragged_shapes() {
         1,
         OutType::F16,
         seed + 7,
-        Some((256, (2, 1), 1)),
+        Some(((256, 128), (2, 1), 1)),
     )
     .unwrap();
     let g = gpu();
@@ -499,6 +509,7 @@ fn plans_follow_the_formats_and_k_not_multiple_of_128_is_an_error() {
     );
     let forced = Sm90Config {
         block_m: 128,
+        block_n: 128,
         group_m: 8,
         ctas: g.sm_count(),
         cluster_m: 1,
@@ -521,14 +532,17 @@ fn plans_follow_the_formats_and_k_not_multiple_of_128_is_an_error() {
         g.gemm_with(&a, &b, &mut c, Plan::Sm90Fp8(tile)),
         Err(Error::Format(_))
     ));
-    // No clusters larger than 2, and none of 0.
-    for (block_m, cluster_m, cluster_n) in [
-        (256, 2, 2),
-        (256, 1, 3),
-        (256, 0, 1),
+    // No clusters larger than 2, none of 0, and no pairs along M of 64-column tiles (B would be
+    // shared in 32-row halves).
+    for (block_m, block_n, cluster_m, cluster_n) in [
+        (256, 128, 2, 2),
+        (256, 128, 1, 3),
+        (256, 128, 0, 1),
+        (128, 64, 2, 1),
     ] {
         let bad = Sm90Config {
             block_m,
+            block_n,
             cluster_m,
             cluster_n,
             ..forced

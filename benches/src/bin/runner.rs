@@ -44,7 +44,7 @@ struct Args {
     /// Output type: BFloat16 (default), Float16, Float32.
     #[arg(long = "c_dtype", alias = "c-dtype", default_value = "BFloat16")]
     c_dtype: String,
-    /// Tile M,N of the sm90 kernel: 128,128, 192,128 or 256,128 (default: the heuristic's).
+    /// Tile M,N of the sm90 kernel: 128,128, 192,128, 256,128 or 128,64 (default: the heuristic's).
     #[arg(long = "mma_tiler_mn", alias = "mma-tiler-mn")]
     mma_tiler_mn: Option<String>,
     /// Cluster shape M,N (accepted for the fast kernels; the reference kernel runs unclustered).
@@ -147,13 +147,15 @@ fn main() -> ExitCode {
 
 fn run(args: &Args) -> Result<bool, String> {
     let mnkl = parse_list(&args.mnkl, 4, "mnkl")?;
-    let block_m = match &args.mma_tiler_mn {
+    let tiler = match &args.mma_tiler_mn {
         None => None,
         Some(t) => match parse_list(t, 2, "mma_tiler_mn")?.as_slice() {
-            [bm @ (128 | 192 | 256), 128] => Some(*bm as u32),
+            [bm @ (128 | 192 | 256), 128] => Some((*bm as u32, 128)),
+            [128, 64] => Some((128, 64)),
             _ => {
                 return Err(
-                    "--mma_tiler_mn: the sm90 kernel has tiles of 128,128, 192,128 and 256,128"
+                    "--mma_tiler_mn: the sm90 kernel has tiles of 128,128, 192,128, \
+                            256,128 and 128,64"
                         .into(),
                 );
             }
@@ -211,7 +213,7 @@ fn run(args: &Args) -> Result<bool, String> {
         "auto"
             if args.group_m.is_none()
                 && cluster.is_none()
-                && block_m.is_none()
+                && tiler.is_none()
                 && args.split_k.is_none() =>
         {
             None
@@ -224,9 +226,11 @@ fn run(args: &Args) -> Result<bool, String> {
                 mnkl[3],
                 gpu.sm_count(),
             );
-            let block_m = block_m.unwrap_or(d.block_m);
+            let (block_m, block_n) = tiler.unwrap_or((d.block_m, d.block_n));
+            let default_tile = (block_m, block_n) == (d.block_m, d.block_n);
             Some(Plan::Sm90Fp8(Sm90Config {
                 block_m,
+                block_n,
                 // A forced tile height keeps the default band's rows.
                 group_m: args
                     .group_m
@@ -234,10 +238,8 @@ fn run(args: &Args) -> Result<bool, String> {
                     .max(1),
                 // A forced tile other than the default's runs alone unless a cluster is forced
                 // too (the default pairing was chosen for the default tile).
-                cluster_m: cluster
-                    .map_or(if block_m == d.block_m { d.cluster_m } else { 1 }, |c| c.0),
-                cluster_n: cluster
-                    .map_or(if block_m == d.block_m { d.cluster_n } else { 1 }, |c| c.1),
+                cluster_m: cluster.map_or(if default_tile { d.cluster_m } else { 1 }, |c| c.0),
+                cluster_n: cluster.map_or(if default_tile { d.cluster_n } else { 1 }, |c| c.1),
                 split_k: args.split_k.unwrap_or(d.split_k),
                 ..d
             }))

@@ -3,22 +3,24 @@
 //! them into this layout; per-row B scales (per column of C, constant over K) are multiplied in
 //! after the K loop (`sfb_col`).
 //!
-//! Twelve entry points, one body: tiles (`params::sm90::Tile`) of 128 × 128 (two consumers, one
-//! wave), 256 × 128 (two consumers, two waves) and 192 × 128 (three consumers, one wave), each for
-//! e4m3 / e5m2 A and B (`wgmma::Fp8Pair`: the types are part of the instruction). Taller tiles
-//! move fewer L2 bytes per FLOP, which is what limits the 128-row tile on large shapes; the
-//! 192-row tile fills rounds of the schedule that the others leave part empty (docs/PERF.md).
+//! Sixteen entry points, one body: tiles (`params::sm90::Tile`) of 128 × 128 (two consumers, one
+//! wave), 256 × 128 (two consumers, two waves), 192 × 128 (three consumers, one wave) and
+//! 128 × 64 (`wgmma` m64n64k32: `wgmma::Fragment`), each for e4m3 / e5m2 A and B
+//! (`wgmma::Fp8Pair`: the types are part of the instruction). Taller tiles move fewer L2 bytes
+//! per FLOP, which is what limits the 128-row tile on large shapes; the 192-row tile fills rounds
+//! of the schedule that the others leave part empty; the 64-column tile doubles the tiles where
+//! M is one tile and too few 128-column tiles leave SMs idle (docs/PERF.md).
 //!
 //! Roles (one persistent CTA per SM, `tile.threads()` threads):
 //! - warpgroup 0, one thread: the producer. For each tile of the schedule and each 128-wide K block
 //!   it waits for a free stage, then TMA-loads the A tile (`block_m` × 128 FP8, in boxes of a wave
-//!   or of 64 rows), the B tile (128×128) and the tile's A scales into it.
+//!   or of 64 rows), the B tile (`block_n` × 128) and the tile's A scales into it.
 //! - warpgroups 1.. : consumers, 64 rows of each wave each. Per K block and wave: four
-//!   `wgmma m64n128k32` into one scratch accumulator, then promotion into that wave's fp32
-//!   accumulator with `scale_a[row] · scale_b` (Hopper's FP8 tensor-core accumulation is not full
-//!   fp32, so the partial sums are scaled and added in fp32 every 128 of K, with FFMA). The waves
-//!   share the scratch, so a consumer thread holds 64·(WAVES + 1) accumulators (DeepGEMM's
-//!   arrangement). The consumers take turns issuing (`pipeline::Turn`, two or three parties).
+//!   `wgmma m64nNk32` (N = `block_n`) into one scratch accumulator, then promotion into that
+//!   wave's fp32 accumulator with `scale_a[row] · scale_b` (Hopper's FP8 tensor-core accumulation
+//!   is not full fp32, so the partial sums are scaled and added in fp32 every 128 of K, with
+//!   FFMA). The waves share the scratch, so a consumer thread holds N/2·(WAVES + 1)
+//!   accumulators (DeepGEMM's arrangement). The consumers take turns issuing (`pipeline::Turn`, two or three parties).
 //!   128-row tiles have registers for two scratch accumulators: each consumer issues two K
 //!   blocks' MMAs and promotes the first while the second runs.
 //!   After the last K block, 16-bit output goes through 128-byte-swizzled shared boxes and TMA
@@ -32,11 +34,11 @@
 //!   wave of 256-row tiles, 64 rows otherwise).
 //!   Every consumer thread releases a stage to both CTAs' empty barriers.
 
-use crate::params::sm90::{B_TILE_BYTES, BLOCK_K, BLOCK_N, C_BOX_N, ROW_BYTES, Tile, WG_ROWS};
+use crate::params::sm90::{BLOCK_K, BLOCK_N, C_BOX_N, ROW_BYTES, Tile, WG_ROWS};
 use crate::params::{OutType, Sm90Fp8Params};
 use crate::pipeline::{Pipeline, Turn};
 use crate::ptx::wgmma::{
-    self, Descriptor, E4m3E4m3, E4m3E5m2, E5m2E4m3, E5m2E5m2, Fp8Pair, Swizzle,
+    self, Descriptor, E4m3E4m3, E4m3E5m2, E5m2E4m3, E5m2E5m2, Fp8Pair, Fragment, Swizzle,
 };
 use crate::ptx::{convert, global, smem, thread, tma};
 use crate::scheduler::{ClusterShape, TileScheduler};
@@ -62,20 +64,22 @@ impl StageLayout {
     }
     #[inline(always)]
     fn b(self, s: u32) -> u32 {
-        self.base + self.tile.stages() * self.tile.a_bytes() + s * B_TILE_BYTES
+        self.base + self.tile.stages() * self.tile.a_bytes() + s * self.tile.b_bytes()
     }
     /// Output box `h` (columns 64h..64h+64) of consumer `c`'s 64 rows of wave `w`: 64 rows of
     /// 128 bytes, 128-byte swizzled, the layout the output's TMA store reads.
     #[inline(always)]
     fn c(self, w: u32, c: u32, h: u32) -> u32 {
         self.base
-            + self.tile.stages() * (self.tile.a_bytes() + B_TILE_BYTES)
-            + ((w * self.tile.consumers + c) * 2 + h) * WG_ROWS * ROW_BYTES
+            + self.tile.stages() * (self.tile.a_bytes() + self.tile.b_bytes())
+            + ((w * self.tile.consumers + c) * (self.tile.block_n / C_BOX_N) + h)
+                * WG_ROWS
+                * ROW_BYTES
     }
     #[inline(always)]
     fn sfa(self, s: u32) -> u32 {
         self.base
-            + self.tile.stages() * (self.tile.a_bytes() + B_TILE_BYTES)
+            + self.tile.stages() * (self.tile.a_bytes() + self.tile.b_bytes())
             + self.tile.c_bytes()
             + s * self.tile.sfa_bytes()
     }
@@ -94,7 +98,7 @@ impl StageLayout {
         )
         .advance(kk * MMA_K)
     }
-    /// wgmma descriptor of the B tile (all BLOCK_N rows), at K step `kk`.
+    /// wgmma descriptor of the B tile (all `block_n` rows), at K step `kk`.
     #[inline(always)]
     fn b_desc(self, s: u32, kk: u32) -> Descriptor {
         Descriptor::new(self.b(s), 16, SWIZZLE_SBO, Swizzle::B128).advance(kk * MMA_K)
@@ -117,6 +121,7 @@ macro_rules! entry {
                     { $tile.waves as usize },
                     { $tile.producer_regs() },
                     { $tile.consumer_regs() },
+                    [f32; { ($tile.block_n / 2) as usize }],
                     $types,
                 >(p)
             }
@@ -131,14 +136,55 @@ entry!(/// 256 × 128 tiles, e4m3 · e4m3: large shapes.
 entry!(/// 192 × 128 tiles (three consumers), e4m3 · e4m3.
     sm90_fp8_blockscaled_gemm_m192, Tile::M192, E4m3E4m3);
 entry!(sm90_fp8_blockscaled_gemm_e5m2_e5m2, Tile::M128, E5m2E5m2);
-entry!(sm90_fp8_blockscaled_gemm_m256_e5m2_e5m2, Tile::M256, E5m2E5m2);
-entry!(sm90_fp8_blockscaled_gemm_m192_e5m2_e5m2, Tile::M192, E5m2E5m2);
+entry!(
+    sm90_fp8_blockscaled_gemm_m256_e5m2_e5m2,
+    Tile::M256,
+    E5m2E5m2
+);
+entry!(
+    sm90_fp8_blockscaled_gemm_m192_e5m2_e5m2,
+    Tile::M192,
+    E5m2E5m2
+);
 entry!(sm90_fp8_blockscaled_gemm_e4m3_e5m2, Tile::M128, E4m3E5m2);
-entry!(sm90_fp8_blockscaled_gemm_m256_e4m3_e5m2, Tile::M256, E4m3E5m2);
-entry!(sm90_fp8_blockscaled_gemm_m192_e4m3_e5m2, Tile::M192, E4m3E5m2);
+entry!(
+    sm90_fp8_blockscaled_gemm_m256_e4m3_e5m2,
+    Tile::M256,
+    E4m3E5m2
+);
+entry!(
+    sm90_fp8_blockscaled_gemm_m192_e4m3_e5m2,
+    Tile::M192,
+    E4m3E5m2
+);
 entry!(sm90_fp8_blockscaled_gemm_e5m2_e4m3, Tile::M128, E5m2E4m3);
-entry!(sm90_fp8_blockscaled_gemm_m256_e5m2_e4m3, Tile::M256, E5m2E4m3);
-entry!(sm90_fp8_blockscaled_gemm_m192_e5m2_e4m3, Tile::M192, E5m2E4m3);
+entry!(/// 128 × 64 tiles, e4m3 · e4m3: M = 128 where 128-column tiles leave SMs idle.
+    sm90_fp8_blockscaled_gemm_n64, Tile::M128N64, E4m3E4m3);
+entry!(
+    sm90_fp8_blockscaled_gemm_n64_e5m2_e5m2,
+    Tile::M128N64,
+    E5m2E5m2
+);
+entry!(
+    sm90_fp8_blockscaled_gemm_n64_e4m3_e5m2,
+    Tile::M128N64,
+    E4m3E5m2
+);
+entry!(
+    sm90_fp8_blockscaled_gemm_n64_e5m2_e4m3,
+    Tile::M128N64,
+    E5m2E4m3
+);
+entry!(
+    sm90_fp8_blockscaled_gemm_m256_e5m2_e4m3,
+    Tile::M256,
+    E5m2E4m3
+);
+entry!(
+    sm90_fp8_blockscaled_gemm_m192_e5m2_e4m3,
+    Tile::M192,
+    E5m2E4m3
+);
 
 /// # Safety
 /// Launched by the host with `tile.threads()` threads, `tile.smem_bytes()` of dynamic shared memory
@@ -153,6 +199,7 @@ unsafe fn gemm<
     const WAVES: usize,
     const PREGS: u32,
     const CREGS: u32,
+    F: Fragment,
     T: Fp8Pair,
 >(
     p: Sm90Fp8Params,
@@ -160,6 +207,7 @@ unsafe fn gemm<
     let tile = Tile {
         consumers: CONS,
         waves: WAVES as u32,
+        block_n: F::N,
     };
     let (block_m, stages) = (tile.block_m(), tile.stages());
     let layout = StageLayout {
@@ -204,7 +252,7 @@ unsafe fn gemm<
             p.n,
             p.l * p.split_k,
             block_m * shape.m,
-            BLOCK_N * shape.n,
+            tile.block_n * shape.n,
             p.group_m,
             thread::block_x() / cluster,
             thread::grid_dim_x() / cluster,
@@ -215,7 +263,7 @@ unsafe fn gemm<
         thread::lower_registers::<PREGS>();
         let mut tiles = schedule();
         if tid == 0 {
-            let b_rows = BLOCK_N / shape.m;
+            let b_rows = tile.block_n / shape.m;
             let all = ((1u32 << cluster) - 1) as u16;
             let mut it = 0u32;
             while let Some(t) = tiles.next() {
@@ -251,7 +299,7 @@ unsafe fn gemm<
                         // Along M: our share of the shared B tile, into every CTA of the cluster.
                         let share = if shape.m > 1 { rank } else { 0 };
                         let b_dst = layout.b(s) + share * b_rows * ROW_BYTES;
-                        let b_y = (own.n * BLOCK_N + share * b_rows) as i32;
+                        let b_y = (own.n * tile.block_n + share * b_rows) as i32;
                         if shape.m > 1 {
                             tma::load_3d_multicast(b_dst, p.tmap_b, x, b_y, l, full, all);
                         } else {
@@ -264,7 +312,7 @@ unsafe fn gemm<
             }
         }
     } else {
-        consume::<CONS, WAVES, CREGS, T>(
+        consume::<CONS, WAVES, CREGS, F, T>(
             &p,
             &pipe,
             layout,
@@ -303,7 +351,7 @@ fn k_range(t_l: u32, split: u32, k_blocks: u32) -> (u32, core::ops::Range<u32>) 
 /// The consumer warpgroups' part of the kernel.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-fn consume<const CONS: u32, const WAVES: usize, const CREGS: u32, T: Fp8Pair>(
+fn consume<const CONS: u32, const WAVES: usize, const CREGS: u32, F: Fragment, T: Fp8Pair>(
     p: &Sm90Fp8Params,
     pipe: &Pipeline,
     layout: StageLayout,
@@ -319,7 +367,9 @@ fn consume<const CONS: u32, const WAVES: usize, const CREGS: u32, T: Fp8Pair>(
     let (warp, lane) = (local / 32, local % 32);
     // This thread's first row within each wave (accumulator fragment layout; the second is +8).
     let row = c * WG_ROWS + 16 * warp + lane / 4;
+    // B-scale blocks along N (128 columns each; a 64-column tile lies inside one).
     let n_blocks = p.n.div_ceil(BLOCK_N);
+    let block_n = layout.tile.block_n;
     let block_m = layout.tile.block_m();
     let consumer = Consumer::<CONS> {
         pipe: *pipe,
@@ -336,20 +386,20 @@ fn consume<const CONS: u32, const WAVES: usize, const CREGS: u32, T: Fp8Pair>(
         let (l, kbs) = k_range(t.l, p.split_k, k_blocks);
         // A cluster along N may hang past N by one tile: its output is clipped, and its B scales
         // are read from the last real tile (not past the buffer).
-        let sfb_tile = own.n.min(n_blocks - 1);
+        let sfb_tile = (own.n * block_n / BLOCK_N).min(n_blocks - 1);
         let sfb =
             (p.sfb as *const f32).wrapping_add(((l * n_blocks + sfb_tile) * k_blocks) as usize);
-        let mut acc = [[0.0f32; 64]; WAVES];
+        let mut acc = [F::zeros(); WAVES];
         let mut kb = kbs.start;
         while kb < kbs.end {
             // SAFETY: `it` counts this consumer's stages in order; each is waited for, used by
             // every wave and released before the next; `kb + 1` is in range for a pair.
             unsafe {
                 if CONS == 2 && WAVES == 1 && kb + 1 < kbs.end {
-                    consumer.k_pair::<T>(&mut acc[0], it, sfb.add(kb as usize));
+                    consumer.k_pair::<F, T>(&mut acc[0], it, sfb.add(kb as usize));
                     (kb, it) = (kb + 2, it + 2);
                 } else {
-                    consumer.k_block::<WAVES, T>(&mut acc, it, sfb.add(kb as usize));
+                    consumer.k_block::<WAVES, F, T>(&mut acc, it, sfb.add(kb as usize));
                     (kb, it) = (kb + 1, it + 1);
                 }
             }
@@ -362,7 +412,7 @@ fn consume<const CONS: u32, const WAVES: usize, const CREGS: u32, T: Fp8Pair>(
                     &mut acc,
                     p.sfb_col,
                     l as usize * p.n as usize,
-                    own.n * BLOCK_N,
+                    own.n * block_n,
                     p.n,
                     lane,
                 )
@@ -392,18 +442,18 @@ fn consume<const CONS: u32, const WAVES: usize, const CREGS: u32, T: Fp8Pair>(
             for (w, acc) in acc.iter().enumerate() {
                 // One conversion per path (a runtime choice per value doubles the live registers).
                 if bf16 {
-                    stage_tile::<true>(base, w as u32 * CONS, acc);
+                    stage_tile::<true, F>(base, w as u32 * CONS, acc);
                 } else {
-                    stage_tile::<false>(base, w as u32 * CONS, acc);
+                    stage_tile::<false, F>(base, w as u32 * CONS, acc);
                 }
             }
             smem::fence_async_proxy();
             sync_wg();
             if local == 0 {
                 for w in 0..WAVES as u32 {
-                    for h in 0..BLOCK_N / C_BOX_N {
+                    for h in 0..block_n / C_BOX_N {
                         let wave_m = layout.tile.wave_m();
-                        let (x, y) = (own.n * BLOCK_N + h * C_BOX_N, m0 + w * wave_m + c * WG_ROWS);
+                        let (x, y) = (own.n * block_n + h * C_BOX_N, m0 + w * wave_m + c * WG_ROWS);
                         // SAFETY: the boxes were written and fenced by the whole warpgroup (the
                         // barrier above); the map covers the output, TMA clips rows past M and
                         // columns past N.
@@ -426,7 +476,7 @@ fn consume<const CONS: u32, const WAVES: usize, const CREGS: u32, T: Fp8Pair>(
                     p,
                     t.l,
                     m0 + w as u32 * layout.tile.wave_m() + row,
-                    own.n * BLOCK_N + 2 * (lane % 4),
+                    own.n * block_n + 2 * (lane % 4),
                     acc,
                 );
             }
@@ -448,8 +498,8 @@ fn consume<const CONS: u32, const WAVES: usize, const CREGS: u32, T: Fp8Pair>(
 /// # Safety
 /// `cols` holds at least `batch + n` f32; `n` ≥ 1.
 #[inline(always)]
-unsafe fn scale_columns<const WAVES: usize>(
-    acc: &mut [[f32; 64]; WAVES],
+unsafe fn scale_columns<const WAVES: usize, F: Fragment>(
+    acc: &mut [F; WAVES],
     cols: u64,
     batch: usize,
     n0: u32,
@@ -457,7 +507,7 @@ unsafe fn scale_columns<const WAVES: usize>(
     lane: u32,
 ) {
     let cols = (cols as *const f32).wrapping_add(batch);
-    for j in 0..32u32 {
+    for j in 0..F::N / 4 {
         let col = n0 + 8 * (j / 2) + 2 * (lane % 4);
         // SAFETY: the caller's contract; both columns are clamped into [0, n).
         let (s0, s1) = unsafe {
@@ -467,23 +517,26 @@ unsafe fn scale_columns<const WAVES: usize>(
             )
         };
         for acc in acc.iter_mut() {
+            let acc = acc.as_mut();
             acc[2 * j as usize] *= s0;
             acc[2 * j as usize + 1] *= s1;
         }
     }
 }
 
-/// Writes one thread's 64 accumulators as 16-bit values into its warpgroup's output boxes of a
-/// wave whose first boxes follow `boxes` consumers' pairs of boxes: value `i` at row `16·warp + lane/4 + 8·((i/2)%2)`, column `8·(i/4) + 2·(lane%4) + i%2`.
+/// Writes one thread's accumulators as 16-bit values into its warpgroup's output boxes of a wave
+/// whose first boxes follow `consumers` consumers' boxes (N / 64 each): value `i` at row
+/// `16·warp + lane/4 + 8·((i/2)%2)`, column `8·(i/4) + 2·(lane%4) + i%2`.
 /// `base` is the thread's address of chunk 0 of its first row in wave 0's first box, with the
 /// swizzle term `16·(lane/4)` added (bits 4–6 of the address, which nothing else sets): chunk `j`
 /// is then at `base ^ 16·j`. The 128-byte swizzle is what the TMA store reads, and it spreads a
 /// warp's 8 rows over all 32 banks (no conflicts).
 #[inline(always)]
-fn stage_tile<const BF16: bool>(base: u32, boxes: u32, acc: &[f32; 64]) {
+fn stage_tile<const BF16: bool, F: Fragment>(base: u32, consumers: u32, acc: &F) {
     // A wave's boxes follow the consumers' boxes of the waves before it.
-    let wave = boxes * 2 * WG_ROWS * ROW_BYTES;
-    for j in 0..32u32 {
+    let wave = consumers * (F::N / C_BOX_N) * WG_ROWS * ROW_BYTES;
+    let acc = acc.as_ref();
+    for j in 0..F::N / 4 {
         let i = 2 * j as usize;
         let chunk = (j / 2) % 8; // 16-byte chunk of the 128-byte box row
         let h = j / 16; // which 64-column box
@@ -521,9 +574,9 @@ impl<const CONS: u32> Consumer<CONS> {
     /// # Safety
     /// Stages are used in order; `sfb` points at this K block's B scale.
     #[inline(always)]
-    unsafe fn k_block<const WAVES: usize, T: Fp8Pair>(
+    unsafe fn k_block<const WAVES: usize, F: Fragment, T: Fp8Pair>(
         &self,
-        acc: &mut [[f32; 64]; WAVES],
+        acc: &mut [F; WAVES],
         it: u32,
         sfb: *const f32,
     ) {
@@ -545,13 +598,13 @@ impl<const CONS: u32> Consumer<CONS> {
                 if WAVES == 1 || (stagger && self.c == 1) {
                     self.turn.wait(it == 0);
                 }
-                let mut part = self.issue::<T>(s, w);
+                let mut part = self.issue::<F, T>(s, w);
                 if WAVES == 1 || (stagger && self.c == 0) {
                     self.turn.pass();
                 }
                 let (f0, f1) = self.scales(s, w, scale_b);
                 wgmma::wait::<0>();
-                wgmma::fence_operands_64(&mut part);
+                part.fence();
                 promote(acc, &part, f0, f1);
             }
             // This thread has read the stage (its MMAs completed, its scales loaded): release it.
@@ -567,7 +620,7 @@ impl<const CONS: u32> Consumer<CONS> {
     /// # Safety
     /// As [`Consumer::k_block`], for stages `it` and `it + 1`; `sfb` points at the first's B scale.
     #[inline(always)]
-    unsafe fn k_pair<T: Fp8Pair>(&self, acc: &mut [f32; 64], it: u32, sfb: *const f32) {
+    unsafe fn k_pair<F: Fragment, T: Fp8Pair>(&self, acc: &mut F, it: u32, sfb: *const f32) {
         let (s0, s1) = (self.pipe.stage(it), self.pipe.stage(it + 1));
         // SAFETY: the caller's contract; each stage is read only after its `consumer_wait` and
         // released after its MMAs completed and its scales were loaded.
@@ -575,39 +628,38 @@ impl<const CONS: u32> Consumer<CONS> {
             let (sb0, sb1) = (*sfb, *sfb.add(1));
             self.pipe.consumer_wait(it);
             self.turn.wait(it == 0);
-            let mut part0 = self.issue::<T>(s0, 0);
+            let mut part0 = self.issue::<F, T>(s0, 0);
             self.pipe.consumer_wait(it + 1);
-            let mut part1 = self.issue::<T>(s1, 0);
+            let mut part1 = self.issue::<F, T>(s1, 0);
             self.turn.pass();
             let (f00, f01) = self.scales(s0, 0, sb0);
             let (f10, f11) = self.scales(s1, 0, sb1);
             wgmma::wait::<1>();
-            wgmma::fence_operands_64(&mut part0);
+            part0.fence();
             self.pipe.consumer_release(it, self.rank);
             promote(acc, &part0, f00, f01);
             wgmma::wait::<0>();
-            wgmma::fence_operands_64(&mut part1);
+            part1.fence();
             self.pipe.consumer_release(it + 1, self.rank);
             promote(acc, &part1, f10, f11);
         }
     }
 
-    /// The four `wgmma m64n128k32` of stage `s`, wave `w`, into a fresh scratch accumulator,
+    /// The four `wgmma m64nNk32` of stage `s`, wave `w`, into a fresh scratch accumulator,
     /// committed as one group.
     /// # Safety
     /// Stage `s` is filled (its full barrier waited for).
     #[inline(always)]
-    unsafe fn issue<T: Fp8Pair>(&self, s: u32, w: u32) -> [f32; 64] {
+    unsafe fn issue<F: Fragment, T: Fp8Pair>(&self, s: u32, w: u32) -> F {
         wgmma::fence();
         // SAFETY: the caller's contract.
         unsafe {
-            let mut part = T::first(
+            let mut part = F::first::<T>(
                 self.layout.a_desc(s, w, self.c, 0),
                 self.layout.b_desc(s, 0),
             );
             for kk in 1..BLOCK_K / MMA_K {
-                T::acc(
-                    &mut part,
+                part.acc::<T>(
                     self.layout.a_desc(s, w, self.c, kk),
                     self.layout.b_desc(s, kk),
                 );
@@ -639,15 +691,16 @@ impl<const CONS: u32> Consumer<CONS> {
 /// contracts `a * b + c`; the promotion sits on each warpgroup's critical path between its MMA
 /// batches).
 #[inline(always)]
-fn promote(acc: &mut [f32; 64], part: &[f32; 64], f0: f32, f1: f32) {
-    for i in 0..64 {
+fn promote<F: Fragment>(acc: &mut F, part: &F, f0: f32, f1: f32) {
+    let (sums, part) = (acc.as_mut(), part.as_ref());
+    for i in 0..(F::N / 2) as usize {
         let f = if (i / 2) % 2 == 0 { f0 } else { f1 };
-        acc[i] = core::f32::math::mul_add(part[i], f, acc[i]);
+        sums[i] = core::f32::math::mul_add(part[i], f, sums[i]);
     }
     // Pins the sums here: LLVM otherwise sinks them to the loop latch (their only use is the
     // next K block), past the next wave's MMAs, and that wave's scratch then no longer fits
     // beside them (ptxas spilled 144 bytes).
-    wgmma::fence_operands_64(acc);
+    acc.fence();
 }
 
 /// Writes one thread's 64 accumulators: value `i` at row `row0 + 8·((i/2)%2)`, column
@@ -655,7 +708,7 @@ fn promote(acc: &mut [f32; 64], part: &[f32; 64], f0: f32, f1: f32) {
 /// (f32) store when N is even (then the pair is aligned), else as two stores; elements past M or N
 /// are masked by predicates, not branches (see `ptx::global`).
 #[inline(always)]
-fn store_tile(p: &Sm90Fp8Params, l: u32, row0: u32, col0: u32, acc: &[f32; 64]) {
+fn store_tile<F: Fragment>(p: &Sm90Fp8Params, l: u32, row0: u32, col0: u32, acc: &F) {
     let out_type = p.out_type;
     let pairs = p.n % 2 == 0;
     let bytes = if out_type == OutType::F32 as u32 {
@@ -663,8 +716,9 @@ fn store_tile(p: &Sm90Fp8Params, l: u32, row0: u32, col0: u32, acc: &[f32; 64]) 
     } else {
         2
     };
-    for j in 0..32 {
-        let i = 2 * j;
+    let acc = acc.as_ref();
+    for j in 0..F::N / 4 {
+        let i = (2 * j) as usize;
         let row = row0 + 8 * ((i / 2) % 2) as u32;
         let col = col0 + 8 * (i / 4) as u32;
         let (in0, in1) = (row < p.m && col < p.n, row < p.m && col + 1 < p.n);

@@ -109,6 +109,14 @@ macro_rules! with_regs_64 {
     };
 }
 
+/// As `with_regs_64!` for a 32-register fragment (m64n64k32).
+macro_rules! with_regs_32 {
+    ($mac:ident!($($args:tt)*)) => {
+        $mac!($($args)*, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22,
+            23, 24, 25, 26, 27, 28, 29, 30, 31);
+    };
+}
+
 /// Expands to one `wgmma.mma_async` with `N/2` f32 accumulator registers (m64nNk32, FP8 types
 /// `$at`·`$bt`). The register list is spelled out because `asm!` needs every operand named.
 macro_rules! mma_fp8 {
@@ -196,6 +204,34 @@ with_regs_64!(mma_fp8_first!(
     128
 ));
 with_regs_64!(mma_fp8!(mma_m64n128k32_e5m2_e4m3, "e5m2", "e4m3", 128));
+with_regs_32!(mma_fp8_first!(
+    mma_m64n64k32_e4m3_e4m3_first,
+    "e4m3",
+    "e4m3",
+    64
+));
+with_regs_32!(mma_fp8!(mma_m64n64k32_e4m3_e4m3, "e4m3", "e4m3", 64));
+with_regs_32!(mma_fp8_first!(
+    mma_m64n64k32_e5m2_e5m2_first,
+    "e5m2",
+    "e5m2",
+    64
+));
+with_regs_32!(mma_fp8!(mma_m64n64k32_e5m2_e5m2, "e5m2", "e5m2", 64));
+with_regs_32!(mma_fp8_first!(
+    mma_m64n64k32_e4m3_e5m2_first,
+    "e4m3",
+    "e5m2",
+    64
+));
+with_regs_32!(mma_fp8!(mma_m64n64k32_e4m3_e5m2, "e4m3", "e5m2", 64));
+with_regs_32!(mma_fp8_first!(
+    mma_m64n64k32_e5m2_e4m3_first,
+    "e5m2",
+    "e4m3",
+    64
+));
+with_regs_32!(mma_fp8!(mma_m64n64k32_e5m2_e4m3, "e5m2", "e4m3", 64));
 
 /// The FP8 element types of A and B as a type, so a kernel is generic over them: the types are
 /// part of the `wgmma` instruction's name, which an `asm!` template must spell out.
@@ -208,10 +244,18 @@ pub trait Fp8Pair {
     /// # Safety
     /// As [`mma_m64n8k32_e4m3`].
     unsafe fn acc(d: &mut [f32; 64], a: Descriptor, b: Descriptor);
+    /// As `first` for m64n64k32 (D 64×64).
+    /// # Safety
+    /// As [`mma_m64n8k32_e4m3`].
+    unsafe fn first_n64(a: Descriptor, b: Descriptor) -> [f32; 32];
+    /// As `acc` for m64n64k32.
+    /// # Safety
+    /// As [`mma_m64n8k32_e4m3`].
+    unsafe fn acc_n64(d: &mut [f32; 32], a: Descriptor, b: Descriptor);
 }
 
 macro_rules! fp8_pair {
-    ($(#[$doc:meta])* $t:ident, $first:ident, $acc:ident) => {
+    ($(#[$doc:meta])* $t:ident, $first:ident, $acc:ident, $first64:ident, $acc64:ident) => {
         $(#[$doc])*
         pub struct $t;
         impl Fp8Pair for $t {
@@ -225,18 +269,95 @@ macro_rules! fp8_pair {
                 // SAFETY: the caller's contract.
                 unsafe { $acc(d, a, b, true) }
             }
+            #[inline(always)]
+            unsafe fn first_n64(a: Descriptor, b: Descriptor) -> [f32; 32] {
+                // SAFETY: the caller's contract.
+                unsafe { $first64(a, b) }
+            }
+            #[inline(always)]
+            unsafe fn acc_n64(d: &mut [f32; 32], a: Descriptor, b: Descriptor) {
+                // SAFETY: the caller's contract.
+                unsafe { $acc64(d, a, b, true) }
+            }
         }
     };
 }
 
 fp8_pair!(/// A e4m3, B e4m3.
-    E4m3E4m3, mma_m64n128k32_e4m3_e4m3_first, mma_m64n128k32_e4m3_e4m3);
+    E4m3E4m3, mma_m64n128k32_e4m3_e4m3_first, mma_m64n128k32_e4m3_e4m3,
+    mma_m64n64k32_e4m3_e4m3_first, mma_m64n64k32_e4m3_e4m3);
 fp8_pair!(/// A e5m2, B e5m2.
-    E5m2E5m2, mma_m64n128k32_e5m2_e5m2_first, mma_m64n128k32_e5m2_e5m2);
+    E5m2E5m2, mma_m64n128k32_e5m2_e5m2_first, mma_m64n128k32_e5m2_e5m2,
+    mma_m64n64k32_e5m2_e5m2_first, mma_m64n64k32_e5m2_e5m2);
 fp8_pair!(/// A e4m3, B e5m2.
-    E4m3E5m2, mma_m64n128k32_e4m3_e5m2_first, mma_m64n128k32_e4m3_e5m2);
+    E4m3E5m2, mma_m64n128k32_e4m3_e5m2_first, mma_m64n128k32_e4m3_e5m2,
+    mma_m64n64k32_e4m3_e5m2_first, mma_m64n64k32_e4m3_e5m2);
 fp8_pair!(/// A e5m2, B e4m3.
-    E5m2E4m3, mma_m64n128k32_e5m2_e4m3_first, mma_m64n128k32_e5m2_e4m3);
+    E5m2E4m3, mma_m64n128k32_e5m2_e4m3_first, mma_m64n128k32_e5m2_e4m3,
+    mma_m64n64k32_e5m2_e4m3_first, mma_m64n64k32_e5m2_e4m3);
+
+/// A consumer's accumulator fragment of `wgmma` m64nNk32: N/2 f32 per thread, N = 128 or 64
+/// (the tile's width), with the MMAs and the operand fence of that N.
+pub trait Fragment: Copy + AsRef<[f32]> + AsMut<[f32]> {
+    /// The N of the MMA (columns of the fragment).
+    const N: u32;
+    /// A fragment of zeros.
+    fn zeros() -> Self;
+    /// D = A·Bᵀ.
+    /// # Safety
+    /// As [`mma_m64n8k32_e4m3`].
+    unsafe fn first<T: Fp8Pair>(a: Descriptor, b: Descriptor) -> Self;
+    /// D += A·Bᵀ.
+    /// # Safety
+    /// As [`mma_m64n8k32_e4m3`].
+    unsafe fn acc<T: Fp8Pair>(&mut self, a: Descriptor, b: Descriptor);
+    /// See [`fence_operands_64`].
+    fn fence(&mut self);
+}
+
+impl Fragment for [f32; 64] {
+    const N: u32 = 128;
+    #[inline(always)]
+    fn zeros() -> Self {
+        [0.0; 64]
+    }
+    #[inline(always)]
+    unsafe fn first<T: Fp8Pair>(a: Descriptor, b: Descriptor) -> Self {
+        // SAFETY: the caller's contract.
+        unsafe { T::first(a, b) }
+    }
+    #[inline(always)]
+    unsafe fn acc<T: Fp8Pair>(&mut self, a: Descriptor, b: Descriptor) {
+        // SAFETY: the caller's contract.
+        unsafe { T::acc(self, a, b) }
+    }
+    #[inline(always)]
+    fn fence(&mut self) {
+        fence_operands_64(self)
+    }
+}
+
+impl Fragment for [f32; 32] {
+    const N: u32 = 64;
+    #[inline(always)]
+    fn zeros() -> Self {
+        [0.0; 32]
+    }
+    #[inline(always)]
+    unsafe fn first<T: Fp8Pair>(a: Descriptor, b: Descriptor) -> Self {
+        // SAFETY: the caller's contract.
+        unsafe { T::first_n64(a, b) }
+    }
+    #[inline(always)]
+    unsafe fn acc<T: Fp8Pair>(&mut self, a: Descriptor, b: Descriptor) {
+        // SAFETY: the caller's contract.
+        unsafe { T::acc_n64(self, a, b) }
+    }
+    #[inline(always)]
+    fn fence(&mut self) {
+        fence_operands_32(self)
+    }
+}
 
 /// Expands to an empty `asm!` taking every register of an accumulator array as in-out: placed
 /// right after [`wait`], it makes every later use of the registers depend on a point after the
@@ -260,3 +381,4 @@ macro_rules! operand_fence {
 }
 
 with_regs_64!(operand_fence!(fence_operands_64, 64));
+with_regs_32!(operand_fence!(fence_operands_32, 32));
