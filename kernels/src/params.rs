@@ -132,16 +132,16 @@ mod tests {
 /// facts behind the numbers: a 128-byte swizzled TMA box row is 128 e4m3 = one 1×128 scale block
 /// of K; `wgmma` m64nNk32 gives each consumer warpgroup 64 rows, so one *wave* of the consumers
 /// covers 64 rows per consumer; BLOCK_N 128 is one 128×128 scale block of B. A tile is 2
-/// consumers × 1 or 2 waves, or 3 consumers × 1 wave ([`sm90::Tile`]); the stages are as many as
-/// fit the 227 KiB a block may have.
+/// consumers × 1 or 2 waves, or 3 consumers × 1 wave, by 128 or 64 columns ([`sm90::Tile`]); the
+/// stages are as many as fit the 227 KiB a block may have.
 pub mod sm90 {
+    /// Columns of one 128×128 B-scale block, and of the widest tile.
     pub const BLOCK_N: u32 = 128;
     pub const BLOCK_K: u32 = 128;
     /// Rows of one consumer warpgroup per wave: the M of `wgmma` m64nNk32.
     pub const WG_ROWS: u32 = 64;
     /// Bytes per row of a swizzled tile (the 128-byte swizzle span).
     pub const ROW_BYTES: u32 = 128;
-    pub const B_TILE_BYTES: u32 = BLOCK_N * ROW_BYTES;
     /// Largest dynamic shared memory per block on sm_90 (227 KiB).
     pub const SMEM_LIMIT: u32 = 232_448;
     /// Registers of one SM, shared by the block's threads after `setmaxnreg`.
