@@ -163,29 +163,20 @@ pub mod sm90 {
     }
 
     impl Tile {
-        pub const M128: Tile = Tile {
-            consumers: 2,
-            waves: 1,
-            block_n: 128,
-        };
-        pub const M256: Tile = Tile {
-            consumers: 2,
-            waves: 2,
-            block_n: 128,
-        };
+        pub const fn new(consumers: u32, waves: u32, block_n: u32) -> Tile {
+            Tile {
+                consumers,
+                waves,
+                block_n,
+            }
+        }
+        pub const M128: Tile = Tile::new(2, 1, 128);
+        pub const M256: Tile = Tile::new(2, 2, 128);
         /// Three consumers, one wave: while one promotes, the other two have batches queued
         /// (with two, only one), at L2 bytes per FLOP between the 128- and 256-row tiles.
-        pub const M192: Tile = Tile {
-            consumers: 3,
-            waves: 1,
-            block_n: 128,
-        };
+        pub const M192: Tile = Tile::new(3, 1, 128);
         /// 128 × 64: `wgmma` m64n64k32.
-        pub const M128N64: Tile = Tile {
-            consumers: 2,
-            waves: 1,
-            block_n: 64,
-        };
+        pub const M128N64: Tile = Tile::new(2, 1, 64);
         pub const ALL: [Tile; 4] = [Tile::M128, Tile::M256, Tile::M192, Tile::M128N64];
 
         /// Rows one wave of the consumers covers.

@@ -135,6 +135,8 @@ entry!(/// 256 × 128 tiles, e4m3 · e4m3: large shapes.
     sm90_fp8_blockscaled_gemm_m256, Tile::M256, E4m3E4m3);
 entry!(/// 192 × 128 tiles (three consumers), e4m3 · e4m3.
     sm90_fp8_blockscaled_gemm_m192, Tile::M192, E4m3E4m3);
+entry!(/// 128 × 64 tiles, e4m3 · e4m3: M = 128 where 128-column tiles leave SMs idle.
+    sm90_fp8_blockscaled_gemm_n64, Tile::M128N64, E4m3E4m3);
 entry!(sm90_fp8_blockscaled_gemm_e5m2_e5m2, Tile::M128, E5m2E5m2);
 entry!(
     sm90_fp8_blockscaled_gemm_m256_e5m2_e5m2,
@@ -144,6 +146,11 @@ entry!(
 entry!(
     sm90_fp8_blockscaled_gemm_m192_e5m2_e5m2,
     Tile::M192,
+    E5m2E5m2
+);
+entry!(
+    sm90_fp8_blockscaled_gemm_n64_e5m2_e5m2,
+    Tile::M128N64,
     E5m2E5m2
 );
 entry!(sm90_fp8_blockscaled_gemm_e4m3_e5m2, Tile::M128, E4m3E5m2);
@@ -157,24 +164,12 @@ entry!(
     Tile::M192,
     E4m3E5m2
 );
-entry!(sm90_fp8_blockscaled_gemm_e5m2_e4m3, Tile::M128, E5m2E4m3);
-entry!(/// 128 × 64 tiles, e4m3 · e4m3: M = 128 where 128-column tiles leave SMs idle.
-    sm90_fp8_blockscaled_gemm_n64, Tile::M128N64, E4m3E4m3);
-entry!(
-    sm90_fp8_blockscaled_gemm_n64_e5m2_e5m2,
-    Tile::M128N64,
-    E5m2E5m2
-);
 entry!(
     sm90_fp8_blockscaled_gemm_n64_e4m3_e5m2,
     Tile::M128N64,
     E4m3E5m2
 );
-entry!(
-    sm90_fp8_blockscaled_gemm_n64_e5m2_e4m3,
-    Tile::M128N64,
-    E5m2E4m3
-);
+entry!(sm90_fp8_blockscaled_gemm_e5m2_e4m3, Tile::M128, E5m2E4m3);
 entry!(
     sm90_fp8_blockscaled_gemm_m256_e5m2_e4m3,
     Tile::M256,
@@ -183,6 +178,11 @@ entry!(
 entry!(
     sm90_fp8_blockscaled_gemm_m192_e5m2_e4m3,
     Tile::M192,
+    E5m2E4m3
+);
+entry!(
+    sm90_fp8_blockscaled_gemm_n64_e5m2_e4m3,
+    Tile::M128N64,
     E5m2E4m3
 );
 

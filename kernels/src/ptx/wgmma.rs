@@ -315,49 +315,35 @@ pub trait Fragment: Copy + AsRef<[f32]> + AsMut<[f32]> {
     fn fence(&mut self);
 }
 
-impl Fragment for [f32; 64] {
-    const N: u32 = 128;
-    #[inline(always)]
-    fn zeros() -> Self {
-        [0.0; 64]
-    }
-    #[inline(always)]
-    unsafe fn first<T: Fp8Pair>(a: Descriptor, b: Descriptor) -> Self {
-        // SAFETY: the caller's contract.
-        unsafe { T::first(a, b) }
-    }
-    #[inline(always)]
-    unsafe fn acc<T: Fp8Pair>(&mut self, a: Descriptor, b: Descriptor) {
-        // SAFETY: the caller's contract.
-        unsafe { T::acc(self, a, b) }
-    }
-    #[inline(always)]
-    fn fence(&mut self) {
-        fence_operands_64(self)
-    }
+/// `impl Fragment` for an `N/2`-register array with its MMAs (`Fp8Pair` methods) and fence.
+macro_rules! fragment {
+    ($len:literal, $n:literal, $first:ident, $acc:ident, $fence:ident) => {
+        impl Fragment for [f32; $len] {
+            const N: u32 = $n;
+            #[inline(always)]
+            fn zeros() -> Self {
+                [0.0; $len]
+            }
+            #[inline(always)]
+            unsafe fn first<T: Fp8Pair>(a: Descriptor, b: Descriptor) -> Self {
+                // SAFETY: the caller's contract.
+                unsafe { T::$first(a, b) }
+            }
+            #[inline(always)]
+            unsafe fn acc<T: Fp8Pair>(&mut self, a: Descriptor, b: Descriptor) {
+                // SAFETY: the caller's contract.
+                unsafe { T::$acc(self, a, b) }
+            }
+            #[inline(always)]
+            fn fence(&mut self) {
+                $fence(self)
+            }
+        }
+    };
 }
 
-impl Fragment for [f32; 32] {
-    const N: u32 = 64;
-    #[inline(always)]
-    fn zeros() -> Self {
-        [0.0; 32]
-    }
-    #[inline(always)]
-    unsafe fn first<T: Fp8Pair>(a: Descriptor, b: Descriptor) -> Self {
-        // SAFETY: the caller's contract.
-        unsafe { T::first_n64(a, b) }
-    }
-    #[inline(always)]
-    unsafe fn acc<T: Fp8Pair>(&mut self, a: Descriptor, b: Descriptor) {
-        // SAFETY: the caller's contract.
-        unsafe { T::acc_n64(self, a, b) }
-    }
-    #[inline(always)]
-    fn fence(&mut self) {
-        fence_operands_32(self)
-    }
-}
+fragment!(64, 128, first, acc, fence_operands_64);
+fragment!(32, 64, first_n64, acc_n64, fence_operands_32);
 
 /// Expands to an empty `asm!` taking every register of an accumulator array as in-out: placed
 /// right after [`wait`], it makes every later use of the registers depend on a point after the
