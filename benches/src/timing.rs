@@ -142,8 +142,13 @@ struct Gate {
 }
 
 impl Gate {
-    /// Closes `stream`; `None` (no gate, timing as before) if the driver refuses any step.
+    /// Closes `stream`; `None` (no gate, timing as before) if the driver refuses any step, or
+    /// when a CUDA tool is injected (`CUDA_INJECTION64_PATH`, set by ncu and nsys): ncu replays
+    /// each launch synchronously as it is enqueued, so it would wait forever on the closed gate.
     fn close(stream: &Arc<CudaStream>) -> Option<Gate> {
+        if std::env::var_os("CUDA_INJECTION64_PATH").is_some() {
+            return None;
+        }
         let mut host: *mut core::ffi::c_void = core::ptr::null_mut();
         // SAFETY: a 4-byte pinned, device-mapped allocation; freed in `drop` (or below on error).
         unsafe {
