@@ -6,4 +6,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 eval "$(scripts/setup.sh)"
 export BLOCKSCALED_REQUIRE_PTXAS=1
+cargo fmt --all --check
+cargo clippy --workspace --all-targets -- -D warnings
 cargo test --workspace --all-targets

@@ -208,13 +208,13 @@ impl ScaledMatrix {
                 scales.len()
             )));
         }
-        if format.scale == ScaleType::UE4M3 {
-            if let Some(b) = scales.iter().find(|&&b| b & 0x80 != 0) {
-                return Err(crate::error::format_err(
-                    &format,
-                    format!("ue4m3 scale byte {b:#04x} has the sign bit set"),
-                ));
-            }
+        if format.scale == ScaleType::UE4M3
+            && let Some(b) = scales.iter().find(|&&b| b & 0x80 != 0)
+        {
+            return Err(crate::error::format_err(
+                &format,
+                format!("ue4m3 scale byte {b:#04x} has the sign bit set"),
+            ));
         }
         Ok(ScaledMatrix { desc, data, scales })
     }
@@ -259,7 +259,11 @@ impl ScaledMatrix {
         match self.desc.format.elem {
             ElemType::E2M1 => {
                 let byte = self.data[i / 2];
-                if i % 2 == 0 { byte & 0x0F } else { byte >> 4 }
+                if i.is_multiple_of(2) {
+                    byte & 0x0F
+                } else {
+                    byte >> 4
+                }
             }
             _ => self.data[i],
         }

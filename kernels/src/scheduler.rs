@@ -51,6 +51,8 @@ pub struct TileScheduler {
 
 impl TileScheduler {
     /// `m`, `n`: the output's size in elements; `block_m`, `block_n`: the tile; `group_m` ≥ 1.
+    /// (Eight scalars rather than a struct: the kernels pass launch parameters straight through.)
+    #[allow(clippy::too_many_arguments)]
     #[inline(always)]
     pub const fn new(
         m: u32,
@@ -101,10 +103,14 @@ impl TileScheduler {
             l,
         }
     }
+}
 
-    /// This CTA's next tile.
+/// This CTA's tiles, in order.
+impl Iterator for TileScheduler {
+    type Item = Tile;
+
     #[inline(always)]
-    pub fn next(&mut self) -> Option<Tile> {
+    fn next(&mut self) -> Option<Tile> {
         if self.next >= self.total {
             return None;
         }
@@ -131,8 +137,7 @@ mod tests {
             let total = TileScheduler::new(m, n, l, 128, 128, g, 0, 1).total();
             let mut seen = HashSet::new();
             for c in 0..ctas {
-                let mut s = TileScheduler::new(m, n, l, 128, 128, g, c, ctas);
-                while let Some(t) = s.next() {
+                for t in TileScheduler::new(m, n, l, 128, 128, g, c, ctas) {
                     assert!(t.m < m.div_ceil(128) && t.n < n.div_ceil(128) && t.l < l);
                     assert!(seen.insert(t), "{t:?} twice");
                 }

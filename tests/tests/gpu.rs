@@ -154,6 +154,9 @@ impl Recipes for (Recipe, Recipe) {
     }
 }
 
+/// A forced configuration: ((block_m, block_n), (cluster_m, cluster_n), split_k).
+type Force = ((u32, u32), (u32, u32), u32);
+
 /// The Hopper FP8 kernel against the CPU reference (float64), every element, with the FP8
 /// accumulation tolerance of `fp8_accumulation_slack` plus one unit of the output type.
 #[allow(clippy::too_many_arguments)]
@@ -165,7 +168,7 @@ fn check_sm90(
     l: usize,
     dtype: OutType,
     seed: u64,
-    force: Option<((u32, u32), (u32, u32), u32)>,
+    force: Option<Force>,
 ) -> Result<(), String> {
     let (ra, rb) = recipes.pair();
     let recipe = if ra == rb {

@@ -134,10 +134,10 @@ fn nvfp4_blocks_far_below_the_tensor_maximum_keep_a_non_zero_scale() {
     let mut v = random_values(11, 2 * 32, 32);
     v[..32]
         .iter_mut()
-        .for_each(|x| *x = x.signum() * 1280.0 * x.abs().max(0.5).min(1.0));
+        .for_each(|x| *x = x.signum() * 1280.0 * x.abs().clamp(0.5, 1.0));
     v[32..]
         .iter_mut()
-        .for_each(|x| *x = x.signum() * 2.5e-3 * x.abs().max(0.5).min(1.0));
+        .for_each(|x| *x = x.signum() * 2.5e-3 * x.abs().clamp(0.5, 1.0));
     v[0] = 1280.0;
     v[32] = 2.5e-3;
     let q = ScaledMatrix::quantize(&v, 2, 32, 1, Recipe::Nvfp4.a()).unwrap();
