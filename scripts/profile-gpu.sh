@@ -7,7 +7,8 @@ run=./blockscaled-run
 small=(--recipe deepseek-fp8 --iterations 1 --warmup_iterations 0 --no_peer)
 # 200×136 (N % 8 == 0: the TMA-store epilogue) and 200×100 f32 (direct stores), every tile, alone
 # and in pairs along M and along N. TILES="..." and CLUSTERS="..." pick (default: all).
-# SANITIZE=0 skips the sanitizer runs (ncu only), NCU=0 the ncu summary.
+# SANITIZE=0 skips the sanitizer runs; NCU=1 adds the ncu summary (off by default:
+# ncu 2025.3.1 on the lent H100s has failed on every sm90 launch with "Unknown Error", docs/PERF.md).
 tools="memcheck racecheck synccheck"; [ "${SANITIZE:-1}" = 0 ] && tools=""
 for tool in $tools; do
   for case in "200,136,512,2 BFloat16" "200,100,256,1 Float32"; do set -- $case
@@ -18,7 +19,7 @@ for tool in $tools; do
     echo
   done; done; done
 done
-[ "${NCU:-1}" = 0 ] && exit 0   # NCU=0: the sanitizer runs only
+[ "${NCU:-0}" = 1 ] || exit 0   # the ncu summary only with NCU=1
 echo "=== ncu 8192^3 (the sm90 kernel the heuristic picks)"
 timeout 300 ncu --clock-control none -k regex:sm90_fp8 -c 1 \
   --metrics sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active,l1tex__data_pipe_lsu_wavefronts_mem_shared.avg.pct_of_peak_sustained_elapsed,sm__memory_throughput.avg.pct_of_peak_sustained_elapsed,lts__throughput.avg.pct_of_peak_sustained_elapsed,lts__t_sectors_srcunit_tex.avg.pct_of_peak_sustained_elapsed,sm__throughput.avg.pct_of_peak_sustained_elapsed,dram__throughput.avg.pct_of_peak_sustained_elapsed,smsp__average_warp_latency_issue_stalled_barrier.ratio,smsp__average_warp_latency_issue_stalled_long_scoreboard.ratio,smsp__average_warp_latency_issue_stalled_wait.ratio,smsp__average_warp_latency_issue_stalled_math_pipe_throttle.ratio,smsp__average_warp_latency_issue_stalled_membar.ratio,smsp__average_warp_latency_issue_stalled_short_scoreboard.ratio,smsp__average_warp_latency_issue_stalled_dispatch_stall.ratio,smsp__average_warp_latency_issue_stalled_sleeping.ratio,gpu__time_duration.sum \
