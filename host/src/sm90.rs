@@ -148,10 +148,11 @@ impl Sm90Operand {
     }
 }
 
-/// Encodes the TMA descriptor of a K-major e4m3 operand (box: 128 bytes of K × `box_rows` rows,
-/// 128-byte swizzle) and copies it to device memory.
+// `tmap_share`'s 64-row box serves both uses: a pair's half of a B tile and one consumer's A rows.
 const _: () = assert!(BLOCK_N / MAX_CLUSTER == WG_ROWS);
 
+/// Encodes the TMA descriptor of a K-major e4m3 operand (box: 128 bytes of K × `box_rows` rows,
+/// 128-byte swizzle) and copies it to device memory.
 fn encode_tensor_map(
     stream: &Arc<CudaStream>,
     data: &CudaSlice<u8>,
