@@ -27,7 +27,7 @@ pub enum Plan {
 /// tile, the larger operand, by TMA multicast, halving its L2 reads) whenever pairing costs no
 /// extra round of tiles (a pair whose second tile is past N still takes a slot); 128-row tiles
 /// run alone (measured faster). Pairs along M (`cluster_m` = 2, sharing B) are available through
-/// [`Sm90Config`]. See [`cluster`].
+/// [`Sm90Config`]. See `cluster` (private).
 ///
 /// Raster band (`group_m`): CTAs running together cover `group_m` M tiles × (SMs / group_m) N
 /// tiles, so both operands' working sets stay in L2.

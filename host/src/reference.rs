@@ -1,5 +1,5 @@
 //! The CPU reference GEMM: dequantize both operands to float64, accumulate in float64.
-//! C[l][m][n] = Σ_k A[l][m][k] · B[l][n][k]. Threads over rows of C (rayon).
+//! `C[l][m][n] = Σ_k A[l][m][k] · B[l][n][k]`. Threads over rows of C (rayon).
 
 use crate::error::{Result, shape};
 use crate::format::OutType;
