@@ -2,10 +2,16 @@
 //!
 //! This crate is compiled twice from one source:
 //! - for `nvptx64-nvidia-cuda` (by `blockscaled-builder`, once per GPU target), where it holds the
-//!   kernel entry points ([`kernels`]) and the PTX instruction wrappers ([`ptx`]);
+//!   kernel entry points and the PTX instruction wrappers ([`ptx`]);
 //! - for the host, as an ordinary `no_std` library, where the host crate uses the `#[repr(C)]`
-//!   parameter structs ([`params`]), the bit-exact formats ([`format`]) and the kernel table
-//!   ([`registry`]) — so the two sides can never disagree on a layout or a rounding rule.
+//!   parameter structs ([`params`], [`sm90::Sm90Fp8Params`]), the bit-exact formats ([`format`]),
+//!   the kernel table ([`registry`]), the tile shapes and the scheduler — so the two sides can
+//!   never disagree on a layout, a rounding rule or a grid.
+//!
+//! Layout: [`gemm`] holds the parts every GEMM family shares (scheduler, stage layout, pipeline,
+//! named barriers, the warp-specialized driver, promotion, epilogue stores, split-K reduction);
+//! each family is one module ([`sm90`]: Hopper FP8 with fp32 block scales; [`reference`]: the SIMT
+//! reference for every format).
 #![no_std]
 #![cfg_attr(
     target_arch = "nvptx64",
@@ -13,18 +19,16 @@
 )]
 
 pub mod format;
+pub mod gemm;
 pub mod params;
 pub mod registry;
-pub mod scheduler;
-
-#[cfg(target_arch = "nvptx64")]
-pub mod pipeline;
+pub mod sm90;
 
 #[cfg(target_arch = "nvptx64")]
 pub mod ptx;
 
 #[cfg(target_arch = "nvptx64")]
-pub mod kernels;
+pub mod reference;
 
 /// A panic on the GPU (only reachable through a bug: kernels index with checked bounds only where
 /// the host could not validate) traps, which the host sees as a launch failure.

@@ -1,8 +1,7 @@
 //! The kernels this crate exports, with what the builder must write into the PTX for each.
-//! `host/build.rs` passes this table to `blockscaled-builder`; the host looks kernels up by the
-//! same names, so a renamed kernel fails at build time, not at launch.
-
-use crate::params::sm90::{Fp8Types, Tile};
+//! `host/build.rs` passes [`KERNELS`] to `blockscaled-builder`; the host looks kernels up by the
+//! same names, so a renamed kernel fails at build time, not at launch. Each family lists its own
+//! kernels once (e.g. [`crate::sm90::KERNELS`]); this table only gathers them.
 
 /// One kernel entry point.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -28,81 +27,7 @@ pub const REFERENCE_GEMM: KernelInfo = KernelInfo {
     targets: ALL_TARGETS,
 };
 
-/// The Hopper FP8 GEMM with fp32 block scales (1×128 A, 128×128 B): TMA, mbarrier ring,
-/// wgmma consumer warpgroups, persistent; `tile`'s shape, one kernel per pair of element types.
-const fn sm90(name: &'static str, tile: Tile) -> KernelInfo {
-    KernelInfo {
-        name,
-        max_threads: Some(tile.threads()),
-        min_blocks_per_sm: 1,
-        // wgmma exists on sm_90a only.
-        targets: &["sm_90a"],
-    }
-}
-
-/// The sm90 FP8 kernels by tile shape and element types (one body, `kernels::sm90_fp8`).
-pub const SM90_FP8_KERNELS: [(Tile, Fp8Types, KernelInfo); 16] = {
-    use Fp8Types::*;
-    const fn k(tile: Tile, types: Fp8Types, name: &'static str) -> (Tile, Fp8Types, KernelInfo) {
-        (tile, types, sm90(name, tile))
-    }
-    [
-        k(Tile::M128, E4m3E4m3, "sm90_fp8_blockscaled_gemm"),
-        k(Tile::M256, E4m3E4m3, "sm90_fp8_blockscaled_gemm_m256"),
-        k(Tile::M192, E4m3E4m3, "sm90_fp8_blockscaled_gemm_m192"),
-        k(Tile::M128, E5m2E5m2, "sm90_fp8_blockscaled_gemm_e5m2_e5m2"),
-        k(
-            Tile::M256,
-            E5m2E5m2,
-            "sm90_fp8_blockscaled_gemm_m256_e5m2_e5m2",
-        ),
-        k(
-            Tile::M192,
-            E5m2E5m2,
-            "sm90_fp8_blockscaled_gemm_m192_e5m2_e5m2",
-        ),
-        k(Tile::M128, E4m3E5m2, "sm90_fp8_blockscaled_gemm_e4m3_e5m2"),
-        k(
-            Tile::M256,
-            E4m3E5m2,
-            "sm90_fp8_blockscaled_gemm_m256_e4m3_e5m2",
-        ),
-        k(
-            Tile::M192,
-            E4m3E5m2,
-            "sm90_fp8_blockscaled_gemm_m192_e4m3_e5m2",
-        ),
-        k(Tile::M128, E5m2E4m3, "sm90_fp8_blockscaled_gemm_e5m2_e4m3"),
-        k(
-            Tile::M256,
-            E5m2E4m3,
-            "sm90_fp8_blockscaled_gemm_m256_e5m2_e4m3",
-        ),
-        k(
-            Tile::M192,
-            E5m2E4m3,
-            "sm90_fp8_blockscaled_gemm_m192_e5m2_e4m3",
-        ),
-        k(Tile::M128N64, E4m3E4m3, "sm90_fp8_blockscaled_gemm_n64"),
-        k(
-            Tile::M128N64,
-            E5m2E5m2,
-            "sm90_fp8_blockscaled_gemm_n64_e5m2_e5m2",
-        ),
-        k(
-            Tile::M128N64,
-            E4m3E5m2,
-            "sm90_fp8_blockscaled_gemm_n64_e4m3_e5m2",
-        ),
-        k(
-            Tile::M128N64,
-            E5m2E4m3,
-            "sm90_fp8_blockscaled_gemm_n64_e5m2_e4m3",
-        ),
-    ]
-};
-
-/// The split-K reduction (f32 partials → output type).
+/// The split-K reduction (f32 partials → output type), shared by every family that splits K.
 pub const SPLITK_REDUCE: KernelInfo = KernelInfo {
     name: "splitk_reduce",
     max_threads: Some(crate::params::SPLITK_THREADS),
@@ -112,11 +37,12 @@ pub const SPLITK_REDUCE: KernelInfo = KernelInfo {
 
 /// Every kernel, for the builder.
 pub const KERNELS: &[KernelInfo] = &{
-    let mut all = [REFERENCE_GEMM; 2 + SM90_FP8_KERNELS.len()];
+    let fp8 = crate::sm90::KERNELS;
+    let mut all = [REFERENCE_GEMM; 2 + crate::sm90::KERNELS.len()];
     all[1] = SPLITK_REDUCE;
     let mut i = 0;
-    while i < SM90_FP8_KERNELS.len() {
-        all[2 + i] = SM90_FP8_KERNELS[i].2;
+    while i < fp8.len() {
+        all[2 + i] = fp8[i].info;
         i += 1;
     }
     all

@@ -53,18 +53,6 @@ pub unsafe fn store_u32(addr: u32, v: u32) {
     };
 }
 
-/// # Safety
-/// `addr` is a 16-byte-aligned address inside this block's shared memory.
-#[inline(always)]
-pub unsafe fn store_v4_u32(addr: u32, v: [u32; 4]) {
-    // SAFETY: the caller's contract.
-    unsafe {
-        asm!("st.shared.v4.u32 [{a}], {{{x}, {y}, {z}, {w}}};", a = in(reg32) addr,
-             x = in(reg32) v[0], y = in(reg32) v[1], z = in(reg32) v[2], w = in(reg32) v[3],
-             options(nostack))
-    };
-}
-
 /// `fence.proxy.async.shared::cta`: makes this thread's ordinary shared-memory writes visible to
 /// the async proxy (TMA stores, wgmma operand reads). Each writing thread issues it before the
 /// barrier that hands the data over.

@@ -1,7 +1,7 @@
 //! Thread, block and cluster identity; barriers.
-//! PTX ISA: "Special Registers" (%tid, %ntid, %ctaid, %nctaid, %laneid, %cluster_ctarank,
-//! %cluster_nctarank) and "Parallel Synchronization and Communication Instructions: bar, barrier,
-//! barrier.cluster", "Miscellaneous Instructions: setmaxnreg".
+//! PTX ISA: "Special Registers" (%tid, %ctaid, %nctaid, %cluster_ctarank) and "Parallel
+//! Synchronization and Communication Instructions: bar, barrier, barrier.cluster",
+//! "griddepcontrol", "Miscellaneous Instructions: setmaxnreg".
 
 use core::arch::{asm, nvptx};
 
@@ -31,23 +31,9 @@ pub fn block_z() -> u32 {
     unsafe { nvptx::_block_idx_z() as u32 }
 }
 #[inline(always)]
-pub fn block_dim_x() -> u32 {
-    // SAFETY: as above.
-    unsafe { nvptx::_block_dim_x() as u32 }
-}
-#[inline(always)]
 pub fn grid_dim_x() -> u32 {
     // SAFETY: as above.
     unsafe { nvptx::_grid_dim_x() as u32 }
-}
-
-/// Lane within the warp (0..32).
-#[inline(always)]
-pub fn lane() -> u32 {
-    let r: u32;
-    // SAFETY: reads %laneid.
-    unsafe { asm!("mov.u32 {r}, %laneid;", r = out(reg32) r, options(nomem, nostack)) };
-    r
 }
 
 /// `bar.sync 0`: every thread of the block (the `__syncthreads` of CUDA).
@@ -103,15 +89,6 @@ pub fn cluster_cta_rank() -> u32 {
     let r: u32;
     // SAFETY: reads %cluster_ctarank (sm_90+).
     unsafe { asm!("mov.u32 {r}, %cluster_ctarank;", r = out(reg32) r, options(nomem, nostack)) };
-    r
-}
-
-/// CTAs in this cluster.
-#[inline(always)]
-pub fn cluster_cta_count() -> u32 {
-    let r: u32;
-    // SAFETY: reads %cluster_nctarank (sm_90+).
-    unsafe { asm!("mov.u32 {r}, %cluster_nctarank;", r = out(reg32) r, options(nomem, nostack)) };
     r
 }
 

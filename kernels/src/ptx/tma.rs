@@ -10,19 +10,6 @@
 
 use core::arch::asm;
 
-/// Loads a 2-D box into shared memory; completion is counted in bytes on `bar`.
-/// # Safety
-/// `dst` has room for the box; `bar` expects the bytes (see `mbarrier::arrive_expect_tx`).
-#[inline(always)]
-pub unsafe fn load_2d(dst: u32, tmap: u64, x: i32, y: i32, bar: u32) {
-    // SAFETY: the caller's contract.
-    unsafe {
-        asm!("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [{d}], [{m}, {{{x}, {y}}}], [{b}];",
-             d = in(reg32) dst, m = in(reg64) tmap, x = in(reg32) x, y = in(reg32) y, b = in(reg32) bar,
-             options(nostack))
-    };
-}
-
 /// Copies `bytes` contiguous bytes from global to shared memory (the non-tensor bulk copy:
 /// "cp.async.bulk"); completion is counted on `bar` like a tensor load.
 /// # Safety
@@ -36,9 +23,9 @@ pub unsafe fn load_bytes(dst: u32, src: u64, bytes: u32, bar: u32) {
     };
 }
 
-/// Loads a 3-D box (e.g. batch as the outer coordinate).
+/// Loads a 3-D box (e.g. batch as the outer coordinate); completion is counted in bytes on `bar`.
 /// # Safety
-/// As [`load_2d`].
+/// `dst` has room for the box; `bar` expects the bytes (see `mbarrier::arrive_expect_tx`).
 #[inline(always)]
 pub unsafe fn load_3d(dst: u32, tmap: u64, x: i32, y: i32, z: i32, bar: u32) {
     // SAFETY: the caller's contract.
@@ -46,20 +33,6 @@ pub unsafe fn load_3d(dst: u32, tmap: u64, x: i32, y: i32, z: i32, bar: u32) {
         asm!("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [{d}], [{m}, {{{x}, {y}, {z}}}], [{b}];",
              d = in(reg32) dst, m = in(reg64) tmap, x = in(reg32) x, y = in(reg32) y, z = in(reg32) z,
              b = in(reg32) bar, options(nostack))
-    };
-}
-
-/// Loads a 2-D box into the same shared offset of every CTA in `cta_mask` (multicast within the
-/// cluster); each destination CTA's barrier at offset `bar` receives the bytes.
-/// # Safety
-/// As [`load_2d`], in every CTA of the mask.
-#[inline(always)]
-pub unsafe fn load_2d_multicast(dst: u32, tmap: u64, x: i32, y: i32, bar: u32, cta_mask: u16) {
-    // SAFETY: the caller's contract.
-    unsafe {
-        asm!("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [{d}], [{m}, {{{x}, {y}}}], [{b}], {k};",
-             d = in(reg32) dst, m = in(reg64) tmap, x = in(reg32) x, y = in(reg32) y, b = in(reg32) bar,
-             k = in(reg16) cta_mask, options(nostack))
     };
 }
 
@@ -82,18 +55,6 @@ pub unsafe fn load_3d_multicast(
         asm!("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [{d}], [{m}, {{{x}, {y}, {z}}}], [{b}], {k};",
              d = in(reg32) dst, m = in(reg64) tmap, x = in(reg32) x, y = in(reg32) y, z = in(reg32) z, b = in(reg32) bar,
              k = in(reg16) cta_mask, options(nostack))
-    };
-}
-
-/// Stores a 2-D box from shared memory; completes in a bulk group (see [`commit`] / [`wait_read`]).
-/// # Safety
-/// `src` holds the box, written before a `smem::fence_async_proxy` by each writer.
-#[inline(always)]
-pub unsafe fn store_2d(tmap: u64, x: i32, y: i32, src: u32) {
-    // SAFETY: the caller's contract.
-    unsafe {
-        asm!("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [{m}, {{{x}, {y}}}], [{s}];",
-             m = in(reg64) tmap, x = in(reg32) x, y = in(reg32) y, s = in(reg32) src, options(nostack))
     };
 }
 

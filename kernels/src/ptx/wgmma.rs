@@ -7,9 +7,11 @@
 //! index divisible by 4). A and B come from shared memory through 64-bit descriptors; the f32
 //! accumulator fragment lives in registers: thread t (warp w = t/32, lane l) holds, for
 //! m64nNk32, value i at row `16w + l/4 + 8·((i/2)%2)`, column `8·(i/4) + 2·(l%4) + (i%2)`.
-//! Verified on the H100 (see HOPPER-RUST-NOTES): SASS `QGMMA.64xNx32.F32.E4M3.E4M3`.
+//! ptxas assembles these to `QGMMA.64xNx32.F32.<A>.<B>` (SASS).
 
 use core::arch::asm;
+
+use crate::format::ElemType;
 
 /// Shared-memory layout of a K-major operand tile, as the descriptor's bits 62–63 encode it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -80,25 +82,6 @@ pub fn wait<const N: u32>() {
     unsafe { asm!("wgmma.wait_group.sync.aligned {n};", n = const N, options(nostack)) };
 }
 
-/// `wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3`: D (64×8 f32) = A·Bᵀ (+ D if
-/// `accumulate`), A 64×32 and B 8×32, both K-major in shared memory.
-/// # Safety
-/// The descriptors describe initialized shared memory visible to the async proxy; the caller
-/// brackets the call with [`fence`] / [`commit`] / [`wait`] before reading `d`.
-#[inline(always)]
-pub unsafe fn mma_m64n8k32_e4m3(d: &mut [f32; 4], a: Descriptor, b: Descriptor, accumulate: bool) {
-    // SAFETY: the caller's contract.
-    unsafe {
-        asm!("{{ .reg .pred p; .reg .b64 da, db;",
-             "setp.ne.b32 p, {acc}, 0;",
-             "mov.b64 da, {{{alo}, {ahi}}}; mov.b64 db, {{{blo}, {bhi}}};",
-             "wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3 {{{d0}, {d1}, {d2}, {d3}}}, da, db, p, 1, 1; }}",
-             d0 = inout(reg32) d[0], d1 = inout(reg32) d[1], d2 = inout(reg32) d[2], d3 = inout(reg32) d[3],
-             alo = in(reg32) a.lo, ahi = in(reg32) a.hi, blo = in(reg32) b.lo, bhi = in(reg32) b.hi,
-             acc = in(reg32) accumulate as u32, options(nostack))
-    };
-}
-
 /// Calls `$mac!($args…, 0, 1, …, 63)`: the register indices of a 64-register accumulator
 /// fragment, spelled once for every macro that must name each register in an `asm!`.
 macro_rules! with_regs_64 {
@@ -125,7 +108,8 @@ macro_rules! mma_fp8 {
         /// D (64×N f32, `N/2` registers per thread in the fragment order of the module doc) =
         /// A·Bᵀ (+ D if `accumulate`); A 64×32 and B N×32, K-major in shared memory.
         /// # Safety
-        /// As [`mma_m64n8k32_e4m3`].
+        /// The descriptors describe initialized shared memory visible to the async proxy; the caller
+/// brackets the call with [`fence`] / [`commit`] / [`wait`] before reading the fragment.
         #[inline(always)]
         pub unsafe fn $name(d: &mut [f32; $n / 2], a: Descriptor, b: Descriptor, accumulate: bool) {
             // SAFETY: the caller's contract.
@@ -154,7 +138,8 @@ macro_rules! mma_fp8_first {
     ($name:ident, $at:literal, $bt:literal, $n:literal, $first:literal $(, $i:literal)*) => {
         /// D (64×N f32) = A·Bᵀ, overwriting D. See the `mma_m64n…` function of the same N.
         /// # Safety
-        /// As [`mma_m64n8k32_e4m3`].
+        /// The descriptors describe initialized shared memory visible to the async proxy; the caller
+/// brackets the call with [`fence`] / [`commit`] / [`wait`] before reading the fragment.
         #[inline(always)]
         pub unsafe fn $name(a: Descriptor, b: Descriptor) -> [f32; $n / 2] {
             let mut d = [0.0f32; $n / 2];
@@ -238,27 +223,33 @@ with_regs_32!(mma_fp8!(mma_m64n64k32_e5m2_e4m3, "e5m2", "e4m3", 64));
 pub trait Fp8Pair {
     /// D (64×128 f32) = A·Bᵀ (scale-d 0). See [`mma_m64n128k32_e4m3_e4m3_first`].
     /// # Safety
-    /// As [`mma_m64n8k32_e4m3`].
+    /// The descriptors describe initialized shared memory visible to the async proxy; the caller
+    /// brackets the call with [`fence`] / [`commit`] / [`wait`] before reading the fragment.
     unsafe fn first(a: Descriptor, b: Descriptor) -> [f32; 64];
     /// D += A·Bᵀ. See [`mma_m64n128k32_e4m3_e4m3`].
     /// # Safety
-    /// As [`mma_m64n8k32_e4m3`].
+    /// The descriptors describe initialized shared memory visible to the async proxy; the caller
+    /// brackets the call with [`fence`] / [`commit`] / [`wait`] before reading the fragment.
     unsafe fn acc(d: &mut [f32; 64], a: Descriptor, b: Descriptor);
     /// As `first` for m64n64k32 (D 64×64).
     /// # Safety
-    /// As [`mma_m64n8k32_e4m3`].
+    /// The descriptors describe initialized shared memory visible to the async proxy; the caller
+    /// brackets the call with [`fence`] / [`commit`] / [`wait`] before reading the fragment.
     unsafe fn first_n64(a: Descriptor, b: Descriptor) -> [f32; 32];
     /// As `acc` for m64n64k32.
     /// # Safety
-    /// As [`mma_m64n8k32_e4m3`].
+    /// The descriptors describe initialized shared memory visible to the async proxy; the caller
+    /// brackets the call with [`fence`] / [`commit`] / [`wait`] before reading the fragment.
     unsafe fn acc_n64(d: &mut [f32; 32], a: Descriptor, b: Descriptor);
 }
 
+/// The FP8 element types of A and B, as [`ElemType`] values (`ElemType::E4M3 as u32`, …): the
+/// type a kernel is generic over. Only the four FP8 pairs implement [`Fp8Pair`].
+pub struct Fp8<const A: u32, const B: u32>;
+
 macro_rules! fp8_pair {
-    ($(#[$doc:meta])* $t:ident, $first:ident, $acc:ident, $first64:ident, $acc64:ident) => {
-        $(#[$doc])*
-        pub struct $t;
-        impl Fp8Pair for $t {
+    ($a:ident, $b:ident, $first:ident, $acc:ident, $first64:ident, $acc64:ident) => {
+        impl Fp8Pair for Fp8<{ ElemType::$a as u32 }, { ElemType::$b as u32 }> {
             #[inline(always)]
             unsafe fn first(a: Descriptor, b: Descriptor) -> [f32; 64] {
                 // SAFETY: the caller's contract.
@@ -283,18 +274,38 @@ macro_rules! fp8_pair {
     };
 }
 
-fp8_pair!(/// A e4m3, B e4m3.
-    E4m3E4m3, mma_m64n128k32_e4m3_e4m3_first, mma_m64n128k32_e4m3_e4m3,
-    mma_m64n64k32_e4m3_e4m3_first, mma_m64n64k32_e4m3_e4m3);
-fp8_pair!(/// A e5m2, B e5m2.
-    E5m2E5m2, mma_m64n128k32_e5m2_e5m2_first, mma_m64n128k32_e5m2_e5m2,
-    mma_m64n64k32_e5m2_e5m2_first, mma_m64n64k32_e5m2_e5m2);
-fp8_pair!(/// A e4m3, B e5m2.
-    E4m3E5m2, mma_m64n128k32_e4m3_e5m2_first, mma_m64n128k32_e4m3_e5m2,
-    mma_m64n64k32_e4m3_e5m2_first, mma_m64n64k32_e4m3_e5m2);
-fp8_pair!(/// A e5m2, B e4m3.
-    E5m2E4m3, mma_m64n128k32_e5m2_e4m3_first, mma_m64n128k32_e5m2_e4m3,
-    mma_m64n64k32_e5m2_e4m3_first, mma_m64n64k32_e5m2_e4m3);
+fp8_pair!(
+    E4M3,
+    E4M3,
+    mma_m64n128k32_e4m3_e4m3_first,
+    mma_m64n128k32_e4m3_e4m3,
+    mma_m64n64k32_e4m3_e4m3_first,
+    mma_m64n64k32_e4m3_e4m3
+);
+fp8_pair!(
+    E5M2,
+    E5M2,
+    mma_m64n128k32_e5m2_e5m2_first,
+    mma_m64n128k32_e5m2_e5m2,
+    mma_m64n64k32_e5m2_e5m2_first,
+    mma_m64n64k32_e5m2_e5m2
+);
+fp8_pair!(
+    E4M3,
+    E5M2,
+    mma_m64n128k32_e4m3_e5m2_first,
+    mma_m64n128k32_e4m3_e5m2,
+    mma_m64n64k32_e4m3_e5m2_first,
+    mma_m64n64k32_e4m3_e5m2
+);
+fp8_pair!(
+    E5M2,
+    E4M3,
+    mma_m64n128k32_e5m2_e4m3_first,
+    mma_m64n128k32_e5m2_e4m3,
+    mma_m64n64k32_e5m2_e4m3_first,
+    mma_m64n64k32_e5m2_e4m3
+);
 
 /// A consumer's accumulator fragment of `wgmma` m64nNk32: N/2 f32 per thread, N = 128 or 64
 /// (the tile's width), with the MMAs and the operand fence of that N.
@@ -305,11 +316,13 @@ pub trait Fragment: Copy + AsRef<[f32]> + AsMut<[f32]> {
     fn zeros() -> Self;
     /// D = A·Bᵀ.
     /// # Safety
-    /// As [`mma_m64n8k32_e4m3`].
+    /// The descriptors describe initialized shared memory visible to the async proxy; the caller
+    /// brackets the call with [`fence`] / [`commit`] / [`wait`] before reading the fragment.
     unsafe fn first<T: Fp8Pair>(a: Descriptor, b: Descriptor) -> Self;
     /// D += A·Bᵀ.
     /// # Safety
-    /// As [`mma_m64n8k32_e4m3`].
+    /// The descriptors describe initialized shared memory visible to the async proxy; the caller
+    /// brackets the call with [`fence`] / [`commit`] / [`wait`] before reading the fragment.
     unsafe fn acc<T: Fp8Pair>(&mut self, a: Descriptor, b: Descriptor);
     /// See [`fence_operands_64`].
     fn fence(&mut self);

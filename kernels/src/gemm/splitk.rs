@@ -1,13 +1,14 @@
 //! Split-K reduction: sums the f32 partial results of a GEMM whose K blocks were split over
-//! several CTAs (`Sm90Fp8Params::split_k`) and converts them to the output type. Memory-bound
+//! several work units (each writes workspace entry `WorkUnit::out_l`) and converts them to the
+//! output type. Memory-bound
 //! SIMT: each thread takes four consecutive elements, loads their partials with 16-byte loads,
 //! up to [`IN_FLIGHT`] partials at a time, and adds them in the order s = 0, 1, … (deterministic).
 
 use crate::params::{OutType, SPLITK_THREADS, SplitKParams};
 use crate::ptx::{convert, global, thread};
 
-/// Partials loaded before they are added: independent loads in flight per thread. One at a time
-/// (load, add, load, …) the kernel was latency-bound: 10.4 µs for 4 × 2 MiB of partials.
+/// Partials loaded before they are added: independent loads in flight per thread (one at a time,
+/// the kernel is latency-bound; docs/PERF.md, v15).
 const IN_FLIGHT: u64 = 4;
 
 /// # Safety

@@ -1,0 +1,28 @@
+//! The named barriers (`bar.sync id, threads`; 16 per CTA, PTX ISA "Parallel Synchronization and
+//! Communication Instructions: bar, barrier") every GEMM kernel uses, allotted in one place so no
+//! two roles share an id.
+//! - 0: the whole block (`bar.sync 0` is `__syncthreads`).
+//! - 1 + c: consumer warpgroup `c`'s own barrier (its epilogue's hand-over to the TMA store).
+//! - [`TURN_FIRST`] + p: the consumers' turn-taking ([`super::pipeline::Turn`], party `p`).
+
+/// Consumer warpgroups that have an id of their own (ids 1–3).
+pub const MAX_CONSUMERS: u32 = 3;
+/// The first id of the consumers' turns (3 ids: 4–6).
+pub const TURN_FIRST: u32 = 1 + MAX_CONSUMERS;
+const _: () = assert!(TURN_FIRST + MAX_CONSUMERS <= 16);
+
+/// Threads of one warpgroup.
+pub const WARPGROUP: u32 = 128;
+
+/// Synchronizes the 128 threads of consumer warpgroup `c` (< [`MAX_CONSUMERS`]) only. The ids
+/// are immediates, so ptxas's barrier accounting stays exact.
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+pub fn sync_consumer(c: u32) {
+    use crate::ptx::thread;
+    match c {
+        0 => thread::named_barrier::<1>(WARPGROUP),
+        1 => thread::named_barrier::<2>(WARPGROUP),
+        _ => thread::named_barrier::<3>(WARPGROUP),
+    }
+}

@@ -1,0 +1,157 @@
+//! The warp-specialized persistent driver every GEMM kernel runs in (ThunderKittens' "load →
+//! compute → finish" shape): one CTA per SM, warpgroup 0 the producer, warpgroups 1.. the
+//! consumers. The driver owns the shared-memory layout, the stage ring and its barriers, register
+//! reallocation, the cluster handshakes and the persistent loop over the [`TileScheduler`]'s
+//! units; a kernel says only how to load one K block into a stage, how to compute one unit, and
+//! how to store it ([`GemmKernel`]).
+//!
+//! Per unit, the producer thread acquires one stage per K block of the unit's range (waiting for
+//! every consumer of every CTA of the cluster to have released it) and issues the kernel's copies
+//! into it; each consumer warpgroup runs the kernel's mainloop over the same K blocks (waiting for
+//! each stage to fill, releasing it after its last read), then its epilogue.
+
+use super::layout::StageLayout;
+use super::pipeline::{Pipeline, PipelineState};
+use super::scheduler::{ClusterShape, Schedule, TileScheduler, WorkUnit};
+use crate::ptx::{smem, thread};
+
+/// What the driver hands each role.
+#[derive(Clone, Copy)]
+pub struct Ctx {
+    pub pipe: Pipeline,
+    pub layout: StageLayout,
+    pub cluster: ClusterShape,
+    /// This CTA's rank in its cluster (0 without one).
+    pub rank: u32,
+}
+
+/// The kernel-specific parts of a warp-specialized persistent GEMM.
+pub trait GemmKernel {
+    /// Consumer warpgroups (after the producer's warpgroup 0).
+    const CONSUMERS: u32;
+    /// A consumer warpgroup's own state, made once after its registers are raised.
+    type Consumer;
+    /// One unit's result, from the mainloop to the epilogue.
+    type Acc;
+
+    /// The shared-memory layout (offsets; the driver places it).
+    fn layout(&self) -> StageLayout;
+    fn cluster(&self) -> ClusterShape;
+    /// The units of the problem, each a cluster's tiles.
+    fn schedule(&self) -> Schedule;
+    /// Thread 0, once, before the block's first barrier (e.g. prefetch tensor maps).
+    fn prologue(&self);
+
+    /// The producer thread: issues the copies of K block `kb` of `own` (this CTA's tile) into
+    /// stage `s`, completing `layout().stage_bytes()` bytes on barrier `full` of every CTA they
+    /// land in.
+    /// # Safety
+    /// Stage `s` is free in every CTA the copies land in.
+    unsafe fn load(&self, ctx: &Ctx, own: &WorkUnit, kb: u32, s: u32, full: u32);
+
+    /// Consumer warpgroup `c` (thread `local` of 128) before its first unit.
+    fn consumer(&self, ctx: &Ctx, c: u32, local: u32) -> Self::Consumer;
+    /// The K loop of one unit: consumes (waits for, reads, releases) one use of the ring per K
+    /// block of `own.k_blocks()`, advancing `st` past them.
+    /// # Safety
+    /// `st` counts this warpgroup's uses of the ring in order.
+    unsafe fn mainloop(
+        &self,
+        ctx: &Ctx,
+        cons: &Self::Consumer,
+        own: &WorkUnit,
+        st: &mut PipelineState,
+    ) -> Self::Acc;
+    /// Stores one unit's result.
+    fn epilogue(&self, ctx: &Ctx, cons: &Self::Consumer, own: &WorkUnit, acc: Self::Acc);
+    /// After the warpgroup's last unit (`st`: its uses of the ring so far).
+    fn finish(&self, cons: &Self::Consumer, st: PipelineState);
+}
+
+/// Runs `k` on this CTA: `128 · (1 + K::CONSUMERS)` threads, `k.layout().bytes()` of dynamic
+/// shared memory, a grid of whole clusters; `PREGS` / `CREGS` are the producer's and the
+/// consumers' register budgets after `setmaxnreg` (const generics, as the instruction takes an
+/// immediate).
+/// # Safety
+/// Launched as above with parameters that make `k`'s loads stay inside its buffers.
+#[inline(always)]
+pub unsafe fn run<K: GemmKernel, const PREGS: u32, const CREGS: u32>(k: &K) {
+    let layout = k.layout().at(smem::dynamic_base());
+    let cluster = k.cluster();
+    let size = cluster.size();
+    let pipe = Pipeline::new(layout.barriers(), layout.stages, size);
+    let tid = thread::thread_x();
+    let rank = if size > 1 {
+        thread::cluster_cta_rank()
+    } else {
+        0
+    };
+    let ctx = Ctx {
+        pipe,
+        layout,
+        cluster,
+        rank,
+    };
+    if tid == 0 {
+        // SAFETY: the barrier memory is the layout's; the block / cluster barrier below precedes
+        // every use.
+        unsafe { pipe.init(128 * K::CONSUMERS) };
+        k.prologue();
+    }
+    // With a cluster, the peer's barriers must be initialized before we multicast into its stages
+    // or arrive on its barriers.
+    if size > 1 {
+        thread::sync_cluster()
+    } else {
+        thread::sync_block()
+    }
+    // The schedule's unit is one cluster. Each role makes it after its `setmaxnreg` (ptxas spills
+    // values live across that instruction).
+    let units = || {
+        TileScheduler::new(
+            k.schedule(),
+            thread::block_x() / size,
+            thread::grid_dim_x() / size,
+        )
+    };
+    let wg = tid / 128;
+    if wg == 0 {
+        thread::lower_registers::<PREGS>();
+        let units = units();
+        if tid == 0 {
+            let mut st = PipelineState::default();
+            for unit in units {
+                let own = cluster.own(unit, rank);
+                for kb in own.k_blocks() {
+                    // SAFETY: the stage is free in every CTA we write into after the acquire
+                    // (every CTA's consumers release to our empty barrier); the copies deliver
+                    // the stage's bytes (`GemmKernel::load`'s contract).
+                    unsafe {
+                        let full = pipe.producer_acquire(st, layout.stage_bytes());
+                        k.load(&ctx, &own, kb, pipe.stage(st), full);
+                    }
+                    st.advance();
+                }
+            }
+        }
+    } else {
+        thread::raise_registers::<CREGS>();
+        let units = units();
+        let cons = k.consumer(&ctx, wg - 1, tid % 128);
+        let mut st = PipelineState::default();
+        for unit in units {
+            let own = cluster.own(unit, rank);
+            // SAFETY: `st` counts this warpgroup's uses in order, as the producer counts fills.
+            let acc = unsafe { k.mainloop(&ctx, &cons, &own, &mut st) };
+            k.epilogue(&ctx, &cons, &own, acc);
+        }
+        k.finish(&cons, st);
+    }
+    // This CTA's work is issued: a dependent launch (the split-K reduction) may start being
+    // scheduled; it waits for this grid's writes itself.
+    thread::launch_dependents();
+    // No CTA may leave while a peer can still multicast into it or arrive on its barriers.
+    if size > 1 {
+        thread::sync_cluster();
+    }
+}

@@ -1,0 +1,260 @@
+//! Epilogue stores of `wgmma` accumulator fragments (thread t of a warpgroup, warp w = t/32,
+//! lane l, holds value i at row `16w + l/4 + 8·((i/2)%2)`, column `8·(i/4) + 2·(l%4) + (i%2)`):
+//! - 16-bit output through 128-byte-swizzled shared boxes of 64 × 64 and TMA stores (the
+//!   warpgroup goes on to its next tile while they drain; TMA clips rows past M and columns
+//!   past N);
+//! - direct stores with predicates (f32 output, N % 8 ≠ 0, and split-K partials into the f32
+//!   workspace);
+//! - per-column scales multiplied in after the K loop.
+
+use super::barriers::sync_consumer;
+use crate::params::OutType;
+use crate::ptx::wgmma::Fragment;
+use crate::ptx::{convert, global, smem, tma};
+
+/// Rows of one consumer warpgroup's fragment.
+pub const FRAGMENT_ROWS: u32 = 64;
+/// Columns of one output box: 64 × 2 bytes = the 128-byte swizzle span.
+pub const BOX_N: u32 = 64;
+/// Bytes of one row of an output box.
+const BOX_ROW_BYTES: u32 = 128;
+/// Bytes of one output box.
+pub const BOX_BYTES: u32 = FRAGMENT_ROWS * BOX_ROW_BYTES;
+
+/// The output as the epilogue writes it: `[l][m][n]` row-major of `out_type` at `ptr`, and its TMA
+/// map (0: direct stores).
+#[derive(Clone, Copy)]
+pub struct Output {
+    pub ptr: u64,
+    pub tmap: u64,
+    pub m: u32,
+    pub n: u32,
+    /// [`OutType`] as u32.
+    pub out_type: u32,
+}
+
+/// The shared boxes the TMA-store path stages a tile in: per wave, per consumer, `block_n / 64`
+/// boxes of 64 × 64 16-bit values, 128-byte swizzled (chunk j of row r at chunk j ^ (r % 8)).
+#[derive(Clone, Copy)]
+pub struct Staging {
+    pub base: u32,
+    pub consumers: u32,
+    pub block_n: u32,
+}
+
+impl Staging {
+    /// Box `h` (columns 64h..64h+64) of consumer `c`'s rows of wave `w`.
+    #[inline(always)]
+    pub const fn box_addr(self, w: u32, c: u32, h: u32) -> u32 {
+        self.base + ((w * self.consumers + c) * (self.block_n / BOX_N) + h) * BOX_BYTES
+    }
+}
+
+/// Consumer warpgroup `c` (thread `local` of 128) stores its fragments `acc` (one per wave, `wave_m`
+/// rows apart) of the tile whose first row, first column and batch entry are `at`: through shared
+/// memory and TMA stores when the output has a map ([`store_tma`]), else directly
+/// ([`store_direct`]).
+/// # Safety
+/// As [`store_tma`] when `out.tmap` is set.
+#[inline(always)]
+pub unsafe fn store<const WAVES: usize, F: Fragment>(
+    out: &Output,
+    staging: Staging,
+    c: u32,
+    local: u32,
+    acc: &[F; WAVES],
+    at: (u32, u32, u32),
+    wave_m: u32,
+) {
+    if out.tmap != 0 {
+        // SAFETY: the caller's contract.
+        unsafe { store_tma(out, staging, c, local, acc, at, wave_m) };
+    } else {
+        let (m0, n0, l) = at;
+        // The fragment's first row of this thread (the second is 8 below it).
+        let row = c * FRAGMENT_ROWS + 16 * (local / 32) + (local % 32) / 4;
+        for (w, acc) in acc.iter().enumerate() {
+            store_direct(
+                out,
+                l,
+                m0 + w as u32 * wave_m + row,
+                n0 + 2 * (local % 4),
+                acc,
+            );
+        }
+    }
+}
+
+/// Consumer warpgroup `c` (thread `local` of 128) writes its fragments `acc` (one per wave) of
+/// the tile whose first row is `m0` and first column `n0` (batch entry `l`) through shared
+/// memory and TMA stores; waves are `wave_m` rows apart. Commits one bulk group; the caller
+/// waits for it ([`drain`]) before the block exits.
+/// # Safety
+/// `out.tmap` maps the 16-bit output; the staging boxes are this CTA's and no other role uses
+/// them; every thread of the warpgroup calls this with the same tile.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+pub unsafe fn store_tma<const WAVES: usize, F: Fragment>(
+    out: &Output,
+    staging: Staging,
+    c: u32,
+    local: u32,
+    acc: &[F; WAVES],
+    (m0, n0, l): (u32, u32, u32),
+    wave_m: u32,
+) {
+    let (warp, lane) = (local / 32, local % 32);
+    if local == 0 {
+        // The previous tile's stores have read the boxes.
+        tma::wait_read::<0>();
+    }
+    sync_consumer(c);
+    let bf16 = out.out_type == OutType::Bf16 as u32;
+    // This thread's first row in the boxes; with the 128-byte swizzle, r % 8 = lane / 4 for every
+    // row this thread writes.
+    let r = 16 * warp + lane / 4;
+    let base = smem::opaque(
+        staging.box_addr(0, c, 0) + r * BOX_ROW_BYTES + 16 * (lane / 4) + 4 * (lane % 4),
+    );
+    for (w, acc) in acc.iter().enumerate() {
+        // One conversion per path (a run-time choice per value doubles the live registers).
+        if bf16 {
+            stage_fragment::<true, F>(base, w as u32 * staging.consumers, acc);
+        } else {
+            stage_fragment::<false, F>(base, w as u32 * staging.consumers, acc);
+        }
+    }
+    smem::fence_async_proxy();
+    sync_consumer(c);
+    if local == 0 {
+        for w in 0..WAVES as u32 {
+            for h in 0..staging.block_n / BOX_N {
+                let (x, y) = (n0 + h * BOX_N, m0 + w * wave_m + c * FRAGMENT_ROWS);
+                // SAFETY: the boxes were written and fenced by the whole warpgroup (the barrier
+                // above); the map covers the output, TMA clips rows past M and columns past N.
+                unsafe {
+                    tma::store_3d(
+                        out.tmap,
+                        x as i32,
+                        y as i32,
+                        l as i32,
+                        staging.box_addr(w, c, h),
+                    )
+                };
+            }
+        }
+        tma::commit();
+    }
+}
+
+/// After a warpgroup's last [`store_tma`]: shared memory must outlive the stores' reads.
+#[inline(always)]
+pub fn drain(local: u32) {
+    if local == 0 {
+        tma::wait::<0>();
+    }
+}
+
+/// Writes one thread's fragment as 16-bit values into its warpgroup's boxes of a wave whose first
+/// boxes follow `consumers` consumers' boxes (N / 64 each). `base` is the thread's address of
+/// chunk 0 of its first row in wave 0's first box, with the swizzle term `16·(lane/4)` added
+/// (bits 4–6 of the address, which nothing else sets): chunk `j` is then at `base ^ 16·j`. The
+/// swizzle is what the TMA store reads, and it spreads a warp's 8 rows over all 32 banks.
+#[inline(always)]
+fn stage_fragment<const BF16: bool, F: Fragment>(base: u32, consumers: u32, acc: &F) {
+    // A wave's boxes follow the consumers' boxes of the waves before it.
+    let wave = consumers * (F::N / BOX_N) * BOX_BYTES;
+    let acc = acc.as_ref();
+    for j in 0..F::N / 4 {
+        let i = 2 * j as usize;
+        let chunk = (j / 2) % 8; // 16-byte chunk of the 128-byte box row
+        let h = j / 16; // which 64-column box
+        let addr = (base ^ (16 * chunk)) + wave + h * BOX_BYTES + 8 * (j % 2) * BOX_ROW_BYTES;
+        let pair = if BF16 {
+            convert::f32x2_to_bf16x2(acc[i], acc[i + 1])
+        } else {
+            convert::f32x2_to_f16x2(acc[i], acc[i + 1])
+        };
+        // SAFETY: inside this warpgroup's boxes (row < 64, chunk < 8, lane % 4 < 4).
+        unsafe { smem::store_u32(addr, pair) };
+    }
+}
+
+/// Writes one thread's fragment directly: value `i` at row `row0 + 8·((i/2)%2)`, column
+/// `col0 + 8·(i/4) + (i%2)` of batch entry `l`. Adjacent column pairs go out as one 4-byte
+/// (16-bit types) or 8-byte (f32) store when N is even (then the pair is aligned), else as two
+/// stores; elements past M or N are masked by predicates, not branches (see `ptx::global`).
+#[inline(always)]
+pub fn store_direct<F: Fragment>(out: &Output, l: u32, row0: u32, col0: u32, acc: &F) {
+    let out_type = out.out_type;
+    let pairs = out.n % 2 == 0;
+    let bytes = if out_type == OutType::F32 as u32 {
+        4u64
+    } else {
+        2
+    };
+    let acc = acc.as_ref();
+    for j in 0..F::N / 4 {
+        let i = (2 * j) as usize;
+        let row = row0 + 8 * ((i / 2) % 2) as u32;
+        let col = col0 + 8 * (i / 4) as u32;
+        let (in0, in1) = (row < out.m && col < out.n, row < out.m && col + 1 < out.n);
+        let idx = (l as u64 * out.m as u64 + row as u64) * out.n as u64 + col as u64;
+        let addr = out.ptr + idx * bytes;
+        let (v0, v1) = (acc[i], acc[i + 1]);
+        // SAFETY: each store's predicate says its element is inside the L·M·N output; a pair store
+        // is used only when N is even, so `idx` is even and the address is aligned to the pair.
+        unsafe {
+            if out_type == OutType::F32 as u32 {
+                global::store_u32x2_if(addr, v0.to_bits(), v1.to_bits(), pairs && in1);
+                global::store_u32_if(addr, v0.to_bits(), !pairs && in0);
+                global::store_u32_if(addr + 4, v1.to_bits(), !pairs && in1);
+            } else {
+                let bf16 = out_type == OutType::Bf16 as u32;
+                let cvt = |v| {
+                    if bf16 {
+                        convert::f32_to_bf16(v)
+                    } else {
+                        convert::f32_to_f16(v)
+                    }
+                };
+                let (h0, h1) = (cvt(v0), cvt(v1));
+                global::store_u32_if(addr, h0 as u32 | (h1 as u32) << 16, pairs && in1);
+                global::store_u16_if(addr, h0, !pairs && in0);
+                global::store_u16_if(addr + 2, h1, !pairs && in1);
+            }
+        }
+    }
+}
+
+/// Multiplies each accumulator by its column's scale `cols[batch + col]` (B scaled per row,
+/// constant over K, so it factors out of the sum): value `i` is in column
+/// `n0 + 8·(i/4) + 2·(lane%4) + i%2`.
+/// # Safety
+/// `cols` holds at least `batch + n` f32; `n` ≥ 1.
+#[inline(always)]
+pub unsafe fn scale_columns<const WAVES: usize, F: Fragment>(
+    acc: &mut [F; WAVES],
+    cols: u64,
+    batch: usize,
+    n0: u32,
+    n: u32,
+    lane: u32,
+) {
+    let cols = (cols as *const f32).wrapping_add(batch);
+    for j in 0..F::N / 4 {
+        let col = n0 + 8 * (j / 2) + 2 * (lane % 4);
+        // SAFETY: the caller's contract; both columns are clamped into [0, n).
+        let (s0, s1) = unsafe {
+            (
+                *cols.add(col.min(n - 1) as usize),
+                *cols.add((col + 1).min(n - 1) as usize),
+            )
+        };
+        for acc in acc.iter_mut() {
+            let acc = acc.as_mut();
+            acc[2 * j as usize] *= s0;
+            acc[2 * j as usize + 1] *= s1;
+        }
+    }
+}

@@ -1,0 +1,117 @@
+//! The shared memory of a pipelined GEMM, computed from what one stage holds: per stage an A tile,
+//! a B tile and A's scales; once, the output tile staged for its TMA store; last, the pipeline's
+//! two barriers per stage. All A tiles come first, then all B tiles, the output tile, all
+//! A-scale vectors and the barriers, so every tile stays 1024-byte aligned (what TMA destinations
+//! and `wgmma` descriptors with 128-byte swizzle need) when the tile sizes are multiples of 1024.
+//!
+//! Host and device use the same type: the host to size the launch's shared memory, the kernels to
+//! find each stage's buffers.
+
+/// Largest dynamic shared memory per block on sm_90 (227 KiB).
+pub const SMEM_LIMIT: u32 = 232_448;
+/// Bytes of barriers per stage: a full and an empty `mbarrier` of 8 bytes.
+pub const BARRIER_BYTES: u32 = 16;
+/// Alignment of 128-byte-swizzled tiles.
+pub const SWIZZLE_ALIGN: u32 = 1024;
+
+/// What one stage holds, and the output staging buffer, in bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StageContents {
+    /// The A tile (a multiple of [`SWIZZLE_ALIGN`]).
+    pub a: u32,
+    /// The B tile (a multiple of [`SWIZZLE_ALIGN`]).
+    pub b: u32,
+    /// A's scales for the tile (a multiple of 16: one bulk copy).
+    pub sfa: u32,
+    /// The output tile staged for its TMA store (a multiple of [`SWIZZLE_ALIGN`]; 0 for none).
+    pub out: u32,
+}
+
+/// Where everything is, for as many stages as fit in [`SMEM_LIMIT`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StageLayout {
+    /// Shared address of the dynamic shared memory (0 on the host: offsets).
+    pub base: u32,
+    pub stages: u32,
+    pub contents: StageContents,
+}
+
+impl StageLayout {
+    /// As many stages as fit beside the output tile, each with its two barriers.
+    pub const fn fit(contents: StageContents) -> Self {
+        let c = contents;
+        let stage = c.a + c.b + c.sfa + BARRIER_BYTES;
+        StageLayout {
+            base: 0,
+            stages: (SMEM_LIMIT - c.out) / stage,
+            contents,
+        }
+    }
+
+    /// The same layout at shared address `base`.
+    #[inline(always)]
+    pub const fn at(self, base: u32) -> Self {
+        StageLayout { base, ..self }
+    }
+
+    /// Bytes one fill of a stage delivers (tiles and scales).
+    #[inline(always)]
+    pub const fn stage_bytes(&self) -> u32 {
+        self.contents.a + self.contents.b + self.contents.sfa
+    }
+
+    /// The dynamic shared memory a launch needs.
+    pub const fn bytes(&self) -> u32 {
+        self.stages * (self.stage_bytes() + BARRIER_BYTES) + self.contents.out
+    }
+
+    #[inline(always)]
+    pub const fn a(&self, s: u32) -> u32 {
+        self.base + s * self.contents.a
+    }
+    #[inline(always)]
+    pub const fn b(&self, s: u32) -> u32 {
+        self.base + self.stages * self.contents.a + s * self.contents.b
+    }
+    /// The output staging tile.
+    #[inline(always)]
+    pub const fn out(&self) -> u32 {
+        self.base + self.stages * (self.contents.a + self.contents.b)
+    }
+    #[inline(always)]
+    pub const fn sfa(&self, s: u32) -> u32 {
+        self.out() + self.contents.out + s * self.contents.sfa
+    }
+    /// The pipeline's barriers (`stages` full, then `stages` empty).
+    #[inline(always)]
+    pub const fn barriers(&self) -> u32 {
+        self.base + self.stages * self.stage_bytes() + self.contents.out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buffers_are_disjoint_aligned_and_inside_the_limit() {
+        let c = StageContents {
+            a: 128 * 128,
+            b: 128 * 128,
+            sfa: 512,
+            out: 128 * 128 * 2,
+        };
+        let l = StageLayout::fit(c);
+        assert_eq!(l.stages, 5);
+        assert!(l.bytes() <= SMEM_LIMIT);
+        let last = l.stages - 1;
+        assert!(l.a(last) + c.a <= l.b(0) && l.b(last) + c.b <= l.out());
+        assert!(l.out() + c.out <= l.sfa(0) && l.sfa(last) + c.sfa <= l.barriers());
+        assert_eq!(l.barriers() + l.stages * BARRIER_BYTES, l.bytes());
+        for s in 0..l.stages {
+            assert_eq!(l.a(s) % SWIZZLE_ALIGN, 0);
+            assert_eq!(l.b(s) % SWIZZLE_ALIGN, 0);
+        }
+        assert_eq!(l.out() % SWIZZLE_ALIGN, 0);
+    }
+}

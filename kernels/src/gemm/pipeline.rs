@@ -1,0 +1,217 @@
+//! The producer/consumer stage ring (the CUTLASS `PipelineTmaAsync` shape): `stages` buffers, each
+//! guarded by a *full* barrier (the producer's expect-tx arrival plus the TMA bytes complete it)
+//! and an *empty* barrier (every consumer thread of every CTA of the cluster arrives once it no
+//! longer reads the stage). A [`PipelineState`] names one use of the ring: use `i` is stage
+//! `i % stages` in phase `(i / stages) & 1`.
+//!
+//! Every consumer thread releases a stage itself, after its own last read of it, to the empty
+//! barrier of every CTA of the cluster (a producer multicasts into all of them, so it may refill a
+//! stage only when all are done). Each thread's reads are then ordered before the refill by its
+//! own release, which compute-sanitizer's racecheck can follow; one elected thread per warp after
+//! `bar.warp.sync` is ordered as well under the PTX memory model, but racecheck reports it as a
+//! WAR hazard (docs/PERF.md, v3).
+
+use super::barriers::{TURN_FIRST, WARPGROUP};
+use crate::ptx::{mbarrier, thread};
+
+// [`Pipeline::consumer_release`] arrives on the one peer of a pair.
+const _: () = assert!(super::scheduler::MAX_CLUSTER == 2);
+
+/// One use of the ring: the producer's n-th fill, or a consumer's n-th read.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PipelineState {
+    count: u32,
+}
+
+impl PipelineState {
+    /// The use after this one.
+    #[inline(always)]
+    pub const fn next(self) -> Self {
+        PipelineState {
+            count: self.count + 1,
+        }
+    }
+
+    /// Moves on to the next use.
+    #[inline(always)]
+    pub fn advance(&mut self) {
+        *self = self.next();
+    }
+
+    /// Whether this is the very first use (nothing went through the ring before).
+    #[inline(always)]
+    pub const fn is_first(self) -> bool {
+        self.count == 0
+    }
+}
+
+#[derive(Clone, Copy)]
+pub struct Pipeline {
+    /// Shared address of `stages` full barriers followed by `stages` empty barriers.
+    barriers: u32,
+    stages: u32,
+    /// CTAs per cluster that share stages by multicast (1: none).
+    cluster: u32,
+}
+
+impl Pipeline {
+    #[inline(always)]
+    pub const fn new(barriers: u32, stages: u32, cluster: u32) -> Self {
+        Pipeline {
+            barriers,
+            stages,
+            cluster,
+        }
+    }
+
+    /// The buffer index of use `st`.
+    #[inline(always)]
+    pub const fn stage(&self, st: PipelineState) -> u32 {
+        st.count % self.stages
+    }
+
+    #[inline(always)]
+    const fn phase(&self, st: PipelineState) -> u32 {
+        (st.count / self.stages) & 1
+    }
+
+    #[inline(always)]
+    const fn full(&self, st: PipelineState) -> u32 {
+        self.barriers + 8 * self.stage(st)
+    }
+
+    #[inline(always)]
+    const fn empty(&self, st: PipelineState) -> u32 {
+        self.barriers + 8 * (self.stages + self.stage(st))
+    }
+
+    /// One thread, before any use: one producer arrival per fill; per release, one arrival from
+    /// each of `consumer_threads` consumer threads of every CTA of the cluster.
+    /// # Safety
+    /// The barrier memory belongs to this pipeline; a block (or cluster) barrier follows before
+    /// first use.
+    #[inline(always)]
+    pub unsafe fn init(&self, consumer_threads: u32) {
+        for s in 0..self.stages {
+            // SAFETY: the caller's contract.
+            unsafe {
+                mbarrier::init(self.barriers + 8 * s, 1);
+                mbarrier::init(
+                    self.barriers + 8 * (self.stages + s),
+                    consumer_threads * self.cluster,
+                );
+            }
+        }
+        mbarrier::fence_init();
+    }
+
+    /// Producer: waits until the stage of use `st` is free (a fresh ring is free: waiting on the
+    /// parity before the first phase returns at once), then announces the `bytes` the copies into
+    /// it will deliver; returns the full barrier for the copies to complete on.
+    /// # Safety
+    /// Initialized pipeline; `st` counts the producer's fills in order; the copies that follow
+    /// deliver exactly `bytes` to this CTA's full barrier.
+    #[inline(always)]
+    pub unsafe fn producer_acquire(&self, st: PipelineState, bytes: u32) -> u32 {
+        // SAFETY: the caller's contract.
+        unsafe {
+            mbarrier::wait(self.empty(st), self.phase(st) ^ 1);
+            let bar = self.full(st);
+            mbarrier::arrive_expect_tx(bar, bytes);
+            bar
+        }
+    }
+
+    /// Consumer: waits until the stage of use `st` is filled.
+    /// # Safety
+    /// Initialized pipeline; `st` counts this consumer's uses in order.
+    #[inline(always)]
+    pub unsafe fn consumer_wait(&self, st: PipelineState) {
+        // SAFETY: the caller's contract.
+        unsafe { mbarrier::wait(self.full(st), self.phase(st)) };
+    }
+
+    /// Consumer: this thread releases the stage to every CTA of the cluster (every consumer thread
+    /// calls it once per use); `rank` is this CTA's rank in the cluster.
+    /// # Safety
+    /// After `consumer_wait(st)` and this thread's last read of the stage.
+    #[inline(always)]
+    pub unsafe fn consumer_release(&self, st: PipelineState, rank: u32) {
+        // SAFETY: the caller's contract; every CTA of the cluster has the same barrier layout.
+        unsafe {
+            mbarrier::arrive(self.empty(st));
+            if self.cluster > 1 {
+                // Clusters are pairs (`scheduler::MAX_CLUSTER`): the peer is `rank ^ 1`. (A loop over a
+                // run-time cluster size is unrolled by ptxas into predicated arrivals on every
+                // K block.)
+                mbarrier::arrive_cluster(self.empty(st), rank ^ 1);
+            }
+        }
+    }
+}
+
+/// Strict rotation of the consumer warpgroups' MMA batches (CUTLASS's ordered sequence barrier):
+/// warpgroup 0 issues a batch, then 1, (then 2,) then 0, … Why: the consumers wait on the same
+/// full barrier, so unordered they issue together, the tensor cores interleave the batches, all
+/// finish at the end and all promote at once while the tensor cores idle. In turn, the others'
+/// batches run while one warpgroup promotes its previous one.
+/// Named barrier `TURN_FIRST + p` is where party `p` waits for party `p − 1`'s pass: 128 arriving +
+/// 128 waiting threads. `PARTIES`: the consumer warpgroups taking turns, 2 or 3 (a constant, so
+/// each party's barrier choice compiles to one uniform branch).
+#[derive(Clone, Copy)]
+pub struct Turn<const PARTIES: u32> {
+    /// This warpgroup's index among the parties (0 goes first).
+    party: u32,
+}
+
+impl<const PARTIES: u32> Turn<PARTIES> {
+    const THREADS: u32 = 2 * WARPGROUP;
+
+    #[inline(always)]
+    pub const fn new(party: u32) -> Self {
+        const { assert!(PARTIES == 2 || PARTIES == 3) };
+        Turn { party }
+    }
+
+    /// Waits until the previous party has issued its batch before ours (`first`: warpgroup 0's
+    /// very first batch, which waits for nothing).
+    #[inline(always)]
+    pub fn wait(&self, first: bool) {
+        if !(self.party == 0 && first) {
+            Self::sync(self.party);
+        }
+    }
+
+    /// Our batch is issued: the next party's turn.
+    #[inline(always)]
+    pub fn pass(&self) {
+        // The immediate ids keep ptxas's barrier accounting exact.
+        if self.party == 0 {
+            thread::named_arrive::<{ TURN_FIRST + 1 }>(Self::THREADS)
+        } else if PARTIES == 2 || self.party == 2 {
+            thread::named_arrive::<TURN_FIRST>(Self::THREADS)
+        } else {
+            thread::named_arrive::<{ TURN_FIRST + 2 }>(Self::THREADS)
+        }
+    }
+
+    /// After the last batch: warpgroup 0 takes the pass that the last party gave after its last
+    /// batch, so no barrier is left half-arrived when the block exits.
+    #[inline(always)]
+    pub fn finish(&self) {
+        if self.party == 0 {
+            Self::sync(0);
+        }
+    }
+
+    #[inline(always)]
+    fn sync(party: u32) {
+        if party == 0 {
+            thread::named_barrier::<TURN_FIRST>(Self::THREADS)
+        } else if PARTIES == 2 || party == 1 {
+            thread::named_barrier::<{ TURN_FIRST + 1 }>(Self::THREADS)
+        } else {
+            thread::named_barrier::<{ TURN_FIRST + 2 }>(Self::THREADS)
+        }
+    }
+}

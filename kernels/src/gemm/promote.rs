@@ -1,0 +1,21 @@
+//! Promotion of FP8 partial sums: Hopper's FP8 tensor-core accumulation is not full fp32, so a
+//! kernel accumulates each scale block's K range into a scratch fragment and adds it, scaled, into
+//! fp32 sums (every 128 of K here).
+
+use crate::ptx::wgmma::Fragment;
+
+/// `acc += part · f`, with `f0` for the thread's first row and `f1` for its second (fragment value
+/// `i` is in row `+8·((i/2)%2)`). Fused (one FFMA, not FMUL + FADD: Rust never contracts
+/// `a * b + c`), because the promotion sits on each warpgroup's critical path between its MMA
+/// batches.
+#[inline(always)]
+pub fn promote<F: Fragment>(acc: &mut F, part: &F, f0: f32, f1: f32) {
+    let (sums, part) = (acc.as_mut(), part.as_ref());
+    for i in 0..(F::N / 2) as usize {
+        let f = if (i / 2) % 2 == 0 { f0 } else { f1 };
+        sums[i] = core::f32::math::mul_add(part[i], f, sums[i]);
+    }
+    // Pins the sums here: LLVM otherwise sinks them to the loop latch (their only use is the next
+    // K block), past the next wave's MMAs, whose scratch then no longer fits beside them.
+    acc.fence();
+}

@@ -1,0 +1,361 @@
+//! Hopper FP8 GEMM with fp32 block scales: 1×128 for A (per row, per 128 of K), 128×128 for B
+//! (DeepSeek-V3), C = A·Bᵀ, run by the warp-specialized driver ([`crate::gemm::driver`]).
+//! Per-tensor and per-row A scales come through it after the host expands them into this layout;
+//! per-row B scales (per column of C, constant over K) are multiplied in after the K loop.
+//!
+//! - Load (one producer thread, per K block of 128): the A tile (`block_m` × 128 FP8, in boxes of
+//!   a wave or of 64 rows), the B tile (`block_n` × 128) and the tile's A scales. In a pair along
+//!   M the two CTAs share the B tile (each loads half and multicasts it); along N the A tile (each
+//!   loads every other box).
+//! - Compute (consumer warpgroup `c`: 64 rows of each wave): per K block and wave, four `wgmma
+//!   m64nNk32` into a scratch fragment, then promotion into the wave's fp32 sums with
+//!   `scale_a[row] · scale_b`. The waves share the scratch (a thread holds N/2·(waves + 1)
+//!   accumulators). One-wave tiles' consumers take turns issuing ([`Turn`]), and with two
+//!   consumers each issues two K blocks into two scratch fragments and promotes the first while
+//!   the second runs.
+//! - Store: 16-bit output through shared boxes and TMA stores; f32 output, N % 8 ≠ 0 and split-K
+//!   partials directly.
+
+use core::marker::PhantomData;
+
+use super::{BLOCK_K, BLOCK_N, ROW_BYTES, Sm90Fp8Params, Tile, WG_ROWS};
+use crate::gemm::driver::{Ctx, GemmKernel};
+use crate::gemm::epilogue::{self, Output, Staging};
+use crate::gemm::layout::StageLayout;
+use crate::gemm::pipeline::{PipelineState, Turn};
+use crate::gemm::promote::promote;
+use crate::gemm::scheduler::{ClusterShape, Schedule, WorkUnit};
+use crate::ptx::wgmma::{self, Descriptor, Fp8Pair, Fragment, Swizzle};
+use crate::ptx::{smem, tma};
+
+/// K per `wgmma` (FP8): 32 elements = 32 bytes of a swizzled row.
+const MMA_K: u32 = 32;
+/// Bytes between 8-row groups of a 128-byte-swizzled tile (8 rows × 128 bytes).
+const SWIZZLE_SBO: u32 = 8 * ROW_BYTES;
+
+/// The kernel for a tile of `CONS` consumers × `WAVES` waves × `F::N` columns, element types `T`.
+pub(crate) struct Fp8Gemm<const CONS: u32, const WAVES: usize, F, T> {
+    pub(crate) p: Sm90Fp8Params,
+    pub(crate) types: PhantomData<(F, T)>,
+}
+
+impl<const CONS: u32, const WAVES: usize, F: Fragment, T: Fp8Pair> Fp8Gemm<CONS, WAVES, F, T> {
+    const TILE: Tile = Tile::new(CONS, WAVES as u32, F::N);
+}
+
+/// One consumer warpgroup's constants.
+pub(crate) struct Consumer<const CONS: u32> {
+    /// The consumers issue their MMA batches in turn.
+    turn: Turn<CONS>,
+    /// Consumer index (which 64 rows of each wave).
+    c: u32,
+    /// Thread index in the warpgroup.
+    local: u32,
+    /// This thread's first row in each wave (the second is `row + 8`).
+    row: u32,
+}
+
+impl<const CONS: u32, const WAVES: usize, F: Fragment, T: Fp8Pair> GemmKernel
+    for Fp8Gemm<CONS, WAVES, F, T>
+{
+    const CONSUMERS: u32 = CONS;
+    type Consumer = Consumer<CONS>;
+    type Acc = [F; WAVES];
+
+    #[inline(always)]
+    fn layout(&self) -> StageLayout {
+        Self::TILE.layout()
+    }
+
+    #[inline(always)]
+    fn cluster(&self) -> ClusterShape {
+        ClusterShape {
+            m: self.p.cluster_m,
+            n: self.p.cluster_n,
+        }
+    }
+
+    #[inline(always)]
+    fn schedule(&self) -> Schedule {
+        let (p, cl) = (&self.p, self.cluster());
+        Schedule {
+            m: p.m,
+            n: p.n,
+            l: p.l,
+            k_blocks: p.k / BLOCK_K,
+            split_k: p.split_k,
+            unit_m: Self::TILE.block_m() * cl.m,
+            unit_n: F::N * cl.n,
+            group_m: p.group_m,
+        }
+    }
+
+    #[inline(always)]
+    fn prologue(&self) {
+        // SAFETY: the maps are tensor maps (the entry's contract).
+        unsafe {
+            tma::prefetch_map(self.p.tmap_a);
+            tma::prefetch_map(self.p.tmap_b);
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn load(&self, ctx: &Ctx, own: &WorkUnit, kb: u32, s: u32, full: u32) {
+        let (p, tile, cl, layout) = (&self.p, Self::TILE, ctx.cluster, &ctx.layout);
+        let all = ((1u32 << cl.size()) - 1) as u16;
+        let (x, l) = ((kb * BLOCK_K) as i32, own.l as i32);
+        // (The host keeps the scale count below 2³², so the index is 32-bit.)
+        let k_blocks = p.k / BLOCK_K;
+        let sfa = p.sfa + 4 * ((own.l * k_blocks + kb) * p.m_pad + own.m * tile.block_m()) as u64;
+        // SAFETY: the driver's contract (the stage is free); the boxes and the scale copy fit the
+        // stage's buffers; the maps and `sfa` (padded to whole clusters of the tallest tiles)
+        // cover these coordinates; TMA zero-fills rows past M or N.
+        unsafe {
+            let a_box = tile.a_box_rows(cl.n);
+            for w in 0..tile.block_m() / a_box {
+                let (dst, y) = (
+                    layout.a(s) + w * a_box * ROW_BYTES,
+                    (own.m * tile.block_m() + w * a_box) as i32,
+                );
+                if cl.n == 1 {
+                    tma::load_3d(dst, p.tmap_a, x, y, l, full);
+                } else if w % cl.n == ctx.rank {
+                    // Our box of the shared A tile, into every CTA of the cluster.
+                    tma::load_3d_multicast(dst, p.tmap_a, x, y, l, full, all);
+                }
+            }
+            // Along M: our share of the shared B tile, into every CTA of the cluster.
+            let b_rows = F::N / cl.m;
+            let share = if cl.m > 1 { ctx.rank } else { 0 };
+            let b_dst = layout.b(s) + share * b_rows * ROW_BYTES;
+            let b_y = (own.n * F::N + share * b_rows) as i32;
+            if cl.m > 1 {
+                tma::load_3d_multicast(b_dst, p.tmap_b, x, b_y, l, full, all);
+            } else {
+                tma::load_3d(b_dst, p.tmap_b, x, b_y, l, full);
+            }
+            tma::load_bytes(layout.sfa(s), sfa, tile.block_m() * 4, full);
+        }
+    }
+
+    #[inline(always)]
+    fn consumer(&self, _ctx: &Ctx, c: u32, local: u32) -> Consumer<CONS> {
+        let (warp, lane) = (local / 32, local % 32);
+        Consumer {
+            turn: Turn::new(c),
+            c,
+            local,
+            // The accumulator fragment's first row of this thread within each wave.
+            row: c * WG_ROWS + 16 * warp + lane / 4,
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn mainloop(
+        &self,
+        ctx: &Ctx,
+        cons: &Consumer<CONS>,
+        own: &WorkUnit,
+        st: &mut PipelineState,
+    ) -> [F; WAVES] {
+        let p = &self.p;
+        // B-scale blocks along N (128 columns each; a 64-column tile lies inside one). A pair
+        // along N may hang past N by one tile: its output is clipped, and its B scales are read
+        // from the last real tile (not past the buffer).
+        let (n_blocks, k_blocks) = (p.n.div_ceil(BLOCK_N), p.k / BLOCK_K);
+        let sfb_tile = (own.n * F::N / BLOCK_N).min(n_blocks - 1);
+        let sfb =
+            (p.sfb as *const f32).wrapping_add(((own.l * n_blocks + sfb_tile) * k_blocks) as usize);
+        let mut acc = [F::zeros(); WAVES];
+        let mut kb = own.k_begin;
+        while kb < own.k_end {
+            // SAFETY: `st` counts this warpgroup's uses in order; each is waited for, used by
+            // every wave and released before the next; `kb + 1` is in range for a pair.
+            unsafe {
+                if CONS == 2 && WAVES == 1 && kb + 1 < own.k_end {
+                    self.k_pair(ctx, cons, &mut acc[0], *st, sfb.add(kb as usize));
+                    (kb, *st) = (kb + 2, st.next().next());
+                } else {
+                    self.k_block(ctx, cons, &mut acc, *st, sfb.add(kb as usize));
+                    (kb, *st) = (kb + 1, st.next());
+                }
+            }
+        }
+        acc
+    }
+
+    #[inline(always)]
+    fn epilogue(&self, ctx: &Ctx, cons: &Consumer<CONS>, own: &WorkUnit, mut acc: [F; WAVES]) {
+        let (p, tile) = (&self.p, Self::TILE);
+        if p.sfb_col != 0 {
+            // SAFETY: `sfb_col` holds `l · n` scales; columns are clamped to n − 1 (past N the
+            // values are never stored).
+            let batch = own.l as usize * p.n as usize;
+            let lane = cons.local % 32;
+            unsafe { epilogue::scale_columns(&mut acc, p.sfb_col, batch, own.n * F::N, p.n, lane) };
+        }
+        let out = Output {
+            ptr: p.out,
+            tmap: p.tmap_c,
+            m: p.m,
+            n: p.n,
+            out_type: p.out_type,
+        };
+        let staging = Staging {
+            base: ctx.layout.out(),
+            consumers: CONS,
+            block_n: F::N,
+        };
+        let at = (own.m * tile.block_m(), own.n * F::N, own.out_l);
+        // SAFETY: `tmap_c`, when set, maps the 16-bit output (the entry's contract); the staging
+        // boxes are this warpgroup's.
+        unsafe { epilogue::store(&out, staging, cons.c, cons.local, &acc, at, tile.wave_m()) };
+    }
+
+    #[inline(always)]
+    fn finish(&self, cons: &Consumer<CONS>, st: PipelineState) {
+        if WAVES == 1 && !st.is_first() {
+            // (All consumers ran the same units, so they agree on whether there was a batch.)
+            cons.turn.finish();
+        }
+        if self.p.tmap_c != 0 {
+            epilogue::drain(cons.local);
+        }
+    }
+}
+
+impl<const CONS: u32, const WAVES: usize, F: Fragment, T: Fp8Pair> Fp8Gemm<CONS, WAVES, F, T> {
+    /// Waits for use `st`; for each wave issues its four `wgmma` into the scratch fragment, waits
+    /// for them and promotes the partial sums into the wave's sums; releases the stage. With two
+    /// waves there are no registers for a second scratch, but ptxas starts wave 1's MMAs under
+    /// wave 0's promotion by itself.
+    /// # Safety
+    /// `st` is this warpgroup's next use; `sfb` points at this K block's B scale.
+    #[inline(always)]
+    unsafe fn k_block(
+        &self,
+        ctx: &Ctx,
+        cons: &Consumer<CONS>,
+        acc: &mut [F; WAVES],
+        st: PipelineState,
+        sfb: *const f32,
+    ) {
+        let s = ctx.pipe.stage(st);
+        // SAFETY: the caller's contract; the stage (tiles and scales) is filled after
+        // `consumer_wait`; rows < block_m.
+        unsafe {
+            // A global load whose latency hides behind the wait and the first MMAs.
+            let scale_b = *sfb;
+            ctx.pipe.consumer_wait(st);
+            for (w, acc) in acc.iter_mut().enumerate() {
+                let w = w as u32;
+                // One-wave tiles: the consumers' batches rotate. Two waves: only the very first
+                // batch is ordered (consumer 1 waits for consumer 0's), a one-time stagger that
+                // keeps their promotions apart. No turn on every batch there: ptxas already
+                // overlaps wave 1's MMAs with wave 0's promotion (docs/PERF.md, v9).
+                let stagger = WAVES > 1 && st.is_first() && w == 0;
+                if WAVES == 1 || (stagger && cons.c == 1) {
+                    cons.turn.wait(st.is_first());
+                }
+                let mut part = Self::issue(&ctx.layout, cons.c, s, w);
+                if WAVES == 1 || (stagger && cons.c == 0) {
+                    cons.turn.pass();
+                }
+                let (f0, f1) = Self::scales(&ctx.layout, cons.row, s, w, scale_b);
+                wgmma::wait::<0>();
+                part.fence();
+                promote(acc, &part, f0, f1);
+            }
+            // This thread has read the stage (its MMAs completed, its scales loaded): release it.
+            ctx.pipe.consumer_release(st, ctx.rank);
+        }
+    }
+
+    /// 128-row tiles, two K blocks at once: issues use `st`'s four MMAs into one scratch fragment
+    /// and the next use's into a second, then promotes the first while the second runs, and the
+    /// second while the other consumer's MMAs run. (One K block at a time, the tensor cores wait
+    /// for every promotion of both consumers; a third scratch does not fit.)
+    /// # Safety
+    /// As [`Self::k_block`], for uses `st` and `st.next()`; `sfb` points at the first's B scale.
+    #[inline(always)]
+    unsafe fn k_pair(
+        &self,
+        ctx: &Ctx,
+        cons: &Consumer<CONS>,
+        acc: &mut F,
+        st: PipelineState,
+        sfb: *const f32,
+    ) {
+        let (pipe, layout) = (&ctx.pipe, &ctx.layout);
+        let (st1, c) = (st.next(), cons.c);
+        let (s0, s1) = (pipe.stage(st), pipe.stage(st1));
+        // SAFETY: the caller's contract; each stage is read only after its `consumer_wait` and
+        // released after its MMAs completed and its scales were loaded.
+        unsafe {
+            let (sb0, sb1) = (*sfb, *sfb.add(1));
+            pipe.consumer_wait(st);
+            cons.turn.wait(st.is_first());
+            let mut part0 = Self::issue(layout, c, s0, 0);
+            pipe.consumer_wait(st1);
+            let mut part1 = Self::issue(layout, c, s1, 0);
+            cons.turn.pass();
+            let (f00, f01) = Self::scales(layout, cons.row, s0, 0, sb0);
+            let (f10, f11) = Self::scales(layout, cons.row, s1, 0, sb1);
+            wgmma::wait::<1>();
+            part0.fence();
+            pipe.consumer_release(st, ctx.rank);
+            promote(acc, &part0, f00, f01);
+            wgmma::wait::<0>();
+            part1.fence();
+            pipe.consumer_release(st1, ctx.rank);
+            promote(acc, &part1, f10, f11);
+        }
+    }
+
+    /// The four `wgmma m64nNk32` of consumer `c`'s rows of stage `s`, wave `w`, into a fresh
+    /// scratch fragment, committed as one group.
+    /// # Safety
+    /// Stage `s` is filled (its full barrier waited for).
+    #[inline(always)]
+    unsafe fn issue(layout: &StageLayout, c: u32, s: u32, w: u32) -> F {
+        let a_row = w * Self::TILE.wave_m() + c * WG_ROWS;
+        wgmma::fence();
+        // SAFETY: the caller's contract.
+        unsafe {
+            let mut part =
+                F::first::<T>(swizzled(layout.a(s), a_row, 0), swizzled(layout.b(s), 0, 0));
+            for kk in 1..BLOCK_K / MMA_K {
+                part.acc::<T>(
+                    swizzled(layout.a(s), a_row, kk),
+                    swizzled(layout.b(s), 0, kk),
+                );
+            }
+            wgmma::commit();
+            part
+        }
+    }
+
+    /// This thread's two promotion factors for stage `s`, wave `w`: its rows' A scales ×
+    /// `scale_b`.
+    /// # Safety
+    /// Stage `s` is filled.
+    #[inline(always)]
+    unsafe fn scales(layout: &StageLayout, row: u32, s: u32, w: u32, scale_b: f32) -> (f32, f32) {
+        let (sfa, r) = (layout.sfa(s), w * Self::TILE.wave_m() + row);
+        // SAFETY: the caller's contract; rows < block_m.
+        let (sa0, sa1) = unsafe {
+            (
+                f32::from_bits(smem::load_u32(sfa + 4 * r)),
+                f32::from_bits(smem::load_u32(sfa + 4 * (r + 8))),
+            )
+        };
+        (sa0 * scale_b, sa1 * scale_b)
+    }
+}
+
+/// The `wgmma` descriptor of a K-major, 128-byte-swizzled tile at `tile` (as TMA wrote it with
+/// 128-byte rows), from row `row` (a multiple of 8), at K step `kk` (32 bytes each).
+#[inline(always)]
+fn swizzled(tile: u32, row: u32, kk: u32) -> Descriptor {
+    Descriptor::new(tile + row * ROW_BYTES, 16, SWIZZLE_SBO, Swizzle::B128).advance(kk * MMA_K)
+}

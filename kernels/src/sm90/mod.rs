@@ -1,0 +1,302 @@
+//! The Hopper FP8 block-scaled GEMM family: its tile shapes, its parameters and its one kernel
+//! list. Host and device share this module; the kernel body is [`fp8`] (sm_90a only).
+//!
+//! Hardware facts behind the numbers: a 128-byte swizzled TMA box row is 128 e4m3 = one 1×128
+//! scale block of K; `wgmma` m64nNk32 gives each consumer warpgroup 64 rows, so one *wave* of the
+//! consumers covers 64 rows per consumer; [`BLOCK_N`] = 128 is one 128×128 scale block of B. A
+//! tile is 2 consumers × 1 or 2 waves, or 3 consumers × 1 wave, by 128 or 64 columns ([`Tile`]);
+//! the stages are as many as fit the 227 KiB a block may have ([`crate::gemm::layout`]).
+
+#[cfg(all(target_arch = "nvptx64", target_feature = "sm_90a"))]
+pub mod fp8;
+
+use crate::format::ElemType;
+use crate::gemm::layout::{StageContents, StageLayout};
+use crate::gemm::scheduler::MAX_CLUSTER;
+use crate::registry::KernelInfo;
+
+/// Columns of one 128×128 B-scale block, and of the widest tile.
+pub const BLOCK_N: u32 = 128;
+/// K of one stage: one 1×128 A-scale block.
+pub const BLOCK_K: u32 = 128;
+/// Rows of one consumer warpgroup per wave: the M of `wgmma` m64nNk32.
+pub const WG_ROWS: u32 = 64;
+/// Bytes per row of a swizzled tile (the 128-byte swizzle span).
+pub const ROW_BYTES: u32 = 128;
+/// Columns of one output box of the TMA store: 64 × 2 bytes = the 128-byte swizzle span.
+pub const C_BOX_N: u32 = 64;
+/// Registers of one SM, shared by the block's threads after `setmaxnreg`.
+pub const SM_REGISTERS: u32 = 65_536;
+
+/// One tile shape: `consumers` warpgroups × 64 rows × `waves` of A by `block_n` columns of B.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Tile {
+    /// Consumer warpgroups (2 or 3), each 64 rows of every wave.
+    pub consumers: u32,
+    /// Waves (1 or 2): each costs a consumer thread 64 fp32 sums (plus 64 scratch shared by the
+    /// waves), so 2 waves need ≈ 200 of 224 registers; 3 would not fit.
+    pub waves: u32,
+    /// Columns: 128 (one 128×128 B-scale block), or 64 (half of one: twice the tiles where too
+    /// few 128-column tiles leave SMs idle).
+    pub block_n: u32,
+}
+
+impl Tile {
+    pub const fn new(consumers: u32, waves: u32, block_n: u32) -> Tile {
+        Tile {
+            consumers,
+            waves,
+            block_n,
+        }
+    }
+    pub const M128: Tile = Tile::new(2, 1, 128);
+    pub const M256: Tile = Tile::new(2, 2, 128);
+    /// Three consumers, one wave: while one promotes, the other two have batches queued (with
+    /// two, only one), at L2 bytes per FLOP between the 128- and 256-row tiles.
+    pub const M192: Tile = Tile::new(3, 1, 128);
+    /// 128 × 64: `wgmma` m64n64k32.
+    pub const M128N64: Tile = Tile::new(2, 1, 64);
+    pub const ALL: [Tile; 4] = [Tile::M128, Tile::M256, Tile::M192, Tile::M128N64];
+
+    /// Rows one wave of the consumers covers.
+    pub const fn wave_m(self) -> u32 {
+        WG_ROWS * self.consumers
+    }
+    pub const fn block_m(self) -> u32 {
+        self.wave_m() * self.waves
+    }
+    /// One producer warpgroup and the consumers.
+    pub const fn threads(self) -> u32 {
+        128 * (1 + self.consumers)
+    }
+    /// Register budgets after `setmaxnreg` (multiples of 8, 24..=256) within [`SM_REGISTERS`]:
+    /// two consumers 128·(40 + 2·224) — 128 sums + 64 scratch + addressing for the 256-row tile;
+    /// three consumers 128·(32 + 3·160) — 64 sums + 64 scratch + addressing. The budgets are
+    /// the largest at which ptxas spills nothing in any role (docs/PERF.md, v20).
+    pub const fn producer_regs(self) -> u32 {
+        if self.consumers == 2 { 40 } else { 32 }
+    }
+    pub const fn consumer_regs(self) -> u32 {
+        if self.consumers == 2 { 224 } else { 160 }
+    }
+    /// Rows of one TMA box of A for clusters of `cluster_n` along N: a wave (128), or one
+    /// consumer's 64 rows for three consumers, and for one-wave tiles shared along N (each CTA of
+    /// the pair loads every other box and multicasts it). The host encodes a map for each size.
+    pub const fn a_box_rows(self, cluster_n: u32) -> u32 {
+        if self.consumers == 2 && (cluster_n == 1 || self.waves > 1) {
+            2 * WG_ROWS
+        } else {
+            WG_ROWS
+        }
+    }
+    /// The shared memory of one stage (A tile, B tile, one f32 A scale per row) and the 16-bit
+    /// output tile staged for its TMA store, as many stages as fit: 5 for 128-row tiles, 3 for
+    /// 256-row ones, 4 for 192-row ones, 8 for 128 × 64.
+    pub const fn layout(self) -> StageLayout {
+        StageLayout::fit(StageContents {
+            a: self.block_m() * ROW_BYTES,
+            b: self.block_n * ROW_BYTES,
+            sfa: self.block_m() * 4,
+            out: self.block_m() * self.block_n * 2,
+        })
+    }
+    pub const fn stages(self) -> u32 {
+        self.layout().stages
+    }
+    pub const fn smem_bytes(self) -> u32 {
+        self.layout().bytes()
+    }
+}
+
+const _: () = {
+    assert!(Tile::M128.stages() == 5 && Tile::M256.stages() == 3 && Tile::M192.stages() == 4);
+    assert!(Tile::M128N64.stages() == 8);
+    let mut i = 0;
+    while i < Tile::ALL.len() {
+        let t = Tile::ALL[i];
+        assert!(128 * (t.producer_regs() + t.consumers * t.consumer_regs()) <= SM_REGISTERS);
+        assert!(t.consumers <= crate::gemm::barriers::MAX_CONSUMERS);
+        i += 1;
+    }
+};
+
+/// The A-scale padding (`m_pad`) for `rows` rows: whole clusters of every tile height, so every
+/// CTA's scale copies stay inside the buffer; a multiple of 4 (16-byte copies).
+pub const fn m_pad(rows: u32) -> u32 {
+    let mut pad = rows;
+    let mut i = 0;
+    while i < Tile::ALL.len() {
+        let unit = Tile::ALL[i].block_m() * MAX_CLUSTER;
+        if rows.next_multiple_of(unit) > pad {
+            pad = rows.next_multiple_of(unit);
+        }
+        i += 1;
+    }
+    pad.next_multiple_of(4)
+}
+
+/// Parameters of the sm90 FP8 GEMM. Tensor maps live in device memory (64-byte aligned; see
+/// `ptx::tma`); `tmap_b`'s box is BLOCK_N / `cluster_m` rows (each CTA of a cluster loads its
+/// share). `sfa`: f32 `[l][k/128][m_pad]`, M contiguous, zero-padded to `m_pad` (a multiple of
+/// [`m_pad`], so every tile's scales are one aligned copy). `sfb`: f32 `[l][⌈n/128⌉][k/128]`.
+/// `k` is a multiple of 128.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Sm90Fp8Params {
+    pub tmap_a: u64,
+    pub tmap_b: u64,
+    /// Tensor map of the output for TMA stores (N, M, L; box 64 × 64; 128-byte swizzle), or 0:
+    /// direct stores (f32 output, split-K partials, or N % 8 ≠ 0 so rows are not 16-byte
+    /// aligned).
+    pub tmap_c: u64,
+    pub sfa: u64,
+    pub sfb: u64,
+    /// Per-column scales of C (B scaled per row, constant over K): f32 `[l][n]`, multiplied in
+    /// after the K loop; 0 when B's scales are all in `sfb`.
+    pub sfb_col: u64,
+    pub out: u64,
+    pub m: u32,
+    pub n: u32,
+    pub k: u32,
+    pub l: u32,
+    pub m_pad: u32,
+    /// [`crate::params::OutType`] as u32.
+    pub out_type: u32,
+    /// Scheduler band height in M tiles (≥ 1).
+    pub group_m: u32,
+    /// K blocks are split into this many ranges (≥ 1); with more than one, `out` is an f32
+    /// workspace of `split_k · l` batch entries (entry `l·split_k + s` holds range `s`'s partial
+    /// sums), which the split-K reduction (`crate::params::SplitKParams`) sums.
+    pub split_k: u32,
+    /// CTAs per cluster along M (1 or [`MAX_CLUSTER`]): the CTAs of a cluster compute consecutive
+    /// M tiles of one N tile and multicast halves of the shared B tile.
+    pub cluster_m: u32,
+    /// CTAs per cluster along N (1 or [`MAX_CLUSTER`], and then `cluster_m` = 1): the CTAs compute
+    /// consecutive N tiles of one M tile, and CTA `r` loads the boxes `b` of the shared A tile
+    /// with `b % cluster_n == r` into both (boxes of `Tile::a_box_rows(cluster_n)` rows).
+    pub cluster_n: u32,
+}
+
+/// One kernel of the family: its tile, its element types and its entry point.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Sm90Fp8Kernel {
+    pub tile: Tile,
+    pub a: ElemType,
+    pub b: ElemType,
+    pub info: KernelInfo,
+}
+
+/// An exported kernel: `$tile` a [`Tile`] constant, `$a`, `$b` the FP8 `ElemType`s.
+#[cfg(all(target_arch = "nvptx64", target_feature = "sm_90a"))]
+macro_rules! entry {
+    ($name:expr, $tile:ident, $a:ident, $b:ident) => {
+        const _: () = {
+            /// # Safety
+            /// Launched as [`crate::gemm::driver::run`] says for the tile, with parameters made
+            /// from validated operands as [`Sm90Fp8Params`] describes (`k % 128 == 0`, `out` sized
+            /// for the output or the split-K workspace).
+            #[unsafe(export_name = $name)]
+            unsafe extern "ptx-kernel" fn kernel(p: $crate::sm90::Sm90Fp8Params) {
+                use $crate::format::ElemType;
+                use $crate::sm90::Tile;
+                let k = $crate::sm90::fp8::Fp8Gemm::<
+                    { Tile::$tile.consumers },
+                    { Tile::$tile.waves as usize },
+                    [f32; { (Tile::$tile.block_n / 2) as usize }],
+                    $crate::ptx::wgmma::Fp8<{ ElemType::$a as u32 }, { ElemType::$b as u32 }>,
+                > {
+                    p,
+                    types: core::marker::PhantomData,
+                };
+                // SAFETY: the caller's contract.
+                unsafe {
+                    $crate::gemm::driver::run::<
+                        _,
+                        { Tile::$tile.producer_regs() },
+                        { Tile::$tile.consumer_regs() },
+                    >(&k)
+                }
+            }
+        };
+    };
+}
+
+/// The kernel list, written once: every tile × every pair of FP8 element types, each pair part of
+/// the `wgmma` instruction and so a kernel of its own. `$tile` names a [`Tile`] constant and
+/// `$a`, `$b` [`ElemType`] variants; the entry point is `sm90_fp8_blockscaled_gemm` followed by
+/// the two suffixes. This expands to [`KERNELS`] (host and device) and, on sm_90a, to the entry
+/// points in [`fp8`].
+macro_rules! kernel_list {
+    (tiles: [$(($tile:ident, $tn:literal)),*], types: $types:tt) => {
+        /// Every kernel of the family (the registry's rows).
+        pub const KERNELS: &[Sm90Fp8Kernel] = &kernel_list!(@rows [] [$(($tile, $tn)),*] $types);
+        #[cfg(all(target_arch = "nvptx64", target_feature = "sm_90a"))]
+        kernel_list!(@entries [$(($tile, $tn)),*] $types);
+    };
+    (@rows [$($out:tt)*] [] $types:tt) => { [$($out)*] };
+    (@rows [$($out:tt)*] [($tile:ident, $tn:literal) $(, $rest:tt)*]
+        [$(($a:ident, $b:ident, $yn:literal)),*]) => {
+        kernel_list!(@rows
+            [$($out)* $(Sm90Fp8Kernel {
+                tile: Tile::$tile,
+                a: ElemType::$a,
+                b: ElemType::$b,
+                info: KernelInfo {
+                    name: concat!("sm90_fp8_blockscaled_gemm", $tn, $yn),
+                    max_threads: Some(Tile::$tile.threads()),
+                    min_blocks_per_sm: 1,
+                    // wgmma exists on sm_90a only.
+                    targets: &["sm_90a"],
+                },
+            },)*]
+            [$($rest),*] [$(($a, $b, $yn)),*])
+    };
+    (@entries [] $types:tt) => {};
+    (@entries [($tile:ident, $tn:literal) $(, $rest:tt)*] [$(($a:ident, $b:ident, $yn:literal)),*]) => {
+        $(entry!(concat!("sm90_fp8_blockscaled_gemm", $tn, $yn), $tile, $a, $b);)*
+        kernel_list!(@entries [$($rest),*] [$(($a, $b, $yn)),*]);
+    };
+}
+
+kernel_list! {
+    tiles: [(M128, ""), (M256, "_m256"), (M192, "_m192"), (M128N64, "_n64")],
+    types: [
+        (E4M3, E4M3, ""),
+        (E5M2, E5M2, "_e5m2_e5m2"),
+        (E4M3, E5M2, "_e4m3_e5m2"),
+        (E5M2, E4M3, "_e5m2_e4m3")
+    ]
+}
+
+/// The kernel for a tile and a pair of element types.
+pub fn kernel(tile: Tile, a: ElemType, b: ElemType) -> Option<&'static Sm90Fp8Kernel> {
+    KERNELS
+        .iter()
+        .find(|k| k.tile == tile && k.a == a && k.b == b)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_tile_has_a_kernel_for_every_fp8_pair_with_a_unique_name() {
+        let fp8 = [ElemType::E4M3, ElemType::E5M2];
+        for t in Tile::ALL {
+            for a in fp8 {
+                for b in fp8 {
+                    assert!(kernel(t, a, b).is_some(), "{t:?} {a:?} {b:?}");
+                }
+            }
+        }
+        assert_eq!(KERNELS.len(), Tile::ALL.len() * 4);
+        for (i, k) in KERNELS.iter().enumerate() {
+            assert!(KERNELS[i + 1..].iter().all(|o| o.info.name != k.info.name));
+            assert_eq!(k.info.max_threads, Some(k.tile.threads()));
+        }
+        assert_eq!(
+            kernel(Tile::M256, ElemType::E5M2, ElemType::E4M3).map(|k| k.info.name),
+            Some("sm90_fp8_blockscaled_gemm_m256_e5m2_e4m3")
+        );
+    }
+}
