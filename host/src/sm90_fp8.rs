@@ -657,6 +657,17 @@ mod tests {
         GemmShape { m, n, k, l }
     }
 
+    /// 128-row tiles alone, one band, 132 CTAs, K in `split_k` ranges.
+    fn m128(split_k: u32) -> Sm90Config {
+        Sm90Config {
+            tile: Tile::M128,
+            cluster: ClusterShape { m: 1, n: 1 },
+            group_m: 1,
+            ctas: 132,
+            split_k,
+        }
+    }
+
     #[test]
     fn the_chosen_configurations_validate() {
         for (m, n, k, l) in [
@@ -678,13 +689,7 @@ mod tests {
     fn bands_outside_1_to_the_m_units_are_config_errors() {
         // 256 rows of 128-row tiles: 2 units; 2 N tiles, so 2³¹ · 2 wraps a u32 to 0.
         let s = shape(256, 256, 256, 1);
-        let cfg = Sm90Config {
-            tile: Tile::M128,
-            cluster: ClusterShape { m: 1, n: 1 },
-            group_m: 1,
-            ctas: 132,
-            split_k: 1,
-        };
+        let cfg = m128(1);
         for group_m in [0, 3, 1 << 31, u32::MAX] {
             let r = Sm90Config { group_m, ..cfg }.validate(&s);
             assert!(
@@ -707,13 +712,7 @@ mod tests {
     #[test]
     fn tiles_clusters_ctas_and_splits_the_kernel_lacks_are_config_errors() {
         let s = shape(256, 256, 256, 1);
-        let ok = Sm90Config {
-            tile: Tile::M128,
-            cluster: ClusterShape { m: 1, n: 1 },
-            group_m: 1,
-            ctas: 132,
-            split_k: 2,
-        };
+        let ok = m128(2);
         assert!(ok.validate(&s).is_ok());
         let bad = [
             Sm90Config {
@@ -757,7 +756,6 @@ mod tests {
             Err(Error::Shape(_))
         ));
         let huge = shape(1 << 30, 256, 128 * 64, 1);
-        let cfg = Sm90Config { split_k: 1, ..ok };
-        assert!(matches!(cfg.validate(&huge), Err(Error::Shape(_))));
+        assert!(matches!(m128(1).validate(&huge), Err(Error::Shape(_))));
     }
 }
