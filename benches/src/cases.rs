@@ -251,22 +251,26 @@ pub fn plan_name(p: &Plan) -> String {
         Plan::Reference => "ref".into(),
         Plan::Sm90Fp8(c) => {
             // c2: pair along M; cn2: pair along N.
-            let cluster = if c.cluster_n > 1 {
-                format!("cn{}", c.cluster_n)
+            let cluster = if c.cluster.n > 1 {
+                format!("cn{}", c.cluster.n)
             } else {
-                format!("c{}", c.cluster_m)
+                format!("c{}", c.cluster.m)
             };
             let split = if c.split_k > 1 {
                 format!("s{}", c.split_k)
             } else {
                 String::new()
             };
-            let n = if c.block_n == 128 {
+            let n = if c.tile.block_n == 128 {
                 String::new()
             } else {
-                format!("n{}", c.block_n)
+                format!("n{}", c.tile.block_n)
             };
-            format!("sm90/m{}{n}g{}{cluster}{split}", c.block_m, c.group_m)
+            format!(
+                "sm90/m{}{n}g{}{cluster}{split}",
+                c.tile.block_m(),
+                c.group_m
+            )
         }
     }
 }

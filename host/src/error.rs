@@ -1,11 +1,9 @@
 //! The one error type of the public API. Every bad input is one of these, never a panic.
 
-use crate::format::OperandFormat;
-
 /// What went wrong, said so that the caller can fix it.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// Dimensions that do not fit together or do not fit the format.
+    /// Dimensions that do not fit together or do not fit the format, or sizes that overflow.
     #[error("shape: {0}")]
     Shape(String),
     /// A size or stride the format's packing or a kernel's access width needs to be a multiple of.
@@ -14,12 +12,20 @@ pub enum Error {
     /// A format or format combination that is not supported, or a value the format cannot hold.
     #[error("format: {0}")]
     Format(String),
+    /// A kernel configuration (a [`Plan`](crate::Plan)'s fields) the kernel is not built for or
+    /// that does not fit the shape.
+    #[error("configuration: {0}")]
+    Config(String),
     /// The GPU's architecture has no kernel for this request.
     #[error("architecture: {0}")]
     Architecture(String),
     /// No CUDA driver, or no GPU with that ordinal.
     #[error("no CUDA device: {0}")]
     NoDevice(String),
+    /// An operand or output that belongs to another [`Gpu`](crate::Gpu) (another device or
+    /// context) than the one asked to use it.
+    #[error("wrong GPU: {0}")]
+    WrongGpu(String),
     /// A CUDA driver call failed.
     #[error("CUDA driver: {0}")]
     Driver(#[from] cudarc::driver::DriverError),
@@ -31,6 +37,6 @@ pub(crate) fn shape(msg: impl Into<String>) -> Error {
     Error::Shape(msg.into())
 }
 
-pub(crate) fn format_err(fmt: &OperandFormat, msg: impl std::fmt::Display) -> Error {
-    Error::Format(format!("{fmt}: {msg}"))
+pub(crate) fn config(msg: impl Into<String>) -> Error {
+    Error::Config(msg.into())
 }

@@ -15,6 +15,8 @@
 
 use std::fmt;
 
+use crate::error::Error;
+
 pub use blockscaled_kernels::format::{ElemType, ScaleType};
 pub use blockscaled_kernels::params::OutType;
 
@@ -52,8 +54,8 @@ pub struct OperandFormat {
 
 impl OperandFormat {
     /// Checks that the combination is one this crate quantizes and computes with.
-    pub fn validate(&self) -> Result<(), crate::Error> {
-        let bad = |m: &str| Err(crate::error::format_err(self, m));
+    pub fn validate(&self) -> Result<(), Error> {
+        let bad = |m: &str| Err(self.error(m));
         match self.block {
             ScaleBlock::Tile { rows: 0, .. } | ScaleBlock::Tile { k: 0, .. } => {
                 return bad("a scale block cannot be empty");
@@ -76,6 +78,13 @@ impl OperandFormat {
             return bad("a second-level tensor scale belongs to NVFP4 (ue4m3 block scales) only");
         }
         Ok(())
+    }
+}
+
+impl OperandFormat {
+    /// An [`Error::Format`] that names this format.
+    pub(crate) fn error(&self, msg: impl fmt::Display) -> Error {
+        Error::Format(format!("{self}: {msg}"))
     }
 }
 

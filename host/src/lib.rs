@@ -22,25 +22,41 @@
 //! ```
 //!
 //! Layouts are documented on [`ScaledMatrix`] (data, packing, scales) and [`HostOutput`] (C).
+//!
+//! Modules, each importing only those above it: `error`; `format`; `matrix`, `quantize`,
+//! `output`, [`reference`] (CPU); `buffers` (device matrices and outputs); `launch` (the one
+//! launch path); `family` (what a kernel family provides); one file per family
+//! (`reference_kernel`, `sm90_fp8`); [`plan`] (the family list and the choice of kernel);
+//! `device` ([`Gpu`]).
 
-pub mod config;
+mod buffers;
 mod device;
 mod error;
+mod family;
 pub mod format;
+mod launch;
 mod matrix;
 mod output;
+pub mod plan;
 mod quantize;
 pub mod reference;
-mod sm90;
+mod reference_kernel;
+mod sm90_fp8;
 
-pub use config::{Plan, Sm90Config};
-pub use device::{DeviceMatrix, DeviceOutput, Gpu, GpuArch};
+pub use buffers::{DeviceMatrix, DeviceOutput};
+pub use device::Gpu;
 pub use error::{Error, Result};
 pub use format::{
     ElemType, Fp8, OperandFormat, OutType, Recipe, ScaleBlock, ScaleMajor, ScaleType,
 };
-pub use matrix::{MatrixDesc, ScaleLayout, ScaledMatrix};
+pub use matrix::{GemmShape, MatrixDesc, ScaleLayout, ScaledMatrix};
 pub use output::{HostOutput, output_ulp, round_output};
+pub use plan::{GpuArch, Plan};
+pub use sm90_fp8::Sm90Config;
+
+/// The kernel crate's types that [`Sm90Config`] holds: the tile shape and the cluster shape.
+pub use blockscaled_kernels::params::sm90::Tile as Sm90Tile;
+pub use blockscaled_kernels::scheduler::ClusterShape;
 
 /// The kernel crate, for its formats and parameter structs.
 pub use blockscaled_kernels as kernels;

@@ -39,7 +39,8 @@ impl ScaleLayout {
             k_blocks,
             row_stride,
             k_stride,
-            batch_stride: row_blocks * k_blocks,
+            // Saturating: a grid too large to address fails `MatrixDesc::validate` instead.
+            batch_stride: row_blocks.saturating_mul(k_blocks),
         }
     }
 
@@ -81,18 +82,32 @@ impl MatrixDesc {
         self.format.block.extent(self.rows, self.k)
     }
 
-    /// Bytes of element data.
-    pub fn data_bytes(&self) -> usize {
-        self.batch * self.rows * self.k * self.format.elem.bits() as usize / 8
+    /// Bytes of element data; `None` when the size overflows `usize` (which [`validate`]
+    /// rejects).
+    ///
+    /// [`validate`]: MatrixDesc::validate
+    pub fn data_bytes(&self) -> Option<usize> {
+        let bits = self
+            .batch
+            .checked_mul(self.rows)?
+            .checked_mul(self.k)?
+            .checked_mul(self.format.elem.bits() as usize)?;
+        Some(bits / 8)
     }
 
-    /// Bytes of the scale buffer (packed to the largest index).
-    pub fn scale_bytes(&self) -> usize {
-        self.scale_layout.required_len(self.batch).unwrap_or(0) * self.format.scale.bytes()
+    /// Bytes of the scale buffer (up to the last scale the layout reaches); `None` when the size
+    /// overflows `usize` (which [`validate`] rejects).
+    ///
+    /// [`validate`]: MatrixDesc::validate
+    pub fn scale_bytes(&self) -> Option<usize> {
+        self.scale_layout
+            .required_len(self.batch)?
+            .checked_mul(self.format.scale.bytes())
     }
 
-    /// Checks every rule of the module doc; the kernels trust what passes.
-    pub fn validate(&self) -> Result<()> {
+    /// Checks every rule of the module doc; the kernels trust what passes. Returns the bytes of
+    /// element data and of the scale buffer.
+    pub fn validate(&self) -> Result<(usize, usize)> {
         self.format.validate()?;
         let (r, k, l) = (self.rows, self.k, self.batch);
         if r == 0 || k == 0 || l == 0 {
@@ -109,8 +124,8 @@ impl MatrixDesc {
                 "e2m1 packs two elements per byte along K, so K must be even (K = {k})"
             )));
         }
-        r.checked_mul(k)
-            .and_then(|x| x.checked_mul(l))
+        let data_bytes = self
+            .data_bytes()
             .ok_or_else(|| shape(format!("{l}×{r}×{k} elements overflow")))?;
         let (br, bk) = self.block_extent();
         let want = (r.div_ceil(br), k.div_ceil(bk));
@@ -121,25 +136,24 @@ impl MatrixDesc {
                 self.format, want.0, want.1, got.0, got.1
             )));
         }
-        self.scale_layout
-            .required_len(l)
-            .ok_or_else(|| shape("scale layout strides overflow".to_string()))?;
+        let scale_bytes = self.scale_bytes().ok_or_else(|| {
+            shape(format!(
+                "{}: the scale layout's strides {:?} reach past the addressable bytes",
+                self.format, self.scale_layout
+            ))
+        })?;
         if !(self.tensor_scale.is_finite() && self.tensor_scale > 0.0) {
-            return Err(crate::error::format_err(
-                &self.format,
-                format!(
-                    "tensor scale must be finite and positive, got {}",
-                    self.tensor_scale
-                ),
-            ));
+            return Err(self.format.error(format!(
+                "tensor scale must be finite and positive, got {}",
+                self.tensor_scale
+            )));
         }
         if !self.format.tensor_scale && self.tensor_scale != 1.0 {
-            return Err(crate::error::format_err(
-                &self.format,
-                "this format has no tensor scale (it must be 1)",
-            ));
+            return Err(self
+                .format
+                .error("this format has no tensor scale (it must be 1)"));
         }
-        Ok(())
+        Ok((data_bytes, scale_bytes))
     }
 
     /// Kernel parameters for this matrix at the given device addresses.
@@ -160,6 +174,39 @@ impl MatrixDesc {
             block_k: bk as u32,
             tensor_scale: self.tensor_scale,
         }
+    }
+}
+
+/// The sizes of C = A · Bᵀ: A is `l` × `m` × `k`, B is `l` × `n` × `k`, C is `l` × `m` × `n`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct GemmShape {
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub l: usize,
+}
+
+impl GemmShape {
+    /// The product's shape, if A and B have the same K and batch ([`Error::Shape`] otherwise).
+    pub fn of(a: &MatrixDesc, b: &MatrixDesc) -> Result<GemmShape> {
+        if a.k != b.k {
+            return Err(shape(format!(
+                "A is {}×{} but B is {}×{}: K differs",
+                a.rows, a.k, b.rows, b.k
+            )));
+        }
+        if a.batch != b.batch {
+            return Err(shape(format!(
+                "A has batch {} but B has batch {}",
+                a.batch, b.batch
+            )));
+        }
+        Ok(GemmShape {
+            m: a.rows,
+            n: b.rows,
+            k: a.k,
+            l: a.batch,
+        })
     }
 }
 
@@ -193,35 +240,29 @@ impl ScaledMatrix {
             scale_layout,
             tensor_scale,
         };
-        desc.validate()?;
-        if data.len() != desc.data_bytes() {
+        let (data_bytes, scale_bytes) = desc.validate()?;
+        if data.len() != data_bytes {
             return Err(shape(format!(
-                "{format}: {batch}×{rows}×{k} elements take {} bytes, got {}",
-                desc.data_bytes(),
+                "{format}: {batch}×{rows}×{k} elements take {data_bytes} bytes, got {}",
                 data.len()
             )));
         }
-        if scales.len() < desc.scale_bytes() {
+        if scales.len() < scale_bytes {
             return Err(shape(format!(
-                "{format}: the scale layout reaches {} bytes, got {}",
-                desc.scale_bytes(),
+                "{format}: the scale layout reaches {scale_bytes} bytes, got {}",
                 scales.len()
             )));
         }
         if format.scale == ScaleType::UE4M3
             && let Some(b) = scales.iter().find(|&&b| b & 0x80 != 0)
         {
-            return Err(crate::error::format_err(
-                &format,
-                format!("ue4m3 scale byte {b:#04x} has the sign bit set"),
-            ));
+            return Err(format.error(format!("ue4m3 scale byte {b:#04x} has the sign bit set")));
         }
         Ok(ScaledMatrix { desc, data, scales })
     }
 
     pub(crate) fn from_validated(desc: MatrixDesc, data: Vec<u8>, scales: Vec<u8>) -> Self {
-        debug_assert!(desc.validate().is_ok());
-        debug_assert_eq!(data.len(), desc.data_bytes());
+        debug_assert_eq!(desc.validate().ok().map(|v| v.0), Some(data.len()));
         ScaledMatrix { desc, data, scales }
     }
 

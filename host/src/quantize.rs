@@ -12,7 +12,7 @@
 //! Encoding rounds to nearest even and saturates ([`ElemType::encode_sat`]). NaN or infinite input
 //! is rejected with [`Error::Format`]: no format here can carry it through a block scale honestly.
 
-use crate::error::{Result, format_err, shape};
+use crate::error::{Result, shape};
 use crate::format::{ElemType, OperandFormat, ScaleMajor, ScaleType};
 use crate::matrix::{MatrixDesc, ScaleLayout, ScaledMatrix};
 use blockscaled_kernels::format::{e4m3, e8m0, ue4m3};
@@ -71,7 +71,7 @@ impl ScaledMatrix {
             scale_layout: layout,
             tensor_scale,
         };
-        desc.validate()?;
+        let (data_bytes, scale_bytes) = desc.validate()?;
         if values.len() != batch * rows * k {
             return Err(shape(format!(
                 "{batch}×{rows}×{k} values expected, got {}",
@@ -79,10 +79,7 @@ impl ScaledMatrix {
             )));
         }
         if let Some(bad) = values.iter().find(|v| !v.is_finite()) {
-            return Err(format_err(
-                &format,
-                format!("cannot quantize non-finite input {bad}"),
-            ));
+            return Err(format.error(format!("cannot quantize non-finite input {bad}")));
         }
         if format.tensor_scale {
             let amax = values
@@ -97,8 +94,8 @@ impl ScaledMatrix {
         let elem = format.elem;
         let bits = elem.bits() as usize;
         let sbytes = format.scale.bytes();
-        let mut data = vec![0u8; desc.data_bytes()];
-        let mut scales = vec![0u8; desc.scale_bytes()];
+        let mut data = vec![0u8; data_bytes];
+        let mut scales = vec![0u8; scale_bytes];
         let rows_per_chunk = br.min(rows);
         let chunk_bytes = rows_per_chunk * k * bits / 8;
 

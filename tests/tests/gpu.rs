@@ -6,7 +6,8 @@
 use std::sync::OnceLock;
 
 use blockscaled::{
-    Error, Fp8, Gpu, HostOutput, OutType, Plan, Recipe, Sm90Config, reference, round_output,
+    ClusterShape, Error, Fp8, Gpu, HostOutput, OutType, Plan, Recipe, Sm90Config, Sm90Tile,
+    reference, round_output,
 };
 use blockscaled_tests::{abs_matrix, compare_outputs, fp8_accumulation_slack, random_matrix};
 use proptest::prelude::*;
@@ -157,6 +158,14 @@ impl Recipes for (Recipe, Recipe) {
 /// A forced configuration: ((block_m, block_n), (cluster_m, cluster_n), split_k).
 type Force = ((u32, u32), (u32, u32), u32);
 
+/// The sm90 tile of `block_m` × `block_n`.
+fn sm90_tile(block_m: u32, block_n: u32) -> Sm90Tile {
+    Sm90Tile::ALL
+        .into_iter()
+        .find(|t| (t.block_m(), t.block_n) == (block_m, block_n))
+        .unwrap_or_else(|| panic!("no sm90 tile of {block_m} × {block_n}"))
+}
+
 /// The Hopper FP8 kernel against the CPU reference (float64), every element, with the FP8
 /// accumulation tolerance of `fp8_accumulation_slack` plus one unit of the output type.
 #[allow(clippy::too_many_arguments)]
@@ -199,11 +208,17 @@ fn check_sm90(
     );
     let plan = match (g.plan(&da, &db).map_err(|e| e.to_string())?, force) {
         (Plan::Sm90Fp8(cfg), Some(((block_m, block_n), (cluster_m, cluster_n), split_k))) => {
+            let tile = sm90_tile(block_m, block_n);
+            let cluster = ClusterShape {
+                m: cluster_m,
+                n: cluster_n,
+            };
+            // The default band, within M's units of the forced tile and cluster.
+            let m_units = m.div_ceil((tile.block_m() * cluster_m) as usize) as u32;
             Plan::Sm90Fp8(Sm90Config {
-                block_m,
-                block_n,
-                cluster_m,
-                cluster_n,
+                tile,
+                cluster,
+                group_m: cfg.group_m.min(m_units),
                 split_k,
                 ..cfg
             })
@@ -511,12 +526,10 @@ fn plans_follow_the_formats_and_k_not_multiple_of_128_is_an_error() {
         g.upload(&random_matrix(6, 64, 256, 1, ds.a()).1).unwrap(),
     );
     let forced = Sm90Config {
-        block_m: 128,
-        block_n: 128,
-        group_m: 8,
+        tile: Sm90Tile::M128,
+        cluster: ClusterShape { m: 1, n: 1 },
+        group_m: 1,
         ctas: g.sm_count(),
-        cluster_m: 1,
-        cluster_n: 1,
         split_k: 1,
     };
     assert!(matches!(
@@ -524,35 +537,100 @@ fn plans_follow_the_formats_and_k_not_multiple_of_128_is_an_error() {
         Err(Error::Format(_))
     ));
     assert_eq!(g.plan(&a, &b).unwrap(), Plan::Reference);
-    // A tile height the kernel is not built for is a format error too.
+    // A tile the kernel is not built for (320 rows: five consumers) is a configuration error.
     let ds = Recipe::DeepSeekFp8;
     let (a, b) = (up(ds, 64, 256, false), up(ds, 64, 256, true));
     let tile = Sm90Config {
-        block_m: 320,
+        tile: Sm90Tile::new(5, 1, 128),
         ..forced
     };
     assert!(matches!(
         g.gemm_with(&a, &b, &mut c, Plan::Sm90Fp8(tile)),
-        Err(Error::Format(_))
+        Err(Error::Config(_))
     ));
-    // No clusters larger than 2, none of 0, and no pairs along M of 64-column tiles (B would be
-    // shared in 32-row halves).
-    for (block_m, block_n, cluster_m, cluster_n) in [
-        (256, 128, 2, 2),
-        (256, 128, 1, 3),
-        (256, 128, 0, 1),
-        (128, 64, 2, 1),
+    // No clusters larger than 2, none of 0, no pairs along M of 64-column tiles (B would be
+    // shared in 32-row halves), no CTAs, and no more K ranges than K blocks.
+    for (tile, (m, n), ctas, split_k) in [
+        (Sm90Tile::M256, (2, 2), 1, 1),
+        (Sm90Tile::M256, (1, 3), 1, 1),
+        (Sm90Tile::M256, (0, 1), 1, 1),
+        (Sm90Tile::M128N64, (2, 1), 1, 1),
+        (Sm90Tile::M128, (1, 1), 0, 1),
+        (Sm90Tile::M128, (1, 1), 1, 0),
+        (Sm90Tile::M128, (1, 1), 1, 3),
     ] {
         let bad = Sm90Config {
-            block_m,
-            block_n,
-            cluster_m,
-            cluster_n,
+            tile,
+            cluster: ClusterShape { m, n },
+            ctas,
+            split_k,
             ..forced
         };
         assert!(matches!(
             g.gemm_with(&a, &b, &mut c, Plan::Sm90Fp8(bad)),
-            Err(Error::Format(_))
+            Err(Error::Config(_))
         ));
     }
+}
+
+/// A scheduler band (`group_m`) of 2³¹ M tiles over 2 N tiles wraps the kernel's 32-bit
+/// `group_m · n_tiles` to 0; 0 itself, and bands past M, are configuration errors too.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn group_m_that_does_not_fit_the_shape_is_a_config_error() {
+    let g = gpu();
+    let ds = Recipe::DeepSeekFp8;
+    let a = g.upload(&random_matrix(8, 256, 256, 1, ds.a()).1).unwrap();
+    let b = g.upload(&random_matrix(9, 256, 256, 1, ds.b()).1).unwrap();
+    let mut c = g.output(256, 256, 1, OutType::Bf16).unwrap();
+    let Plan::Sm90Fp8(cfg) = g.plan(&a, &b).unwrap() else {
+        panic!("256×256×256 DeepSeek runs on the sm90 kernel")
+    };
+    assert_eq!(cfg.cluster.m, 1);
+    let m_units = 256u32.div_ceil(cfg.tile.block_m());
+    for group_m in [1 << 31, u32::MAX, 0, m_units + 1] {
+        let r = g.gemm_with(&a, &b, &mut c, Plan::Sm90Fp8(Sm90Config { group_m, ..cfg }));
+        assert!(
+            matches!(r, Err(Error::Config(_))),
+            "group_m {group_m}: {r:?}"
+        );
+    }
+    // The output was never written: still the poison pattern.
+    assert!(c.to_host().unwrap().values.iter().all(|v| v.is_nan()));
+    // Every band height from 1 to M's units runs.
+    for group_m in 1..=m_units {
+        let r = g.gemm_with(&a, &b, &mut c, Plan::Sm90Fp8(Sm90Config { group_m, ..cfg }));
+        assert!(r.is_ok(), "group_m {group_m}: {r:?}");
+    }
+    assert!(c.to_host().unwrap().values.iter().all(|v| v.is_finite()));
+}
+
+/// Two `Gpu`s on the same device: operands and outputs of one are rejected by the other.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn operands_and_outputs_of_another_gpu_are_rejected() {
+    let (g1, g2) = (Gpu::new(0).unwrap(), Gpu::new(0).unwrap());
+    let ds = Recipe::DeepSeekFp8;
+    let (_, a) = random_matrix(10, 128, 256, 1, ds.a());
+    let (_, b) = random_matrix(11, 128, 256, 1, ds.b());
+    let (a1, b1, b2) = (
+        g1.upload(&a).unwrap(),
+        g1.upload(&b).unwrap(),
+        g2.upload(&b).unwrap(),
+    );
+    let mut c1 = g1.output(128, 128, 1, OutType::Bf16).unwrap();
+    let mut c2 = g2.output(128, 128, 1, OutType::Bf16).unwrap();
+    let wrong = |r: blockscaled::Result<()>| assert!(matches!(r, Err(Error::WrongGpu(_))), "{r:?}");
+    // Operands of g1 on g2; an output of g2 on g1; one operand of each.
+    wrong(g2.gemm(&a1, &b1, &mut c2));
+    wrong(g1.gemm(&a1, &b1, &mut c2));
+    wrong(g1.gemm(&a1, &b2, &mut c1));
+    wrong(g2.reference_gemm(&a1, &b1, &mut c2));
+    let plan = g1.plan(&a1, &b1).unwrap();
+    wrong(g2.gemm_with(&a1, &b1, &mut c2, plan));
+    assert!(matches!(g2.plan(&a1, &b1), Err(Error::WrongGpu(_))));
+    // Nothing was written; each GPU's own buffers still work.
+    assert!(c2.to_host().unwrap().values.iter().all(|v| v.is_nan()));
+    g1.gemm(&a1, &b1, &mut c1).unwrap();
+    assert!(c1.to_host().unwrap().values.iter().all(|v| v.is_finite()));
 }

@@ -253,3 +253,39 @@ fn from_parts_rejects_short_buffers_wrong_scale_grids_and_bad_scales() {
         ScaledMatrix::from_parts(nv, 1, 32, 1, vec![0x11; 16], vec![0x38, 0x38], l4, f32::NAN);
     assert!(matches!(nan_ts, Err(Error::Format(_))));
 }
+
+/// Strides whose scale-buffer size in bytes overflows `usize` are a shape error: a wrapped size
+/// would let a short buffer pass and every scale read would land outside it.
+#[test]
+fn scale_layouts_whose_byte_size_overflows_are_shape_errors() {
+    // DeepSeek A (fp32 scales per 1×128): 2 × 1 scale blocks. Row stride 2⁶² + 1 makes the
+    // layout reach 2⁶² + 2 scales, 2⁶⁴ + 8 bytes: 8 bytes once wrapped.
+    let f = Recipe::DeepSeekFp8.a();
+    let layout = ScaleLayout {
+        row_blocks: 2,
+        k_blocks: 1,
+        row_stride: (1 << 62) + 1,
+        k_stride: 1,
+        batch_stride: 0,
+    };
+    let r = ScaledMatrix::from_parts(f, 2, 128, 1, vec![0x38; 256], vec![0; 8], layout, 1.0);
+    assert!(matches!(r, Err(Error::Shape(_))), "{r:?}");
+}
+
+/// Element counts whose size in bytes overflows `usize` are a shape error, not a wrapped size
+/// that an empty buffer matches.
+#[test]
+fn data_sizes_that_overflow_are_shape_errors() {
+    // 4 × 2³⁰ × 2³⁰ one-byte elements: 2⁶² elements fit usize, 2⁶⁵ bits do not. Scale strides of
+    // 0 keep the scale buffer at one byte.
+    let f = Recipe::Mxfp8(blockscaled::Fp8::E4M3).a();
+    let layout = ScaleLayout {
+        row_blocks: 1 << 30,
+        k_blocks: 1 << 25,
+        row_stride: 0,
+        k_stride: 0,
+        batch_stride: 0,
+    };
+    let r = ScaledMatrix::from_parts(f, 1 << 30, 1 << 30, 4, vec![], vec![127], layout, 1.0);
+    assert!(matches!(r, Err(Error::Shape(_))), "{r:?}");
+}

@@ -12,7 +12,7 @@
 
 use std::process::ExitCode;
 
-use blockscaled::{Fp8, Gpu, OutType, Plan, Recipe, Sm90Config};
+use blockscaled::{ClusterShape, Fp8, Gpu, OutType, Plan, Recipe, Sm90Config, Sm90Tile};
 use blockscaled_benches::cases::{Case, open_peer, run_case};
 use blockscaled_benches::table::print_table;
 use clap::Parser;
@@ -150,8 +150,13 @@ fn run(args: &Args) -> Result<bool, String> {
     let tiler = match &args.mma_tiler_mn {
         None => None,
         Some(t) => match parse_list(t, 2, "mma_tiler_mn")?.as_slice() {
-            [bm @ (128 | 192 | 256), 128] => Some((*bm as u32, 128)),
-            [128, 64] => Some((128, 64)),
+            &[bm, bn]
+                if let Some(t) = Sm90Tile::ALL
+                    .into_iter()
+                    .find(|t| (t.block_m() as usize, t.block_n as usize) == (bm, bn)) =>
+            {
+                Some(t)
+            }
             _ => {
                 return Err(
                     "--mma_tiler_mn: the sm90 kernel has tiles of 128,128, 192,128, \
@@ -164,8 +169,8 @@ fn run(args: &Args) -> Result<bool, String> {
     let cluster = match &args.cluster_shape_mn {
         None => None,
         Some(c) => match parse_list(c, 2, "cluster_shape_mn")?.as_slice() {
-            [cm @ (1 | 2), 1] => Some((*cm as u32, 1)),
-            [1, 2] => Some((1, 2)),
+            [cm @ (1 | 2), 1] => Some(ClusterShape { m: *cm as u32, n: 1 }),
+            [1, 2] => Some(ClusterShape { m: 1, n: 2 }),
             _ => return Err("--cluster_shape_mn: the sm90 kernel takes 1,1, 2,1 (pairs along M share B by multicast) or 1,2 (pairs along N share A)".into()),
         },
     };
@@ -219,27 +224,25 @@ fn run(args: &Args) -> Result<bool, String> {
             None
         }
         "auto" | "sm90" => {
-            let d = blockscaled::config::sm90_default(
-                mnkl[0],
-                mnkl[1],
-                mnkl[2],
-                mnkl[3],
-                gpu.sm_count(),
+            let d =
+                blockscaled::plan::sm90_default(mnkl[0], mnkl[1], mnkl[2], mnkl[3], gpu.sm_count());
+            let tile = tiler.unwrap_or(d.tile);
+            // A forced tile other than the default's runs alone unless a cluster is forced too
+            // (the default pairing was chosen for the default tile).
+            let cluster = cluster.unwrap_or(if tile == d.tile {
+                d.cluster
+            } else {
+                ClusterShape { m: 1, n: 1 }
+            });
+            // A forced tile height keeps the default band's rows, within M.
+            let m_units = mnkl[0].div_ceil((tile.block_m() * cluster.m) as usize) as u32;
+            let group_m = args.group_m.unwrap_or(
+                (d.group_m * d.tile.block_m() / tile.block_m()).clamp(1, m_units.max(1)),
             );
-            let (block_m, block_n) = tiler.unwrap_or((d.block_m, d.block_n));
-            let default_tile = (block_m, block_n) == (d.block_m, d.block_n);
             Some(Plan::Sm90Fp8(Sm90Config {
-                block_m,
-                block_n,
-                // A forced tile height keeps the default band's rows.
-                group_m: args
-                    .group_m
-                    .unwrap_or(d.group_m * d.block_m / block_m)
-                    .max(1),
-                // A forced tile other than the default's runs alone unless a cluster is forced
-                // too (the default pairing was chosen for the default tile).
-                cluster_m: cluster.map_or(if default_tile { d.cluster_m } else { 1 }, |c| c.0),
-                cluster_n: cluster.map_or(if default_tile { d.cluster_n } else { 1 }, |c| c.1),
+                tile,
+                cluster,
+                group_m,
                 split_k: args.split_k.unwrap_or(d.split_k),
                 ..d
             }))

@@ -1,11 +1,39 @@
 //! Which kernel runs a GEMM, and with what configuration: one function, rules stated as data.
+//! This file is also the list of kernel families: each has its host file (`reference_kernel`,
+//! `sm90_fp8`), a [`Plan`] variant, a rule in [`choose`], and an entry in [`load_families`] and
+//! [`Plan::launch`]; nothing of a family lives on [`Gpu`](crate::Gpu) or the device buffers.
 
-use crate::device::GpuArch;
-use crate::error::{Result, shape};
-use crate::format::ScaleType;
-use crate::matrix::MatrixDesc;
-pub use crate::sm90::Sm90Config;
-use blockscaled_kernels::params::sm90::Tile;
+use std::sync::Arc;
+
+use cudarc::driver::{CudaModule, CudaStream};
+
+use crate::error::{Error, Result, shape};
+use crate::family::{Families, Gemm};
+use crate::format::{ElemType, ScaleType};
+use crate::matrix::{GemmShape, MatrixDesc};
+use crate::reference_kernel::{self, ReferenceKernel};
+use crate::sm90_fp8::{self, Sm90Config, Sm90Fp8};
+use blockscaled_kernels::params::sm90::{BLOCK_K, Tile};
+use blockscaled_kernels::scheduler::ClusterShape;
+
+/// Which kernels a GPU gets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GpuArch {
+    /// Compute capability 9.0 (H100, H200): the sm_90a module. Verified on an H100.
+    Hopper,
+    /// Compute capability 10.x: the sm_100a module. Assembled only; never run here.
+    Blackwell,
+}
+
+impl GpuArch {
+    /// The module's target, as the kernel registry names it (`KernelInfo::targets`).
+    pub fn target(self) -> &'static str {
+        match self {
+            GpuArch::Hopper => "sm_90a",
+            GpuArch::Blackwell => "sm_100a",
+        }
+    }
+}
 
 /// A kernel and its configuration.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -16,44 +44,92 @@ pub enum Plan {
     Sm90Fp8(Sm90Config),
 }
 
+impl Plan {
+    /// Checks that the plan's kernel can run a GEMM of `shape` with this configuration:
+    /// [`Error::Config`] for a configuration the kernel is not built for or that does not fit
+    /// the shape, [`Error::Shape`] for a shape past the kernel's limits. `Gpu::gemm_with` calls
+    /// it once; the launch trusts what passes.
+    pub fn validate(&self, shape: &GemmShape) -> Result<()> {
+        match self {
+            Plan::Reference => reference_kernel::validate(shape),
+            Plan::Sm90Fp8(cfg) => cfg.validate(shape),
+        }
+    }
+
+    /// Launches the plan's kernel on `families` (the plan validated for `g.shape`).
+    pub(crate) fn launch(&self, families: &Families, g: Gemm<'_>) -> Result<()> {
+        let missing = |what: &str| Error::Architecture(format!("this GPU has no {what}"));
+        match *self {
+            Plan::Reference => families
+                .get::<ReferenceKernel>()
+                .ok_or_else(|| missing("reference kernel"))?
+                .gemm(g),
+            Plan::Sm90Fp8(cfg) => families
+                .get::<Sm90Fp8>()
+                .ok_or_else(|| missing("sm90 FP8 kernel (it needs compute capability 9.0)"))?
+                .gemm(g, cfg),
+        }
+    }
+}
+
+/// Loads every kernel family the module built for `arch` contains.
+pub(crate) fn load_families(
+    module: &Arc<CudaModule>,
+    stream: &Arc<CudaStream>,
+    arch: GpuArch,
+    sm_count: u32,
+) -> Result<Families> {
+    let mut families = Families::default();
+    families.add(ReferenceKernel::load(module)?);
+    if let Some(f) = Sm90Fp8::load(module, stream, arch.target(), sm_count)? {
+        families.add(f);
+    }
+    Ok(families)
+}
+
 /// Picks the kernel for A (M×K) · Bᵀ (N×K) on `arch` with `sm_count` SMs.
 ///
-/// - Hopper, e4m3 with fp32 scales that are constant over 1×128 (A) and 128×128 (B) blocks —
-///   DeepSeek, per-tensor, per-row A — runs the sm90 kernel. Its 128-wide scale blocks need
-///   K % 128 == 0: other K are an error rather than a silent 1000× slower path.
+/// - Hopper, e4m3 or e5m2 with fp32 scales that are constant over 1×128 (A) and 128×128 (B)
+///   blocks — DeepSeek, per-tensor, per-row — runs the sm90 kernel. Its 128-wide scale blocks
+///   need K % 128 == 0: other K are an error rather than a silent 1000× slower path.
 /// - Everything else runs the reference kernel for now (MX / NVFP4 fast kernels: later issues).
 ///
-/// Cluster: 256- and 192-row tiles go in pairs along N (`cluster_n` = 2: the pair shares the A
-/// tile, the larger operand, by TMA multicast, halving its L2 reads) whenever pairing costs no
-/// extra round of tiles (a pair whose second tile is past N still takes a slot); 128-row tiles
-/// run alone (measured faster). Pairs along M (`cluster_m` = 2, sharing B) are available through
-/// [`Sm90Config`]. See `cluster` (private).
-///
-/// Raster band (`group_m`): CTAs running together cover `group_m` M tiles × (SMs / group_m) N
-/// tiles, so both operands' working sets stay in L2.
+/// The sm90 configuration is [`sm90_default`]'s.
 pub fn choose(arch: GpuArch, sm_count: u32, a: &MatrixDesc, b: &MatrixDesc) -> Result<Plan> {
+    choose_for(arch, sm_count, &GemmShape::of(a, b)?, a, b)
+}
+
+/// [`choose`] for operands already checked to form `shape`.
+pub(crate) fn choose_for(
+    arch: GpuArch,
+    sm_count: u32,
+    shape: &GemmShape,
+    a: &MatrixDesc,
+    b: &MatrixDesc,
+) -> Result<Plan> {
     if arch != GpuArch::Hopper {
         return Ok(Plan::Reference);
     }
-    let fp32_scaled = a.format.scale == ScaleType::F32 && b.format.scale == ScaleType::F32;
-    let a_no = crate::sm90::unsupported(a, false);
-    let b_no = crate::sm90::unsupported(b, true);
-    match (a_no, b_no) {
-        (None, None) => Ok(Plan::Sm90Fp8(sm90_default(
-            a.rows, b.rows, a.k, a.batch, sm_count,
-        ))),
-        _ if fp32_scaled
-            && !a.k.is_multiple_of(128)
-            && matches!(a.format.elem, crate::ElemType::E4M3 | crate::ElemType::E5M2) =>
-        {
-            Err(shape(format!(
-                "K = {} is not a multiple of 128: the Hopper FP8 kernel's 128-wide scale blocks need it \
-             (Gpu::reference_gemm computes it, slowly)",
-                a.k
-            )))
-        }
-        _ => Ok(Plan::Reference),
+    let sm90_a = sm90_fp8::unsupported(a, false).is_none();
+    let sm90_b = sm90_fp8::unsupported(b, true).is_none();
+    let fp32_fp8 = |d: &MatrixDesc| {
+        d.format.scale == ScaleType::F32 && matches!(d.format.elem, ElemType::E4M3 | ElemType::E5M2)
+    };
+    if sm90_a && sm90_b {
+        let GemmShape { m, n, k, l } = *shape;
+        Ok(Plan::Sm90Fp8(sm90_default(m, n, k, l, sm_count)))
+    } else if fp32_fp8(a) && fp32_fp8(b) && !shape.k.is_multiple_of(BLOCK_K as usize) {
+        Err(shape_err_k(shape.k))
+    } else {
+        Ok(Plan::Reference)
     }
+}
+
+fn shape_err_k(k: usize) -> Error {
+    shape(format!(
+        "K = {k} is not a multiple of 128: the Hopper FP8 kernel's 128-wide scale blocks need it \
+         (Gpu::reference_gemm computes it, slowly)"
+    ))
 }
 
 /// The sm90 configuration `choose` uses for an A of `m` rows and a B of `n` rows (`l` batch
@@ -66,6 +142,10 @@ pub fn choose(arch: GpuArch, sm_count: u32, a: &MatrixDesc, b: &MatrixDesc) -> R
 /// neither does (4096 × 2112: 3 rounds of 192-row tiles for 5 of 128 or 3 of 256). Where A is one
 /// 128-row tile (M ≤ [`N64_MAX_M`]), 128 × 64 tiles double the tiles: more SMs share B, the
 /// operand that comes from DRAM, while A stays in L2.
+///
+/// Cluster: see `cluster` (private). Split-K: see `split_k` (private). Raster band (`group_m`):
+/// CTAs running together cover `group_m` M tiles × (SMs / group_m) N tiles, so both operands'
+/// working sets stay in L2; a band is [`GROUP_ROWS`] rows of A.
 pub fn sm90_default(m: usize, n: usize, k: usize, l: usize, sm_count: u32) -> Sm90Config {
     let cost = |t: Tile| {
         let tiles = m.div_ceil(t.block_m() as usize) * n.div_ceil(t.block_n as usize) * l.max(1);
@@ -82,54 +162,48 @@ pub fn sm90_default(m: usize, n: usize, k: usize, l: usize, sm_count: u32) -> Sm
         |best, t| if cost(t) < cost(best) { t } else { best },
     );
     let n_tiles = n.div_ceil(tile.block_n as usize) * l.max(1);
-    let m_tiles = m.div_ceil(tile.block_m() as usize) as u32;
-    let tiles = m_tiles as usize * n_tiles;
+    let m_tiles = m.div_ceil(tile.block_m() as usize);
+    let tiles = m_tiles * n_tiles;
     let split_k = split_k(tiles, k, sm_count);
-    let (cluster_m, cluster_n) = if split_k == 1 {
+    let cluster = if split_k == 1 {
         cluster(
             tile,
-            m_tiles as usize,
+            m_tiles,
             n.div_ceil(tile.block_n as usize),
             l.max(1),
             sm_count,
         )
     } else {
-        (1, 1)
+        ClusterShape { m: 1, n: 1 }
     };
     Sm90Config {
-        block_m: tile.block_m(),
-        block_n: tile.block_n,
-        // Bands of 2048 rows of A (16 × 128 or 8 × 256).
-        group_m: m_tiles.clamp(1, GROUP_ROWS / tile.block_m()),
-        ctas: sm_count,
-        cluster_m,
-        cluster_n,
+        tile,
+        cluster,
+        group_m: m_tiles.clamp(1, (GROUP_ROWS / tile.block_m()) as usize) as u32,
+        ctas: sm_count.max(1),
         split_k,
     }
 }
 
-/// CTAs per cluster along M and N: for 256- and 192-row tiles a pair along N (it shares A, 2 or
-/// 1.5 times B's bytes) when the tiles fill at least one round and pairing them (units of two
-/// tiles on half as many pairs of SMs) takes no more rounds. Measured on the H100 (docs/PERF.md, v9–v10): 8192³ with
-/// 256-row tiles 961 µs alone, 930 paired along M, 927 along N; 4096×7168×2048 even. 128-row
-/// tiles (two K blocks in flight per consumer, v10) ran 1–4% slower paired along M than alone
-/// (8192³ 1077 vs 1060 µs, 4096×2112×7168 151 vs 145) and along N (v20: 128×7168×2048 16.0 vs
-/// 14.6 µs, 128×24576×1536 24.9 vs 23.6, 8192³ 1097), so they stay alone. 192-row tiles (v20):
-/// along N 4096×2112×7168 120.3 µs against 123.4 alone, 8192³ 933 against 952–987; along M
-/// slower (1027, 125.5).
-fn cluster(tile: Tile, m_tiles: usize, n_tiles: usize, l: usize, sm_count: u32) -> (u32, u32) {
+/// CTAs per cluster: 256- and 192-row tiles go in pairs along N (the pair shares the A tile, the
+/// larger operand, by TMA multicast, halving its L2 reads) when the tiles fill at least one round
+/// and pairing them (units of two tiles on half as many pairs of SMs) takes no more rounds (a
+/// pair whose second tile is past N still takes a slot). Pairs along M (sharing B) and 128-row
+/// tiles in pairs measured slower (docs/PERF.md, v9–v10, v20): they run alone.
+fn cluster(tile: Tile, m_tiles: usize, n_tiles: usize, l: usize, sm_count: u32) -> ClusterShape {
+    let alone = ClusterShape { m: 1, n: 1 };
     let sms = sm_count.max(2) as usize;
     let tiles = m_tiles * n_tiles * l;
     if tiles < sms {
-        return (1, 1);
+        return alone;
     }
     let rounds = tiles.div_ceil(sms);
     let pair_rounds =
         |cm: usize, cn: usize| (m_tiles.div_ceil(cm) * n_tiles.div_ceil(cn) * l).div_ceil(sms / 2);
     if tile.block_m() > 128 && pair_rounds(1, 2) <= rounds {
-        (1, 2)
+        ClusterShape { m: 1, n: 2 }
     } else {
-        (1, 1)
+        alone
     }
 }
 
@@ -137,7 +211,7 @@ fn cluster(tile: Tile, m_tiles: usize, n_tiles: usize, l: usize, sm_count: u32) 
 /// without a second round, each at least [`MIN_SPLIT_K_BLOCKS`] K blocks long, and only when the
 /// shorter K loop saves more than the reduction costs ([`SPLIT_K_COST_BLOCKS`]).
 fn split_k(tiles: usize, k: usize, sm_count: u32) -> u32 {
-    let k_blocks = k / 128;
+    let k_blocks = k / BLOCK_K as usize;
     if 2 * tiles > sm_count as usize {
         return 1;
     }
@@ -153,22 +227,13 @@ fn split_k(tiles: usize, k: usize, sm_count: u32) -> u32 {
 
 /// Shortest K range of a split, in blocks of 128.
 const MIN_SPLIT_K_BLOCKS: usize = 4;
-/// The f32 workspace round trip and the reduction launch, in K blocks of one 128×128 tile
-/// (≈ 0.7 µs each at M = 128): measured on the H100, 128×7168×2048 split 2 took 20.7 µs against
-/// 16.3 µs unsplit (16 K blocks), 128×2112×7168 split 7 took 20.2 µs against 39.1 (56 blocks).
+/// What the f32 workspace round trip and the reduction launch cost, in K blocks of one 128×128
+/// tile (docs/PERF.md, v8, v14–v15).
 const SPLIT_K_COST_BLOCKS: usize = 10;
 
-/// Time of one tile in units of a 128-row tile's, measured on the H100:
-/// - 256 rows: 1.74 (v9, same run, both tiles alone: 8192³ 16 rounds of 256-row tiles 960.6 µs,
-///   32 rounds of 128-row tiles 1102.8 µs; 1.74 at 4096×7168×2048, 7 rounds 112.0 µs against
-///   14 rounds 129.1 µs).
-/// - 192 rows: 1.4 (v20, same run: 8192³ 21 rounds alone 986.8 µs against 32 rounds of 128-row
-///   tiles in pairs 1091 µs; 4096×2112×7168 3 rounds 123.1 µs against 5 rounds 143.5 µs).
-/// - 128 × 64: 0.6 (v22, M = 128, same run, one round each unless said: 128×7168×2048 12.7 µs
-///   against 14.7; 128×7168×16384 49.2 against 62.7; 128×24576×1536 3 rounds 22.2 against 2
-///   rounds 23.3; 128×32768×512 4 rounds 15.9 against 2 rounds 15.2). Per round the half tile
-///   took 0.64–0.86 of a full one's time (these shapes wait on memory, not on the tensor
-///   cores); 0.6 is the cost that reproduces every measured choice.
+/// Time of one tile in units of a 128-row tile's, as measured on the H100: 256 rows 1.75
+/// (docs/PERF.md, v9), 192 rows 1.4 (v20), 128 × 64 0.6 (v22: the cost that reproduces every
+/// measured choice at M = 128, where these shapes wait on memory, not on the tensor cores).
 pub fn tile_cost(t: Tile) -> f64 {
     match (t.block_m(), t.block_n) {
         (256, _) => 1.75,
@@ -183,10 +248,8 @@ pub fn tile_cost(t: Tile) -> f64 {
 pub const N64_MAX_M: usize = 128;
 
 /// Rows of A in one scheduler band: a band's A tiles (2048 × K bytes) stay small next to the
-/// 50 MB L2 for K up to 16k. Measured on the H100 (v14, 256-row tiles in pairs, same run): bands
-/// of 512 / 1024 / 2048 / 4096 rows took 950 / 932 / 929 / 934 µs at 8192³ and 294 / 285 / 281 /
-/// 279 µs at 4096×24576×1536; 128-row tiles were flat from 1024 to 2048 rows (v1).
-const GROUP_ROWS: u32 = 2048;
+/// 50 MB L2 for K up to 16k (the band sweep: docs/PERF.md, v15).
+pub const GROUP_ROWS: u32 = 2048;
 
 #[cfg(test)]
 mod tests {
@@ -195,16 +258,20 @@ mod tests {
     #[test]
     fn tall_tiles_for_large_m_short_tiles_where_they_would_idle_sms() {
         let h100 = 132;
-        assert_eq!(sm90_default(8192, 8192, 8192, 1, h100).block_m, 256);
-        assert_eq!(sm90_default(4096, 7168, 2048, 1, h100).block_m, 256);
+        assert_eq!(sm90_default(8192, 8192, 8192, 1, h100).tile.block_m(), 256);
+        assert_eq!(sm90_default(4096, 7168, 2048, 1, h100).tile.block_m(), 256);
         // One 256-row tile per N tile would be half empty.
-        assert_eq!(sm90_default(128, 7168, 2048, 1, h100).block_m, 128);
-        assert_eq!(sm90_default(200, 2112, 7168, 1, h100).block_m, 128);
+        assert_eq!(sm90_default(128, 7168, 2048, 1, h100).tile.block_m(), 128);
+        assert_eq!(sm90_default(200, 2112, 7168, 1, h100).tile.block_m(), 128);
         // 4096 × 2112: 374 tiles of 192 rows are 3 rounds (544 of 128 rows are 5; 272 of 256
         // rows 3, at 1.75 each).
-        assert_eq!(sm90_default(4096, 2112, 7168, 1, h100).block_m, 192);
+        assert_eq!(sm90_default(4096, 2112, 7168, 1, h100).tile.block_m(), 192);
         for (m, n) in [(8192, 8192), (4096, 2112), (200, 2112), (256, 7168)] {
-            assert_eq!(sm90_default(m, n, 2048, 1, h100).block_n, 128, "{m}×{n}");
+            assert_eq!(
+                sm90_default(m, n, 2048, 1, h100).tile.block_n,
+                128,
+                "{m}×{n}"
+            );
         }
     }
 
@@ -213,7 +280,7 @@ mod tests {
         let h100 = 132;
         let tile = |m, n, k| {
             let c = sm90_default(m, n, k, 1, h100);
-            (c.block_m, c.block_n)
+            (c.tile.block_m(), c.tile.block_n)
         };
         // 56 tiles of 128 columns on 132 SMs: 112 of 64.
         assert_eq!(tile(128, 7168, 2048), (128, 64));
@@ -225,7 +292,9 @@ mod tests {
         assert_eq!(tile(129, 7168, 2048).1, 128);
         for (m, n, l) in [(1, 1, 1), (8192, 8192, 1), (128, 2112, 3)] {
             let c = sm90_default(m, n, 1024, l, h100);
-            assert!(c.group_m >= 1 && c.group_m * c.block_m <= GROUP_ROWS.max(c.block_m));
+            assert!(
+                c.group_m >= 1 && c.group_m * c.tile.block_m() <= GROUP_ROWS.max(c.tile.block_m())
+            );
             assert_eq!(c.ctas, h100);
         }
     }
@@ -235,7 +304,7 @@ mod tests {
         let h100 = 132;
         let cl = |m, n, k| {
             let c = sm90_default(m, n, k, 1, h100);
-            (c.cluster_m, c.cluster_n)
+            (c.cluster.m, c.cluster.n)
         };
         // 256-row tiles, even tile counts: pairs along N (share A).
         assert_eq!(cl(8192, 8192, 8192), (1, 2));
@@ -247,7 +316,7 @@ mod tests {
         // 256-row tiles with an odd number of N tiles where pairing adds a round: alone. (4224
         // columns: 33 N tiles; 2048 rows: 8 M tiles; 264 tiles = 2 rounds, 8 × 17 = 136 pairs on
         // 66 pair slots = 3 rounds.)
-        assert_eq!(sm90_default(2048, 4224, 7168, 1, h100).block_m, 256);
+        assert_eq!(sm90_default(2048, 4224, 7168, 1, h100).tile.block_m(), 256);
         assert_eq!(cl(2048, 4224, 7168), (1, 1));
         // Fewer tiles than SMs, or split-K: alone.
         assert_eq!(cl(256, 1024, 1024), (1, 1));
@@ -269,12 +338,12 @@ mod tests {
         assert_eq!(sm90_default(128, 24576, 1536, 1, h100).split_k, 1);
         assert_eq!(sm90_default(4096, 4096, 7168, 1, h100).split_k, 1);
         // Too little K to split: 512 = 4 blocks is one range of 4; at K = 2048 (16 blocks) two
-        // ranges of 8 save less than the reduction costs (measured slower).
+        // ranges of 8 save less than the reduction costs (docs/PERF.md, v8).
         assert_eq!(sm90_default(128, 128, 512, 1, h100).split_k, 1);
         assert_eq!(sm90_default(128, 7168, 2048, 1, h100).split_k, 1);
         // 112 tiles of 128 × 64: no split (at 128 columns, 56 tiles took 2).
         assert_eq!(sm90_default(128, 7168, 16384, 1, h100).split_k, 1);
-        assert_eq!(sm90_default(128, 7168, 16384, 1, h100).block_n, 64);
+        assert_eq!(sm90_default(128, 7168, 16384, 1, h100).tile.block_n, 64);
         for (m, n, k) in [(1, 1, 128), (64, 64, 128 * 300), (128, 2112, 7168)] {
             let c = sm90_default(m, n, k, 1, h100);
             assert!(c.split_k >= 1 && c.split_k as usize <= k / 128);

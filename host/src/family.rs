@@ -1,0 +1,86 @@
+//! What a kernel family's host side provides: data prepared once per uploaded matrix and per
+//! output, kept in their [`Prepared`](crate::buffers::Prepared) slot, and a launch (each family's
+//! own `gemm`, called by [`Plan::launch`](crate::Plan)). The list of families is in `plan.rs`.
+
+use std::any::Any;
+use std::fmt;
+use std::sync::Arc;
+
+use cudarc::driver::{CudaSlice, CudaStream};
+
+use crate::buffers::{DeviceMatrix, DeviceOutput};
+use crate::error::Result;
+use crate::format::OutType;
+use crate::matrix::{GemmShape, ScaledMatrix};
+
+/// Data a family keeps of one buffer.
+pub(crate) type PreparedValue = Box<dyn Any + Send + Sync>;
+
+/// One kernel family's host side, loaded on one GPU.
+pub(crate) trait Family: Any + Send + Sync {
+    /// A line for `Gpu`'s `Debug` (what was found when loading), if any.
+    fn describe(&self) -> Option<String> {
+        None
+    }
+
+    /// What the family needs of an uploaded matrix beside its data and scales (tensor maps,
+    /// scales in the kernel's layout); `None` when the matrix cannot run on it or it needs nothing.
+    fn prepare_operand(
+        &self,
+        _stream: &Arc<CudaStream>,
+        _matrix: &ScaledMatrix,
+        _data: &CudaSlice<u8>,
+    ) -> Result<Option<PreparedValue>> {
+        Ok(None)
+    }
+
+    /// What the family needs of an output `l` × `m` × `n` of `dtype` in `buf`.
+    fn prepare_output(
+        &self,
+        _stream: &Arc<CudaStream>,
+        _buf: &CudaSlice<u8>,
+        _dtype: OutType,
+        _dims: (usize, usize, usize),
+    ) -> Result<Option<PreparedValue>> {
+        Ok(None)
+    }
+}
+
+/// The families loaded on one GPU.
+#[derive(Default)]
+pub(crate) struct Families(Vec<Box<dyn Family>>);
+
+impl Families {
+    pub(crate) fn add(&mut self, family: impl Family) {
+        self.0.push(Box::new(family));
+    }
+
+    pub(crate) fn get<F: Family>(&self) -> Option<&F> {
+        self.0
+            .iter()
+            .find_map(|f| (f.as_ref() as &dyn Any).downcast_ref::<F>())
+    }
+
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &dyn Family> {
+        self.0.iter().map(|f| f.as_ref())
+    }
+}
+
+impl fmt::Debug for Families {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for line in self.iter().filter_map(|fam| fam.describe()) {
+            write!(f, "; {line}")?;
+        }
+        Ok(())
+    }
+}
+
+/// One GEMM as a family's launch receives it: operands and output checked to belong to the GPU
+/// of `stream` and to form `shape`, and the plan validated for `shape`.
+pub(crate) struct Gemm<'a> {
+    pub stream: &'a Arc<CudaStream>,
+    pub shape: GemmShape,
+    pub a: &'a DeviceMatrix,
+    pub b: &'a DeviceMatrix,
+    pub c: &'a mut DeviceOutput,
+}

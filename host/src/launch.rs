@@ -1,0 +1,188 @@
+//! The one launch path of every kernel: grid, block, dynamic shared memory, the cluster and
+//! programmatic-dependent-launch attributes, and the guards that order the buffers a launch uses
+//! on its stream, in the builder style of cudarc's `launch_builder` (which has no launch
+//! attributes, hence `cuLaunchKernelEx` here).
+
+use cudarc::driver::{
+    CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, SyncOnDrop, sys,
+};
+
+use crate::error::Result;
+use blockscaled_kernels::params::{GemmParams, Sm90Fp8Params, SplitKParams};
+
+/// A kernel's single by-value parameter struct.
+///
+/// # Safety
+/// `Self` is `#[repr(C)]`, `Copy`, holds only integers, floats and device addresses, and is the
+/// struct the kernel declares as its only parameter (one source: `blockscaled_kernels::params`).
+pub(crate) unsafe trait KernelParams: Copy {}
+// SAFETY: all three are `#[repr(C)]` structs of `blockscaled_kernels::params`, the kernels' own
+// parameter types, made of integers, floats and device addresses.
+unsafe impl KernelParams for GemmParams {}
+unsafe impl KernelParams for Sm90Fp8Params {}
+unsafe impl KernelParams for SplitKParams {}
+
+/// One launch of `func` on `stream`: its configuration and the buffers it uses. Each buffer's
+/// device address is taken through [`Launch::ptr`] / [`Launch::ptr_mut`], whose guards live until
+/// the launch is enqueued, so the stream orders the launch after earlier writes (and later work
+/// after it) as cudarc's own launches do.
+pub(crate) struct Launch<'a> {
+    stream: &'a CudaStream,
+    func: &'a CudaFunction,
+    grid: (u32, u32, u32),
+    block: (u32, u32, u32),
+    shared_mem: u32,
+    /// CTAs per cluster along x (the attribute is set when `Some`, 1 included).
+    cluster: Option<u32>,
+    /// Programmatic stream serialization: the kernel may start while the previous one on the
+    /// stream finishes, and waits for its writes with `griddepcontrol.wait`.
+    programmatic: bool,
+    guards: Vec<SyncOnDrop<'a>>,
+}
+
+impl<'a> Launch<'a> {
+    pub(crate) fn new(stream: &'a CudaStream, func: &'a CudaFunction) -> Self {
+        Launch {
+            stream,
+            func,
+            grid: (1, 1, 1),
+            block: (1, 1, 1),
+            shared_mem: 0,
+            cluster: None,
+            programmatic: false,
+            guards: Vec::new(),
+        }
+    }
+
+    pub(crate) fn grid(mut self, x: u32, y: u32, z: u32) -> Self {
+        self.grid = (x, y, z);
+        self
+    }
+
+    pub(crate) fn block(mut self, x: u32, y: u32, z: u32) -> Self {
+        self.block = (x, y, z);
+        self
+    }
+
+    /// Dynamic shared memory per block, in bytes.
+    pub(crate) fn shared_mem(mut self, bytes: u32) -> Self {
+        self.shared_mem = bytes;
+        self
+    }
+
+    /// Clusters of `ctas` blocks along x (the grid must be a whole number of them).
+    pub(crate) fn cluster(mut self, ctas: u32) -> Self {
+        self.cluster = Some(ctas);
+        self
+    }
+
+    /// Programmatic dependent launch after the previous kernel on the stream.
+    pub(crate) fn programmatic(mut self) -> Self {
+        self.programmatic = true;
+        self
+    }
+
+    /// The device address of a buffer the kernel reads.
+    pub(crate) fn ptr<T>(&mut self, buf: &'a CudaSlice<T>) -> u64 {
+        let (p, g) = buf.device_ptr(self.stream);
+        self.guards.push(g);
+        p
+    }
+
+    /// The device address of a buffer the kernel writes.
+    pub(crate) fn ptr_mut<T>(&mut self, buf: &'a mut CudaSlice<T>) -> u64 {
+        let (p, g) = buf.device_ptr_mut(self.stream);
+        self.guards.push(g);
+        p
+    }
+
+    /// [`Launch::ptr`], or 0 (the kernels' "absent") for `None`.
+    pub(crate) fn opt_ptr<T>(&mut self, buf: Option<&'a CudaSlice<T>>) -> u64 {
+        buf.map_or(0, |b| self.ptr(b))
+    }
+
+    /// The driver's description of this launch; `attrs` holds its attributes for as long as the
+    /// result is used.
+    fn config(&self, attrs: &mut Vec<sys::CUlaunchAttribute>) -> sys::CUlaunchConfig {
+        attrs.clear();
+        if let Some(x) = self.cluster {
+            let mut a = attribute(sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION);
+            a.value.clusterDim = sys::CUlaunchAttributeValue_union__bindgen_ty_1 { x, y: 1, z: 1 };
+            attrs.push(a);
+        }
+        if self.programmatic {
+            let mut a = attribute(
+                sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+            );
+            a.value.programmaticStreamSerializationAllowed = 1;
+            attrs.push(a);
+        }
+        sys::CUlaunchConfig {
+            gridDimX: self.grid.0,
+            gridDimY: self.grid.1,
+            gridDimZ: self.grid.2,
+            blockDimX: self.block.0,
+            blockDimY: self.block.1,
+            blockDimZ: self.block.2,
+            sharedMemBytes: self.shared_mem,
+            hStream: self.stream.cu_stream(),
+            attrs: if attrs.is_empty() {
+                std::ptr::null_mut()
+            } else {
+                attrs.as_mut_ptr()
+            },
+            numAttrs: attrs.len() as u32,
+        }
+    }
+
+    /// How many clusters of this launch's configuration can be resident at once.
+    pub(crate) fn max_active_clusters(&self) -> Result<u32> {
+        let mut attrs = Vec::with_capacity(2);
+        let cfg = self.config(&mut attrs);
+        let mut clusters = 0i32;
+        self.stream.context().bind_to_thread()?;
+        // SAFETY: a live function handle, and a config whose attribute array (`attrs`) outlives
+        // the call.
+        unsafe { sys::cuOccupancyMaxActiveClusters(&mut clusters, self.func.cu_function(), &cfg) }
+            .result()?;
+        Ok(clusters.max(0) as u32)
+    }
+
+    /// Enqueues the kernel with `params` as its single parameter, then releases the guards.
+    ///
+    /// # Safety
+    /// `P` is the parameter struct `func` declares; every address in `params` comes from this
+    /// launch's [`Launch::ptr`] / [`Launch::ptr_mut`] (or is 0 where the kernel reads it as
+    /// absent) or points into such a buffer, and the kernel reads and writes inside those buffers
+    /// for this grid and these parameters.
+    pub(crate) unsafe fn launch<P: KernelParams>(self, params: &P) -> Result<()> {
+        let mut attrs = Vec::with_capacity(2);
+        let cfg = self.config(&mut attrs);
+        let mut args = [params as *const P as *mut std::ffi::c_void];
+        self.stream.context().bind_to_thread()?;
+        // SAFETY: `args` points at one live `P`, the kernel's single parameter (the caller's
+        // contract, and `KernelParams`'s); `cfg`'s attributes live in `attrs` until the call
+        // returns; the buffers stay alive and ordered on this stream by `self.guards`, dropped
+        // only after the launch is enqueued.
+        unsafe {
+            sys::cuLaunchKernelEx(
+                &cfg,
+                self.func.cu_function(),
+                args.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        }
+        .result()?;
+        drop(self.guards);
+        Ok(())
+    }
+}
+
+/// A launch attribute with its value zeroed (the caller sets the field `id` uses).
+fn attribute(id: sys::CUlaunchAttributeID) -> sys::CUlaunchAttribute {
+    sys::CUlaunchAttribute {
+        id,
+        pad: [0; 4],
+        value: sys::CUlaunchAttributeValue { pad: [0; 64] },
+    }
+}

@@ -1,0 +1,761 @@
+//! Host side of the Hopper FP8 kernel (`kernels::sm90_fp8`): which operands it takes, its
+//! configuration and the rules that configuration obeys, the kernel-layout scale buffers and TMA
+//! tensor maps made once per uploaded matrix and output, and the launch (with the split-K
+//! reduction after it).
+
+use std::sync::{Arc, Mutex};
+
+use cudarc::driver::{CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, sys};
+
+use crate::buffers::{DeviceMatrix, DeviceOutput};
+use crate::error::{Error, Result, config, shape};
+use crate::family::{Family, Gemm, PreparedValue};
+use crate::format::{ElemType, OutType, ScaleType};
+use crate::launch::Launch;
+use crate::matrix::{GemmShape, MatrixDesc, ScaledMatrix};
+use blockscaled_kernels::params::sm90::{
+    BLOCK_K, BLOCK_N, C_BOX_N, Fp8Types, MAX_CLUSTER, ROW_BYTES, Tile, WG_ROWS, m_pad,
+};
+use blockscaled_kernels::params::{SPLITK_THREADS, Sm90Fp8Params, SplitKParams};
+use blockscaled_kernels::registry;
+use blockscaled_kernels::scheduler::{ClusterShape, TileScheduler};
+
+/// Configuration of one launch (chosen by `plan::choose`, or forced through `Gpu::gemm_with`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Sm90Config {
+    /// The output tile: one of [`Tile::ALL`] — 128 × 128, 192 × 128 (three consumer
+    /// warpgroups), 256 × 128 (two 128-row waves per stage, a quarter fewer L2 bytes per FLOP),
+    /// or 128 × 64 (twice the tiles at small M).
+    pub tile: Tile,
+    /// CTAs per cluster: 1 × 1, 2 × 1 (a pair along M shares each B tile by TMA multicast, in
+    /// halves, so not with 64-column tiles) or 1 × 2 (a pair along N shares each A tile).
+    pub cluster: ClusterShape,
+    /// Scheduler band height, in M units of `tile.block_m() · cluster.m` rows: 1 to the number
+    /// of such units in M (L2 reuse of B tiles).
+    pub group_m: u32,
+    /// Persistent CTAs (≥ 1; at most as many as can be resident at once are launched).
+    pub ctas: u32,
+    /// K split into this many ranges, each its own CTA (1 to K / 128): when M·N has too few
+    /// tiles to fill the GPU. The partial sums go through an f32 workspace and a reduction kernel.
+    pub split_k: u32,
+}
+
+impl Sm90Config {
+    /// Checks every field against the kernel and against `s` ([`Error::Config`]), and the shape
+    /// against the kernel's 32-bit indexing ([`Error::Shape`]). The launch trusts what passes.
+    pub fn validate(&self, s: &GemmShape) -> Result<()> {
+        let Sm90Config {
+            tile,
+            cluster: cl,
+            group_m,
+            ctas,
+            split_k,
+        } = *self;
+        if !Tile::ALL.contains(&tile) {
+            return Err(config(format!(
+                "tile {tile:?} ({} × {}): the sm90 kernel has tiles of {}",
+                tile.block_m(),
+                tile.block_n,
+                Tile::ALL
+                    .map(|t| format!("{} × {}", t.block_m(), t.block_n))
+                    .join(", ")
+            )));
+        }
+        if cl.m == 0 || cl.n == 0 || cl.m as u64 * cl.n as u64 > MAX_CLUSTER as u64 {
+            return Err(config(format!(
+                "cluster of {}×{} CTAs (M×N): the sm90 kernel takes 1×1, 2×1 or 1×2",
+                cl.m, cl.n
+            )));
+        }
+        // Each CTA of a pair along M loads half the B tile: boxes of 128 or 64 rows.
+        if b_box_rows(tile, cl).is_none() {
+            return Err(config(format!(
+                "a pair along M shares the B tile in halves of 64 rows: not with {}-column tiles",
+                tile.block_n
+            )));
+        }
+        if ctas == 0 {
+            return Err(config("ctas = 0: a launch needs at least one CTA"));
+        }
+        if !s.k.is_multiple_of(BLOCK_K as usize) {
+            return Err(shape(format!(
+                "K = {} is not a multiple of {BLOCK_K}, which the sm90 kernel's scale blocks need",
+                s.k
+            )));
+        }
+        let k_blocks = s.k / BLOCK_K as usize;
+        if !(1..=k_blocks).contains(&(split_k as usize)) {
+            return Err(config(format!(
+                "split_k = {split_k}: K = {} has {k_blocks} blocks of {BLOCK_K} to split",
+                s.k
+            )));
+        }
+        if s.m > i32::MAX as usize || s.n > i32::MAX as usize {
+            return Err(shape("M and N must fit TMA's 32-bit coordinates"));
+        }
+        // The scheduler's units (clusters of tiles) and its u32 arithmetic: `group_m · n_units`
+        // and the unit count stay below 2³² when group_m ≤ m_units and the count fits.
+        let m_units = s.m.div_ceil((tile.block_m() * cl.m) as usize);
+        let n_units = s.n.div_ceil((tile.block_n * cl.n) as usize);
+        if !(1..=m_units).contains(&(group_m as usize)) {
+            return Err(config(format!(
+                "group_m = {group_m}: M = {} has {m_units} units of {} rows (tile × cluster) to \
+                 band",
+                s.m,
+                tile.block_m() * cl.m
+            )));
+        }
+        let units = [n_units, s.l, split_k as usize]
+            .iter()
+            .try_fold(m_units, |acc, &x| acc.checked_mul(x));
+        if units.is_none_or(|u| u > u32::MAX as usize) {
+            return Err(shape(format!(
+                "{m_units} × {n_units} tile units × L = {} × split {split_k}: the sm90 kernel's \
+                 scheduler counts at most 2³² − 1",
+                s.l
+            )));
+        }
+        // The kernel indexes the A scales with 32 bits.
+        let m_pad = m_pad(s.m as u32);
+        if s.l as u128 * k_blocks as u128 * m_pad as u128 > u32::MAX as u128 {
+            return Err(shape(format!(
+                "L·(K/128)·M = {}·{k_blocks}·{m_pad} A scales: the sm90 kernel indexes at most 2³²",
+                s.l
+            )));
+        }
+        if split_k > 1 {
+            workspace_len(s, split_k)?;
+            if s.l > u16::MAX as usize {
+                return Err(shape(format!(
+                    "split-K takes at most 65535 batch entries, not {}",
+                    s.l
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Rows of each CTA's box of the B tile: the tile's columns shared among a cluster's CTAs along
+/// M, which the host has tensor maps for (128 and 64 rows); `None` otherwise.
+fn b_box_rows(tile: Tile, cl: ClusterShape) -> Option<u32> {
+    let rows = tile.block_n / cl.m.max(1);
+    (tile.block_n.is_multiple_of(cl.m.max(1)) && (rows == BLOCK_N || rows == WG_ROWS))
+        .then_some(rows)
+}
+
+/// f32 values of the split-K workspace: `split_k` partial sums of every output element.
+fn workspace_len(s: &GemmShape, split_k: u32) -> Result<usize> {
+    [s.l, s.m, s.n]
+        .iter()
+        .try_fold(split_k as usize, |acc, &x| acc.checked_mul(x))
+        .filter(|&len| len.checked_mul(4).is_some())
+        .ok_or_else(|| shape("split-K workspace size overflows"))
+}
+
+/// Why an operand cannot go through the sm90 kernel (`None`: it can, in that role).
+pub(crate) fn unsupported(desc: &MatrixDesc, as_b: bool) -> Option<String> {
+    let f = &desc.format;
+    if !matches!(f.elem, ElemType::E4M3 | ElemType::E5M2) {
+        return Some(format!(
+            "{}: the sm90 kernel takes e4m3 or e5m2 elements",
+            f
+        ));
+    }
+    if f.scale != ScaleType::F32 {
+        return Some(format!("{}: the sm90 kernel takes fp32 scales", f));
+    }
+    if !desc.k.is_multiple_of(BLOCK_K as usize) {
+        return Some(format!(
+            "K = {} is not a multiple of {BLOCK_K}, which the 128-wide fp32 scale blocks of the sm90 kernel need",
+            desc.k
+        ));
+    }
+    let (br, bk) = desc.block_extent();
+    if bk % BLOCK_K as usize != 0 {
+        return Some(format!(
+            "{}: scale blocks must span a multiple of 128 of K",
+            f
+        ));
+    }
+    if as_b && !(br % BLOCK_N as usize == 0 || br >= desc.rows || per_row(desc)) {
+        return Some(format!(
+            "{}: as B, scales must be constant over 128×128 tiles or per row over all of K",
+            f
+        ));
+    }
+    None
+}
+
+/// Scales per row, constant over all of K (as B: per column of C, multiplied in after the K loop).
+fn per_row(desc: &MatrixDesc) -> bool {
+    let (br, bk) = desc.block_extent();
+    br == 1 && bk >= desc.k
+}
+
+/// What the kernel needs of one uploaded matrix, made at upload time.
+struct Sm90Operand {
+    /// The 128-byte CUtensorMap (3-D: K, rows, L; box 128 × 128; 128-byte swizzle) in device memory
+    /// (a 256-row A tile is two boxes).
+    tmap: CudaSlice<u8>,
+    /// The same with a box of 64 rows: each CTA's share of a multicast B tile (128 / MAX_CLUSTER),
+    /// or one consumer's rows of a three-consumer A tile.
+    tmap_share: CudaSlice<u8>,
+    /// A-role scales `[l][k/128][m_pad]`, rows contiguous, zero-padded (None if not eligible as A).
+    sfa: Option<(CudaSlice<f32>, u32)>,
+    /// B-role scales `[l][⌈rows/128⌉][k/128]` (None if not eligible as B); all 1 when the scales
+    /// are per row, which `sfb_col` then holds.
+    sfb: Option<CudaSlice<f32>>,
+    /// B-role per-row scales `[l][rows]`, when B is scaled per row over all of K.
+    sfb_col: Option<CudaSlice<f32>>,
+}
+
+impl Sm90Operand {
+    /// `None` when the matrix can take neither role.
+    fn prepare(
+        stream: &Arc<CudaStream>,
+        m: &ScaledMatrix,
+        data: &CudaSlice<u8>,
+    ) -> Result<Option<Self>> {
+        let d = m.desc();
+        let (as_a, as_b) = (
+            unsupported(d, false).is_none(),
+            unsupported(d, true).is_none(),
+        );
+        if !as_a && !as_b {
+            return Ok(None);
+        }
+        let (rows, k, l) = (d.rows, d.k, d.batch);
+        let kb = k / BLOCK_K as usize;
+        let sfa = if as_a {
+            // Whole clusters of the tallest tiles: a cluster's last CTA may sit past M and still
+            // loads scales.
+            let m_pad = m_pad(rows as u32) as usize;
+            let mut v = vec![0f32; l * kb * m_pad];
+            for li in 0..l {
+                for j in 0..kb {
+                    for r in 0..rows {
+                        v[(li * kb + j) * m_pad + r] =
+                            m.scale_value(li, r, j * BLOCK_K as usize) as f32;
+                    }
+                }
+            }
+            Some((stream.clone_htod(&v)?, m_pad as u32))
+        } else {
+            None
+        };
+        // Per-row B scales (not constant over a 128-row tile) go to the epilogue's column scales.
+        let (br, _) = d.block_extent();
+        let columns = as_b && per_row(d) && br < rows;
+        let sfb = if as_b {
+            let nb = rows.div_ceil(BLOCK_N as usize);
+            let mut v = vec![1f32; l * nb * kb];
+            if !columns {
+                for li in 0..l {
+                    for b in 0..nb {
+                        for j in 0..kb {
+                            v[(li * nb + b) * kb + j] =
+                                m.scale_value(li, b * BLOCK_N as usize, j * BLOCK_K as usize)
+                                    as f32;
+                        }
+                    }
+                }
+            }
+            Some(stream.clone_htod(&v)?)
+        } else {
+            None
+        };
+        let sfb_col = if columns {
+            let v: Vec<f32> = (0..l)
+                .flat_map(|li| (0..rows).map(move |r| (li, r)))
+                .map(|(li, r)| m.scale_value(li, r, 0) as f32)
+                .collect();
+            Some(stream.clone_htod(&v)?)
+        } else {
+            None
+        };
+        let tmap = encode_tensor_map(stream, data, k, rows, l, Tile::M128.a_box_rows(1))?;
+        let tmap_share = encode_tensor_map(stream, data, k, rows, l, WG_ROWS)?;
+        Ok(Some(Sm90Operand {
+            tmap,
+            tmap_share,
+            sfa,
+            sfb,
+            sfb_col,
+        }))
+    }
+}
+
+// `tmap_share`'s 64-row box serves both uses: a pair's half of a B tile and one consumer's A rows.
+const _: () = assert!(BLOCK_N / MAX_CLUSTER == WG_ROWS);
+
+/// Encodes the TMA descriptor of a K-major e4m3 operand (box: 128 bytes of K × `box_rows` rows,
+/// 128-byte swizzle) and copies it to device memory.
+fn encode_tensor_map(
+    stream: &Arc<CudaStream>,
+    data: &CudaSlice<u8>,
+    k: usize,
+    rows: usize,
+    l: usize,
+    box_rows: u32,
+) -> Result<CudaSlice<u8>> {
+    let (ptr, _g) = data.device_ptr(stream);
+    // Byte strides of dims 1 and 2 (dim 0 is contiguous): multiples of 16 since K % 128 == 0.
+    encode_3d(
+        stream,
+        ptr,
+        sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT8,
+        [k, rows, l],
+        1,
+        [ROW_BYTES, box_rows],
+    )
+}
+
+/// The output's TMA-store descriptor (N, M, L of 16-bit values; box 64 × 64, 128-byte swizzle),
+/// made for 16-bit outputs with N % 8 == 0; the kernel stores the others directly (f32, or rows
+/// that are not 16-byte aligned, which TMA needs).
+struct Sm90Output {
+    tmap: CudaSlice<u8>,
+}
+
+impl Sm90Output {
+    fn prepare(
+        stream: &Arc<CudaStream>,
+        buf: &CudaSlice<u8>,
+        dtype: OutType,
+        (m, n, l): (usize, usize, usize),
+    ) -> Result<Option<Self>> {
+        if dtype.bytes() != 2 || !n.is_multiple_of(8) {
+            return Ok(None);
+        }
+        let (ptr, _g) = buf.device_ptr(stream);
+        let tmap = encode_3d(
+            stream,
+            ptr,
+            sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT16,
+            [n, m, l],
+            2,
+            [C_BOX_N, WG_ROWS],
+        )?;
+        Ok(Some(Sm90Output { tmap }))
+    }
+}
+
+/// Encodes a 3-D row-major tensor map (`dims` innermost first, `elem` bytes per element, dense;
+/// boxes of `box_xy` × 1 with 128-byte swizzle) over device memory at `ptr` and copies it to device
+/// memory (a by-value kernel parameter cannot carry the 64-byte alignment TMA needs from Rust).
+fn encode_3d(
+    stream: &Arc<CudaStream>,
+    ptr: u64,
+    dtype: sys::CUtensorMapDataType,
+    dims: [usize; 3],
+    elem: usize,
+    box_xy: [u32; 2],
+) -> Result<CudaSlice<u8>> {
+    let mut map = sys::CUtensorMap { opaque: [0; 16] };
+    let sizes = dims.map(|d| d as u64);
+    let strides = [(dims[0] * elem) as u64, (dims[0] * dims[1] * elem) as u64];
+    let boxes = [box_xy[0], box_xy[1], 1u32];
+    let elem_strides = [1u32; 3];
+    // SAFETY: every pointer refers to a live local array of the length the rank (3) implies;
+    // `ptr` is a live device allocation of the dims' size, 256-byte aligned by cuMemAlloc.
+    let r = unsafe {
+        sys::cuTensorMapEncodeTiled(
+            &mut map,
+            dtype,
+            3,
+            ptr as *mut std::ffi::c_void,
+            sizes.as_ptr(),
+            strides.as_ptr(),
+            boxes.as_ptr(),
+            elem_strides.as_ptr(),
+            sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+            sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+            sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+        )
+    };
+    r.result()?;
+    let bytes: Vec<u8> = map.opaque.iter().flat_map(|w| w.to_le_bytes()).collect();
+    Ok(stream.clone_htod(&bytes)?)
+}
+
+/// One loaded kernel: its tile and element types, and how many of its CTAs can be resident at
+/// once for each cluster size (index: cluster − 1). Clusters must fit in one GPC, so fewer pairs
+/// than SMs / 2 may fit; a persistent grid larger than that would run its last clusters as a
+/// second wave, so the launch never asks for more.
+struct Kernel {
+    tile: Tile,
+    types: Fp8Types,
+    func: CudaFunction,
+    resident: [u32; MAX_CLUSTER as usize],
+}
+
+/// The sm90 FP8 family on one GPU: a kernel per tile shape and element types, the split-K
+/// reduction, and its f32 workspace (grown on demand, reused in stream order).
+pub(crate) struct Sm90Fp8 {
+    kernels: Vec<Kernel>,
+    reduce: CudaFunction,
+    workspace: Mutex<Option<CudaSlice<f32>>>,
+}
+
+impl Family for Sm90Fp8 {
+    fn describe(&self) -> Option<String> {
+        let r = self.kernels.first()?.resident;
+        Some(format!(
+            "sm90 kernel: {} CTAs resident alone, {} in clusters of 2",
+            r[0], r[1]
+        ))
+    }
+
+    fn prepare_operand(
+        &self,
+        stream: &Arc<CudaStream>,
+        matrix: &ScaledMatrix,
+        data: &CudaSlice<u8>,
+    ) -> Result<Option<PreparedValue>> {
+        Ok(Sm90Operand::prepare(stream, matrix, data)?.map(|p| Box::new(p) as PreparedValue))
+    }
+
+    fn prepare_output(
+        &self,
+        stream: &Arc<CudaStream>,
+        buf: &CudaSlice<u8>,
+        dtype: OutType,
+        dims: (usize, usize, usize),
+    ) -> Result<Option<PreparedValue>> {
+        Ok(Sm90Output::prepare(stream, buf, dtype, dims)?.map(|p| Box::new(p) as PreparedValue))
+    }
+}
+
+impl Sm90Fp8 {
+    /// Loads the kernels when the module built for `target` has them.
+    pub(crate) fn load(
+        module: &Arc<CudaModule>,
+        stream: &Arc<CudaStream>,
+        target: &str,
+        sm_count: u32,
+    ) -> Result<Option<Self>> {
+        if !registry::SM90_FP8_KERNELS[0].2.targets.contains(&target) {
+            return Ok(None);
+        }
+        let mut kernels = Vec::new();
+        for (tile, types, info) in registry::SM90_FP8_KERNELS {
+            let func = module.load_function(info.name)?;
+            let resident = configure(&func, stream, sm_count, tile)?;
+            kernels.push(Kernel {
+                tile,
+                types,
+                func,
+                resident,
+            });
+        }
+        Ok(Some(Sm90Fp8 {
+            kernels,
+            reduce: module.load_function(registry::SPLITK_REDUCE.name)?,
+            workspace: Mutex::new(None),
+        }))
+    }
+
+    /// C = A · Bᵀ with `cfg` (validated for `g.shape`), then the split-K reduction if it splits.
+    pub(crate) fn gemm(&self, g: Gemm<'_>, cfg: Sm90Config) -> Result<()> {
+        let Gemm {
+            stream,
+            shape,
+            a,
+            b,
+            c,
+        } = g;
+        let GemmShape { m, n, k, l } = shape;
+        let (ao, bo) = operands(a, b)?;
+        let types = Fp8Types::new(
+            a.desc.format.elem == ElemType::E5M2,
+            b.desc.format.elem == ElemType::E5M2,
+        );
+        let kernel = self
+            .kernels
+            .iter()
+            .find(|kr| kr.tile == cfg.tile && kr.types == types)
+            .ok_or_else(|| config(format!("no sm90 kernel for {:?}, {types:?}", cfg.tile)))?;
+        let (Some((sfa, m_pad)), Some(sfb)) = (&ao.sfa, &bo.sfb) else {
+            return Err(Error::Format(
+                "operands not prepared for the sm90 kernel in these roles".into(),
+            ));
+        };
+        let (tile, cl) = (cfg.tile, cfg.cluster);
+        let cluster = cl.size();
+        let mut ws_slot =
+            (cfg.split_k > 1).then(|| self.workspace.lock().unwrap_or_else(|e| e.into_inner()));
+        let mut ws = None;
+        if let Some(slot) = ws_slot.as_deref_mut() {
+            let need = workspace_len(&shape, cfg.split_k)?;
+            // Replaced in stream order: earlier launches that use the old one are ordered before
+            // its free.
+            ws = Some(match slot.take() {
+                Some(w) if w.len() >= need => slot.insert(w),
+                _ => slot.insert(stream.alloc_zeros::<f32>(need)?),
+            });
+        }
+        let DeviceOutput {
+            buf: out,
+            prepared: out_prepared,
+            dtype,
+            ..
+        } = c;
+        // Units of work are clusters of tiles; whole clusters of CTAs, at most one CTA per unit
+        // tile, never more than can be resident at once (no second wave).
+        let units = TileScheduler::new(
+            m as u32,
+            n as u32,
+            l as u32 * cfg.split_k,
+            tile.block_m() * cl.m,
+            tile.block_n * cl.n,
+            1,
+            0,
+            1,
+        )
+        .total();
+        let ctas = (cfg.ctas.min(kernel.resident[cluster as usize - 1]) / cluster * cluster)
+            .clamp(cluster, units.saturating_mul(cluster));
+        let mut launch = gemm_launch(stream, &kernel.func, tile, ctas, cluster);
+        // A in boxes of a wave (128 rows) or of 64 rows (`Tile::a_box_rows`); B in boxes of
+        // block_n / cluster_m rows (each CTA's share of a pair along M).
+        let tmap_a = launch.ptr(if tile.a_box_rows(cl.n) == WG_ROWS {
+            &ao.tmap_share
+        } else {
+            &ao.tmap
+        });
+        let tmap_b = launch.ptr(if b_box_rows(tile, cl) == Some(WG_ROWS) {
+            &bo.tmap_share
+        } else {
+            &bo.tmap
+        });
+        // With split-K the GEMM writes f32 partials into the workspace; the reduction writes C.
+        let (tmap_c, out_ptr, out_type) = match ws.as_deref_mut() {
+            Some(w) => (0, launch.ptr_mut(w), OutType::F32),
+            None => (
+                launch.opt_ptr(out_prepared.get::<Sm90Output>().map(|o| &o.tmap)),
+                launch.ptr_mut(out),
+                *dtype,
+            ),
+        };
+        let params = Sm90Fp8Params {
+            tmap_a,
+            tmap_b,
+            tmap_c,
+            sfa: launch.ptr(sfa),
+            sfb: launch.ptr(sfb),
+            sfb_col: launch.opt_ptr(bo.sfb_col.as_ref()),
+            out: out_ptr,
+            m: m as u32,
+            n: n as u32,
+            k: k as u32,
+            l: l as u32,
+            m_pad: *m_pad,
+            out_type: out_type as u32,
+            group_m: cfg.group_m,
+            split_k: cfg.split_k,
+            cluster_m: cl.m,
+            cluster_n: cl.n,
+        };
+        // SAFETY: `cfg` was validated for this shape (tile, cluster, band, split and the 32-bit
+        // indexing); the tensor maps cover the live data buffers of the prepared operands, the
+        // scale buffers have the documented sizes (A scales padded to whole clusters), the output
+        // (or the workspace of split·l·m·n f32) holds l·m·n elements of `out_type`, and the grid
+        // is a whole number of clusters.
+        unsafe { launch.launch(&params) }?;
+        if let Some(ws) = ws {
+            // Enough blocks to cover m·n (four elements per thread), at most four per SM (the
+            // kernel strides over the rest).
+            let blocks = (m * n)
+                .div_ceil(4 * SPLITK_THREADS as usize)
+                .min(4 * kernel.resident[0] as usize) as u32;
+            // Programmatic dependent launch: the reduction is scheduled while the GEMM's last
+            // CTAs finish (they signal `griddepcontrol.launch_dependents`) and waits for their
+            // writes with `griddepcontrol.wait`.
+            let mut launch = Launch::new(stream, &self.reduce)
+                .grid(blocks, l as u32, 1)
+                .block(SPLITK_THREADS, 1, 1)
+                .programmatic();
+            let params = SplitKParams {
+                ws: launch.ptr(ws),
+                out: launch.ptr_mut(out),
+                mn: (m * n) as u64,
+                l: l as u32,
+                split: cfg.split_k,
+                out_type: *dtype as u32,
+                _pad: 0,
+            };
+            // SAFETY: `ws` holds split·l·m·n f32 written by the launch before it on this stream;
+            // `out` holds l·m·n values of `dtype`; the grid covers m·n (x, strided) and l (y ≤
+            // 65535, validated).
+            unsafe { launch.launch(&params) }?;
+        }
+        Ok(())
+    }
+}
+
+/// The operands' prepared data ([`Error::Format`] when they cannot take the A and B roles).
+fn operands<'a>(
+    a: &'a DeviceMatrix,
+    b: &'a DeviceMatrix,
+) -> Result<(&'a Sm90Operand, &'a Sm90Operand)> {
+    if let Some(e) = unsupported(&a.desc, false).or_else(|| unsupported(&b.desc, true)) {
+        return Err(Error::Format(e));
+    }
+    match (a.prepared.get(), b.prepared.get()) {
+        (Some(ao), Some(bo)) => Ok((ao, bo)),
+        _ => Err(Error::Format(
+            "operands were not prepared for the sm90 kernel".into(),
+        )),
+    }
+}
+
+/// The GEMM kernel's launch: `ctas` blocks of the tile's threads with the tile's shared memory,
+/// in clusters of `cluster` along x (the attribute is set for 1 too).
+fn gemm_launch<'a>(
+    stream: &'a CudaStream,
+    func: &'a CudaFunction,
+    tile: Tile,
+    ctas: u32,
+    cluster: u32,
+) -> Launch<'a> {
+    Launch::new(stream, func)
+        .grid(ctas, 1, 1)
+        .block(tile.threads(), 1, 1)
+        .shared_mem(tile.smem_bytes())
+        .cluster(cluster)
+}
+
+/// Raises the kernel's dynamic shared-memory limit (above the default 48 KiB) and returns how many
+/// CTAs can be resident at once for each cluster size.
+fn configure(
+    func: &CudaFunction,
+    stream: &CudaStream,
+    sm_count: u32,
+    tile: Tile,
+) -> Result<[u32; MAX_CLUSTER as usize]> {
+    func.set_attribute(
+        sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+        tile.smem_bytes() as i32,
+    )?;
+    let mut resident = [sm_count; MAX_CLUSTER as usize];
+    for cluster in 2..=MAX_CLUSTER {
+        let clusters = gemm_launch(stream, func, tile, sm_count / cluster * cluster, cluster)
+            .max_active_clusters()?;
+        resident[cluster as usize - 1] = clusters.saturating_mul(cluster).min(sm_count);
+    }
+    Ok(resident)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::sm90_default;
+
+    fn shape(m: usize, n: usize, k: usize, l: usize) -> GemmShape {
+        GemmShape { m, n, k, l }
+    }
+
+    /// 128-row tiles alone, one band, 132 CTAs, K in `split_k` ranges.
+    fn m128(split_k: u32) -> Sm90Config {
+        Sm90Config {
+            tile: Tile::M128,
+            cluster: ClusterShape { m: 1, n: 1 },
+            group_m: 1,
+            ctas: 132,
+            split_k,
+        }
+    }
+
+    #[test]
+    fn the_chosen_configurations_validate() {
+        for (m, n, k, l) in [
+            (1, 1, 128, 1),
+            (128, 7168, 2048, 1),
+            (128, 2112, 7168, 1),
+            (300, 300, 768, 2),
+            (4096, 2112, 7168, 1),
+            (8192, 8192, 8192, 1),
+            (2048, 4224, 7168, 1),
+        ] {
+            let s = shape(m, n, k, l);
+            let cfg = sm90_default(m, n, k, l, 132);
+            assert!(cfg.validate(&s).is_ok(), "{s:?}: {cfg:?}");
+        }
+    }
+
+    #[test]
+    fn bands_outside_1_to_the_m_units_are_config_errors() {
+        // 256 rows of 128-row tiles: 2 units; 2 N tiles, so 2³¹ · 2 wraps a u32 to 0.
+        let s = shape(256, 256, 256, 1);
+        let cfg = m128(1);
+        for group_m in [0, 3, 1 << 31, u32::MAX] {
+            let r = Sm90Config { group_m, ..cfg }.validate(&s);
+            assert!(
+                matches!(r, Err(Error::Config(_))),
+                "group_m {group_m}: {r:?}"
+            );
+        }
+        for group_m in [1, 2] {
+            assert!(Sm90Config { group_m, ..cfg }.validate(&s).is_ok());
+        }
+        // Pairs along M halve the units.
+        let pairs = Sm90Config {
+            cluster: ClusterShape { m: 2, n: 1 },
+            group_m: 2,
+            ..cfg
+        };
+        assert!(matches!(pairs.validate(&s), Err(Error::Config(_))));
+    }
+
+    #[test]
+    fn tiles_clusters_ctas_and_splits_the_kernel_lacks_are_config_errors() {
+        let s = shape(256, 256, 256, 1);
+        let ok = m128(2);
+        assert!(ok.validate(&s).is_ok());
+        let bad = [
+            Sm90Config {
+                tile: Tile::new(5, 1, 128),
+                ..ok
+            },
+            Sm90Config {
+                tile: Tile::new(2, 1, 96),
+                ..ok
+            },
+            Sm90Config {
+                cluster: ClusterShape { m: 0, n: 1 },
+                ..ok
+            },
+            Sm90Config {
+                cluster: ClusterShape { m: 2, n: 2 },
+                ..ok
+            },
+            Sm90Config {
+                cluster: ClusterShape {
+                    m: u32::MAX,
+                    n: u32::MAX,
+                },
+                ..ok
+            },
+            Sm90Config {
+                tile: Tile::M128N64,
+                cluster: ClusterShape { m: 2, n: 1 },
+                ..ok
+            },
+            Sm90Config { ctas: 0, ..ok },
+            Sm90Config { split_k: 0, ..ok },
+            Sm90Config { split_k: 3, ..ok },
+        ];
+        for cfg in bad {
+            assert!(matches!(cfg.validate(&s), Err(Error::Config(_))), "{cfg:?}");
+        }
+        // K not a multiple of 128, and A scales past 32-bit indexing, are shape errors.
+        assert!(matches!(
+            ok.validate(&shape(256, 256, 200, 1)),
+            Err(Error::Shape(_))
+        ));
+        let huge = shape(1 << 30, 256, 128 * 64, 1);
+        assert!(matches!(m128(1).validate(&huge), Err(Error::Shape(_))));
+    }
+}
