@@ -8,7 +8,8 @@ use cudarc::driver::{
 };
 
 use crate::error::Result;
-use blockscaled_kernels::params::{GemmParams, Sm90Fp8Params, SplitKParams};
+use blockscaled_kernels::params::{GemmParams, SplitKParams};
+use blockscaled_kernels::sm90::Sm90Fp8Params;
 
 /// A kernel's single by-value parameter struct.
 ///

@@ -54,9 +54,9 @@ pub use output::{HostOutput, output_ulp, round_output};
 pub use plan::{GpuArch, Plan};
 pub use sm90_fp8::Sm90Config;
 
+pub use blockscaled_kernels::gemm::scheduler::ClusterShape;
 /// The kernel crate's types that [`Sm90Config`] holds: the tile shape and the cluster shape.
-pub use blockscaled_kernels::params::sm90::Tile as Sm90Tile;
-pub use blockscaled_kernels::scheduler::ClusterShape;
+pub use blockscaled_kernels::sm90::Tile as Sm90Tile;
 
 /// The kernel crate, for its formats and parameter structs.
 pub use blockscaled_kernels as kernels;

@@ -13,8 +13,8 @@ use crate::format::{ElemType, ScaleType};
 use crate::matrix::{GemmShape, MatrixDesc};
 use crate::reference_kernel::{self, ReferenceKernel};
 use crate::sm90_fp8::{self, Sm90Config, Sm90Fp8};
-use blockscaled_kernels::params::sm90::{BLOCK_K, Tile};
-use blockscaled_kernels::scheduler::ClusterShape;
+use blockscaled_kernels::gemm::scheduler::ClusterShape;
+use blockscaled_kernels::sm90::{BLOCK_K, Tile};
 
 /// Which kernels a GPU gets.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -13,12 +13,12 @@ use crate::family::{Family, Gemm, PreparedValue};
 use crate::format::{ElemType, OutType, ScaleType};
 use crate::launch::Launch;
 use crate::matrix::{GemmShape, MatrixDesc, ScaledMatrix};
-use blockscaled_kernels::params::sm90::{
-    BLOCK_K, BLOCK_N, C_BOX_N, Fp8Types, MAX_CLUSTER, ROW_BYTES, Tile, WG_ROWS, m_pad,
-};
-use blockscaled_kernels::params::{SPLITK_THREADS, Sm90Fp8Params, SplitKParams};
+use blockscaled_kernels::gemm::scheduler::{ClusterShape, MAX_CLUSTER, Schedule};
+use blockscaled_kernels::params::{SPLITK_THREADS, SplitKParams};
 use blockscaled_kernels::registry;
-use blockscaled_kernels::scheduler::{ClusterShape, TileScheduler};
+use blockscaled_kernels::sm90::{
+    self as family, BLOCK_K, BLOCK_N, C_BOX_N, ROW_BYTES, Sm90Fp8Params, Tile, WG_ROWS, m_pad,
+};
 
 /// Configuration of one launch (chosen by `plan::choose`, or forced through `Gpu::gemm_with`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -84,7 +84,10 @@ impl Sm90Config {
             )));
         }
         let k_blocks = s.k / BLOCK_K as usize;
-        if !(1..=k_blocks).contains(&(split_k as usize)) {
+        // The K ranges `s·kb / split` are computed in 32 bits.
+        if !(1..=k_blocks).contains(&(split_k as usize))
+            || split_k as u64 * k_blocks as u64 > u32::MAX as u64
+        {
             return Err(config(format!(
                 "split_k = {split_k}: K = {} has {k_blocks} blocks of {BLOCK_K} to split",
                 s.k
@@ -386,7 +389,8 @@ fn encode_3d(
 /// second wave, so the launch never asks for more.
 struct Kernel {
     tile: Tile,
-    types: Fp8Types,
+    a: ElemType,
+    b: ElemType,
     func: CudaFunction,
     resident: [u32; MAX_CLUSTER as usize],
 }
@@ -436,16 +440,17 @@ impl Sm90Fp8 {
         target: &str,
         sm_count: u32,
     ) -> Result<Option<Self>> {
-        if !registry::SM90_FP8_KERNELS[0].2.targets.contains(&target) {
+        if !family::KERNELS[0].info.targets.contains(&target) {
             return Ok(None);
         }
         let mut kernels = Vec::new();
-        for (tile, types, info) in registry::SM90_FP8_KERNELS {
-            let func = module.load_function(info.name)?;
-            let resident = configure(&func, stream, sm_count, tile)?;
+        for k in family::KERNELS {
+            let func = module.load_function(k.info.name)?;
+            let resident = configure(&func, stream, sm_count, k.tile)?;
             kernels.push(Kernel {
-                tile,
-                types,
+                tile: k.tile,
+                a: k.a,
+                b: k.b,
                 func,
                 resident,
             });
@@ -468,15 +473,19 @@ impl Sm90Fp8 {
         } = g;
         let GemmShape { m, n, k, l } = shape;
         let (ao, bo) = operands(a, b)?;
-        let types = Fp8Types::new(
-            a.desc.format.elem == ElemType::E5M2,
-            b.desc.format.elem == ElemType::E5M2,
-        );
+        let (ea, eb) = (a.desc.format.elem, b.desc.format.elem);
         let kernel = self
             .kernels
             .iter()
-            .find(|kr| kr.tile == cfg.tile && kr.types == types)
-            .ok_or_else(|| config(format!("no sm90 kernel for {:?}, {types:?}", cfg.tile)))?;
+            .find(|kr| kr.tile == cfg.tile && (kr.a, kr.b) == (ea, eb))
+            .ok_or_else(|| {
+                config(format!(
+                    "no sm90 kernel for {:?}, {} · {}",
+                    cfg.tile,
+                    ea.name(),
+                    eb.name()
+                ))
+            })?;
         let (Some((sfa, m_pad)), Some(sfb)) = (&ao.sfa, &bo.sfb) else {
             return Err(Error::Format(
                 "operands not prepared for the sm90 kernel in these roles".into(),
@@ -504,17 +513,19 @@ impl Sm90Fp8 {
         } = c;
         // Units of work are clusters of tiles; whole clusters of CTAs, at most one CTA per unit
         // tile, never more than can be resident at once (no second wave).
-        let units = TileScheduler::new(
-            m as u32,
-            n as u32,
-            l as u32 * cfg.split_k,
-            tile.block_m() * cl.m,
-            tile.block_n * cl.n,
-            1,
-            0,
-            1,
-        )
-        .total();
+        let units = Schedule {
+            m: m as u32,
+            n: n as u32,
+            l: l as u32,
+            k_blocks: (k / BLOCK_K as usize) as u32,
+            split_k: cfg.split_k,
+            unit_m: tile.block_m() * cl.m,
+            unit_n: tile.block_n * cl.n,
+            group_m: cfg.group_m,
+        }
+        .units()
+        .ok_or_else(|| crate::error::shape("the sm90 scheduler's unit count must fit 32 bits"))?
+            as u32;
         let ctas = (cfg.ctas.min(kernel.resident[cluster as usize - 1]) / cluster * cluster)
             .clamp(cluster, units.saturating_mul(cluster));
         let mut launch = gemm_launch(stream, &kernel.func, tile, ctas, cluster);
