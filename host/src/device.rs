@@ -10,7 +10,6 @@ use cudarc::driver::{
     CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, DevicePtrMut,
     DeviceRepr, LaunchConfig, PushKernelArg, sys,
 };
-use cudarc::nvrtc::Ptx;
 
 use crate::config::{self, Plan};
 use crate::error::{Error, Result, shape};
@@ -23,9 +22,7 @@ use blockscaled_kernels::params::sm90::Fp8Types;
 use blockscaled_kernels::params::{GemmParams, REFERENCE_BLOCK_M, REFERENCE_BLOCK_N};
 use blockscaled_kernels::registry;
 
-/// The PTX built from `kernels/` for each target (see `host/build.rs`).
-const PTX_SM90A: &str = include_str!(concat!(env!("OUT_DIR"), "/sm_90a.ptx"));
-const PTX_SM100A: &str = include_str!(concat!(env!("OUT_DIR"), "/sm_100a.ptx"));
+use crate::image::{self, KernelImage};
 
 /// Kernel parameters passed by value. The newtype carries cudarc's marker for a foreign struct.
 #[repr(transparent)]
@@ -55,6 +52,8 @@ pub struct Gpu {
     /// The Hopper FP8 kernels (sm_90a module only).
     sm90_fp8: Option<sm90::Sm90Kernels>,
     arch: GpuArch,
+    /// The kernels' image: ptxas' cubin, or the PTX (JIT) where the cubin does not fit.
+    image: KernelImage,
     name: String,
     sm_count: u32,
 }
@@ -63,8 +62,8 @@ impl std::fmt::Debug for Gpu {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "Gpu({}, {:?}, {} SMs",
-            self.name, self.arch, self.sm_count
+            "Gpu({}, {:?}, {} SMs, {} image",
+            self.name, self.arch, self.sm_count, self.image
         )?;
         if let Some(k) = &self.sm90_fp8 {
             let r = k.resident();
@@ -98,9 +97,9 @@ impl Gpu {
         let ctx = CudaContext::new(ordinal)?;
         let (major, minor) = ctx.compute_capability()?;
         let name = ctx.name()?;
-        let (arch, ptx) = match major {
-            9 if minor == 0 => (GpuArch::Hopper, PTX_SM90A),
-            10 => (GpuArch::Blackwell, PTX_SM100A),
+        let (arch, images) = match major {
+            9 if minor == 0 => (GpuArch::Hopper, &image::SM90A),
+            10 => (GpuArch::Blackwell, &image::SM100A),
             _ => {
                 return Err(Error::Architecture(format!(
                     "{name} has compute capability {major}.{minor}; blockscaled has kernels for 9.0 \
@@ -111,7 +110,7 @@ impl Gpu {
         let sm_count = ctx
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?
             as u32;
-        let module = ctx.load_module(Ptx::from_src(ptx))?;
+        let (module, image) = image::load(&ctx, (major, minor), images)?;
         let reference = module.load_function(registry::REFERENCE_GEMM.name)?;
         let splitk = module.load_function(registry::SPLITK_REDUCE.name)?;
         let stream = ctx.new_stream()?;
@@ -128,6 +127,7 @@ impl Gpu {
             splitk_ws: std::sync::Mutex::new(None),
             sm90_fp8,
             arch,
+            image,
             name,
             sm_count,
         })
@@ -135,6 +135,10 @@ impl Gpu {
 
     pub fn arch(&self) -> GpuArch {
         self.arch
+    }
+    /// Which image of the kernels was loaded (cubin, or the PTX as the fallback).
+    pub fn image(&self) -> KernelImage {
+        self.image
     }
     pub fn name(&self) -> &str {
         &self.name

@@ -27,6 +27,7 @@ pub mod config;
 mod device;
 mod error;
 pub mod format;
+pub mod image;
 mod matrix;
 mod output;
 mod quantize;
@@ -39,6 +40,7 @@ pub use error::{Error, Result};
 pub use format::{
     ElemType, Fp8, OperandFormat, OutType, Recipe, ScaleBlock, ScaleMajor, ScaleType,
 };
+pub use image::KernelImage;
 pub use matrix::{MatrixDesc, ScaleLayout, ScaledMatrix};
 pub use output::{HostOutput, output_ulp, round_output};
 
