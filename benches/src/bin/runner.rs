@@ -218,6 +218,9 @@ fn run(args: &Args) -> Result<bool, String> {
         blockscaled::image::PTXAS_VERSION
     );
     println!("{gpu:?}; seed {seed}");
+    if let Some(why) = blockscaled_benches::timing::profiler_attached() {
+        println!("CUDA tool attached ({why}): timed without the stream gate");
+    }
     let plan = match args.kernel.as_str() {
         "auto"
             if args.group_m.is_none()
