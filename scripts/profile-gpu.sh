@@ -29,10 +29,16 @@ peer=(); kernels="sm90_fp8|nvjet|xmma|cutlass|gemm"; count=4
 stalls=$(for r in barrier long_scoreboard wait math_pipe_throttle membar short_scoreboard dispatch_stall \
   sleeping selected not_selected no_instruction mio_throttle lg_throttle branch_resolving drain misc; do
   printf "smsp__average_warp_latency_issue_stalled_%s.ratio," "$r"; done)
+# Tensor pipe: sm__pipe_tensor_op_gmma_cycles_active read "n/a" for both kernels with ncu 2025.3.1
+# on the H100 (2026-11-23); sm__pipe_tensor_cycles_active (the MMA pipe, wgmma included) is added
+# where this ncu lists it, since an unknown metric name would fail the whole run.
+tensor=sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active
+ncu --query-metrics --chip gh100 2>/dev/null | grep -q "^sm__pipe_tensor_cycles_active " &&
+  tensor+=,sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active,sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed
 what="the sm90 kernel the heuristic picks, then cuBLASLt's kernel for the same GEMM"
 [ "${PEER:-1}" = 0 ] && what="the sm90 kernel the heuristic picks"
 echo "=== ncu 8192^3 deepseek-fp8: $what (raw output: ${OUT:-/tmp}/ncu-8192.log)"
 timeout 300 ncu --clock-control none -k "regex:$kernels" -c "$count" \
-  --metrics gpu__time_duration.sum,launch__grid_size,launch__block_size,launch__cluster_dim_x,launch__cluster_dim_y,launch__registers_per_thread,sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active,sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_elapsed,sm__throughput.avg.pct_of_peak_sustained_elapsed,sm__memory_throughput.avg.pct_of_peak_sustained_elapsed,lts__throughput.avg.pct_of_peak_sustained_elapsed,lts__t_sectors_srcunit_tex.avg.pct_of_peak_sustained_elapsed,dram__throughput.avg.pct_of_peak_sustained_elapsed,l1tex__data_pipe_lsu_wavefronts_mem_shared.avg.pct_of_peak_sustained_elapsed,smsp__issue_active.avg.pct_of_peak_sustained_active,smsp__inst_executed.sum,${stalls%,} \
+  --metrics gpu__time_duration.sum,launch__grid_size,launch__block_size,launch__cluster_dim_x,launch__cluster_dim_y,launch__registers_per_thread,$tensor,sm__throughput.avg.pct_of_peak_sustained_elapsed,sm__memory_throughput.avg.pct_of_peak_sustained_elapsed,lts__throughput.avg.pct_of_peak_sustained_elapsed,lts__t_sectors_srcunit_tex.avg.pct_of_peak_sustained_elapsed,dram__throughput.avg.pct_of_peak_sustained_elapsed,l1tex__data_pipe_lsu_wavefronts_mem_shared.avg.pct_of_peak_sustained_elapsed,smsp__issue_active.avg.pct_of_peak_sustained_active,smsp__inst_executed.sum,${stalls%,} \
   "$run" --mnkl 8192,8192,8192,1 --recipe deepseek-fp8 --skip_ref_check "${peer[@]}" --iterations 1 --warmup_iterations 0 2>&1 \
   | tee "${OUT:-/tmp}/ncu-8192.log" | grep -vE "^==PROF== Profiling|^\s*(Warning: Data collection|-+ -+)" | grep -E "^==|^\s+[a-zA-Z_]|^Gpu|^deepseek"
