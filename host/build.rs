@@ -1,5 +1,7 @@
-//! Compiles `kernels/` to one PTX per GPU target and leaves them in OUT_DIR for `include_str!`.
-//! The kernel table (names, launch bounds) comes from the kernel crate itself.
+//! Compiles `kernels/` to one PTX per GPU target, and ptxas' cubin of it, and leaves them in
+//! OUT_DIR for `include_str!` / `include_bytes!` (`src/image.rs`). Without a ptxas the cubin is an
+//! empty file and the host loads the PTX. The kernel table (names, launch bounds) comes from the
+//! kernel crate itself.
 
 use blockscaled_builder::{Arch, Builder};
 use blockscaled_kernels::registry;
@@ -26,16 +28,42 @@ fn main() {
             panic!("building the GPU kernels failed: {e}");
         }
     };
-    // Keep the PTX and ptxas' resource report where a developer finds them:
-    // target/<profile>/ptx/<arch>.{ptx,ptxas.txt}.
     let out = std::path::PathBuf::from(std::env::var("OUT_DIR").unwrap());
+    for b in &built {
+        if b.cubin.is_none() {
+            // `include_bytes!` needs the file; empty means "no cubin: load the PTX".
+            let empty = out.join(format!("{}.cubin", b.arch.name()));
+            if let Err(e) = std::fs::write(&empty, []) {
+                panic!("writing {}: {e}", empty.display());
+            }
+        }
+    }
+    // Which ptxas made the cubins, for `KernelImage`'s report ("none": PTX only).
+    let version = built.iter().find_map(|b| b.ptxas_version.clone());
+    println!(
+        "cargo:rustc-env=BLOCKSCALED_PTXAS_VERSION={}",
+        version.as_deref().unwrap_or("none")
+    );
+    // Keep the PTX, the cubin and ptxas' resource report where a developer finds them:
+    // target/<profile>/ptx/<arch>.{ptx,cubin,ptxas.txt}.
     if let Some(profile_dir) = out.ancestors().nth(3) {
         let dir = profile_dir.join("ptx");
         let _ = std::fs::create_dir_all(&dir);
         for b in &built {
-            let _ = std::fs::copy(&b.ptx, dir.join(format!("{}.ptx", b.arch.name())));
-            if let Some(r) = &b.ptxas_report {
-                let _ = std::fs::write(dir.join(format!("{}.ptxas.txt", b.arch.name())), r);
+            let name = b.arch.name();
+            let _ = std::fs::copy(&b.ptx, dir.join(format!("{name}.ptx")));
+            let cubin = dir.join(format!("{name}.cubin"));
+            match &b.cubin {
+                Some(c) => {
+                    let _ = std::fs::copy(c, &cubin);
+                }
+                None => {
+                    let _ = std::fs::remove_file(&cubin);
+                }
+            }
+            let report = out.join(format!("{name}.ptxas.txt"));
+            if b.ptxas_report.is_some() {
+                let _ = std::fs::copy(&report, dir.join(format!("{name}.ptxas.txt")));
             }
         }
     }

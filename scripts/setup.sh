@@ -1,15 +1,31 @@
 #!/usr/bin/env bash
 # Installs what building blockscaled needs on a fresh machine: the pinned nightly toolchain with the
 # components rust-toolchain.toml lists (rust-src for -Zbuild-std, llvm-tools for the PTX link), and
-# ptxas from the pip package nvidia-cuda-nvcc (to assemble the PTX at build time; no CUDA install
-# needed). Prints the line to export PTXAS. Idempotent.
+# the pinned ptxas (the pip package nvidia-cuda-nvcc, version below, installed on its own with
+# `pip --target` so no other CUDA on the machine can stand in for it; no CUDA install needed).
+# Prints the line to export PTXAS. Idempotent.
+#
+# Why this version: ptxas makes the cubins the host embeds next to the PTX. A cubin needs a driver
+# at least as new as its ptxas' CUDA release; 13.0 is what the r580 drivers of the GPU machines
+# implement, and it is the driver's own JIT compiler there, so the cubin's SASS is what the PTX
+# JIT gave before. Pinned so that every build makes the same SASS. builder/src/lib.rs
+# (PINNED_PTXAS_VERSION) checks the version it runs against this one.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+PTXAS_VERSION=13.0.88
 rustup toolchain install >/dev/null   # reads rust-toolchain.toml (RUSTUP_AUTO_INSTALL may be 0)
-py=$(command -v python3 || command -v python)
-if ! ptxas=$(scripts/find-ptxas.sh 2>/dev/null); then
-  "$py" -m pip install --quiet --disable-pip-version-check nvidia-cuda-nvcc >&2
-  ptxas=$(scripts/find-ptxas.sh)
+tools=${BLOCKSCALED_TOOLS:-${XDG_CACHE_HOME:-$HOME/.cache}/blockscaled}
+dir="$tools/cuda-nvcc-$PTXAS_VERSION"
+ptxas="$dir/nvidia/cu13/bin/ptxas"
+if ! "$ptxas" --version 2>/dev/null | grep -q "V$PTXAS_VERSION\$"; then
+  py=$(command -v python3 || command -v python)
+  rm -rf "$dir"
+  "$py" -m pip install --quiet --disable-pip-version-check --no-deps \
+    --target "$dir" "nvidia-cuda-nvcc==$PTXAS_VERSION" >&2
 fi
-"$ptxas" --version | tail -1 >&2
+if ! "$ptxas" --version 2>/dev/null | grep -q "V$PTXAS_VERSION\$"; then
+  echo "setup.sh: ptxas $PTXAS_VERSION not found at $ptxas after installing it" >&2
+  exit 1
+fi
+echo "ptxas $("$ptxas" --version | grep -o 'V[0-9.]*$') at $ptxas" >&2
 echo "export PTXAS=$ptxas"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Builds release test, bench and runner binaries and stages them, with run-gpu.sh, in stage/
-# (git-ignored, well under 64 MiB) for a GPU machine that has no Rust. Then, with the device tool:
+# Builds release test, bench and runner binaries (each embeds the kernels' cubins and PTX) and
+# stages them, with run-gpu.sh, in stage/ (git-ignored, well under 64 MiB) for a GPU machine that
+# has no Rust. Then, with the device tool:
 #   run(command="bash stage/run-gpu.sh", carry=["stage"])
 # or copy stage/ anywhere with an NVIDIA driver and run `bash stage/run-gpu.sh [runner args]`.
 set -euo pipefail
@@ -25,6 +26,6 @@ bench=$(ls -t target/release/deps/gemm-* 2>/dev/null | grep -v '\.d$' | head -1 
 [ -n "$bench" ] && cp "$bench" stage/bench-gemm
 cp scripts/run-gpu.sh scripts/profile-gpu.sh scripts/ncu-compare.sh scripts/tile-sweep.sh stage/
 strip stage/tests/* stage/blockscaled-run stage/bench-gemm 2>/dev/null || true
-cp target/release/ptx/*.ptx target/release/ptx/*.ptxas.txt stage/ 2>/dev/null || true
+cp target/release/ptx/*.ptx target/release/ptx/*.cubin target/release/ptx/*.ptxas.txt stage/ 2>/dev/null || true
 du -sh stage
 ls stage stage/tests

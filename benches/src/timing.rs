@@ -12,8 +12,19 @@
 //! ours or cuBLASLt's) would otherwise be timed together with the gap in which
 //! the GPU waits for the next launch, and the reading would be the host's
 //! speed, noisy from run to run.
+//!
+//! No gate under a profiler ([`profiler_attached`]): ncu profiles each launch
+//! as it is enqueued and waits for the work ahead of it, so a launch behind a
+//! gate that only the host opens, after that launch returns, can never be
+//! profiled (ncu 2025.3.1 reported "Failed to prepare kernel for profiling …
+//! Unknown Error" and the process then hung on the closed gate). As a second
+//! guard, a gate left closed for [`GATE_TIMEOUT`] is opened from another
+//! thread: a serializing tool that goes undetected costs the gate's benefit,
+//! never a hang.
 
 use std::sync::Arc;
+use std::sync::mpsc;
+use std::time::Duration;
 
 use cudarc::driver::{CudaEvent, CudaStream, DriverError, sys, sys::CUevent_flags};
 
@@ -139,19 +150,65 @@ const MAX_GATED: usize = 128;
 struct Gate {
     host: *mut u32,
     stream: sys::CUstream,
+    /// Dropping the sender wakes the watchdog, which then exits without touching the flag.
+    stop: Option<mpsc::Sender<()>>,
+    watchdog: Option<std::thread::JoinHandle<()>>,
+}
+
+/// How long a [`Gate`] may stay closed before its watchdog opens it: enqueuing [`MAX_GATED`]
+/// iterations takes milliseconds, so only a host blocked inside a launch (a profiler serializing
+/// launches) reaches it.
+pub const GATE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The flag's address, movable to the watchdog thread.
+struct FlagPtr(*mut u32);
+// SAFETY: the pointer is only written through (volatile) while the allocation lives: `Gate::drop`
+// joins the watchdog before freeing it.
+unsafe impl Send for FlagPtr {}
+
+/// A reason to think a CUDA tool is injected into this process (ncu, nsys, compute-sanitizer):
+/// `CUDA_INJECTION64_PATH`, an Nsight library in `LD_PRELOAD`, or one mapped into the process
+/// (checked after CUDA is initialized, when the tools have loaded their libraries).
+pub fn profiler_attached() -> Option<String> {
+    if let Some(v) = std::env::var_os("CUDA_INJECTION64_PATH").filter(|v| !v.is_empty()) {
+        return Some(format!("CUDA_INJECTION64_PATH={}", v.to_string_lossy()));
+    }
+    let tool = |s: &str| {
+        [
+            "nsight",
+            "Injection",
+            "TreeLauncher",
+            "libcupti",
+            "libnvperf",
+            "sanitizer",
+        ]
+        .iter()
+        .any(|k| s.contains(k))
+    };
+    if let Some(v) = std::env::var_os("LD_PRELOAD") {
+        let v = v.to_string_lossy();
+        if tool(&v) {
+            return Some(format!("LD_PRELOAD={v}"));
+        }
+    }
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
+    maps.lines()
+        .filter_map(|l| l.split_whitespace().nth(5))
+        .find(|path| tool(path))
+        .map(|path| format!("{path} is loaded"))
 }
 
 impl Gate {
     /// Closes `stream`; `None` (no gate, timing as before) if the driver refuses any step, or
-    /// when a CUDA tool is injected (`CUDA_INJECTION64_PATH`, set by ncu and nsys): ncu replays
-    /// each launch synchronously as it is enqueued, so it would wait forever on the closed gate.
+    /// when a CUDA tool is injected ([`profiler_attached`]): ncu profiles each launch as it is
+    /// enqueued, so it would wait forever on the closed gate.
     fn close(stream: &Arc<CudaStream>) -> Option<Gate> {
-        if std::env::var_os("CUDA_INJECTION64_PATH").is_some() {
+        if profiler_attached().is_some() {
             return None;
         }
         let mut host: *mut core::ffi::c_void = core::ptr::null_mut();
         // SAFETY: a 4-byte pinned, device-mapped allocation; freed in `drop` (or below on error).
-        unsafe {
+        let host = unsafe {
             sys::cuMemHostAlloc(&mut host, 4, sys::CU_MEMHOSTALLOC_DEVICEMAP)
                 .result()
                 .ok()?;
@@ -173,18 +230,48 @@ impl Gate {
                 let _ = sys::cuMemFreeHost(host.cast());
                 return None;
             }
-            Some(Gate {
-                host,
-                stream: stream.cu_stream(),
+            host
+        };
+        let (stop, wake) = mpsc::channel::<()>();
+        let flag = FlagPtr(host);
+        let watchdog = std::thread::Builder::new()
+            .name("gate-watchdog".into())
+            .spawn(move || {
+                let flag = flag;
+                if let Err(mpsc::RecvTimeoutError::Timeout) = wake.recv_timeout(GATE_TIMEOUT) {
+                    // SAFETY: the allocation outlives this thread (`Gate::drop` joins it before
+                    // freeing); a volatile store of the value the stream waits for.
+                    unsafe { core::ptr::write_volatile(flag.0, 1) };
+                }
             })
+            .ok();
+        if watchdog.is_none() {
+            // No thread, no guard: open at once and time without the gate.
+            // SAFETY: the live allocation; the stream passes the wait before it is freed.
+            unsafe {
+                core::ptr::write_volatile(host, 1);
+                let _ = sys::cuStreamSynchronize(stream.cu_stream());
+                let _ = sys::cuMemFreeHost(host.cast());
+            }
+            return None;
         }
+        Some(Gate {
+            host,
+            stream: stream.cu_stream(),
+            stop: Some(stop),
+            watchdog,
+        })
     }
 }
 
 impl Drop for Gate {
     fn drop(&mut self) {
-        // SAFETY: `host` is the live mapped allocation; the stream is synchronized (it has passed
-        // the wait) before the flag is freed.
+        drop(self.stop.take());
+        if let Some(w) = self.watchdog.take() {
+            let _ = w.join();
+        }
+        // SAFETY: `host` is the live mapped allocation (the watchdog has exited); the stream is
+        // synchronized (it has passed the wait) before the flag is freed.
         unsafe {
             core::ptr::write_volatile(self.host, 1);
             core::sync::atomic::fence(core::sync::atomic::Ordering::SeqCst);

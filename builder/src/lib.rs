@@ -25,14 +25,29 @@
 //!    `.extern .shared` array for dynamic shared memory (Rust has no address-space statics), and
 //!    per-kernel `.maxntid` / `.minnctapersm` (Rust has no launch bounds; `setmaxnreg` is ignored
 //!    by ptxas without a register cap at entry, warning C7508).
-//! 4. If a `ptxas` is found (`PTXAS`, the `PATH`, or the pip package `nvidia-cuda-nvcc`), the PTX
-//!    is assembled for its target; a failure is an error carrying ptxas' message, and the `-v`
-//!    resource report (registers, spills, stack, shared memory per kernel) is kept beside the PTX.
+//! 4. If a `ptxas` is found (`PTXAS`, the pinned install `scripts/setup.sh` makes, the `PATH`, or
+//!    the pip package `nvidia-cuda-nvcc`), the PTX is assembled for its target into
+//!    `<arch>.cubin` ([`PTXAS_FLAGS`]); a failure is an error carrying ptxas' message, and the `-v`
+//!    resource report (registers, spills, stack, shared memory per kernel) is kept beside the PTX,
+//!    headed by the ptxas version that made it. A ptxas other than [`PINNED_PTXAS_VERSION`] is a
+//!    warning, or an error when ptxas is required (CI): the cubin is shipped, so its SASS must not
+//!    depend on what happens to be installed.
 
 use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+
+/// The ptxas release that makes the shipped cubins (`scripts/setup.sh` installs exactly this one).
+/// CUDA 13.0: a cubin loads on drivers of its ptxas' CUDA release or newer (r580 and later), and
+/// 13.0 is the JIT compiler of the r580 drivers, so the cubin's SASS is what those drivers make of
+/// the PTX.
+pub const PINNED_PTXAS_VERSION: &str = "13.0.88";
+
+/// The ptxas command line besides `-arch`, the input and the output: `-O3` is ptxas' default and
+/// what the driver's JIT uses for PTX (so cubin and JIT give the same SASS); `-v` for the resource
+/// report; `--warn-on-spills` so a spill shows in the build log.
+pub const PTXAS_FLAGS: &[&str] = &["-O3", "-v", "--warn-on-spills"];
 
 /// A GPU target the kernels are compiled for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -109,8 +124,12 @@ impl From<std::io::Error> for BuildError {
 #[derive(Clone, Debug)]
 pub struct BuiltPtx {
     pub arch: Arch,
-    /// The final PTX (what the host embeds).
+    /// The final PTX (what the host embeds, and loads where the cubin does not fit the GPU).
     pub ptx: PathBuf,
+    /// ptxas' `<arch>.cubin` of that PTX, when a ptxas was found.
+    pub cubin: Option<PathBuf>,
+    /// The version of the ptxas that made the cubin (`13.0.88`), when a ptxas was found.
+    pub ptxas_version: Option<String>,
     /// `ptxas -v` output, when a ptxas was found.
     pub ptxas_report: Option<String>,
     /// Kernels whose ptxas report shows spills or a non-empty stack frame.
@@ -226,8 +245,31 @@ impl Builder {
         println!("cargo:rerun-if-env-changed=PTXAS");
         println!("cargo:rerun-if-env-changed=BLOCKSCALED_REQUIRE_PTXAS");
 
+        println!("cargo:rerun-if-env-changed=BLOCKSCALED_TOOLS");
+
         let tools = Toolchain::find()?;
         let ptxas = find_ptxas();
+        let ptxas_version = match &ptxas {
+            Some(p) => {
+                // A new ptxas at the same path (another version installed) rebuilds the cubins.
+                println!("cargo:rerun-if-changed={}", p.display());
+                let v = ptxas_version(p)?;
+                if v != PINNED_PTXAS_VERSION {
+                    let msg = format!(
+                        "ptxas {v} at {} is not the pinned {PINNED_PTXAS_VERSION} \
+                         (`eval \"$(scripts/setup.sh)\"` installs it and sets PTXAS): \
+                         the cubins may differ from a release build's",
+                        p.display()
+                    );
+                    if self.require_ptxas {
+                        return Err(BuildError::Environment(msg));
+                    }
+                    println!("cargo:warning={msg}");
+                }
+                Some(v)
+            }
+            None => None,
+        };
         if ptxas.is_none() {
             let msg = "no ptxas found (set PTXAS, put it on PATH, or `pip install nvidia-cuda-nvcc`): \
                        the PTX was not assembled";
@@ -250,18 +292,34 @@ impl Builder {
             let edited = edit_ptx(&ptx_text, self.shared.as_ref(), &bounds)?;
             let ptx = out_dir.join(format!("{}.ptx", arch.name()));
             std::fs::write(&ptx, edited)?;
-            let (ptxas_report, spilling_kernels) = match &ptxas {
-                Some(p) => {
-                    let report = assemble(p, arch, &ptx, &out_dir)?;
+            // Never leave a cubin of an older PTX behind (a build without ptxas after one with).
+            let cubin = out_dir.join(format!("{}.cubin", arch.name()));
+            if cubin.exists() {
+                std::fs::remove_file(&cubin)?;
+            }
+            let (ptxas_report, spilling_kernels, cubin) = match (&ptxas, &ptxas_version) {
+                (Some(p), Some(v)) => {
+                    let report = assemble(p, arch, &ptx, &cubin)?;
                     let spills = spilling_kernels(&report);
-                    std::fs::write(out_dir.join(format!("{}.ptxas.txt", arch.name())), &report)?;
-                    (Some(report), spills)
+                    let header = format!(
+                        "ptxas {v} ({}) -arch={} {}\n",
+                        p.display(),
+                        arch.name(),
+                        PTXAS_FLAGS.join(" ")
+                    );
+                    std::fs::write(
+                        out_dir.join(format!("{}.ptxas.txt", arch.name())),
+                        format!("{header}{report}"),
+                    )?;
+                    (Some(report), spills, Some(cubin))
                 }
-                None => (None, Vec::new()),
+                _ => (None, Vec::new(), None),
             };
             built.push(BuiltPtx {
                 arch,
                 ptx,
+                cubin,
+                ptxas_version: ptxas_version.clone(),
                 ptxas_report,
                 spilling_kernels,
             });
@@ -481,11 +539,29 @@ fn edit_ptx(
     Ok(out)
 }
 
-/// `PTXAS`, then the PATH, then the pip package `nvidia-cuda-nvcc` (site-packages/nvidia/cu13/bin).
+/// `PTXAS`, then the pinned install of `scripts/setup.sh`
+/// (`$BLOCKSCALED_TOOLS` or `~/.cache/blockscaled`, `cuda-nvcc-<PINNED_PTXAS_VERSION>/`), then the
+/// PATH, then the pip package `nvidia-cuda-nvcc` (site-packages/nvidia/cu13/bin).
 pub fn find_ptxas() -> Option<PathBuf> {
     if let Some(p) = std::env::var_os("PTXAS") {
         let p = PathBuf::from(p);
         if p.exists() {
+            return Some(p);
+        }
+    }
+    let tools = std::env::var_os("BLOCKSCALED_TOOLS")
+        .map(PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("XDG_CACHE_HOME").map(|d| PathBuf::from(d).join("blockscaled"))
+        })
+        .or_else(|| {
+            std::env::var_os("HOME").map(|d| PathBuf::from(d).join(".cache").join("blockscaled"))
+        });
+    if let Some(tools) = tools {
+        let p = tools
+            .join(format!("cuda-nvcc-{PINNED_PTXAS_VERSION}"))
+            .join("nvidia/cu13/bin/ptxas");
+        if p.is_file() {
             return Some(p);
         }
     }
@@ -518,17 +594,36 @@ pub fn find_ptxas() -> Option<PathBuf> {
     None
 }
 
-/// Step 4: assemble; returns the `-v` report (which ptxas prints on stderr).
-fn assemble(ptxas: &Path, arch: Arch, ptx: &Path, out_dir: &Path) -> Result<String, BuildError> {
-    let cubin = out_dir.join(format!("{}.cubin", arch.name()));
+/// The version `ptxas --version` reports (`Cuda compilation tools, release 13.0, V13.0.88`).
+pub fn ptxas_version(ptxas: &Path) -> Result<String, BuildError> {
+    let out = Command::new(ptxas).arg("--version").output()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    parse_ptxas_version(&text).ok_or_else(|| BuildError::Command {
+        what: format!("{} --version", ptxas.display()),
+        output: format!("{text}{}", String::from_utf8_lossy(&out.stderr)),
+    })
+}
+
+fn parse_ptxas_version(text: &str) -> Option<String> {
+    let v = text.lines().rev().find_map(|l| {
+        l.split_whitespace()
+            .find_map(|w| w.strip_prefix('V'))
+            .filter(|v| {
+                v.split('.')
+                    .all(|d| !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit()))
+            })
+    })?;
+    Some(v.to_string())
+}
+
+/// Step 4: assemble `ptx` into `cubin`; returns the `-v` report (which ptxas prints on stderr).
+fn assemble(ptxas: &Path, arch: Arch, ptx: &Path, cubin: &Path) -> Result<String, BuildError> {
     let out = Command::new(ptxas)
         .arg(format!("-arch={}", arch.name()))
-        .arg("-O3")
-        .arg("-v")
-        .arg("--warn-on-spills")
+        .args(PTXAS_FLAGS)
         .arg(ptx)
         .arg("-o")
-        .arg(&cubin)
+        .arg(cubin)
         .output()?;
     let text = format!(
         "{}{}",
@@ -661,6 +756,29 @@ mod tests {
             edit_ptx(PTX, None, &b),
             Err(BuildError::PtxEdit(_))
         ));
+    }
+
+    #[test]
+    fn ptxas_version_is_parsed() {
+        let out = "ptxas: NVIDIA (R) Ptx optimizing assembler\nCopyright (c) 2005-2025 NVIDIA Corporation\n\
+                   Built on Wed_Aug_20_01:57:39_PM_PDT_2025\nCuda compilation tools, release 13.0, V13.0.88\n\
+                   Build cuda_13.0.r13.0/compiler.36424714_0\n";
+        assert_eq!(parse_ptxas_version(out).as_deref(), Some("13.0.88"));
+        assert_eq!(parse_ptxas_version("garbage"), None);
+    }
+
+    /// The pin is written twice (here for the check, in setup.sh for the install): one value.
+    #[test]
+    fn pinned_version_matches_setup_script() {
+        let setup = std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/setup.sh"),
+        )
+        .unwrap();
+        let pinned = setup
+            .lines()
+            .find_map(|l| l.strip_prefix("PTXAS_VERSION="))
+            .expect("scripts/setup.sh sets PTXAS_VERSION");
+        assert_eq!(pinned.trim(), PINNED_PTXAS_VERSION);
     }
 
     #[test]

@@ -8,7 +8,6 @@
 use std::sync::Arc;
 
 use cudarc::driver::{CudaContext, CudaModule, CudaStream, sys};
-use cudarc::nvrtc::Ptx;
 
 use crate::buffers::{DeviceMatrix, DeviceOutput, GpuId, Prepared};
 use crate::error::{Error, Result, shape};
@@ -17,9 +16,7 @@ use crate::format::OutType;
 use crate::matrix::{GemmShape, ScaledMatrix};
 use crate::plan::{self, GpuArch, Plan};
 
-/// The PTX built from `kernels/` for each target (see `host/build.rs`).
-const PTX_SM90A: &str = include_str!(concat!(env!("OUT_DIR"), "/sm_90a.ptx"));
-const PTX_SM100A: &str = include_str!(concat!(env!("OUT_DIR"), "/sm_100a.ptx"));
+use crate::image::{self, KernelImage};
 
 /// One GPU: a context, a stream and the loaded kernel families.
 pub struct Gpu {
@@ -30,6 +27,8 @@ pub struct Gpu {
     _module: Arc<CudaModule>,
     families: Families,
     arch: GpuArch,
+    /// The kernels' image: ptxas' cubin, or the PTX (JIT) where the cubin does not fit.
+    image: KernelImage,
     name: String,
     sm_count: u32,
 }
@@ -38,8 +37,8 @@ impl std::fmt::Debug for Gpu {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "Gpu({}, {:?}, {} SMs{:?})",
-            self.name, self.arch, self.sm_count, self.families
+            "Gpu({}, {:?}, {} SMs, {} image{:?})",
+            self.name, self.arch, self.sm_count, self.image, self.families
         )
     }
 }
@@ -64,9 +63,9 @@ impl Gpu {
         let ctx = CudaContext::new(ordinal)?;
         let (major, minor) = ctx.compute_capability()?;
         let name = ctx.name()?;
-        let (arch, ptx) = match major {
-            9 if minor == 0 => (GpuArch::Hopper, PTX_SM90A),
-            10 => (GpuArch::Blackwell, PTX_SM100A),
+        let (arch, images) = match major {
+            9 if minor == 0 => (GpuArch::Hopper, &image::SM90A),
+            10 => (GpuArch::Blackwell, &image::SM100A),
             _ => {
                 return Err(Error::Architecture(format!(
                     "{name} has compute capability {major}.{minor}; blockscaled has kernels for 9.0 \
@@ -77,7 +76,7 @@ impl Gpu {
         let sm_count = ctx
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?
             as u32;
-        let module = ctx.load_module(Ptx::from_src(ptx))?;
+        let (module, image) = image::load(&ctx, (major, minor), images)?;
         let stream = ctx.new_stream()?;
         let families = plan::load_families(&module, &stream, arch, sm_count)?;
         Ok(Gpu {
@@ -87,6 +86,7 @@ impl Gpu {
             _module: module,
             families,
             arch,
+            image,
             name,
             sm_count,
         })
@@ -94,6 +94,10 @@ impl Gpu {
 
     pub fn arch(&self) -> GpuArch {
         self.arch
+    }
+    /// Which image of the kernels was loaded (cubin, or the PTX as the fallback).
+    pub fn image(&self) -> KernelImage {
+        self.image
     }
     pub fn name(&self) -> &str {
         &self.name

@@ -24,7 +24,8 @@
 //! Layouts are documented on [`ScaledMatrix`] (data, packing, scales) and [`HostOutput`] (C).
 //!
 //! Modules, each importing only those above it: `error`; `format`; `matrix`, `quantize`,
-//! `output`, [`reference`] (CPU); `buffers` (device matrices and outputs); `launch` (the one
+//! `output`, [`reference`] (CPU); [`image`] (the kernels' cubin or PTX); `buffers` (device
+//! matrices and outputs); `launch` (the one
 //! launch path); `family` (what a kernel family provides); one file per family
 //! (`reference_kernel`, `sm90_fp8`); [`plan`] (the family list and the choice of kernel);
 //! `device` ([`Gpu`]).
@@ -34,6 +35,7 @@ mod device;
 mod error;
 mod family;
 pub mod format;
+pub mod image;
 mod launch;
 mod matrix;
 mod output;
@@ -49,6 +51,7 @@ pub use error::{Error, Result};
 pub use format::{
     ElemType, Fp8, OperandFormat, OutType, Recipe, ScaleBlock, ScaleMajor, ScaleType,
 };
+pub use image::KernelImage;
 pub use matrix::{GemmShape, MatrixDesc, ScaleLayout, ScaledMatrix};
 pub use output::{HostOutput, output_ulp, round_output};
 pub use plan::{GpuArch, Plan};

@@ -212,8 +212,20 @@ fn run(args: &Args) -> Result<bool, String> {
             .map(|d| d.as_nanos() as u64)
             .unwrap_or(1)
     });
+    // Start-up cost: context, module load (a cubin, or the driver's JIT of the PTX; the JIT's
+    // cache in ~/.nv/ComputeCache hides it unless CUDA_CACHE_DISABLE=1), kernel set-up.
+    let t0 = std::time::Instant::now();
     let gpu = Gpu::new(args.device).map_err(|e| e.to_string())?;
+    println!(
+        "Gpu::new: {:.1} ms (image: {}, ptxas {})",
+        t0.elapsed().as_secs_f64() * 1e3,
+        gpu.image(),
+        blockscaled::image::PTXAS_VERSION
+    );
     println!("{gpu:?}; seed {seed}");
+    if let Some(why) = blockscaled_benches::timing::profiler_attached() {
+        println!("CUDA tool attached ({why}): timed without the stream gate");
+    }
     let plan = match args.kernel.as_str() {
         "auto"
             if args.group_m.is_none()
