@@ -17,9 +17,9 @@ use crate::cublaslt::{
 use crate::table::Row;
 use crate::timing::{rotation_count, time_on_stream};
 
-/// Measured ceilings on the H100 SXM of this workplace (`shared/HOPPER-RUST-NOTES.md`,
-/// 2026-11-22): the best FP8 GEMM seen (cuBLASLt blockwise, 8192³) and a 2 GiB device copy
-/// (bytes read + written). FP4 formats run on FP8 tensor cores on Hopper, so one compute ceiling.
+/// Measured ceilings on the lent H100 SXM (docs/PERF.md, "Ceilings", 2026-11-22): the best FP8
+/// GEMM seen (cuBLASLt blockwise, 8192³) and a 2 GiB device copy (bytes read + written). FP4
+/// formats run on FP8 tensor cores on Hopper, so one compute ceiling.
 pub const CEILING_TFLOPS: f64 = 1305.0;
 pub const CEILING_GBS: f64 = 3010.0;
 /// H100 L2 size (50 MiB): inputs smaller than a few times this are rotated.

@@ -149,14 +149,17 @@ impl<'a> Launch<'a> {
         Ok(clusters.max(0) as u32)
     }
 
-    /// Enqueues the kernel with `params` as its single parameter, then releases the guards.
+    /// Enqueues the kernel with `params` as its single parameter. The buffers' guards come back:
+    /// dropping them records the buffers' use on the stream (cudarc's events), so a launch that
+    /// must follow this one directly — a programmatic dependent launch, which an event recorded
+    /// between the two kernels would hold back until this one ends — is enqueued before they drop.
     ///
     /// # Safety
     /// `P` is the parameter struct `func` declares; every address in `params` comes from this
     /// launch's [`Launch::ptr`] / [`Launch::ptr_mut`] (or is 0 where the kernel reads it as
     /// absent) or points into such a buffer, and the kernel reads and writes inside those buffers
     /// for this grid and these parameters.
-    pub(crate) unsafe fn launch<P: KernelParams>(self, params: &P) -> Result<()> {
+    pub(crate) unsafe fn launch<P: KernelParams>(self, params: &P) -> Result<Enqueued<'a>> {
         let mut attrs = Vec::with_capacity(2);
         let cfg = self.config(&mut attrs);
         let mut args = [params as *const P as *mut std::ffi::c_void];
@@ -174,10 +177,12 @@ impl<'a> Launch<'a> {
             )
         }
         .result()?;
-        drop(self.guards);
-        Ok(())
+        Ok(Enqueued(self.guards))
     }
 }
+
+/// The guards of an enqueued launch's buffers (see [`Launch::launch`]).
+pub(crate) struct Enqueued<'a>(#[allow(dead_code)] Vec<SyncOnDrop<'a>>);
 
 /// A launch attribute with its value zeroed (the caller sets the field `id` uses).
 fn attribute(id: sys::CUlaunchAttributeID) -> sys::CUlaunchAttribute {

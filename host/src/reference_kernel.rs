@@ -76,6 +76,7 @@ impl ReferenceKernel {
         // checked when the host matrices were built, copied whole at upload) and writes l·m·n
         // elements of `c.dtype` into `c.buf` (sized by `Gpu::output` for this shape); every
         // address is one of this launch's guarded buffers.
-        unsafe { launch.launch(&params) }
+        unsafe { launch.launch(&params) }?;
+        Ok(())
     }
 }

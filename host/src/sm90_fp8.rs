@@ -541,12 +541,16 @@ impl Sm90Fp8 {
         } else {
             &bo.tmap
         });
-        // With split-K the GEMM writes f32 partials into the workspace; the reduction writes C.
-        let (tmap_c, out_ptr, out_type) = match ws.as_deref_mut() {
+        // With split-K the GEMM writes f32 partials into the workspace and the reduction writes
+        // C; this launch holds the guards of both, so that no event is recorded between the two
+        // kernels (it would keep the reduction from starting during the GEMM's tail).
+        let split = ws.is_some();
+        let out_ptr = launch.ptr_mut(out);
+        let (tmap_c, gemm_out, out_type) = match ws {
             Some(w) => (0, launch.ptr_mut(w), OutType::F32),
             None => (
                 launch.opt_ptr(out_prepared.get::<Sm90Output>().map(|o| &o.tmap)),
-                launch.ptr_mut(out),
+                out_ptr,
                 *dtype,
             ),
         };
@@ -557,7 +561,7 @@ impl Sm90Fp8 {
             sfa: launch.ptr(sfa),
             sfb: launch.ptr(sfb),
             sfb_col: launch.opt_ptr(bo.sfb_col.as_ref()),
-            out: out_ptr,
+            out: gemm_out,
             m: m as u32,
             n: n as u32,
             k: k as u32,
@@ -574,8 +578,8 @@ impl Sm90Fp8 {
         // scale buffers have the documented sizes (A scales padded to whole clusters), the output
         // (or the workspace of split·l·m·n f32) holds l·m·n elements of `out_type`, and the grid
         // is a whole number of clusters.
-        unsafe { launch.launch(&params) }?;
-        if let Some(ws) = ws {
+        let gemm = unsafe { launch.launch(&params) }?;
+        if split {
             // Enough blocks to cover m·n (four elements per thread), at most four per SM (the
             // kernel strides over the rest).
             let blocks = (m * n)
@@ -584,13 +588,13 @@ impl Sm90Fp8 {
             // Programmatic dependent launch: the reduction is scheduled while the GEMM's last
             // CTAs finish (they signal `griddepcontrol.launch_dependents`) and waits for their
             // writes with `griddepcontrol.wait`.
-            let mut launch = Launch::new(stream, &self.reduce)
+            let launch = Launch::new(stream, &self.reduce)
                 .grid(blocks, l as u32, 1)
                 .block(SPLITK_THREADS, 1, 1)
                 .programmatic();
             let params = SplitKParams {
-                ws: launch.ptr(ws),
-                out: launch.ptr_mut(out),
+                ws: gemm_out,
+                out: out_ptr,
                 mn: (m * n) as u64,
                 l: l as u32,
                 split: cfg.split_k,
@@ -598,10 +602,12 @@ impl Sm90Fp8 {
                 _pad: 0,
             };
             // SAFETY: `ws` holds split·l·m·n f32 written by the launch before it on this stream;
-            // `out` holds l·m·n values of `dtype`; the grid covers m·n (x, strided) and l (y ≤
-            // 65535, validated).
-            unsafe { launch.launch(&params) }?;
+            // `out` holds l·m·n values of `dtype`; both stay alive and ordered by that launch's
+            // guards (`gemm`, dropped after this); the grid covers m·n (x, strided) and l
+            // (y ≤ 65535, validated).
+            let _reduce = unsafe { launch.launch(&params) }?;
         }
+        drop(gemm);
         Ok(())
     }
 }
