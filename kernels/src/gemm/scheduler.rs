@@ -11,7 +11,10 @@
 use core::ops::Range;
 
 /// One unit of work: tile coordinates (in tiles, not elements), the batch entry of the operands,
-/// the batch entry of the output it writes, and the K blocks it accumulates over.
+/// the batch entry of the output it writes, and the K blocks it accumulates over. The next
+/// families extend it rather than the kernels: grouped GEMM adds the unit's group (its rows then
+/// index that group's slice of A and C), and block-sparse GEMM reads `k_begin..k_end` as positions
+/// in the tile's list of nonzero K blocks instead of K blocks themselves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct WorkUnit {
     pub m: u32,
