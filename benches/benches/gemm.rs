@@ -2,7 +2,8 @@
 //! Without a GPU it says so and exits successfully (CI has none).
 //! `BLOCKSCALED_BENCH=seed`: seed 000's shapes in every recipe, and 8192³;
 //! `BLOCKSCALED_BENCH=deepseek`: the DeepSeek-V3 layer shapes in the DeepSeek recipe;
-//! `all` (default): both.
+//! `all` (default): both. After the table: our result against cuBLASLt's on every shape where it
+//! computes the same product; a difference beyond the derived bound fails the run.
 
 use blockscaled::{Gpu, OutType, Recipe};
 use blockscaled_benches::cases::{Case, open_peer, run_case};
@@ -43,7 +44,7 @@ fn main() {
             }
         }
     }
-    let mut rows = Vec::new();
+    let (mut rows, mut agreement, mut mismatch) = (Vec::new(), Vec::new(), false);
     for (i, (recipe, [m, n, k, l])) in shapes.into_iter().enumerate() {
         let case = Case {
             recipe,
@@ -60,9 +61,28 @@ fn main() {
             plan: None,
         };
         match run_case(&gpu, peer.as_ref(), &case) {
-            Ok(o) => rows.push(o.row),
+            Ok(o) => {
+                let name = format!("{recipe} {m}x{n}x{k}x{l}");
+                match o.peer_check {
+                    Some(Ok(msg)) => agreement.push(format!("{name}: {msg}")),
+                    Some(Err(msg)) => {
+                        mismatch = true;
+                        agreement.push(format!("{name}: PEER MISMATCH: {msg}"));
+                    }
+                    None => {}
+                }
+                rows.push(o.row)
+            }
             Err(e) => println!("{recipe} {m}x{n}x{k}x{l}: {e}"),
         }
     }
     print_table(&rows);
+    // Every shape where cuBLASLt computed the same product: its result against ours.
+    println!("\nagreement with the peer (same quantized inputs):");
+    for line in &agreement {
+        println!("  {line}");
+    }
+    if mismatch {
+        std::process::exit(1);
+    }
 }

@@ -1,14 +1,15 @@
 //! One benchmark case, shared by the runner (`blockscaled-run`) and `cargo bench`: random inputs
 //! quantized into a recipe, our `gemm` timed with CUDA events (warm-up, median, rotating input
 //! sets when the inputs would sit in L2), the result checked, and the closest cuBLASLt peer timed
-//! in the same process on the same stream.
+//! in the same process on the same stream — and its result compared with ours, element by element,
+//! within the bound both computations' arithmetic allows (an independent oracle at every size).
 
 use std::sync::Arc;
 
 use blockscaled::{
     DeviceMatrix, Gpu, HostOutput, OutType, Plan, Recipe, ScaledMatrix, reference, round_output,
 };
-use blockscaled_tests::{compare_outputs, fp8_accumulation_slack, random_values};
+use blockscaled_tests::{abs_matrix, compare_outputs, fp8_accumulation_slack, random_values};
 use cudarc::driver::CudaSlice;
 
 use crate::cublaslt::{
@@ -50,6 +51,9 @@ pub struct Outcome {
     pub check: Option<Result<String, String>>,
     /// Why the peer has no number, when it has none.
     pub peer_note: Option<String>,
+    /// Our result against the peer's, when the peer computed the same product: `Ok(summary)`
+    /// within the bound, `Err(msg)` beyond it.
+    pub peer_check: Option<Result<String, String>>,
 }
 
 /// Largest M·N·K·L the CPU reference is asked to check (about a second on 16 cores).
@@ -129,14 +133,19 @@ pub fn run_case(gpu: &Gpu, peer: Option<&LtPeer>, c: &Case) -> Result<Outcome, S
         }))
     };
 
-    let (peer_ms, peer_name, peer_note) = match (peer, c.peer, c.l) {
+    let (mut peer_ms, mut peer_name, mut peer_note, mut peer_check) =
+        (None, "-".into(), None, None);
+    match (peer, c.peer, c.l) {
         (Some(p), true, 1) => match time_peer(p, c, &a, &b, sets) {
-            Ok((ms, name)) => (Some(ms), name, None),
-            Err((name, err)) => (None, name, Some(err)),
+            Ok(r) => {
+                peer_check = Some(agree_with_peer(gpu, plan, (&a, &b), &ins[0], c, &r));
+                (peer_ms, peer_name) = (Some(r.ms), r.name);
+            }
+            Err((name, err)) => (peer_name, peer_note) = (name, Some(err)),
         },
-        (_, _, l) if l > 1 => (None, "-".into(), Some("peer timed for L = 1 only".into())),
-        _ => (None, "-".into(), None),
-    };
+        (_, true, l) if l > 1 => peer_note = Some("peer timed for L = 1 only".into()),
+        _ => {}
+    }
 
     Ok(Outcome {
         row: Row {
@@ -152,7 +161,73 @@ pub fn run_case(gpu: &Gpu, peer: Option<&LtPeer>, c: &Case) -> Result<Outcome, S
         },
         check,
         peer_note,
+        peer_check,
     })
+}
+
+/// What the peer computed: its median time, its name, its result (M×N bf16, from the same
+/// quantized inputs as ours) and the bound on its error relative to Σ_k |a_k·b_k|.
+struct PeerRun {
+    ms: f64,
+    name: String,
+    result: HostOutput,
+    rel_bound: f64,
+}
+
+/// Our result (one more launch into a fresh, poisoned bf16 output) against the peer's, every
+/// element. Both computed the product of the same quantized inputs, each within its own bound of
+/// the exact sum — ours 2^-9·Σ|ab| on FP8 tensor cores (`fp8_accumulation_slack`), a float64
+/// rounding on the reference kernel; the peer's in [`PeerRun::rel_bound`] — so the two differ by
+/// at most the sum of the bounds plus one bf16 unit for the two output roundings. Σ|ab| comes
+/// from the GPU reference kernel on |A|·|B|ᵀ (float64 accumulation, rounded to f32: the bound is
+/// widened by 2^-20 for that rounding).
+fn agree_with_peer(
+    gpu: &Gpu,
+    plan: Plan,
+    (a, b): (&ScaledMatrix, &ScaledMatrix),
+    (da, db): &(DeviceMatrix, DeviceMatrix),
+    c: &Case,
+    peer: &PeerRun,
+) -> Result<String, String> {
+    let e = |x: blockscaled::Error| x.to_string();
+    let mut o = gpu.output(c.m, c.n, 1, OutType::Bf16).map_err(e)?;
+    gpu.gemm_with(da, db, &mut o, plan).map_err(e)?;
+    let ours = o.to_host().map_err(e)?;
+    let (aa, ab) = (
+        gpu.upload(&abs_matrix(a)).map_err(e)?,
+        gpu.upload(&abs_matrix(b)).map_err(e)?,
+    );
+    let mut s = gpu.output(c.m, c.n, 1, OutType::F32).map_err(e)?;
+    gpu.reference_gemm(&aa, &ab, &mut s).map_err(e)?;
+    let abs = s.to_host().map_err(e)?.values;
+    let ours_rel = match plan {
+        Plan::Reference => 0.0,
+        Plan::Sm90Fp8(_) => fp8_accumulation_slack(&[1.0])[0],
+    };
+    let rel = (ours_rel + peer.rel_bound) * (1.0 + 2f64.powi(-20));
+    let slack: Vec<f64> = abs.iter().map(|&x| rel * x as f64).collect();
+    // The largest difference relative to the peer's value (over elements not far below the
+    // largest, where cancellation makes relative differences meaningless) and relative to Σ|ab|.
+    let big = peer.result.values.iter().fold(0f32, |m, v| m.max(v.abs())) * 2f32.powi(-10);
+    let (mut rel_val, mut rel_abs) = (0f64, 0f64);
+    for ((&x, &y), &s) in ours.values.iter().zip(&peer.result.values).zip(&abs) {
+        let d = (x as f64 - y as f64).abs();
+        if y.abs() >= big && y != 0.0 {
+            rel_val = rel_val.max(d / y.abs() as f64);
+        }
+        if s > 0.0 {
+            rel_abs = rel_abs.max(d / s as f64);
+        }
+    }
+    let summary = format!(
+        "{} elements against {}: max |ours − peer| / |peer| {rel_val:.2e}, / Σ|ab| {rel_abs:.2e} \
+         (bound {rel:.2e} + 1 bf16 unit)",
+        ours.values.len(),
+        peer.name
+    );
+    compare_outputs(&ours, &peer.result, 1.0, &slack)
+        .map(|_| summary.clone())
+        .map_err(|m| format!("{summary}: {m}"))
 }
 
 /// The closest cuBLASLt operation: blockwise FP8 for DeepSeek, per-tensor FP8 for per-tensor e4m3,
@@ -166,7 +241,7 @@ fn time_peer(
     a: &ScaledMatrix,
     b: &ScaledMatrix,
     sets: usize,
-) -> Result<(f64, String), (String, String)> {
+) -> Result<PeerRun, (String, String)> {
     let s = p.stream().clone();
     let (m, n, k) = (c.m, c.n, c.k);
     let fmt_err = |name: &str, x: PeerError| (name.to_string(), x.to_string());
@@ -177,6 +252,16 @@ fn time_peer(
         .map(|_| s.alloc_zeros(m * n).map_err(|x| drv("cuBLASLt", x)))
         .collect::<Result<_, _>>()?;
     let (warm, iters) = (c.warmup, c.iters);
+    // The peer's result (every set computed the same product) as a host M×N bf16 output.
+    let result = |out: &CudaSlice<u16>, name: &str| -> Result<HostOutput, (String, String)> {
+        let bits = s.clone_dtoh(out).map_err(|x| drv(name, x))?;
+        s.synchronize().map_err(|x| drv(name, x))?;
+        let bytes: Vec<u8> = bits.iter().flat_map(|v| v.to_le_bytes()).collect();
+        Ok(HostOutput::from_bytes(OutType::Bf16, m, n, 1, &bytes))
+    };
+    // FP8 accumulation on tensor cores, promoted to fp32 (cuBLASLt's default, no fast
+    // accumulation): the bound assumed for ours.
+    let fp8_rel = fp8_accumulation_slack(&[1.0])[0];
     match c.recipe {
         Recipe::DeepSeekFp8 if k % 128 == 0 => {
             let name = "cuBLASLt fp8 1x128/128x128";
@@ -199,7 +284,12 @@ fn time_peer(
                 p.gemm_fp8_blockwise(m, n, k, &da[r], &dsa[r], &db[r], &dsb[r], &mut out[r])
             })
             .map_err(|x| fmt_err(name, x))?;
-            Ok((t.median_ms, name.into()))
+            Ok(PeerRun {
+                ms: t.median_ms,
+                name: name.into(),
+                result: result(&out[0], name)?,
+                rel_bound: fp8_rel,
+            })
         }
         Recipe::Fp8PerTensor(blockscaled::Fp8::E4M3) => {
             let name = "cuBLASLt fp8 per-tensor";
@@ -211,7 +301,12 @@ fn time_peer(
                 p.gemm_fp8_per_tensor(m, n, k, &da[r], &dsa[r], &db[r], &dsb[r], &mut out[r])
             })
             .map_err(|x| fmt_err(name, x))?;
-            Ok((t.median_ms, name.into()))
+            Ok(PeerRun {
+                ms: t.median_ms,
+                name: name.into(),
+                result: result(&out[0], name)?,
+                rel_bound: fp8_rel,
+            })
         }
         _ => {
             let name = "cuBLASLt bf16";
@@ -230,7 +325,15 @@ fn time_peer(
                 p.gemm_bf16(m, n, k, &da[r], &db[r], &mut out[r])
             })
             .map_err(|x| fmt_err(name, x))?;
-            Ok((t.median_ms, name.into()))
+            // Each dequantized input rounded to bf16 (relative 2^-8), so each product within
+            // 2^-7 + 2^-16 of ours; then fp32 accumulation of K terms (K·2^-24).
+            let rel_bound = 2f64.powi(-7) + 2f64.powi(-16) + k as f64 * 2f64.powi(-24);
+            Ok(PeerRun {
+                ms: t.median_ms,
+                name: name.into(),
+                result: result(&out[0], name)?,
+                rel_bound,
+            })
         }
     }
 }

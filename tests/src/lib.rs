@@ -41,6 +41,51 @@ pub fn random_matrix(
     (v, m)
 }
 
+/// Operands whose products never cancel: [`random_values`] made non-negative, then, when
+/// `signed_rows`, each row (of each batch entry) given one random sign. A GEMM of a non-negative A
+/// with such a B has |C| = Σ_k |a_k·b_k| in every element, so an error bound stated as a fraction
+/// of Σ|a·b| is that fraction of |C| itself, and a small systematic error (a wrong scale, a weaker
+/// accumulator) shows instead of hiding in the slack that random signs need.
+pub fn no_cancellation_matrix(
+    seed: u64,
+    rows: usize,
+    k: usize,
+    batch: usize,
+    format: OperandFormat,
+    signed_rows: bool,
+) -> ScaledMatrix {
+    let mut v = random_values(seed, rows * k * batch, k);
+    let mut rng = StdRng::seed_from_u64(seed ^ 0x9E37_79B9_7F4A_7C15);
+    for row in v.chunks_mut(k) {
+        let sign = if signed_rows && rng.random_bool(0.5) {
+            -1.0
+        } else {
+            1.0
+        };
+        row.iter_mut().for_each(|x| *x = sign * x.abs());
+    }
+    ScaledMatrix::quantize(&v, rows, k, batch, format).expect("valid random matrix")
+}
+
+/// The largest |got − want| / |want| over elements with want ≠ 0 (NaN or a zero/non-zero mismatch
+/// gives infinity): a relative error, meaningful where nothing cancels.
+pub fn max_relative_error(got: &HostOutput, want: &HostOutput) -> f64 {
+    got.values
+        .iter()
+        .zip(&want.values)
+        .map(|(&g, &w)| {
+            let (g, w) = (g as f64, w as f64);
+            if g.is_nan() || w.is_nan() || (w == 0.0) != (g == 0.0) {
+                f64::INFINITY
+            } else if w == 0.0 {
+                0.0
+            } else {
+                ((g - w) / w).abs()
+            }
+        })
+        .fold(0.0, f64::max)
+}
+
 /// ±inf as the signed overflow threshold of `dtype` (largest finite + half a unit in the last
 /// place: values from there on round to inf), finite values unchanged.
 fn finite_or_threshold(dtype: OutType, v: f32) -> f64 {

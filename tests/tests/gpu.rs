@@ -54,13 +54,17 @@ proptest! {
         recipe_i in 0..Recipe::ALL.len(),
         m in 1usize..300,
         n in 1usize..300,
-        k2 in 1usize..400,
-        l in 1usize..4,
+        k in 1usize..800,
+        l in 1usize..9,
         out_i in 0usize..3,
         seed in any::<u64>(),
     ) {
         let dtype = [OutType::Bf16, OutType::F16, OutType::F32][out_i];
-        check(Recipe::ALL[recipe_i], m, n, 2 * k2, l, dtype, seed).map_err(TestCaseError::fail)?;
+        let recipe = Recipe::ALL[recipe_i];
+        // Odd K for the FP8 formats; e2m1 packs two elements per byte along K, so K is even there.
+        let e2m1 = recipe.a().elem == blockscaled::ElemType::E2M1;
+        let k = if e2m1 { k.next_multiple_of(2) } else { k };
+        check(recipe, m, n, k, l, dtype, seed).map_err(TestCaseError::fail)?;
     }
 }
 
@@ -166,6 +170,35 @@ fn sm90_tile(block_m: u32, block_n: u32) -> Sm90Tile {
         .unwrap_or_else(|| panic!("no sm90 tile of {block_m} × {block_n}"))
 }
 
+/// The sm90 plan `gemm` would run for these operands, with `force`'s tile, cluster and split in
+/// place of the chosen ones (the default band, within M's units of the forced tile and cluster).
+fn sm90_plan(
+    da: &blockscaled::DeviceMatrix,
+    db: &blockscaled::DeviceMatrix,
+    m: usize,
+    force: Option<Force>,
+) -> Result<Plan, String> {
+    match (gpu().plan(da, db).map_err(|e| e.to_string())?, force) {
+        (Plan::Sm90Fp8(cfg), Some(((block_m, block_n), (cluster_m, cluster_n), split_k))) => {
+            let tile = sm90_tile(block_m, block_n);
+            let cluster = ClusterShape {
+                m: cluster_m,
+                n: cluster_n,
+            };
+            let m_units = m.div_ceil((tile.block_m() * cluster_m) as usize) as u32;
+            Ok(Plan::Sm90Fp8(Sm90Config {
+                tile,
+                cluster,
+                group_m: cfg.group_m.min(m_units),
+                split_k,
+                ..cfg
+            }))
+        }
+        (p @ Plan::Sm90Fp8(_), None) => Ok(p),
+        (p, _) => Err(format!("expected the sm90 kernel, the plan is {p:?}")),
+    }
+}
+
 /// The Hopper FP8 kernel against the CPU reference (float64), every element, with the FP8
 /// accumulation tolerance of `fp8_accumulation_slack` plus one unit of the output type.
 #[allow(clippy::too_many_arguments)]
@@ -206,30 +239,7 @@ fn check_sm90(
         g.upload(&a).map_err(|e| e.to_string())?,
         g.upload(&b).map_err(|e| e.to_string())?,
     );
-    let plan = match (g.plan(&da, &db).map_err(|e| e.to_string())?, force) {
-        (Plan::Sm90Fp8(cfg), Some(((block_m, block_n), (cluster_m, cluster_n), split_k))) => {
-            let tile = sm90_tile(block_m, block_n);
-            let cluster = ClusterShape {
-                m: cluster_m,
-                n: cluster_n,
-            };
-            // The default band, within M's units of the forced tile and cluster.
-            let m_units = m.div_ceil((tile.block_m() * cluster_m) as usize) as u32;
-            Plan::Sm90Fp8(Sm90Config {
-                tile,
-                cluster,
-                group_m: cfg.group_m.min(m_units),
-                split_k,
-                ..cfg
-            })
-        }
-        (p @ Plan::Sm90Fp8(_), None) => p,
-        (p, _) => {
-            return Err(format!(
-                "{recipe}: expected the sm90 kernel, the plan is {p:?}"
-            ));
-        }
-    };
+    let plan = sm90_plan(&da, &db, m, force).map_err(|e| format!("{recipe}: {e}"))?;
     let mut c = g.output(m, n, l, dtype).map_err(|e| e.to_string())?; // poisoned with NaN
     g.gemm_with(&da, &db, &mut c, plan)
         .map_err(|e| e.to_string())?;
@@ -248,10 +258,11 @@ proptest! {
         m in 1usize..400,
         n in 1usize..400,
         kb in 1usize..9,
-        l in 1usize..3,
+        l in 1usize..9,
         out_i in 0usize..3,
         cluster in 0u32..3,
         tile in 0usize..4,
+        split in 1u32..5,
         n_mult_8 in any::<bool>(),
         seed in any::<u64>(),
     ) {
@@ -277,7 +288,10 @@ proptest! {
             (2, 1) if tile.1 == 64 => (1, 2),
             c => c,
         };
-        check_sm90(recipes, m, n, 128 * kb, l, dtype, seed, Some((tile, cluster, 1))).map_err(TestCaseError::fail)?;
+        // Split-K (f32 workspace and reduction) with up to as many ranges as K blocks.
+        let split = split.min(kb as u32);
+        check_sm90(recipes, m, n, 128 * kb, l, dtype, seed, Some((tile, cluster, split)))
+            .map_err(TestCaseError::fail)?;
     }
 }
 
@@ -633,4 +647,166 @@ fn operands_and_outputs_of_another_gpu_are_rejected() {
     assert!(c2.to_host().unwrap().values.iter().all(|v| v.is_nan()));
     g1.gemm(&a1, &b1, &mut c1).unwrap();
     assert!(c1.to_host().unwrap().values.iter().all(|v| v.is_finite()));
+}
+
+/// Every tile × cluster of the sm90 kernel, alone and in pairs, with and without split-K.
+const SM90_FORCES: [Force; 14] = [
+    ((128, 128), (1, 1), 1),
+    ((128, 128), (2, 1), 1),
+    ((128, 128), (1, 2), 1),
+    ((192, 128), (1, 1), 1),
+    ((192, 128), (2, 1), 1),
+    ((192, 128), (1, 2), 1),
+    ((256, 128), (1, 1), 1),
+    ((256, 128), (2, 1), 1),
+    ((256, 128), (1, 2), 1),
+    ((128, 64), (1, 1), 1),
+    ((128, 64), (1, 2), 1),
+    ((128, 128), (1, 1), 3),
+    ((256, 128), (1, 2), 3),
+    ((128, 64), (1, 1), 4),
+];
+
+/// Which kernel a check runs.
+#[derive(Clone, Copy, Debug)]
+enum Kernel {
+    Reference,
+    Sm90(Force),
+}
+
+/// A check that sees small systematic errors: A ≥ 0 and each row of B of one sign
+/// (`no_cancellation_matrix`), so |C| = Σ|a·b| and the allowed error — 2^-9·Σ|a·b| for FP8
+/// tensor-core accumulation, the float64 summation bound for the reference kernel — is that
+/// fraction of |C| itself (with random signs Σ|a·b| is about √K·|C|: 2^-9·√K ≈ 3.7% of |C| at
+/// K = 7168, enough to hide a wrong scale). f32 output, so its rounding (2^-24) hides nothing.
+/// Every element is compared; then the check proves its own sensitivity: the same GPU output with
+/// a planted 0.5% error (every element × 1.005) must fail it. Returns the largest relative error.
+fn check_no_cancellation(
+    recipes: impl Recipes,
+    (m, n, k, l): (usize, usize, usize, usize),
+    kernel: Kernel,
+    seed: u64,
+) -> Result<f64, String> {
+    let (ra, rb) = recipes.pair();
+    let g = gpu();
+    let e = |x: Error| x.to_string();
+    let a = blockscaled_tests::no_cancellation_matrix(seed, m, k, l, ra.a(), false);
+    let b = blockscaled_tests::no_cancellation_matrix(seed ^ 0x5851_F42D, n, k, l, rb.b(), true);
+    let (c64, abs) = reference::gemm_f64(&a, &b).map_err(e)?;
+    let dtype = OutType::F32;
+    let want = HostOutput {
+        dtype,
+        m,
+        n,
+        l,
+        values: c64.iter().map(|&x| round_output(dtype, x)).collect(),
+    };
+    let (da, db) = (g.upload(&a).map_err(e)?, g.upload(&b).map_err(e)?);
+    let mut c = g.output(m, n, l, dtype).map_err(e)?; // poisoned with NaN
+    let slack: Vec<f64> = match kernel {
+        Kernel::Reference => {
+            g.reference_gemm(&da, &db, &mut c).map_err(e)?;
+            abs.iter()
+                .map(|&s| reference::sum_error_bound(k, s))
+                .collect()
+        }
+        Kernel::Sm90(force) => {
+            let plan = sm90_plan(&da, &db, m, Some(force))?;
+            g.gemm_with(&da, &db, &mut c, plan).map_err(e)?;
+            fp8_accumulation_slack(&abs)
+        }
+    };
+    let got = c.to_host().map_err(e)?;
+    let what = format!("{ra} · {rb} {m}x{n}x{k}x{l} {kernel:?} seed {seed}");
+    compare_outputs(&got, &want, 1.0, &slack).map_err(|x| format!("{what}: {x}"))?;
+    let mut planted = got.clone();
+    planted.values.iter_mut().for_each(|v| *v *= 1.005);
+    if compare_outputs(&planted, &want, 1.0, &slack).is_ok() {
+        return Err(format!("{what}: a planted 0.5% error passes the check"));
+    }
+    Ok(blockscaled_tests::max_relative_error(&got, &want))
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn sm90_kernel_has_no_systematic_error_on_operands_that_do_not_cancel() {
+    let seed = std::process::id() as u64;
+    let (e4, e5) = (
+        Recipe::Fp8PerTensor(Fp8::E4M3),
+        Recipe::Fp8PerTensor(Fp8::E5M2),
+    );
+    let (r4, r5) = (Recipe::Fp8PerRow(Fp8::E4M3), Recipe::Fp8PerRow(Fp8::E5M2));
+    let mut worst = 0f64;
+    for (i, force) in SM90_FORCES.into_iter().enumerate() {
+        for (j, recipes) in [
+            (Recipe::DeepSeekFp8, Recipe::DeepSeekFp8),
+            (e4, e5),
+            (e5, e4),
+            (r4, r4),
+            (r5, r5),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let shape = (300, 520, 128 * (6 + j), 1 + i % 2);
+            let rel = check_no_cancellation(recipes, shape, Kernel::Sm90(force), seed + i as u64)
+                .unwrap();
+            worst = worst.max(rel);
+        }
+    }
+    // The bound is 2^-9 = 1.95e-3 of |C|.
+    eprintln!("sm90, no cancellation: largest relative error {worst:.3e}");
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn reference_kernel_has_no_systematic_error_on_operands_that_do_not_cancel() {
+    let seed = std::process::id() as u64;
+    let mut worst = 0f64;
+    for (i, r) in Recipe::ALL.into_iter().enumerate() {
+        let rel = check_no_cancellation(r, (200, 136, 1024, 2), Kernel::Reference, seed + i as u64)
+            .unwrap();
+        worst = worst.max(rel);
+    }
+    eprintln!("reference kernel, no cancellation: largest relative error {worst:.3e}");
+}
+
+/// Determinism, as promised (no atomics; split-K sums its partials in a fixed order): the same
+/// inputs and plan give bitwise-identical outputs, run after run, for every tile, cluster and
+/// split, and for the reference kernel.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn every_kernel_and_configuration_gives_bitwise_identical_outputs_across_runs() {
+    let g = gpu();
+    let seed = std::process::id() as u64;
+    let (m, n, k, l) = (333, 520, 1152, 2);
+    let (_, a) = random_matrix(seed, m, k, l, Recipe::DeepSeekFp8.a());
+    let (_, b) = random_matrix(seed ^ 0x1234_5678, n, k, l, Recipe::DeepSeekFp8.b());
+    let (da, db) = (g.upload(&a).unwrap(), g.upload(&b).unwrap());
+    let bits = |plan: Option<Plan>, dtype: OutType| {
+        let mut c = g.output(m, n, l, dtype).unwrap();
+        match plan {
+            Some(p) => g.gemm_with(&da, &db, &mut c, p).unwrap(),
+            None => g.reference_gemm(&da, &db, &mut c).unwrap(),
+        }
+        let v = c.to_host().unwrap().values;
+        assert!(
+            v.iter().all(|x| !x.is_nan()),
+            "{plan:?}: unwritten elements"
+        );
+        v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>()
+    };
+    let plans = std::iter::once(None)
+        .chain(SM90_FORCES.map(|f| Some(sm90_plan(&da, &db, m, Some(f)).unwrap())));
+    for plan in plans {
+        for dtype in [OutType::F32, OutType::Bf16] {
+            let first = bits(plan, dtype);
+            for run in 1..3 {
+                assert!(
+                    bits(plan, dtype) == first,
+                    "{plan:?} {dtype:?}: run {run} differs from run 0"
+                );
+            }
+        }
+    }
 }

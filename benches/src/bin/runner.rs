@@ -302,6 +302,14 @@ fn run(args: &Args) -> Result<bool, String> {
                 if let Some(n) = &o.peer_note {
                     println!("{recipe}: peer: {n}");
                 }
+                match &o.peer_check {
+                    Some(Ok(msg)) => println!("{recipe}: agrees with the peer: {msg}"),
+                    Some(Err(msg)) => {
+                        all_ok = false;
+                        println!("{recipe}: PEER MISMATCH: {msg}");
+                    }
+                    None => {}
+                }
                 rows.push(o.row);
             }
             Err(e) => {
