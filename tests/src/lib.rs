@@ -258,3 +258,4 @@ mod tests {
         );
     }
 }
+pub mod layouts;
