@@ -61,7 +61,8 @@ impl ScaleSpec {
     }
 
     /// `packed(major)` with every kind of gap: innermost stride `inner_stride`, `middle_gap`
-    /// after each row (K-major) or K block (MN-major), `outer_gap` after each batch entry.
+    /// after each row (K-major) or K block (MN-major), `outer_gap` after each batch entry, and one
+    /// element of tail.
     pub fn padded(
         major: ScaleMajor,
         inner_stride: usize,

@@ -9,7 +9,8 @@ use blockscaled::{
     ScaleType, ScaledMatrix, reference,
 };
 use blockscaled_tests::layouts::{
-    ScaleSpec, layout_variants, poison_scale_bits, random_layout, random_spec, relayout,
+    ScaleSpec, k_major, layout_variants, mn_major, poison_scale_bits, random_layout, random_spec,
+    relayout,
 };
 use blockscaled_tests::random_matrix;
 use proptest::prelude::*;
@@ -122,6 +123,23 @@ proptest! {
             .count();
         // Quantized scales are never NaN, so the NaN elements are exactly the unaddressed ones.
         prop_assert_eq!(nan, len - l * s.row_blocks * s.k_blocks, "{:?} {:?}", spec, s);
+    }
+}
+
+/// The packed helpers build exactly what the quantizer builds for that major order: same data,
+/// same scale bytes, same layout, for every recipe's A and B.
+#[test]
+fn packed_relayouts_equal_quantizing_with_that_major_order() {
+    for recipe in Recipe::ALL {
+        for format in [recipe.a(), recipe.b()] {
+            let (rows, k, l) = (131, 290, 3);
+            let v = blockscaled_tests::random_values(7, rows * k * l, k);
+            let q =
+                |major| ScaledMatrix::quantize_with_major(&v, rows, k, l, format, major).unwrap();
+            let (qk, qmn) = (q(ScaleMajor::K), q(ScaleMajor::Mn));
+            assert!(mn_major(&qk) == qmn, "{format}: K-major to MN-major");
+            assert!(k_major(&qmn) == qk, "{format}: MN-major to K-major");
+        }
     }
 }
 
