@@ -303,3 +303,4 @@ mod tests {
         );
     }
 }
+pub mod layouts;
