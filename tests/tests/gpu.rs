@@ -827,18 +827,19 @@ fn every_scale_layout_gives_the_same_result_on_every_kernel() {
         let s = seed + 100 * i as u64;
         let (_, a) = random_matrix(s, m, k, l, r.a());
         let (_, b) = random_matrix(s ^ 0xFACE, n, k, l, r.b());
-        let run = |a: &blockscaled::ScaledMatrix, b: &blockscaled::ScaledMatrix, reference: bool| {
-            let (da, db) = (g.upload(a).unwrap(), g.upload(b).unwrap());
-            let mut c = g.output(m, n, l, OutType::F32).unwrap();
-            if reference {
-                g.reference_gemm(&da, &db, &mut c).unwrap();
-            } else {
-                g.gemm(&da, &db, &mut c).unwrap();
-            }
-            let v = c.to_host().unwrap().values;
-            assert!(v.iter().all(|x| !x.is_nan()), "{r}: NaN in the result");
-            v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>()
-        };
+        let run =
+            |a: &blockscaled::ScaledMatrix, b: &blockscaled::ScaledMatrix, reference: bool| {
+                let (da, db) = (g.upload(a).unwrap(), g.upload(b).unwrap());
+                let mut c = g.output(m, n, l, OutType::F32).unwrap();
+                if reference {
+                    g.reference_gemm(&da, &db, &mut c).unwrap();
+                } else {
+                    g.gemm(&da, &db, &mut c).unwrap();
+                }
+                let v = c.to_host().unwrap().values;
+                assert!(v.iter().all(|x| !x.is_nan()), "{r}: NaN in the result");
+                v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>()
+            };
         let mut variants: Vec<(String, _, _)> = layout_variants(&a)
             .into_iter()
             .zip(layout_variants(&b))
