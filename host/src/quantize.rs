@@ -5,9 +5,19 @@
 //!   largest finite value and saturate: that is the spec's rule, and the error bound says so.
 //! - **ue4m3 scales + fp32 tensor scale (NVFP4)**: `tensor_scale = amax(tensor) / (448 · 6)`; block
 //!   scale `ue4m3(amax(block) / 6 / tensor_scale)` (never rounded to zero for a non-zero block);
-//!   elements `e2m1(x / (scale · tensor_scale))`.
+//!   elements `e2m1(x / (scale · tensor_scale))`. An all-zero tensor gets tensor scale 1.
 //! - **fp32 scales (DeepSeek, per-tensor, per-row)**: `scale = amax(block) / max(elem)`; elements
 //!   `encode_sat(x / scale)`. An all-zero block gets scale 1.
+//!
+//! The fp32 ratios (`amax / max(elem)`, `amax / (448 · 6)`) are the nearest `f32` while that is a
+//! normal number. Below `max · 2^-126` they are subnormal `f32`s with few significant bits, so
+//! there they are rounded **up** to the next multiple of `2^-149`: never zero for a non-zero block,
+//! and never so low that the block maximum saturates. (A block this small is still a block of
+//! numbers; giving it scale 1 would flush all of it to zero.)
+//!
+//! Each element is divided by its scale (times the tensor scale) in f64 and the quotient rounded
+//! once to f32 before encoding: exactly `x / scale` rounded to f32 for one scale, and no underflow
+//! of the product of two small scales for NVFP4.
 //!
 //! Encoding rounds to nearest even and saturates ([`ElemType::encode_sat`]). NaN or infinite input
 //! is rejected with [`Error::Format`]: no format here can carry it through a block scale honestly.
@@ -86,9 +96,12 @@ impl ScaledMatrix {
                 .par_iter()
                 .fold(|| 0.0f32, |m, v| m.max(v.abs()))
                 .reduce(|| 0.0, f32::max);
-            let t = amax / (e4m3::MAX * format.elem.max());
-            // A zero tensor, or one so small that the ratio underflows, keeps the neutral scale.
-            desc.tensor_scale = if t.is_normal() { t } else { 1.0 };
+            // A zero tensor keeps the neutral scale.
+            desc.tensor_scale = if amax == 0.0 {
+                1.0
+            } else {
+                ratio_scale(amax, e4m3::MAX * format.elem.max())
+            };
         }
 
         let elem = format.elem;
@@ -126,7 +139,7 @@ impl ScaledMatrix {
                             let q = if divisor == 0.0 {
                                 elem.encode_sat(0.0)
                             } else {
-                                elem.encode_sat(x / divisor)
+                                elem.encode_sat((x as f64 / divisor) as f32)
                             };
                             let i = (r - r0) * k + k0 + j;
                             if bits == 4 {
@@ -148,28 +161,52 @@ impl ScaledMatrix {
     }
 }
 
-/// The scale code for a block whose largest magnitude is `amax`, and the f32 divisor applied to
-/// its elements before encoding (0: the block is all zeros and encodes to zeros).
-fn block_scale(scale: ScaleType, elem: ElemType, amax: f32, tensor_scale: f32) -> (u32, f32) {
+/// The scale code for a block whose largest magnitude is `amax`, and the divisor applied to its
+/// elements before encoding, exact in f64 (0: the block is all zeros and encodes to zeros).
+fn block_scale(scale: ScaleType, elem: ElemType, amax: f32, tensor_scale: f32) -> (u32, f64) {
     match scale {
         ScaleType::E8M0 => {
             let code = e8m0::mx_scale_for_amax(amax, elem.emax());
-            (code as u32, e8m0::decode(code))
+            (code as u32, e8m0::decode(code) as f64)
         }
         ScaleType::UE4M3 => {
             // A block far below the tensor's largest one can round its scale to the code 0; that
             // would flush every element of the block to zero. Its smallest non-zero scale (2^-9,
             // code 1) keeps the elements representable, each within the element format's bound.
-            let code = match ue4m3::encode_sat(amax / elem.max() / tensor_scale) {
+            // The ratio is taken in f64: `amax / elem.max()` alone can underflow when the tensor
+            // scale is subnormal.
+            let ratio = amax as f64 / (elem.max() as f64 * tensor_scale as f64);
+            let code = match ue4m3::encode_sat(ratio as f32) {
                 0 if amax > 0.0 => 1,
                 c => c,
             };
-            (code as u32, ue4m3::decode(code) * tensor_scale)
+            (
+                code as u32,
+                ue4m3::decode(code) as f64 * tensor_scale as f64,
+            )
         }
         ScaleType::F32 => {
-            let s = amax / elem.max();
-            let s = if s.is_normal() { s } else { 1.0 };
-            (s.to_bits(), s)
+            let s = if amax == 0.0 {
+                1.0
+            } else {
+                ratio_scale(amax, elem.max())
+            };
+            (s.to_bits(), s as f64)
         }
     }
+}
+
+/// `amax / max` (both positive, finite) as an f32 scale: the nearest f32 where that is normal;
+/// below f32's normal range rounded up to a multiple of 2^-149 (the subnormal spacing), so that it
+/// is not zero and `amax / scale <= max` (a subnormal rounded to nearest can lose a third of the
+/// value, and the block maximum would saturate by as much).
+fn ratio_scale(amax: f32, max: f32) -> f32 {
+    let s = amax / max;
+    if s >= f32::MIN_POSITIVE {
+        return s;
+    }
+    // amax · 2^149 is an integer below 2^23 · max (amax is a multiple of 2^-149), exact in f64, and
+    // so is its quotient by max whenever that is an integer: the ceiling is exact.
+    let units = (amax as f64 * 2f64.powi(149) / max as f64).ceil();
+    f32::from_bits(units as u32)
 }

@@ -782,6 +782,9 @@ fn elem_type_dispatches_to_its_module() {
         assert_eq!(t.bits(), s.bits());
         assert_eq!(t.max() as f64, s.max);
         assert_eq!(t.emax(), ((s.max.log2()).floor()) as i32);
+        // The smallest normal exponent is 1 − bias (exponent field 1).
+        assert_eq!(t.emin(), 1 - s.bias, "{name}");
+        assert_eq!(t.mantissa_bits(), s.mbits, "{name}");
         for c in 0..=255u8 {
             assert_eq!(t.decode(c).to_bits(), dec(c).to_bits());
             let x = f32::from_bits(0x3F80_0000u32.wrapping_add((c as u32) << 19));

@@ -6,6 +6,8 @@ use blockscaled::{
 };
 use blockscaled_tests::{random_matrix, random_values};
 use proptest::prelude::*;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 
 /// The bound for one element x whose block scale (times tensor scale) is `s`: half a unit in the
 /// last place of the element format at |x|/s, plus the saturation loss when |x|/s exceeds the
@@ -21,16 +23,31 @@ fn bound(elem: ElemType, x: f64, s: f64) -> f64 {
     sat + (0.5 * elem.ulp(v.min(max) as f32) as f64 + v * 2f64.powi(-21)) * s
 }
 
+/// Quantizes fresh random values ([`random_values`], or [`wide_values`] when `wide`) and checks
+/// them with [`check_quantized`].
 fn check_round_trip(
     recipe: Recipe,
-    rows: usize,
-    k: usize,
-    batch: usize,
+    (rows, k, batch): (usize, usize, usize),
     seed: u64,
     operand_b: bool,
+    wide: bool,
 ) {
     let fmt = if operand_b { recipe.b() } else { recipe.a() };
-    let (x, q) = random_matrix(seed, rows, k, batch, fmt);
+    let len = batch * rows * k;
+    let x = if wide {
+        wide_values(seed, len, k)
+    } else {
+        random_values(seed, len, k)
+    };
+    let q = ScaledMatrix::quantize(&x, rows, k, batch, fmt).expect("finite input quantizes");
+    check_quantized(recipe, &x, &q);
+}
+
+/// Every element of `q` (quantized from `x`) is within [`bound`] of its input, and every scale is
+/// the one its recipe's rule gives ([`check_scales`]).
+fn check_quantized(recipe: Recipe, x: &[f32], q: &ScaledMatrix) {
+    let fmt = q.format();
+    let (rows, k, batch) = (q.rows(), q.k(), q.batch());
     for l in 0..batch {
         for r in 0..rows {
             for kk in 0..k {
@@ -46,29 +63,135 @@ fn check_round_trip(
             }
         }
     }
+    check_scales(recipe, x, q);
+}
+
+/// The scale an fp32 ratio `amax / max` must be (see `host/src/quantize.rs`): the nearest f32
+/// where that is normal, rounded up to a multiple of 2^-149 below; 1 for an all-zero block.
+fn check_f32_ratio(what: &str, s: f64, amax: f64, max: f64) {
+    let want = amax / max;
+    let ok = if amax == 0.0 {
+        s == 1.0
+    } else if want >= 2f64.powi(-126) {
+        (s - want).abs() <= want * 2f64.powi(-24)
+    } else {
+        s >= want && s - 2f64.powi(-149) < want
+    };
+    assert!(ok, "{what}: amax {amax:e} / {max} gave scale {s:e}");
+}
+
+/// Pins every scale of `q` to its rule, from the block maxima of the input `x` (never from the
+/// quantizer's own scale function), so that a quantizer choosing any other scale — 1 everywhere,
+/// one binade too large, a tensor scale of 1 — fails even where its elements would stay within
+/// the error bound of the scale it chose:
+/// - e8m0 (OCP MX v1.0 §6.3): `amax / scale ∈ [2^emax, 2^(emax+1))`, except at the clamp 2^-127
+///   (`amax / scale < 2^(emax+1)` only); an all-zero block has 2^-127;
+/// - fp32: `scale = amax / max(elem)` (nearest f32, rounded up below f32's normal range);
+/// - NVFP4: tensor scale `amax(tensor) / 2688` as fp32 above; block scale within half an e4m3 unit
+///   (and the f32 rounding of the ratio) of `amax(block) / 6 / tensor_scale`, 2^-9 where that
+///   ratio rounds to 0, 0 for an all-zero block.
+fn check_scales(recipe: Recipe, x: &[f32], q: &ScaledMatrix) {
+    let fmt = q.format();
+    let (rows, k, batch) = (q.rows(), q.k(), q.batch());
+    let (br, bk) = fmt.block.extent(rows, k);
+    let t = q.tensor_scale() as f64;
+    if fmt.tensor_scale {
+        let amax = x.iter().fold(0f64, |m, v| m.max(v.abs() as f64));
+        check_f32_ratio(&format!("{recipe} tensor scale"), t, amax, 448.0 * 6.0);
+    }
+    for l in 0..batch {
+        for rb in 0..rows.div_ceil(br) {
+            for kb in 0..k.div_ceil(bk) {
+                let mut amax = 0f64;
+                for r in rb * br..((rb + 1) * br).min(rows) {
+                    for kk in kb * bk..((kb + 1) * bk).min(k) {
+                        amax = amax.max(x[(l * rows + r) * k + kk].abs() as f64);
+                    }
+                }
+                let s = q.scale_value(l, rb * br, kb * bk);
+                let what = format!("{recipe} ({fmt}) block [{l},{rb},{kb}]");
+                let max = fmt.elem.max() as f64;
+                match fmt.scale {
+                    ScaleType::E8M0 => {
+                        let (lo, hi) = (2f64.powi(fmt.elem.emax()), 2f64.powi(fmt.elem.emax() + 1));
+                        let floor = 2f64.powi(-127);
+                        let r = amax / s;
+                        let ok = if amax == 0.0 {
+                            s == floor
+                        } else {
+                            r < hi && (r >= lo || s == floor)
+                        };
+                        assert!(ok, "{what}: amax {amax:e} gave scale {s:e}");
+                    }
+                    ScaleType::F32 => check_f32_ratio(&what, s, amax, max),
+                    ScaleType::UE4M3 => {
+                        let (bs, r) = (s / t, amax / (max * t));
+                        let ok = if amax == 0.0 {
+                            bs == 0.0
+                        } else if r <= 2f64.powi(-10) {
+                            bs == 2f64.powi(-9)
+                        } else {
+                            let half = 0.5 * ElemType::E4M3.ulp(r as f32) as f64;
+                            bs <= 448.0 && (bs - r).abs() <= half + r * 2f64.powi(-24)
+                        };
+                        assert!(
+                            ok,
+                            "{what}: amax {amax:e}, tensor scale {t:e}: block scale {bs:e}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Values across the whole f32 range: each row gets its own magnitude 2^e, e uniform in
+/// -149..=127 (subnormal rows, rows whose fp32 scale is subnormal, rows near f32::MAX), elements
+/// ±[0.05, 1) of it, the first of each row exactly ±2^e (so no row is all zero), a few exact zeros
+/// and a few ±1.99·2^e (f32::MAX where that overflows).
+fn wide_values(seed: u64, len: usize, row_len: usize) -> Vec<f32> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut mag = 1.0f32;
+    (0..len)
+        .map(|i| {
+            let sign = if rng.random_bool(0.5) { -1.0 } else { 1.0 };
+            if i % row_len == 0 {
+                mag = 2f64.powi(rng.random_range(-149..=127)) as f32;
+                return sign * mag;
+            }
+            match rng.random_range(0..100) {
+                0 => 0.0,
+                1 => sign * (mag * 1.99).min(f32::MAX),
+                _ => sign * mag * rng.random_range(0.05f32..1.0),
+            }
+        })
+        .collect()
 }
 
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(48))]
 
+    /// Half of the cases draw values across the whole f32 range (subnormal blocks, blocks whose
+    /// fp32 scale is subnormal, blocks near f32::MAX), where a scale rule's edge cases live.
     #[test]
-    fn quantize_dequantize_error_is_within_the_format_bound(
+    fn quantize_dequantize_error_is_within_the_format_bound_and_scales_follow_their_rule(
         recipe_i in 0..Recipe::ALL.len(),
         rows in 1usize..300,
         k2 in 1usize..200,
         batch in 1usize..3,
         seed in any::<u64>(),
         operand_b in any::<bool>(),
+        wide in any::<bool>(),
     ) {
         let k = 2 * k2; // e2m1 needs even K; odd K is covered for fp8 below
-        check_round_trip(Recipe::ALL[recipe_i], rows, k, batch, seed, operand_b);
+        check_round_trip(Recipe::ALL[recipe_i], (rows, k, batch), seed, operand_b, wide);
     }
 
     #[test]
     fn fp8_recipes_accept_odd_k(rows in 1usize..64, k in 1usize..300, seed in any::<u64>()) {
         let k = k | 1;
         for r in [Recipe::DeepSeekFp8, Recipe::Mxfp8(blockscaled::Fp8::E5M2), Recipe::Fp8PerRow(blockscaled::Fp8::E4M3)] {
-            check_round_trip(r, rows, k, 1, seed, true);
+            check_round_trip(r, (rows, k, 1), seed, true, false);
         }
     }
 
