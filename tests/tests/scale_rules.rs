@@ -451,3 +451,19 @@ fn non_finite_input_is_a_format_error_for_every_recipe() {
         }
     }
 }
+
+// Mutation run (cargo-mutants 27.1.0, 2026-11-23) over `host/src/quantize.rs` (tests: quantize,
+// scale_rules) and `kernels/src/format/*.rs` (tests: formats): 394 mutants, 370 caught, 5 unviable
+// (`Ok(Default::default())` / `Some(Default::default())` of types without a default), none timed
+// out; of the 19 missed (all in `kernels/src/format`), `ElemType::emin` and
+// `ElemType::mantissa_bits` replaced by a constant (5) are now caught by
+// `elem_type_dispatches_to_its_module`, and the other 14 are equivalent:
+// - `|` → `^` where the two operands have no bit in common, so both give the same word:
+//   `encode_sat_signed8` (`nan | sign`, `q | sign`: code ≤ 0x7F, sign 0x80), `rne_mag_code`
+//   (`frac | 0x0080_0000`, frac < 2^23), `decode_mag` (exponent field | fraction), `with_sign`
+//   (every caller passes a value with the sign bit clear), `e2m1::encode_sat` (`q | sign << 3`,
+//   q ≤ 7), `e2m1::pack` (two masked nibbles);
+// - `>` → `>=` or `<` → `<=` in a clamp whose bound is the value it clamps to, so the equal case
+//   gives the same result either way: `encode_sat_signed8` and `e2m1::encode_sat` (`q > max_code`),
+//   `ulp_generic` (`e < emin`, `e > emax`), `e8m0::from_exponent` (`e < MIN_EXP`, `e > MAX_EXP`);
+// - `e5m2::decode`'s `mag > INF` → `mag >= INF`: `mag == INF` took the branch before.
