@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine (no Rust there): every test binary with --include-ignored, then the
 # runner. Arguments are passed to the runner (default: every recipe at 2048x2048x512).
-# Output of each step also goes to $OUT (when set) for the device tool to bring back.
+# Each step's output also goes to a log file in $OUT (when set; default /tmp/blockscaled-out).
 set -uo pipefail
 cd "$(dirname "$0")"
 OUT=${OUT:-/tmp/blockscaled-out}; mkdir -p "$OUT"
