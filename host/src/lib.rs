@@ -44,6 +44,7 @@ mod quantize;
 pub mod reference;
 mod reference_kernel;
 mod sm90_fp8;
+pub mod swizzle;
 
 pub use buffers::{DeviceMatrix, DeviceOutput};
 pub use device::Gpu;

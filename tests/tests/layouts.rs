@@ -493,3 +493,68 @@ fn from_parts_cases_reach_every_outcome() {
     assert!(ok >= 150 && ok_strided >= 50, "{counts}");
     assert!(shape >= 200 && alignment >= 30 && format >= 40, "{counts}");
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(24))]
+
+    /// Scales given in the 128×4 swizzled layout of cuBLAS / CUTLASS / torch `to_blocked` make the
+    /// same matrix as the packed layout (bitwise data, scales and values), and writing them back
+    /// out gives the swizzled buffer again, padding included (zeros, as `to_blocked` pads).
+    #[test]
+    fn swizzled_128x4_scales_round_trip_for_every_mx_and_nvfp4_recipe(
+        recipe_i in 0usize..Recipe::ALL.len(),
+        rows in 1usize..300,
+        k_blocks in 1usize..12,
+        batch in 1usize..4,
+        seed in any::<u64>(),
+    ) {
+        let recipe = Recipe::ALL[recipe_i];
+        let f = recipe.a();
+        prop_assume!(matches!(f.scale, ScaleType::E8M0 | ScaleType::UE4M3));
+        let block_k = f.block.extent(rows, 1 << 20).1;
+        let k = block_k * k_blocks;
+        let (_, m) = random_matrix(seed, rows, k, batch, f);
+        let sw = m.scales_swizzled_128x4().unwrap();
+        let back = ScaledMatrix::from_parts_swizzled_128x4(
+            f,
+            rows,
+            k,
+            batch,
+            m.data().to_vec(),
+            sw.clone(),
+            m.tensor_scale(),
+        )
+        .unwrap();
+        prop_assert_eq!(back.dequantize(), m.dequantize());
+        prop_assert_eq!(back.scales_swizzled_128x4().unwrap(), sw);
+    }
+}
+
+#[test]
+fn swizzled_128x4_scales_of_the_wrong_length_or_format_are_errors() {
+    let f = Recipe::Mxfp4.a();
+    let (_, m) = random_matrix(5, 130, 64, 1, f);
+    let sw = m.scales_swizzled_128x4().unwrap();
+    // 130 rows × 2 K blocks: 2 row tiles × 1 column tile of 512.
+    assert_eq!(sw.len(), 1024);
+    let short = sw[..sw.len() - 1].to_vec();
+    assert!(matches!(
+        ScaledMatrix::from_parts_swizzled_128x4(f, 130, 64, 1, m.data().to_vec(), short, 1.0),
+        Err(Error::Shape(_))
+    ));
+    let ds = Recipe::DeepSeekFp8.a();
+    let (_, d) = random_matrix(6, 64, 256, 1, ds);
+    assert!(matches!(d.scales_swizzled_128x4(), Err(Error::Format(_))));
+    assert!(matches!(
+        ScaledMatrix::from_parts_swizzled_128x4(
+            ds,
+            64,
+            256,
+            1,
+            d.data().to_vec(),
+            vec![0; 512],
+            1.0
+        ),
+        Err(Error::Format(_))
+    ));
+}
