@@ -9,7 +9,9 @@ use std::sync::Arc;
 use blockscaled::{
     DeviceMatrix, Gpu, HostOutput, OutType, Plan, Recipe, ScaledMatrix, reference, round_output,
 };
-use blockscaled_tests::{abs_matrix, compare_outputs, fp8_accumulation_slack, random_values};
+use blockscaled_tests::{
+    FP8_ACCUMULATION_REL, abs_matrix, compare_outputs, fp8_accumulation_slack, random_values,
+};
 use cudarc::driver::CudaSlice;
 
 use crate::cublaslt::{
@@ -202,7 +204,7 @@ fn agree_with_peer(
     let abs = s.to_host().map_err(e)?.values;
     let ours_rel = match plan {
         Plan::Reference => 0.0,
-        Plan::Sm90Fp8(_) => fp8_accumulation_slack(&[1.0])[0],
+        Plan::Sm90Fp8(_) => FP8_ACCUMULATION_REL,
     };
     let rel = (ours_rel + peer.rel_bound) * (1.0 + 2f64.powi(-20));
     let slack: Vec<f64> = abs.iter().map(|&x| rel * x as f64).collect();
@@ -261,7 +263,7 @@ fn time_peer(
     };
     // FP8 accumulation on tensor cores, promoted to fp32 (cuBLASLt's default, no fast
     // accumulation): the bound assumed for ours.
-    let fp8_rel = fp8_accumulation_slack(&[1.0])[0];
+    let fp8_rel = FP8_ACCUMULATION_REL;
     match c.recipe {
         Recipe::DeepSeekFp8 if k % 128 == 0 => {
             let name = "cuBLASLt fp8 1x128/128x128";

@@ -38,10 +38,13 @@ impl GpuId {
 /// What kernel families prepared of one buffer at upload: at most one value per type, each
 /// family looking up its own type.
 #[derive(Default)]
-pub(crate) struct Prepared(Vec<Box<dyn Any + Send + Sync>>);
+pub(crate) struct Prepared(Vec<PreparedValue>);
+
+/// Data a family keeps of one buffer.
+pub(crate) type PreparedValue = Box<dyn Any + Send + Sync>;
 
 impl Prepared {
-    pub(crate) fn insert(&mut self, value: Box<dyn Any + Send + Sync>) {
+    pub(crate) fn insert(&mut self, value: PreparedValue) {
         self.0.push(value);
     }
 

@@ -8,13 +8,10 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream};
 
-use crate::buffers::{DeviceMatrix, DeviceOutput};
+use crate::buffers::{DeviceMatrix, DeviceOutput, PreparedValue};
 use crate::error::Result;
 use crate::format::OutType;
 use crate::matrix::{GemmShape, ScaledMatrix};
-
-/// Data a family keeps of one buffer.
-pub(crate) type PreparedValue = Box<dyn Any + Send + Sync>;
 
 /// One kernel family's host side, loaded on one GPU.
 pub(crate) trait Family: Any + Send + Sync {

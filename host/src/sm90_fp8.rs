@@ -7,17 +7,18 @@ use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, sys};
 
-use crate::buffers::{DeviceMatrix, DeviceOutput};
+use crate::buffers::{DeviceMatrix, DeviceOutput, PreparedValue};
 use crate::error::{Error, Result, config, shape};
-use crate::family::{Family, Gemm, PreparedValue};
+use crate::family::{Family, Gemm};
 use crate::format::{ElemType, OutType, ScaleType};
 use crate::launch::Launch;
 use crate::matrix::{GemmShape, MatrixDesc, ScaledMatrix};
+use blockscaled_kernels::gemm::layout::{FRAGMENT_ROWS, OUT_BOX_N};
 use blockscaled_kernels::gemm::scheduler::{ClusterShape, MAX_CLUSTER, Schedule};
 use blockscaled_kernels::params::{SPLITK_THREADS, SplitKParams};
 use blockscaled_kernels::registry;
 use blockscaled_kernels::sm90::{
-    self as family, BLOCK_K, BLOCK_N, C_BOX_N, ROW_BYTES, Sm90Fp8Params, Tile, WG_ROWS, m_pad,
+    self as family, BLOCK_K, BLOCK_N, ROW_BYTES, Sm90Fp8Params, Tile, WG_ROWS, m_pad,
 };
 
 /// Configuration of one launch (chosen by `plan::choose`, or forced through `Gpu::gemm_with`).
@@ -338,7 +339,7 @@ impl Sm90Output {
             sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT16,
             [n, m, l],
             2,
-            [C_BOX_N, WG_ROWS],
+            [OUT_BOX_N, FRAGMENT_ROWS],
         )?;
         Ok(Some(Sm90Output { tmap }))
     }
@@ -388,9 +389,8 @@ fn encode_3d(
 /// than SMs / 2 may fit; a persistent grid larger than that would run its last clusters as a
 /// second wave, so the launch never asks for more.
 struct Kernel {
-    tile: Tile,
-    a: ElemType,
-    b: ElemType,
+    /// Its row of the family's kernel list.
+    def: &'static family::Sm90Fp8Kernel,
     func: CudaFunction,
     resident: [u32; MAX_CLUSTER as usize],
 }
@@ -444,13 +444,11 @@ impl Sm90Fp8 {
             return Ok(None);
         }
         let mut kernels = Vec::new();
-        for k in family::KERNELS {
-            let func = module.load_function(k.info.name)?;
-            let resident = configure(&func, stream, sm_count, k.tile)?;
+        for def in family::KERNELS {
+            let func = module.load_function(def.info.name)?;
+            let resident = configure(&func, stream, sm_count, def.tile)?;
             kernels.push(Kernel {
-                tile: k.tile,
-                a: k.a,
-                b: k.b,
+                def,
                 func,
                 resident,
             });
@@ -474,10 +472,11 @@ impl Sm90Fp8 {
         let GemmShape { m, n, k, l } = shape;
         let (ao, bo) = operands(a, b)?;
         let (ea, eb) = (a.desc.format.elem, b.desc.format.elem);
+        let def = family::kernel(cfg.tile, ea, eb);
         let kernel = self
             .kernels
             .iter()
-            .find(|kr| kr.tile == cfg.tile && (kr.a, kr.b) == (ea, eb))
+            .find(|kr| Some(kr.def) == def)
             .ok_or_else(|| {
                 config(format!(
                     "no sm90 kernel for {:?}, {} · {}",

@@ -8,14 +8,11 @@
 //! - per-column scales multiplied in after the K loop.
 
 use super::barriers::sync_consumer;
+use super::layout::{FRAGMENT_ROWS, OUT_BOX_N};
 use crate::params::OutType;
 use crate::ptx::wgmma::Fragment;
 use crate::ptx::{convert, global, smem, tma};
 
-/// Rows of one consumer warpgroup's fragment.
-pub const FRAGMENT_ROWS: u32 = 64;
-/// Columns of one output box: 64 × 2 bytes = the 128-byte swizzle span.
-pub const BOX_N: u32 = 64;
 /// Bytes of one row of an output box.
 const BOX_ROW_BYTES: u32 = 128;
 /// Bytes of one output box.
@@ -46,7 +43,7 @@ impl Staging {
     /// Box `h` (columns 64h..64h+64) of consumer `c`'s rows of wave `w`.
     #[inline(always)]
     pub const fn box_addr(self, w: u32, c: u32, h: u32) -> u32 {
-        self.base + ((w * self.consumers + c) * (self.block_n / BOX_N) + h) * BOX_BYTES
+        self.base + ((w * self.consumers + c) * (self.block_n / OUT_BOX_N) + h) * BOX_BYTES
     }
 }
 
@@ -128,8 +125,8 @@ pub unsafe fn store_tma<const WAVES: usize, F: Fragment>(
     sync_consumer(c);
     if local == 0 {
         for w in 0..WAVES as u32 {
-            for h in 0..staging.block_n / BOX_N {
-                let (x, y) = (n0 + h * BOX_N, m0 + w * wave_m + c * FRAGMENT_ROWS);
+            for h in 0..staging.block_n / OUT_BOX_N {
+                let (x, y) = (n0 + h * OUT_BOX_N, m0 + w * wave_m + c * FRAGMENT_ROWS);
                 // SAFETY: the boxes were written and fenced by the whole warpgroup (the barrier
                 // above); the map covers the output, TMA clips rows past M and columns past N.
                 unsafe {
@@ -163,7 +160,7 @@ pub fn drain(local: u32) {
 #[inline(always)]
 fn stage_fragment<const BF16: bool, F: Fragment>(base: u32, consumers: u32, acc: &F) {
     // A wave's boxes follow the consumers' boxes of the waves before it.
-    let wave = consumers * (F::N / BOX_N) * BOX_BYTES;
+    let wave = consumers * (F::N / OUT_BOX_N) * BOX_BYTES;
     let acc = acc.as_ref();
     for j in 0..F::N / 4 {
         let i = 2 * j as usize;

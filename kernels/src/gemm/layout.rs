@@ -13,6 +13,12 @@ pub const SMEM_LIMIT: u32 = 232_448;
 pub const BARRIER_BYTES: u32 = 16;
 /// Alignment of 128-byte-swizzled tiles.
 pub const SWIZZLE_ALIGN: u32 = 1024;
+/// Rows of one warpgroup's `wgmma` accumulator fragment (the M of m64nNk32): what one consumer
+/// warpgroup computes per wave, and the rows of one output box.
+pub const FRAGMENT_ROWS: u32 = 64;
+/// Columns of one output box of the TMA-store epilogue: 64 16-bit values = the 128-byte swizzle
+/// span. The host encodes the output's tensor map with boxes of `OUT_BOX_N` × [`FRAGMENT_ROWS`].
+pub const OUT_BOX_N: u32 = 64;
 
 /// What one stage holds, and the output staging buffer, in bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

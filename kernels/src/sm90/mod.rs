@@ -20,11 +20,9 @@ pub const BLOCK_N: u32 = 128;
 /// K of one stage: one 1×128 A-scale block.
 pub const BLOCK_K: u32 = 128;
 /// Rows of one consumer warpgroup per wave: the M of `wgmma` m64nNk32.
-pub const WG_ROWS: u32 = 64;
+pub const WG_ROWS: u32 = crate::gemm::layout::FRAGMENT_ROWS;
 /// Bytes per row of a swizzled tile (the 128-byte swizzle span).
 pub const ROW_BYTES: u32 = 128;
-/// Columns of one output box of the TMA store: 64 × 2 bytes = the 128-byte swizzle span.
-pub const C_BOX_N: u32 = 64;
 /// Registers of one SM, shared by the block's threads after `setmaxnreg`.
 pub const SM_REGISTERS: u32 = 65_536;
 
