@@ -126,6 +126,12 @@ pub fn run_case(gpu: &Gpu, peer: Option<&LtPeer>, c: &Case) -> Result<Outcome, S
                 fp8_accumulation_slack(&abs),
                 "1 ulp + 2^-7·Σ|ab| FP8 accumulation bound",
             ),
+            Plan::Sm90Mx(_) => (
+                abs.iter()
+                    .map(|&s| s * blockscaled_tests::bf16_mma_rel(c.k))
+                    .collect(),
+                "1 ulp + (K/8 + 1)·2^-23·Σ|ab| fp32 accumulation bound",
+            ),
         };
         Some(compare_outputs(&got, &want, 1.0, &slack).map(|_| {
             format!(
@@ -205,6 +211,7 @@ fn agree_with_peer(
     let ours_rel = match plan {
         Plan::Reference => 0.0,
         Plan::Sm90Fp8(_) => FP8_ACCUMULATION_REL,
+        Plan::Sm90Mx(_) => blockscaled_tests::bf16_mma_rel(c.k),
     };
     let rel = (ours_rel + peer.rel_bound) * (1.0 + 2f64.powi(-20));
     let slack: Vec<f64> = abs.iter().map(|&x| rel * x as f64).collect();
@@ -354,6 +361,14 @@ fn copies<T: cudarc::driver::DeviceRepr>(
 pub fn plan_name(p: &Plan) -> String {
     match p {
         Plan::Reference => "ref".into(),
+        Plan::Sm90Mx(c) => {
+            let split = if c.split_k > 1 {
+                format!("s{}", c.split_k)
+            } else {
+                String::new()
+            };
+            format!("mx128x{}{split}", c.tile.block_n)
+        }
         Plan::Sm90Fp8(c) => {
             // c2: pair along M; cn2: pair along N.
             let cluster = if c.cluster.n > 1 {

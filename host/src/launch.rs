@@ -10,6 +10,7 @@ use cudarc::driver::{
 use crate::error::Result;
 use blockscaled_kernels::params::{GemmParams, SplitKParams};
 use blockscaled_kernels::sm90::Sm90Fp8Params;
+use blockscaled_kernels::sm90_mx::Sm90MxParams;
 
 /// A kernel's single by-value parameter struct.
 ///
@@ -21,6 +22,8 @@ pub(crate) unsafe trait KernelParams: Copy {}
 // parameter types, made of integers, floats and device addresses.
 unsafe impl KernelParams for GemmParams {}
 unsafe impl KernelParams for Sm90Fp8Params {}
+// SAFETY: as above (`#[repr(C)]`, five u64 then ten 4-byte fields: no padding).
+unsafe impl KernelParams for Sm90MxParams {}
 unsafe impl KernelParams for SplitKParams {}
 
 /// One launch of `func` on `stream`: its configuration and the buffers it uses. Each buffer's

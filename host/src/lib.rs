@@ -27,7 +27,7 @@
 //! `output`, [`reference`] (CPU); [`image`] (the kernels' cubin or PTX); `buffers` (device
 //! matrices and outputs); `launch` (the one
 //! launch path); `family` (what a kernel family provides); one file per family
-//! (`reference_kernel`, `sm90_fp8`); [`plan`] (the family list and the choice of kernel);
+//! (`reference_kernel`, `sm90_fp8`, `sm90_mx`), with what they share (`splitk`, `tensor_map`); [`plan`] (the family list and the choice of kernel);
 //! `device` ([`Gpu`]).
 
 mod buffers;
@@ -44,7 +44,10 @@ mod quantize;
 pub mod reference;
 mod reference_kernel;
 mod sm90_fp8;
+mod sm90_mx;
+mod splitk;
 pub mod swizzle;
+mod tensor_map;
 
 pub use buffers::{DeviceMatrix, DeviceOutput};
 pub use device::Gpu;
@@ -57,10 +60,13 @@ pub use matrix::{GemmShape, MatrixDesc, ScaleLayout, ScaledMatrix};
 pub use output::{HostOutput, output_ulp, round_output};
 pub use plan::{GpuArch, Plan};
 pub use sm90_fp8::Sm90Config;
+pub use sm90_mx::Sm90MxConfig;
 
 pub use blockscaled_kernels::gemm::scheduler::ClusterShape;
 /// The kernel crate's types that [`Sm90Config`] holds: the tile shape and the cluster shape.
 pub use blockscaled_kernels::sm90::Tile as Sm90Tile;
+/// The tile shapes of the sm90 MX kernel ([`Sm90MxConfig`]).
+pub use blockscaled_kernels::sm90_mx::MxTile as Sm90MxTile;
 
 /// The kernel crate, for its formats and parameter structs.
 pub use blockscaled_kernels as kernels;

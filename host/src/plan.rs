@@ -13,8 +13,10 @@ use crate::format::{ElemType, ScaleType};
 use crate::matrix::{GemmShape, MatrixDesc};
 use crate::reference_kernel::{self, ReferenceKernel};
 use crate::sm90_fp8::{self, Sm90Config, Sm90Fp8};
+use crate::sm90_mx::{self, Sm90Mx, Sm90MxConfig};
 use blockscaled_kernels::gemm::scheduler::ClusterShape;
 use blockscaled_kernels::sm90::{BLOCK_K, Tile};
+use blockscaled_kernels::sm90_mx::{self as mx, MxTile};
 
 /// Which kernels a GPU gets.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -42,6 +44,9 @@ pub enum Plan {
     Reference,
     /// The Hopper TMA + wgmma FP8 kernel with fp32 block scales.
     Sm90Fp8(Sm90Config),
+    /// The Hopper MX / NVFP4 kernel: both operands dequantized exactly to bf16 in the pipeline,
+    /// bf16 wgmma.
+    Sm90Mx(Sm90MxConfig),
 }
 
 impl Plan {
@@ -53,6 +58,7 @@ impl Plan {
         match self {
             Plan::Reference => reference_kernel::validate(shape),
             Plan::Sm90Fp8(cfg) => cfg.validate(shape),
+            Plan::Sm90Mx(cfg) => cfg.validate(shape),
         }
     }
 
@@ -67,6 +73,10 @@ impl Plan {
             Plan::Sm90Fp8(cfg) => families
                 .get::<Sm90Fp8>()
                 .ok_or_else(|| missing("sm90 FP8 kernel (it needs compute capability 9.0)"))?
+                .gemm(g, cfg),
+            Plan::Sm90Mx(cfg) => families
+                .get::<Sm90Mx>()
+                .ok_or_else(|| missing("sm90 MX kernel (it needs compute capability 9.0)"))?
                 .gemm(g, cfg),
         }
     }
@@ -84,6 +94,9 @@ pub(crate) fn load_families(
     if let Some(f) = Sm90Fp8::load(module, stream, arch.target(), sm_count)? {
         families.add(f);
     }
+    if let Some(f) = Sm90Mx::load(module, arch.target(), sm_count)? {
+        families.add(f);
+    }
     Ok(families)
 }
 
@@ -92,9 +105,12 @@ pub(crate) fn load_families(
 /// - Hopper, e4m3 or e5m2 with fp32 scales that are constant over 1×128 (A) and 128×128 (B)
 ///   blocks — DeepSeek, per-tensor, per-row — runs the sm90 kernel. Its 128-wide scale blocks
 ///   need K % 128 == 0: other K are an error rather than a silent 1000× slower path.
-/// - Everything else runs the reference kernel for now (MX / NVFP4 fast kernels: later issues).
+/// - Hopper, MXFP8 (e4m3 / e5m2, either pair), MXFP4, NVFP4 and e2m1 with e8m0 per 16 — both
+///   operands of one code width and one scale format, K a multiple of the scale block and rows a
+///   multiple of 16 bytes (TMA) — runs the sm90 MX kernel ([`sm90_mx_default`]).
+/// - Everything else runs the reference kernel.
 ///
-/// The sm90 configuration is [`sm90_default`]'s.
+/// The sm90 FP8 configuration is [`sm90_default`]'s.
 pub fn choose(arch: GpuArch, sm_count: u32, a: &MatrixDesc, b: &MatrixDesc) -> Result<Plan> {
     choose_for(arch, sm_count, &GemmShape::of(a, b)?, a, b)
 }
@@ -115,9 +131,11 @@ pub(crate) fn choose_for(
     let fp32_fp8 = |d: &MatrixDesc| {
         d.format.scale == ScaleType::F32 && matches!(d.format.elem, ElemType::E4M3 | ElemType::E5M2)
     };
+    let GemmShape { m, n, k, l } = *shape;
     if sm90_a && sm90_b {
-        let GemmShape { m, n, k, l } = *shape;
         Ok(Plan::Sm90Fp8(sm90_default(m, n, k, l, sm_count)))
+    } else if sm90_mx::unsupported_pair(a, b).is_none() {
+        Ok(Plan::Sm90Mx(sm90_mx_default(m, n, k, l, sm_count)))
     } else if fp32_fp8(a) && fp32_fp8(b) && !shape.k.is_multiple_of(BLOCK_K as usize) {
         Err(shape_err_k(shape.k))
     } else {
@@ -164,7 +182,7 @@ pub fn sm90_default(m: usize, n: usize, k: usize, l: usize, sm_count: u32) -> Sm
     let n_tiles = n.div_ceil(tile.block_n as usize) * l.max(1);
     let m_tiles = m.div_ceil(tile.block_m() as usize);
     let tiles = m_tiles * n_tiles;
-    let split_k = split_k(tiles, k, sm_count);
+    let split_k = split_k(tiles, k / BLOCK_K as usize, sm_count, SPLIT_K_COST_BLOCKS);
     let cluster = if split_k == 1 {
         cluster(
             tile,
@@ -207,18 +225,51 @@ fn cluster(tile: Tile, m_tiles: usize, n_tiles: usize, l: usize, sm_count: u32) 
     }
 }
 
+/// The sm90 MX configuration `choose` uses (the runner starts from it when it forces a field).
+///
+/// Tile: rounds × the time of one tile, as for [`sm90_default`]: a 128 × 256 tile costs
+/// [`MX_N256_COST`] 128 × 128 tiles. Split-K where the tiles fill less than half the SMs (small
+/// M: decode), with the reduction's cost in 64-wide K blocks. Band: [`GROUP_ROWS`] rows of A.
+pub fn sm90_mx_default(m: usize, n: usize, k: usize, l: usize, sm_count: u32) -> Sm90MxConfig {
+    let tiles =
+        |t: MxTile| m.div_ceil(mx::BLOCK_M as usize) * n.div_ceil(t.block_n as usize) * l.max(1);
+    let cost = |t: MxTile| {
+        let rounds = tiles(t).div_ceil(sm_count.max(1) as usize) as f64;
+        rounds * if t == MxTile::N256 { MX_N256_COST } else { 1.0 }
+    };
+    let tile = if cost(MxTile::N256) <= cost(MxTile::N128) {
+        MxTile::N256
+    } else {
+        MxTile::N128
+    };
+    let k_blocks = k.div_ceil(mx::BLOCK_K as usize);
+    let m_tiles = m.div_ceil(mx::BLOCK_M as usize);
+    Sm90MxConfig {
+        tile,
+        group_m: m_tiles.clamp(1, (GROUP_ROWS / mx::BLOCK_M) as usize) as u32,
+        ctas: sm_count.max(1),
+        split_k: split_k(tiles(tile), k_blocks, sm_count, MX_SPLIT_K_COST_BLOCKS),
+    }
+}
+
+/// Time of a 128 × 256 MX tile in 128 × 128 tiles: twice the MACs, read with fewer shared-memory
+/// bytes per MAC (a first estimate; docs/PERF.md, v24).
+pub const MX_N256_COST: f64 = 1.8;
+/// What the split-K reduction costs the MX kernel, in 64-wide K blocks of one tile (the FP8
+/// kernel's 10 blocks of 128).
+const MX_SPLIT_K_COST_BLOCKS: usize = 20;
+
 /// Split-K when the tiles fill less than half the SMs: as many K ranges as keep every CTA busy
 /// without a second round, each at least [`MIN_SPLIT_K_BLOCKS`] K blocks long, and only when the
-/// shorter K loop saves more than the reduction costs ([`SPLIT_K_COST_BLOCKS`]).
-fn split_k(tiles: usize, k: usize, sm_count: u32) -> u32 {
-    let k_blocks = k / BLOCK_K as usize;
+/// shorter K loop saves more than the reduction costs (`cost_blocks`).
+fn split_k(tiles: usize, k_blocks: usize, sm_count: u32, cost_blocks: usize) -> u32 {
     if 2 * tiles > sm_count as usize {
         return 1;
     }
     let split = (sm_count as usize / tiles.max(1))
         .min(k_blocks / MIN_SPLIT_K_BLOCKS)
         .max(1);
-    if k_blocks.div_ceil(split) + SPLIT_K_COST_BLOCKS < k_blocks {
+    if k_blocks.div_ceil(split) + cost_blocks < k_blocks {
         split as u32
     } else {
         1

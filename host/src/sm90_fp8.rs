@@ -3,7 +3,7 @@
 //! tensor maps made once per uploaded matrix and output, and the launch (with the split-K
 //! reduction after it).
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use cudarc::driver::{CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, sys};
 
@@ -13,10 +13,10 @@ use crate::family::{Family, Gemm};
 use crate::format::{ElemType, OutType, ScaleType};
 use crate::launch::Launch;
 use crate::matrix::{GemmShape, MatrixDesc, ScaledMatrix};
+use crate::splitk::{self, SplitK};
+use crate::tensor_map::{DataType, Swizzle, encode_3d};
 use blockscaled_kernels::gemm::layout::{FRAGMENT_ROWS, OUT_BOX_N};
 use blockscaled_kernels::gemm::scheduler::{ClusterShape, MAX_CLUSTER, Schedule};
-use blockscaled_kernels::params::{SPLITK_THREADS, SplitKParams};
-use blockscaled_kernels::registry;
 use blockscaled_kernels::sm90::{
     self as family, BLOCK_K, BLOCK_N, ROW_BYTES, Sm90Fp8Params, Tile, WG_ROWS, m_pad,
 };
@@ -127,16 +127,7 @@ impl Sm90Config {
                 s.l
             )));
         }
-        if split_k > 1 {
-            workspace_len(s, split_k)?;
-            if s.l > u16::MAX as usize {
-                return Err(shape(format!(
-                    "split-K takes at most 65535 batch entries, not {}",
-                    s.l
-                )));
-            }
-        }
-        Ok(())
+        splitk::validate(s, split_k)
     }
 }
 
@@ -146,15 +137,6 @@ fn b_box_rows(tile: Tile, cl: ClusterShape) -> Option<u32> {
     let rows = tile.block_n / cl.m.max(1);
     (tile.block_n.is_multiple_of(cl.m.max(1)) && (rows == BLOCK_N || rows == WG_ROWS))
         .then_some(rows)
-}
-
-/// f32 values of the split-K workspace: `split_k` partial sums of every output element.
-fn workspace_len(s: &GemmShape, split_k: u32) -> Result<usize> {
-    [s.l, s.m, s.n]
-        .iter()
-        .try_fold(split_k as usize, |acc, &x| acc.checked_mul(x))
-        .filter(|&len| len.checked_mul(4).is_some())
-        .ok_or_else(|| shape("split-K workspace size overflows"))
 }
 
 /// Why an operand cannot go through the sm90 kernel (`None`: it can, in that role).
@@ -308,10 +290,11 @@ fn encode_tensor_map(
     encode_3d(
         stream,
         ptr,
-        sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT8,
+        DataType::CU_TENSOR_MAP_DATA_TYPE_UINT8,
         [k, rows, l],
         1,
         [ROW_BYTES, box_rows],
+        Swizzle::CU_TENSOR_MAP_SWIZZLE_128B,
     )
 }
 
@@ -336,52 +319,14 @@ impl Sm90Output {
         let tmap = encode_3d(
             stream,
             ptr,
-            sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT16,
+            DataType::CU_TENSOR_MAP_DATA_TYPE_UINT16,
             [n, m, l],
             2,
             [OUT_BOX_N, FRAGMENT_ROWS],
+            Swizzle::CU_TENSOR_MAP_SWIZZLE_128B,
         )?;
         Ok(Some(Sm90Output { tmap }))
     }
-}
-
-/// Encodes a 3-D row-major tensor map (`dims` innermost first, `elem` bytes per element, dense;
-/// boxes of `box_xy` × 1 with 128-byte swizzle) over device memory at `ptr` and copies it to device
-/// memory (a by-value kernel parameter cannot carry the 64-byte alignment TMA needs from Rust).
-fn encode_3d(
-    stream: &Arc<CudaStream>,
-    ptr: u64,
-    dtype: sys::CUtensorMapDataType,
-    dims: [usize; 3],
-    elem: usize,
-    box_xy: [u32; 2],
-) -> Result<CudaSlice<u8>> {
-    let mut map = sys::CUtensorMap { opaque: [0; 16] };
-    let sizes = dims.map(|d| d as u64);
-    let strides = [(dims[0] * elem) as u64, (dims[0] * dims[1] * elem) as u64];
-    let boxes = [box_xy[0], box_xy[1], 1u32];
-    let elem_strides = [1u32; 3];
-    // SAFETY: every pointer refers to a live local array of the length the rank (3) implies;
-    // `ptr` is a live device allocation of the dims' size, 256-byte aligned by cuMemAlloc.
-    let r = unsafe {
-        sys::cuTensorMapEncodeTiled(
-            &mut map,
-            dtype,
-            3,
-            ptr as *mut std::ffi::c_void,
-            sizes.as_ptr(),
-            strides.as_ptr(),
-            boxes.as_ptr(),
-            elem_strides.as_ptr(),
-            sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
-            sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
-            sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-            sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
-        )
-    };
-    r.result()?;
-    let bytes: Vec<u8> = map.opaque.iter().flat_map(|w| w.to_le_bytes()).collect();
-    Ok(stream.clone_htod(&bytes)?)
 }
 
 /// One loaded kernel: its tile and element types, and how many of its CTAs can be resident at
@@ -399,8 +344,7 @@ struct Kernel {
 /// reduction, and its f32 workspace (grown on demand, reused in stream order).
 pub(crate) struct Sm90Fp8 {
     kernels: Vec<Kernel>,
-    reduce: CudaFunction,
-    workspace: Mutex<Option<CudaSlice<f32>>>,
+    splitk: SplitK,
 }
 
 impl Family for Sm90Fp8 {
@@ -455,8 +399,7 @@ impl Sm90Fp8 {
         }
         Ok(Some(Sm90Fp8 {
             kernels,
-            reduce: module.load_function(registry::SPLITK_REDUCE.name)?,
-            workspace: Mutex::new(None),
+            splitk: SplitK::load(module)?,
         }))
     }
 
@@ -492,18 +435,11 @@ impl Sm90Fp8 {
         };
         let (tile, cl) = (cfg.tile, cfg.cluster);
         let cluster = cl.size();
-        let mut ws_slot =
-            (cfg.split_k > 1).then(|| self.workspace.lock().unwrap_or_else(|e| e.into_inner()));
-        let mut ws = None;
-        if let Some(slot) = ws_slot.as_deref_mut() {
-            let need = workspace_len(&shape, cfg.split_k)?;
-            // Replaced in stream order: earlier launches that use the old one are ordered before
-            // its free.
-            ws = Some(match slot.take() {
-                Some(w) if w.len() >= need => slot.insert(w),
-                _ => slot.insert(stream.alloc_zeros::<f32>(need)?),
-            });
-        }
+        let mut ws_slot = (cfg.split_k > 1).then(|| self.splitk.lock());
+        let ws = match ws_slot.as_mut() {
+            Some(slot) => Some(SplitK::workspace(slot, stream, &shape, cfg.split_k)?),
+            None => None,
+        };
         let DeviceOutput {
             buf: out,
             prepared: out_prepared,
@@ -579,32 +515,20 @@ impl Sm90Fp8 {
         // is a whole number of clusters.
         let gemm = unsafe { launch.launch(&params) }?;
         if split {
-            // Enough blocks to cover m·n (four elements per thread), at most four per SM (the
-            // kernel strides over the rest).
-            let blocks = (m * n)
-                .div_ceil(4 * SPLITK_THREADS as usize)
-                .min(4 * kernel.resident[0] as usize) as u32;
-            // Programmatic dependent launch: the reduction is scheduled while the GEMM's last
-            // CTAs finish (they signal `griddepcontrol.launch_dependents`) and waits for their
-            // writes with `griddepcontrol.wait`.
-            let launch = Launch::new(stream, &self.reduce)
-                .grid(blocks, l as u32, 1)
-                .block(SPLITK_THREADS, 1, 1)
-                .programmatic();
-            let params = SplitKParams {
-                ws: gemm_out,
-                out: out_ptr,
-                mn: (m * n) as u64,
-                l: l as u32,
-                split: cfg.split_k,
-                out_type: *dtype as u32,
-                _pad: 0,
-            };
-            // SAFETY: `ws` holds split·l·m·n f32 written by the launch before it on this stream;
-            // `out` holds l·m·n values of `dtype`; both stay alive and ordered by that launch's
-            // guards (`gemm`, dropped after this); the grid covers m·n (x, strided) and l
-            // (y ≤ 65535, validated).
-            let _reduce = unsafe { launch.launch(&params) }?;
+            // SAFETY: the workspace holds split·l·m·n f32 written by the launch above; `out`
+            // holds l·m·n values of `dtype`; both stay alive and ordered by that launch's guards
+            // (`gemm`, dropped after this); l ≤ 65535 (validated).
+            unsafe {
+                self.splitk.reduce(
+                    stream,
+                    gemm_out,
+                    out_ptr,
+                    (m, n, l),
+                    cfg.split_k,
+                    *dtype,
+                    4 * kernel.resident[0],
+                )
+            }?;
         }
         drop(gemm);
         Ok(())

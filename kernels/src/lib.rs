@@ -10,7 +10,8 @@
 //!
 //! Layout: [`gemm`] holds the parts every GEMM family shares (scheduler, stage layout, pipeline,
 //! named barriers, the warp-specialized driver, promotion, epilogue stores, split-K reduction);
-//! each family is one module ([`sm90`]: Hopper FP8 with fp32 block scales; [`reference`]: the SIMT
+//! each family is one module ([`sm90`]: Hopper FP8 with fp32 block scales; [`sm90_mx`]: Hopper MX /
+//! NVFP4, dequantized exactly to bf16; [`reference`]: the SIMT
 //! reference for every format).
 #![no_std]
 #![cfg_attr(
@@ -23,6 +24,7 @@ pub mod gemm;
 pub mod params;
 pub mod registry;
 pub mod sm90;
+pub mod sm90_mx;
 
 #[cfg(target_arch = "nvptx64")]
 pub mod ptx;

@@ -37,13 +37,18 @@ pub const SPLITK_REDUCE: KernelInfo = KernelInfo {
 
 /// Every kernel, for the builder.
 pub const KERNELS: &[KernelInfo] = &{
-    let fp8 = crate::sm90::KERNELS;
-    let mut all = [REFERENCE_GEMM; 2 + crate::sm90::KERNELS.len()];
+    let (fp8, mx) = (crate::sm90::KERNELS, crate::sm90_mx::KERNELS);
+    let mut all = [REFERENCE_GEMM; 2 + crate::sm90::KERNELS.len() + crate::sm90_mx::KERNELS.len()];
     all[1] = SPLITK_REDUCE;
     let mut i = 0;
     while i < fp8.len() {
         all[2 + i] = fp8[i].info;
         i += 1;
+    }
+    let mut j = 0;
+    while j < mx.len() {
+        all[2 + i + j] = mx[j].info;
+        j += 1;
     }
     all
 };

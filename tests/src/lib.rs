@@ -212,6 +212,14 @@ pub fn abs_matrix(m: &ScaledMatrix) -> ScaledMatrix {
 /// signs, is exceeded on such operands.)
 pub const FP8_ACCUMULATION_REL: f64 = 1.0 / 128.0;
 
+/// The error of a GEMM whose operands are exact in bf16 and multiplied by bf16 tensor cores with
+/// fp32 accumulation (the sm90 MX kernel), as a fraction of Σ_k |a_k·b_k|: each 16-wide K step
+/// adds its exact products to the running sum with at most two roundings (or truncations) of one
+/// fp32 unit, 2^-23, of a magnitude ≤ Σ|a·b|: (K/8 + 1) · 2^-23.
+pub fn bf16_mma_rel(k: usize) -> f64 {
+    (k as f64 / 8.0 + 1.0) * 2f64.powi(-23)
+}
+
 /// The mean of (|got| − |want|) / |want| over elements with want ≠ 0: the systematic part of an
 /// error (a wrong scale shifts every element; accumulation truncation varies per element).
 pub fn mean_relative_deviation(got: &HostOutput, want: &HostOutput) -> f64 {

@@ -507,11 +507,11 @@ fn plans_follow_the_formats_and_k_not_multiple_of_128_is_an_error() {
         Plan::Sm90Fp8(_)
     ));
     let mx = Recipe::Mxfp8(Fp8::E4M3);
-    assert_eq!(
+    assert!(matches!(
         g.plan(&up(mx, 64, 256, false), &up(mx, 64, 256, true))
             .unwrap(),
-        Plan::Reference
-    );
+        Plan::Sm90Mx(_)
+    ));
     // DeepSeek scales with K = 320: a clear error from gemm(), the reference kernel still works.
     let (a, b) = (up(ds, 64, 320, false), up(ds, 64, 320, true));
     assert!(matches!(g.plan(&a, &b), Err(Error::Shape(_))));

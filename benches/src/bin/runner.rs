@@ -12,7 +12,9 @@
 
 use std::process::ExitCode;
 
-use blockscaled::{ClusterShape, Fp8, Gpu, OutType, Plan, Recipe, Sm90Config, Sm90Tile};
+use blockscaled::{
+    ClusterShape, Fp8, Gpu, OutType, Plan, Recipe, Sm90Config, Sm90MxConfig, Sm90MxTile, Sm90Tile,
+};
 use blockscaled_benches::cases::{Case, open_peer, run_case};
 use blockscaled_benches::table::print_table;
 use clap::Parser;
@@ -66,7 +68,8 @@ struct Args {
     no_peer: bool,
     #[arg(long, default_value_t = 0)]
     device: usize,
-    /// Kernel: auto (what `gemm` chooses), reference, or sm90 (the Hopper FP8 kernel).
+    /// Kernel: auto (what `gemm` chooses), reference, sm90 (the Hopper FP8 kernel) or sm90mx (the
+    /// Hopper MX / NVFP4 kernel; --mma_tiler_mn 128,256 or 128,128).
     #[arg(long, default_value = "auto")]
     kernel: String,
     /// sm90 split-K: K ranges computed by separate CTAs and summed by a reduction (default: the
@@ -147,24 +150,33 @@ fn main() -> ExitCode {
 
 fn run(args: &Args) -> Result<bool, String> {
     let mnkl = parse_list(&args.mnkl, 4, "mnkl")?;
-    let tiler = match &args.mma_tiler_mn {
+    let tiler_mn = match &args.mma_tiler_mn {
         None => None,
         Some(t) => match parse_list(t, 2, "mma_tiler_mn")?.as_slice() {
-            &[bm, bn]
-                if let Some(t) = Sm90Tile::ALL
-                    .into_iter()
-                    .find(|t| (t.block_m() as usize, t.block_n as usize) == (bm, bn)) =>
-            {
-                Some(t)
-            }
-            _ => {
-                return Err(
-                    "--mma_tiler_mn: the sm90 kernel has tiles of 128,128, 192,128, \
-                            256,128 and 128,64"
-                        .into(),
-                );
-            }
+            &[bm, bn] => Some((bm, bn)),
+            _ => unreachable!("parse_list returns two values"),
         },
+    };
+    let fp8_tile = |(bm, bn): (usize, usize)| {
+        Sm90Tile::ALL
+            .into_iter()
+            .find(|t| (t.block_m() as usize, t.block_n as usize) == (bm, bn))
+            .ok_or_else(|| {
+                "--mma_tiler_mn: the sm90 kernel has tiles of 128,128, 192,128, 256,128 and 128,64"
+                    .to_string()
+            })
+    };
+    let mx_tile = |(bm, bn): (usize, usize)| {
+        Sm90MxTile::ALL
+            .into_iter()
+            .find(|t| (128, t.block_n as usize) == (bm, bn))
+            .ok_or_else(|| {
+                "--mma_tiler_mn: the sm90mx kernel has tiles of 128,256 and 128,128".to_string()
+            })
+    };
+    let tiler = match (args.kernel.as_str(), tiler_mn) {
+        ("sm90mx", _) | (_, None) => None,
+        (_, Some(t)) => Some(fp8_tile(t)?),
     };
     let cluster = match &args.cluster_shape_mn {
         None => None,
@@ -259,8 +271,28 @@ fn run(args: &Args) -> Result<bool, String> {
                 ..d
             }))
         }
+        "sm90mx" => {
+            let d = blockscaled::plan::sm90_mx_default(
+                mnkl[0],
+                mnkl[1],
+                mnkl[2],
+                mnkl[3],
+                gpu.sm_count(),
+            );
+            let m_tiles = mnkl[0].div_ceil(128) as u32;
+            Some(Plan::Sm90Mx(Sm90MxConfig {
+                tile: tiler_mn.map(mx_tile).transpose()?.unwrap_or(d.tile),
+                group_m: args.group_m.unwrap_or(d.group_m).clamp(1, m_tiles.max(1)),
+                split_k: args.split_k.unwrap_or(d.split_k),
+                ..d
+            }))
+        }
         "reference" => Some(Plan::Reference),
-        k => return Err(format!("--kernel `{k}`: want auto, reference or sm90")),
+        k => {
+            return Err(format!(
+                "--kernel `{k}`: want auto, reference, sm90 or sm90mx"
+            ));
+        }
     };
     let peer = if args.no_peer {
         None

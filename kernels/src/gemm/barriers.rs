@@ -4,12 +4,16 @@
 //! - 0: the whole block (`bar.sync 0` is `__syncthreads`).
 //! - 1 + c: consumer warpgroup `c`'s own barrier (its epilogue's hand-over to the TMA store).
 //! - [`TURN_FIRST`] + p: the consumers' turn-taking ([`super::pipeline::Turn`], party `p`).
+//! - [`CONSUMERS_ALL`]: every consumer thread of two consumer warpgroups (kernels whose
+//!   consumers share a buffer they fill together, `sm90_mx`).
 
 /// Consumer warpgroups that have an id of their own (ids 1–3).
 pub const MAX_CONSUMERS: u32 = 3;
 /// The first id of the consumers' turns (3 ids: 4–6).
 pub const TURN_FIRST: u32 = 1 + MAX_CONSUMERS;
-const _: () = assert!(TURN_FIRST + MAX_CONSUMERS <= 16);
+/// The id of the two consumer warpgroups' meeting.
+pub const CONSUMERS_ALL: u32 = TURN_FIRST + MAX_CONSUMERS;
+const _: () = assert!(CONSUMERS_ALL < 16);
 
 /// Threads of one warpgroup.
 pub const WARPGROUP: u32 = 128;
@@ -25,4 +29,11 @@ pub fn sync_consumer(c: u32) {
         1 => thread::named_barrier::<2>(WARPGROUP),
         _ => thread::named_barrier::<3>(WARPGROUP),
     }
+}
+
+/// Synchronizes the 256 threads of consumer warpgroups 0 and 1.
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+pub fn sync_consumers() {
+    crate::ptx::thread::named_barrier::<CONSUMERS_ALL>(2 * WARPGROUP);
 }

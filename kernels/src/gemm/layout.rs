@@ -29,7 +29,9 @@ pub struct StageContents {
     pub b: u32,
     /// A's scales for the tile (a multiple of 16: one bulk copy).
     pub sfa: u32,
-    /// The output tile staged for its TMA store (a multiple of [`SWIZZLE_ALIGN`]; 0 for none).
+    /// The output tile staged for its TMA store, or whatever else the kernel keeps once rather
+    /// than per stage (`sm90_mx`: its two bf16 buffers); a multiple of [`SWIZZLE_ALIGN`], 0 for
+    /// none.
     pub out: u32,
 }
 

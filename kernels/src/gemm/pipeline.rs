@@ -38,6 +38,12 @@ impl PipelineState {
         *self = self.next();
     }
 
+    /// The use's parity (0, 1, 0, …): which of two buffers a kernel alternates between.
+    #[inline(always)]
+    pub const fn parity(self) -> u32 {
+        self.count & 1
+    }
+
     /// Whether this is the very first use (nothing went through the ring before).
     #[inline(always)]
     pub const fn is_first(self) -> bool {

@@ -7,6 +7,7 @@
 
 pub mod convert;
 pub mod global;
+pub mod half;
 pub mod mbarrier;
 pub mod smem;
 #[cfg(target_feature = "sm_100a")]

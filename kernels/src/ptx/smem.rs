@@ -61,3 +61,57 @@ pub fn fence_async_proxy() {
     // SAFETY: a fence has no operands.
     unsafe { asm!("fence.proxy.async.shared::cta;", options(nostack)) };
 }
+
+/// One byte.
+/// # Safety
+/// `addr` is an address inside this block's shared memory.
+#[inline(always)]
+pub unsafe fn load_u8(addr: u32) -> u32 {
+    let v: u32;
+    // SAFETY: the caller's contract.
+    unsafe {
+        asm!("ld.shared.u8 {v}, [{a}];", v = out(reg32) v, a = in(reg32) addr, options(nostack, readonly))
+    };
+    v
+}
+
+/// 8 bytes as two words (low address first).
+/// # Safety
+/// `addr` is an 8-byte-aligned address inside this block's shared memory.
+#[inline(always)]
+pub unsafe fn load_u32x2(addr: u32) -> [u32; 2] {
+    let (x, y): (u32, u32);
+    // SAFETY: the caller's contract.
+    unsafe {
+        asm!("ld.shared.v2.u32 {{{x}, {y}}}, [{a}];", x = out(reg32) x, y = out(reg32) y,
+             a = in(reg32) addr, options(nostack, readonly))
+    };
+    [x, y]
+}
+
+/// 16 bytes as four words (low address first).
+/// # Safety
+/// `addr` is a 16-byte-aligned address inside this block's shared memory.
+#[inline(always)]
+pub unsafe fn load_u32x4(addr: u32) -> [u32; 4] {
+    let (x, y, z, w): (u32, u32, u32, u32);
+    // SAFETY: the caller's contract.
+    unsafe {
+        asm!("ld.shared.v4.u32 {{{x}, {y}, {z}, {w}}}, [{a}];", x = out(reg32) x, y = out(reg32) y,
+             z = out(reg32) z, w = out(reg32) w, a = in(reg32) addr, options(nostack, readonly))
+    };
+    [x, y, z, w]
+}
+
+/// 16 bytes from four words (`v[0]` at the low address).
+/// # Safety
+/// `addr` is a 16-byte-aligned address inside this block's shared memory, not accessed
+/// concurrently.
+#[inline(always)]
+pub unsafe fn store_u32x4(addr: u32, v: [u32; 4]) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        asm!("st.shared.v4.u32 [{a}], {{{x}, {y}, {z}, {w}}};", a = in(reg32) addr, x = in(reg32) v[0],
+             y = in(reg32) v[1], z = in(reg32) v[2], w = in(reg32) v[3], options(nostack))
+    };
+}

@@ -7,7 +7,8 @@
 //! index divisible by 4). A and B come from shared memory through 64-bit descriptors; the f32
 //! accumulator fragment lives in registers: thread t (warp w = t/32, lane l) holds, for
 //! m64nNk32, value i at row `16w + l/4 + 8·((i/2)%2)`, column `8·(i/4) + 2·(l%4) + (i%2)`.
-//! ptxas assembles these to `QGMMA.64xNx32.F32.<A>.<B>` (SASS).
+//! ptxas assembles these to `QGMMA.64xNx32.F32.<A>.<B>` (SASS); the bf16 form m64nNk16 (same
+//! fragment order) to `HGMMA.64xNx16.F32.BF16`.
 
 use core::arch::asm;
 
@@ -89,6 +90,18 @@ macro_rules! with_regs_64 {
         $mac!($($args)*, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22,
             23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46,
             47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63);
+    };
+}
+
+/// As `with_regs_64!` for a 128-register fragment (m64n256).
+macro_rules! with_regs_128 {
+    ($mac:ident!($($args:tt)*)) => {
+        $mac!($($args)*, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22,
+            23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46,
+            47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63, 64, 65, 66, 67, 68, 69, 70,
+            71, 72, 73, 74, 75, 76, 77, 78, 79, 80, 81, 82, 83, 84, 85, 86, 87, 88, 89, 90, 91, 92, 93, 94,
+            95, 96, 97, 98, 99, 100, 101, 102, 103, 104, 105, 106, 107, 108, 109, 110, 111, 112, 113, 114,
+            115, 116, 117, 118, 119, 120, 121, 122, 123, 124, 125, 126, 127);
     };
 }
 
@@ -307,13 +320,19 @@ fp8_pair!(
     mma_m64n64k32_e5m2_e4m3
 );
 
-/// A consumer's accumulator fragment of `wgmma` m64nNk32: N/2 f32 per thread, N = 128 or 64
-/// (the tile's width), with the MMAs and the operand fence of that N.
+/// A consumer's accumulator fragment of `wgmma` (m64nNk32 FP8, m64nNk16 bf16): N/2 f32 per
+/// thread in the fragment order of the module doc, with the operand fence of that N.
 pub trait Fragment: Copy + AsRef<[f32]> + AsMut<[f32]> {
     /// The N of the MMA (columns of the fragment).
     const N: u32;
     /// A fragment of zeros.
     fn zeros() -> Self;
+    /// See [`fence_operands_64`].
+    fn fence(&mut self);
+}
+
+/// A fragment with the FP8 MMAs of its N (m64nNk32, N = 128 or 64).
+pub trait Fp8Fragment: Fragment {
     /// D = A·Bᵀ.
     /// # Safety
     /// The descriptors describe initialized shared memory visible to the async proxy; the caller
@@ -321,22 +340,43 @@ pub trait Fragment: Copy + AsRef<[f32]> + AsMut<[f32]> {
     unsafe fn first<T: Fp8Pair>(a: Descriptor, b: Descriptor) -> Self;
     /// D += A·Bᵀ.
     /// # Safety
-    /// The descriptors describe initialized shared memory visible to the async proxy; the caller
-    /// brackets the call with [`fence`] / [`commit`] / [`wait`] before reading the fragment.
+    /// As [`Fp8Fragment::first`].
     unsafe fn acc<T: Fp8Pair>(&mut self, a: Descriptor, b: Descriptor);
-    /// See [`fence_operands_64`].
-    fn fence(&mut self);
 }
 
-/// `impl Fragment` for an `N/2`-register array with its MMAs (`Fp8Pair` methods) and fence.
+/// A fragment with the bf16 MMA of its N (m64nNk16, N = 256 or 128).
+pub trait Bf16Fragment: Fragment {
+    /// D = A·Bᵀ (+ D if `accumulate`); A 64×16 and B N×16 bf16, K-major in shared memory.
+    /// # Safety
+    /// As [`Fp8Fragment::first`].
+    unsafe fn mma_bf16(&mut self, a: Descriptor, b: Descriptor, accumulate: bool);
+}
+
+/// `impl Fragment` for an `N/2`-register array with its fence.
 macro_rules! fragment {
-    ($len:literal, $n:literal, $first:ident, $acc:ident, $fence:ident) => {
+    ($len:literal, $n:literal, $fence:ident) => {
         impl Fragment for [f32; $len] {
             const N: u32 = $n;
             #[inline(always)]
             fn zeros() -> Self {
                 [0.0; $len]
             }
+            #[inline(always)]
+            fn fence(&mut self) {
+                $fence(self)
+            }
+        }
+    };
+}
+
+fragment!(128, 256, fence_operands_128);
+fragment!(64, 128, fence_operands_64);
+fragment!(32, 64, fence_operands_32);
+
+/// `impl Fp8Fragment` for an `N/2`-register array with the [`Fp8Pair`] methods of its N.
+macro_rules! fp8_fragment {
+    ($len:literal, $first:ident, $acc:ident) => {
+        impl Fp8Fragment for [f32; $len] {
             #[inline(always)]
             unsafe fn first<T: Fp8Pair>(a: Descriptor, b: Descriptor) -> Self {
                 // SAFETY: the caller's contract.
@@ -347,16 +387,62 @@ macro_rules! fragment {
                 // SAFETY: the caller's contract.
                 unsafe { T::$acc(self, a, b) }
             }
-            #[inline(always)]
-            fn fence(&mut self) {
-                $fence(self)
-            }
         }
     };
 }
 
-fragment!(64, 128, first, acc, fence_operands_64);
-fragment!(32, 64, first_n64, acc_n64, fence_operands_32);
+fp8_fragment!(64, first, acc);
+fp8_fragment!(32, first_n64, acc_n64);
+
+/// Expands to one `wgmma.mma_async` m64nNk16 with bf16 A and B and `N/2` f32 accumulator
+/// registers (scale-d from `accumulate`, A and B K-major: transpose flags 0).
+macro_rules! mma_bf16 {
+    ($name:ident, $n:literal, $first:literal $(, $i:literal)*) => {
+        /// `wgmma.mma_async.sync.aligned.m64nNk16.f32.bf16.bf16` with N in the name: D (64×N f32,
+        /// `N/2` registers per thread) = A·Bᵀ (+ D if `accumulate`); A 64×16 and B N×16, K-major
+        /// in shared memory.
+        /// # Safety
+        /// The descriptors describe initialized shared memory visible to the async proxy; the
+        /// caller brackets the call with [`fence`] / [`commit`] / [`wait`] before reading `d`.
+        #[inline(always)]
+        pub unsafe fn $name(d: &mut [f32; $n / 2], a: Descriptor, b: Descriptor, accumulate: bool) {
+            // SAFETY: the caller's contract.
+            unsafe {
+                asm!(
+                    "{{ .reg .pred p; .reg .b64 da, db;",
+                    "setp.ne.b32 p, {acc}, 0;",
+                    "mov.b64 da, {{{alo}, {ahi}}}; mov.b64 db, {{{blo}, {bhi}}};",
+                    concat!("wgmma.mma_async.sync.aligned.m64n", stringify!($n), "k16.f32.bf16.bf16 {{",
+                            "{", stringify!($first), "}" $(, ", {", stringify!($i), "}")*,
+                            "}}, da, db, p, 1, 1, 0, 0; }}"),
+                    inout(reg32) d[$first] $(, inout(reg32) d[$i])*,
+                    alo = in(reg32) a.lo, ahi = in(reg32) a.hi, blo = in(reg32) b.lo, bhi = in(reg32) b.hi,
+                    acc = in(reg32) accumulate as u32,
+                    options(nostack)
+                )
+            };
+        }
+    };
+}
+
+with_regs_128!(mma_bf16!(mma_m64n256k16_bf16, 256));
+with_regs_64!(mma_bf16!(mma_m64n128k16_bf16, 128));
+
+impl Bf16Fragment for [f32; 128] {
+    #[inline(always)]
+    unsafe fn mma_bf16(&mut self, a: Descriptor, b: Descriptor, accumulate: bool) {
+        // SAFETY: the caller's contract.
+        unsafe { mma_m64n256k16_bf16(self, a, b, accumulate) }
+    }
+}
+
+impl Bf16Fragment for [f32; 64] {
+    #[inline(always)]
+    unsafe fn mma_bf16(&mut self, a: Descriptor, b: Descriptor, accumulate: bool) {
+        // SAFETY: the caller's contract.
+        unsafe { mma_m64n128k16_bf16(self, a, b, accumulate) }
+    }
+}
 
 /// Expands to an empty `asm!` taking every register of an accumulator array as in-out: placed
 /// right after [`wait`], it makes every later use of the registers depend on a point after the
@@ -379,5 +465,6 @@ macro_rules! operand_fence {
     };
 }
 
+with_regs_128!(operand_fence!(fence_operands_128, 128));
 with_regs_64!(operand_fence!(fence_operands_64, 64));
 with_regs_32!(operand_fence!(fence_operands_32, 32));

@@ -25,7 +25,7 @@ use crate::gemm::layout::StageLayout;
 use crate::gemm::pipeline::{PipelineState, Turn};
 use crate::gemm::promote::promote;
 use crate::gemm::scheduler::{ClusterShape, Schedule, WorkUnit};
-use crate::ptx::wgmma::{self, Descriptor, Fp8Pair, Fragment, Swizzle};
+use crate::ptx::wgmma::{self, Descriptor, Fp8Fragment, Fp8Pair, Fragment, Swizzle};
 use crate::ptx::{smem, tma};
 
 /// K per `wgmma` (FP8): 32 elements = 32 bytes of a swizzled row.
@@ -39,7 +39,7 @@ pub(crate) struct Fp8Gemm<const CONS: u32, const WAVES: usize, F, T> {
     pub(crate) types: PhantomData<(F, T)>,
 }
 
-impl<const CONS: u32, const WAVES: usize, F: Fragment, T: Fp8Pair> Fp8Gemm<CONS, WAVES, F, T> {
+impl<const CONS: u32, const WAVES: usize, F: Fp8Fragment, T: Fp8Pair> Fp8Gemm<CONS, WAVES, F, T> {
     const TILE: Tile = Tile::new(CONS, WAVES as u32, F::N);
 }
 
@@ -55,7 +55,7 @@ pub(crate) struct Consumer<const CONS: u32> {
     row: u32,
 }
 
-impl<const CONS: u32, const WAVES: usize, F: Fragment, T: Fp8Pair> GemmKernel
+impl<const CONS: u32, const WAVES: usize, F: Fp8Fragment, T: Fp8Pair> GemmKernel
     for Fp8Gemm<CONS, WAVES, F, T>
 {
     const CONSUMERS: u32 = CONS;
@@ -224,7 +224,7 @@ impl<const CONS: u32, const WAVES: usize, F: Fragment, T: Fp8Pair> GemmKernel
     }
 }
 
-impl<const CONS: u32, const WAVES: usize, F: Fragment, T: Fp8Pair> Fp8Gemm<CONS, WAVES, F, T> {
+impl<const CONS: u32, const WAVES: usize, F: Fp8Fragment, T: Fp8Pair> Fp8Gemm<CONS, WAVES, F, T> {
     /// Waits for use `st`; for each wave issues its four `wgmma` into the scratch fragment, waits
     /// for them and promotes the partial sums into the wave's sums; releases the stage. With two
     /// waves there are no registers for a second scratch, but ptxas starts wave 1's MMAs under

@@ -1,0 +1,463 @@
+//! Host side of the Hopper MX / NVFP4 kernel (`kernels::sm90_mx`): which operand pairs it takes,
+//! its configuration and the rules that configuration obeys, the tensor maps and kernel-layout
+//! scale bytes made once per uploaded matrix, and the launch (with the split-K reduction after it).
+
+use std::sync::Arc;
+
+use cudarc::driver::{CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, sys};
+
+use crate::buffers::{DeviceOutput, PreparedValue};
+use crate::error::{Error, Result, config, shape};
+use crate::family::{Family, Gemm};
+use crate::format::{ElemType, OutType, ScaleBlock, ScaleType};
+use crate::launch::Launch;
+use crate::matrix::{GemmShape, MatrixDesc, ScaledMatrix};
+use crate::splitk::{self, SplitK};
+use crate::tensor_map::{DataType, Swizzle, encode_3d};
+use blockscaled_kernels::gemm::scheduler::Schedule;
+use blockscaled_kernels::sm90_mx::{
+    self as family, BLOCK_K, BLOCK_M, MxScale, MxTile, SCALE_ROWS_PAD, Sm90MxParams,
+};
+
+/// Configuration of one launch (chosen by `plan::choose`, or forced through `Gpu::gemm_with`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Sm90MxConfig {
+    /// 128 × 256 or 128 × 128 ([`MxTile::ALL`]).
+    pub tile: MxTile,
+    /// Scheduler band height in 128-row M tiles: 1 to the number of M tiles.
+    pub group_m: u32,
+    /// Persistent CTAs (≥ 1; at most one per SM is launched).
+    pub ctas: u32,
+    /// K split into this many ranges of 64-wide K blocks (1 to ⌈K / 64⌉).
+    pub split_k: u32,
+}
+
+impl Sm90MxConfig {
+    /// Checks every field against the kernel and `s` ([`Error::Config`]) and the shape against
+    /// the kernel's 32-bit indexing ([`Error::Shape`]). The launch trusts what passes.
+    pub fn validate(&self, s: &GemmShape) -> Result<()> {
+        let Sm90MxConfig {
+            tile,
+            group_m,
+            ctas,
+            split_k,
+        } = *self;
+        if !MxTile::ALL.contains(&tile) {
+            return Err(config(format!(
+                "tile 128 × {}: the sm90 MX kernel has 128 × 256 and 128 × 128",
+                tile.block_n
+            )));
+        }
+        if ctas == 0 {
+            return Err(config("ctas = 0: a launch needs at least one CTA"));
+        }
+        if s.m > i32::MAX as usize || s.n > i32::MAX as usize || s.k > i32::MAX as usize {
+            return Err(shape("M, N and K must fit TMA's 32-bit coordinates"));
+        }
+        let k_blocks = s.k.div_ceil(BLOCK_K as usize);
+        if !(1..=k_blocks).contains(&(split_k as usize))
+            || split_k as u64 * k_blocks as u64 > u32::MAX as u64
+        {
+            return Err(config(format!(
+                "split_k = {split_k}: K = {} has {k_blocks} blocks of {BLOCK_K} to split",
+                s.k
+            )));
+        }
+        let m_tiles = s.m.div_ceil(BLOCK_M as usize);
+        let n_tiles = s.n.div_ceil(tile.block_n as usize);
+        if !(1..=m_tiles).contains(&(group_m as usize)) {
+            return Err(config(format!(
+                "group_m = {group_m}: M = {} has {m_tiles} tiles of {BLOCK_M} rows to band",
+                s.m
+            )));
+        }
+        let units = [n_tiles, s.l, split_k as usize]
+            .iter()
+            .try_fold(m_tiles, |acc, &x| acc.checked_mul(x));
+        if units.is_none_or(|u| u > u32::MAX as usize) {
+            return Err(shape(format!(
+                "{m_tiles} × {n_tiles} tiles × L = {} × split {split_k}: the scheduler counts at \
+                 most 2³² − 1",
+                s.l
+            )));
+        }
+        splitk::validate(s, split_k)
+    }
+}
+
+/// The scale format of an operand the kernel takes (`None`: none of its kernels does).
+fn scale_format(d: &MatrixDesc) -> Option<MxScale> {
+    let f = &d.format;
+    let ScaleBlock::Tile { rows: 1, k } = f.block else {
+        return None;
+    };
+    [MxScale::E8M0X32, MxScale::E8M0X16, MxScale::UE4M3X16]
+        .into_iter()
+        .find(|s| s.ty == f.scale && s.block == k)
+}
+
+/// Why an operand cannot go through the sm90 MX kernel (`None`: it can, in either role).
+pub(crate) fn unsupported(d: &MatrixDesc) -> Option<String> {
+    let f = &d.format;
+    if !matches!(f.elem, ElemType::E4M3 | ElemType::E5M2 | ElemType::E2M1)
+        || !matches!(f.scale, ScaleType::E8M0 | ScaleType::UE4M3)
+    {
+        return Some(format!(
+            "{f}: the sm90 MX kernel takes e4m3, e5m2 or e2m1 with e8m0 or ue4m3 scales"
+        ));
+    }
+    let Some(scale) = scale_format(d) else {
+        return Some(format!(
+            "{f}: the sm90 MX kernel takes scales per 1×32 (e8m0) or per 1×16 (e8m0, ue4m3)"
+        ));
+    };
+    if !d.k.is_multiple_of(scale.block as usize) {
+        return Some(format!(
+            "K = {} is not a multiple of the scale block {}",
+            d.k, scale.block
+        ));
+    }
+    // TMA row strides are multiples of 16 bytes.
+    if !(d.k * f.elem.bits() as usize / 8).is_multiple_of(16) {
+        return Some(format!(
+            "{f}: a row of K = {} is not a multiple of 16 bytes (TMA), so K must be a multiple of {}",
+            d.k,
+            128 / f.elem.bits()
+        ));
+    }
+    None
+}
+
+/// Why the pair cannot go through the sm90 MX kernel (`None`: it can).
+pub(crate) fn unsupported_pair(a: &MatrixDesc, b: &MatrixDesc) -> Option<String> {
+    if let Some(e) = unsupported(a).or_else(|| unsupported(b)) {
+        return Some(e);
+    }
+    let (sa, sb) = (scale_format(a), scale_format(b));
+    if sa != sb || family_kernel(MxTile::N256, a, b).is_none() {
+        return Some(format!(
+            "{} · {}: the sm90 MX kernel takes FP8 pairs with e8m0 / 32 scales and e2m1 pairs \
+             with the same scales on both sides",
+            a.format, b.format
+        ));
+    }
+    None
+}
+
+fn family_kernel(
+    tile: MxTile,
+    a: &MatrixDesc,
+    b: &MatrixDesc,
+) -> Option<&'static family::Sm90MxKernel> {
+    family::kernel(tile, a.format.elem, b.format.elem, scale_format(a)?)
+}
+
+/// What the kernel needs of one uploaded matrix, made at upload time.
+struct MxOperand {
+    /// CUtensorMaps (3-D: K bytes, rows, L; boxes of one stage's row bytes × 128 and × 256 rows;
+    /// no swizzle) in device memory.
+    tmap_128: CudaSlice<u8>,
+    tmap_256: CudaSlice<u8>,
+    /// Scale bytes `[l][⌈k/64⌉][rows_pad][64 / block]`, zero past the rows and past K.
+    scales: CudaSlice<u8>,
+    rows_pad: u32,
+}
+
+impl MxOperand {
+    fn prepare(
+        stream: &Arc<CudaStream>,
+        m: &ScaledMatrix,
+        data: &CudaSlice<u8>,
+    ) -> Result<Option<Self>> {
+        let d = m.desc();
+        if unsupported(d).is_some() {
+            return Ok(None);
+        }
+        let scale = scale_format(d).expect("checked by `unsupported`");
+        let (rows, k, l) = (d.rows, d.k, d.batch);
+        let rows_pad = rows.next_multiple_of(SCALE_ROWS_PAD as usize);
+        let (stages, per_row) = (
+            k.div_ceil(BLOCK_K as usize),
+            (BLOCK_K / scale.block) as usize,
+        );
+        let k_blocks = k / scale.block as usize;
+        let len = [stages, rows_pad, per_row]
+            .iter()
+            .try_fold(l, |acc, &x| acc.checked_mul(x))
+            .ok_or_else(|| shape("scale buffer size overflows"))?;
+        let mut v = vec![0u8; len];
+        let src = m.scales();
+        let layout = m.scale_layout();
+        for li in 0..l {
+            for j in 0..stages {
+                for r in 0..rows {
+                    for c in 0..per_row {
+                        let kb = j * per_row + c;
+                        if kb < k_blocks {
+                            v[((li * stages + j) * rows_pad + r) * per_row + c] =
+                                src[layout.index(li, r, kb)];
+                        }
+                    }
+                }
+            }
+        }
+        let (ptr, _g) = data.device_ptr(stream);
+        let row_bytes = k * d.format.elem.bits() as usize / 8;
+        let stage_bytes = BLOCK_K * d.format.elem.bits() / 8;
+        let map = |box_rows: u32| {
+            encode_3d(
+                stream,
+                ptr,
+                DataType::CU_TENSOR_MAP_DATA_TYPE_UINT8,
+                [row_bytes, rows, l],
+                1,
+                [stage_bytes, box_rows],
+                Swizzle::CU_TENSOR_MAP_SWIZZLE_NONE,
+            )
+        };
+        Ok(Some(MxOperand {
+            tmap_128: map(128)?,
+            tmap_256: map(256)?,
+            scales: stream.clone_htod(&v)?,
+            rows_pad: rows_pad as u32,
+        }))
+    }
+
+    fn tmap(&self, box_rows: u32) -> &CudaSlice<u8> {
+        if box_rows == 256 {
+            &self.tmap_256
+        } else {
+            &self.tmap_128
+        }
+    }
+}
+
+/// One loaded kernel.
+struct Kernel {
+    def: &'static family::Sm90MxKernel,
+    func: CudaFunction,
+}
+
+/// The sm90 MX family on one GPU.
+pub(crate) struct Sm90Mx {
+    kernels: Vec<Kernel>,
+    splitk: SplitK,
+    sm_count: u32,
+}
+
+impl Family for Sm90Mx {
+    fn prepare_operand(
+        &self,
+        stream: &Arc<CudaStream>,
+        matrix: &ScaledMatrix,
+        data: &CudaSlice<u8>,
+    ) -> Result<Option<PreparedValue>> {
+        Ok(MxOperand::prepare(stream, matrix, data)?.map(|p| Box::new(p) as PreparedValue))
+    }
+}
+
+impl Sm90Mx {
+    /// Loads the kernels when the module built for `target` has them.
+    pub(crate) fn load(
+        module: &Arc<CudaModule>,
+        target: &str,
+        sm_count: u32,
+    ) -> Result<Option<Self>> {
+        if !family::KERNELS[0].info.targets.contains(&target) {
+            return Ok(None);
+        }
+        let mut kernels = Vec::new();
+        for def in family::KERNELS {
+            let func = module.load_function(def.info.name)?;
+            func.set_attribute(
+                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                def.layout().bytes() as i32,
+            )?;
+            kernels.push(Kernel { def, func });
+        }
+        Ok(Some(Sm90Mx {
+            kernels,
+            splitk: SplitK::load(module)?,
+            sm_count,
+        }))
+    }
+
+    /// C = A · Bᵀ with `cfg` (validated for `g.shape`), then the split-K reduction if it splits.
+    pub(crate) fn gemm(&self, g: Gemm<'_>, cfg: Sm90MxConfig) -> Result<()> {
+        let Gemm {
+            stream,
+            shape,
+            a,
+            b,
+            c,
+        } = g;
+        let GemmShape { m, n, k, l } = shape;
+        if let Some(e) = unsupported_pair(&a.desc, &b.desc) {
+            return Err(Error::Format(e));
+        }
+        let def = family_kernel(cfg.tile, &a.desc, &b.desc);
+        let kernel = self
+            .kernels
+            .iter()
+            .find(|kr| Some(kr.def) == def)
+            .ok_or_else(|| config(format!("no sm90 MX kernel for {:?}", cfg.tile)))?;
+        let (Some(ao), Some(bo)) = (a.prepared.get::<MxOperand>(), b.prepared.get::<MxOperand>())
+        else {
+            return Err(Error::Format(
+                "operands were not prepared for the sm90 MX kernel".into(),
+            ));
+        };
+        let tile = cfg.tile;
+        let mut ws_slot = (cfg.split_k > 1).then(|| self.splitk.lock());
+        let ws = match ws_slot.as_mut() {
+            Some(slot) => Some(SplitK::workspace(slot, stream, &shape, cfg.split_k)?),
+            None => None,
+        };
+        let DeviceOutput {
+            buf: out, dtype, ..
+        } = c;
+        let units = Schedule {
+            m: m as u32,
+            n: n as u32,
+            l: l as u32,
+            k_blocks: k.div_ceil(BLOCK_K as usize) as u32,
+            split_k: cfg.split_k,
+            unit_m: BLOCK_M,
+            unit_n: tile.block_n,
+            group_m: cfg.group_m,
+        }
+        .units()
+        .ok_or_else(|| crate::error::shape("the scheduler's unit count must fit 32 bits"))?
+            as u32;
+        // One CTA per SM at most (227 KiB of shared memory each), never more than units.
+        let ctas = cfg.ctas.min(self.sm_count).clamp(1, units.max(1));
+        let mut launch = Launch::new(stream, &kernel.func)
+            .grid(ctas, 1, 1)
+            .block(tile.threads(), 1, 1)
+            .shared_mem(kernel.def.layout().bytes())
+            .cluster(1);
+        let split = ws.is_some();
+        let out_ptr = launch.ptr_mut(out);
+        let (gemm_out, out_type) = match ws {
+            Some(w) => (launch.ptr_mut(w), OutType::F32),
+            None => (out_ptr, *dtype),
+        };
+        let params = Sm90MxParams {
+            tmap_a: launch.ptr(ao.tmap(BLOCK_M)),
+            tmap_b: launch.ptr(bo.tmap(tile.block_n)),
+            sfa: launch.ptr(&ao.scales),
+            sfb: launch.ptr(&bo.scales),
+            out: gemm_out,
+            m: m as u32,
+            n: n as u32,
+            k: k as u32,
+            l: l as u32,
+            rows_pad_a: ao.rows_pad,
+            rows_pad_b: bo.rows_pad,
+            out_type: out_type as u32,
+            group_m: cfg.group_m,
+            split_k: cfg.split_k,
+            alpha: a.desc.tensor_scale * b.desc.tensor_scale,
+        };
+        // SAFETY: `cfg` was validated for this shape; the tensor maps cover the live data of the
+        // prepared operands with boxes of the tile's rows; the scale buffers hold
+        // l·⌈k/64⌉·rows_pad·(64/block) bytes with rows_pad a multiple of 256 ≥ every tile's rows;
+        // the output (or the workspace of split·l·m·n f32) holds l·m·n elements of `out_type`.
+        let gemm = unsafe { launch.launch(&params) }?;
+        if split {
+            // SAFETY: as in the FP8 family: the workspace and output outlive both launches, which
+            // are ordered on `stream` (`gemm` dropped after this).
+            unsafe {
+                self.splitk.reduce(
+                    stream,
+                    gemm_out,
+                    out_ptr,
+                    (m, n, l),
+                    cfg.split_k,
+                    *dtype,
+                    4 * self.sm_count,
+                )
+            }?;
+        }
+        drop(gemm);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::Recipe;
+    use crate::format::ScaleMajor;
+    use crate::matrix::ScaleLayout;
+
+    fn desc(recipe: Recipe, rows: usize, k: usize, b: bool) -> MatrixDesc {
+        let format = if b { recipe.b() } else { recipe.a() };
+        let (br, bk) = format.block.extent(rows, k);
+        MatrixDesc {
+            format,
+            rows,
+            k,
+            batch: 1,
+            scale_layout: ScaleLayout::packed(ScaleMajor::K, rows.div_ceil(br), k.div_ceil(bk)),
+            tensor_scale: 1.0,
+        }
+    }
+
+    #[test]
+    fn every_mx_and_nvfp4_recipe_runs_on_the_kernel_and_fp32_scaled_fp8_does_not() {
+        use crate::format::Fp8;
+        for r in [
+            Recipe::Mxfp8(Fp8::E4M3),
+            Recipe::Mxfp8(Fp8::E5M2),
+            Recipe::Mxfp4,
+            Recipe::Nvfp4,
+            Recipe::E2m1E8m0x16,
+        ] {
+            let (a, b) = (desc(r, 100, 256, false), desc(r, 70, 256, true));
+            assert_eq!(unsupported_pair(&a, &b), None, "{r}");
+        }
+        let ds = Recipe::DeepSeekFp8;
+        assert!(unsupported_pair(&desc(ds, 64, 256, false), &desc(ds, 64, 256, true)).is_some());
+        // Mixed widths, mixed scale formats, and e2m1 rows that are not 16-byte multiples.
+        let (fp8, fp4) = (
+            desc(Recipe::Mxfp8(Fp8::E4M3), 64, 256, false),
+            desc(Recipe::Mxfp4, 64, 256, true),
+        );
+        assert!(unsupported_pair(&fp8, &fp4).is_some());
+        let nv = desc(Recipe::Nvfp4, 64, 256, true);
+        assert!(unsupported_pair(&desc(Recipe::Mxfp4, 64, 256, false), &nv).is_some());
+        let odd = desc(Recipe::Nvfp4, 64, 272, false);
+        assert!(unsupported(&odd).is_some());
+    }
+
+    #[test]
+    fn configurations_the_kernel_lacks_are_config_errors() {
+        let s = GemmShape {
+            m: 256,
+            n: 256,
+            k: 256,
+            l: 1,
+        };
+        let ok = Sm90MxConfig {
+            tile: MxTile::N256,
+            group_m: 2,
+            ctas: 132,
+            split_k: 4,
+        };
+        assert!(ok.validate(&s).is_ok());
+        for bad in [
+            Sm90MxConfig {
+                tile: MxTile { block_n: 64 },
+                ..ok
+            },
+            Sm90MxConfig { group_m: 0, ..ok },
+            Sm90MxConfig { group_m: 3, ..ok },
+            Sm90MxConfig { ctas: 0, ..ok },
+            Sm90MxConfig { split_k: 0, ..ok },
+            Sm90MxConfig { split_k: 5, ..ok },
+        ] {
+            assert!(matches!(bad.validate(&s), Err(Error::Config(_))), "{bad:?}");
+        }
+    }
+}

@@ -1,0 +1,52 @@
+//! TMA tensor maps (`cuTensorMapEncodeTiled`), encoded once per uploaded matrix or output and kept
+//! in device memory: a by-value kernel parameter cannot carry the 64-byte alignment TMA needs from
+//! Rust.
+
+use std::sync::Arc;
+
+use cudarc::driver::{CudaSlice, CudaStream, sys};
+
+use crate::error::Result;
+
+pub(crate) use sys::CUtensorMapDataType as DataType;
+pub(crate) use sys::CUtensorMapSwizzle as Swizzle;
+
+/// Encodes a 3-D row-major tensor map (`dims` innermost first, `elem` bytes per element, dense;
+/// boxes of `box_xy` × 1, `swizzle`) over device memory at `ptr` and copies it to device memory.
+/// The row strides (`dims[0] · elem`) must be multiples of 16 bytes, and `ptr` 16-byte aligned.
+pub(crate) fn encode_3d(
+    stream: &Arc<CudaStream>,
+    ptr: u64,
+    dtype: DataType,
+    dims: [usize; 3],
+    elem: usize,
+    box_xy: [u32; 2],
+    swizzle: Swizzle,
+) -> Result<CudaSlice<u8>> {
+    let mut map = sys::CUtensorMap { opaque: [0; 16] };
+    let sizes = dims.map(|d| d as u64);
+    let strides = [(dims[0] * elem) as u64, (dims[0] * dims[1] * elem) as u64];
+    let boxes = [box_xy[0], box_xy[1], 1u32];
+    let elem_strides = [1u32; 3];
+    // SAFETY: every pointer refers to a live local array of the length the rank (3) implies;
+    // `ptr` is a live device allocation of the dims' size, 256-byte aligned by cuMemAlloc.
+    let r = unsafe {
+        sys::cuTensorMapEncodeTiled(
+            &mut map,
+            dtype,
+            3,
+            ptr as *mut std::ffi::c_void,
+            sizes.as_ptr(),
+            strides.as_ptr(),
+            boxes.as_ptr(),
+            elem_strides.as_ptr(),
+            sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+            swizzle,
+            sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+        )
+    };
+    r.result()?;
+    let bytes: Vec<u8> = map.opaque.iter().flat_map(|w| w.to_le_bytes()).collect();
+    Ok(stream.clone_htod(&bytes)?)
+}

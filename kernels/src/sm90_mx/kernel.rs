@@ -1,0 +1,330 @@
+//! The Hopper MX / NVFP4 GEMM, run by the warp-specialized driver ([`crate::gemm::driver`]).
+//!
+//! - Load (one producer thread, per stage of 64 K): the raw A tile (128 rows) and B tile
+//!   (`F::N` rows) by TMA, and their scale bytes by bulk copy.
+//! - Compute (both consumer warpgroups together): convert the stage into bf16 buffer `use % 2`
+//!   (each thread a fixed set of 16-code units, [`dequant::unit`]), release the stage, wait for
+//!   its own MMAs of the previous stage, meet the other warpgroup (then every conversion of this
+//!   stage is written and every MMA that read the other buffer has completed), and issue four
+//!   `wgmma m64nNk16` on its 64 rows. The MMAs run while the next stage is converted.
+//! - Store: the sums times `alpha`, directly (f32, 16-bit, or split-K partials).
+
+use core::marker::PhantomData;
+
+use super::dequant::{self, Dequant, ScaleDecode};
+use super::{BF16_ROW_BYTES, BLOCK_K, BLOCK_M, CONSUMERS, MxTile, Sm90MxParams, UNIT};
+use crate::gemm::barriers;
+use crate::gemm::driver::{Ctx, GemmKernel};
+use crate::gemm::epilogue::{self, Output};
+use crate::gemm::layout::{FRAGMENT_ROWS, StageLayout};
+use crate::gemm::pipeline::PipelineState;
+use crate::gemm::scheduler::{ClusterShape, Schedule, WorkUnit};
+use crate::ptx::wgmma::{self, Bf16Fragment, Descriptor, Fragment, Swizzle};
+use crate::ptx::{smem, tma};
+
+/// K per bf16 `wgmma`: 16 elements = 32 bytes of a swizzled row.
+const MMA_K: u32 = 16;
+/// Units per row of a stage.
+const UNITS_PER_ROW: u32 = BLOCK_K / UNIT;
+/// Consumer threads, which share the conversion.
+const THREADS: u32 = 128 * CONSUMERS;
+/// Most units one consumer thread converts per stage (128 + 256 rows × 4 units / 256 threads).
+const MAX_ROUNDS: usize = 6;
+
+/// The kernel for `F::N` columns, element types `EA`, `EB` (of one width) and scales `S`.
+pub(crate) struct MxGemm<F, EA, EB, S> {
+    pub(crate) p: Sm90MxParams,
+    pub(crate) types: PhantomData<(F, EA, EB, S)>,
+}
+
+/// One consumer thread's constants.
+pub(crate) struct Consumer {
+    /// Consumer warpgroup (which 64 rows).
+    c: u32,
+    /// Thread index in the warpgroup.
+    local: u32,
+}
+
+impl<F: Bf16Fragment, EA: Dequant, EB: Dequant, S: ScaleDecode> MxGemm<F, EA, EB, S> {
+    const TILE: MxTile = MxTile { block_n: F::N };
+    /// Bytes of one raw row of a stage.
+    const RAW_ROW: u32 = BLOCK_K * EA::BITS / 8;
+    /// Scale bytes per row of a stage.
+    const SCALES_PER_ROW: u32 = BLOCK_K / S::BLOCK;
+    /// Rounds of the conversion: each converts 256 units = 64 rows.
+    const ROUNDS: u32 = (BLOCK_M + F::N) * UNITS_PER_ROW / THREADS;
+    const A_ROUNDS: u32 = BLOCK_M * UNITS_PER_ROW / THREADS;
+    const _SAME_WIDTH: () = assert!(EA::BITS == EB::BITS && Self::ROUNDS as usize <= MAX_ROUNDS);
+
+    /// Consumer thread `g` (of 256) converts its units of stage `s` into converted buffer `buf`:
+    /// first every unit's loads (a unit's store could alias a later unit's load for all the
+    /// compiler knows, so loads interleaved with stores would wait out each other's latency),
+    /// then each unit's conversion and stores.
+    /// # Safety
+    /// Stage `s` is filled; nobody reads buffer `buf` until the consumers meet again.
+    #[inline(always)]
+    unsafe fn convert(layout: &StageLayout, s: u32, buf: u32, g: u32) {
+        let conv = layout.out() + buf * Self::TILE.converted_bytes();
+        let mut words = [[0u32; 4]; MAX_ROUNDS];
+        let mut scales = [0u32; MAX_ROUNDS];
+        for round in 0..Self::ROUNDS as usize {
+            // SAFETY: the caller's contract.
+            (words[round], scales[round]) = unsafe { Self::load_unit(layout, s, g, round) };
+        }
+        let mut specials = 0;
+        for round in 0..Self::ROUNDS as usize {
+            specials |= if round < Self::A_ROUNDS as usize {
+                EA::specials(words[round])
+            } else {
+                EB::specials(words[round])
+            };
+            // SAFETY: the caller's contract.
+            unsafe { Self::store_unit(conv, g, round, words[round], scales[round], false) };
+        }
+        // NaN or Inf codes among this thread's units (rare): convert them all again, exactly,
+        // from the stage (still held: keeping the codes in registers would spill).
+        if specials != 0 {
+            for round in 0..Self::ROUNDS as usize {
+                // SAFETY: the caller's contract.
+                unsafe {
+                    let (w, sc) = Self::load_unit(layout, s, g, round);
+                    Self::store_unit(conv, g, round, w, sc, true);
+                }
+            }
+        }
+    }
+
+    /// The codes (16, in 4 or 2 words) and the scale byte of unit `g + 256 · round` of stage `s`.
+    /// # Safety
+    /// Stage `s` is filled and held.
+    #[inline(always)]
+    unsafe fn load_unit(layout: &StageLayout, s: u32, g: u32, round: usize) -> ([u32; 4], u32) {
+        let (r, q, is_a) = Self::unit_of(g, round as u32);
+        let (raw, sf) = if is_a {
+            (layout.a(s), layout.sfa(s))
+        } else {
+            (layout.b(s), layout.sfa(s) + BLOCK_M * Self::SCALES_PER_ROW)
+        };
+        let src = raw + r * Self::RAW_ROW + q * UNIT * EA::BITS / 8;
+        // SAFETY: the caller's contract; `src` (16- or 8-byte aligned) and the scale byte are
+        // inside the stage's tiles and scales.
+        unsafe {
+            let words = if EA::BITS == 8 {
+                smem::load_u32x4(src)
+            } else {
+                let [x, y] = smem::load_u32x2(src);
+                [x, y, 0, 0]
+            };
+            (
+                words,
+                smem::load_u8(sf + r * Self::SCALES_PER_ROW + q * UNIT / S::BLOCK),
+            )
+        }
+    }
+
+    /// Converts unit `g + 256 · round` from its codes and scale byte and stores it into the
+    /// converted buffer at `conv`.
+    /// # Safety
+    /// As [`Self::convert`].
+    #[inline(always)]
+    unsafe fn store_unit(
+        conv: u32,
+        g: u32,
+        round: usize,
+        words: [u32; 4],
+        scale: u32,
+        specials: bool,
+    ) {
+        let (r, q, is_a) = Self::unit_of(g, round as u32);
+        let scale = S::x2(scale);
+        let out = if is_a {
+            dequant::unit::<EA>(words, scale, specials)
+        } else {
+            dequant::unit::<EB>(words, scale, specials)
+        };
+        let dst = if is_a {
+            conv
+        } else {
+            conv + BLOCK_M * BF16_ROW_BYTES
+        };
+        // The unit's 32 bytes are chunks 2q and 2q + 1 of its 128-byte row, at chunk
+        // `j ^ (row % 8)` (the 128-byte swizzle `wgmma` reads).
+        let row_addr = dst + r * BF16_ROW_BYTES;
+        let sw = r % 8;
+        // SAFETY: the caller's contract; both chunks are inside the buffer's tile.
+        unsafe {
+            smem::store_u32x4(
+                row_addr + 16 * ((2 * q) ^ sw),
+                [out[0], out[1], out[2], out[3]],
+            );
+            smem::store_u32x4(
+                row_addr + 16 * ((2 * q + 1) ^ sw),
+                [out[4], out[5], out[6], out[7]],
+            );
+        }
+    }
+
+    /// Unit `g + 256 · round` of a stage: its row in its tile, its quarter of the row, and
+    /// whether it is of A (the first 128 rows) or of B.
+    #[inline(always)]
+    fn unit_of(g: u32, round: u32) -> (u32, u32, bool) {
+        let u = g + THREADS * round;
+        let (row, q) = (u / UNITS_PER_ROW, u % UNITS_PER_ROW);
+        let is_a = round < Self::A_ROUNDS;
+        (if is_a { row } else { row - BLOCK_M }, q, is_a)
+    }
+
+    /// Descriptor of rows `row..` of a converted tile at `tile`, K step `kk`.
+    #[inline(always)]
+    fn desc(tile: u32, row: u32, kk: u32) -> Descriptor {
+        Descriptor::new(
+            tile + row * BF16_ROW_BYTES,
+            16,
+            8 * BF16_ROW_BYTES,
+            Swizzle::B128,
+        )
+        .advance(kk * MMA_K * 2)
+    }
+}
+
+impl<F: Bf16Fragment, EA: Dequant, EB: Dequant, S: ScaleDecode> GemmKernel
+    for MxGemm<F, EA, EB, S>
+{
+    const CONSUMERS: u32 = CONSUMERS;
+    type Consumer = Consumer;
+    type Acc = F;
+
+    #[inline(always)]
+    fn layout(&self) -> StageLayout {
+        Self::TILE.layout(EA::BITS, S::BLOCK)
+    }
+
+    #[inline(always)]
+    fn cluster(&self) -> ClusterShape {
+        ClusterShape { m: 1, n: 1 }
+    }
+
+    #[inline(always)]
+    fn schedule(&self) -> Schedule {
+        let p = &self.p;
+        Schedule {
+            m: p.m,
+            n: p.n,
+            l: p.l,
+            k_blocks: p.k.div_ceil(BLOCK_K),
+            split_k: p.split_k,
+            unit_m: BLOCK_M,
+            unit_n: F::N,
+            group_m: p.group_m,
+        }
+    }
+
+    #[inline(always)]
+    fn prologue(&self) {
+        // SAFETY: the maps are tensor maps (the entry's contract).
+        unsafe {
+            tma::prefetch_map(self.p.tmap_a);
+            tma::prefetch_map(self.p.tmap_b);
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn load(&self, ctx: &Ctx, own: &WorkUnit, kb: u32, s: u32, full: u32) {
+        let (p, layout) = (&self.p, &ctx.layout);
+        let (x, l) = ((kb * Self::RAW_ROW) as i32, own.l as i32);
+        let k_blocks = p.k.div_ceil(BLOCK_K) as u64;
+        let spr = Self::SCALES_PER_ROW;
+        let stage = own.l as u64 * k_blocks + kb as u64;
+        let (m0, n0) = (own.m * BLOCK_M, own.n * F::N);
+        let sfa = p.sfa + (stage * p.rows_pad_a as u64 + m0 as u64) * spr as u64;
+        let sfb = p.sfb + (stage * p.rows_pad_b as u64 + n0 as u64) * spr as u64;
+        // SAFETY: the driver's contract (the stage is free); the maps cover the operands (TMA
+        // zero-fills rows past M or N and bytes past K); the scale buffers are padded to whole
+        // tiles of rows and stages of K.
+        unsafe {
+            tma::load_3d(layout.a(s), p.tmap_a, x, m0 as i32, l, full);
+            tma::load_3d(layout.b(s), p.tmap_b, x, n0 as i32, l, full);
+            tma::load_bytes(layout.sfa(s), sfa, BLOCK_M * spr, full);
+            tma::load_bytes(layout.sfa(s) + BLOCK_M * spr, sfb, F::N * spr, full);
+        }
+    }
+
+    #[inline(always)]
+    fn consumer(&self, _ctx: &Ctx, c: u32, local: u32) -> Consumer {
+        let () = Self::_SAME_WIDTH;
+        Consumer { c, local }
+    }
+
+    #[inline(always)]
+    unsafe fn mainloop(
+        &self,
+        ctx: &Ctx,
+        cons: &Consumer,
+        own: &WorkUnit,
+        st: &mut PipelineState,
+    ) -> F {
+        let (pipe, layout) = (&ctx.pipe, &ctx.layout);
+        let g = cons.c * 128 + cons.local;
+        let mut acc = F::zeros();
+        for kb in own.k_blocks() {
+            let (s, buf) = (pipe.stage(*st), st.parity());
+            // SAFETY: `st` counts this warpgroup's uses in order (both consumers make the same
+            // uses); the stage is read after `consumer_wait` and released after the last read;
+            // buffer `buf` was last read by the MMAs of use `st − 2`, which every consumer waited
+            // for before the meeting of use `st − 1`.
+            unsafe {
+                pipe.consumer_wait(*st);
+                Self::convert(layout, s, buf, g);
+                pipe.consumer_release(*st, ctx.rank);
+                smem::fence_async_proxy();
+                wgmma::wait::<0>();
+                acc.fence();
+                barriers::sync_consumers();
+                let conv = layout.out() + buf * Self::TILE.converted_bytes();
+                let b = conv + BLOCK_M * BF16_ROW_BYTES;
+                wgmma::fence();
+                for kk in 0..BLOCK_K / MMA_K {
+                    acc.mma_bf16(
+                        Self::desc(conv, cons.c * FRAGMENT_ROWS, kk),
+                        Self::desc(b, 0, kk),
+                        kb != own.k_begin || kk > 0,
+                    );
+                }
+                wgmma::commit();
+            }
+            st.advance();
+        }
+        wgmma::wait::<0>();
+        acc.fence();
+        acc
+    }
+
+    #[inline(always)]
+    fn epilogue(&self, _ctx: &Ctx, cons: &Consumer, own: &WorkUnit, mut acc: F) {
+        let p = &self.p;
+        let out = Output {
+            ptr: p.out,
+            tmap: 0,
+            m: p.m,
+            n: p.n,
+            out_type: p.out_type,
+        };
+        let (warp, lane) = (cons.local / 32, cons.local % 32);
+        let row = own.m * BLOCK_M + cons.c * FRAGMENT_ROWS + 16 * warp + lane / 4;
+        let col = own.n * F::N + 2 * (lane % 4);
+        // In 64-register halves of 128 columns each (fragment values 64h.. are columns 128h..):
+        // loops over all 128 registers of a 256-column fragment are not unrolled, and the
+        // fragment would move to the stack.
+        for (h, half) in acc.as_mut().as_chunks_mut::<64>().0.iter_mut().enumerate() {
+            if p.alpha != 1.0 {
+                for v in half.iter_mut() {
+                    *v *= p.alpha;
+                }
+            }
+            epilogue::store_direct(&out, own.out_l, row, col + 128 * h as u32, half);
+        }
+    }
+
+    #[inline(always)]
+    fn finish(&self, _cons: &Consumer, _st: PipelineState) {}
+}

@@ -1,0 +1,278 @@
+//! The Hopper MX / NVFP4 family: both operands block-scaled (MXFP8, MXFP4, NVFP4, e2m1 with e8m0
+//! per 16), dequantized exactly to bf16 inside the pipeline and multiplied by bf16 `wgmma`.
+//! Hopper has no block-scaled MMA; bf16 holds every element × scale product exactly (see
+//! [`dequant`]), so the result is the exact products summed in fp32, as on the FP8 kernel's
+//! promotion path, with no FP8 accumulation loss. Host and device share this module; the kernel
+//! body is [`kernel`] (sm_90a only).
+//!
+//! Per stage of [`BLOCK_K`] = 64 elements of K: the producer loads the raw A tile (128 rows),
+//! the raw B tile (`block_n` rows) and both tiles' scale bytes; the two consumer warpgroups
+//! convert them together into one of two bf16 buffers (128-byte swizzled, as `wgmma` reads
+//! them), release the stage, and each runs its 64 rows × `block_n` MMAs on that buffer while the
+//! next stage is converted into the other.
+
+pub mod dequant;
+#[cfg(all(target_arch = "nvptx64", target_feature = "sm_90a"))]
+pub mod kernel;
+
+use crate::format::{ElemType, ScaleType};
+use crate::gemm::layout::{StageContents, StageLayout};
+use crate::registry::KernelInfo;
+
+/// K of one stage: 64 bf16 = one 128-byte swizzled row of the converted tiles.
+pub const BLOCK_K: u32 = 64;
+/// Rows of the A tile: two consumer warpgroups × the 64 rows of `wgmma`.
+pub const BLOCK_M: u32 = 128;
+/// Consumer warpgroups.
+pub const CONSUMERS: u32 = 2;
+/// Codes per conversion unit (one row, 16 consecutive K): one scale covers a whole unit.
+pub const UNIT: u32 = 16;
+/// Bytes of one row of a converted (bf16) tile.
+pub const BF16_ROW_BYTES: u32 = 2 * BLOCK_K;
+/// Scale rows are padded to a multiple of this (the widest tile), so every tile's scale copy
+/// stays inside the buffer.
+pub const SCALE_ROWS_PAD: u32 = 256;
+
+/// One tile shape: 128 rows × `block_n` columns (256 or 128).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct MxTile {
+    pub block_n: u32,
+}
+
+impl MxTile {
+    /// 128 × 256: `wgmma` m64n256k16 reads 10 KiB of shared memory per 64·256·16 MACs, the
+    /// fewest bytes per MAC of any bf16 shape (the 128 B/clock of shared memory also carry the
+    /// conversion's reads and writes).
+    pub const N256: MxTile = MxTile { block_n: 256 };
+    /// 128 × 128: twice the tiles where 256-column tiles leave SMs idle.
+    pub const N128: MxTile = MxTile { block_n: 128 };
+    pub const ALL: [MxTile; 2] = [MxTile::N256, MxTile::N128];
+
+    pub const fn threads(self) -> u32 {
+        128 * (1 + CONSUMERS)
+    }
+    /// Register budgets after `setmaxnreg`: 128·(40 + 2·232) ≤ 65536; a consumer holds
+    /// `block_n / 2` sums plus one unit's conversion (16 words).
+    pub const fn producer_regs(self) -> u32 {
+        40
+    }
+    pub const fn consumer_regs(self) -> u32 {
+        232
+    }
+
+    /// The shared memory for codes of `bits` bits with one scale byte per `scale_block`
+    /// elements: per stage the raw A and B tiles and their scales; once, the two bf16 buffers
+    /// (in the layout's output region).
+    pub const fn layout(self, bits: u32, scale_block: u32) -> StageLayout {
+        let raw_row = BLOCK_K * bits / 8;
+        let scales_per_row = BLOCK_K / scale_block;
+        StageLayout::fit(StageContents {
+            a: BLOCK_M * raw_row,
+            b: self.block_n * raw_row,
+            sfa: (BLOCK_M + self.block_n) * scales_per_row,
+            out: 2 * self.converted_bytes(),
+        })
+    }
+
+    /// Bytes of one converted buffer: the A tile then the B tile, bf16.
+    pub const fn converted_bytes(self) -> u32 {
+        (BLOCK_M + self.block_n) * BF16_ROW_BYTES
+    }
+}
+
+/// Parameters of the sm90 MX GEMM. Tensor maps (device memory, 64-byte aligned): 3-D over
+/// (K bytes, rows, L), boxes of `BLOCK_K · bits / 8` bytes × 128 rows (A) or `block_n` rows (B),
+/// no swizzle. Scales: bytes `[l][⌈k/64⌉][rows_pad][64 / block]` (the scale bytes of one row and
+/// one stage adjacent), zero past the rows and past K.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Sm90MxParams {
+    pub tmap_a: u64,
+    pub tmap_b: u64,
+    pub sfa: u64,
+    pub sfb: u64,
+    /// `[l][m][n]` of `out_type`, or with `split_k` > 1 the f32 workspace (as the FP8 family's).
+    pub out: u64,
+    pub m: u32,
+    pub n: u32,
+    pub k: u32,
+    pub l: u32,
+    /// Rows of the scale buffers (multiples of [`SCALE_ROWS_PAD`]).
+    pub rows_pad_a: u32,
+    pub rows_pad_b: u32,
+    /// [`crate::params::OutType`] as u32.
+    pub out_type: u32,
+    pub group_m: u32,
+    pub split_k: u32,
+    /// Multiplies every sum before the store: the product of the operands' fp32 tensor scales
+    /// (NVFP4), else 1.
+    pub alpha: f32,
+}
+
+/// The scale format of a kernel: type and elements per scale.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct MxScale {
+    pub ty: ScaleType,
+    pub block: u32,
+}
+
+impl MxScale {
+    pub const E8M0X32: MxScale = MxScale {
+        ty: ScaleType::E8M0,
+        block: 32,
+    };
+    pub const E8M0X16: MxScale = MxScale {
+        ty: ScaleType::E8M0,
+        block: 16,
+    };
+    pub const UE4M3X16: MxScale = MxScale {
+        ty: ScaleType::UE4M3,
+        block: 16,
+    };
+}
+
+/// One kernel of the family.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Sm90MxKernel {
+    pub tile: MxTile,
+    pub a: ElemType,
+    pub b: ElemType,
+    pub scale: MxScale,
+    pub info: KernelInfo,
+}
+
+impl Sm90MxKernel {
+    pub const fn layout(&self) -> StageLayout {
+        self.tile.layout(self.a.bits(), self.scale.block)
+    }
+}
+
+/// An exported kernel.
+#[cfg(all(target_arch = "nvptx64", target_feature = "sm_90a"))]
+macro_rules! mx_entry {
+    ($name:expr, $n:literal, $a:ident, $b:ident, $s:ident) => {
+        const _: () = {
+            /// # Safety
+            /// Launched as [`crate::gemm::driver::run`] says, with parameters made from validated
+            /// operands as [`Sm90MxParams`] describes.
+            #[unsafe(export_name = $name)]
+            unsafe extern "ptx-kernel" fn kernel(p: $crate::sm90_mx::Sm90MxParams) {
+                use $crate::sm90_mx::dequant;
+                let k = $crate::sm90_mx::kernel::MxGemm::<
+                    [f32; $n / 2],
+                    dequant::$a,
+                    dequant::$b,
+                    dequant::$s,
+                > {
+                    p,
+                    types: core::marker::PhantomData,
+                };
+                const TILE: $crate::sm90_mx::MxTile = $crate::sm90_mx::MxTile { block_n: $n };
+                // SAFETY: the caller's contract.
+                unsafe {
+                    $crate::gemm::driver::run::<_, { TILE.producer_regs() }, { TILE.consumer_regs() }>(&k)
+                }
+            }
+        };
+    };
+}
+
+/// The kernel list, written once: tiles × (A, B, scale) combinations. Expands to [`KERNELS`]
+/// and, on sm_90a, the entry points `sm90_mx_gemm_n<N>_<a>_<b>_<scale>`.
+macro_rules! mx_kernel_list {
+    (tiles: [$($n:literal),*], types: $types:tt) => {
+        /// Every kernel of the family (the registry's rows).
+        pub const KERNELS: &[Sm90MxKernel] = &mx_kernel_list!(@rows [] [$($n),*] $types);
+        #[cfg(all(target_arch = "nvptx64", target_feature = "sm_90a"))]
+        mx_kernel_list!(@entries [$($n),*] $types);
+    };
+    (@rows [$($out:tt)*] [] $types:tt) => { [$($out)*] };
+    (@rows [$($out:tt)*] [$n:literal $(, $rest:literal)*]
+        [$(($a:ident, $b:ident, $s:ident, $ea:ident, $eb:ident, $ms:ident, $yn:literal)),*]) => {
+        mx_kernel_list!(@rows
+            [$($out)* $(Sm90MxKernel {
+                tile: MxTile { block_n: $n },
+                a: ElemType::$ea,
+                b: ElemType::$eb,
+                scale: MxScale::$ms,
+                info: KernelInfo {
+                    name: concat!("sm90_mx_gemm_n", stringify!($n), $yn),
+                    max_threads: Some(MxTile { block_n: $n }.threads()),
+                    min_blocks_per_sm: 1,
+                    targets: &["sm_90a"],
+                },
+            },)*]
+            [$($rest),*] [$(($a, $b, $s, $ea, $eb, $ms, $yn)),*])
+    };
+    (@entries [] $types:tt) => {};
+    (@entries [$n:literal $(, $rest:literal)*]
+        [$(($a:ident, $b:ident, $s:ident, $ea:ident, $eb:ident, $ms:ident, $yn:literal)),*]) => {
+        $(mx_entry!(concat!("sm90_mx_gemm_n", stringify!($n), $yn), $n, $a, $b, $s);)*
+        mx_kernel_list!(@entries [$($rest),*] [$(($a, $b, $s, $ea, $eb, $ms, $yn)),*]);
+    };
+}
+
+mx_kernel_list! {
+    tiles: [256, 128],
+    types: [
+        (E4m3, E4m3, E8m0x32, E4M3, E4M3, E8M0X32, "_e4m3_e4m3_e8m0x32"),
+        (E5m2, E5m2, E8m0x32, E5M2, E5M2, E8M0X32, "_e5m2_e5m2_e8m0x32"),
+        (E4m3, E5m2, E8m0x32, E4M3, E5M2, E8M0X32, "_e4m3_e5m2_e8m0x32"),
+        (E5m2, E4m3, E8m0x32, E5M2, E4M3, E8M0X32, "_e5m2_e4m3_e8m0x32"),
+        (E2m1, E2m1, E8m0x32, E2M1, E2M1, E8M0X32, "_e2m1_e2m1_e8m0x32"),
+        (E2m1, E2m1, Ue4m3x16, E2M1, E2M1, UE4M3X16, "_e2m1_e2m1_ue4m3x16"),
+        (E2m1, E2m1, E8m0x16, E2M1, E2M1, E8M0X16, "_e2m1_e2m1_e8m0x16")
+    ]
+}
+
+/// The kernel for a tile, element types and scale format.
+pub fn kernel(
+    tile: MxTile,
+    a: ElemType,
+    b: ElemType,
+    scale: MxScale,
+) -> Option<&'static Sm90MxKernel> {
+    KERNELS
+        .iter()
+        .find(|k| k.tile == tile && k.a == a && k.b == b && k.scale == scale)
+}
+
+const _: () = {
+    let mut i = 0;
+    while i < KERNELS.len() {
+        let k = &KERNELS[i];
+        let l = k.layout();
+        assert!(l.stages >= 3);
+        assert!(128 * (k.tile.producer_regs() + CONSUMERS * k.tile.consumer_regs()) <= 65_536);
+        // Raw tiles and converted buffers 1024-byte aligned (TMA, 128-byte swizzle).
+        assert!(l.contents.a.is_multiple_of(1024) && l.contents.b.is_multiple_of(1024));
+        // Each scale copy a multiple of 16 bytes.
+        assert!((BLOCK_M * BLOCK_K / k.scale.block).is_multiple_of(16));
+        i += 1;
+    }
+};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_kernel_has_a_unique_name_and_a_layout_that_fits() {
+        for (i, k) in KERNELS.iter().enumerate() {
+            assert!(KERNELS[i + 1..].iter().all(|o| o.info.name != k.info.name));
+            let l = k.layout();
+            assert!(l.bytes() <= crate::gemm::layout::SMEM_LIMIT);
+            assert!(l.stages >= 3, "{}: {} stages", k.info.name, l.stages);
+        }
+        assert_eq!(
+            kernel(
+                MxTile::N256,
+                ElemType::E2M1,
+                ElemType::E2M1,
+                MxScale::UE4M3X16
+            )
+            .map(|k| k.info.name),
+            Some("sm90_mx_gemm_n256_e2m1_e2m1_ue4m3x16")
+        );
+    }
+}

@@ -1,0 +1,351 @@
+//! GPU tests of the Hopper MX / NVFP4 kernel (`Plan::Sm90Mx`): every recipe it takes, random
+//! ragged shapes, batches, both tiles, split-K, every output type, scale layouts, NaN and Inf.
+//! Run on an H100: `cargo test -p blockscaled-tests --test gpu_mx -- --include-ignored`.
+//!
+//! Tolerance, derived: every element × scale product is exact in bf16 (kernels' `dequant`), the
+//! tensor cores multiply bf16 exactly and add in fp32; each 16-wide K step adds its products to
+//! the running sum with at most two roundings of at most one fp32 unit (2^-23 relative, rounding
+//! or truncating) of a magnitude ≤ Σ|a·b|. So |got − exact| ≤ (K/8 + 1) · 2^-23 · Σ|a·b|, plus the
+//! output rounding (`compare_outputs`). The FP8 kernel needs 2^-7 of Σ|a·b| for its FP8
+//! accumulation; this one is exact up to fp32.
+
+use std::sync::OnceLock;
+
+use blockscaled::{
+    ElemType, Error, Fp8, Gpu, HostOutput, OutType, Plan, Recipe, ScaledMatrix, Sm90MxConfig,
+    Sm90MxTile, reference, round_output,
+};
+use blockscaled_tests::{bf16_mma_rel, compare_outputs, random_matrix};
+use proptest::prelude::*;
+
+fn gpu() -> &'static Gpu {
+    static GPU: OnceLock<Gpu> = OnceLock::new();
+    GPU.get_or_init(|| Gpu::new(0).expect("a CUDA device (these tests are ignored without one)"))
+}
+
+/// The recipes the MX kernel takes.
+const MX_RECIPES: [Recipe; 5] = [
+    Recipe::Mxfp8(Fp8::E4M3),
+    Recipe::Mxfp8(Fp8::E5M2),
+    Recipe::Mxfp4,
+    Recipe::Nvfp4,
+    Recipe::E2m1E8m0x16,
+];
+
+/// The bound of the module doc for each element.
+fn mx_slack(k: usize, abs_sum: &[f64]) -> Vec<f64> {
+    abs_sum.iter().map(|s| s * bf16_mma_rel(k)).collect()
+}
+
+/// The MX plan `gemm` would run, with the tile and split forced when given.
+fn mx_plan(
+    a: &blockscaled::DeviceMatrix,
+    b: &blockscaled::DeviceMatrix,
+    force: Option<(u32, u32)>,
+) -> Result<Plan, String> {
+    match (gpu().plan(a, b).map_err(|e| e.to_string())?, force) {
+        (Plan::Sm90Mx(cfg), Some((block_n, split_k))) => Ok(Plan::Sm90Mx(Sm90MxConfig {
+            tile: Sm90MxTile { block_n },
+            split_k,
+            ..cfg
+        })),
+        (p @ Plan::Sm90Mx(_), None) => Ok(p),
+        (p, _) => Err(format!("expected the sm90 MX kernel, the plan is {p:?}")),
+    }
+}
+
+/// Runs A · Bᵀ on the MX kernel (output poisoned first) and returns it.
+fn run(
+    a: &ScaledMatrix,
+    b: &ScaledMatrix,
+    dtype: OutType,
+    force: Option<(u32, u32)>,
+) -> Result<HostOutput, String> {
+    let g = gpu();
+    let (da, db) = (
+        g.upload(a).map_err(|e| e.to_string())?,
+        g.upload(b).map_err(|e| e.to_string())?,
+    );
+    let plan = mx_plan(&da, &db, force)?;
+    let mut c = g
+        .output(a.rows(), b.rows(), a.batch(), dtype)
+        .map_err(|e| e.to_string())?; // poisoned with NaN
+    g.gemm_with(&da, &db, &mut c, plan)
+        .map_err(|e| e.to_string())?;
+    c.to_host().map_err(|e| e.to_string())
+}
+
+/// The MX kernel against the CPU reference (float64), every element.
+#[allow(clippy::too_many_arguments)]
+fn check_mx(
+    recipe: Recipe,
+    m: usize,
+    n: usize,
+    k: usize,
+    l: usize,
+    dtype: OutType,
+    seed: u64,
+    force: Option<(u32, u32)>,
+) -> Result<(), String> {
+    let (_, a) = random_matrix(seed, m, k, l, recipe.a());
+    let (_, b) = random_matrix(
+        seed.wrapping_mul(0x2545_F491_4F6C_DD1D).wrapping_add(1),
+        n,
+        k,
+        l,
+        recipe.b(),
+    );
+    let (c64, abs) = reference::gemm_f64(&a, &b).map_err(|e| e.to_string())?;
+    let want = HostOutput {
+        dtype,
+        m,
+        n,
+        l,
+        values: c64.iter().map(|&x| round_output(dtype, x)).collect(),
+    };
+    let got = run(&a, &b, dtype, force)?;
+    compare_outputs(&got, &want, 1.0, &mx_slack(k, &abs)).map_err(|e| {
+        format!("sm90 MX {recipe} {m}x{n}x{k}x{l} {dtype:?} {force:?} seed {seed}: {e}")
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    #[test]
+    #[ignore = "needs a CUDA device"]
+    fn mx_kernel_matches_cpu_reference_on_random_ragged_shapes(
+        which in 0usize..5,
+        m in 1usize..400,
+        n in 1usize..600,
+        k32 in 1usize..20,
+        l in 1usize..5,
+        out_i in 0usize..3,
+        tile in 0usize..2,
+        split in 1u32..5,
+        seed in any::<u64>(),
+    ) {
+        let recipe = MX_RECIPES[which];
+        let dtype = [OutType::Bf16, OutType::F16, OutType::F32][out_i];
+        // K a multiple of 32 (MX blocks; 16-byte e2m1 rows), often not of the kernel's 64.
+        let k = 32 * k32;
+        let split = split.min(k.div_ceil(64) as u32);
+        check_mx(recipe, m, n, k, l, dtype, seed, Some(([256, 128][tile], split)))
+            .map_err(TestCaseError::fail)?;
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn mx_kernel_matches_cpu_reference_for_every_recipe_on_larger_ragged_shapes() {
+    for (i, r) in MX_RECIPES.into_iter().enumerate() {
+        for (m, n, k, l) in [(520, 777, 1056, 1), (129, 300, 4096, 2), (1, 7168, 512, 1)] {
+            let seed = 0xC0FFEE + i as u64 * 1_000_003 + std::process::id() as u64;
+            check_mx(r, m, n, k, l, OutType::Bf16, seed, None).unwrap();
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn mx_recipes_plan_the_mx_kernel_and_nvfp4_with_odd_16_byte_rows_falls_back() {
+    let g = gpu();
+    let up = |r: Recipe, rows, k, as_b: bool| {
+        let (_, m) = random_matrix(5, rows, k, 1, if as_b { r.b() } else { r.a() });
+        g.upload(&m).unwrap()
+    };
+    for r in MX_RECIPES {
+        assert!(
+            matches!(
+                g.plan(&up(r, 64, 256, false), &up(r, 64, 256, true))
+                    .unwrap(),
+                Plan::Sm90Mx(_)
+            ),
+            "{r}"
+        );
+    }
+    // NVFP4 with K = 272: e2m1 rows of 136 bytes are not 16-byte multiples (TMA), so the
+    // reference kernel runs it; forcing the MX kernel is a format error.
+    let nv = Recipe::Nvfp4;
+    let (a, b) = (up(nv, 64, 272, false), up(nv, 64, 272, true));
+    assert_eq!(g.plan(&a, &b).unwrap(), Plan::Reference);
+    let mut c = g.output(64, 64, 1, OutType::Bf16).unwrap();
+    let forced = Plan::Sm90Mx(blockscaled::plan::sm90_mx_default(
+        64,
+        64,
+        272,
+        1,
+        g.sm_count(),
+    ));
+    assert!(matches!(
+        g.gemm_with(&a, &b, &mut c, forced),
+        Err(Error::Format(_))
+    ));
+    // Mixed widths (MXFP8 · MXFP4) are not a pair the kernel takes.
+    let (a, b) = (
+        up(Recipe::Mxfp8(Fp8::E4M3), 64, 256, false),
+        up(Recipe::Mxfp4, 64, 256, true),
+    );
+    assert_eq!(g.plan(&a, &b).unwrap(), Plan::Reference);
+}
+
+/// A copy of `m` with element (l, r, k)'s code replaced (e2m1: the nibble).
+fn with_code(m: &ScaledMatrix, (l, r, k): (usize, usize, usize), code: u8) -> ScaledMatrix {
+    let d = *m.desc();
+    let mut data = m.data().to_vec();
+    let i = (l * d.rows + r) * d.k + k;
+    if d.format.elem == ElemType::E2M1 {
+        let sh = 4 * (i % 2);
+        data[i / 2] = (data[i / 2] & !(0xF << sh)) | (code << sh);
+    } else {
+        data[i] = code;
+    }
+    ScaledMatrix::from_parts(
+        d.format,
+        d.rows,
+        d.k,
+        d.batch,
+        data,
+        m.scales().to_vec(),
+        d.scale_layout,
+        d.tensor_scale,
+    )
+    .unwrap()
+}
+
+/// A copy of `m` with the scale of element (l, r, k) replaced.
+fn with_scale(m: &ScaledMatrix, (l, r, k): (usize, usize, usize), byte: u8) -> ScaledMatrix {
+    let d = *m.desc();
+    let mut scales = m.scales().to_vec();
+    let (br, bk) = d.block_extent();
+    scales[d.scale_layout.index(l, r / br, k / bk)] = byte;
+    ScaledMatrix::from_parts(
+        d.format,
+        d.rows,
+        d.k,
+        d.batch,
+        m.data().to_vec(),
+        scales,
+        d.scale_layout,
+        d.tensor_scale,
+    )
+    .unwrap()
+}
+
+/// Row `row` of every batch entry's output is `want` (NaN: any NaN; ±Inf exactly), every other row
+/// matches the CPU reference.
+fn check_special_row(a: &ScaledMatrix, b: &ScaledMatrix, row: usize, want: f32) {
+    let (m, n, k, l) = (a.rows(), b.rows(), a.k(), a.batch());
+    let got = run(a, b, OutType::F32, None).unwrap();
+    let (c64, abs) = reference::gemm_f64(a, b).unwrap();
+    for (i, &g) in got.values.iter().enumerate() {
+        let r = (i / n) % m;
+        if r == row && i / (m * n) == 0 {
+            let ok = if want.is_nan() { g.is_nan() } else { g == want };
+            assert!(ok, "element {i}: got {g}, want {want}");
+        } else if r != row {
+            let w = round_output(OutType::F32, c64[i]);
+            let tol = mx_slack(k, &abs[i..i + 1])[0]
+                + blockscaled::output_ulp(OutType::F32, w.abs().max(g.abs()));
+            assert!(
+                (g as f64 - w as f64).abs() <= tol,
+                "element {i}: got {g}, want {w}"
+            );
+        }
+    }
+    let _ = l;
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn nan_scales_and_nan_or_inf_codes_give_nan_or_inf_rows() {
+    let (m, n, k) = (130, 260, 256);
+    for r in MX_RECIPES {
+        let (_, a) = random_matrix(11, m, k, 1, r.a());
+        let (_, b) = random_matrix(12, n, k, 1, r.b());
+        // A NaN scale (e8m0 0xFF, ue4m3 0x7F) makes its row of C NaN.
+        let nan_scale = if r == Recipe::Nvfp4 { 0x7F } else { 0xFF };
+        check_special_row(&with_scale(&a, (0, 77, 40), nan_scale), &b, 77, f32::NAN);
+        match r.a().elem {
+            // A NaN code (e4m3 0x7F, e5m2 0x7F) makes its row NaN.
+            ElemType::E4M3 | ElemType::E5M2 => {
+                check_special_row(&with_code(&a, (0, 3, 200), 0x7F), &b, 3, f32::NAN);
+            }
+            _ => {}
+        }
+        if r.a().elem == ElemType::E5M2 {
+            // +Inf in A times a B column of positive values: +Inf in the whole row.
+            let b_pos = ScaledMatrix::from_parts(
+                b.format(),
+                n,
+                k,
+                1,
+                b.data().iter().map(|&c| c & 0x7F).collect(),
+                b.scales().to_vec(),
+                *b.scale_layout(),
+                b.tensor_scale(),
+            )
+            .unwrap();
+            let a_inf = with_code(&a, (0, 129, 5), 0x7C);
+            // Make the row's other products finite and B's column 5 non-zero: every B code
+            // at K = 5 set to 1.0 (e5m2 0x3C).
+            let mut data = b_pos.data().to_vec();
+            for row in 0..n {
+                data[row * k + 5] = 0x3C;
+            }
+            let b_one = ScaledMatrix::from_parts(
+                b.format(),
+                n,
+                k,
+                1,
+                data,
+                b.scales().to_vec(),
+                *b.scale_layout(),
+                b.tensor_scale(),
+            )
+            .unwrap();
+            check_special_row(&a_inf, &b_one, 129, f32::INFINITY);
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn swizzled_and_unswizzled_scales_give_bitwise_identical_results() {
+    let (m, n, k, l) = (200, 300, 512, 2);
+    for r in MX_RECIPES {
+        let (_, a) = random_matrix(21, m, k, l, r.a());
+        let (_, b) = random_matrix(22, n, k, l, r.b());
+        let sw = |x: &ScaledMatrix| {
+            ScaledMatrix::from_parts_swizzled_128x4(
+                x.format(),
+                x.rows(),
+                x.k(),
+                x.batch(),
+                x.data().to_vec(),
+                x.scales_swizzled_128x4().unwrap(),
+                x.tensor_scale(),
+            )
+            .unwrap()
+        };
+        let plain = run(&a, &b, OutType::Bf16, None).unwrap();
+        let swizzled = run(&sw(&a), &sw(&b), OutType::Bf16, None).unwrap();
+        assert!(
+            plain
+                .values
+                .iter()
+                .zip(&swizzled.values)
+                .all(|(x, y)| x.to_bits() == y.to_bits()),
+            "{r}"
+        );
+        // And twice in a row: the same bits.
+        let again = run(&a, &b, OutType::Bf16, None).unwrap();
+        assert!(
+            plain
+                .values
+                .iter()
+                .zip(&again.values)
+                .all(|(x, y)| x.to_bits() == y.to_bits())
+        );
+    }
+}
