@@ -6,11 +6,10 @@
 
 use std::sync::Arc;
 
-use blockscaled::{
-    DeviceMatrix, Gpu, HostOutput, OutType, Plan, Recipe, ScaledMatrix, reference, round_output,
-};
+use blockscaled::{DeviceMatrix, Gpu, HostOutput, OutType, Plan, Recipe, ScaledMatrix, reference};
 use blockscaled_tests::{
     FP8_ACCUMULATION_REL, abs_matrix, compare_outputs, fp8_accumulation_slack, random_values,
+    reference_output,
 };
 use cudarc::driver::CudaSlice;
 
@@ -105,14 +104,7 @@ pub fn run_case(gpu: &Gpu, peer: Option<&LtPeer>, c: &Case) -> Result<Outcome, S
         gpu.gemm_with(&ins[0].0, &ins[0].1, &mut o, plan)
             .map_err(e)?;
         let got = o.to_host().map_err(e)?;
-        let (c64, abs) = reference::gemm_f64(&a, &b).map_err(e)?;
-        let want = HostOutput {
-            dtype: c.out,
-            m: c.m,
-            n: c.n,
-            l: c.l,
-            values: c64.iter().map(|&x| round_output(c.out, x)).collect(),
-        };
+        let (want, abs) = reference_output(&a, &b, c.out)?;
         // The reference kernel differs from the CPU only by float64 summation order; tensor-core
         // kernels by FP8 accumulation (see blockscaled_tests::fp8_accumulation_slack).
         let (slack, what) = match plan {

@@ -167,6 +167,27 @@ pub fn compare_outputs(
     }
 }
 
+/// The CPU reference of A · Bᵀ (float64, exact products) rounded to `dtype` as a kernel's output,
+/// and Σ_k |a_k·b_k| per element (what the kernels' error bounds scale with).
+pub fn reference_output(
+    a: &ScaledMatrix,
+    b: &ScaledMatrix,
+    dtype: blockscaled::OutType,
+) -> Result<(HostOutput, Vec<f64>), String> {
+    let (c64, abs) = blockscaled::reference::gemm_f64(a, b).map_err(|e| e.to_string())?;
+    let want = HostOutput {
+        dtype,
+        m: a.rows(),
+        n: b.rows(),
+        l: a.batch(),
+        values: c64
+            .iter()
+            .map(|&x| blockscaled::round_output(dtype, x))
+            .collect(),
+    };
+    Ok((want, abs))
+}
+
 /// The same matrix with every element and scale made non-negative (sign bits cleared), so that a
 /// reference GEMM of `abs(A)·abs(B)ᵀ` gives Σ_k |a_k·b_k| per element: the quantity FP8
 /// accumulation error scales with.

@@ -7,10 +7,11 @@ use std::sync::OnceLock;
 
 use blockscaled::{
     ClusterShape, Error, Fp8, Gpu, HostOutput, OutType, Plan, Recipe, Sm90Config, Sm90Tile,
-    reference, round_output,
+    reference,
 };
 use blockscaled_tests::{
     abs_matrix, compare_magnitudes, compare_outputs, fp8_accumulation_slack, random_matrix,
+    reference_output,
 };
 use proptest::prelude::*;
 
@@ -229,14 +230,7 @@ fn check_sm90(
         l,
         rb.b(),
     );
-    let (c64, abs) = reference::gemm_f64(&a, &b).map_err(|e| e.to_string())?;
-    let want = HostOutput {
-        dtype,
-        m,
-        n,
-        l,
-        values: c64.iter().map(|&x| round_output(dtype, x)).collect(),
-    };
+    let (want, abs) = reference_output(&a, &b, dtype)?;
     let (da, db) = (
         g.upload(&a).map_err(|e| e.to_string())?,
         g.upload(&b).map_err(|e| e.to_string())?,
@@ -688,15 +682,8 @@ fn check_no_cancellation(
     let e = |x: Error| x.to_string();
     let a = blockscaled_tests::no_cancellation_matrix(seed, m, k, l, ra.a(), false);
     let b = blockscaled_tests::no_cancellation_matrix(seed ^ 0x5851_F42D, n, k, l, rb.b(), true);
-    let (c64, abs) = reference::gemm_f64(&a, &b).map_err(e)?;
     let dtype = OutType::F32;
-    let want = HostOutput {
-        dtype,
-        m,
-        n,
-        l,
-        values: c64.iter().map(|&x| round_output(dtype, x)).collect(),
-    };
+    let (want, abs) = reference_output(&a, &b, dtype)?;
     let (da, db) = (g.upload(&a).map_err(e)?, g.upload(&b).map_err(e)?);
     let mut c = g.output(m, n, l, dtype).map_err(e)?; // poisoned with NaN
     let (below, above): (Vec<f64>, Vec<f64>) = match kernel {

@@ -15,7 +15,7 @@ use blockscaled::{
     ElemType, Error, Fp8, Gpu, HostOutput, OutType, Plan, Recipe, ScaledMatrix, Sm90MxConfig,
     Sm90MxTile, reference, round_output,
 };
-use blockscaled_tests::{bf16_mma_rel, compare_outputs, random_matrix};
+use blockscaled_tests::{bf16_mma_rel, compare_outputs, random_matrix, reference_output};
 use proptest::prelude::*;
 
 fn gpu() -> &'static Gpu {
@@ -95,14 +95,7 @@ fn check_mx(
         l,
         recipe.b(),
     );
-    let (c64, abs) = reference::gemm_f64(&a, &b).map_err(|e| e.to_string())?;
-    let want = HostOutput {
-        dtype,
-        m,
-        n,
-        l,
-        values: c64.iter().map(|&x| round_output(dtype, x)).collect(),
-    };
+    let (want, abs) = reference_output(&a, &b, dtype)?;
     let got = run(&a, &b, dtype, force)?;
     compare_outputs(&got, &want, 1.0, &mx_slack(k, &abs)).map_err(|e| {
         format!("sm90 MX {recipe} {m}x{n}x{k}x{l} {dtype:?} {force:?} seed {seed}: {e}")

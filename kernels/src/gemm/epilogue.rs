@@ -5,7 +5,7 @@
 //!   past N);
 //! - direct stores with predicates (f32 output, N % 8 ≠ 0, and split-K partials into the f32
 //!   workspace);
-//! - per-column scales multiplied in after the K loop.
+//! - per-column scales multiplied in after the K loop, and one scale for all (`scale`).
 
 use super::barriers::sync_consumer;
 use super::layout::{FRAGMENT_ROWS, OUT_BOX_N};
@@ -181,8 +181,21 @@ fn stage_fragment<const BF16: bool, F: Fragment>(base: u32, consumers: u32, acc:
 /// `col0 + 8·(i/4) + (i%2)` of batch entry `l`. Adjacent column pairs go out as one 4-byte
 /// (16-bit types) or 8-byte (f32) store when N is even (then the pair is aligned), else as two
 /// stores; elements past M or N are masked by predicates, not branches (see `ptx::global`).
+/// In chunks of [`CHUNK`] values (64 columns): a loop over all 128 values of a 256-column
+/// fragment is not unrolled, and the fragment would move to the stack.
 #[inline(always)]
 pub fn store_direct<F: Fragment>(out: &Output, l: u32, row0: u32, col0: u32, acc: &F) {
+    for (c, chunk) in acc.as_ref().as_chunks::<CHUNK>().0.iter().enumerate() {
+        store_chunk(out, l, row0, col0 + 64 * c as u32, chunk);
+    }
+}
+
+/// Fragment values per chunk of [`store_direct`] and [`scale`]: 64 columns.
+const CHUNK: usize = 32;
+
+/// [`store_direct`] of values `0..32` of a fragment (columns `col0..col0 + 64`).
+#[inline(always)]
+fn store_chunk(out: &Output, l: u32, row0: u32, col0: u32, acc: &[f32; CHUNK]) {
     let out_type = out.out_type;
     let pairs = out.n % 2 == 0;
     let bytes = if out_type == OutType::F32 as u32 {
@@ -190,9 +203,8 @@ pub fn store_direct<F: Fragment>(out: &Output, l: u32, row0: u32, col0: u32, acc
     } else {
         2
     };
-    let acc = acc.as_ref();
-    for j in 0..F::N / 4 {
-        let i = (2 * j) as usize;
+    for j in 0..CHUNK / 2 {
+        let i = 2 * j;
         let row = row0 + 8 * ((i / 2) % 2) as u32;
         let col = col0 + 8 * (i / 4) as u32;
         let (in0, in1) = (row < out.m && col < out.n, row < out.m && col + 1 < out.n);
@@ -220,6 +232,16 @@ pub fn store_direct<F: Fragment>(out: &Output, l: u32, row0: u32, col0: u32, acc
                 global::store_u16_if(addr, h0, !pairs && in0);
                 global::store_u16_if(addr + 2, h1, !pairs && in1);
             }
+        }
+    }
+}
+
+/// Multiplies every value of `acc` by `alpha` (in chunks, as [`store_direct`]).
+#[inline(always)]
+pub fn scale<F: Fragment>(acc: &mut F, alpha: f32) {
+    for chunk in acc.as_mut().as_chunks_mut::<CHUNK>().0 {
+        for v in chunk.iter_mut() {
+            *v *= alpha;
         }
     }
 }

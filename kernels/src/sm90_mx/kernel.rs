@@ -15,7 +15,7 @@ use super::dequant::{self, Dequant, ScaleDecode};
 use super::{BF16_ROW_BYTES, BLOCK_K, BLOCK_M, CONSUMERS, MxTile, Sm90MxParams, UNIT};
 use crate::gemm::barriers;
 use crate::gemm::driver::{Ctx, GemmKernel};
-use crate::gemm::epilogue::{self, Output};
+use crate::gemm::epilogue::{self, Output, Staging};
 use crate::gemm::layout::{FRAGMENT_ROWS, StageLayout};
 use crate::gemm::pipeline::PipelineState;
 use crate::gemm::scheduler::{ClusterShape, Schedule, WorkUnit};
@@ -302,6 +302,9 @@ impl<F: Bf16Fragment, EA: Dequant, EB: Dequant, S: ScaleDecode> GemmKernel
     #[inline(always)]
     fn epilogue(&self, _ctx: &Ctx, cons: &Consumer, own: &WorkUnit, mut acc: F) {
         let p = &self.p;
+        if p.alpha != 1.0 {
+            epilogue::scale(&mut acc, p.alpha);
+        }
         let out = Output {
             ptr: p.out,
             tmap: 0,
@@ -309,20 +312,15 @@ impl<F: Bf16Fragment, EA: Dequant, EB: Dequant, S: ScaleDecode> GemmKernel
             n: p.n,
             out_type: p.out_type,
         };
-        let (warp, lane) = (cons.local / 32, cons.local % 32);
-        let row = own.m * BLOCK_M + cons.c * FRAGMENT_ROWS + 16 * warp + lane / 4;
-        let col = own.n * F::N + 2 * (lane % 4);
-        // In 64-register halves of 128 columns each (fragment values 64h.. are columns 128h..):
-        // loops over all 128 registers of a 256-column fragment are not unrolled, and the
-        // fragment would move to the stack.
-        for (h, half) in acc.as_mut().as_chunks_mut::<64>().0.iter_mut().enumerate() {
-            if p.alpha != 1.0 {
-                for v in half.iter_mut() {
-                    *v *= p.alpha;
-                }
-            }
-            epilogue::store_direct(&out, own.out_l, row, col + 128 * h as u32, half);
-        }
+        // No TMA-store staging (its shared memory holds the bf16 buffers): direct stores.
+        let staging = Staging {
+            base: 0,
+            consumers: CONSUMERS,
+            block_n: F::N,
+        };
+        let at = (own.m * BLOCK_M, own.n * F::N, own.out_l);
+        // SAFETY: `out.tmap` is 0, so nothing is staged.
+        unsafe { epilogue::store(&out, staging, cons.c, cons.local, &[acc], at, BLOCK_M) };
     }
 
     #[inline(always)]
