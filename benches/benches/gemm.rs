@@ -30,6 +30,37 @@ fn main() {
         shapes.push((Recipe::DeepSeekFp8, [8192, 8192, 1024, 1]));
         shapes.push((Recipe::DeepSeekFp8, [8192, 8192, 8192, 1]));
     }
+    if which == "mx" || which == "all" {
+        // Issue targets: 8192³ and M = 4096 in every both-scaled format; decode with 4-bit
+        // weights (bf16, FP8 and FP4 activations).
+        let both = [
+            Recipe::Mxfp8(blockscaled::Fp8::E4M3),
+            Recipe::Mxfp8(blockscaled::Fp8::E5M2),
+            Recipe::Mxfp4,
+            Recipe::Nvfp4,
+            Recipe::E2m1E8m0x16,
+        ];
+        for r in both {
+            shapes.push((r, [8192, 8192, 8192, 1]));
+            for (n, k) in [(7168, 2048), (2112, 7168), (24576, 1536)] {
+                shapes.push((r, [4096, n, k, 1]));
+            }
+        }
+        for r in [
+            Recipe::Mxfp4,
+            Recipe::Nvfp4,
+            Recipe::W4A16(blockscaled::Fp4Weights::Mxfp4),
+            Recipe::W4A16(blockscaled::Fp4Weights::Nvfp4),
+            Recipe::W4A8(blockscaled::Fp4Weights::Mxfp4),
+            Recipe::W4A8(blockscaled::Fp4Weights::Nvfp4),
+        ] {
+            for m in [1, 16, 128] {
+                for (n, k) in [(7168, 4096), (4096, 7168), (14336, 4096)] {
+                    shapes.push((r, [m, n, k, 1]));
+                }
+            }
+        }
+    }
     if which == "deepseek" || which == "all" {
         for m in [128, 4096] {
             for (n, k) in [

@@ -118,7 +118,7 @@ pub fn run_case(gpu: &Gpu, peer: Option<&LtPeer>, c: &Case) -> Result<Outcome, S
                 fp8_accumulation_slack(&abs),
                 "1 ulp + 2^-7·Σ|ab| FP8 accumulation bound",
             ),
-            Plan::Sm90Mx(_) => (
+            Plan::Sm90Mx(_) | Plan::Sm90W4(_) => (
                 abs.iter()
                     .map(|&s| s * blockscaled_tests::bf16_mma_rel(c.k))
                     .collect(),
@@ -203,7 +203,7 @@ fn agree_with_peer(
     let ours_rel = match plan {
         Plan::Reference => 0.0,
         Plan::Sm90Fp8(_) => FP8_ACCUMULATION_REL,
-        Plan::Sm90Mx(_) => blockscaled_tests::bf16_mma_rel(c.k),
+        Plan::Sm90Mx(_) | Plan::Sm90W4(_) => blockscaled_tests::bf16_mma_rel(c.k),
     };
     let rel = (ours_rel + peer.rel_bound) * (1.0 + 2f64.powi(-20));
     let slack: Vec<f64> = abs.iter().map(|&x| rel * x as f64).collect();
@@ -360,6 +360,14 @@ pub fn plan_name(p: &Plan) -> String {
                 String::new()
             };
             format!("mx128x{}{split}", c.tile.block_n)
+        }
+        Plan::Sm90W4(c) => {
+            let split = if c.split_k > 1 {
+                format!("s{}", c.split_k)
+            } else {
+                String::new()
+            };
+            format!("w4x{}{split}", c.tile.n)
         }
         Plan::Sm90Fp8(c) => {
             // c2: pair along M; cn2: pair along N.

@@ -9,6 +9,8 @@
 //! | [`Recipe::DeepSeekFp8`] | e4m3 | fp32 per 1×128 | e4m3 | fp32 per 128×128 | — |
 //! | [`Recipe::Fp8PerTensor`] | e4m3 or e5m2 | fp32 per matrix | same | fp32 per matrix | — |
 //! | [`Recipe::Fp8PerRow`] | e4m3 or e5m2 | fp32 per row of A | same | fp32 per row of B (column of C) | — |
+//! | [`Recipe::W4A16`] | bf16 | fp32 per matrix (1) | e2m1 | as MXFP4 or NVFP4 | B's, if NVFP4 |
+//! | [`Recipe::W4A8`] | e4m3 | fp32 per 1×128 | e2m1 | as MXFP4 or NVFP4 | B's, if NVFP4 |
 //!
 //! "1×32" means one scale per 32 consecutive elements along K of one row; "128×128" one scale per
 //! 128 rows × 128 K. The last block of a row (or of the rows) may be partial.
@@ -62,11 +64,19 @@ impl OperandFormat {
             }
             _ => {}
         }
+        if self.elem == ElemType::BF16 {
+            return if self.scale == ScaleType::F32 && self.block == ScaleBlock::PerTensor {
+                Ok(())
+            } else {
+                bad("bf16 operands carry one fp32 scale per tensor (1 when quantized)")
+            };
+        }
         match (self.elem, self.scale) {
             // Power-of-two and e4m3 scales are what MX / NVFP4 define; fp32 scales are the
             // DeepSeek / per-tensor / per-row recipes for fp8.
             (_, ScaleType::E8M0) | (ElemType::E2M1, ScaleType::UE4M3) => {}
             (ElemType::E4M3 | ElemType::E5M2, ScaleType::F32) => {}
+            (ElemType::BF16, _) => unreachable!("checked above"),
             (ElemType::E2M1, ScaleType::F32) => {
                 return bad("e2m1 with fp32 scales is not a supported recipe");
             }
@@ -125,6 +135,24 @@ impl Fp8 {
     }
 }
 
+/// The 4-bit weights of a weight-only recipe.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Fp4Weights {
+    /// MXFP4: e2m1 with e8m0 scales per 1×32.
+    Mxfp4,
+    /// NVFP4: e2m1 with ue4m3 scales per 1×16 and an fp32 tensor scale.
+    Nvfp4,
+}
+
+impl Fp4Weights {
+    fn recipe(self) -> Recipe {
+        match self {
+            Fp4Weights::Mxfp4 => Recipe::Mxfp4,
+            Fp4Weights::Nvfp4 => Recipe::Nvfp4,
+        }
+    }
+}
+
 /// The recipes people use; each fixes the format of A and of B.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Recipe {
@@ -142,11 +170,16 @@ pub enum Recipe {
     Fp8PerTensor(Fp8),
     /// FP8 with one fp32 scale per row of A and per row of B (per output column).
     Fp8PerRow(Fp8),
+    /// Weight-only 4-bit: A (activations) bf16, B (weights) MXFP4 or NVFP4.
+    W4A16(Fp4Weights),
+    /// 4-bit weights with FP8 activations: A e4m3 with fp32 scales per 1×128 (as DeepSeek's
+    /// activations), B MXFP4 or NVFP4.
+    W4A8(Fp4Weights),
 }
 
 impl Recipe {
     /// Every recipe, for tests and the runner.
-    pub const ALL: [Recipe; 10] = [
+    pub const ALL: [Recipe; 14] = [
         Recipe::Mxfp8(Fp8::E4M3),
         Recipe::Mxfp8(Fp8::E5M2),
         Recipe::Mxfp4,
@@ -157,6 +190,10 @@ impl Recipe {
         Recipe::Fp8PerTensor(Fp8::E5M2),
         Recipe::Fp8PerRow(Fp8::E4M3),
         Recipe::Fp8PerRow(Fp8::E5M2),
+        Recipe::W4A16(Fp4Weights::Mxfp4),
+        Recipe::W4A16(Fp4Weights::Nvfp4),
+        Recipe::W4A8(Fp4Weights::Mxfp4),
+        Recipe::W4A8(Fp4Weights::Nvfp4),
     ];
 
     pub fn a(self) -> OperandFormat {
@@ -187,6 +224,10 @@ impl Recipe {
             Recipe::DeepSeekFp8 => f(ElemType::E4M3, ScaleType::F32, tile(1, 128)),
             Recipe::Fp8PerTensor(e) => f(e.elem(), ScaleType::F32, ScaleBlock::PerTensor),
             Recipe::Fp8PerRow(e) => f(e.elem(), ScaleType::F32, ScaleBlock::PerRow),
+            Recipe::W4A16(w) if is_b => w.recipe().b(),
+            Recipe::W4A16(_) => f(ElemType::BF16, ScaleType::F32, ScaleBlock::PerTensor),
+            Recipe::W4A8(w) if is_b => w.recipe().b(),
+            Recipe::W4A8(_) => Recipe::DeepSeekFp8.a(),
         }
     }
 
@@ -203,6 +244,10 @@ impl Recipe {
             Recipe::Fp8PerTensor(Fp8::E5M2) => "fp8-e5m2-tensor",
             Recipe::Fp8PerRow(Fp8::E4M3) => "fp8-e4m3-row",
             Recipe::Fp8PerRow(Fp8::E5M2) => "fp8-e5m2-row",
+            Recipe::W4A16(Fp4Weights::Mxfp4) => "w4a16-mxfp4",
+            Recipe::W4A16(Fp4Weights::Nvfp4) => "w4a16-nvfp4",
+            Recipe::W4A8(Fp4Weights::Mxfp4) => "w4a8-mxfp4",
+            Recipe::W4A8(Fp4Weights::Nvfp4) => "w4a8-nvfp4",
         }
     }
 

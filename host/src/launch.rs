@@ -24,6 +24,8 @@ unsafe impl KernelParams for GemmParams {}
 unsafe impl KernelParams for Sm90Fp8Params {}
 // SAFETY: as above (`#[repr(C)]`, five u64 then ten 4-byte fields: no padding).
 unsafe impl KernelParams for Sm90MxParams {}
+// SAFETY: as above.
+unsafe impl KernelParams for blockscaled_kernels::sm90_w4::Sm90W4Params {}
 unsafe impl KernelParams for SplitKParams {}
 
 /// One launch of `func` on `stream`: its configuration and the buffers it uses. Each buffer's

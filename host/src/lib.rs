@@ -27,7 +27,7 @@
 //! `output`, [`reference`] (CPU); [`image`] (the kernels' cubin or PTX); `buffers` (device
 //! matrices and outputs); `launch` (the one
 //! launch path); `family` (what a kernel family provides); one file per family
-//! (`reference_kernel`, `sm90_fp8`, `sm90_mx`), with what they share (`splitk`, `tensor_map`); [`plan`] (the family list and the choice of kernel);
+//! (`reference_kernel`, `sm90_fp8`, `sm90_mx`, `sm90_w4`), with what they share (`splitk`, `tensor_map`); [`plan`] (the family list and the choice of kernel);
 //! `device` ([`Gpu`]).
 
 mod buffers;
@@ -45,6 +45,7 @@ pub mod reference;
 mod reference_kernel;
 mod sm90_fp8;
 mod sm90_mx;
+mod sm90_w4;
 mod splitk;
 pub mod swizzle;
 mod tensor_map;
@@ -53,7 +54,7 @@ pub use buffers::{DeviceMatrix, DeviceOutput};
 pub use device::Gpu;
 pub use error::{Error, Result};
 pub use format::{
-    ElemType, Fp8, OperandFormat, OutType, Recipe, ScaleBlock, ScaleMajor, ScaleType,
+    ElemType, Fp4Weights, Fp8, OperandFormat, OutType, Recipe, ScaleBlock, ScaleMajor, ScaleType,
 };
 pub use image::KernelImage;
 pub use matrix::{GemmShape, MatrixDesc, ScaleLayout, ScaledMatrix};
@@ -61,12 +62,15 @@ pub use output::{HostOutput, output_ulp, round_output};
 pub use plan::{GpuArch, Plan};
 pub use sm90_fp8::Sm90Config;
 pub use sm90_mx::Sm90MxConfig;
+pub use sm90_w4::Sm90W4Config;
 
 pub use blockscaled_kernels::gemm::scheduler::ClusterShape;
 /// The kernel crate's types that [`Sm90Config`] holds: the tile shape and the cluster shape.
 pub use blockscaled_kernels::sm90::Tile as Sm90Tile;
 /// The tile shapes of the sm90 MX kernel ([`Sm90MxConfig`]).
 pub use blockscaled_kernels::sm90_mx::MxTile as Sm90MxTile;
+/// The tile shapes of the sm90 4-bit-weights kernel ([`Sm90W4Config`]): activation rows per tile.
+pub use blockscaled_kernels::sm90_w4::W4Tile as Sm90W4Tile;
 
 /// The kernel crate, for its formats and parameter structs.
 pub use blockscaled_kernels as kernels;

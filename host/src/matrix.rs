@@ -294,19 +294,20 @@ impl ScaledMatrix {
         &self.desc.scale_layout
     }
 
-    /// The element code at (l, r, k) (for e2m1 the nibble).
-    pub fn code(&self, l: usize, r: usize, k: usize) -> u8 {
+    /// The element code at (l, r, k) (for e2m1 the nibble, for bf16 the 16 bits).
+    pub fn code(&self, l: usize, r: usize, k: usize) -> u32 {
         let i = (l * self.desc.rows + r) * self.desc.k + k;
         match self.desc.format.elem {
             ElemType::E2M1 => {
                 let byte = self.data[i / 2];
-                if i.is_multiple_of(2) {
+                (if i.is_multiple_of(2) {
                     byte & 0x0F
                 } else {
                     byte >> 4
-                }
+                }) as u32
             }
-            _ => self.data[i],
+            ElemType::BF16 => u16::from_le_bytes([self.data[2 * i], self.data[2 * i + 1]]) as u32,
+            _ => self.data[i] as u32,
         }
     }
 

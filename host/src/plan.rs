@@ -14,9 +14,11 @@ use crate::matrix::{GemmShape, MatrixDesc};
 use crate::reference_kernel::{self, ReferenceKernel};
 use crate::sm90_fp8::{self, Sm90Config, Sm90Fp8};
 use crate::sm90_mx::{self, Sm90Mx, Sm90MxConfig};
+use crate::sm90_w4::{self, Sm90W4, Sm90W4Config};
 use blockscaled_kernels::gemm::scheduler::ClusterShape;
 use blockscaled_kernels::sm90::{BLOCK_K, Tile};
 use blockscaled_kernels::sm90_mx::{self as mx, MxTile};
+use blockscaled_kernels::sm90_w4::{self as w4, W4Tile};
 
 /// Which kernels a GPU gets.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -47,6 +49,8 @@ pub enum Plan {
     /// The Hopper MX / NVFP4 kernel: both operands dequantized exactly to bf16 in the pipeline,
     /// bf16 wgmma.
     Sm90Mx(Sm90MxConfig),
+    /// The sm90 4-bit-weights kernel (W4A16, W4A8, and FP4 pairs at decode sizes).
+    Sm90W4(Sm90W4Config),
 }
 
 impl Plan {
@@ -59,6 +63,7 @@ impl Plan {
             Plan::Reference => reference_kernel::validate(shape),
             Plan::Sm90Fp8(cfg) => cfg.validate(shape),
             Plan::Sm90Mx(cfg) => cfg.validate(shape),
+            Plan::Sm90W4(cfg) => cfg.validate(shape),
         }
     }
 
@@ -77,6 +82,12 @@ impl Plan {
             Plan::Sm90Mx(cfg) => families
                 .get::<Sm90Mx>()
                 .ok_or_else(|| missing("sm90 MX kernel (it needs compute capability 9.0)"))?
+                .gemm(g, cfg),
+            Plan::Sm90W4(cfg) => families
+                .get::<Sm90W4>()
+                .ok_or_else(|| {
+                    missing("sm90 4-bit-weights kernel (it needs compute capability 9.0)")
+                })?
                 .gemm(g, cfg),
         }
     }
@@ -97,6 +108,9 @@ pub(crate) fn load_families(
     if let Some(f) = Sm90Mx::load(module, arch.target(), sm_count)? {
         families.add(f);
     }
+    if let Some(f) = Sm90W4::load(module, arch.target(), sm_count)? {
+        families.add(f);
+    }
     Ok(families)
 }
 
@@ -107,7 +121,11 @@ pub(crate) fn load_families(
 ///   need K % 128 == 0: other K are an error rather than a silent 1000× slower path.
 /// - Hopper, MXFP8 (e4m3 / e5m2, either pair), MXFP4, NVFP4 and e2m1 with e8m0 per 16 — both
 ///   operands of one code width and one scale format, K a multiple of the scale block and rows a
-///   multiple of 16 bytes (TMA) — runs the sm90 MX kernel ([`sm90_mx_default`]).
+///   multiple of 16 bytes (TMA) — runs the sm90 MX kernel ([`sm90_mx_default`]), except that
+///   e2m1 pairs with M ≤ [`W4_MAX_M`] run the 4-bit-weights kernel.
+/// - Hopper, 4-bit weights (e2m1 B with MX or NVFP4 scales) with bf16 activations (W4A16) or
+///   e4m3 ones with fp32 scales per 1×128 (W4A8) runs the sm90 4-bit-weights kernel
+///   ([`sm90_w4_default`]).
 /// - Everything else runs the reference kernel.
 ///
 /// The sm90 FP8 configuration is [`sm90_default`]'s.
@@ -132,8 +150,11 @@ pub(crate) fn choose_for(
         d.format.scale == ScaleType::F32 && matches!(d.format.elem, ElemType::E4M3 | ElemType::E5M2)
     };
     let GemmShape { m, n, k, l } = *shape;
+    let w4 = sm90_w4::unsupported_pair(a, b).is_none();
     if sm90_a && sm90_b {
         Ok(Plan::Sm90Fp8(sm90_default(m, n, k, l, sm_count)))
+    } else if w4 && (a.format.elem != ElemType::E2M1 || m <= W4_MAX_M) {
+        Ok(Plan::Sm90W4(sm90_w4_default(m, n, k, l, sm_count)))
     } else if sm90_mx::unsupported_pair(a, b).is_none() {
         Ok(Plan::Sm90Mx(sm90_mx_default(m, n, k, l, sm_count)))
     } else if fp32_fp8(a) && fp32_fp8(b) && !shape.k.is_multiple_of(BLOCK_K as usize) {
@@ -255,6 +276,31 @@ pub fn sm90_mx_default(m: usize, n: usize, k: usize, l: usize, sm_count: u32) ->
 /// Time of a 128 × 256 MX tile in 128 × 128 tiles: twice the MACs, read with fewer shared-memory
 /// bytes per MAC (a first estimate; docs/PERF.md, v24).
 pub const MX_N256_COST: f64 = 1.8;
+
+/// Largest M for which e2m1 pairs run the 4-bit-weights kernel rather than the MX kernel
+/// (measured, docs/PERF.md v27: faster at M ≤ 16, slower at M = 128).
+pub const W4_MAX_M: usize = 16;
+/// Split-K's cost for the 4-bit-weights kernel, in K blocks (see [`split_k`]).
+const W4_SPLIT_K_COST_BLOCKS: usize = 8;
+
+/// The sm90 4-bit-weights configuration: 16 activation rows per tile when M fits one (decode),
+/// else 128; K split where the tiles leave most SMs idle.
+pub fn sm90_w4_default(m: usize, n: usize, k: usize, l: usize, sm_count: u32) -> Sm90W4Config {
+    let tile = if m <= 16 { W4Tile::N16 } else { W4Tile::N128 };
+    let weight_tiles = n.div_ceil(w4::WEIGHT_ROWS as usize);
+    let tiles = weight_tiles * m.div_ceil(tile.n as usize) * l.max(1);
+    Sm90W4Config {
+        tile,
+        group_m: weight_tiles.clamp(1, (GROUP_ROWS / w4::WEIGHT_ROWS) as usize) as u32,
+        ctas: sm_count.max(1),
+        split_k: split_k(
+            tiles,
+            k.div_ceil(w4::BLOCK_K as usize),
+            sm_count,
+            W4_SPLIT_K_COST_BLOCKS,
+        ),
+    }
+}
 /// What the split-K reduction costs the MX kernel, in 64-wide K blocks of one tile (the FP8
 /// kernel's 10 blocks of 128).
 const MX_SPLIT_K_COST_BLOCKS: usize = 20;

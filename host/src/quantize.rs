@@ -142,10 +142,12 @@ impl ScaledMatrix {
                                 elem.encode_sat((x as f64 / divisor) as f32)
                             };
                             let i = (r - r0) * k + k0 + j;
-                            if bits == 4 {
-                                out[i / 2] |= (q & 0x0F) << (4 * (i % 2));
-                            } else {
-                                out[i] = q;
+                            match bits {
+                                4 => out[i / 2] |= ((q & 0x0F) as u8) << (4 * (i % 2)),
+                                8 => out[i] = q as u8,
+                                _ => {
+                                    out[2 * i..2 * i + 2].copy_from_slice(&(q as u16).to_le_bytes())
+                                }
                             }
                         }
                     }
@@ -164,6 +166,10 @@ impl ScaledMatrix {
 /// The scale code for a block whose largest magnitude is `amax`, and the divisor applied to its
 /// elements before encoding, exact in f64 (0: the block is all zeros and encodes to zeros).
 fn block_scale(scale: ScaleType, elem: ElemType, amax: f32, tensor_scale: f32) -> (u32, f64) {
+    if elem == ElemType::BF16 {
+        // bf16 holds the input's range: rounded as is, with the neutral scale.
+        return (1f32.to_bits(), 1.0);
+    }
     match scale {
         ScaleType::E8M0 => {
             let code = e8m0::mx_scale_for_amax(amax, elem.emax());

@@ -48,45 +48,57 @@ impl Sm90MxConfig {
                 tile.block_n
             )));
         }
-        if ctas == 0 {
-            return Err(config("ctas = 0: a launch needs at least one CTA"));
-        }
-        if s.m > i32::MAX as usize || s.n > i32::MAX as usize || s.k > i32::MAX as usize {
-            return Err(shape("M, N and K must fit TMA's 32-bit coordinates"));
-        }
-        let k_blocks = s.k.div_ceil(BLOCK_K as usize);
-        if !(1..=k_blocks).contains(&(split_k as usize))
-            || split_k as u64 * k_blocks as u64 > u32::MAX as u64
-        {
-            return Err(config(format!(
-                "split_k = {split_k}: K = {} has {k_blocks} blocks of {BLOCK_K} to split",
-                s.k
-            )));
-        }
         let m_tiles = s.m.div_ceil(BLOCK_M as usize);
         let n_tiles = s.n.div_ceil(tile.block_n as usize);
-        if !(1..=m_tiles).contains(&(group_m as usize)) {
-            return Err(config(format!(
-                "group_m = {group_m}: M = {} has {m_tiles} tiles of {BLOCK_M} rows to band",
-                s.m
-            )));
-        }
-        let units = [n_tiles, s.l, split_k as usize]
-            .iter()
-            .try_fold(m_tiles, |acc, &x| acc.checked_mul(x));
-        if units.is_none_or(|u| u > u32::MAX as usize) {
-            return Err(shape(format!(
-                "{m_tiles} × {n_tiles} tiles × L = {} × split {split_k}: the scheduler counts at \
-                 most 2³² − 1",
-                s.l
-            )));
-        }
-        splitk::validate(s, split_k)
+        validate_schedule(s, m_tiles, n_tiles, group_m, ctas, split_k)
     }
 }
 
+/// The rules every persistent Hopper launch of 64-wide K blocks obeys, for `m_tiles` × `n_tiles`
+/// tiles banded `group_m` at a time: at least one CTA, TMA's 32-bit coordinates, a split of the K
+/// blocks, the scheduler's 32-bit unit count, and the split-K workspace's size.
+pub(crate) fn validate_schedule(
+    s: &GemmShape,
+    m_tiles: usize,
+    n_tiles: usize,
+    group_m: u32,
+    ctas: u32,
+    split_k: u32,
+) -> Result<()> {
+    if ctas == 0 {
+        return Err(config("ctas = 0: a launch needs at least one CTA"));
+    }
+    if s.m > i32::MAX as usize || s.n > i32::MAX as usize || s.k > i32::MAX as usize {
+        return Err(shape("M, N and K must fit TMA's 32-bit coordinates"));
+    }
+    let k_blocks = s.k.div_ceil(BLOCK_K as usize);
+    if !(1..=k_blocks).contains(&(split_k as usize))
+        || split_k as u64 * k_blocks as u64 > u32::MAX as u64
+    {
+        return Err(config(format!(
+            "split_k = {split_k}: K = {} has {k_blocks} blocks of {BLOCK_K} to split",
+            s.k
+        )));
+    }
+    if !(1..=m_tiles).contains(&(group_m as usize)) {
+        return Err(config(format!(
+            "group_m = {group_m}: there are {m_tiles} tiles to band"
+        )));
+    }
+    let units = [n_tiles, s.l, split_k as usize]
+        .iter()
+        .try_fold(m_tiles, |acc, &x| acc.checked_mul(x));
+    if units.is_none_or(|u| u > u32::MAX as usize) {
+        return Err(shape(format!(
+            "{m_tiles} × {n_tiles} tiles × L = {} × split {split_k}: the scheduler counts at              most 2³² − 1",
+            s.l
+        )));
+    }
+    splitk::validate(s, split_k)
+}
+
 /// The scale format of an operand the kernel takes (`None`: none of its kernels does).
-fn scale_format(d: &MatrixDesc) -> Option<MxScale> {
+pub(crate) fn scale_format(d: &MatrixDesc) -> Option<MxScale> {
     let f = &d.format;
     let ScaleBlock::Tile { rows: 1, k } = f.block else {
         return None;
@@ -152,6 +164,41 @@ fn family_kernel(
     family::kernel(tile, a.format.elem, b.format.elem, scale_format(a)?)
 }
 
+/// The scale bytes of `m` (scale format `scale`) in the layout the sm90 MX and 4-bit-weights
+/// kernels read, `[l][⌈k/64⌉][rows_pad][64 / block]` (one row's scales of one stage adjacent, zero
+/// past the rows and past K), and `rows_pad`, the rows rounded up to [`SCALE_ROWS_PAD`].
+pub(crate) fn kernel_scales(m: &ScaledMatrix, scale: MxScale) -> Result<(Vec<u8>, usize)> {
+    let d = m.desc();
+    let (rows, k, l) = (d.rows, d.k, d.batch);
+    let rows_pad = rows.next_multiple_of(SCALE_ROWS_PAD as usize);
+    let (stages, per_row) = (
+        k.div_ceil(BLOCK_K as usize),
+        (BLOCK_K / scale.block) as usize,
+    );
+    let k_blocks = k / scale.block as usize;
+    let len = [stages, rows_pad, per_row]
+        .iter()
+        .try_fold(l, |acc, &x| acc.checked_mul(x))
+        .ok_or_else(|| shape("scale buffer size overflows"))?;
+    let mut v = vec![0u8; len];
+    let src = m.scales();
+    let layout = m.scale_layout();
+    for li in 0..l {
+        for j in 0..stages {
+            for r in 0..rows {
+                for c in 0..per_row {
+                    let kb = j * per_row + c;
+                    if kb < k_blocks {
+                        v[((li * stages + j) * rows_pad + r) * per_row + c] =
+                            src[layout.index(li, r, kb)];
+                    }
+                }
+            }
+        }
+    }
+    Ok((v, rows_pad))
+}
+
 /// What the kernel needs of one uploaded matrix, made at upload time.
 struct MxOperand {
     /// CUtensorMaps (3-D: K bytes, rows, L; boxes of one stage's row bytes × 128 and × 256 rows;
@@ -174,33 +221,8 @@ impl MxOperand {
             return Ok(None);
         }
         let scale = scale_format(d).expect("checked by `unsupported`");
+        let (v, rows_pad) = kernel_scales(m, scale)?;
         let (rows, k, l) = (d.rows, d.k, d.batch);
-        let rows_pad = rows.next_multiple_of(SCALE_ROWS_PAD as usize);
-        let (stages, per_row) = (
-            k.div_ceil(BLOCK_K as usize),
-            (BLOCK_K / scale.block) as usize,
-        );
-        let k_blocks = k / scale.block as usize;
-        let len = [stages, rows_pad, per_row]
-            .iter()
-            .try_fold(l, |acc, &x| acc.checked_mul(x))
-            .ok_or_else(|| shape("scale buffer size overflows"))?;
-        let mut v = vec![0u8; len];
-        let src = m.scales();
-        let layout = m.scale_layout();
-        for li in 0..l {
-            for j in 0..stages {
-                for r in 0..rows {
-                    for c in 0..per_row {
-                        let kb = j * per_row + c;
-                        if kb < k_blocks {
-                            v[((li * stages + j) * rows_pad + r) * per_row + c] =
-                                src[layout.index(li, r, kb)];
-                        }
-                    }
-                }
-            }
-        }
         let (ptr, _g) = data.device_ptr(stream);
         let row_bytes = k * d.format.elem.bits() as usize / 8;
         let stage_bytes = BLOCK_K * d.format.elem.bits() / 8;

@@ -11,7 +11,8 @@
 //! Layout: [`gemm`] holds the parts every GEMM family shares (scheduler, stage layout, pipeline,
 //! named barriers, the warp-specialized driver, promotion, epilogue stores, split-K reduction);
 //! each family is one module ([`sm90`]: Hopper FP8 with fp32 block scales; [`sm90_mx`]: Hopper MX /
-//! NVFP4, dequantized exactly to bf16; [`reference`]: the SIMT
+//! NVFP4, dequantized exactly to bf16; [`sm90_w4`]: Hopper 4-bit weights dequantized into
+//! registers, with bf16, FP8 or FP4 activations; [`reference`]: the SIMT
 //! reference for every format).
 #![no_std]
 #![cfg_attr(
@@ -25,6 +26,7 @@ pub mod params;
 pub mod registry;
 pub mod sm90;
 pub mod sm90_mx;
+pub mod sm90_w4;
 
 #[cfg(target_arch = "nvptx64")]
 pub mod ptx;

@@ -37,8 +37,15 @@ pub const SPLITK_REDUCE: KernelInfo = KernelInfo {
 
 /// Every kernel, for the builder.
 pub const KERNELS: &[KernelInfo] = &{
-    let (fp8, mx) = (crate::sm90::KERNELS, crate::sm90_mx::KERNELS);
-    let mut all = [REFERENCE_GEMM; 2 + crate::sm90::KERNELS.len() + crate::sm90_mx::KERNELS.len()];
+    let (fp8, mx, w4) = (
+        crate::sm90::KERNELS,
+        crate::sm90_mx::KERNELS,
+        crate::sm90_w4::KERNELS,
+    );
+    let mut all = [REFERENCE_GEMM;
+        2 + crate::sm90::KERNELS.len()
+            + crate::sm90_mx::KERNELS.len()
+            + crate::sm90_w4::KERNELS.len()];
     all[1] = SPLITK_REDUCE;
     let mut i = 0;
     while i < fp8.len() {
@@ -49,6 +56,11 @@ pub const KERNELS: &[KernelInfo] = &{
     while j < mx.len() {
         all[2 + i + j] = mx[j].info;
         j += 1;
+    }
+    let mut h = 0;
+    while h < w4.len() {
+        all[2 + i + j + h] = w4[h].info;
+        h += 1;
     }
     all
 };

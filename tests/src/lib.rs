@@ -197,8 +197,11 @@ pub fn abs_matrix(m: &ScaledMatrix) -> ScaledMatrix {
     let data = m
         .data()
         .iter()
-        .map(|&b| match d.format.elem {
+        .enumerate()
+        .map(|(i, &b)| match d.format.elem {
             ElemType::E2M1 => b & 0x77,
+            // The sign is bit 7 of a bf16's second (high) byte.
+            ElemType::BF16 if i % 2 == 0 => b,
             _ => b & 0x7F,
         })
         .collect();

@@ -786,20 +786,36 @@ fn elem_type_dispatches_to_its_module() {
         assert_eq!(t.emin(), 1 - s.bias, "{name}");
         assert_eq!(t.mantissa_bits(), s.mbits, "{name}");
         for c in 0..=255u8 {
-            assert_eq!(t.decode(c).to_bits(), dec(c).to_bits());
+            assert_eq!(t.decode(c as u32).to_bits(), dec(c).to_bits());
             let x = f32::from_bits(0x3F80_0000u32.wrapping_add((c as u32) << 19));
-            assert_eq!(t.encode_sat(x), ref_encode_sat(s, x));
+            assert_eq!(t.encode_sat(x), ref_encode_sat(s, x) as u32);
             assert_eq!(t.ulp(x).to_bits(), {
                 match t {
                     ElemType::E4M3 => e4m3::ulp(x),
                     ElemType::E5M2 => e5m2::ulp(x),
                     ElemType::E2M1 => e2m1::ulp(x),
+                    ElemType::BF16 => unreachable!("not in the list"),
                 }
                 .to_bits()
             });
         }
     }
-    assert_eq!(ElemType::from_u32(3), None);
+    // bf16: the upper half of an f32.
+    let t = ElemType::BF16;
+    assert_eq!(
+        (t as u32, ElemType::from_u32(3), t.name(), t.bits()),
+        (3, Some(t), "bf16", 16)
+    );
+    assert_eq!((t.emax(), t.emin(), t.mantissa_bits()), (127, -126, 7));
+    assert_eq!(t.max(), f32::from_bits(0x7F7F_0000));
+    for c in (0..=0xFFFFu32).step_by(97) {
+        let v = f32::from_bits(c << 16);
+        assert!(t.decode(c).to_bits() == v.to_bits() || v.is_nan());
+        if v.is_finite() {
+            assert_eq!(t.encode_sat(v), c);
+        }
+    }
+    assert_eq!(ElemType::from_u32(4), None);
 }
 
 #[test]

@@ -65,7 +65,7 @@ proptest! {
         let dtype = [OutType::Bf16, OutType::F16, OutType::F32][out_i];
         let recipe = Recipe::ALL[recipe_i];
         // Odd K for the FP8 formats; e2m1 packs two elements per byte along K, so K is even there.
-        let e2m1 = recipe.a().elem == blockscaled::ElemType::E2M1;
+        let e2m1 = [recipe.a(), recipe.b()].iter().any(|f| f.elem == blockscaled::ElemType::E2M1);
         let k = if e2m1 { k.next_multiple_of(2) } else { k };
         check(recipe, m, n, k, l, dtype, seed).map_err(TestCaseError::fail)?;
     }

@@ -26,7 +26,7 @@ fn bits(v: &[f64]) -> Vec<u64> {
 
 /// `K` for a recipe: e2m1 packs two elements per byte, so its K is rounded up to even.
 fn k_for(recipe: Recipe, k: usize) -> usize {
-    if recipe.a().elem == ElemType::E2M1 {
+    if recipe.a().elem == ElemType::E2M1 || recipe.b().elem == ElemType::E2M1 {
         k + k % 2
     } else {
         k

@@ -86,7 +86,8 @@ fn check_f32_ratio(what: &str, s: f64, amax: f64, max: f64) {
 /// the error bound of the scale it chose:
 /// - e8m0 (OCP MX v1.0 §6.3): `amax / scale ∈ [2^emax, 2^(emax+1))`, except at the clamp 2^-127
 ///   (`amax / scale < 2^(emax+1)` only); an all-zero block has 2^-127;
-/// - fp32: `scale = amax / max(elem)` (nearest f32, rounded up below f32's normal range);
+/// - fp32: `scale = amax / max(elem)` (nearest f32, rounded up below f32's normal range), except
+///   bf16 elements, whose scale is 1;
 /// - NVFP4: tensor scale `amax(tensor) / 2688` as fp32 above; block scale within half an e4m3 unit
 ///   (and the f32 rounding of the ratio) of `amax(block) / 6 / tensor_scale`, 2^-9 where that
 ///   ratio rounds to 0, 0 for an all-zero block.
@@ -122,6 +123,10 @@ fn check_scales(recipe: Recipe, x: &[f32], q: &ScaledMatrix) {
                             r < hi && (r >= lo || s == floor)
                         };
                         assert!(ok, "{what}: amax {amax:e} gave scale {s:e}");
+                    }
+                    // bf16 holds any f32 input's range: rounded as is, scale 1.
+                    ScaleType::F32 if fmt.elem == ElemType::BF16 => {
+                        assert!(s == 1.0, "{what}: bf16 with scale {s:e}")
                     }
                     ScaleType::F32 => check_f32_ratio(&what, s, amax, max),
                     ScaleType::UE4M3 => {
@@ -204,7 +209,7 @@ proptest! {
             for kk in 0..k {
                 let byte = q.data()[(r * k + kk) / 2];
                 let nib = if kk % 2 == 0 { byte & 0xF } else { byte >> 4 };
-                prop_assert_eq!(q.code(0, r, kk), nib);
+                prop_assert_eq!(q.code(0, r, kk), nib as u32);
             }
         }
     }

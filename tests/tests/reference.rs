@@ -15,8 +15,9 @@ fn naive_value(q: &ScaledMatrix, l: usize, r: usize, k: usize) -> f64 {
     let d = q.desc();
     let i = (l * d.rows + r) * d.k + k;
     let code = match d.format.elem {
-        ElemType::E2M1 => (q.data()[i / 2] >> (4 * (i % 2))) & 0xF,
-        _ => q.data()[i],
+        ElemType::E2M1 => ((q.data()[i / 2] >> (4 * (i % 2))) & 0xF) as u32,
+        ElemType::BF16 => u16::from_le_bytes([q.data()[2 * i], q.data()[2 * i + 1]]) as u32,
+        _ => q.data()[i] as u32,
     };
     let (br, bk) = d.block_extent();
     let si = l * d.scale_layout.batch_stride
@@ -47,7 +48,8 @@ proptest! {
         layouts in (any::<bool>(), any::<bool>(), any::<u64>()),
     ) {
         let recipe = Recipe::ALL[recipe_i];
-        let k = if recipe.a().elem == ElemType::E2M1 { k + k % 2 } else { k };
+        let e2m1 = recipe.a().elem == ElemType::E2M1 || recipe.b().elem == ElemType::E2M1;
+        let k = if e2m1 { k + k % 2 } else { k };
         let dtype = [OutType::Bf16, OutType::F16, OutType::F32][out_i];
         let (_, a) = random_matrix(seed, m, k, l, recipe.a());
         let (_, b) = random_matrix(seed ^ 0x9E37_79B9_7F4A_7C15, n, k, l, recipe.b());

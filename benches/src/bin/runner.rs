@@ -14,6 +14,7 @@ use std::process::ExitCode;
 
 use blockscaled::{
     ClusterShape, Fp8, Gpu, OutType, Plan, Recipe, Sm90Config, Sm90MxConfig, Sm90MxTile, Sm90Tile,
+    Sm90W4Config, Sm90W4Tile,
 };
 use blockscaled_benches::cases::{Case, open_peer, run_case};
 use blockscaled_benches::table::print_table;
@@ -68,8 +69,9 @@ struct Args {
     no_peer: bool,
     #[arg(long, default_value_t = 0)]
     device: usize,
-    /// Kernel: auto (what `gemm` chooses), reference, sm90 (the Hopper FP8 kernel) or sm90mx (the
-    /// Hopper MX / NVFP4 kernel; --mma_tiler_mn 128,256 or 128,128).
+    /// Kernel: auto (what `gemm` chooses), reference, sm90 (the Hopper FP8 kernel), sm90mx (the
+    /// Hopper MX / NVFP4 kernel; --mma_tiler_mn 128,256 or 128,128) or sm90w4 (the Hopper
+    /// 4-bit-weights kernel; --mma_tiler_mn 16,128 or 128,128).
     #[arg(long, default_value = "auto")]
     kernel: String,
     /// sm90 split-K: K ranges computed by separate CTAs and summed by a reduction (default: the
@@ -174,8 +176,17 @@ fn run(args: &Args) -> Result<bool, String> {
                 "--mma_tiler_mn: the sm90mx kernel has tiles of 128,256 and 128,128".to_string()
             })
     };
+    let w4_tile = |(bm, bn): (usize, usize)| {
+        Sm90W4Tile::ALL
+            .into_iter()
+            .find(|t| (t.n as usize, 128) == (bm, bn))
+            .ok_or_else(|| {
+                "--mma_tiler_mn: the sm90w4 kernel has tiles of 16,128 and 128,128 (M rows, N rows)"
+                    .to_string()
+            })
+    };
     let tiler = match (args.kernel.as_str(), tiler_mn) {
-        ("sm90mx", _) | (_, None) => None,
+        ("sm90mx" | "sm90w4", _) | (_, None) => None,
         (_, Some(t)) => Some(fp8_tile(t)?),
     };
     let cluster = match &args.cluster_shape_mn {
@@ -287,10 +298,26 @@ fn run(args: &Args) -> Result<bool, String> {
                 ..d
             }))
         }
+        "sm90w4" => {
+            let d = blockscaled::plan::sm90_w4_default(
+                mnkl[0],
+                mnkl[1],
+                mnkl[2],
+                mnkl[3],
+                gpu.sm_count(),
+            );
+            let w_tiles = mnkl[1].div_ceil(128) as u32;
+            Some(Plan::Sm90W4(Sm90W4Config {
+                tile: tiler_mn.map(w4_tile).transpose()?.unwrap_or(d.tile),
+                group_m: args.group_m.unwrap_or(d.group_m).clamp(1, w_tiles.max(1)),
+                split_k: args.split_k.unwrap_or(d.split_k),
+                ..d
+            }))
+        }
         "reference" => Some(Plan::Reference),
         k => {
             return Err(format!(
-                "--kernel `{k}`: want auto, reference, sm90 or sm90mx"
+                "--kernel `{k}`: want auto, reference, sm90, sm90mx or sm90w4"
             ));
         }
     };

@@ -38,6 +38,7 @@
 //! E2M1 codes are packed two per byte, element `2i` in bits 0–3 and element `2i+1` in bits 4–7
 //! ([`e2m1::pack`], [`e2m1::unpack`]). E4M3, E5M2, E8M0 and UE4M3 codes are one byte each.
 
+pub mod bf16;
 pub mod e2m1;
 pub mod e4m3;
 pub mod e5m2;
@@ -198,16 +199,19 @@ pub enum ElemType {
     E5M2 = 1,
     /// MX FP4 E2M1, [`e2m1`] (two codes per byte, low nibble first).
     E2M1 = 2,
+    /// bfloat16, [`bf16`] (two bytes per code, little-endian): W4A16's activations.
+    BF16 = 3,
 }
 
 impl ElemType {
-    /// Storage bits per element (4 or 8).
+    /// Storage bits per element (4, 8 or 16).
     #[inline]
     pub const fn bits(self) -> u32 {
         match self {
             ElemType::E4M3 => e4m3::BITS,
             ElemType::E5M2 => e5m2::BITS,
             ElemType::E2M1 => e2m1::BITS,
+            ElemType::BF16 => bf16::BITS,
         }
     }
 
@@ -218,6 +222,7 @@ impl ElemType {
             ElemType::E4M3 => e4m3::MAX,
             ElemType::E5M2 => e5m2::MAX,
             ElemType::E2M1 => e2m1::MAX,
+            ElemType::BF16 => bf16::MAX,
         }
     }
 
@@ -228,6 +233,7 @@ impl ElemType {
             ElemType::E4M3 => e4m3::EMAX,
             ElemType::E5M2 => e5m2::EMAX,
             ElemType::E2M1 => e2m1::EMAX,
+            ElemType::BF16 => bf16::EMAX,
         }
     }
 
@@ -238,6 +244,7 @@ impl ElemType {
             ElemType::E4M3 => e4m3::EMIN,
             ElemType::E5M2 => e5m2::EMIN,
             ElemType::E2M1 => e2m1::EMIN,
+            ElemType::BF16 => bf16::EMIN,
         }
     }
 
@@ -248,26 +255,30 @@ impl ElemType {
             ElemType::E4M3 => e4m3::MANTISSA_BITS,
             ElemType::E5M2 => e5m2::MANTISSA_BITS,
             ElemType::E2M1 => e2m1::MANTISSA_BITS,
+            ElemType::BF16 => bf16::MANTISSA_BITS,
         }
     }
 
-    /// Exact value of `code` (for E2M1 only the low 4 bits are used).
+    /// Exact value of `code` (for E2M1 only the low 4 bits are used, for the 8-bit types the low
+    /// 8).
     #[inline]
-    pub fn decode(self, code: u8) -> f32 {
+    pub fn decode(self, code: u32) -> f32 {
         match self {
-            ElemType::E4M3 => e4m3::decode(code),
-            ElemType::E5M2 => e5m2::decode(code),
-            ElemType::E2M1 => e2m1::decode(code),
+            ElemType::E4M3 => e4m3::decode(code as u8),
+            ElemType::E5M2 => e5m2::decode(code as u8),
+            ElemType::E2M1 => e2m1::decode(code as u8),
+            ElemType::BF16 => bf16::decode(code as u16),
         }
     }
 
     /// Round to nearest even with saturation (see the per-format `encode_sat`).
     #[inline]
-    pub fn encode_sat(self, x: f32) -> u8 {
+    pub fn encode_sat(self, x: f32) -> u32 {
         match self {
-            ElemType::E4M3 => e4m3::encode_sat(x),
-            ElemType::E5M2 => e5m2::encode_sat(x),
-            ElemType::E2M1 => e2m1::encode_sat(x),
+            ElemType::E4M3 => e4m3::encode_sat(x) as u32,
+            ElemType::E5M2 => e5m2::encode_sat(x) as u32,
+            ElemType::E2M1 => e2m1::encode_sat(x) as u32,
+            ElemType::BF16 => bf16::encode_sat(x) as u32,
         }
     }
 
@@ -278,16 +289,18 @@ impl ElemType {
             ElemType::E4M3 => e4m3::ulp(v),
             ElemType::E5M2 => e5m2::ulp(v),
             ElemType::E2M1 => e2m1::ulp(v),
+            ElemType::BF16 => bf16::ulp(v),
         }
     }
 
-    /// Short lower-case name: `"e4m3"`, `"e5m2"`, `"e2m1"`.
+    /// Short lower-case name: `"e4m3"`, `"e5m2"`, `"e2m1"`, `"bf16"`.
     #[inline]
     pub const fn name(self) -> &'static str {
         match self {
             ElemType::E4M3 => "e4m3",
             ElemType::E5M2 => "e5m2",
             ElemType::E2M1 => "e2m1",
+            ElemType::BF16 => "bf16",
         }
     }
 
@@ -298,6 +311,7 @@ impl ElemType {
             0 => Some(ElemType::E4M3),
             1 => Some(ElemType::E5M2),
             2 => Some(ElemType::E2M1),
+            3 => Some(ElemType::BF16),
             _ => None,
         }
     }

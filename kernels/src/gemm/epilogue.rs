@@ -4,7 +4,7 @@
 //!   warpgroup goes on to its next tile while they drain; TMA clips rows past M and columns
 //!   past N);
 //! - direct stores with predicates (f32 output, N % 8 ≠ 0, and split-K partials into the f32
-//!   workspace);
+//!   workspace), also of transposed products (kernels that swap A and B);
 //! - per-column scales multiplied in after the K loop, and one scale for all (`scale`).
 
 use super::barriers::sync_consumer;
@@ -236,13 +236,47 @@ fn store_chunk(out: &Output, l: u32, row0: u32, col0: u32, acc: &[f32; CHUNK]) {
     }
 }
 
+/// Writes one thread's fragment of a transposed product (the MMA computed Cᵀ: its rows are
+/// columns of C): value `i` at column `n0 + 8·((i/2)%2)`, row `m0 + 8·(i/4) + (i%2)` of C's batch
+/// entry `l`, one element per store (lanes with consecutive `l/4` write consecutive columns);
+/// elements past M or N are masked by predicates. For fragments of up to 64 values (a loop the
+/// compiler unrolls).
+#[inline(always)]
+pub fn store_transposed<F: Fragment>(out: &Output, l: u32, n0: u32, m0: u32, acc: &F) {
+    let acc = acc.as_ref();
+    for i in 0..(F::N / 2) as usize {
+        let n = n0 + 8 * ((i / 2) % 2) as u32;
+        let m = m0 + 8 * (i / 4) as u32 + (i % 2) as u32;
+        let inside = m < out.m && n < out.n;
+        let idx = (l as u64 * out.m as u64 + m as u64) * out.n as u64 + n as u64;
+        // SAFETY: the predicate says the element is inside the L·M·N output.
+        unsafe {
+            if out.out_type == OutType::F32 as u32 {
+                global::store_u32_if(out.ptr + 4 * idx, acc[i].to_bits(), inside);
+            } else {
+                let h = if out.out_type == OutType::Bf16 as u32 {
+                    convert::f32_to_bf16(acc[i])
+                } else {
+                    convert::f32_to_f16(acc[i])
+                };
+                global::store_u16_if(out.ptr + 2 * idx, h, inside);
+            }
+        }
+    }
+}
+
 /// Multiplies every value of `acc` by `alpha` (in chunks, as [`store_direct`]).
 #[inline(always)]
 pub fn scale<F: Fragment>(acc: &mut F, alpha: f32) {
-    for chunk in acc.as_mut().as_chunks_mut::<CHUNK>().0 {
+    let (chunks, rest) = acc.as_mut().as_chunks_mut::<CHUNK>();
+    for chunk in chunks {
         for v in chunk.iter_mut() {
             *v *= alpha;
         }
+    }
+    // Fragments narrower than a chunk (m64n16: 8 values).
+    for v in rest.iter_mut() {
+        *v *= alpha;
     }
 }
 

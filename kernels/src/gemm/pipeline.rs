@@ -38,6 +38,12 @@ impl PipelineState {
         *self = self.next();
     }
 
+    /// How many uses came before this one.
+    #[inline(always)]
+    pub const fn count(self) -> u32 {
+        self.count
+    }
+
     /// The use's parity (0, 1, 0, …): which of two buffers a kernel alternates between.
     #[inline(always)]
     pub const fn parity(self) -> u32 {

@@ -105,6 +105,13 @@ macro_rules! with_regs_128 {
     };
 }
 
+/// As `with_regs_64!` for an 8-register fragment (m64n16).
+macro_rules! with_regs_8 {
+    ($mac:ident!($($args:tt)*)) => {
+        $mac!($($args)*, 0, 1, 2, 3, 4, 5, 6, 7);
+    };
+}
+
 /// As `with_regs_64!` for a 32-register fragment (m64n64k32).
 macro_rules! with_regs_32 {
     ($mac:ident!($($args:tt)*)) => {
@@ -372,6 +379,7 @@ macro_rules! fragment {
 fragment!(128, 256, fence_operands_128);
 fragment!(64, 128, fence_operands_64);
 fragment!(32, 64, fence_operands_32);
+fragment!(8, 16, fence_operands_8);
 
 /// `impl Fp8Fragment` for an `N/2`-register array with the [`Fp8Pair`] methods of its N.
 macro_rules! fp8_fragment {
@@ -444,6 +452,65 @@ impl Bf16Fragment for [f32; 64] {
     }
 }
 
+/// A fragment with the bf16 MMA of its N whose A comes from registers (m64nNk16, N = 128 or 16).
+pub trait Bf16RsFragment: Fragment {
+    /// D = A·Bᵀ (+ D if `accumulate`); A 64×16 bf16 in registers (`a`: this thread's four
+    /// bf16x2 words: PTX ISA "Register Fragments and Shared Memory Matrix Layouts", matrix A of
+    /// `.m64nNk16`: word j holds row `16w + l/4 + 8·(j%2)`, columns `2·(l%4) + 8·(j/2)` and the
+    /// next, low half first), B N×16 bf16, K-major in shared memory.
+    /// # Safety
+    /// As [`Fp8Fragment::first`]; `a` is not written until the MMA has completed ([`wait`]).
+    unsafe fn mma_rs_bf16(&mut self, a: [u32; 4], b: Descriptor, accumulate: bool);
+}
+
+/// Expands to one `wgmma.mma_async` m64nNk16 with bf16 A from registers and B from shared memory.
+macro_rules! mma_rs_bf16 {
+    ($name:ident, $n:literal, $first:literal $(, $i:literal)*) => {
+        /// `wgmma.mma_async.sync.aligned.m64nNk16.f32.bf16.bf16` with A in registers and N in
+        /// the name: D (64×N f32) = A·Bᵀ (+ D if `accumulate`); B N×16 K-major in shared memory.
+        /// # Safety
+        /// As [`Bf16RsFragment::mma_rs_bf16`].
+        #[inline(always)]
+        pub unsafe fn $name(d: &mut [f32; $n / 2], a: [u32; 4], b: Descriptor, accumulate: bool) {
+            // SAFETY: the caller's contract.
+            unsafe {
+                asm!(
+                    "{{ .reg .pred p; .reg .b64 db;",
+                    "setp.ne.b32 p, {acc}, 0;",
+                    "mov.b64 db, {{{blo}, {bhi}}};",
+                    concat!("wgmma.mma_async.sync.aligned.m64n", stringify!($n), "k16.f32.bf16.bf16 {{",
+                            "{", stringify!($first), "}" $(, ", {", stringify!($i), "}")*,
+                            "}}, {{{a0}, {a1}, {a2}, {a3}}}, db, p, 1, 1, 0; }}"),
+                    inout(reg32) d[$first] $(, inout(reg32) d[$i])*,
+                    a0 = in(reg32) a[0], a1 = in(reg32) a[1], a2 = in(reg32) a[2], a3 = in(reg32) a[3],
+                    blo = in(reg32) b.lo, bhi = in(reg32) b.hi,
+                    acc = in(reg32) accumulate as u32,
+                    options(nostack)
+                )
+            };
+        }
+    };
+}
+
+with_regs_64!(mma_rs_bf16!(mma_rs_m64n128k16_bf16, 128));
+with_regs_8!(mma_rs_bf16!(mma_rs_m64n16k16_bf16, 16));
+
+impl Bf16RsFragment for [f32; 64] {
+    #[inline(always)]
+    unsafe fn mma_rs_bf16(&mut self, a: [u32; 4], b: Descriptor, accumulate: bool) {
+        // SAFETY: the caller's contract.
+        unsafe { mma_rs_m64n128k16_bf16(self, a, b, accumulate) }
+    }
+}
+
+impl Bf16RsFragment for [f32; 8] {
+    #[inline(always)]
+    unsafe fn mma_rs_bf16(&mut self, a: [u32; 4], b: Descriptor, accumulate: bool) {
+        // SAFETY: the caller's contract.
+        unsafe { mma_rs_m64n16k16_bf16(self, a, b, accumulate) }
+    }
+}
+
 /// Expands to an empty `asm!` taking every register of an accumulator array as in-out: placed
 /// right after [`wait`], it makes every later use of the registers depend on a point after the
 /// wait (the wait itself names no registers, so the compiler could otherwise move reads of an
@@ -468,3 +535,4 @@ macro_rules! operand_fence {
 with_regs_128!(operand_fence!(fence_operands_128, 128));
 with_regs_64!(operand_fence!(fence_operands_64, 64));
 with_regs_32!(operand_fence!(fence_operands_32, 32));
+with_regs_8!(operand_fence!(fence_operands_8, 8));

@@ -259,6 +259,35 @@ pub fn unit<E: Dequant>(raw: [u32; 4], scale_x2: u32, specials: bool) -> [u32; 8
     out
 }
 
+/// The words of [`unit`] re-paired into K order (word j = values 2j, 2j + 1), for a unit stored
+/// next to operands that are in K order (the bf16 tiles that `wgmma` multiplies with register
+/// fragments of weights, `sm90_w4`). Adjacent words hold the pairs (a, b) and (a + d, b + d)
+/// (8-bit: d = 1 within 4 codes; 4-bit: d = 1 within 8 codes), so taking their low halves and
+/// their high halves gives two K-order pairs.
+#[inline(always)]
+pub fn natural_order(bits: u32, out: [u32; 8]) -> [u32; 8] {
+    let lo = |a: u32, b: u32| (a & 0xFFFF) | (b << 16);
+    let hi = |a: u32, b: u32| (a >> 16) | (b & 0xFFFF_0000);
+    let mut r = [0u32; 8];
+    if bits == 8 {
+        // Words (0,2), (1,3) → (0,1), (2,3).
+        for i in 0..4 {
+            r[2 * i] = lo(out[2 * i], out[2 * i + 1]);
+            r[2 * i + 1] = hi(out[2 * i], out[2 * i + 1]);
+        }
+    } else {
+        // Words (0,4), (1,5), (2,6), (3,7) → (0,1), (2,3), (4,5), (6,7).
+        for i in 0..2 {
+            let o = &out[4 * i..4 * i + 4];
+            r[4 * i] = lo(o[0], o[1]);
+            r[4 * i + 1] = lo(o[2], o[3]);
+            r[4 * i + 2] = hi(o[0], o[1]);
+            r[4 * i + 3] = hi(o[2], o[3]);
+        }
+    }
+    r
+}
+
 /// Where code `j` of a unit (K position `j` of 16) lands among the unit's 16 bf16 values.
 pub const fn unit_position(bits: u32, j: u32) -> u32 {
     if bits == 8 {
@@ -317,7 +346,7 @@ mod tests {
                     }
                     let p = unit_position(E::BITS, j);
                     let got = bf16_value(out[p as usize / 2] >> (16 * (p % 2)));
-                    let want = elem.decode(code as u8) * svalue;
+                    let want = elem.decode(code) * svalue;
                     assert!(
                         got == want || (got.is_nan() && want.is_nan()),
                         "{elem:?} code {code:#x} at {j} scale {sbyte:#x}: got {got:e}, want {want:e}"
@@ -363,6 +392,26 @@ mod tests {
         assert_eq!(bf16_value(out[0]), 2f32.powi(127));
         let out = unit::<E4m3>([one_e4m3, 0, 0, 0], E8m0x32::x2(0), false);
         assert_eq!(bf16_value(out[0]), 2f32.powi(-127));
+    }
+
+    #[test]
+    fn natural_order_puts_every_code_at_its_k_position() {
+        for bits in [8u32, 4] {
+            // Value j of the unit's output (position unit_position(j)) tagged with j.
+            let mut out = [0u32; 8];
+            for j in 0..16 {
+                let p = unit_position(bits, j);
+                out[p as usize / 2] |= j << (16 * (p % 2));
+            }
+            let r = natural_order(bits, out);
+            for j in 0..16u32 {
+                assert_eq!(
+                    (r[j as usize / 2] >> (16 * (j % 2))) & 0xFFFF,
+                    j,
+                    "{bits} bits"
+                );
+            }
+        }
     }
 
     #[test]

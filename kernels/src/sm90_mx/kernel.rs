@@ -23,7 +23,7 @@ use crate::ptx::wgmma::{self, Bf16Fragment, Descriptor, Fragment, Swizzle};
 use crate::ptx::{smem, tma};
 
 /// K per bf16 `wgmma`: 16 elements = 32 bytes of a swizzled row.
-const MMA_K: u32 = 16;
+pub(crate) const MMA_K: u32 = 16;
 /// Units per row of a stage.
 const UNITS_PER_ROW: u32 = BLOCK_K / UNIT;
 /// Consumer threads, which share the conversion.
@@ -147,21 +147,8 @@ impl<F: Bf16Fragment, EA: Dequant, EB: Dequant, S: ScaleDecode> MxGemm<F, EA, EB
         } else {
             conv + BLOCK_M * BF16_ROW_BYTES
         };
-        // The unit's 32 bytes are chunks 2q and 2q + 1 of its 128-byte row, at chunk
-        // `j ^ (row % 8)` (the 128-byte swizzle `wgmma` reads).
-        let row_addr = dst + r * BF16_ROW_BYTES;
-        let sw = r % 8;
-        // SAFETY: the caller's contract; both chunks are inside the buffer's tile.
-        unsafe {
-            smem::store_u32x4(
-                row_addr + 16 * ((2 * q) ^ sw),
-                [out[0], out[1], out[2], out[3]],
-            );
-            smem::store_u32x4(
-                row_addr + 16 * ((2 * q + 1) ^ sw),
-                [out[4], out[5], out[6], out[7]],
-            );
-        }
+        // SAFETY: the caller's contract; the unit's row is inside the buffer's tile.
+        unsafe { store_unit_swizzled(dst + r * BF16_ROW_BYTES, r, q, out) };
     }
 
     /// Unit `g + 256 · round` of a stage: its row in its tile, its quarter of the row, and
@@ -173,18 +160,40 @@ impl<F: Bf16Fragment, EA: Dequant, EB: Dequant, S: ScaleDecode> MxGemm<F, EA, EB
         let is_a = round < Self::A_ROUNDS;
         (if is_a { row } else { row - BLOCK_M }, q, is_a)
     }
+}
 
-    /// Descriptor of rows `row..` of a converted tile at `tile`, K step `kk`.
-    #[inline(always)]
-    fn desc(tile: u32, row: u32, kk: u32) -> Descriptor {
-        Descriptor::new(
-            tile + row * BF16_ROW_BYTES,
-            16,
-            8 * BF16_ROW_BYTES,
-            Swizzle::B128,
-        )
-        .advance(kk * MMA_K * 2)
+/// Stores a converted unit (16 bf16 values of row `r`, quarter `q` of the row's 64 K) into its
+/// row at `row_addr` of a 128-byte-swizzled bf16 tile: the unit's 32 bytes are chunks 2q and
+/// 2q + 1 of the row, at chunk `j ^ (r % 8)` (the swizzle `wgmma` reads).
+/// # Safety
+/// The row's 128 bytes are shared memory this thread may write.
+#[inline(always)]
+pub(crate) unsafe fn store_unit_swizzled(row_addr: u32, r: u32, q: u32, out: [u32; 8]) {
+    let sw = r % 8;
+    // SAFETY: the caller's contract; both chunks are inside the row.
+    unsafe {
+        smem::store_u32x4(
+            row_addr + 16 * ((2 * q) ^ sw),
+            [out[0], out[1], out[2], out[3]],
+        );
+        smem::store_u32x4(
+            row_addr + 16 * ((2 * q + 1) ^ sw),
+            [out[4], out[5], out[6], out[7]],
+        );
     }
+}
+
+/// Descriptor of rows `row..` of a 128-byte-swizzled, K-major bf16 tile at `tile` (rows of 64
+/// values), K step `kk` of 16.
+#[inline(always)]
+pub(crate) fn bf16_desc(tile: u32, row: u32, kk: u32) -> Descriptor {
+    Descriptor::new(
+        tile + row * BF16_ROW_BYTES,
+        16,
+        8 * BF16_ROW_BYTES,
+        Swizzle::B128,
+    )
+    .advance(kk * MMA_K * 2)
 }
 
 impl<F: Bf16Fragment, EA: Dequant, EB: Dequant, S: ScaleDecode> GemmKernel
@@ -285,8 +294,8 @@ impl<F: Bf16Fragment, EA: Dequant, EB: Dequant, S: ScaleDecode> GemmKernel
                 wgmma::fence();
                 for kk in 0..BLOCK_K / MMA_K {
                     acc.mma_bf16(
-                        Self::desc(conv, cons.c * FRAGMENT_ROWS, kk),
-                        Self::desc(b, 0, kk),
+                        bf16_desc(conv, cons.c * FRAGMENT_ROWS, kk),
+                        bf16_desc(b, 0, kk),
                         kb != own.k_begin || kk > 0,
                     );
                 }

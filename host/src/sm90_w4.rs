@@ -1,0 +1,514 @@
+//! Host side of the Hopper 4-bit-weights kernel (`kernels::sm90_w4`): which operand pairs it
+//! takes, its configuration, what it keeps of each uploaded matrix (the weights reordered for
+//! its register fragments, tensor maps, kernel-layout scales), and the launch.
+
+use std::sync::Arc;
+
+use cudarc::driver::{CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, sys};
+
+use crate::buffers::{DeviceOutput, PreparedValue};
+use crate::error::{Error, Result, config};
+use crate::family::{Family, Gemm};
+use crate::format::{ElemType, OutType, ScaleBlock, ScaleType};
+use crate::launch::Launch;
+use crate::matrix::{GemmShape, MatrixDesc, ScaledMatrix};
+use crate::sm90_mx::{kernel_scales, scale_format};
+use crate::splitk::SplitK;
+use crate::tensor_map::{DataType, Swizzle, encode_3d};
+use blockscaled_kernels::gemm::scheduler::Schedule;
+use blockscaled_kernels::sm90_w4::{
+    self as family, A8_SCALE_K, Activation, BLOCK_K, SCALE_ROWS_PAD, Sm90W4Params, W4Tile,
+    WEIGHT_ROW_BYTES, WEIGHT_ROWS, weight_k,
+};
+
+/// Configuration of one launch (chosen by `plan::choose`, or forced through `Gpu::gemm_with`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Sm90W4Config {
+    /// Activation rows per tile: 16 or 128 ([`W4Tile::ALL`]).
+    pub tile: W4Tile,
+    /// Scheduler band height in 128-row weight tiles: 1 to the number of weight tiles.
+    pub group_m: u32,
+    /// Persistent CTAs (≥ 1; at most one per SM is launched).
+    pub ctas: u32,
+    /// K split into this many ranges of 64-wide K blocks (1 to ⌈K / 64⌉).
+    pub split_k: u32,
+}
+
+impl Sm90W4Config {
+    /// Checks every field against the kernel and `s` ([`Error::Config`]) and the shape against
+    /// the kernel's 32-bit indexing ([`Error::Shape`]). The launch trusts what passes.
+    pub fn validate(&self, s: &GemmShape) -> Result<()> {
+        let Sm90W4Config {
+            tile,
+            group_m,
+            ctas,
+            split_k,
+        } = *self;
+        if !W4Tile::ALL.contains(&tile) {
+            return Err(config(format!(
+                "tile of {} activation rows: the sm90 4-bit-weights kernel has 16 and 128",
+                tile.n
+            )));
+        }
+        let weight_tiles = s.n.div_ceil(WEIGHT_ROWS as usize);
+        let act_tiles = s.m.div_ceil(tile.n as usize);
+        crate::sm90_mx::validate_schedule(s, weight_tiles, act_tiles, group_m, ctas, split_k)
+    }
+}
+
+/// The activations' kind for A, if the kernel takes it beside weights of scale format `b`.
+fn activation(a: &MatrixDesc, b: &MatrixDesc) -> Option<Activation> {
+    let f = &a.format;
+    match (f.elem, f.scale, f.block) {
+        (ElemType::BF16, ScaleType::F32, ScaleBlock::PerTensor) => Some(Activation::Bf16),
+        (
+            ElemType::E4M3,
+            ScaleType::F32,
+            ScaleBlock::Tile {
+                rows: 1,
+                k: A8_SCALE_K,
+            },
+        ) => Some(Activation::E4m3Row128),
+        (ElemType::E2M1, _, _)
+            if scale_format(a).is_some() && scale_format(a) == scale_format(b) =>
+        {
+            Some(Activation::Fp4)
+        }
+        _ => None,
+    }
+}
+
+/// Why the pair cannot go through the sm90 4-bit-weights kernel (`None`: it can).
+pub(crate) fn unsupported_pair(a: &MatrixDesc, b: &MatrixDesc) -> Option<String> {
+    let fb = &b.format;
+    let Some(scale) = scale_format(b).filter(|_| fb.elem == ElemType::E2M1) else {
+        return Some(format!(
+            "{fb}: the sm90 4-bit-weights kernel takes e2m1 weights with e8m0 scales per 1×32 or \
+             1×16 or ue4m3 scales per 1×16"
+        ));
+    };
+    if !b.k.is_multiple_of(scale.block as usize) {
+        return Some(format!(
+            "K = {} is not a multiple of the scale block {}",
+            b.k, scale.block
+        ));
+    }
+    let Some(act) = activation(a, b) else {
+        return Some(format!(
+            "{}: the sm90 4-bit-weights kernel takes bf16 activations, e4m3 with fp32 scales per \
+             1×128, or e2m1 with the weights' scales ({fb})",
+            a.format
+        ));
+    };
+    // TMA row strides are multiples of 16 bytes.
+    let row_bytes = a.k * act.bits() as usize / 8;
+    if !row_bytes.is_multiple_of(16) {
+        return Some(format!(
+            "{}: a row of K = {} is not a multiple of 16 bytes (TMA), so K must be a multiple of {}",
+            a.format,
+            a.k,
+            128 / act.bits()
+        ));
+    }
+    None
+}
+
+/// Weights as the kernel reads them: each row's 64-K chunks reordered ([`weight_k`]), K padded
+/// with zeros to a multiple of 64.
+fn reorder_weights(m: &ScaledMatrix) -> Vec<u8> {
+    let d = m.desc();
+    let chunks = d.k.div_ceil(BLOCK_K as usize);
+    let row_bytes = chunks * WEIGHT_ROW_BYTES as usize;
+    let mut out = vec![0u8; d.batch * d.rows * row_bytes];
+    for l in 0..d.batch {
+        for r in 0..d.rows {
+            let dst = &mut out[(l * d.rows + r) * row_bytes..][..row_bytes];
+            for c in 0..chunks {
+                for p in 0..BLOCK_K as usize {
+                    let k = c * BLOCK_K as usize + weight_k(p as u32) as usize;
+                    if k < d.k {
+                        dst[c * 32 + p / 2] |= (m.code(l, r, k) as u8) << (4 * (p % 2));
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// What the kernel keeps of an uploaded e2m1 matrix in the weights' role.
+struct Weights {
+    /// The reordered codes, and their map (boxes of 32 bytes × 128 rows).
+    data: CudaSlice<u8>,
+    tmap: CudaSlice<u8>,
+}
+
+/// What the kernel needs of one uploaded matrix, made at upload time.
+struct W4Operand {
+    weights: Option<Weights>,
+    /// Activation maps for tiles of 16 rows (boxes of [`family::act_box_rows`]) and of 128.
+    tmap_16: CudaSlice<u8>,
+    tmap_128: CudaSlice<u8>,
+    /// e2m1: the MX kernel-layout scale bytes; e4m3: fp32 `[l][⌈k/128⌉][rows_pad]`; bf16: none.
+    scales: Option<CudaSlice<u8>>,
+    rows_pad: u32,
+    /// bf16: the per-tensor scale every batch entry shares (else the kernel does not take it).
+    uniform_scale: Option<f32>,
+}
+
+impl W4Operand {
+    fn prepare(
+        stream: &Arc<CudaStream>,
+        m: &ScaledMatrix,
+        data: &CudaSlice<u8>,
+    ) -> Result<Option<Self>> {
+        let d = m.desc();
+        let f = &d.format;
+        let (rows, k, l) = (d.rows, d.k, d.batch);
+        let rows_pad = rows.next_multiple_of(SCALE_ROWS_PAD as usize);
+        let (ptr, _g) = data.device_ptr(stream);
+        let bits = f.elem.bits() as usize;
+        if !(k * bits / 8).is_multiple_of(16) {
+            return Ok(None);
+        }
+        let code_map = |box_rows: u32| {
+            encode_3d(
+                stream,
+                ptr,
+                DataType::CU_TENSOR_MAP_DATA_TYPE_UINT8,
+                [k * bits / 8, rows, l],
+                1,
+                [BLOCK_K * bits as u32 / 8, box_rows],
+                Swizzle::CU_TENSOR_MAP_SWIZZLE_NONE,
+            )
+        };
+        let (mut weights, mut scales, mut uniform_scale) = (None, None, None);
+        let (tmap_16, tmap_128) = match (f.elem, f.scale, f.block) {
+            (ElemType::E2M1, _, _) => {
+                let Some(scale) = scale_format(d) else {
+                    return Ok(None);
+                };
+                let (v, _) = kernel_scales(m, scale)?;
+                scales = Some(stream.clone_htod(&v)?);
+                let reordered = stream.clone_htod(&reorder_weights(m))?;
+                let (wptr, _wg) = reordered.device_ptr(stream);
+                let wrow = k.div_ceil(BLOCK_K as usize) * WEIGHT_ROW_BYTES as usize;
+                let tmap = encode_3d(
+                    stream,
+                    wptr,
+                    DataType::CU_TENSOR_MAP_DATA_TYPE_UINT8,
+                    [wrow, rows, l],
+                    1,
+                    [WEIGHT_ROW_BYTES, WEIGHT_ROWS],
+                    Swizzle::CU_TENSOR_MAP_SWIZZLE_NONE,
+                )?;
+                drop(_wg);
+                weights = Some(Weights {
+                    data: reordered,
+                    tmap,
+                });
+                let rows16 = family::act_box_rows(W4Tile::N16, Activation::Fp4);
+                (code_map(rows16)?, code_map(128)?)
+            }
+            (
+                ElemType::E4M3,
+                ScaleType::F32,
+                ScaleBlock::Tile {
+                    rows: 1,
+                    k: A8_SCALE_K,
+                },
+            ) => {
+                let chunks = k.div_ceil(A8_SCALE_K as usize);
+                let layout = m.scale_layout();
+                let mut v = vec![0f32; l * chunks * rows_pad];
+                for li in 0..l {
+                    for c in 0..chunks {
+                        for r in 0..rows {
+                            let i = layout.index(li, r, c);
+                            let bytes = m.scales()[4 * i..4 * i + 4].try_into().expect("4 bytes");
+                            v[(li * chunks + c) * rows_pad + r] = f32::from_le_bytes(bytes);
+                        }
+                    }
+                }
+                let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+                scales = Some(stream.clone_htod(&bytes)?);
+                (code_map(16)?, code_map(128)?)
+            }
+            (ElemType::BF16, ScaleType::F32, ScaleBlock::PerTensor) => {
+                let s: Vec<f32> = (0..l).map(|li| m.scale_value(li, 0, 0) as f32).collect();
+                if s.iter().any(|&x| x != s[0]) {
+                    return Ok(None);
+                }
+                uniform_scale = Some(s[0] / d.tensor_scale);
+                let map = |box_rows: u32| {
+                    encode_3d(
+                        stream,
+                        ptr,
+                        DataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+                        [k, rows, l],
+                        2,
+                        [BLOCK_K, box_rows],
+                        Swizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+                    )
+                };
+                (map(16)?, map(128)?)
+            }
+            _ => return Ok(None),
+        };
+        Ok(Some(W4Operand {
+            weights,
+            tmap_16,
+            tmap_128,
+            scales,
+            rows_pad: rows_pad as u32,
+            uniform_scale,
+        }))
+    }
+}
+
+/// One loaded kernel.
+struct Kernel {
+    def: &'static family::Sm90W4Kernel,
+    func: CudaFunction,
+}
+
+/// The sm90 4-bit-weights family on one GPU.
+pub(crate) struct Sm90W4 {
+    kernels: Vec<Kernel>,
+    splitk: SplitK,
+    sm_count: u32,
+}
+
+impl Family for Sm90W4 {
+    fn prepare_operand(
+        &self,
+        stream: &Arc<CudaStream>,
+        matrix: &ScaledMatrix,
+        data: &CudaSlice<u8>,
+    ) -> Result<Option<PreparedValue>> {
+        Ok(W4Operand::prepare(stream, matrix, data)?.map(|p| Box::new(p) as PreparedValue))
+    }
+}
+
+impl Sm90W4 {
+    /// Loads the kernels when the module built for `target` has them.
+    pub(crate) fn load(
+        module: &Arc<CudaModule>,
+        target: &str,
+        sm_count: u32,
+    ) -> Result<Option<Self>> {
+        if !family::KERNELS[0].info.targets.contains(&target) {
+            return Ok(None);
+        }
+        let mut kernels = Vec::new();
+        for def in family::KERNELS {
+            let func = module.load_function(def.info.name)?;
+            func.set_attribute(
+                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                def.layout().bytes() as i32,
+            )?;
+            kernels.push(Kernel { def, func });
+        }
+        Ok(Some(Sm90W4 {
+            kernels,
+            splitk: SplitK::load(module)?,
+            sm_count,
+        }))
+    }
+
+    /// C = A · Bᵀ (computed as Cᵀ = B · Aᵀ) with `cfg` (validated for `g.shape`), then the split-K
+    /// reduction if it splits.
+    pub(crate) fn gemm(&self, g: Gemm<'_>, cfg: Sm90W4Config) -> Result<()> {
+        let Gemm {
+            stream,
+            shape,
+            a,
+            b,
+            c,
+        } = g;
+        let GemmShape { m, n, k, l } = shape;
+        if let Some(e) = unsupported_pair(&a.desc, &b.desc) {
+            return Err(Error::Format(e));
+        }
+        let act = activation(&a.desc, &b.desc).expect("checked by `unsupported_pair`");
+        let scale = scale_format(&b.desc).expect("checked by `unsupported_pair`");
+        let def = family::kernel(cfg.tile, act, scale);
+        let kernel = self
+            .kernels
+            .iter()
+            .find(|kr| Some(kr.def) == def)
+            .ok_or_else(|| config(format!("no sm90 4-bit-weights kernel for {:?}", cfg.tile)))?;
+        let (Some(ao), Some(bo)) = (a.prepared.get::<W4Operand>(), b.prepared.get::<W4Operand>())
+        else {
+            return Err(Error::Format(
+                "operands were not prepared for the sm90 4-bit-weights kernel".into(),
+            ));
+        };
+        let (Some(w), Some(wscales)) = (&bo.weights, &bo.scales) else {
+            return Err(Error::Format("B was not prepared as 4-bit weights".into()));
+        };
+        let a_scale = match act {
+            Activation::Bf16 => ao.uniform_scale.ok_or_else(|| {
+                Error::Format(
+                    "bf16 activations whose batch entries have different scales: the sm90 \
+                     4-bit-weights kernel takes one scale for all"
+                        .into(),
+                )
+            })?,
+            _ => 1.0,
+        };
+        let mut ws_slot = (cfg.split_k > 1).then(|| self.splitk.lock());
+        let ws = match ws_slot.as_mut() {
+            Some(slot) => Some(SplitK::workspace(slot, stream, &shape, cfg.split_k)?),
+            None => None,
+        };
+        let DeviceOutput {
+            buf: out, dtype, ..
+        } = c;
+        let units = Schedule {
+            m: n as u32,
+            n: m as u32,
+            l: l as u32,
+            k_blocks: k.div_ceil(BLOCK_K as usize) as u32,
+            split_k: cfg.split_k,
+            unit_m: WEIGHT_ROWS,
+            unit_n: cfg.tile.n,
+            group_m: cfg.group_m,
+        }
+        .units()
+        .ok_or_else(|| crate::error::shape("the scheduler's unit count must fit 32 bits"))?
+            as u32;
+        let ctas = cfg.ctas.min(self.sm_count).clamp(1, units.max(1));
+        let mut launch = Launch::new(stream, &kernel.func)
+            .grid(ctas, 1, 1)
+            .block(cfg.tile.threads(), 1, 1)
+            .shared_mem(kernel.def.layout().bytes())
+            .cluster(1);
+        let split = ws.is_some();
+        let out_ptr = launch.ptr_mut(out);
+        let (gemm_out, out_type) = match ws {
+            Some(w) => (launch.ptr_mut(w), OutType::F32),
+            None => (out_ptr, *dtype),
+        };
+        let tmap_x = if cfg.tile.n == 16 {
+            &ao.tmap_16
+        } else {
+            &ao.tmap_128
+        };
+        let params = Sm90W4Params {
+            tmap_w: launch.ptr(&w.tmap),
+            tmap_x: launch.ptr(tmap_x),
+            sfw: launch.ptr(wscales),
+            sfx: ao.scales.as_ref().map_or(0, |s| launch.ptr(s)),
+            out: gemm_out,
+            m: m as u32,
+            n: n as u32,
+            k: k as u32,
+            l: l as u32,
+            rows_pad_w: bo.rows_pad,
+            rows_pad_x: ao.rows_pad,
+            out_type: out_type as u32,
+            group_m: cfg.group_m,
+            split_k: cfg.split_k,
+            alpha: a_scale * a.desc.tensor_scale * b.desc.tensor_scale,
+        };
+        // Keep the reordered weights alive and ordered with the launch.
+        let _ = launch.ptr(&w.data);
+        // SAFETY: `cfg` was validated for this shape; the maps cover the live data of the
+        // prepared operands (weights reordered with K padded to 64) with boxes of the tile's rows;
+        // the scale buffers hold whole padded tiles of rows and stages of K; the output (or the
+        // workspace of split·l·m·n f32) holds l·m·n elements of `out_type`.
+        let gemm = unsafe { launch.launch(&params) }?;
+        if split {
+            // SAFETY: as in the MX family.
+            unsafe {
+                self.splitk.reduce(
+                    stream,
+                    gemm_out,
+                    out_ptr,
+                    (m, n, l),
+                    cfg.split_k,
+                    *dtype,
+                    4 * self.sm_count,
+                )
+            }?;
+        }
+        drop(gemm);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::{Fp4Weights, Recipe};
+
+    fn desc(recipe: Recipe, rows: usize, k: usize, b: bool) -> MatrixDesc {
+        let format = if b { recipe.b() } else { recipe.a() };
+        let (br, bk) = format.block.extent(rows, k);
+        MatrixDesc {
+            format,
+            rows,
+            k,
+            batch: 1,
+            scale_layout: crate::matrix::ScaleLayout::packed(
+                crate::format::ScaleMajor::default_for(&format),
+                rows.div_ceil(br),
+                k.div_ceil(bk),
+            ),
+            tensor_scale: 1.0,
+        }
+    }
+
+    #[test]
+    fn weight_only_and_fp4_pairs_run_on_the_kernel_and_others_do_not() {
+        for w in [Fp4Weights::Mxfp4, Fp4Weights::Nvfp4] {
+            for r in [Recipe::W4A16(w), Recipe::W4A8(w)] {
+                assert_eq!(
+                    unsupported_pair(&desc(r, 3, 256, false), &desc(r, 70, 256, true)),
+                    None,
+                    "{r}"
+                );
+            }
+        }
+        for r in [Recipe::Mxfp4, Recipe::Nvfp4, Recipe::E2m1E8m0x16] {
+            assert_eq!(
+                unsupported_pair(&desc(r, 1, 256, false), &desc(r, 9, 256, true)),
+                None
+            );
+        }
+        let mx8 = Recipe::Mxfp8(crate::format::Fp8::E4M3);
+        assert!(unsupported_pair(&desc(mx8, 1, 256, false), &desc(mx8, 9, 256, true)).is_some());
+        // Mixed scale formats; bf16 rows that are not 16-byte multiples.
+        let (mx, nv) = (
+            desc(Recipe::Mxfp4, 4, 256, false),
+            desc(Recipe::Nvfp4, 4, 256, true),
+        );
+        assert!(unsupported_pair(&mx, &nv).is_some());
+        let w4a16 = Recipe::W4A16(Fp4Weights::Mxfp4);
+        assert!(
+            unsupported_pair(&desc(w4a16, 4, 100, false), &desc(w4a16, 4, 100, true)).is_some()
+        );
+    }
+
+    #[test]
+    fn reordered_weights_put_each_code_where_weight_k_says() {
+        let (rows, k) = (3, 96);
+        let v: Vec<f32> = (0..rows * k).map(|i| ((i * 7) % 13) as f32 - 6.0).collect();
+        let m = ScaledMatrix::quantize(&v, rows, k, 1, Recipe::Mxfp4.b()).unwrap();
+        let out = reorder_weights(&m);
+        let row_bytes = 2 * 32;
+        assert_eq!(out.len(), rows * row_bytes);
+        for r in 0..rows {
+            for c in 0..2 {
+                for p in 0..64 {
+                    let byte = out[r * row_bytes + c * 32 + p / 2];
+                    let code = (byte >> (4 * (p % 2))) & 0xF;
+                    let kk = c * 64 + weight_k(p as u32) as usize;
+                    let want = if kk < k { m.code(0, r, kk) as u8 } else { 0 };
+                    assert_eq!(code, want, "row {r} chunk {c} position {p}");
+                }
+            }
+        }
+    }
+}

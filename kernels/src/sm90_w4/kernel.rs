@@ -1,0 +1,387 @@
+//! The Hopper 4-bit-weights GEMM, run by the warp-specialized driver ([`crate::gemm::driver`]);
+//! it computes Cᵀ = B·Aᵀ (module doc of [`super`]).
+//!
+//! - Load (one producer thread, per stage of 64 K): the reordered weight tile (128 rows) and the
+//!   activation tile by TMA, and the scales by bulk copy.
+//! - Compute (each consumer warpgroup its 64 weight rows): dequantize this thread's fragment from
+//!   the stage into registers; if the activations need converting, convert this thread's share
+//!   into bf16 buffer `use % 3` and meet the other warpgroup; issue four `wgmma m64nNk16` with A
+//!   from registers, wait for them and release the stage (W4A8: into a separate sum, added
+//!   times the activations' fp32 scales).
+//! - Store: the sums times `alpha`, transposed, directly (f32, 16-bit, or split-K partials).
+
+use core::marker::PhantomData;
+
+use super::{ACT_BUFFERS, BLOCK_K, CONSUMERS, Sm90W4Params, WEIGHT_ROW_BYTES, WEIGHT_ROWS};
+use crate::gemm::barriers;
+use crate::gemm::driver::{Ctx, GemmKernel};
+use crate::gemm::epilogue::{self, Output};
+use crate::gemm::layout::{FRAGMENT_ROWS, StageLayout};
+use crate::gemm::pipeline::PipelineState;
+use crate::gemm::scheduler::{ClusterShape, Schedule, WorkUnit};
+use crate::ptx::wgmma::{self, Bf16RsFragment, Fragment};
+use crate::ptx::{smem, tma};
+use crate::sm90_mx::dequant::{self, Dequant, E2m1, E4m3, ScaleDecode, mul_bf16x2};
+use crate::sm90_mx::kernel::{MMA_K, bf16_desc, store_unit_swizzled};
+use crate::sm90_mx::{BF16_ROW_BYTES, UNIT};
+
+/// Consumer threads, which share the activations' conversion.
+const THREADS: u32 = 128 * CONSUMERS;
+/// Units (16 codes of one row) per activation row of a stage.
+const UNITS_PER_ROW: u32 = BLOCK_K / UNIT;
+/// bf16 1.0 in both halves.
+const ONE_X2: u32 = 0x3F80_3F80;
+
+/// The activations' format: how a stage's tile is loaded and turned into bf16.
+pub(crate) trait Activations {
+    /// Bits per element.
+    const BITS: u32;
+    /// Whether the tile is converted into the bf16 buffers.
+    const CONVERTS: bool;
+    /// Whether each stage's sums are multiplied by a per-row fp32 scale (W4A8).
+    const PROMOTES: bool;
+    /// Scale bytes per row and stage.
+    const SCALE_BYTES: u32;
+    type Elem: Dequant;
+    /// The TMA x coordinate of stage `kb` (elements for bf16 maps, bytes for code maps).
+    fn x(kb: u32) -> i32 {
+        (kb * BLOCK_K * Self::BITS / 8) as i32
+    }
+    /// Address of the scales of rows `m0..` for stage `kb` of batch entry `l`.
+    fn scales(p: &Sm90W4Params, l: u32, kb: u32, m0: u32) -> u64;
+    /// The scale of unit `q` of a row whose scale bytes are at `sf`, as bf16x2.
+    /// # Safety
+    /// `sf` is the row's scales in a filled stage.
+    unsafe fn unit_scale(sf: u32, q: u32) -> u32;
+}
+
+/// bf16 activations (W4A16).
+pub(crate) struct Bf16<S>(PhantomData<S>);
+/// e4m3 activations with fp32 scales per 1×128 (W4A8).
+pub(crate) struct E4m3Row128<S>(PhantomData<S>);
+/// e2m1 activations with the weights' scale format `S`.
+pub(crate) struct Fp4<S>(PhantomData<S>);
+
+impl<S> Activations for Bf16<S> {
+    const BITS: u32 = 16;
+    const CONVERTS: bool = false;
+    const PROMOTES: bool = false;
+    const SCALE_BYTES: u32 = 0;
+    type Elem = E4m3; // unused
+    fn x(kb: u32) -> i32 {
+        (kb * BLOCK_K) as i32
+    }
+    fn scales(_: &Sm90W4Params, _: u32, _: u32, _: u32) -> u64 {
+        0
+    }
+    unsafe fn unit_scale(_: u32, _: u32) -> u32 {
+        ONE_X2
+    }
+}
+
+impl<S> Activations for E4m3Row128<S> {
+    const BITS: u32 = 8;
+    const CONVERTS: bool = true;
+    const PROMOTES: bool = true;
+    const SCALE_BYTES: u32 = 4;
+    type Elem = E4m3;
+    fn scales(p: &Sm90W4Params, l: u32, kb: u32, m0: u32) -> u64 {
+        let chunks = p.k.div_ceil(super::A8_SCALE_K) as u64;
+        let chunk = (kb * BLOCK_K / super::A8_SCALE_K) as u64;
+        p.sfx + ((l as u64 * chunks + chunk) * p.rows_pad_x as u64 + m0 as u64) * 4
+    }
+    /// The codes convert at scale 1; the fp32 scale is applied to the stage's sums.
+    unsafe fn unit_scale(_: u32, _: u32) -> u32 {
+        ONE_X2
+    }
+}
+
+impl<S: ScaleDecode> Activations for Fp4<S> {
+    const BITS: u32 = 4;
+    const CONVERTS: bool = true;
+    const PROMOTES: bool = false;
+    const SCALE_BYTES: u32 = BLOCK_K / S::BLOCK;
+    type Elem = E2m1;
+    fn scales(p: &Sm90W4Params, l: u32, kb: u32, m0: u32) -> u64 {
+        let stages = p.k.div_ceil(BLOCK_K) as u64;
+        p.sfx
+            + ((l as u64 * stages + kb as u64) * p.rows_pad_x as u64 + m0 as u64)
+                * Self::SCALE_BYTES as u64
+    }
+    unsafe fn unit_scale(sf: u32, q: u32) -> u32 {
+        // SAFETY: the caller's contract.
+        S::x2(unsafe { smem::load_u8(sf + q * UNIT / S::BLOCK) })
+    }
+}
+
+/// The kernel for `F::N` activation rows, activations `A` and weight scales `S`.
+pub(crate) struct W4Gemm<F, A, S> {
+    pub(crate) p: Sm90W4Params,
+    pub(crate) types: PhantomData<(F, A, S)>,
+}
+
+/// One consumer thread's constants.
+pub(crate) struct Consumer {
+    c: u32,
+    local: u32,
+    /// The thread's first weight row in the tile (the second is 8 below).
+    row: u32,
+}
+
+impl<F: Bf16RsFragment, A: Activations, S: ScaleDecode> W4Gemm<F, A, S> {
+    /// Scale bytes per weight row and stage.
+    const W_SCALES: u32 = BLOCK_K / S::BLOCK;
+    /// Bytes of one raw activation row of a stage.
+    const RAW_ROW: u32 = BLOCK_K * A::BITS / 8;
+    /// Rounds of the activations' conversion (units = rows × 4, over 256 threads).
+    const ROUNDS: u32 = (F::N * UNITS_PER_ROW).div_ceil(THREADS);
+
+    /// The thread's register fragments of stage `s` for K steps 0..4: rows `row` and `row + 8`,
+    /// 16 codes each (8 reordered bytes at `8·(lane % 4)`, [`super::weight_k`]), times their
+    /// scales.
+    /// # Safety
+    /// Stage `s` is filled and held.
+    #[inline(always)]
+    unsafe fn weights(layout: &StageLayout, s: u32, row: u32, lane: u32) -> [[u32; 4]; 4] {
+        let (tile, sf) = (layout.b(s), layout.sfa(s));
+        let t = lane % 4;
+        let rows = [row, row + 8];
+        let mut v = [[0u32; 8]; 2];
+        for h in 0..2 {
+            let r = rows[h];
+            // SAFETY: the caller's contract; rows < 128, bytes < 32, scale bytes < W_SCALES.
+            unsafe {
+                let [w0, w1] = smem::load_u32x2(tile + r * WEIGHT_ROW_BYTES + 8 * t);
+                let pairs = E2m1::shifted([w0, w1, 0, 0]);
+                for kk in 0..4 {
+                    let byte = kk * MMA_K / S::BLOCK;
+                    let sc = S::x2(smem::load_u8(sf + r * Self::W_SCALES + byte));
+                    let i = 2 * kk as usize;
+                    v[h][i] = mul_bf16x2(mul_bf16x2(pairs[i], E2m1::BIAS_X2), sc);
+                    v[h][i + 1] = mul_bf16x2(mul_bf16x2(pairs[i + 1], E2m1::BIAS_X2), sc);
+                }
+            }
+        }
+        // Word j of K step kk: row `row + 8·(j%2)`, columns 8·(j/2) + 2t: pair 2kk + j/2.
+        [
+            [v[0][0], v[1][0], v[0][1], v[1][1]],
+            [v[0][2], v[1][2], v[0][3], v[1][3]],
+            [v[0][4], v[1][4], v[0][5], v[1][5]],
+            [v[0][6], v[1][6], v[0][7], v[1][7]],
+        ]
+    }
+
+    /// Consumer thread `g` (of 256) converts its units of stage `s`'s activation tile into the
+    /// bf16 buffer at `buf`, in K order.
+    /// # Safety
+    /// Stage `s` is filled; nobody reads the buffer until the consumers meet again.
+    #[inline(always)]
+    unsafe fn convert(layout: &StageLayout, s: u32, buf: u32, g: u32) {
+        let sf = layout.sfa(s) + WEIGHT_ROWS * Self::W_SCALES;
+        for round in 0..Self::ROUNDS {
+            let u = g + THREADS * round;
+            if u < F::N * UNITS_PER_ROW {
+                let (r, q) = (u / UNITS_PER_ROW, u % UNITS_PER_ROW);
+                let src = layout.a(s) + r * Self::RAW_ROW + q * UNIT * A::BITS / 8;
+                // SAFETY: the caller's contract; the unit and its scale are inside the stage,
+                // its row inside the buffer.
+                unsafe {
+                    let raw = if A::BITS == 8 {
+                        smem::load_u32x4(src)
+                    } else {
+                        let [x, y] = smem::load_u32x2(src);
+                        [x, y, 0, 0]
+                    };
+                    let scale = A::unit_scale(sf + r * A::SCALE_BYTES, q);
+                    let out = dequant::unit::<A::Elem>(raw, scale, true);
+                    let out = dequant::natural_order(A::BITS, out);
+                    store_unit_swizzled(buf + r * BF16_ROW_BYTES, r, q, out);
+                }
+            }
+        }
+    }
+
+    /// `acc += tmp ·` the fp32 scale of each value's activation row (column `8·(i/4) + 2t + i%2`
+    /// of the fragment), read from stage `s`.
+    /// # Safety
+    /// Stage `s` is filled and held.
+    #[inline(always)]
+    unsafe fn promote(layout: &StageLayout, s: u32, lane: u32, acc: &mut F, tmp: &F) {
+        let sf = layout.sfa(s) + WEIGHT_ROWS * Self::W_SCALES;
+        let (acc, tmp) = (acc.as_mut(), tmp.as_ref());
+        for j in 0..F::N / 4 {
+            let col = 8 * (j / 2) + 2 * (lane % 4);
+            // SAFETY: the caller's contract; col + 1 < N, the stage holds N scales.
+            let (s0, s1) = unsafe {
+                (
+                    f32::from_bits(smem::load_u32(sf + 4 * col)),
+                    f32::from_bits(smem::load_u32(sf + 4 * col + 4)),
+                )
+            };
+            let i = 2 * j as usize;
+            acc[i] += tmp[i] * s0;
+            acc[i + 1] += tmp[i + 1] * s1;
+        }
+    }
+}
+
+impl<F: Bf16RsFragment, A: Activations, S: ScaleDecode> GemmKernel for W4Gemm<F, A, S> {
+    const CONSUMERS: u32 = CONSUMERS;
+    type Consumer = Consumer;
+    type Acc = F;
+
+    #[inline(always)]
+    fn layout(&self) -> StageLayout {
+        let act = if !A::CONVERTS {
+            super::Activation::Bf16
+        } else if A::PROMOTES {
+            super::Activation::E4m3Row128
+        } else {
+            super::Activation::Fp4
+        };
+        super::layout(super::W4Tile { n: F::N }, act, S::BLOCK)
+    }
+
+    #[inline(always)]
+    fn cluster(&self) -> ClusterShape {
+        ClusterShape { m: 1, n: 1 }
+    }
+
+    /// Units are (weight tile, activation tile): the schedule's "M" is C's N.
+    #[inline(always)]
+    fn schedule(&self) -> Schedule {
+        let p = &self.p;
+        Schedule {
+            m: p.n,
+            n: p.m,
+            l: p.l,
+            k_blocks: p.k.div_ceil(BLOCK_K),
+            split_k: p.split_k,
+            unit_m: WEIGHT_ROWS,
+            unit_n: F::N,
+            group_m: p.group_m,
+        }
+    }
+
+    #[inline(always)]
+    fn prologue(&self) {
+        // SAFETY: the maps are tensor maps (the entry's contract).
+        unsafe {
+            tma::prefetch_map(self.p.tmap_w);
+            tma::prefetch_map(self.p.tmap_x);
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn load(&self, ctx: &Ctx, own: &WorkUnit, kb: u32, s: u32, full: u32) {
+        let (p, layout) = (&self.p, &ctx.layout);
+        let (n0, m0, l) = (own.m * WEIGHT_ROWS, own.n * F::N, own.l);
+        let stages = p.k.div_ceil(BLOCK_K) as u64;
+        let w_scales = p.sfw
+            + ((l as u64 * stages + kb as u64) * p.rows_pad_w as u64 + n0 as u64)
+                * Self::W_SCALES as u64;
+        let x = (kb * WEIGHT_ROW_BYTES) as i32;
+        // SAFETY: the driver's contract (the stage is free); the maps cover the operands (TMA
+        // zero-fills rows past N or M and elements past K); the scale buffers are padded to whole
+        // tiles of rows and stages of K.
+        unsafe {
+            tma::load_3d(layout.b(s), p.tmap_w, x, n0 as i32, l as i32, full);
+            tma::load_3d(layout.a(s), p.tmap_x, A::x(kb), m0 as i32, l as i32, full);
+            tma::load_bytes(layout.sfa(s), w_scales, WEIGHT_ROWS * Self::W_SCALES, full);
+            if A::SCALE_BYTES != 0 {
+                tma::load_bytes(
+                    layout.sfa(s) + WEIGHT_ROWS * Self::W_SCALES,
+                    A::scales(p, l, kb, m0),
+                    F::N * A::SCALE_BYTES,
+                    full,
+                );
+            }
+        }
+    }
+
+    #[inline(always)]
+    fn consumer(&self, _ctx: &Ctx, c: u32, local: u32) -> Consumer {
+        let row = c * FRAGMENT_ROWS + 16 * (local / 32) + (local % 32) / 4;
+        Consumer { c, local, row }
+    }
+
+    #[inline(always)]
+    unsafe fn mainloop(
+        &self,
+        ctx: &Ctx,
+        cons: &Consumer,
+        own: &WorkUnit,
+        st: &mut PipelineState,
+    ) -> F {
+        let (pipe, layout) = (&ctx.pipe, &ctx.layout);
+        let (g, lane) = (cons.c * 128 + cons.local, cons.local % 32);
+        let mut acc = F::zeros();
+        for kb in own.k_blocks() {
+            let s = pipe.stage(*st);
+            // SAFETY: `st` counts this warpgroup's uses in order (both consumers make the same
+            // uses); a stage is read after `consumer_wait` and released after its MMAs completed
+            // (`wait`); buffer `use % 3` was last read by the MMAs of use − 3, which every
+            // consumer waited for before the meeting of use − 2, which this thread passed.
+            unsafe {
+                pipe.consumer_wait(*st);
+                let frags = Self::weights(layout, s, cons.row, lane);
+                let x = if A::CONVERTS {
+                    let buf = layout.out() + (st.count() % ACT_BUFFERS) * F::N * BF16_ROW_BYTES;
+                    Self::convert(layout, s, buf, g);
+                    smem::fence_async_proxy();
+                    barriers::sync_consumers();
+                    buf
+                } else {
+                    layout.a(s)
+                };
+                wgmma::fence();
+                // Each stage's MMAs are waited for before the next stage's fragments are made:
+                // an MMA reads its register fragment asynchronously, and nothing stops the
+                // compiler from giving those registers to the next stage's conversion while it
+                // does (measured: corrupted sums with one stage in flight, 128-row tiles).
+                if A::PROMOTES {
+                    let mut tmp = F::zeros();
+                    for kk in 0..4 {
+                        tmp.mma_rs_bf16(frags[kk], bf16_desc(x, 0, kk as u32), kk > 0);
+                    }
+                    wgmma::commit();
+                    wgmma::wait::<0>();
+                    tmp.fence();
+                    Self::promote(layout, s, lane, &mut acc, &tmp);
+                } else {
+                    for kk in 0..4 {
+                        let first = kb == own.k_begin && kk == 0;
+                        acc.mma_rs_bf16(frags[kk], bf16_desc(x, 0, kk as u32), !first);
+                    }
+                    wgmma::commit();
+                    wgmma::wait::<0>();
+                    acc.fence();
+                }
+                pipe.consumer_release(*st, ctx.rank);
+            }
+            st.advance();
+        }
+        acc
+    }
+
+    #[inline(always)]
+    fn epilogue(&self, _ctx: &Ctx, cons: &Consumer, own: &WorkUnit, mut acc: F) {
+        let p = &self.p;
+        if p.alpha != 1.0 {
+            epilogue::scale(&mut acc, p.alpha);
+        }
+        let out = Output {
+            ptr: p.out,
+            tmap: 0,
+            m: p.m,
+            n: p.n,
+            out_type: p.out_type,
+        };
+        let n0 = own.m * WEIGHT_ROWS + cons.row;
+        let m0 = own.n * F::N + 2 * (cons.local % 4);
+        epilogue::store_transposed(&out, own.out_l, n0, m0, &acc);
+    }
+
+    #[inline(always)]
+    fn finish(&self, _cons: &Consumer, _st: PipelineState) {}
+}

@@ -1,0 +1,337 @@
+//! The Hopper 4-bit-weights family: B (the weights, N × K) in e2m1 with e8m0 or ue4m3 block
+//! scales, A (the activations, M × K) in bf16 (W4A16), in e4m3 with fp32 scales per 1×128 (W4A8),
+//! or in e2m1 with the weights' scale format (MXFP4, NVFP4 and e2m1 + e8m0 / 16 at decode sizes).
+//!
+//! The product is computed transposed, Cᵀ = B·Aᵀ, so the weights are `wgmma`'s A operand and come
+//! from registers: each consumer thread dequantizes its own fragment of 2 weight rows × 16 K
+//! straight from the raw stage (exactly, as [`crate::sm90_mx::dequant`]), with no bf16 copy in
+//! shared memory and no meeting of the warpgroups for it. The activations are `wgmma`'s B operand
+//! (the N of the MMA: 16 or 128 rows per tile) and stay in shared memory as bf16: loaded so by TMA
+//! (W4A16), or converted exactly into one of three bf16 buffers by both consumer warpgroups.
+//! W4A8 multiplies in the fp32 activation scale per stage (each stage of 64 K lies in one 128-wide
+//! scale block), as the FP8 kernel's promotion does. Every path is exact up to fp32 summation.
+//!
+//! The weights are stored for this kernel at upload: within each 64-K chunk of a row the codes are
+//! reordered ([`weight_k`]) so that a thread's 16 codes are 8 adjacent bytes, in the order the
+//! shift-and-mask conversion emits its bf16 pairs. Host and device share this module; the kernel
+//! body is [`kernel`] (sm_90a only).
+
+#[cfg(all(target_arch = "nvptx64", target_feature = "sm_90a"))]
+pub mod kernel;
+
+use crate::format::{ElemType, ScaleType};
+use crate::gemm::layout::{StageContents, StageLayout};
+use crate::registry::KernelInfo;
+use crate::sm90_mx::{BF16_ROW_BYTES, MxScale};
+
+pub use crate::sm90_mx::{BLOCK_K, SCALE_ROWS_PAD};
+
+/// Weight rows per tile: two consumer warpgroups × the 64 rows of `wgmma`.
+pub const WEIGHT_ROWS: u32 = 128;
+/// Consumer warpgroups.
+pub const CONSUMERS: u32 = 2;
+/// Bytes of one weight row of a stage (64 e2m1 codes).
+pub const WEIGHT_ROW_BYTES: u32 = BLOCK_K / 2;
+/// bf16 buffers the converted activations rotate through: a buffer is rewritten three stages
+/// after it was read, when every consumer thread has passed the meeting that follows its wait
+/// for that stage's MMAs (with two, a fast thread could overwrite what a slow one's MMA reads).
+pub const ACT_BUFFERS: u32 = 3;
+/// K of one activation scale block of W4A8.
+pub const A8_SCALE_K: u32 = 128;
+
+/// Activation rows per tile (the N of the MMA).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct W4Tile {
+    pub n: u32,
+}
+
+impl W4Tile {
+    /// Decode: M ≤ 16 in one tile (`wgmma` m64n16k16).
+    pub const N16: W4Tile = W4Tile { n: 16 };
+    /// Larger M: m64n128k16.
+    pub const N128: W4Tile = W4Tile { n: 128 };
+    pub const ALL: [W4Tile; 2] = [W4Tile::N16, W4Tile::N128];
+
+    pub const fn threads(self) -> u32 {
+        128 * (1 + CONSUMERS)
+    }
+    pub const fn producer_regs(self) -> u32 {
+        40
+    }
+    /// 128·(40 + 2·232) ≤ 65536: a consumer holds the tile's sums (`n / 2`, twice for W4A8),
+    /// its 16 fragment words and the conversion.
+    pub const fn consumer_regs(self) -> u32 {
+        232
+    }
+}
+
+/// The activations' format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Activation {
+    /// bf16 (W4A16), loaded as is.
+    Bf16,
+    /// e4m3 with one fp32 scale per 1×128 (W4A8).
+    E4m3Row128,
+    /// e2m1 with the weights' scale format (both operands 4-bit).
+    Fp4,
+}
+
+impl Activation {
+    pub const fn bits(self) -> u32 {
+        match self {
+            Activation::Bf16 => 16,
+            Activation::E4m3Row128 => 8,
+            Activation::Fp4 => 4,
+        }
+    }
+    /// Whether the consumers convert the activations into bf16 buffers.
+    pub const fn converts(self) -> bool {
+        !matches!(self, Activation::Bf16)
+    }
+    /// Scale bytes per activation row and stage (Fp4: the weights' `scale_block`).
+    pub const fn scale_bytes(self, scale_block: u32) -> u32 {
+        match self {
+            Activation::Bf16 => 0,
+            Activation::E4m3Row128 => 4,
+            Activation::Fp4 => BLOCK_K / scale_block,
+        }
+    }
+    pub const fn elem(self) -> Option<ElemType> {
+        match self {
+            Activation::Bf16 => Some(ElemType::BF16),
+            Activation::E4m3Row128 => Some(ElemType::E4M3),
+            Activation::Fp4 => Some(ElemType::E2M1),
+        }
+    }
+}
+
+/// One kernel of the family.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Sm90W4Kernel {
+    pub tile: W4Tile,
+    pub act: Activation,
+    /// The weights' scale format (and the activations' for [`Activation::Fp4`]).
+    pub scale: MxScale,
+    pub info: KernelInfo,
+}
+
+impl Sm90W4Kernel {
+    pub const fn layout(&self) -> StageLayout {
+        layout(self.tile, self.act, self.scale.block)
+    }
+}
+
+/// Rows of the activations' TMA box for `tile`: the tile's rows, or more where a stage of them
+/// would be under 1024 bytes (e2m1 × 16 rows: 512), so every stage's tile is whole 1024-byte
+/// blocks (the bf16 buffers after the stages stay aligned for the 128-byte swizzle) and the
+/// copy delivers every byte the stage's barrier expects. The kernel reads only the tile's rows.
+pub const fn act_box_rows(tile: W4Tile, act: Activation) -> u32 {
+    let row = BLOCK_K * act.bits() / 8;
+    if tile.n * row < 1024 {
+        1024 / row
+    } else {
+        tile.n
+    }
+}
+
+/// Per stage: the activation tile (bf16 128-byte swizzled, or raw codes), the weight tile (raw,
+/// reordered codes), the weights' scale bytes then the activations' scales; once, the converted
+/// activation buffers.
+pub const fn layout(tile: W4Tile, act: Activation, scale_block: u32) -> StageLayout {
+    let act_bytes = act_box_rows(tile, act) * BLOCK_K * act.bits() / 8;
+    StageLayout::fit(StageContents {
+        a: act_bytes,
+        b: WEIGHT_ROWS * WEIGHT_ROW_BYTES,
+        sfa: WEIGHT_ROWS * (BLOCK_K / scale_block) + tile.n * act.scale_bytes(scale_block),
+        out: if act.converts() {
+            ACT_BUFFERS * tile.n * BF16_ROW_BYTES
+        } else {
+            0
+        },
+    })
+}
+
+/// The K offset (within its 64-K chunk) of the code stored at position `p` (0..64) of a weight
+/// row's reordered chunk. Thread `t = lane % 4` of a warp reads positions `16t..16t + 16` (bytes
+/// `8t..8t + 8`, two words); word `w`'s nibbles `j` and `j + 4` become the bf16 pair `j` of the
+/// conversion, which must be the register-fragment pair it feeds: K step `kk = 2w + j/2`, columns
+/// `2t + 8·(j%2)` and the next (the A fragment of `wgmma` m64nNk16, PTX ISA "Register Fragments
+/// and Shared Memory Matrix Layouts"), low half from nibble `j`.
+pub const fn weight_k(p: u32) -> u32 {
+    let (t, w, nib) = (p / 16, (p / 8) % 2, p % 8);
+    let (j, hi) = (nib % 4, nib / 4);
+    16 * (2 * w + j / 2) + 8 * (j % 2) + 2 * t + hi
+}
+
+/// Parameters of the sm90 4-bit-weights GEMM. Tensor maps (device memory, 64-byte aligned), 3-D:
+/// the reordered weights (bytes of K rounded up to 64, N rows, L; boxes of 32 bytes × 128 rows);
+/// the activations (bf16: elements of K, M rows, L, boxes of 64 × tile rows, 128-byte swizzle;
+/// codes: bytes, boxes of one stage's bytes × tile rows, no swizzle). Scales: weights (and e2m1
+/// activations) as the MX family's `[l][⌈k/64⌉][rows_pad][64 / block]` bytes; W4A8 activations
+/// fp32 `[l][⌈k/128⌉][rows_pad]`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Sm90W4Params {
+    pub tmap_w: u64,
+    pub tmap_x: u64,
+    pub sfw: u64,
+    pub sfx: u64,
+    /// `[l][m][n]` of `out_type`, or with `split_k` > 1 the f32 workspace.
+    pub out: u64,
+    pub m: u32,
+    pub n: u32,
+    pub k: u32,
+    pub l: u32,
+    pub rows_pad_w: u32,
+    pub rows_pad_x: u32,
+    /// [`crate::params::OutType`] as u32.
+    pub out_type: u32,
+    /// Scheduler band height in weight tiles.
+    pub group_m: u32,
+    pub split_k: u32,
+    /// Multiplies every sum before the store (tensor scales).
+    pub alpha: f32,
+}
+
+/// An exported kernel.
+#[cfg(all(target_arch = "nvptx64", target_feature = "sm_90a"))]
+macro_rules! w4_entry {
+    ($name:expr, $n:literal, $act:ident, $s:ident) => {
+        const _: () = {
+            /// # Safety
+            /// Launched as [`crate::gemm::driver::run`] says, with parameters made from validated
+            /// operands as [`Sm90W4Params`] describes.
+            #[unsafe(export_name = $name)]
+            unsafe extern "ptx-kernel" fn kernel(p: $crate::sm90_w4::Sm90W4Params) {
+                use $crate::sm90_w4::kernel as k;
+                let g = k::W4Gemm::<[f32; $n / 2], k::$act<$crate::sm90_mx::dequant::$s>, $crate::sm90_mx::dequant::$s> {
+                    p,
+                    types: core::marker::PhantomData,
+                };
+                const TILE: $crate::sm90_w4::W4Tile = $crate::sm90_w4::W4Tile { n: $n };
+                // SAFETY: the caller's contract.
+                unsafe {
+                    $crate::gemm::driver::run::<_, { TILE.producer_regs() }, { TILE.consumer_regs() }>(&g)
+                }
+            }
+        };
+    };
+}
+
+/// The kernel list, written once: tiles × (activation, scale) pairs. Expands to [`KERNELS`] and,
+/// on sm_90a, the entry points `sm90_w4_gemm_n<N>_<activation>_e2m1_<scale>`.
+macro_rules! w4_kernel_list {
+    (tiles: [$($n:literal),*], kinds: $kinds:tt) => {
+        /// Every kernel of the family (the registry's rows).
+        pub const KERNELS: &[Sm90W4Kernel] = &w4_kernel_list!(@rows [] [$($n),*] $kinds);
+        #[cfg(all(target_arch = "nvptx64", target_feature = "sm_90a"))]
+        w4_kernel_list!(@entries [$($n),*] $kinds);
+    };
+    (@rows [$($out:tt)*] [] $kinds:tt) => { [$($out)*] };
+    (@rows [$($out:tt)*] [$n:literal $(, $rest:literal)*]
+        [$(($act:ident, $s:ident, $ms:ident, $yn:literal)),*]) => {
+        w4_kernel_list!(@rows
+            [$($out)* $(Sm90W4Kernel {
+                tile: W4Tile { n: $n },
+                act: Activation::$act,
+                scale: MxScale::$ms,
+                info: KernelInfo {
+                    name: concat!("sm90_w4_gemm_n", stringify!($n), $yn),
+                    max_threads: Some(W4Tile { n: $n }.threads()),
+                    min_blocks_per_sm: 1,
+                    targets: &["sm_90a"],
+                },
+            },)*]
+            [$($rest),*] [$(($act, $s, $ms, $yn)),*])
+    };
+    (@entries [] $kinds:tt) => {};
+    (@entries [$n:literal $(, $rest:literal)*] [$(($act:ident, $s:ident, $ms:ident, $yn:literal)),*]) => {
+        $(w4_entry!(concat!("sm90_w4_gemm_n", stringify!($n), $yn), $n, $act, $s);)*
+        w4_kernel_list!(@entries [$($rest),*] [$(($act, $s, $ms, $yn)),*]);
+    };
+}
+
+w4_kernel_list! {
+    tiles: [16, 128],
+    kinds: [
+        (Bf16, E8m0x32, E8M0X32, "_bf16_e2m1_e8m0x32"),
+        (Bf16, Ue4m3x16, UE4M3X16, "_bf16_e2m1_ue4m3x16"),
+        (Bf16, E8m0x16, E8M0X16, "_bf16_e2m1_e8m0x16"),
+        (E4m3Row128, E8m0x32, E8M0X32, "_e4m3r128_e2m1_e8m0x32"),
+        (E4m3Row128, Ue4m3x16, UE4M3X16, "_e4m3r128_e2m1_ue4m3x16"),
+        (E4m3Row128, E8m0x16, E8M0X16, "_e4m3r128_e2m1_e8m0x16"),
+        (Fp4, E8m0x32, E8M0X32, "_e2m1_e2m1_e8m0x32"),
+        (Fp4, Ue4m3x16, UE4M3X16, "_e2m1_e2m1_ue4m3x16"),
+        (Fp4, E8m0x16, E8M0X16, "_e2m1_e2m1_e8m0x16")
+    ]
+}
+
+/// The kernel for a tile, activation format and weight scale format.
+pub fn kernel(tile: W4Tile, act: Activation, scale: MxScale) -> Option<&'static Sm90W4Kernel> {
+    KERNELS
+        .iter()
+        .find(|k| k.tile == tile && k.act == act && k.scale == scale)
+}
+
+/// The weights' scale formats the family takes.
+pub const WEIGHT_SCALES: [MxScale; 3] = [MxScale::E8M0X32, MxScale::UE4M3X16, MxScale::E8M0X16];
+
+const _: () = {
+    let mut i = 0;
+    while i < KERNELS.len() {
+        let k = &KERNELS[i];
+        let l = k.layout();
+        assert!(l.stages >= 4);
+        assert!(128 * (k.tile.producer_regs() + CONSUMERS * k.tile.consumer_regs()) <= 65_536);
+        assert!(l.contents.a.is_multiple_of(1024) && l.contents.b.is_multiple_of(1024));
+        // Each scale copy a multiple of 16 bytes.
+        assert!((WEIGHT_ROWS * BLOCK_K / k.scale.block).is_multiple_of(16));
+        assert!((k.tile.n * k.act.scale_bytes(k.scale.block)).is_multiple_of(16));
+        assert!(matches!(k.scale.ty, ScaleType::E8M0 | ScaleType::UE4M3));
+        i += 1;
+    }
+};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_weight_order_is_a_permutation_that_feeds_each_fragment_word_its_columns() {
+        let mut seen = [false; 64];
+        for p in 0..64 {
+            seen[weight_k(p) as usize] = true;
+        }
+        assert!(seen.iter().all(|&s| s));
+        // Thread t, word w, pair j: nibble j (low half) and j + 4 (high half) are K columns
+        // 2t + 8·(j%2) (+1) of K step 2w + j/2: the fragment's words 0/1 (j even) and 2/3.
+        for t in 0..4 {
+            for w in 0..2 {
+                for j in 0..4 {
+                    let lo = weight_k(16 * t + 8 * w + j);
+                    let hi = weight_k(16 * t + 8 * w + j + 4);
+                    let kk = 2 * w + j / 2;
+                    assert_eq!(lo, 16 * kk + 2 * t + 8 * (j % 2));
+                    assert_eq!(hi, lo + 1);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn every_kernel_has_a_unique_name_and_a_layout_that_fits() {
+        for (i, k) in KERNELS.iter().enumerate() {
+            assert!(KERNELS[i + 1..].iter().all(|o| o.info.name != k.info.name));
+            let l = k.layout();
+            assert!(
+                l.bytes() <= crate::gemm::layout::SMEM_LIMIT,
+                "{}",
+                k.info.name
+            );
+        }
+        assert_eq!(
+            kernel(W4Tile::N16, Activation::Bf16, MxScale::UE4M3X16).map(|k| k.info.name),
+            Some("sm90_w4_gemm_n16_bf16_e2m1_ue4m3x16")
+        );
+    }
+}

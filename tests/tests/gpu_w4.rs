@@ -1,0 +1,247 @@
+//! GPU tests of the Hopper 4-bit-weights kernel (`Plan::Sm90W4`): W4A16 and W4A8 with MXFP4 and
+//! NVFP4 weights, and e2m1 pairs (MXFP4, NVFP4, e2m1 + e8m0 / 16); random ragged shapes, batches,
+//! both tiles, split-K, every output type, NaN and Inf.
+//! Run on an H100: `cargo test -p blockscaled-tests --test gpu_w4 -- --include-ignored`.
+//!
+//! Tolerance, derived as for the MX kernel (`gpu_mx.rs`): every weight code × scale and every
+//! activation (bf16 as is; e4m3 and e2m1 codes × their block scales) is exact in bf16, the tensor
+//! cores multiply exactly and add in fp32, each 16-wide K step with at most two roundings of one
+//! fp32 unit of a magnitude ≤ Σ|a·b|; W4A8 adds each 64-K stage's sum times its fp32 scale with
+//! one more rounding of the product and one of the sum per stage (K/64 · 2 · 2^-24 ≤ K/8 · 2^-23).
+//! So |got − exact| ≤ (K/8 + 1) · 2^-23 · Σ|a·b|, plus the output rounding.
+
+use std::sync::OnceLock;
+
+use blockscaled::{
+    ElemType, Fp4Weights, Gpu, HostOutput, OutType, Plan, Recipe, ScaledMatrix, Sm90W4Config,
+    Sm90W4Tile, reference, round_output,
+};
+use blockscaled_tests::{bf16_mma_rel, compare_outputs, random_matrix, reference_output};
+use proptest::prelude::*;
+
+fn gpu() -> &'static Gpu {
+    static GPU: OnceLock<Gpu> = OnceLock::new();
+    GPU.get_or_init(|| Gpu::new(0).expect("a CUDA device (these tests are ignored without one)"))
+}
+
+/// The recipes the kernel takes.
+const W4_RECIPES: [Recipe; 7] = [
+    Recipe::W4A16(Fp4Weights::Mxfp4),
+    Recipe::W4A16(Fp4Weights::Nvfp4),
+    Recipe::W4A8(Fp4Weights::Mxfp4),
+    Recipe::W4A8(Fp4Weights::Nvfp4),
+    Recipe::Mxfp4,
+    Recipe::Nvfp4,
+    Recipe::E2m1E8m0x16,
+];
+
+fn slack(k: usize, abs_sum: &[f64]) -> Vec<f64> {
+    abs_sum.iter().map(|s| s * bf16_mma_rel(k)).collect()
+}
+
+/// Runs A · Bᵀ on the 4-bit-weights kernel (output poisoned first), with the tile (activation
+/// rows) and split forced when given.
+fn run(
+    a: &ScaledMatrix,
+    b: &ScaledMatrix,
+    dtype: OutType,
+    force: Option<(u32, u32)>,
+) -> Result<HostOutput, String> {
+    let g = gpu();
+    let (da, db) = (
+        g.upload(a).map_err(|e| e.to_string())?,
+        g.upload(b).map_err(|e| e.to_string())?,
+    );
+    let d = blockscaled::plan::sm90_w4_default(a.rows(), b.rows(), a.k(), a.batch(), g.sm_count());
+    let plan = match force {
+        Some((n, split_k)) => Plan::Sm90W4(Sm90W4Config {
+            tile: Sm90W4Tile { n },
+            split_k,
+            ..d
+        }),
+        None => Plan::Sm90W4(d),
+    };
+    let mut c = g
+        .output(a.rows(), b.rows(), a.batch(), dtype)
+        .map_err(|e| e.to_string())?; // poisoned with NaN
+    g.gemm_with(&da, &db, &mut c, plan)
+        .map_err(|e| e.to_string())?;
+    c.to_host().map_err(|e| e.to_string())
+}
+
+#[allow(clippy::too_many_arguments)]
+fn check(
+    recipe: Recipe,
+    m: usize,
+    n: usize,
+    k: usize,
+    l: usize,
+    dtype: OutType,
+    seed: u64,
+    force: Option<(u32, u32)>,
+) -> Result<(), String> {
+    let (_, a) = random_matrix(seed, m, k, l, recipe.a());
+    let (_, b) = random_matrix(
+        seed.wrapping_mul(0x2545_F491_4F6C_DD1D).wrapping_add(1),
+        n,
+        k,
+        l,
+        recipe.b(),
+    );
+    let (want, abs) = reference_output(&a, &b, dtype)?;
+    let got = run(&a, &b, dtype, force)?;
+    compare_outputs(&got, &want, 1.0, &slack(k, &abs)).map_err(|e| {
+        format!("sm90 W4 {recipe} {m}x{n}x{k}x{l} {dtype:?} {force:?} seed {seed}: {e}")
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    #[test]
+    #[ignore = "needs a CUDA device"]
+    fn w4_kernel_matches_cpu_reference_on_random_ragged_shapes(
+        which in 0usize..7,
+        m in 1usize..300,
+        n in 1usize..600,
+        k32 in 1usize..20,
+        l in 1usize..4,
+        out_i in 0usize..3,
+        tile in 0usize..2,
+        split in 1u32..5,
+        seed in any::<u64>(),
+    ) {
+        let recipe = W4_RECIPES[which];
+        let dtype = [OutType::Bf16, OutType::F16, OutType::F32][out_i];
+        // K a multiple of 32 (MX blocks, 16-byte rows), often not of 64 or of W4A8's 128.
+        let k = 32 * k32;
+        let split = split.min(k.div_ceil(64) as u32);
+        check(recipe, m, n, k, l, dtype, seed, Some(([16, 128][tile], split)))
+            .map_err(TestCaseError::fail)?;
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn w4_kernel_matches_cpu_reference_on_decode_and_larger_shapes() {
+    for (i, r) in W4_RECIPES.into_iter().enumerate() {
+        for (m, n, k, l) in [
+            (1, 4096, 2048, 1),
+            (16, 2048, 4096, 1),
+            (100, 1000, 1056, 2),
+        ] {
+            let seed = 0xBEEF + i as u64 * 1_000_003 + std::process::id() as u64;
+            check(r, m, n, k, l, OutType::Bf16, seed, None).unwrap();
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn weight_only_recipes_and_small_fp4_pairs_plan_the_w4_kernel() {
+    let g = gpu();
+    let up = |r: Recipe, rows, k, as_b: bool| {
+        let (_, m) = random_matrix(5, rows, k, 1, if as_b { r.b() } else { r.a() });
+        g.upload(&m).unwrap()
+    };
+    for r in W4_RECIPES {
+        let plan = g
+            .plan(&up(r, 16, 256, false), &up(r, 512, 256, true))
+            .unwrap();
+        assert!(
+            matches!(plan, Plan::Sm90W4(c) if c.tile.n == 16),
+            "{r}: {plan:?}"
+        );
+    }
+    for r in [
+        Recipe::W4A16(Fp4Weights::Nvfp4),
+        Recipe::W4A8(Fp4Weights::Mxfp4),
+    ] {
+        let plan = g
+            .plan(&up(r, 1000, 256, false), &up(r, 512, 256, true))
+            .unwrap();
+        assert!(
+            matches!(plan, Plan::Sm90W4(c) if c.tile.n == 128),
+            "{r}: {plan:?}"
+        );
+    }
+    // Large M FP4 pairs stay on the MX kernel.
+    let plan = g.plan(
+        &up(Recipe::Mxfp4, 1000, 256, false),
+        &up(Recipe::Mxfp4, 512, 256, true),
+    );
+    assert!(matches!(plan.unwrap(), Plan::Sm90Mx(_)));
+}
+
+/// A copy of `m` with one value changed through `edit(data, scales, element index)`.
+fn edited(m: &ScaledMatrix, edit: impl Fn(&mut Vec<u8>, &mut Vec<u8>)) -> ScaledMatrix {
+    let d = *m.desc();
+    let (mut data, mut scales) = (m.data().to_vec(), m.scales().to_vec());
+    edit(&mut data, &mut scales);
+    ScaledMatrix::from_parts(
+        d.format,
+        d.rows,
+        d.k,
+        d.batch,
+        data,
+        scales,
+        d.scale_layout,
+        d.tensor_scale,
+    )
+    .unwrap()
+}
+
+/// Column `col` (when `by_col`) or row `row` of C is NaN; every other element matches the CPU
+/// reference.
+fn check_nan_line(a: &ScaledMatrix, b: &ScaledMatrix, line: usize, by_col: bool) {
+    let (m, n, k) = (a.rows(), b.rows(), a.k());
+    let got = run(a, b, OutType::F32, None).unwrap();
+    let (c64, abs) = reference::gemm_f64(a, b).unwrap();
+    for (i, &g) in got.values.iter().enumerate() {
+        let (r, c) = (i / n, i % n);
+        if (by_col && c == line) || (!by_col && r == line) {
+            assert!(g.is_nan(), "element ({r}, {c}): got {g}, want NaN");
+        } else {
+            let w = round_output(OutType::F32, c64[i]);
+            let tol = slack(k, &abs[i..i + 1])[0]
+                + blockscaled::output_ulp(OutType::F32, w.abs().max(g.abs()));
+            assert!(
+                (g as f64 - w as f64).abs() <= tol,
+                "element ({r}, {c}): got {g}, want {w}"
+            );
+        }
+    }
+    let _ = m;
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn nan_weight_scales_and_nan_activations_give_nan_columns_and_rows() {
+    let (m, n, k) = (20, 300, 256);
+    for r in W4_RECIPES {
+        let (_, a) = random_matrix(31, m, k, 1, r.a());
+        let (_, b) = random_matrix(32, n, k, 1, r.b());
+        // A NaN weight scale (e8m0 0xFF, ue4m3 0x7F) of row 201 makes column 201 of C NaN.
+        let nv = r.b().scale == blockscaled::ScaleType::UE4M3;
+        let b_nan = edited(&b, |_, s| {
+            let d = b.desc();
+            let (br, bk) = d.block_extent();
+            s[d.scale_layout.index(0, 201 / br, 100 / bk)] = if nv { 0x7F } else { 0xFF };
+        });
+        check_nan_line(&a, &b_nan, 201, true);
+        // A NaN activation (bf16 0x7FC0, e4m3 0x7F; e2m1 has none: a NaN scale) makes row 7 NaN.
+        let a_nan = edited(&a, |d, s| {
+            let i = 7 * k + 150;
+            match r.a().elem {
+                ElemType::BF16 => d[2 * i..2 * i + 2].copy_from_slice(&0x7FC0u16.to_le_bytes()),
+                ElemType::E4M3 => d[i] = 0x7F,
+                _ => {
+                    let ad = a.desc();
+                    let (br, bk) = ad.block_extent();
+                    s[ad.scale_layout.index(0, 7 / br, 150 / bk)] = if nv { 0x7F } else { 0xFF };
+                }
+            }
+        });
+        check_nan_line(&a_nan, &b, 7, false);
+    }
+}
