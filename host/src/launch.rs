@@ -12,6 +12,27 @@ use blockscaled_kernels::params::{GemmParams, SplitKParams};
 use blockscaled_kernels::sm90::Sm90Fp8Params;
 use blockscaled_kernels::sm90_mx::Sm90MxParams;
 
+/// Loads kernel `name` from `module` with its dynamic shared-memory limit raised to `smem_bytes`
+/// (above the default 48 KiB: every pipelined kernel needs it before its first launch).
+pub(crate) fn load_kernel(
+    module: &std::sync::Arc<cudarc::driver::CudaModule>,
+    name: &str,
+    smem_bytes: u32,
+) -> Result<CudaFunction> {
+    let func = module.load_function(name)?;
+    set_smem_limit(&func, smem_bytes)?;
+    Ok(func)
+}
+
+/// Raises `func`'s dynamic shared-memory limit to `bytes`.
+pub(crate) fn set_smem_limit(func: &CudaFunction, bytes: u32) -> Result<()> {
+    func.set_attribute(
+        sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+        bytes as i32,
+    )?;
+    Ok(())
+}
+
 /// A kernel's single by-value parameter struct.
 ///
 /// # Safety

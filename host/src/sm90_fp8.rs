@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, sys};
+use cudarc::driver::{CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr};
 
 use crate::buffers::{DeviceMatrix, DeviceOutput, PreparedValue};
 use crate::error::{Error, Result, config, shape};
@@ -575,10 +575,7 @@ fn configure(
     sm_count: u32,
     tile: Tile,
 ) -> Result<[u32; MAX_CLUSTER as usize]> {
-    func.set_attribute(
-        sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-        tile.smem_bytes() as i32,
-    )?;
+    crate::launch::set_smem_limit(func, tile.smem_bytes())?;
     let mut resident = [sm_count; MAX_CLUSTER as usize];
     for cluster in 2..=MAX_CLUSTER {
         let clusters = gemm_launch(stream, func, tile, sm_count / cluster * cluster, cluster)

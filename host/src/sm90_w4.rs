@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, sys};
+use cudarc::driver::{CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr};
 
 use crate::buffers::{DeviceOutput, PreparedValue};
 use crate::error::{Error, Result, config};
@@ -302,11 +302,7 @@ impl Sm90W4 {
         }
         let mut kernels = Vec::new();
         for def in family::KERNELS {
-            let func = module.load_function(def.info.name)?;
-            func.set_attribute(
-                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                def.layout().bytes() as i32,
-            )?;
+            let func = crate::launch::load_kernel(module, def.info.name, def.layout().bytes())?;
             kernels.push(Kernel { def, func });
         }
         Ok(Some(Sm90W4 {

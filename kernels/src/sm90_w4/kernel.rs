@@ -12,7 +12,9 @@
 
 use core::marker::PhantomData;
 
-use super::{ACT_BUFFERS, BLOCK_K, CONSUMERS, Sm90W4Params, WEIGHT_ROW_BYTES, WEIGHT_ROWS};
+use super::{
+    ACT_BUFFERS, Activation, BLOCK_K, CONSUMERS, Sm90W4Params, WEIGHT_ROW_BYTES, WEIGHT_ROWS,
+};
 use crate::gemm::barriers;
 use crate::gemm::driver::{Ctx, GemmKernel};
 use crate::gemm::epilogue::{self, Output};
@@ -34,18 +36,14 @@ const ONE_X2: u32 = 0x3F80_3F80;
 
 /// The activations' format: how a stage's tile is loaded and turned into bf16.
 pub(crate) trait Activations {
-    /// Bits per element.
-    const BITS: u32;
-    /// Whether the tile is converted into the bf16 buffers.
-    const CONVERTS: bool;
-    /// Whether each stage's sums are multiplied by a per-row fp32 scale (W4A8).
-    const PROMOTES: bool;
+    /// The format, whose methods give the bits, whether to convert and whether to promote.
+    const KIND: Activation;
     /// Scale bytes per row and stage.
     const SCALE_BYTES: u32;
     type Elem: Dequant;
     /// The TMA x coordinate of stage `kb` (elements for bf16 maps, bytes for code maps).
     fn x(kb: u32) -> i32 {
-        (kb * BLOCK_K * Self::BITS / 8) as i32
+        (kb * BLOCK_K * Self::KIND.bits() / 8) as i32
     }
     /// Address of the scales of rows `m0..` for stage `kb` of batch entry `l`.
     fn scales(p: &Sm90W4Params, l: u32, kb: u32, m0: u32) -> u64;
@@ -63,11 +61,9 @@ pub(crate) struct E4m3Row128<S>(PhantomData<S>);
 pub(crate) struct Fp4<S>(PhantomData<S>);
 
 impl<S> Activations for Bf16<S> {
-    const BITS: u32 = 16;
-    const CONVERTS: bool = false;
-    const PROMOTES: bool = false;
+    const KIND: Activation = Activation::Bf16;
     const SCALE_BYTES: u32 = 0;
-    type Elem = E4m3; // unused
+    type Elem = E4m3; // not converted: any type
     fn x(kb: u32) -> i32 {
         (kb * BLOCK_K) as i32
     }
@@ -80,9 +76,7 @@ impl<S> Activations for Bf16<S> {
 }
 
 impl<S> Activations for E4m3Row128<S> {
-    const BITS: u32 = 8;
-    const CONVERTS: bool = true;
-    const PROMOTES: bool = true;
+    const KIND: Activation = Activation::E4m3Row128;
     const SCALE_BYTES: u32 = 4;
     type Elem = E4m3;
     fn scales(p: &Sm90W4Params, l: u32, kb: u32, m0: u32) -> u64 {
@@ -97,10 +91,8 @@ impl<S> Activations for E4m3Row128<S> {
 }
 
 impl<S: ScaleDecode> Activations for Fp4<S> {
-    const BITS: u32 = 4;
-    const CONVERTS: bool = true;
-    const PROMOTES: bool = false;
-    const SCALE_BYTES: u32 = BLOCK_K / S::BLOCK;
+    const KIND: Activation = Activation::Fp4;
+    const SCALE_BYTES: u32 = Activation::Fp4.scale_bytes(S::BLOCK);
     type Elem = E2m1;
     fn scales(p: &Sm90W4Params, l: u32, kb: u32, m0: u32) -> u64 {
         let stages = p.k.div_ceil(BLOCK_K) as u64;
@@ -132,7 +124,7 @@ impl<F: Bf16RsFragment, A: Activations, S: ScaleDecode> W4Gemm<F, A, S> {
     /// Scale bytes per weight row and stage.
     const W_SCALES: u32 = BLOCK_K / S::BLOCK;
     /// Bytes of one raw activation row of a stage.
-    const RAW_ROW: u32 = BLOCK_K * A::BITS / 8;
+    const RAW_ROW: u32 = BLOCK_K * A::KIND.bits() / 8;
     /// Rounds of the activations' conversion (units = rows × 4, over 256 threads).
     const ROUNDS: u32 = (F::N * UNITS_PER_ROW).div_ceil(THREADS);
 
@@ -182,11 +174,11 @@ impl<F: Bf16RsFragment, A: Activations, S: ScaleDecode> W4Gemm<F, A, S> {
             let u = g + THREADS * round;
             if u < F::N * UNITS_PER_ROW {
                 let (r, q) = (u / UNITS_PER_ROW, u % UNITS_PER_ROW);
-                let src = layout.a(s) + r * Self::RAW_ROW + q * UNIT * A::BITS / 8;
+                let src = layout.a(s) + r * Self::RAW_ROW + q * UNIT * A::KIND.bits() / 8;
                 // SAFETY: the caller's contract; the unit and its scale are inside the stage,
                 // its row inside the buffer.
                 unsafe {
-                    let raw = if A::BITS == 8 {
+                    let raw = if A::KIND.bits() == 8 {
                         smem::load_u32x4(src)
                     } else {
                         let [x, y] = smem::load_u32x2(src);
@@ -194,7 +186,7 @@ impl<F: Bf16RsFragment, A: Activations, S: ScaleDecode> W4Gemm<F, A, S> {
                     };
                     let scale = A::unit_scale(sf + r * A::SCALE_BYTES, q);
                     let out = dequant::unit::<A::Elem>(raw, scale, true);
-                    let out = dequant::natural_order(A::BITS, out);
+                    let out = dequant::natural_order(A::KIND.bits(), out);
                     store_unit_swizzled(buf + r * BF16_ROW_BYTES, r, q, out);
                 }
             }
@@ -232,14 +224,7 @@ impl<F: Bf16RsFragment, A: Activations, S: ScaleDecode> GemmKernel for W4Gemm<F,
 
     #[inline(always)]
     fn layout(&self) -> StageLayout {
-        let act = if !A::CONVERTS {
-            super::Activation::Bf16
-        } else if A::PROMOTES {
-            super::Activation::E4m3Row128
-        } else {
-            super::Activation::Fp4
-        };
-        super::layout(super::W4Tile { n: F::N }, act, S::BLOCK)
+        super::layout(super::W4Tile { n: F::N }, A::KIND, S::BLOCK)
     }
 
     #[inline(always)]
@@ -325,7 +310,7 @@ impl<F: Bf16RsFragment, A: Activations, S: ScaleDecode> GemmKernel for W4Gemm<F,
             unsafe {
                 pipe.consumer_wait(*st);
                 let frags = Self::weights(layout, s, cons.row, lane);
-                let x = if A::CONVERTS {
+                let x = if A::KIND.converts() {
                     let buf = layout.out() + (st.count() % ACT_BUFFERS) * F::N * BF16_ROW_BYTES;
                     Self::convert(layout, s, buf, g);
                     smem::fence_async_proxy();
@@ -339,7 +324,7 @@ impl<F: Bf16RsFragment, A: Activations, S: ScaleDecode> GemmKernel for W4Gemm<F,
                 // an MMA reads its register fragment asynchronously, and nothing stops the
                 // compiler from giving those registers to the next stage's conversion while it
                 // does (measured: corrupted sums with one stage in flight, 128-row tiles).
-                if A::PROMOTES {
+                if A::KIND.promotes() {
                     let mut tmp = F::zeros();
                     for kk in 0..4 {
                         tmp.mma_rs_bf16(frags[kk], bf16_desc(x, 0, kk as u32), kk > 0);

@@ -19,7 +19,7 @@
 #[cfg(all(target_arch = "nvptx64", target_feature = "sm_90a"))]
 pub mod kernel;
 
-use crate::format::{ElemType, ScaleType};
+use crate::format::ScaleType;
 use crate::gemm::layout::{StageContents, StageLayout};
 use crate::registry::KernelInfo;
 use crate::sm90_mx::{BF16_ROW_BYTES, MxScale};
@@ -88,19 +88,16 @@ impl Activation {
     pub const fn converts(self) -> bool {
         !matches!(self, Activation::Bf16)
     }
+    /// Whether each stage's sums are multiplied by a per-row fp32 scale (W4A8).
+    pub const fn promotes(self) -> bool {
+        matches!(self, Activation::E4m3Row128)
+    }
     /// Scale bytes per activation row and stage (Fp4: the weights' `scale_block`).
     pub const fn scale_bytes(self, scale_block: u32) -> u32 {
         match self {
             Activation::Bf16 => 0,
             Activation::E4m3Row128 => 4,
             Activation::Fp4 => BLOCK_K / scale_block,
-        }
-    }
-    pub const fn elem(self) -> Option<ElemType> {
-        match self {
-            Activation::Bf16 => Some(ElemType::BF16),
-            Activation::E4m3Row128 => Some(ElemType::E4M3),
-            Activation::Fp4 => Some(ElemType::E2M1),
         }
     }
 }
@@ -272,9 +269,6 @@ pub fn kernel(tile: W4Tile, act: Activation, scale: MxScale) -> Option<&'static 
         .iter()
         .find(|k| k.tile == tile && k.act == act && k.scale == scale)
 }
-
-/// The weights' scale formats the family takes.
-pub const WEIGHT_SCALES: [MxScale; 3] = [MxScale::E8M0X32, MxScale::UE4M3X16, MxScale::E8M0X16];
 
 const _: () = {
     let mut i = 0;
