@@ -104,7 +104,17 @@ pub fn run_case(gpu: &Gpu, peer: Option<&LtPeer>, c: &Case) -> Result<Outcome, S
         gpu.gemm_with(&ins[0].0, &ins[0].1, &mut o, plan)
             .map_err(e)?;
         let got = o.to_host().map_err(e)?;
-        let (want, abs) = reference_output(&a, &b, c.out)?;
+        // The fold path computes on the folded operands: its reference is theirs (the fold's own
+        // error is bounded and tested element by element: `format::fold`, gpu_mx).
+        let (want, abs) = if let Plan::Sm90MxFp8(_) = plan {
+            let (fa, fb) = (
+                a.fold_to_fp8(false).map_err(e)?,
+                b.fold_to_fp8(true).map_err(e)?,
+            );
+            reference_output(&fa, &fb, c.out)?
+        } else {
+            reference_output(&a, &b, c.out)?
+        };
         // The reference kernel differs from the CPU only by float64 summation order; tensor-core
         // kernels by FP8 accumulation (see blockscaled_tests::fp8_accumulation_slack).
         let (slack, what) = match plan {
@@ -117,6 +127,11 @@ pub fn run_case(gpu: &Gpu, peer: Option<&LtPeer>, c: &Case) -> Result<Outcome, S
             Plan::Sm90Fp8(_) => (
                 fp8_accumulation_slack(&abs),
                 "1 ulp + 2^-7·Σ|ab| FP8 accumulation bound",
+            ),
+            Plan::Sm90MxFp8(_) => (
+                fp8_accumulation_slack(&abs),
+                "the CPU reference on the folded operands (bit-identical to the GPU's fold), \
+                 1 ulp + 2^-7·Σ|ab| FP8 accumulation bound",
             ),
             Plan::Sm90Mx(_) | Plan::Sm90W4(_) => (
                 abs.iter()
@@ -202,7 +217,7 @@ fn agree_with_peer(
     let abs = s.to_host().map_err(e)?.values;
     let ours_rel = match plan {
         Plan::Reference => 0.0,
-        Plan::Sm90Fp8(_) => FP8_ACCUMULATION_REL,
+        Plan::Sm90Fp8(_) | Plan::Sm90MxFp8(_) => FP8_ACCUMULATION_REL,
         Plan::Sm90Mx(_) | Plan::Sm90W4(_) => blockscaled_tests::bf16_mma_rel(c.k),
     };
     let rel = (ours_rel + peer.rel_bound) * (1.0 + 2f64.powi(-20));
@@ -353,6 +368,7 @@ fn copies<T: cudarc::driver::DeviceRepr>(
 pub fn plan_name(p: &Plan) -> String {
     match p {
         Plan::Reference => "ref".into(),
+        Plan::Sm90MxFp8(c) => format!("fold+{}", plan_name(&Plan::Sm90Fp8(*c))),
         Plan::Sm90Mx(c) => {
             let split = if c.split_k > 1 {
                 format!("s{}", c.split_k)

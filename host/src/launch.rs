@@ -48,6 +48,8 @@ unsafe impl KernelParams for Sm90MxParams {}
 // SAFETY: as above.
 unsafe impl KernelParams for blockscaled_kernels::sm90_w4::Sm90W4Params {}
 unsafe impl KernelParams for SplitKParams {}
+// SAFETY: as above (`#[repr(C)]`, four u64 then six u32: no padding).
+unsafe impl KernelParams for blockscaled_kernels::fold::FoldParams {}
 
 /// One launch of `func` on `stream`: its configuration and the buffers it uses. Each buffer's
 /// device address is taken through [`Launch::ptr`] / [`Launch::ptr_mut`], whose guards live until

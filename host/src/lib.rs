@@ -27,7 +27,7 @@
 //! `output`, [`reference`] (CPU); [`image`] (the kernels' cubin or PTX); `buffers` (device
 //! matrices and outputs); `launch` (the one
 //! launch path); `family` (what a kernel family provides); one file per family
-//! (`reference_kernel`, `sm90_fp8`, `sm90_mx`, `sm90_w4`), with what they share (`splitk`, `tensor_map`); [`plan`] (the family list and the choice of kernel);
+//! (`reference_kernel`, `sm90_fp8`, `sm90_mx`, `sm90_mx_fp8`, `sm90_w4`), with what they share (`splitk`, `tensor_map`); [`plan`] (the family list and the choice of kernel);
 //! `device` ([`Gpu`]).
 
 mod buffers;
@@ -45,6 +45,7 @@ pub mod reference;
 mod reference_kernel;
 mod sm90_fp8;
 mod sm90_mx;
+mod sm90_mx_fp8;
 mod sm90_w4;
 mod splitk;
 pub mod swizzle;

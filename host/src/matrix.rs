@@ -210,6 +210,33 @@ impl GemmShape {
     }
 }
 
+#[cfg(test)]
+impl MatrixDesc {
+    /// One batch entry of `recipe`'s A (or, `as_b`, B) operand, `rows` × `k`, scales packed in
+    /// the format's default major order (unit tests of the families' operand rules).
+    pub(crate) fn of_recipe(
+        recipe: crate::format::Recipe,
+        rows: usize,
+        k: usize,
+        as_b: bool,
+    ) -> Self {
+        let format = if as_b { recipe.b() } else { recipe.a() };
+        let (br, bk) = format.block.extent(rows, k);
+        MatrixDesc {
+            format,
+            rows,
+            k,
+            batch: 1,
+            scale_layout: ScaleLayout::packed(
+                ScaleMajor::default_for(&format),
+                rows.div_ceil(br),
+                k.div_ceil(bk),
+            ),
+            tensor_scale: 1.0,
+        }
+    }
+}
+
 /// A block-scaled matrix in host memory (see the module doc for the layout).
 #[derive(Clone, Debug, PartialEq)]
 pub struct ScaledMatrix {

@@ -14,6 +14,7 @@ use crate::matrix::{GemmShape, MatrixDesc};
 use crate::reference_kernel::{self, ReferenceKernel};
 use crate::sm90_fp8::{self, Sm90Config, Sm90Fp8};
 use crate::sm90_mx::{self, Sm90Mx, Sm90MxConfig};
+use crate::sm90_mx_fp8::{self, Sm90MxFp8};
 use crate::sm90_w4::{self, Sm90W4, Sm90W4Config};
 use blockscaled_kernels::gemm::scheduler::ClusterShape;
 use blockscaled_kernels::sm90::{BLOCK_K, Tile};
@@ -51,6 +52,10 @@ pub enum Plan {
     Sm90Mx(Sm90MxConfig),
     /// The sm90 4-bit-weights kernel (W4A16, W4A8, and FP4 pairs at decode sizes).
     Sm90W4(Sm90W4Config),
+    /// MX operands with e8m0 scales (MXFP8, MXFP4, e2m1 with e8m0 per 16) folded by a pre-pass
+    /// into FP8 operands with fp32 scales per 1×128 (A) and 128×128 (B), then the FP8 kernel
+    /// with this configuration. Lossy within a stated bound (`sm90_mx_fp8`).
+    Sm90MxFp8(Sm90Config),
 }
 
 impl Plan {
@@ -64,6 +69,7 @@ impl Plan {
             Plan::Sm90Fp8(cfg) => cfg.validate(shape),
             Plan::Sm90Mx(cfg) => cfg.validate(shape),
             Plan::Sm90W4(cfg) => cfg.validate(shape),
+            Plan::Sm90MxFp8(cfg) => cfg.validate(shape),
         }
     }
 
@@ -89,6 +95,17 @@ impl Plan {
                     missing("sm90 4-bit-weights kernel (it needs compute capability 9.0)")
                 })?
                 .gemm(g, cfg),
+            Plan::Sm90MxFp8(cfg) => {
+                let fp8 = families
+                    .get::<Sm90Fp8>()
+                    .ok_or_else(|| missing("sm90 FP8 kernel (it needs compute capability 9.0)"))?;
+                families
+                    .get::<Sm90MxFp8>()
+                    .ok_or_else(|| {
+                        missing("MX → FP8 fold kernel (it needs compute capability 9.0)")
+                    })?
+                    .gemm(g, cfg, fp8)
+            }
         }
     }
 }
@@ -109,6 +126,9 @@ pub(crate) fn load_families(
         families.add(f);
     }
     if let Some(f) = Sm90W4::load(module, arch.target(), sm_count)? {
+        families.add(f);
+    }
+    if let Some(f) = Sm90MxFp8::load(module, arch.target())? {
         families.add(f);
     }
     Ok(families)
@@ -155,6 +175,8 @@ pub(crate) fn choose_for(
         Ok(Plan::Sm90Fp8(sm90_default(m, n, k, l, sm_count)))
     } else if w4 && (a.format.elem != ElemType::E2M1 || m <= W4_MAX_M) {
         Ok(Plan::Sm90W4(sm90_w4_default(m, n, k, l, sm_count)))
+    } else if sm90_mx_fp8::unsupported_pair(a, b).is_none() && m >= fold_min_m(a.format.elem) {
+        Ok(Plan::Sm90MxFp8(sm90_default(m, n, k, l, sm_count)))
     } else if sm90_mx::unsupported_pair(a, b).is_none() {
         Ok(Plan::Sm90Mx(sm90_mx_default(m, n, k, l, sm_count)))
     } else if fp32_fp8(a) && fp32_fp8(b) && !shape.k.is_multiple_of(BLOCK_K as usize) {
@@ -276,6 +298,25 @@ pub fn sm90_mx_default(m: usize, n: usize, k: usize, l: usize, sm_count: u32) ->
 /// Time of a 128 × 256 MX tile in 128 × 128 tiles: twice the MACs, read with fewer shared-memory
 /// bytes per MAC (a first estimate; docs/PERF.md, v24).
 pub const MX_N256_COST: f64 = 1.8;
+
+/// Smallest M for which e2m1 pairs with e8m0 scales (MXFP4, e2m1 + e8m0 / 16) run folded onto
+/// the FP8 kernel ([`Plan::Sm90MxFp8`]) rather than on the MX kernel: the pre-pass converts each
+/// operand once, where the MX kernel converts A once per N tile and B once per M tile. Measured
+/// (docs/PERF.md, v29): at 256 × 7168 × 4096 the fold path takes 49.6 µs, the MX kernel 56.5.
+pub const FOLD_MIN_M: usize = 256;
+/// The same for MXFP8 pairs, whose pre-pass moves twice the bytes and folds byte by byte. Measured
+/// at M × 7168 × 4096 (docs/PERF.md, v29): the MX kernel is faster at M = 256 (61.2 µs against
+/// 82.4) and 512 (90.9 against 95.5), the fold path from 1024 (125.5 against 176.0).
+pub const FOLD_MIN_M_FP8: usize = 1024;
+
+/// [`FOLD_MIN_M`] or [`FOLD_MIN_M_FP8`] by element type.
+fn fold_min_m(elem: ElemType) -> usize {
+    if elem == ElemType::E2M1 {
+        FOLD_MIN_M
+    } else {
+        FOLD_MIN_M_FP8
+    }
+}
 
 /// Largest M for which e2m1 pairs run the 4-bit-weights kernel rather than the MX kernel
 /// (measured, docs/PERF.md v27: faster at M ≤ 16, slower at M = 128).

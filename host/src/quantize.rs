@@ -216,3 +216,90 @@ fn ratio_scale(amax: f32, max: f32) -> f32 {
     let units = (amax as f64 * 2f64.powi(149) / max as f64).ceil();
     f32::from_bits(units as u32)
 }
+
+impl ScaledMatrix {
+    /// This MX matrix (e4m3, e5m2 or e2m1 with e8m0 scales, K a multiple of 128) re-encoded as
+    /// FP8 with fp32 scales, as the GPU's fold pre-pass does for the FP8 kernel: per 1×128 for
+    /// the A role, per row over all of K for the B role (`as_b`). Each group's scale is
+    /// 2^(r − 127 − h),
+    /// `r` its largest non-NaN e8m0 code, and each element is
+    /// [`fold`](blockscaled_kernels::format::fold::fold)ed by `r` minus its own code: exact
+    /// except below the FP8 normal range (error ≤
+    /// [`max_error_units`](blockscaled_kernels::format::fold::max_error_units) of the group
+    /// scale); elements of a NaN scale become NaN. The result is bit-identical to the GPU's.
+    pub fn fold_to_fp8(&self, as_b: bool) -> Result<ScaledMatrix> {
+        use blockscaled_kernels::format::fold;
+        const GROUP_K: usize = 128;
+        let d = *self.desc();
+        let (elem, bk) = (d.format.elem, d.block_extent().1);
+        if d.format.scale != ScaleType::E8M0
+            || d.block_extent().0 != 1
+            || !matches!(elem, ElemType::E4M3 | ElemType::E5M2 | ElemType::E2M1)
+            || !GROUP_K.is_multiple_of(bk)
+        {
+            return Err(d
+                .format
+                .error("only MX matrices (e8m0 scales per 1×32 or 1×16) fold"));
+        }
+        if !d.k.is_multiple_of(GROUP_K) {
+            return Err(shape(format!("K = {} is not a multiple of 128", d.k)));
+        }
+        let (rows, k, l) = (d.rows, d.k, d.batch);
+        let group_k = if as_b { k } else { GROUP_K };
+        let format = OperandFormat {
+            elem: fold::target(elem),
+            scale: ScaleType::F32,
+            block: if as_b {
+                crate::format::ScaleBlock::PerRow
+            } else {
+                crate::format::ScaleBlock::Tile {
+                    rows: 1,
+                    k: GROUP_K as u32,
+                }
+            },
+            tensor_scale: false,
+        };
+        let (row_blocks, k_groups) = (rows, k / group_k);
+        let layout = ScaleLayout::packed(ScaleMajor::K, row_blocks, k_groups);
+        let code_of = |li: usize, r: usize, kk: usize| {
+            let idx = d.scale_layout.index(li, r, kk / bk);
+            self.scales()[idx] as u32
+        };
+        let mut tops = vec![0u32; l * row_blocks * k_groups];
+        for li in 0..l {
+            for r in 0..rows {
+                for g in 0..k_groups {
+                    let t = &mut tops[(li * row_blocks + r) * k_groups + g];
+                    for kk in (g * group_k..(g + 1) * group_k).step_by(bk) {
+                        let s = code_of(li, r, kk);
+                        if s != 0xFF {
+                            *t = (*t).max(s);
+                        }
+                    }
+                }
+            }
+        }
+        let mut data = vec![0u8; l * rows * k];
+        for li in 0..l {
+            for r in 0..rows {
+                for kk in 0..k {
+                    let top = tops[(li * row_blocks + r) * k_groups + kk / group_k];
+                    let s = code_of(li, r, kk);
+                    data[(li * rows + r) * k + kk] = if s == 0xFF {
+                        fold::NAN as u8
+                    } else {
+                        fold::fold(elem, self.code(li, r, kk), top - s) as u8
+                    };
+                }
+            }
+        }
+        let scales = tops
+            .iter()
+            .flat_map(|&t| {
+                let e = t as i32 - 127 - fold::headroom(elem);
+                (2f64.powi(e) as f32).to_bits().to_le_bytes()
+            })
+            .collect();
+        ScaledMatrix::from_parts(format, rows, k, l, data, scales, layout, 1.0)
+    }
+}

@@ -179,8 +179,9 @@ fn per_row(desc: &MatrixDesc) -> bool {
     br == 1 && bk >= desc.k
 }
 
-/// What the kernel needs of one uploaded matrix, made at upload time.
-struct Sm90Operand {
+/// What the kernel needs of one operand: made at upload time from the host's scales, or over
+/// device buffers another family wrote ([`Sm90Operand::over`]).
+pub(crate) struct Sm90Operand {
     /// The 128-byte CUtensorMap (3-D: K, rows, L; box 128 × 128; 128-byte swizzle) in device memory
     /// (a 256-row A tile is two boxes).
     tmap: CudaSlice<u8>,
@@ -188,12 +189,12 @@ struct Sm90Operand {
     /// or one consumer's rows of a three-consumer A tile.
     tmap_share: CudaSlice<u8>,
     /// A-role scales `[l][k/128][m_pad]`, rows contiguous, zero-padded (None if not eligible as A).
-    sfa: Option<(CudaSlice<f32>, u32)>,
+    pub(crate) sfa: Option<(CudaSlice<f32>, u32)>,
     /// B-role scales `[l][⌈rows/128⌉][k/128]` (None if not eligible as B); all 1 when the scales
     /// are per row, which `sfb_col` then holds.
-    sfb: Option<CudaSlice<f32>>,
+    pub(crate) sfb: Option<CudaSlice<f32>>,
     /// B-role per-row scales `[l][rows]`, when B is scaled per row over all of K.
-    sfb_col: Option<CudaSlice<f32>>,
+    pub(crate) sfb_col: Option<CudaSlice<f32>>,
 }
 
 impl Sm90Operand {
@@ -269,6 +270,29 @@ impl Sm90Operand {
             sfb,
             sfb_col,
         }))
+    }
+}
+
+impl Sm90Operand {
+    /// The operand `data` (`l` × `rows` × `k` FP8 codes, K-major) with scales already in the
+    /// kernel's layouts: A-role `sfa` `[l][k/128][m_pad]`, or B-role `sfb`
+    /// `[l][⌈rows/128⌉][k/128]` (per 128 × 128) and optionally `sfb_col` `[l][rows]` (per row),
+    /// with their tensor maps.
+    pub(crate) fn over(
+        stream: &Arc<CudaStream>,
+        data: &CudaSlice<u8>,
+        (rows, k, l): (usize, usize, usize),
+        sfa: Option<(CudaSlice<f32>, u32)>,
+        sfb: Option<CudaSlice<f32>>,
+        sfb_col: Option<CudaSlice<f32>>,
+    ) -> Result<Self> {
+        Ok(Sm90Operand {
+            tmap: encode_tensor_map(stream, data, k, rows, l, Tile::M128.a_box_rows(1))?,
+            tmap_share: encode_tensor_map(stream, data, k, rows, l, WG_ROWS)?,
+            sfa,
+            sfb,
+            sfb_col,
+        })
     }
 }
 
@@ -412,9 +436,23 @@ impl Sm90Fp8 {
             b,
             c,
         } = g;
-        let GemmShape { m, n, k, l } = shape;
         let (ao, bo) = operands(a, b)?;
-        let (ea, eb) = (a.desc.format.elem, b.desc.format.elem);
+        let types = (a.desc.format.elem, b.desc.format.elem);
+        self.run(stream, shape, (ao, bo), types, c, cfg)
+    }
+
+    /// [`Self::gemm`] on prepared operands `ao`, `bo` of element types `(ea, eb)` that form
+    /// `shape` (A scales per 1×128, B scales per 128×128 or per row).
+    pub(crate) fn run(
+        &self,
+        stream: &Arc<CudaStream>,
+        shape: GemmShape,
+        (ao, bo): (&Sm90Operand, &Sm90Operand),
+        (ea, eb): (ElemType, ElemType),
+        c: &mut DeviceOutput,
+        cfg: Sm90Config,
+    ) -> Result<()> {
+        let GemmShape { m, n, k, l } = shape;
         let def = family::kernel(cfg.tile, ea, eb);
         let kernel = self
             .kernels

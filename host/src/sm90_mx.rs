@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr};
 
-use crate::buffers::{DeviceOutput, PreparedValue};
+use crate::buffers::{DeviceMatrix, DeviceOutput, PreparedValue};
 use crate::error::{Error, Result, config, shape};
 use crate::family::{Family, Gemm};
 use crate::format::{ElemType, OutType, ScaleBlock, ScaleType};
@@ -200,7 +200,7 @@ pub(crate) fn kernel_scales(m: &ScaledMatrix, scale: MxScale) -> Result<(Vec<u8>
 }
 
 /// What the kernel needs of one uploaded matrix, made at upload time.
-struct MxOperand {
+pub(crate) struct MxOperand {
     /// CUtensorMaps (3-D: K bytes, rows, L; boxes of one stage's row bytes × 128 and × 256 rows;
     /// no swizzle) in device memory.
     tmap_128: CudaSlice<u8>,
@@ -208,6 +208,9 @@ struct MxOperand {
     /// Scale bytes `[l][⌈k/64⌉][rows_pad][64 / block]`, zero past the rows and past K.
     scales: CudaSlice<u8>,
     rows_pad: u32,
+    /// Each row's largest non-NaN scale code over all of K, `[l][rows_pad]` (e8m0 scales only:
+    /// the fold pre-pass's B-role scale).
+    row_tops: Option<CudaSlice<u8>>,
 }
 
 impl MxOperand {
@@ -237,12 +240,38 @@ impl MxOperand {
                 Swizzle::CU_TENSOR_MAP_SWIZZLE_NONE,
             )
         };
+        let row_tops = if d.format.scale == ScaleType::E8M0 {
+            let mut tops = vec![0u8; l * rows_pad];
+            let (src, layout) = (m.scales(), m.scale_layout());
+            for li in 0..l {
+                for r in 0..rows {
+                    tops[li * rows_pad + r] = (0..k / scale.block as usize)
+                        .map(|kb| src[layout.index(li, r, kb)])
+                        .filter(|&c| c != 0xFF)
+                        .max()
+                        .unwrap_or(0);
+                }
+            }
+            Some(stream.clone_htod(&tops)?)
+        } else {
+            None
+        };
         Ok(Some(MxOperand {
             tmap_128: map(128)?,
             tmap_256: map(256)?,
             scales: stream.clone_htod(&v)?,
             rows_pad: rows_pad as u32,
+            row_tops,
         }))
+    }
+
+    /// The e8m0 scale bytes of `m` in the kernel layout, their `rows_pad` and each row's largest
+    /// code, when `m` was prepared for this family with e8m0 scales (for the fold pre-pass).
+    pub(crate) fn e8m0_scales_of(
+        m: &DeviceMatrix,
+    ) -> Option<(&CudaSlice<u8>, u32, &CudaSlice<u8>)> {
+        let op = m.prepared.get::<MxOperand>()?;
+        Some((&op.scales, op.rows_pad, op.row_tops.as_ref()?))
     }
 
     fn tmap(&self, box_rows: u32) -> &CudaSlice<u8> {
@@ -406,20 +435,9 @@ impl Sm90Mx {
 mod tests {
     use super::*;
     use crate::format::Recipe;
-    use crate::format::ScaleMajor;
-    use crate::matrix::ScaleLayout;
 
     fn desc(recipe: Recipe, rows: usize, k: usize, b: bool) -> MatrixDesc {
-        let format = if b { recipe.b() } else { recipe.a() };
-        let (br, bk) = format.block.extent(rows, k);
-        MatrixDesc {
-            format,
-            rows,
-            k,
-            batch: 1,
-            scale_layout: ScaleLayout::packed(ScaleMajor::K, rows.div_ceil(br), k.div_ceil(bk)),
-            tensor_scale: 1.0,
-        }
+        MatrixDesc::of_recipe(recipe, rows, k, b)
     }
 
     #[test]

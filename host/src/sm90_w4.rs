@@ -440,20 +440,7 @@ mod tests {
     use crate::format::{Fp4Weights, Recipe};
 
     fn desc(recipe: Recipe, rows: usize, k: usize, b: bool) -> MatrixDesc {
-        let format = if b { recipe.b() } else { recipe.a() };
-        let (br, bk) = format.block.extent(rows, k);
-        MatrixDesc {
-            format,
-            rows,
-            k,
-            batch: 1,
-            scale_layout: crate::matrix::ScaleLayout::packed(
-                crate::format::ScaleMajor::default_for(&format),
-                rows.div_ceil(br),
-                k.div_ceil(bk),
-            ),
-            tensor_scale: 1.0,
-        }
+        MatrixDesc::of_recipe(recipe, rows, k, b)
     }
 
     #[test]

@@ -11,7 +11,8 @@
 //! Layout: [`gemm`] holds the parts every GEMM family shares (scheduler, stage layout, pipeline,
 //! named barriers, the warp-specialized driver, promotion, epilogue stores, split-K reduction);
 //! each family is one module ([`sm90`]: Hopper FP8 with fp32 block scales; [`sm90_mx`]: Hopper MX /
-//! NVFP4, dequantized exactly to bf16; [`sm90_w4`]: Hopper 4-bit weights dequantized into
+//! NVFP4, dequantized exactly to bf16; [`fold`]: the pre-pass that re-encodes MX operands for the
+//! FP8 kernel; [`sm90_w4`]: Hopper 4-bit weights dequantized into
 //! registers, with bf16, FP8 or FP4 activations; [`reference`]: the SIMT
 //! reference for every format).
 #![no_std]
@@ -20,6 +21,7 @@
     feature(abi_ptx, asm_experimental_arch, stdarch_nvptx, core_float_math)
 )]
 
+pub mod fold;
 pub mod format;
 pub mod gemm;
 pub mod params;

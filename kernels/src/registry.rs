@@ -37,15 +37,17 @@ pub const SPLITK_REDUCE: KernelInfo = KernelInfo {
 
 /// Every kernel, for the builder.
 pub const KERNELS: &[KernelInfo] = &{
-    let (fp8, mx, w4) = (
+    let (fp8, mx, w4, fold) = (
         crate::sm90::KERNELS,
         crate::sm90_mx::KERNELS,
         crate::sm90_w4::KERNELS,
+        crate::fold::KERNELS,
     );
     let mut all = [REFERENCE_GEMM;
         2 + crate::sm90::KERNELS.len()
             + crate::sm90_mx::KERNELS.len()
-            + crate::sm90_w4::KERNELS.len()];
+            + crate::sm90_w4::KERNELS.len()
+            + crate::fold::KERNELS.len()];
     all[1] = SPLITK_REDUCE;
     let mut i = 0;
     while i < fp8.len() {
@@ -61,6 +63,11 @@ pub const KERNELS: &[KernelInfo] = &{
     while h < w4.len() {
         all[2 + i + j + h] = w4[h].info;
         h += 1;
+    }
+    let mut f = 0;
+    while f < fold.len() {
+        all[2 + i + j + h + f] = fold[f].info;
+        f += 1;
     }
     all
 };

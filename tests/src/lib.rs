@@ -41,6 +41,22 @@ pub fn random_matrix(
     (v, m)
 }
 
+/// `m` with its scale bytes replaced by `scales` (same layout).
+pub fn with_scales(m: &ScaledMatrix, scales: Vec<u8>) -> ScaledMatrix {
+    let d = *m.desc();
+    ScaledMatrix::from_parts(
+        d.format,
+        d.rows,
+        d.k,
+        d.batch,
+        m.data().to_vec(),
+        scales,
+        d.scale_layout,
+        d.tensor_scale,
+    )
+    .expect("same layout as a valid matrix")
+}
+
 /// Operands whose products never cancel: [`random_values`] made non-negative, then, when
 /// `signed_rows`, each row (of each batch entry) given one random sign. A GEMM of a non-negative A
 /// with such a B has |C| = Σ_k |a_k·b_k| in every element, so an error bound stated as a fraction

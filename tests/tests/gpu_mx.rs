@@ -12,10 +12,13 @@
 use std::sync::OnceLock;
 
 use blockscaled::{
-    ElemType, Error, Fp8, Gpu, HostOutput, OutType, Plan, Recipe, ScaledMatrix, Sm90MxConfig,
-    Sm90MxTile, reference, round_output,
+    DeviceMatrix, ElemType, Error, Fp8, Gpu, HostOutput, OutType, Plan, Recipe, ScaledMatrix,
+    Sm90MxConfig, Sm90MxTile, reference, round_output,
 };
-use blockscaled_tests::{bf16_mma_rel, compare_outputs, random_matrix, reference_output};
+use blockscaled_tests::{
+    bf16_mma_rel, compare_outputs, fp8_accumulation_slack, random_matrix, random_values,
+    reference_output, with_scales,
+};
 use proptest::prelude::*;
 
 fn gpu() -> &'static Gpu {
@@ -44,8 +47,9 @@ fn mx_plan(
     force: Option<(u32, u32)>,
 ) -> Result<Plan, String> {
     let plan = match gpu().plan(a, b).map_err(|e| e.to_string())? {
-        // e2m1 pairs at decode sizes plan the 4-bit-weights kernel; these tests are the MX one's.
-        Plan::Sm90W4(_) => {
+        // e2m1 pairs at decode sizes plan the 4-bit-weights kernel, e8m0 pairs at M ≥ 256 the
+        // fold onto the FP8 kernel; these tests are the MX kernel's.
+        Plan::Sm90W4(_) | Plan::Sm90MxFp8(_) => {
             let (da, db) = (a.desc(), b.desc());
             Plan::Sm90Mx(blockscaled::plan::sm90_mx_default(
                 da.rows,
@@ -75,12 +79,22 @@ fn run(
     dtype: OutType,
     force: Option<(u32, u32)>,
 ) -> Result<HostOutput, String> {
+    run_with(a, b, dtype, |da, db| mx_plan(da, db, force))
+}
+
+/// Runs A · Bᵀ with the plan `plan` gives for the uploaded operands (output poisoned first).
+fn run_with(
+    a: &ScaledMatrix,
+    b: &ScaledMatrix,
+    dtype: OutType,
+    plan: impl FnOnce(&DeviceMatrix, &DeviceMatrix) -> Result<Plan, String>,
+) -> Result<HostOutput, String> {
     let g = gpu();
     let (da, db) = (
         g.upload(a).map_err(|e| e.to_string())?,
         g.upload(b).map_err(|e| e.to_string())?,
     );
-    let plan = mx_plan(&da, &db, force)?;
+    let plan = plan(&da, &db)?;
     let mut c = g
         .output(a.rows(), b.rows(), a.batch(), dtype)
         .map_err(|e| e.to_string())?; // poisoned with NaN
@@ -162,14 +176,25 @@ fn mx_recipes_plan_the_mx_kernel_and_nvfp4_with_odd_16_byte_rows_falls_back() {
         g.upload(&m).unwrap()
     };
     for r in MX_RECIPES {
-        assert!(
-            matches!(
-                g.plan(&up(r, 256, 256, false), &up(r, 64, 256, true))
-                    .unwrap(),
-                Plan::Sm90Mx(_)
-            ),
-            "{r}"
+        // M below FOLD_MIN_M (FP8: FOLD_MIN_M_FP8): the MX kernel; from it, e8m0 pairs fold onto
+        // the FP8 kernel.
+        let min = if r.a().elem == ElemType::E2M1 {
+            blockscaled::plan::FOLD_MIN_M
+        } else {
+            blockscaled::plan::FOLD_MIN_M_FP8
+        };
+        let (small, large) = (
+            g.plan(&up(r, min - 1, 256, false), &up(r, 64, 256, true))
+                .unwrap(),
+            g.plan(&up(r, min, 256, false), &up(r, 64, 256, true))
+                .unwrap(),
         );
+        assert!(matches!(small, Plan::Sm90Mx(_)), "{r}: {small:?}");
+        if r == Recipe::Nvfp4 {
+            assert!(matches!(large, Plan::Sm90Mx(_)), "{r}: {large:?}");
+        } else {
+            assert!(matches!(large, Plan::Sm90MxFp8(_)), "{r}: {large:?}");
+        }
     }
     // NVFP4 with K = 272: e2m1 rows of 136 bytes are not 16-byte multiples (TMA), so the
     // reference kernel runs it; forcing the MX kernel is a format error.
@@ -226,17 +251,7 @@ fn with_scale(m: &ScaledMatrix, (l, r, k): (usize, usize, usize), byte: u8) -> S
     let mut scales = m.scales().to_vec();
     let (br, bk) = d.block_extent();
     scales[d.scale_layout.index(l, r / br, k / bk)] = byte;
-    ScaledMatrix::from_parts(
-        d.format,
-        d.rows,
-        d.k,
-        d.batch,
-        m.data().to_vec(),
-        scales,
-        d.scale_layout,
-        d.tensor_scale,
-    )
-    .unwrap()
+    with_scales(m, scales)
 }
 
 /// Row `row` of every batch entry's output is `want` (NaN: any NaN; ±Inf exactly), every other row
@@ -354,5 +369,187 @@ fn swizzled_and_unswizzled_scales_give_bitwise_identical_results() {
                 .zip(&again.values)
                 .all(|(x, y)| x.to_bits() == y.to_bits())
         );
+    }
+}
+
+/// The recipes that fold onto the FP8 kernel (e8m0 scales).
+const FOLD_RECIPES: [Recipe; 4] = [
+    Recipe::Mxfp8(Fp8::E4M3),
+    Recipe::Mxfp8(Fp8::E5M2),
+    Recipe::Mxfp4,
+    Recipe::E2m1E8m0x16,
+];
+
+/// The fold plan (the FP8 kernel's default configuration), whatever M is.
+fn fold_plan(da: &DeviceMatrix, db: &DeviceMatrix) -> Result<Plan, String> {
+    let (a, b) = (da.desc(), db.desc());
+    Ok(Plan::Sm90MxFp8(blockscaled::plan::sm90_default(
+        a.rows,
+        b.rows,
+        a.k,
+        a.batch,
+        gpu().sm_count(),
+    )))
+}
+
+/// `m` with every e8m0 scale byte replaced by a random code in 100..=154 (shifts up to 54 within
+/// a group, far past e2m1's exact 14, so the fold rounds) and about 1 in 500 by NaN (0xFF).
+fn wide_scales(m: &ScaledMatrix, seed: u64) -> ScaledMatrix {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let scales = m
+        .scales()
+        .iter()
+        .map(|_| {
+            if rng.random_range(0..500) == 0 {
+                0xFF
+            } else {
+                rng.random_range(100..=154u8)
+            }
+        })
+        .collect();
+    with_scales(m, scales)
+}
+
+/// A · Bᵀ on the fold path with one operand the K × K identity (quantized, so its ones are
+/// exact) copies the other operand's folded values into C exactly (one non-zero product per
+/// element; NaN × 0 gives NaN): so C shows every element the GPU's fold wrote, in both roles,
+/// and it must equal the host's `fold_to_fp8` bit for bit.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn the_gpu_fold_equals_the_host_fold_for_every_element_in_both_roles() {
+    let (rows, k, l) = (200, 512, 2);
+    for (i, r) in FOLD_RECIPES.into_iter().enumerate() {
+        let seed = 0xF01D + i as u64;
+        let ident = |f| {
+            let v: Vec<f32> = (0..l * k * k)
+                .map(|j| if (j / k) % k == j % k { 1.0 } else { 0.0 })
+                .collect();
+            ScaledMatrix::quantize(&v, k, k, l, f).unwrap()
+        };
+        for as_b in [false, true] {
+            let other = if as_b { r.b() } else { r.a() };
+            let (_, x) = random_matrix(seed, rows, k, l, other);
+            let x = wide_scales(&x, seed + 7);
+            let (a, b) = if as_b {
+                (ident(r.a()), x.clone())
+            } else {
+                (x.clone(), ident(r.b()))
+            };
+            let (fa, fb) = (a.fold_to_fp8(false).unwrap(), b.fold_to_fp8(true).unwrap());
+            let (want, _) = reference::gemm_f64(&fa, &fb).unwrap();
+            let got = run_with(&a, &b, OutType::F32, fold_plan).unwrap();
+            let (mut nan, mut bad) = (0, Vec::new());
+            for (j, (&g, &w)) in got.values.iter().zip(&want).enumerate() {
+                if w.is_nan() {
+                    nan += 1;
+                    if !g.is_nan() {
+                        bad.push(format!("element {j}: got {g}, want NaN"));
+                    }
+                } else if g as f64 != w {
+                    bad.push(format!("element {j}: got {g}, want {w}"));
+                }
+            }
+            assert!(
+                bad.is_empty(),
+                "{r} as_b {as_b}: {} differ: {:?}",
+                bad.len(),
+                &bad[..bad.len().min(8)]
+            );
+            // The NaN scales reached C, and most elements did not.
+            assert!(
+                nan > 0 && nan < got.values.len() / 2,
+                "{r} as_b {as_b}: {nan} NaN"
+            );
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(32))]
+
+    /// The fold path against the CPU reference on the folded operands (what the FP8 kernel
+    /// multiplies: the previous test shows the GPU's fold is the host's), within the FP8
+    /// kernel's accumulation bound, on random ragged shapes, batches and output types.
+    #[test]
+    #[ignore = "needs a CUDA device"]
+    fn fold_path_matches_the_cpu_reference_on_random_ragged_shapes(
+        which in 0usize..4,
+        m in 1usize..400,
+        n in 1usize..600,
+        k128 in 1usize..9,
+        l in 1usize..4,
+        out_i in 0usize..3,
+        seed in any::<u64>(),
+    ) {
+        let recipe = FOLD_RECIPES[which];
+        let dtype = [OutType::Bf16, OutType::F16, OutType::F32][out_i];
+        let k = 128 * k128;
+        let (_, a) = random_matrix(seed, m, k, l, recipe.a());
+        let (_, b) = random_matrix(seed ^ 0x5EED, n, k, l, recipe.b());
+        let (fa, fb) = (a.fold_to_fp8(false).unwrap(), b.fold_to_fp8(true).unwrap());
+        let (want, abs) = reference_output(&fa, &fb, dtype).map_err(TestCaseError::fail)?;
+        let got = run_with(&a, &b, dtype, fold_plan).map_err(TestCaseError::fail)?;
+        compare_outputs(&got, &want, 1.0, &fp8_accumulation_slack(&abs)).map_err(|e| {
+            TestCaseError::fail(format!("fold {recipe} {m}x{n}x{k}x{l} {dtype:?}: {e}"))
+        })?;
+    }
+}
+
+/// What the fold path costs in accuracy, against what the format itself costs, per element of C
+/// in units of Σ_k|a_k·b_k| (so a small column counts as much as a large one): on random inputs
+/// (per-row magnitudes 2^-6…2^6, 1% outliers), the largest fold-path error (against the exact
+/// product of the quantized operands) must stay below the RMS quantization error (exact product
+/// of the quantized operands against the product of the unquantized inputs), for every format
+/// `choose` folds (at large M).
+#[test]
+#[ignore = "needs a CUDA device"]
+fn fold_path_error_is_below_the_formats_own_quantization_error() {
+    use rayon::prelude::*;
+    let (m, n, k) = (256, 256, 4096);
+    for (i, r) in FOLD_RECIPES.into_iter().enumerate() {
+        let (va, vb) = (
+            random_values(41 + i as u64, m * k, k),
+            random_values(97 + i as u64, n * k, k),
+        );
+        let a = ScaledMatrix::quantize(&va, m, k, 1, r.a()).unwrap();
+        let b = ScaledMatrix::quantize(&vb, n, k, 1, r.b()).unwrap();
+        let (exact, abs) = reference::gemm_f64(&a, &b).unwrap();
+        let unq: Vec<f64> = (0..m * n)
+            .into_par_iter()
+            .map(|j| {
+                let (x, y) = (&va[(j / n) * k..][..k], &vb[(j % n) * k..][..k]);
+                x.iter().zip(y).map(|(&p, &q)| p as f64 * q as f64).sum()
+            })
+            .collect();
+        let got = run_with(&a, &b, OutType::F32, fold_plan).unwrap();
+        let mx = run(&a, &b, OutType::F32, None).unwrap();
+        let rel = |x: f64, y: f64, s: f64| if s > 0.0 { (x - y).abs() / s } else { 0.0 };
+        let max = |v: &[f32]| {
+            v.iter()
+                .zip(&exact)
+                .zip(&abs)
+                .map(|((&g, &w), &s)| rel(g as f64, w, s))
+                .fold(
+                    0.0f64,
+                    |m, x| if x.is_nan() { f64::INFINITY } else { m.max(x) },
+                )
+        };
+        let (path, exact_path) = (max(&got.values), max(&mx.values));
+        let quant = (exact
+            .iter()
+            .zip(&unq)
+            .zip(&abs)
+            .map(|((&w, &u), &s)| rel(w, u, s).powi(2))
+            .sum::<f64>()
+            / (m * n) as f64)
+            .sqrt();
+        println!(
+            "{r}: per element / Σ|ab|: fold path max {path:.2e}, exact (MX kernel) path max \
+             {exact_path:.2e}, quantization RMS {quant:.2e} (fold max / quantization RMS \
+             {:.2})",
+            path / quant
+        );
+        assert!(path.is_finite() && path < quant, "{r}");
     }
 }

@@ -417,3 +417,70 @@ fn data_sizes_that_overflow_are_shape_errors() {
     let r = ScaledMatrix::from_parts(f, 1 << 30, 1 << 30, 4, vec![], vec![127], layout, 1.0);
     assert!(matches!(r, Err(Error::Shape(_))), "{r:?}");
 }
+
+/// `fold_to_fp8` (the host's copy of the GPU's MX → FP8 pre-pass): FP8 with fp32 scales per 1×128
+/// (A role) or per row (B role); every value within half the target's smallest subnormal of its
+/// group scale of the MX value (`format::fold::max_error_units`), NaN scales give NaN, and e2m1
+/// rows whose scales span less than 2^14 (these random rows: 2^5 at most) fold exactly.
+#[test]
+fn folding_mx_into_fp8_keeps_every_value_within_its_bound() {
+    use blockscaled::kernels::format::fold;
+    for (i, r) in [
+        Recipe::Mxfp8(blockscaled::Fp8::E4M3),
+        Recipe::Mxfp8(blockscaled::Fp8::E5M2),
+        Recipe::Mxfp4,
+        Recipe::E2m1E8m0x16,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        for as_b in [false, true] {
+            let fmt = if as_b { r.b() } else { r.a() };
+            let (_, mut m) = random_matrix(70 + i as u64, 300, 512, 2, fmt);
+            // One NaN scale.
+            let d = *m.desc();
+            let mut scales = m.scales().to_vec();
+            scales[d.scale_layout.index(1, 77, 3)] = 0xFF;
+            m = blockscaled_tests::with_scales(&m, scales);
+            let f = m.fold_to_fp8(as_b).unwrap();
+            assert_eq!(f.format().elem, fold::target(fmt.elem));
+            assert_eq!(f.format().scale, ScaleType::F32);
+            let block = if as_b {
+                ScaleBlock::PerRow
+            } else {
+                ScaleBlock::Tile { rows: 1, k: 128 }
+            };
+            assert_eq!(f.format().block, block);
+            let (mut exact, mut nan) = (0usize, 0usize);
+            for l in 0..2 {
+                for row in 0..300 {
+                    for k in 0..512 {
+                        let (x, y) = (m.value(l, row, k), f.value(l, row, k));
+                        if x.is_nan() {
+                            assert!(y.is_nan(), "{r} {l},{row},{k}");
+                            nan += 1;
+                            continue;
+                        }
+                        let unit = f.scale_value(l, row, k);
+                        let err = (x - y).abs();
+                        assert!(
+                            err <= fold::max_error_units(fmt.elem) as f64 * unit,
+                            "{r} as_b {as_b} ({l},{row},{k}): {x} folded to {y}"
+                        );
+                        exact += (err == 0.0) as usize;
+                    }
+                }
+            }
+            // The NaN scale's block (32 or 16 elements) and nothing else.
+            assert_eq!(nan, d.block_extent().1, "{r}");
+            if fmt.elem == ElemType::E2M1 {
+                assert_eq!(exact + nan, 2 * 300 * 512, "{r}: e2m1 rows fold exactly");
+            }
+        }
+    }
+    // NVFP4 (ue4m3 scales are not powers of two) and K not a multiple of 128 do not fold.
+    let (_, nv) = random_matrix(1, 16, 256, 1, Recipe::Nvfp4.a());
+    assert!(matches!(nv.fold_to_fp8(false), Err(Error::Format(_))));
+    let (_, odd) = random_matrix(1, 16, 96, 1, Recipe::Mxfp4.a());
+    assert!(matches!(odd.fold_to_fp8(false), Err(Error::Shape(_))));
+}

@@ -70,7 +70,8 @@ struct Args {
     #[arg(long, default_value_t = 0)]
     device: usize,
     /// Kernel: auto (what `gemm` chooses), reference, sm90 (the Hopper FP8 kernel), sm90mx (the
-    /// Hopper MX / NVFP4 kernel; --mma_tiler_mn 128,256 or 128,128) or sm90w4 (the Hopper
+    /// Hopper MX / NVFP4 kernel; --mma_tiler_mn 128,256 or 128,128), sm90mxfp8 (MX operands
+    /// folded into FP8 by a pre-pass, then the sm90 kernel with its tiles) or sm90w4 (the Hopper
     /// 4-bit-weights kernel; --mma_tiler_mn 16,128 or 128,128).
     #[arg(long, default_value = "auto")]
     kernel: String,
@@ -258,7 +259,7 @@ fn run(args: &Args) -> Result<bool, String> {
         {
             None
         }
-        "auto" | "sm90" => {
+        "auto" | "sm90" | "sm90mxfp8" => {
             let d =
                 blockscaled::plan::sm90_default(mnkl[0], mnkl[1], mnkl[2], mnkl[3], gpu.sm_count());
             let tile = tiler.unwrap_or(d.tile);
@@ -274,7 +275,11 @@ fn run(args: &Args) -> Result<bool, String> {
             let group_m = args.group_m.unwrap_or(
                 (d.group_m * d.tile.block_m() / tile.block_m()).clamp(1, m_units.max(1)),
             );
-            Some(Plan::Sm90Fp8(Sm90Config {
+            Some((if args.kernel == "sm90mxfp8" {
+                Plan::Sm90MxFp8
+            } else {
+                Plan::Sm90Fp8
+            })(Sm90Config {
                 tile,
                 cluster,
                 group_m,
@@ -317,7 +322,7 @@ fn run(args: &Args) -> Result<bool, String> {
         "reference" => Some(Plan::Reference),
         k => {
             return Err(format!(
-                "--kernel `{k}`: want auto, reference, sm90, sm90mx or sm90w4"
+                "--kernel `{k}`: want auto, reference, sm90, sm90mx, sm90mxfp8 or sm90w4"
             ));
         }
     };

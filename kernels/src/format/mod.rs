@@ -43,6 +43,7 @@ pub mod e2m1;
 pub mod e4m3;
 pub mod e5m2;
 pub mod e8m0;
+pub mod fold;
 pub mod ue4m3;
 
 /// `2^e` as an `f32`, exact for `-149 <= e <= 127` (subnormal results included);

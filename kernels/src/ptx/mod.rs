@@ -5,6 +5,7 @@
 //! Shared-memory addresses are 32-bit offsets in the shared window (`.shared::cta`), as produced
 //! by [`smem::dynamic_base`]; global and tensor-map addresses are 64-bit generic addresses.
 
+pub mod bits;
 pub mod convert;
 pub mod global;
 pub mod half;
