@@ -473,11 +473,7 @@ impl Sm90Fp8 {
         };
         let (tile, cl) = (cfg.tile, cfg.cluster);
         let cluster = cl.size();
-        let mut ws_slot = (cfg.split_k > 1).then(|| self.splitk.lock());
-        let ws = match ws_slot.as_mut() {
-            Some(slot) => Some(SplitK::workspace(slot, stream, &shape, cfg.split_k)?),
-            None => None,
-        };
+        let mut slot = self.splitk.slot(cfg.split_k);
         let DeviceOutput {
             buf: out,
             prepared: out_prepared,
@@ -514,18 +510,21 @@ impl Sm90Fp8 {
         } else {
             &bo.tmap
         });
-        // With split-K the GEMM writes f32 partials into the workspace and the reduction writes
-        // C; this launch holds the guards of both, so that no event is recorded between the two
-        // kernels (it would keep the reduction from starting during the GEMM's tail).
-        let split = ws.is_some();
-        let out_ptr = launch.ptr_mut(out);
-        let (tmap_c, gemm_out, out_type) = match ws {
-            Some(w) => (0, launch.ptr_mut(w), OutType::F32),
-            None => (
-                launch.opt_ptr(out_prepared.get::<Sm90Output>().map(|o| &o.tmap)),
-                out_ptr,
-                *dtype,
-            ),
+        // With split-K the GEMM writes f32 partials into the workspace (never through the
+        // output's TMA map) and the reduction writes C.
+        let dst = SplitK::destination(
+            &mut launch,
+            slot.as_mut(),
+            stream,
+            &shape,
+            cfg.split_k,
+            out,
+            *dtype,
+        )?;
+        let tmap_c = if dst.splits() {
+            0
+        } else {
+            launch.opt_ptr(out_prepared.get::<Sm90Output>().map(|o| &o.tmap))
         };
         let params = Sm90Fp8Params {
             tmap_a,
@@ -534,13 +533,13 @@ impl Sm90Fp8 {
             sfa: launch.ptr(sfa),
             sfb: launch.ptr(sfb),
             sfb_col: launch.opt_ptr(bo.sfb_col.as_ref()),
-            out: gemm_out,
+            out: dst.gemm_out,
             m: m as u32,
             n: n as u32,
             k: k as u32,
             l: l as u32,
             m_pad: *m_pad,
-            out_type: out_type as u32,
+            out_type: dst.out_type as u32,
             group_m: cfg.group_m,
             split_k: cfg.split_k,
             cluster_m: cl.m,
@@ -552,22 +551,11 @@ impl Sm90Fp8 {
         // (or the workspace of split·l·m·n f32) holds l·m·n elements of `out_type`, and the grid
         // is a whole number of clusters.
         let gemm = unsafe { launch.launch(&params) }?;
-        if split {
-            // SAFETY: the workspace holds split·l·m·n f32 written by the launch above; `out`
-            // holds l·m·n values of `dtype`; both stay alive and ordered by that launch's guards
-            // (`gemm`, dropped after this); l ≤ 65535 (validated).
-            unsafe {
-                self.splitk.reduce(
-                    stream,
-                    gemm_out,
-                    out_ptr,
-                    (m, n, l),
-                    cfg.split_k,
-                    *dtype,
-                    4 * kernel.resident[0],
-                )
-            }?;
-        }
+        // SAFETY: `dst` is this launch's, whose guards (`gemm`) and slot are held until after it.
+        unsafe {
+            self.splitk
+                .finish(stream, &dst, (m, n, l), 4 * kernel.resident[0])
+        }?;
         drop(gemm);
         Ok(())
     }

@@ -9,7 +9,7 @@ use cudarc::driver::{CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr}
 use crate::buffers::{DeviceMatrix, DeviceOutput, PreparedValue};
 use crate::error::{Error, Result, config, shape};
 use crate::family::{Family, Gemm};
-use crate::format::{ElemType, OutType, ScaleBlock, ScaleType};
+use crate::format::{ElemType, ScaleBlock, ScaleType};
 use crate::launch::Launch;
 use crate::matrix::{GemmShape, MatrixDesc, ScaledMatrix};
 use crate::splitk::{self, SplitK};
@@ -355,11 +355,7 @@ impl Sm90Mx {
             ));
         };
         let tile = cfg.tile;
-        let mut ws_slot = (cfg.split_k > 1).then(|| self.splitk.lock());
-        let ws = match ws_slot.as_mut() {
-            Some(slot) => Some(SplitK::workspace(slot, stream, &shape, cfg.split_k)?),
-            None => None,
-        };
+        let mut slot = self.splitk.slot(cfg.split_k);
         let DeviceOutput {
             buf: out, dtype, ..
         } = c;
@@ -383,25 +379,28 @@ impl Sm90Mx {
             .block(tile.threads(), 1, 1)
             .shared_mem(kernel.def.layout().bytes())
             .cluster(1);
-        let split = ws.is_some();
-        let out_ptr = launch.ptr_mut(out);
-        let (gemm_out, out_type) = match ws {
-            Some(w) => (launch.ptr_mut(w), OutType::F32),
-            None => (out_ptr, *dtype),
-        };
+        let dst = SplitK::destination(
+            &mut launch,
+            slot.as_mut(),
+            stream,
+            &shape,
+            cfg.split_k,
+            out,
+            *dtype,
+        )?;
         let params = Sm90MxParams {
             tmap_a: launch.ptr(ao.tmap(BLOCK_M)),
             tmap_b: launch.ptr(bo.tmap(tile.block_n)),
             sfa: launch.ptr(&ao.scales),
             sfb: launch.ptr(&bo.scales),
-            out: gemm_out,
+            out: dst.gemm_out,
             m: m as u32,
             n: n as u32,
             k: k as u32,
             l: l as u32,
             rows_pad_a: ao.rows_pad,
             rows_pad_b: bo.rows_pad,
-            out_type: out_type as u32,
+            out_type: dst.out_type as u32,
             group_m: cfg.group_m,
             split_k: cfg.split_k,
             alpha: a.desc.tensor_scale * b.desc.tensor_scale,
@@ -411,21 +410,11 @@ impl Sm90Mx {
         // l·⌈k/64⌉·rows_pad·(64/block) bytes with rows_pad a multiple of 256 ≥ every tile's rows;
         // the output (or the workspace of split·l·m·n f32) holds l·m·n elements of `out_type`.
         let gemm = unsafe { launch.launch(&params) }?;
-        if split {
-            // SAFETY: as in the FP8 family: the workspace and output outlive both launches, which
-            // are ordered on `stream` (`gemm` dropped after this).
-            unsafe {
-                self.splitk.reduce(
-                    stream,
-                    gemm_out,
-                    out_ptr,
-                    (m, n, l),
-                    cfg.split_k,
-                    *dtype,
-                    4 * self.sm_count,
-                )
-            }?;
-        }
+        // SAFETY: `dst` is this launch's, whose guards (`gemm`) and slot are held until after it.
+        unsafe {
+            self.splitk
+                .finish(stream, &dst, (m, n, l), 4 * self.sm_count)
+        }?;
         drop(gemm);
         Ok(())
     }

@@ -129,10 +129,11 @@ impl Sm90MxFp8 {
             ));
         };
         let elem = src.desc.format.elem;
+        let def = family::kernel(elem, scale.block);
         let (_, func) = self
             .kernels
             .iter()
-            .find(|(d, _)| d.elem == elem && d.block == scale.block)
+            .find(|(d, _)| Some(*d) == def)
             .ok_or_else(|| Error::Format(format!("no fold kernel for {}", src.desc.format)))?;
         let row_blocks = rows.div_ceil(FOLD_ROWS as usize);
         if row_blocks > u16::MAX as usize || l > u16::MAX as usize {

@@ -9,7 +9,7 @@ use cudarc::driver::{CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr}
 use crate::buffers::{DeviceOutput, PreparedValue};
 use crate::error::{Error, Result, config};
 use crate::family::{Family, Gemm};
-use crate::format::{ElemType, OutType, ScaleBlock, ScaleType};
+use crate::format::{ElemType, ScaleBlock, ScaleType};
 use crate::launch::Launch;
 use crate::matrix::{GemmShape, MatrixDesc, ScaledMatrix};
 use crate::sm90_mx::{kernel_scales, scale_format};
@@ -353,11 +353,7 @@ impl Sm90W4 {
             })?,
             _ => 1.0,
         };
-        let mut ws_slot = (cfg.split_k > 1).then(|| self.splitk.lock());
-        let ws = match ws_slot.as_mut() {
-            Some(slot) => Some(SplitK::workspace(slot, stream, &shape, cfg.split_k)?),
-            None => None,
-        };
+        let mut slot = self.splitk.slot(cfg.split_k);
         let DeviceOutput {
             buf: out, dtype, ..
         } = c;
@@ -380,12 +376,15 @@ impl Sm90W4 {
             .block(cfg.tile.threads(), 1, 1)
             .shared_mem(kernel.def.layout().bytes())
             .cluster(1);
-        let split = ws.is_some();
-        let out_ptr = launch.ptr_mut(out);
-        let (gemm_out, out_type) = match ws {
-            Some(w) => (launch.ptr_mut(w), OutType::F32),
-            None => (out_ptr, *dtype),
-        };
+        let dst = SplitK::destination(
+            &mut launch,
+            slot.as_mut(),
+            stream,
+            &shape,
+            cfg.split_k,
+            out,
+            *dtype,
+        )?;
         let tmap_x = if cfg.tile.n == 16 {
             &ao.tmap_16
         } else {
@@ -396,14 +395,14 @@ impl Sm90W4 {
             tmap_x: launch.ptr(tmap_x),
             sfw: launch.ptr(wscales),
             sfx: ao.scales.as_ref().map_or(0, |s| launch.ptr(s)),
-            out: gemm_out,
+            out: dst.gemm_out,
             m: m as u32,
             n: n as u32,
             k: k as u32,
             l: l as u32,
             rows_pad_w: bo.rows_pad,
             rows_pad_x: ao.rows_pad,
-            out_type: out_type as u32,
+            out_type: dst.out_type as u32,
             group_m: cfg.group_m,
             split_k: cfg.split_k,
             alpha: a_scale * a.desc.tensor_scale * b.desc.tensor_scale,
@@ -415,20 +414,11 @@ impl Sm90W4 {
         // the scale buffers hold whole padded tiles of rows and stages of K; the output (or the
         // workspace of split·l·m·n f32) holds l·m·n elements of `out_type`.
         let gemm = unsafe { launch.launch(&params) }?;
-        if split {
-            // SAFETY: as in the MX family.
-            unsafe {
-                self.splitk.reduce(
-                    stream,
-                    gemm_out,
-                    out_ptr,
-                    (m, n, l),
-                    cfg.split_k,
-                    *dtype,
-                    4 * self.sm_count,
-                )
-            }?;
-        }
+        // SAFETY: `dst` is this launch's, whose guards (`gemm`) and slot are held until after it.
+        unsafe {
+            self.splitk
+                .finish(stream, &dst, (m, n, l), 4 * self.sm_count)
+        }?;
         drop(gemm);
         Ok(())
     }

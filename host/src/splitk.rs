@@ -45,7 +45,88 @@ pub(crate) fn validate(s: &GemmShape, split_k: u32) -> Result<()> {
     Ok(())
 }
 
+/// Where one GEMM launch writes, and whether a reduction follows it.
+pub(crate) struct Destination {
+    /// The GEMM's output: the f32 workspace when K is split, else C.
+    pub(crate) gemm_out: u64,
+    /// The GEMM's output type (f32 partials when K is split).
+    pub(crate) out_type: OutType,
+    /// C.
+    out: u64,
+    /// The split and C's type, when the reduction must follow.
+    reduce: Option<(u32, OutType)>,
+}
+
+impl Destination {
+    /// Whether the GEMM writes partial sums (and the reduction writes C).
+    pub(crate) fn splits(&self) -> bool {
+        self.reduce.is_some()
+    }
+}
+
 impl SplitK {
+    /// The workspace slot, locked when `split_k > 1`; held until the reduction is enqueued.
+    pub(crate) fn slot(&self, split_k: u32) -> Option<Workspace<'_>> {
+        (split_k > 1).then(|| self.lock())
+    }
+
+    /// Where the GEMM that `launch` will start writes: with a `slot`, `split_k` f32 partial sums
+    /// into the workspace (grown for `shape`), else C (`out`, of `dtype`). `launch` holds the
+    /// guards of both, so that no event is recorded between the GEMM and the reduction (it would
+    /// keep the reduction from starting during the GEMM's tail).
+    pub(crate) fn destination<'a>(
+        launch: &mut Launch<'a>,
+        slot: Option<&'a mut Workspace<'_>>,
+        stream: &Arc<CudaStream>,
+        shape: &GemmShape,
+        split_k: u32,
+        out: &'a mut CudaSlice<u8>,
+        dtype: OutType,
+    ) -> Result<Destination> {
+        let ws = match slot {
+            Some(slot) => Some(SplitK::workspace(slot, stream, shape, split_k)?),
+            None => None,
+        };
+        let out = launch.ptr_mut(out);
+        Ok(match ws {
+            Some(w) => Destination {
+                gemm_out: launch.ptr_mut(w),
+                out_type: OutType::F32,
+                out,
+                reduce: Some((split_k, dtype)),
+            },
+            None => Destination {
+                gemm_out: out,
+                out_type: dtype,
+                out,
+                reduce: None,
+            },
+        })
+    }
+
+    /// After the GEMM's launch to `d`: the reduction into C when it split (at most `max_blocks`
+    /// blocks; see [`SplitK::reduce`]).
+    /// # Safety
+    /// `d` came from [`SplitK::destination`] for the launch just enqueued on `stream`, whose
+    /// guards (and the workspace slot) are still held; `(m, n, l)` is its output's shape, l ≤
+    /// 65535 ([`validate`]).
+    pub(crate) unsafe fn finish(
+        &self,
+        stream: &Arc<CudaStream>,
+        d: &Destination,
+        dims: (usize, usize, usize),
+        max_blocks: u32,
+    ) -> Result<()> {
+        match d.reduce {
+            // SAFETY: the caller's contract: the workspace holds split·l·m·n f32 written by the
+            // GEMM, and C holds l·m·n values of `dtype`, both alive and ordered by its guards.
+            Some((split, dtype)) => unsafe {
+                self.reduce(stream, d.gemm_out, d.out, dims, split, dtype, max_blocks)
+            },
+            None => Ok(()),
+        }
+    }
+
     pub(crate) fn load(module: &Arc<CudaModule>) -> Result<Self> {
         Ok(SplitK {
             reduce: module.load_function(registry::SPLITK_REDUCE.name)?,
@@ -54,13 +135,13 @@ impl SplitK {
     }
 
     /// Locks the workspace slot (a poisoned lock still holds a usable buffer).
-    pub(crate) fn lock(&self) -> Workspace<'_> {
+    fn lock(&self) -> Workspace<'_> {
         self.workspace.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The workspace for `shape` split `split_k` ways, grown if too small (replaced in stream
     /// order: earlier launches that use the old one are ordered before its free).
-    pub(crate) fn workspace<'a>(
+    fn workspace<'a>(
         slot: &'a mut Workspace<'_>,
         stream: &Arc<CudaStream>,
         shape: &GemmShape,
@@ -82,7 +163,7 @@ impl SplitK {
     /// `out` holds `l · m · n` values of `dtype`; both stay alive and ordered by that launch's
     /// guards until this one is enqueued; `l` ≤ 65535 ([`validate`]).
     #[allow(clippy::too_many_arguments)]
-    pub(crate) unsafe fn reduce(
+    unsafe fn reduce(
         &self,
         stream: &Arc<CudaStream>,
         ws: u64,
