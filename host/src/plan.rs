@@ -52,8 +52,8 @@ pub enum Plan {
     Sm90Mx(Sm90MxConfig),
     /// The sm90 4-bit-weights kernel (W4A16, W4A8, and FP4 pairs at decode sizes).
     Sm90W4(Sm90W4Config),
-    /// MX operands with e8m0 scales (MXFP8, MXFP4, e2m1 with e8m0 per 16) folded by a pre-pass
-    /// into FP8 operands with fp32 scales per 1×128 (A) and 128×128 (B), then the FP8 kernel
+    /// MX and NVFP4 operands (MXFP8, MXFP4, NVFP4, e2m1 with e8m0 per 16) folded by a pre-pass
+    /// into FP8 operands with fp32 scales per 1×128 (A) and per row (B), then the FP8 kernel
     /// with this configuration. Lossy within a stated bound (`sm90_mx_fp8`).
     Sm90MxFp8(Sm90Config),
 }
@@ -142,7 +142,9 @@ pub(crate) fn load_families(
 /// - Hopper, MXFP8 (e4m3 / e5m2, either pair), MXFP4, NVFP4 and e2m1 with e8m0 per 16 — both
 ///   operands of one code width and one scale format, K a multiple of the scale block and rows a
 ///   multiple of 16 bytes (TMA) — runs the sm90 MX kernel ([`sm90_mx_default`]), except that
-///   e2m1 pairs with M ≤ [`W4_MAX_M`] run the 4-bit-weights kernel.
+///   e2m1 pairs with M ≤ [`W4_MAX_M`] run the 4-bit-weights kernel, and pairs with M ≥
+///   [`FOLD_MIN_M`] and K a multiple of 128 run folded onto
+///   the FP8 kernel ([`Plan::Sm90MxFp8`]: lossy, within each format's own quantization error).
 /// - Hopper, 4-bit weights (e2m1 B with MX or NVFP4 scales) with bf16 activations (W4A16) or
 ///   e4m3 ones with fp32 scales per 1×128 (W4A8) runs the sm90 4-bit-weights kernel
 ///   ([`sm90_w4_default`]).
@@ -175,7 +177,7 @@ pub(crate) fn choose_for(
         Ok(Plan::Sm90Fp8(sm90_default(m, n, k, l, sm_count)))
     } else if w4 && (a.format.elem != ElemType::E2M1 || m <= W4_MAX_M) {
         Ok(Plan::Sm90W4(sm90_w4_default(m, n, k, l, sm_count)))
-    } else if sm90_mx_fp8::unsupported_pair(a, b).is_none() && m >= fold_min_m(a.format.elem) {
+    } else if sm90_mx_fp8::unsupported_pair(a, b).is_none() && m >= FOLD_MIN_M {
         Ok(Plan::Sm90MxFp8(sm90_default(m, n, k, l, sm_count)))
     } else if sm90_mx::unsupported_pair(a, b).is_none() {
         Ok(Plan::Sm90Mx(sm90_mx_default(m, n, k, l, sm_count)))
@@ -299,24 +301,14 @@ pub fn sm90_mx_default(m: usize, n: usize, k: usize, l: usize, sm_count: u32) ->
 /// bytes per MAC (a first estimate; docs/PERF.md, v24).
 pub const MX_N256_COST: f64 = 1.8;
 
-/// Smallest M for which e2m1 pairs with e8m0 scales (MXFP4, e2m1 + e8m0 / 16) run folded onto
-/// the FP8 kernel ([`Plan::Sm90MxFp8`]) rather than on the MX kernel: the pre-pass converts each
-/// operand once, where the MX kernel converts A once per N tile and B once per M tile. Measured
-/// (docs/PERF.md, v29): at 256 × 7168 × 4096 the fold path takes 49.6 µs, the MX kernel 56.5.
+/// Smallest M for which MX and NVFP4 pairs run folded onto the FP8 kernel ([`Plan::Sm90MxFp8`])
+/// rather than on the MX kernel: the pre-pass converts each operand once, where the MX kernel
+/// converts A once per N tile and B once per M tile, and FP8 `wgmma` runs at twice bf16's rate.
+/// Measured at M × 7168 × 4096 (docs/PERF.md, v30, µs, fold against MX kernel): at M = 128 the MX
+/// kernel wins (MXFP8 39.1 against 48.5, NVFP4 36.2 against 43.4, MXFP4 36.6 against 42.4),
+/// from M = 256 the fold (MXFP8 53.2 against 61.0, NVFP4 48.5 against 55.3, MXFP4 46.9 against
+/// 56.5).
 pub const FOLD_MIN_M: usize = 256;
-/// The same for MXFP8 pairs, whose pre-pass moves twice the bytes and folds byte by byte. Measured
-/// at M × 7168 × 4096 (docs/PERF.md, v29): the MX kernel is faster at M = 256 (61.2 µs against
-/// 82.4) and 512 (90.9 against 95.5), the fold path from 1024 (125.5 against 176.0).
-pub const FOLD_MIN_M_FP8: usize = 1024;
-
-/// [`FOLD_MIN_M`] or [`FOLD_MIN_M_FP8`] by element type.
-fn fold_min_m(elem: ElemType) -> usize {
-    if elem == ElemType::E2M1 {
-        FOLD_MIN_M
-    } else {
-        FOLD_MIN_M_FP8
-    }
-}
 
 /// Largest M for which e2m1 pairs run the 4-bit-weights kernel rather than the MX kernel
 /// (measured, docs/PERF.md v27: faster at M ≤ 16, slower at M = 128).

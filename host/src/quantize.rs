@@ -218,28 +218,36 @@ fn ratio_scale(amax: f32, max: f32) -> f32 {
 }
 
 impl ScaledMatrix {
-    /// This MX matrix (e4m3, e5m2 or e2m1 with e8m0 scales, K a multiple of 128) re-encoded as
-    /// FP8 with fp32 scales, as the GPU's fold pre-pass does for the FP8 kernel: per 1×128 for
-    /// the A role, per row over all of K for the B role (`as_b`). Each group's scale is
-    /// 2^(r − 127 − h),
-    /// `r` its largest non-NaN e8m0 code, and each element is
-    /// [`fold`](blockscaled_kernels::format::fold::fold)ed by `r` minus its own code: exact
-    /// except below the FP8 normal range (error ≤
-    /// [`max_error_units`](blockscaled_kernels::format::fold::max_error_units) of the group
-    /// scale); elements of a NaN scale become NaN. The result is bit-identical to the GPU's.
+    /// This MX or NVFP4 matrix (e4m3, e5m2 or e2m1 with e8m0 scales per 32 or 16, or e2m1 with
+    /// ue4m3 scales per 16; K a multiple of 128) re-encoded as FP8 with fp32 scales, as the
+    /// GPU's fold pre-pass does for the FP8 kernel: per 1×128 for the A role, per row over all
+    /// of K for the B role (`as_b`). Bit-identical to the GPU's.
+    /// - e8m0: each group's scale is 2^(r − 127 − h), `r` its largest non-NaN e8m0 code, and each
+    ///   element is [`fold`](blockscaled_kernels::format::fold::fold)ed by `r` minus its own code:
+    ///   exact except below the FP8 normal range (error ≤
+    ///   [`max_error_units`](blockscaled_kernels::format::fold::max_error_units) of the group
+    ///   scale).
+    /// - ue4m3 (NVFP4): each group's scale is 2^(E − 5) times the tensor scale, `E` the binade of
+    ///   its largest non-NaN scale, and each element is its e2m1 value times its block scale times
+    ///   2^(5 − E) rounded once to e4m3
+    ///   ([`fold_nv`](blockscaled_kernels::format::fold::fold_nv); error ≤
+    ///   [`nv_max_error`](blockscaled_kernels::format::fold::nv_max_error)).
+    ///
+    /// Elements of a NaN scale become NaN.
     pub fn fold_to_fp8(&self, as_b: bool) -> Result<ScaledMatrix> {
         use blockscaled_kernels::format::fold;
         const GROUP_K: usize = 128;
         let d = *self.desc();
         let (elem, bk) = (d.format.elem, d.block_extent().1);
-        if d.format.scale != ScaleType::E8M0
+        let nv = d.format.scale == ScaleType::UE4M3 && elem == ElemType::E2M1 && bk == 16;
+        if !(nv || d.format.scale == ScaleType::E8M0)
             || d.block_extent().0 != 1
             || !matches!(elem, ElemType::E4M3 | ElemType::E5M2 | ElemType::E2M1)
             || !GROUP_K.is_multiple_of(bk)
         {
             return Err(d
                 .format
-                .error("only MX matrices (e8m0 scales per 1×32 or 1×16) fold"));
+                .error("only MX matrices (e8m0 scales per 1×32 or 1×16) and NVFP4 ones fold"));
         }
         if !d.k.is_multiple_of(GROUP_K) {
             return Err(shape(format!("K = {} is not a multiple of 128", d.k)));
@@ -261,10 +269,12 @@ impl ScaledMatrix {
         };
         let (row_blocks, k_groups) = (rows, k / group_k);
         let layout = ScaleLayout::packed(ScaleMajor::K, row_blocks, k_groups);
+        // A scale code (ue4m3: sign bit cleared, as its decoder ignores it) and whether it is NaN.
         let code_of = |li: usize, r: usize, kk: usize| {
-            let idx = d.scale_layout.index(li, r, kk / bk);
-            self.scales()[idx] as u32
+            let c = self.scales()[d.scale_layout.index(li, r, kk / bk)] as u32;
+            if nv { c & 0x7F } else { c }
         };
+        let is_nan = |c: u32| if nv { fold::ue4m3_is_nan(c) } else { c == 0xFF };
         let mut tops = vec![0u32; l * row_blocks * k_groups];
         for li in 0..l {
             for r in 0..rows {
@@ -272,7 +282,7 @@ impl ScaledMatrix {
                     let t = &mut tops[(li * row_blocks + r) * k_groups + g];
                     for kk in (g * group_k..(g + 1) * group_k).step_by(bk) {
                         let s = code_of(li, r, kk);
-                        if s != 0xFF {
+                        if !is_nan(s) {
                             *t = (*t).max(s);
                         }
                     }
@@ -284,11 +294,13 @@ impl ScaledMatrix {
             for r in 0..rows {
                 for kk in 0..k {
                     let top = tops[(li * row_blocks + r) * k_groups + kk / group_k];
-                    let s = code_of(li, r, kk);
-                    data[(li * rows + r) * k + kk] = if s == 0xFF {
+                    let (s, x) = (code_of(li, r, kk), self.code(li, r, kk));
+                    data[(li * rows + r) * k + kk] = if is_nan(s) {
                         fold::NAN as u8
+                    } else if nv {
+                        fold::fold_nv(x, fold::nv_factor(s, fold::nv_group_exp(top))) as u8
                     } else {
-                        fold::fold(elem, self.code(li, r, kk), top - s) as u8
+                        fold::fold(elem, x, top - s) as u8
                     };
                 }
             }
@@ -296,8 +308,12 @@ impl ScaledMatrix {
         let scales = tops
             .iter()
             .flat_map(|&t| {
-                let e = t as i32 - 127 - fold::headroom(elem);
-                (2f64.powi(e) as f32).to_bits().to_le_bytes()
+                let v = if nv {
+                    fold::nv_group_scale(fold::nv_group_exp(t)) * self.tensor_scale()
+                } else {
+                    2f64.powi(t as i32 - 127 - fold::headroom(elem)) as f32
+                };
+                v.to_bits().to_le_bytes()
             })
             .collect();
         ScaledMatrix::from_parts(format, rows, k, l, data, scales, layout, 1.0)

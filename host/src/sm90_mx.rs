@@ -199,6 +199,26 @@ pub(crate) fn kernel_scales(m: &ScaledMatrix, scale: MxScale) -> Result<(Vec<u8>
     Ok((v, rows_pad))
 }
 
+/// Each row's largest non-NaN scale code over all of K, `[l][rows_pad]` (ue4m3: sign bit
+/// cleared, as its decoder ignores it), the B-role group of the fold pre-pass.
+fn row_tops(m: &ScaledMatrix, scale: MxScale, rows_pad: usize) -> Vec<u8> {
+    let d = m.desc();
+    let (src, layout) = (m.scales(), m.scale_layout());
+    let nv = scale.ty == ScaleType::UE4M3;
+    let mut tops = vec![0u8; d.batch * rows_pad];
+    for li in 0..d.batch {
+        for r in 0..d.rows {
+            tops[li * rows_pad + r] = (0..d.k / scale.block as usize)
+                .map(|kb| src[layout.index(li, r, kb)])
+                .map(|c| if nv { c & 0x7F } else { c })
+                .filter(|&c| c != if nv { 0x7F } else { 0xFF })
+                .max()
+                .unwrap_or(0);
+        }
+    }
+    tops
+}
+
 /// What the kernel needs of one uploaded matrix, made at upload time.
 pub(crate) struct MxOperand {
     /// CUtensorMaps (3-D: K bytes, rows, L; boxes of one stage's row bytes × 128 and × 256 rows;
@@ -208,9 +228,9 @@ pub(crate) struct MxOperand {
     /// Scale bytes `[l][⌈k/64⌉][rows_pad][64 / block]`, zero past the rows and past K.
     scales: CudaSlice<u8>,
     rows_pad: u32,
-    /// Each row's largest non-NaN scale code over all of K, `[l][rows_pad]` (e8m0 scales only:
-    /// the fold pre-pass's B-role scale).
-    row_tops: Option<CudaSlice<u8>>,
+    /// Each row's largest non-NaN scale code over all of K, `[l][rows_pad]` (the fold
+    /// pre-pass's B-role scale).
+    row_tops: CudaSlice<u8>,
 }
 
 impl MxOperand {
@@ -240,22 +260,7 @@ impl MxOperand {
                 Swizzle::CU_TENSOR_MAP_SWIZZLE_NONE,
             )
         };
-        let row_tops = if d.format.scale == ScaleType::E8M0 {
-            let mut tops = vec![0u8; l * rows_pad];
-            let (src, layout) = (m.scales(), m.scale_layout());
-            for li in 0..l {
-                for r in 0..rows {
-                    tops[li * rows_pad + r] = (0..k / scale.block as usize)
-                        .map(|kb| src[layout.index(li, r, kb)])
-                        .filter(|&c| c != 0xFF)
-                        .max()
-                        .unwrap_or(0);
-                }
-            }
-            Some(stream.clone_htod(&tops)?)
-        } else {
-            None
-        };
+        let row_tops = stream.clone_htod(&row_tops(m, scale, rows_pad))?;
         Ok(Some(MxOperand {
             tmap_128: map(128)?,
             tmap_256: map(256)?,
@@ -265,13 +270,11 @@ impl MxOperand {
         }))
     }
 
-    /// The e8m0 scale bytes of `m` in the kernel layout, their `rows_pad` and each row's largest
-    /// code, when `m` was prepared for this family with e8m0 scales (for the fold pre-pass).
-    pub(crate) fn e8m0_scales_of(
-        m: &DeviceMatrix,
-    ) -> Option<(&CudaSlice<u8>, u32, &CudaSlice<u8>)> {
+    /// The scale bytes of `m` in the kernel layout, their `rows_pad` and each row's largest
+    /// code, when `m` was prepared for this family (for the fold pre-pass).
+    pub(crate) fn scales_of(m: &DeviceMatrix) -> Option<(&CudaSlice<u8>, u32, &CudaSlice<u8>)> {
         let op = m.prepared.get::<MxOperand>()?;
-        Some((&op.scales, op.rows_pad, op.row_tops.as_ref()?))
+        Some((&op.scales, op.rows_pad, &op.row_tops))
     }
 
     fn tmap(&self, box_rows: u32) -> &CudaSlice<u8> {

@@ -1,11 +1,13 @@
-//! MX operands on the Hopper FP8 kernel: the fold pre-pass (`kernels::fold`) re-encodes A as FP8
-//! with fp32 scales per 1×128 and B with one fp32 scale per row (each group's largest e8m0 scale
-//! becomes its fp32 scale, and every element's own power of two is folded into its FP8 exponent:
-//! [`blockscaled_kernels::format::fold`]), then the sm90 FP8 family runs them with FP8 `wgmma`
-//! at twice bf16's rate (B's row scales multiplied into C's columns after the K loop). Lossy:
-//! FP8 tensor-core accumulation (as on DeepSeek FP8 inputs) and, where one group's scales span
-//! more than 2^14 (e2m1) or an FP8 element falls below the normal range after its shift,
-//! rounding to the FP8 subnormal grid, at most `fold::max_error_units` of the group's own scale.
+//! MX and NVFP4 operands on the Hopper FP8 kernel: the fold pre-pass (`kernels::fold`) re-encodes
+//! A as FP8 with fp32 scales per 1×128 and B with one fp32 scale per row (each group's largest
+//! scale gives its fp32 scale, times the NVFP4 tensor scale, and every element's own scale is
+//! folded into its FP8 code: [`blockscaled_kernels::format::fold`]), then the sm90 FP8 family
+//! runs them with FP8 `wgmma` at twice bf16's rate (B's row scales multiplied into C's columns
+//! after the K loop). Lossy: FP8 tensor-core accumulation (as on DeepSeek FP8 inputs); for e8m0
+//! scales, where one group's scales span more than 2^14 (e2m1) or an FP8 element falls below the
+//! normal range after its shift, rounding to the FP8 subnormal grid, at most
+//! `fold::max_error_units` of the group's own scale; for NVFP4, every element rounded once to
+//! e4m3 (`fold::nv_max_error`: 2^-4 of itself, a quarter of NVFP4's own rounding).
 //! The folded copies live in a workspace reused in stream order, like split-K's.
 
 use std::sync::{Arc, Mutex};
@@ -15,7 +17,6 @@ use cudarc::driver::{CudaFunction, CudaModule, CudaSlice, CudaStream};
 use crate::buffers::DeviceMatrix;
 use crate::error::{Error, Result, shape};
 use crate::family::{Family, Gemm};
-use crate::format::ScaleType;
 use crate::launch::Launch;
 use crate::matrix::{GemmShape, MatrixDesc};
 use crate::sm90_fp8::{Sm90Config, Sm90Fp8, Sm90Operand};
@@ -32,14 +33,11 @@ pub(crate) fn unsupported_pair(a: &MatrixDesc, b: &MatrixDesc) -> Option<String>
         return Some(e);
     }
     let fmt = a.format;
-    if fmt.scale != ScaleType::E8M0 {
-        return Some(format!(
-            "{fmt}: only power-of-two (e8m0) scales fold into FP8 exponents; ue4m3 ones do not"
-        ));
-    }
+    let Some(scale) = sm90_mx::scale_format(a) else {
+        return Some(format!("{fmt}: no fold kernel for this scale format"));
+    };
     let (ea, eb) = (a.format.elem, b.format.elem);
-    let block = sm90_mx::scale_format(a)?.block;
-    if family::kernel(ea, block).is_none() || family::kernel(eb, block).is_none() {
+    if family::kernel(ea, scale).is_none() || family::kernel(eb, scale).is_none() {
         return Some(format!(
             "{fmt}: no fold kernel for these elements and scale blocks"
         ));
@@ -49,9 +47,6 @@ pub(crate) fn unsupported_pair(a: &MatrixDesc, b: &MatrixDesc) -> Option<String>
             "K = {} is not a multiple of {FOLD_K}, the FP8 kernel's scale groups",
             a.k
         ));
-    }
-    if a.tensor_scale != 1.0 || b.tensor_scale != 1.0 {
-        return Some("the FP8 kernel applies no tensor scale".into());
     }
     None
 }
@@ -120,16 +115,15 @@ impl Sm90MxFp8 {
         as_b: bool,
     ) -> Result<&'w Folded> {
         let (rows, k, l) = dims;
-        let (Some((scales, rows_pad, row_tops)), Some(scale)) = (
-            MxOperand::e8m0_scales_of(src),
-            sm90_mx::scale_format(&src.desc),
-        ) else {
+        let (Some((scales, rows_pad, row_tops)), Some(scale)) =
+            (MxOperand::scales_of(src), sm90_mx::scale_format(&src.desc))
+        else {
             return Err(Error::Format(
                 "operand was not prepared for the sm90 MX kernels".into(),
             ));
         };
         let elem = src.desc.format.elem;
-        let def = family::kernel(elem, scale.block);
+        let def = family::kernel(elem, scale);
         let (_, func) = self
             .kernels
             .iter()
@@ -179,7 +173,7 @@ impl Sm90MxFp8 {
                 rows_pad,
                 m_pad,
                 b_role: as_b as u32,
-                _pad: 0,
+                tensor_scale: src.desc.tensor_scale,
             };
             // SAFETY: `src` holds l·rows·k codes (its desc formed the shape) and its prepared scales
             // l·(k/64)·rows_pad·(64/block) bytes and row tops l·rows_pad bytes, with rows_pad ≥
@@ -203,20 +197,19 @@ mod tests {
     }
 
     #[test]
-    fn power_of_two_scales_fold_and_nvfp4_or_ragged_k_do_not() {
+    fn mx_and_nvfp4_fold_and_ragged_k_or_fp32_scales_do_not() {
         for r in [
             Recipe::Mxfp8(Fp8::E4M3),
             Recipe::Mxfp8(Fp8::E5M2),
             Recipe::Mxfp4,
             Recipe::E2m1E8m0x16,
+            Recipe::Nvfp4,
         ] {
             let (a, b) = (desc(r, 100, 256, false), desc(r, 70, 256, true));
             assert_eq!(unsupported_pair(&a, &b), None, "{r}");
             let (a, b) = (desc(r, 100, 320, false), desc(r, 70, 320, true));
             assert!(unsupported_pair(&a, &b).is_some(), "{r}: K = 320");
         }
-        let nv = Recipe::Nvfp4;
-        assert!(unsupported_pair(&desc(nv, 64, 256, false), &desc(nv, 64, 256, true)).is_some());
         let ds = Recipe::DeepSeekFp8;
         assert!(unsupported_pair(&desc(ds, 64, 256, false), &desc(ds, 64, 256, true)).is_some());
     }

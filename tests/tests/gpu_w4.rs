@@ -165,14 +165,13 @@ fn weight_only_recipes_and_small_fp4_pairs_plan_the_w4_kernel() {
             "{r}: {plan:?}"
         );
     }
-    // Larger M FP4 pairs leave this kernel: MXFP4 folds onto the FP8 kernel, NVFP4 runs on the
-    // MX kernel.
+    // Larger M FP4 pairs leave this kernel: they fold onto the FP8 kernel.
     let plan = |r: Recipe| {
         g.plan(&up(r, 1000, 256, false), &up(r, 512, 256, true))
             .unwrap()
     };
     assert!(matches!(plan(Recipe::Mxfp4), Plan::Sm90MxFp8(_)));
-    assert!(matches!(plan(Recipe::Nvfp4), Plan::Sm90Mx(_)));
+    assert!(matches!(plan(Recipe::Nvfp4), Plan::Sm90MxFp8(_)));
 }
 
 /// A copy of `m` with one value changed through `edit(data, scales, element index)`.

@@ -418,10 +418,11 @@ fn data_sizes_that_overflow_are_shape_errors() {
     assert!(matches!(r, Err(Error::Shape(_))), "{r:?}");
 }
 
-/// `fold_to_fp8` (the host's copy of the GPU's MX → FP8 pre-pass): FP8 with fp32 scales per 1×128
-/// (A role) or per row (B role); every value within half the target's smallest subnormal of its
-/// group scale of the MX value (`format::fold::max_error_units`), NaN scales give NaN, and e2m1
-/// rows whose scales span less than 2^14 (these random rows: 2^5 at most) fold exactly.
+/// `fold_to_fp8` (the host's copy of the GPU's MX / NVFP4 → FP8 pre-pass): FP8 with fp32 scales
+/// per 1×128 (A role) or per row (B role); every MX value within half the target's smallest
+/// subnormal of its group scale (`format::fold::max_error_units`), every NVFP4 value within
+/// `format::fold::nv_max_error`; NaN scales give NaN; e2m1 rows with e8m0 scales spanning less
+/// than 2^14 (these random rows: 2^5 at most) fold exactly.
 #[test]
 fn folding_mx_into_fp8_keeps_every_value_within_its_bound() {
     use blockscaled::kernels::format::fold;
@@ -430,6 +431,7 @@ fn folding_mx_into_fp8_keeps_every_value_within_its_bound() {
         Recipe::Mxfp8(blockscaled::Fp8::E5M2),
         Recipe::Mxfp4,
         Recipe::E2m1E8m0x16,
+        Recipe::Nvfp4,
     ]
     .into_iter()
     .enumerate()
@@ -440,7 +442,8 @@ fn folding_mx_into_fp8_keeps_every_value_within_its_bound() {
             // One NaN scale.
             let d = *m.desc();
             let mut scales = m.scales().to_vec();
-            scales[d.scale_layout.index(1, 77, 3)] = 0xFF;
+            let nv = fmt.scale == ScaleType::UE4M3;
+            scales[d.scale_layout.index(1, 77, 3)] = if nv { 0x7F } else { 0xFF };
             m = blockscaled_tests::with_scales(&m, scales);
             let f = m.fold_to_fp8(as_b).unwrap();
             assert_eq!(f.format().elem, fold::target(fmt.elem));
@@ -463,8 +466,13 @@ fn folding_mx_into_fp8_keeps_every_value_within_its_bound() {
                         }
                         let unit = f.scale_value(l, row, k);
                         let err = (x - y).abs();
+                        let bound = if nv {
+                            fold::nv_max_error((x / unit) as f32) as f64
+                        } else {
+                            fold::max_error_units(fmt.elem) as f64
+                        };
                         assert!(
-                            err <= fold::max_error_units(fmt.elem) as f64 * unit,
+                            err <= bound * unit * (1.0 + 1e-6),
                             "{r} as_b {as_b} ({l},{row},{k}): {x} folded to {y}"
                         );
                         exact += (err == 0.0) as usize;
@@ -473,14 +481,14 @@ fn folding_mx_into_fp8_keeps_every_value_within_its_bound() {
             }
             // The NaN scale's block (32 or 16 elements) and nothing else.
             assert_eq!(nan, d.block_extent().1, "{r}");
-            if fmt.elem == ElemType::E2M1 {
+            if fmt.elem == ElemType::E2M1 && !nv {
                 assert_eq!(exact + nan, 2 * 300 * 512, "{r}: e2m1 rows fold exactly");
             }
         }
     }
-    // NVFP4 (ue4m3 scales are not powers of two) and K not a multiple of 128 do not fold.
-    let (_, nv) = random_matrix(1, 16, 256, 1, Recipe::Nvfp4.a());
-    assert!(matches!(nv.fold_to_fp8(false), Err(Error::Format(_))));
+    // fp32 scales and K not a multiple of 128 do not fold.
+    let (_, ds) = random_matrix(1, 16, 256, 1, Recipe::DeepSeekFp8.a());
+    assert!(matches!(ds.fold_to_fp8(false), Err(Error::Format(_))));
     let (_, odd) = random_matrix(1, 16, 96, 1, Recipe::Mxfp4.a());
     assert!(matches!(odd.fold_to_fp8(false), Err(Error::Shape(_))));
 }

@@ -1,5 +1,5 @@
-//! Conversions to the output types. PTX ISA: "Data Movement and Conversion Instructions: cvt"
-//! (`cvt.rn.bf16.f32` needs sm_80+, `cvt.rn.f16.f32`). Round to nearest even, as
+//! Conversions to the output types and to FP8 codes. PTX ISA: "Data Movement and Conversion
+//! Instructions: cvt" (`cvt.rn.bf16.f32` needs sm_80+, `cvt.rn.f16.f32`, `cvt…e4m3x2.f32` sm_89+). Round to nearest even, as
 //! `half::bf16::from_f32` / `half::f16::from_f32` do on the host.
 
 use core::arch::asm;
@@ -49,4 +49,18 @@ pub fn f32x2_to_f16x2(lo: f32, hi: f32) -> u32 {
              options(pure, nomem, nostack))
     };
     r
+}
+
+/// Two f32 → two e4m3 codes `lo | hi << 8` (`cvt.rn.satfinite.e4m3x2.f32`, sm_89+: the first
+/// source goes to the upper byte). Round to nearest even, subnormals kept, finite values above
+/// 448 and ±Inf to ±448, NaN to NaN: the rule of `format::e4m3::encode_sat`.
+#[inline(always)]
+pub fn f32x2_to_e4m3x2(lo: f32, hi: f32) -> u32 {
+    let r: u16;
+    // SAFETY: register-only conversion.
+    unsafe {
+        asm!("cvt.rn.satfinite.e4m3x2.f32 {r}, {hi}, {lo};", r = out(reg16) r, hi = in(reg32) hi, lo = in(reg32) lo,
+             options(pure, nomem, nostack))
+    };
+    r as u32
 }
