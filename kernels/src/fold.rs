@@ -1,4 +1,4 @@
-//! The MX → FP8 pre-pass: re-encodes an MXFP8 / MXFP4 / NVFP4 (or e2m1 with e8m0 per 16)
+//! The MX / NVFP4 → FP8 pre-pass: re-encodes an MXFP8 / MXFP4 / NVFP4 (or e2m1 with e8m0 per 16)
 //! operand as an FP8 operand with fp32 scales per 1×128 (the A role) or per row over all of K
 //! (the B role: a scale per column of C, which the FP8 kernel multiplies in after its K loop), the
 //! operands the Hopper FP8 kernel ([`crate::sm90`]) takes. B is not grouped per 128 × 128 as
@@ -36,13 +36,13 @@ pub const FOLD_SMEM: u32 = 4 * FOLD_ROWS;
 pub struct FoldParams {
     /// Codes `[l][rows][k]` (e2m1: two per byte, low nibble first).
     pub src: u64,
-    /// e8m0 scale bytes in the MX kernels' layout `[l][k / 64][rows_pad][64 / block]`.
+    /// Scale bytes (e8m0 or ue4m3) in the MX kernels' layout `[l][k / 64][rows_pad][64 / block]`.
     pub scales: u64,
     /// Folded FP8 codes `[l][rows][k]`.
     pub dst: u64,
     /// fp32 scales: A role `[l][k / 128][m_pad]`; B role `[l][rows]`.
     pub dst_scales: u64,
-    /// B role: each row's largest non-NaN e8m0 code over all of K, `[l][rows_pad]` bytes.
+    /// B role: each row's largest non-NaN scale code over all of K, `[l][rows_pad]` bytes.
     pub row_tops: u64,
     pub rows: u32,
     pub k: u32,
