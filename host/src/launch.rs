@@ -8,9 +8,26 @@ use cudarc::driver::{
 };
 
 use crate::error::Result;
+use blockscaled_kernels::gemm::scheduler::Schedule;
 use blockscaled_kernels::params::{GemmParams, SplitKParams};
 use blockscaled_kernels::sm90::Sm90Fp8Params;
 use blockscaled_kernels::sm90_mx::Sm90MxParams;
+
+/// CTAs for a persistent launch of `schedule`'s units: `wanted`, at most `resident` (those that
+/// fit the GPU at once: no second wave), in whole clusters of `cluster`, and at most one per
+/// tile of the units (a cluster's worth per unit).
+pub(crate) fn persistent_ctas(
+    schedule: Schedule,
+    wanted: u32,
+    resident: u32,
+    cluster: u32,
+) -> Result<u32> {
+    let units = schedule
+        .units()
+        .ok_or_else(|| crate::error::shape("the scheduler's unit count must fit 32 bits"))?
+        as u32;
+    Ok((wanted.min(resident) / cluster * cluster).clamp(cluster, units.max(1) * cluster))
+}
 
 /// Loads kernel `name` from `module` with its dynamic shared-memory limit raised to `smem_bytes`
 /// (above the default 48 KiB: every pipelined kernel needs it before its first launch).

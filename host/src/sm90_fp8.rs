@@ -11,7 +11,7 @@ use crate::buffers::{DeviceMatrix, DeviceOutput, PreparedValue};
 use crate::error::{Error, Result, config, shape};
 use crate::family::{Family, Gemm};
 use crate::format::{ElemType, OutType, ScaleType};
-use crate::launch::Launch;
+use crate::launch::{Launch, persistent_ctas};
 use crate::matrix::{GemmShape, MatrixDesc, ScaledMatrix};
 use crate::splitk::{self, SplitK};
 use crate::tensor_map::{DataType, Swizzle, encode_3d};
@@ -482,7 +482,7 @@ impl Sm90Fp8 {
         } = c;
         // Units of work are clusters of tiles; whole clusters of CTAs, at most one CTA per unit
         // tile, never more than can be resident at once (no second wave).
-        let units = Schedule {
+        let schedule = Schedule {
             m: m as u32,
             n: n as u32,
             l: l as u32,
@@ -491,12 +491,9 @@ impl Sm90Fp8 {
             unit_m: tile.block_m() * cl.m,
             unit_n: tile.block_n * cl.n,
             group_m: cfg.group_m,
-        }
-        .units()
-        .ok_or_else(|| crate::error::shape("the sm90 scheduler's unit count must fit 32 bits"))?
-            as u32;
-        let ctas = (cfg.ctas.min(kernel.resident[cluster as usize - 1]) / cluster * cluster)
-            .clamp(cluster, units.saturating_mul(cluster));
+        };
+        let resident = kernel.resident[cluster as usize - 1];
+        let ctas = persistent_ctas(schedule, cfg.ctas, resident, cluster)?;
         let mut launch = gemm_launch(stream, &kernel.func, tile, ctas, cluster);
         // A in boxes of a wave (128 rows) or of 64 rows (`Tile::a_box_rows`); B in boxes of
         // block_n / cluster_m rows (each CTA's share of a pair along M).

@@ -10,7 +10,7 @@ use crate::buffers::{DeviceMatrix, DeviceOutput, PreparedValue};
 use crate::error::{Error, Result, config, shape};
 use crate::family::{Family, Gemm};
 use crate::format::{ElemType, ScaleBlock, ScaleType};
-use crate::launch::Launch;
+use crate::launch::{Launch, persistent_ctas};
 use crate::matrix::{GemmShape, MatrixDesc, ScaledMatrix};
 use crate::splitk::{self, SplitK};
 use crate::tensor_map::{DataType, Swizzle, encode_3d};
@@ -362,7 +362,7 @@ impl Sm90Mx {
         let DeviceOutput {
             buf: out, dtype, ..
         } = c;
-        let units = Schedule {
+        let schedule = Schedule {
             m: m as u32,
             n: n as u32,
             l: l as u32,
@@ -371,12 +371,9 @@ impl Sm90Mx {
             unit_m: BLOCK_M,
             unit_n: tile.block_n,
             group_m: cfg.group_m,
-        }
-        .units()
-        .ok_or_else(|| crate::error::shape("the scheduler's unit count must fit 32 bits"))?
-            as u32;
-        // One CTA per SM at most (227 KiB of shared memory each), never more than units.
-        let ctas = cfg.ctas.min(self.sm_count).clamp(1, units.max(1));
+        };
+        // One CTA per SM at most (the stages fill its shared memory).
+        let ctas = persistent_ctas(schedule, cfg.ctas, self.sm_count, 1)?;
         let mut launch = Launch::new(stream, &kernel.func)
             .grid(ctas, 1, 1)
             .block(tile.threads(), 1, 1)

@@ -10,7 +10,7 @@ use crate::buffers::{DeviceOutput, PreparedValue};
 use crate::error::{Error, Result, config};
 use crate::family::{Family, Gemm};
 use crate::format::{ElemType, ScaleBlock, ScaleType};
-use crate::launch::Launch;
+use crate::launch::{Launch, persistent_ctas};
 use crate::matrix::{GemmShape, MatrixDesc, ScaledMatrix};
 use crate::sm90_mx::{kernel_scales, scale_format};
 use crate::splitk::SplitK;
@@ -357,7 +357,7 @@ impl Sm90W4 {
         let DeviceOutput {
             buf: out, dtype, ..
         } = c;
-        let units = Schedule {
+        let schedule = Schedule {
             m: n as u32,
             n: m as u32,
             l: l as u32,
@@ -366,11 +366,9 @@ impl Sm90W4 {
             unit_m: WEIGHT_ROWS,
             unit_n: cfg.tile.n,
             group_m: cfg.group_m,
-        }
-        .units()
-        .ok_or_else(|| crate::error::shape("the scheduler's unit count must fit 32 bits"))?
-            as u32;
-        let ctas = cfg.ctas.min(self.sm_count).clamp(1, units.max(1));
+        };
+        // One CTA per SM at most (the stages fill its shared memory).
+        let ctas = persistent_ctas(schedule, cfg.ctas, self.sm_count, 1)?;
         let mut launch = Launch::new(stream, &kernel.func)
             .grid(ctas, 1, 1)
             .block(cfg.tile.threads(), 1, 1)

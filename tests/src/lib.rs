@@ -1,7 +1,9 @@
 //! Shared test support: random inputs that exercise the scales, and element-wise comparison with
 //! tolerances stated in units of the arithmetic (never a bare epsilon).
 
-use blockscaled::{HostOutput, OperandFormat, OutType, ScaledMatrix, output_ulp};
+use blockscaled::{
+    DeviceMatrix, Gpu, HostOutput, OperandFormat, OutType, Plan, ScaledMatrix, output_ulp,
+};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -43,18 +45,54 @@ pub fn random_matrix(
 
 /// `m` with its scale bytes replaced by `scales` (same layout).
 pub fn with_scales(m: &ScaledMatrix, scales: Vec<u8>) -> ScaledMatrix {
+    with_parts(m, m.data().to_vec(), scales)
+}
+
+/// `m` with its codes and scale bytes replaced (same format, shape, layout and tensor scale).
+pub fn with_parts(m: &ScaledMatrix, data: Vec<u8>, scales: Vec<u8>) -> ScaledMatrix {
     let d = *m.desc();
     ScaledMatrix::from_parts(
         d.format,
         d.rows,
         d.k,
         d.batch,
-        m.data().to_vec(),
+        data,
         scales,
         d.scale_layout,
         d.tensor_scale,
     )
     .expect("same layout as a valid matrix")
+}
+
+/// A (`m` × `k`, format `fa`) and B (`n` × `k`, format `fb`) of fresh random values, `l` batch
+/// entries, from one seed (B's derived from it).
+pub fn random_pair(
+    seed: u64,
+    (m, n, k, l): (usize, usize, usize, usize),
+    fa: OperandFormat,
+    fb: OperandFormat,
+) -> (ScaledMatrix, ScaledMatrix) {
+    let (_, a) = random_matrix(seed, m, k, l, fa);
+    let b_seed = seed.wrapping_mul(0x2545_F491_4F6C_DD1D).wrapping_add(1);
+    let (_, b) = random_matrix(b_seed, n, k, l, fb);
+    (a, b)
+}
+
+/// A · Bᵀ on `g` with the plan `plan` picks for the uploaded operands, into an output poisoned
+/// with NaN first; the result on the host.
+pub fn gemm_on(
+    g: &Gpu,
+    a: &ScaledMatrix,
+    b: &ScaledMatrix,
+    dtype: OutType,
+    plan: impl FnOnce(&DeviceMatrix, &DeviceMatrix) -> Result<Plan, String>,
+) -> Result<HostOutput, String> {
+    let e = |x: blockscaled::Error| x.to_string();
+    let (da, db) = (g.upload(a).map_err(e)?, g.upload(b).map_err(e)?);
+    let plan = plan(&da, &db)?;
+    let mut c = g.output(a.rows(), b.rows(), a.batch(), dtype).map_err(e)?; // NaN-poisoned
+    g.gemm_with(&da, &db, &mut c, plan).map_err(e)?;
+    c.to_host().map_err(e)
 }
 
 /// Operands whose products never cancel: [`random_values`] made non-negative, then, when
@@ -229,17 +267,7 @@ pub fn abs_matrix(m: &ScaledMatrix) -> ScaledMatrix {
             .collect(),
         _ => m.scales().to_vec(),
     };
-    ScaledMatrix::from_parts(
-        d.format,
-        d.rows,
-        d.k,
-        d.batch,
-        data,
-        scales,
-        d.scale_layout,
-        d.tensor_scale,
-    )
-    .expect("same shape as a valid matrix")
+    with_parts(m, data, scales)
 }
 
 /// Hopper's FP8 tensor-core accumulation error per element, as a fraction of Σ_k |a_k·b_k|, with

@@ -10,8 +10,8 @@ use blockscaled::{
     reference,
 };
 use blockscaled_tests::{
-    abs_matrix, compare_magnitudes, compare_outputs, fp8_accumulation_slack, random_matrix,
-    reference_output,
+    abs_matrix, compare_magnitudes, compare_outputs, fp8_accumulation_slack, gemm_on,
+    random_matrix, random_pair, reference_output,
 };
 use proptest::prelude::*;
 
@@ -222,24 +222,11 @@ fn check_sm90(
         format!("{ra} · {rb}")
     };
     let g = gpu();
-    let (_, a) = random_matrix(seed, m, k, l, ra.a());
-    let (_, b) = random_matrix(
-        seed.wrapping_mul(0x2545_F491_4F6C_DD1D).wrapping_add(1),
-        n,
-        k,
-        l,
-        rb.b(),
-    );
+    let (a, b) = random_pair(seed, (m, n, k, l), ra.a(), rb.b());
     let (want, abs) = reference_output(&a, &b, dtype)?;
-    let (da, db) = (
-        g.upload(&a).map_err(|e| e.to_string())?,
-        g.upload(&b).map_err(|e| e.to_string())?,
-    );
-    let plan = sm90_plan(&da, &db, m, force).map_err(|e| format!("{recipe}: {e}"))?;
-    let mut c = g.output(m, n, l, dtype).map_err(|e| e.to_string())?; // poisoned with NaN
-    g.gemm_with(&da, &db, &mut c, plan)
-        .map_err(|e| e.to_string())?;
-    let got = c.to_host().map_err(|e| e.to_string())?;
+    let got = gemm_on(g, &a, &b, dtype, |da, db| {
+        sm90_plan(da, db, m, force).map_err(|e| format!("{recipe}: {e}"))
+    })?;
     compare_outputs(&got, &want, 1.0, &fp8_accumulation_slack(&abs))
         .map_err(|e| format!("sm90 {recipe} {m}x{n}x{k}x{l} {dtype:?} seed {seed}: {e}"))
 }

@@ -16,8 +16,8 @@ use blockscaled::{
     Sm90MxConfig, Sm90MxTile, reference, round_output,
 };
 use blockscaled_tests::{
-    bf16_mma_rel, compare_outputs, fp8_accumulation_slack, random_matrix, random_values,
-    reference_output, with_scales,
+    bf16_mma_rel, compare_outputs, fp8_accumulation_slack, gemm_on, random_matrix, random_pair,
+    random_values, reference_output, with_parts, with_scales,
 };
 use proptest::prelude::*;
 
@@ -89,18 +89,7 @@ fn run_with(
     dtype: OutType,
     plan: impl FnOnce(&DeviceMatrix, &DeviceMatrix) -> Result<Plan, String>,
 ) -> Result<HostOutput, String> {
-    let g = gpu();
-    let (da, db) = (
-        g.upload(a).map_err(|e| e.to_string())?,
-        g.upload(b).map_err(|e| e.to_string())?,
-    );
-    let plan = plan(&da, &db)?;
-    let mut c = g
-        .output(a.rows(), b.rows(), a.batch(), dtype)
-        .map_err(|e| e.to_string())?; // poisoned with NaN
-    g.gemm_with(&da, &db, &mut c, plan)
-        .map_err(|e| e.to_string())?;
-    c.to_host().map_err(|e| e.to_string())
+    gemm_on(gpu(), a, b, dtype, plan)
 }
 
 /// The MX kernel against the CPU reference (float64), every element.
@@ -115,14 +104,7 @@ fn check_mx(
     seed: u64,
     force: Option<(u32, u32)>,
 ) -> Result<(), String> {
-    let (_, a) = random_matrix(seed, m, k, l, recipe.a());
-    let (_, b) = random_matrix(
-        seed.wrapping_mul(0x2545_F491_4F6C_DD1D).wrapping_add(1),
-        n,
-        k,
-        l,
-        recipe.b(),
-    );
+    let (a, b) = random_pair(seed, (m, n, k, l), recipe.a(), recipe.b());
     let (want, abs) = reference_output(&a, &b, dtype)?;
     let got = run(&a, &b, dtype, force)?;
     compare_outputs(&got, &want, 1.0, &mx_slack(k, &abs)).map_err(|e| {
@@ -223,17 +205,7 @@ fn with_code(m: &ScaledMatrix, (l, r, k): (usize, usize, usize), code: u8) -> Sc
     } else {
         data[i] = code;
     }
-    ScaledMatrix::from_parts(
-        d.format,
-        d.rows,
-        d.k,
-        d.batch,
-        data,
-        m.scales().to_vec(),
-        d.scale_layout,
-        d.tensor_scale,
-    )
-    .unwrap()
+    with_parts(m, data, m.scales().to_vec())
 }
 
 /// A copy of `m` with the scale of element (l, r, k) replaced.

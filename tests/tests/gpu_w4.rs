@@ -16,7 +16,10 @@ use blockscaled::{
     ElemType, Fp4Weights, Gpu, HostOutput, OutType, Plan, Recipe, ScaledMatrix, Sm90W4Config,
     Sm90W4Tile, reference, round_output,
 };
-use blockscaled_tests::{bf16_mma_rel, compare_outputs, random_matrix, reference_output};
+use blockscaled_tests::{
+    bf16_mma_rel, compare_outputs, gemm_on, random_matrix, random_pair, reference_output,
+    with_parts,
+};
 use proptest::prelude::*;
 
 fn gpu() -> &'static Gpu {
@@ -48,10 +51,6 @@ fn run(
     force: Option<(u32, u32)>,
 ) -> Result<HostOutput, String> {
     let g = gpu();
-    let (da, db) = (
-        g.upload(a).map_err(|e| e.to_string())?,
-        g.upload(b).map_err(|e| e.to_string())?,
-    );
     let d = blockscaled::plan::sm90_w4_default(a.rows(), b.rows(), a.k(), a.batch(), g.sm_count());
     let plan = match force {
         Some((n, split_k)) => Plan::Sm90W4(Sm90W4Config {
@@ -61,12 +60,7 @@ fn run(
         }),
         None => Plan::Sm90W4(d),
     };
-    let mut c = g
-        .output(a.rows(), b.rows(), a.batch(), dtype)
-        .map_err(|e| e.to_string())?; // poisoned with NaN
-    g.gemm_with(&da, &db, &mut c, plan)
-        .map_err(|e| e.to_string())?;
-    c.to_host().map_err(|e| e.to_string())
+    gemm_on(g, a, b, dtype, |_, _| Ok(plan))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -80,14 +74,7 @@ fn check(
     seed: u64,
     force: Option<(u32, u32)>,
 ) -> Result<(), String> {
-    let (_, a) = random_matrix(seed, m, k, l, recipe.a());
-    let (_, b) = random_matrix(
-        seed.wrapping_mul(0x2545_F491_4F6C_DD1D).wrapping_add(1),
-        n,
-        k,
-        l,
-        recipe.b(),
-    );
+    let (a, b) = random_pair(seed, (m, n, k, l), recipe.a(), recipe.b());
     let (want, abs) = reference_output(&a, &b, dtype)?;
     let got = run(&a, &b, dtype, force)?;
     compare_outputs(&got, &want, 1.0, &slack(k, &abs)).map_err(|e| {
@@ -176,20 +163,9 @@ fn weight_only_recipes_and_small_fp4_pairs_plan_the_w4_kernel() {
 
 /// A copy of `m` with one value changed through `edit(data, scales, element index)`.
 fn edited(m: &ScaledMatrix, edit: impl Fn(&mut Vec<u8>, &mut Vec<u8>)) -> ScaledMatrix {
-    let d = *m.desc();
     let (mut data, mut scales) = (m.data().to_vec(), m.scales().to_vec());
     edit(&mut data, &mut scales);
-    ScaledMatrix::from_parts(
-        d.format,
-        d.rows,
-        d.k,
-        d.batch,
-        data,
-        scales,
-        d.scale_layout,
-        d.tensor_scale,
-    )
-    .unwrap()
+    with_parts(m, data, scales)
 }
 
 /// Column `col` (when `by_col`) or row `row` of C is NaN; every other element matches the CPU

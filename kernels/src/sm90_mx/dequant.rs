@@ -29,10 +29,19 @@ pub trait Dequant {
     /// value × 2^-bias, in the unit's K order (module doc); NaN and Inf codes are right only
     /// after [`Dequant::fix_specials`].
     fn shifted(raw: [u32; 4]) -> [u32; 8];
-    /// Non-zero when the unit holds a NaN or Inf code (0 for types that have none).
-    fn specials(raw: [u32; 4]) -> u32;
+    /// Bit 7 of each byte of `w` whose code is NaN or Inf (8-bit types; 0 for types that have
+    /// none).
+    fn flags(w: u32) -> u32;
+    /// Non-zero when the unit holds a NaN or Inf code.
+    #[inline(always)]
+    fn specials(raw: [u32; 4]) -> u32 {
+        raw.iter().fold(0, |f, &w| f | Self::flags(w))
+    }
     /// Makes the lanes of `shifted(raw)` that hold NaN or Inf codes NaN or Inf.
-    fn fix_specials(out: &mut [u32; 8], raw: [u32; 4]);
+    #[inline(always)]
+    fn fix_specials(out: &mut [u32; 8], raw: [u32; 4]) {
+        set_special_lanes(out, raw.map(Self::flags));
+    }
 }
 
 /// bf16x2 word with `bits` in both halves.
@@ -71,20 +80,18 @@ pub struct E5m2;
 /// E2M1 (bias 1): the 3 magnitude bits go to bits 6–8, bias −126. No special codes.
 pub struct E2m1;
 
-impl E4m3 {
-    /// Bit 7 of each byte whose magnitude is 0x7F (NaN).
-    #[inline(always)]
-    fn flags(w: u32) -> u32 {
-        ((w & 0x7F7F_7F7F) + 0x0101_0101) & 0x8080_8080
+/// An 8-bit code's shifted form: its 7 magnitude bits moved up by `SHIFT` (to bf16's exponent
+/// and mantissa fields: 4 for e4m3, 5 for e5m2) and its sign to bit 15; bytes 0 and 2 in the
+/// first word of each pair, bytes 1 and 3 in the second.
+#[inline(always)]
+fn fp8_shifted<const SHIFT: u32>(raw: [u32; 4]) -> [u32; 8] {
+    let mask = x2(0x7F << SHIFT);
+    let mut out = [0u32; 8];
+    for (i, &w) in raw.iter().enumerate() {
+        out[2 * i] = ((w << SHIFT) & mask) | ((w << 8) & 0x8000_8000);
+        out[2 * i + 1] = ((w >> (8 - SHIFT)) & mask) | (w & 0x8000_8000);
     }
-}
-
-impl E5m2 {
-    /// Bit 7 of each byte whose exponent is 31 (Inf, NaN).
-    #[inline(always)]
-    fn flags(w: u32) -> u32 {
-        ((w & 0x7C7C_7C7C) + 0x0404_0404) & 0x8080_8080
-    }
+    out
 }
 
 impl Dequant for E4m3 {
@@ -92,21 +99,12 @@ impl Dequant for E4m3 {
     const BIAS_X2: u32 = x2(pow2_bf16(120));
     #[inline(always)]
     fn shifted(raw: [u32; 4]) -> [u32; 8] {
-        let mut out = [0u32; 8];
-        for (i, &w) in raw.iter().enumerate() {
-            // Bytes 0 and 2, then bytes 1 and 3.
-            out[2 * i] = ((w << 4) & 0x07F0_07F0) | ((w << 8) & 0x8000_8000);
-            out[2 * i + 1] = ((w >> 4) & 0x07F0_07F0) | (w & 0x8000_8000);
-        }
-        out
+        fp8_shifted::<4>(raw)
     }
+    /// Magnitude 0x7F: NaN.
     #[inline(always)]
-    fn specials(raw: [u32; 4]) -> u32 {
-        raw.iter().fold(0, |f, &w| f | Self::flags(w))
-    }
-    #[inline(always)]
-    fn fix_specials(out: &mut [u32; 8], raw: [u32; 4]) {
-        set_special_lanes(out, raw.map(Self::flags));
+    fn flags(w: u32) -> u32 {
+        ((w & 0x7F7F_7F7F) + 0x0101_0101) & 0x8080_8080
     }
 }
 
@@ -115,20 +113,12 @@ impl Dequant for E5m2 {
     const BIAS_X2: u32 = x2(pow2_bf16(112));
     #[inline(always)]
     fn shifted(raw: [u32; 4]) -> [u32; 8] {
-        let mut out = [0u32; 8];
-        for (i, &w) in raw.iter().enumerate() {
-            out[2 * i] = ((w << 5) & 0x0FE0_0FE0) | ((w << 8) & 0x8000_8000);
-            out[2 * i + 1] = ((w >> 3) & 0x0FE0_0FE0) | (w & 0x8000_8000);
-        }
-        out
+        fp8_shifted::<5>(raw)
     }
+    /// Exponent 31: Inf or NaN.
     #[inline(always)]
-    fn specials(raw: [u32; 4]) -> u32 {
-        raw.iter().fold(0, |f, &w| f | Self::flags(w))
-    }
-    #[inline(always)]
-    fn fix_specials(out: &mut [u32; 8], raw: [u32; 4]) {
-        set_special_lanes(out, raw.map(Self::flags));
+    fn flags(w: u32) -> u32 {
+        ((w & 0x7C7C_7C7C) + 0x0404_0404) & 0x8080_8080
     }
 }
 
@@ -148,12 +138,11 @@ impl Dequant for E2m1 {
         }
         out
     }
+    /// No special codes.
     #[inline(always)]
-    fn specials(_: [u32; 4]) -> u32 {
+    fn flags(_: u32) -> u32 {
         0
     }
-    #[inline(always)]
-    fn fix_specials(_: &mut [u32; 8], _: [u32; 4]) {}
 }
 
 /// One scale type's conversion to a bf16x2 word (the scale in both halves).
