@@ -1,4 +1,5 @@
 pub mod cases;
 pub mod cublaslt;
+pub mod grouped;
 pub mod table;
 pub mod timing;

@@ -10,9 +10,11 @@ use std::sync::Arc;
 use cudarc::driver::{CudaContext, CudaModule, CudaStream, sys};
 
 use crate::buffers::{DeviceMatrix, DeviceOutput, GpuId, Prepared};
+use crate::error::shape as shape_err;
 use crate::error::{Error, Result, shape};
 use crate::family::{Families, Gemm};
 use crate::format::OutType;
+use crate::grouped::{self, DeviceGroups, GroupArgs, GroupLayout};
 use crate::matrix::{GemmShape, ScaledMatrix};
 use crate::plan::{self, GpuArch, Plan};
 
@@ -220,8 +222,128 @@ impl Gpu {
             a,
             b,
             c,
+            groups: None,
         };
         plan.launch(&self.families, g)
+    }
+
+    /// A contiguous grouped GEMM's groups from host values: group g ends at row `ends[g]`
+    /// (non-decreasing, as torch's `offs`). [`Error::Shape`] for G = 0, a negative or a
+    /// decreasing end. The module doc of `grouped` (and [`Gpu::grouped_gemm`]) has the layout.
+    pub fn group_ends(&self, ends: &[i32]) -> Result<DeviceGroups> {
+        self.groups(GroupLayout::Contiguous, ends)
+    }
+
+    /// A masked grouped GEMM's groups from host values: group g has `counts[g]` rows (≥ 0).
+    pub fn group_counts(&self, counts: &[i32]) -> Result<DeviceGroups> {
+        self.groups(GroupLayout::Masked, counts)
+    }
+
+    fn groups(&self, layout: GroupLayout, values: &[i32]) -> Result<DeviceGroups> {
+        grouped::check_values(layout, values)?;
+        Ok(DeviceGroups {
+            gpu: self.id,
+            layout,
+            values: self.stream.clone_htod(values)?,
+            host_top: values.iter().max().map(|&v| v as usize),
+        })
+    }
+
+    /// Groups whose values the caller's kernels write on the device: `g` zeroed int32 values
+    /// (every group empty until written). The GEMM kernels clamp what they find (module doc of
+    /// `grouped`).
+    pub fn device_groups(&self, layout: GroupLayout, g: usize) -> Result<DeviceGroups> {
+        if g == 0 {
+            return Err(shape("G = 0: a grouped GEMM needs at least one group"));
+        }
+        Ok(DeviceGroups {
+            gpu: self.id,
+            layout,
+            values: self.stream.alloc_zeros::<i32>(g)?,
+            host_top: None,
+        })
+    }
+
+    /// Grouped GEMM (mixture of experts), one persistent launch over every group's tiles:
+    /// - contiguous groups: A is `R × K` (all groups' rows stacked, batch 1), B is `G × N × K`
+    ///   (batch entry g: group g's expert), C is `R × N`; group g is rows `ends[g−1]..ends[g]`
+    ///   of A and C; rows past the last end are not written;
+    /// - masked groups: A is `G × capacity × K`, C is `G × capacity × N`; group g is the first
+    ///   `counts[g]` rows of batch entry g; the rest are not written.
+    ///
+    /// Asynchronous like [`Gpu::gemm`], and no host synchronization for the groups (they stay on
+    /// the GPU). The kernel comes from [`plan::choose_grouped`]. Formats: FP8 with fp32 scales
+    /// (e.g. DeepSeek's 1×128 / 128×128), MX and NVFP4 pairs (exact), and 4-bit experts (MXFP4 /
+    /// NVFP4 B) with bf16 or FP8 activations.
+    pub fn grouped_gemm(
+        &self,
+        a: &DeviceMatrix,
+        b: &DeviceMatrix,
+        groups: &DeviceGroups,
+        c: &mut DeviceOutput,
+    ) -> Result<()> {
+        let plan = self.grouped_plan(a, b, groups)?;
+        self.grouped_gemm_with(a, b, groups, c, plan)
+    }
+
+    /// The plan [`Gpu::grouped_gemm`] would run.
+    pub fn grouped_plan(
+        &self,
+        a: &DeviceMatrix,
+        b: &DeviceMatrix,
+        groups: &DeviceGroups,
+    ) -> Result<Plan> {
+        let shape = self.check_grouped(a, b, groups)?;
+        plan::choose_grouped(
+            self.arch,
+            self.sm_count,
+            &shape,
+            &a.desc,
+            &b.desc,
+            groups.count(),
+        )
+    }
+
+    /// [`Gpu::grouped_gemm`] with a given plan (the runner's forced configurations).
+    pub fn grouped_gemm_with(
+        &self,
+        a: &DeviceMatrix,
+        b: &DeviceMatrix,
+        groups: &DeviceGroups,
+        c: &mut DeviceOutput,
+        plan: Plan,
+    ) -> Result<()> {
+        let shape = self.check_grouped(a, b, groups)?;
+        self.id.check(c.gpu, "the output")?;
+        if (c.m, c.n, c.l) != (shape.m, shape.n, shape.l) {
+            return Err(shape_err(format!(
+                "output is {}×{}×{} but the grouped product is {}×{}×{}",
+                c.l, c.m, c.n, shape.l, shape.m, shape.n
+            )));
+        }
+        plan.validate_grouped(&shape, groups.count())?;
+        let g = Gemm {
+            stream: &self.stream,
+            shape,
+            a,
+            b,
+            c,
+            groups: Some(GroupArgs { groups }),
+        };
+        plan.launch(&self.families, g)
+    }
+
+    /// A, B and the groups belong to this GPU and fit together.
+    fn check_grouped(
+        &self,
+        a: &DeviceMatrix,
+        b: &DeviceMatrix,
+        groups: &DeviceGroups,
+    ) -> Result<GemmShape> {
+        self.id.check(a.gpu, "A")?;
+        self.id.check(b.gpu, "B")?;
+        self.id.check(groups.gpu, "the groups")?;
+        grouped::grouped_shape(&a.desc, &b.desc, groups.desc())
     }
 
     /// A and B belong to this GPU and can be multiplied.

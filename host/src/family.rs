@@ -11,6 +11,7 @@ use cudarc::driver::{CudaSlice, CudaStream};
 use crate::buffers::{DeviceMatrix, DeviceOutput, PreparedValue};
 use crate::error::Result;
 use crate::format::OutType;
+use crate::grouped::GroupArgs;
 use crate::matrix::{GemmShape, ScaledMatrix};
 
 /// One kernel family's host side, loaded on one GPU.
@@ -73,11 +74,27 @@ impl fmt::Debug for Families {
 }
 
 /// One GEMM as a family's launch receives it: operands and output checked to belong to the GPU
-/// of `stream` and to form `shape`, and the plan validated for `shape`.
+/// of `stream` and to form `shape`, and the plan validated for `shape`. A grouped GEMM
+/// (`groups`) has `shape` = C's rows, N, K and C's batch, and B has one batch entry per group
+/// (`crate::grouped`); a family without grouped kernels refuses it.
 pub(crate) struct Gemm<'a> {
     pub stream: &'a Arc<CudaStream>,
     pub shape: GemmShape,
     pub a: &'a DeviceMatrix,
     pub b: &'a DeviceMatrix,
     pub c: &'a mut DeviceOutput,
+    pub groups: Option<GroupArgs<'a>>,
+}
+
+impl Gemm<'_> {
+    /// [`Error::Config`](crate::Error::Config) for a grouped GEMM on `family`, which has none.
+    pub(crate) fn dense_only(&self, family: &str) -> Result<()> {
+        match self.groups {
+            Some(_) => Err(crate::error::config(format!(
+                "{family} has no grouped GEMM (grouped: the sm90 FP8, MX and 4-bit-weights \
+                 kernels)"
+            ))),
+            None => Ok(()),
+        }
+    }
 }

@@ -25,7 +25,7 @@
 //!
 //! Modules, each importing only those above it: `error`; `format`; `matrix`, `quantize`,
 //! `output`, [`reference`] (CPU); [`image`] (the kernels' cubin or PTX); `buffers` (device
-//! matrices and outputs); `launch` (the one
+//! matrices and outputs), `grouped` (a grouped GEMM's groups); `launch` (the one
 //! launch path); `family` (what a kernel family provides); one file per family
 //! (`reference_kernel`, `sm90_fp8`, `sm90_mx`, `sm90_mx_fp8`, `sm90_w4`), with what they share (`splitk`, `tensor_map`); [`plan`] (the family list and the choice of kernel);
 //! `device` ([`Gpu`]).
@@ -35,6 +35,7 @@ mod device;
 mod error;
 mod family;
 pub mod format;
+mod grouped;
 pub mod image;
 mod launch;
 mod matrix;
@@ -57,6 +58,7 @@ pub use error::{Error, Result};
 pub use format::{
     ElemType, Fp4Weights, Fp8, OperandFormat, OutType, Recipe, ScaleBlock, ScaleMajor, ScaleType,
 };
+pub use grouped::{DeviceGroups, GroupLayout};
 pub use image::KernelImage;
 pub use matrix::{GemmShape, MatrixDesc, ScaleLayout, ScaledMatrix};
 pub use output::{HostOutput, output_ulp, round_output};

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaModule, CudaStream};
 
-use crate::error::{Error, Result, shape};
+use crate::error::{Error, Result, config, shape};
 use crate::family::{Families, Gemm};
 use crate::format::{ElemType, ScaleType};
 use crate::matrix::{GemmShape, MatrixDesc};
@@ -71,6 +71,36 @@ impl Plan {
             Plan::Sm90W4(cfg) => cfg.validate(shape),
             Plan::Sm90MxFp8(cfg) => cfg.validate(shape),
         }
+    }
+
+    /// [`Plan::validate`] for a grouped GEMM of `count` groups whose C is `shape` (`crate::grouped`):
+    /// the plan's family must have a grouped kernel, K is not split (each group's tiles are
+    /// whole), and the most units there can be fit the scheduler's 32 bits.
+    pub fn validate_grouped(&self, shape: &GemmShape, count: usize) -> Result<()> {
+        self.validate(shape)?;
+        let split = match self {
+            Plan::Sm90Fp8(cfg) => cfg.split_k,
+            Plan::Sm90Mx(cfg) => cfg.split_k,
+            Plan::Sm90W4(cfg) => cfg.split_k,
+            Plan::Reference | Plan::Sm90MxFp8(_) => {
+                return Err(config(format!(
+                    "{self:?} has no grouped kernel: grouped GEMM runs on the sm90 FP8, MX and \
+                     4-bit-weights kernels"
+                )));
+            }
+        };
+        if split != 1 {
+            return Err(config(format!(
+                "split_k = {split}: a grouped GEMM does not split K"
+            )));
+        }
+        // Contiguous: one extra tile per group at most; masked: every group full.
+        let tiles =
+            (shape.m.div_ceil(64) + count) as u128 * shape.n.div_ceil(16) as u128 * shape.l as u128;
+        if tiles > u32::MAX as u128 {
+            return Err(shape_err_units(count));
+        }
+        Ok(())
     }
 
     /// Launches the plan's kernel on `families` (the plan validated for `g.shape`).
@@ -187,6 +217,101 @@ pub(crate) fn choose_for(
         Ok(Plan::Reference)
     }
 }
+
+fn shape_err_units(count: usize) -> Error {
+    shape(format!(
+        "{count} groups: the grouped tiles would pass the scheduler's 32-bit count"
+    ))
+}
+
+/// The plan for a grouped GEMM ([`crate::Gpu::grouped_gemm`]) of `groups` groups whose C is
+/// `shape`, with A's and B's formats (B: one expert per batch entry):
+/// - FP8 with fp32 scales: the FP8 kernel ([`sm90_grouped_default`]);
+/// - 4-bit experts with bf16 or FP8 activations: the 4-bit-weights kernel, 128 activation rows
+///   per tile (16 where a masked group holds at most 16 rows);
+/// - MX and NVFP4 pairs: the MX kernel, exact (the fold's pre-pass would run per call, and is
+///   lossy for NVFP4).
+///
+/// Anything else is [`Error::Config`]: there is no grouped reference kernel.
+pub fn choose_grouped(
+    arch: GpuArch,
+    sm_count: u32,
+    shape: &GemmShape,
+    a: &MatrixDesc,
+    b: &MatrixDesc,
+    groups: usize,
+) -> Result<Plan> {
+    if arch != GpuArch::Hopper {
+        return Err(Error::Architecture(
+            "grouped GEMM has Hopper (sm_90a) kernels only".into(),
+        ));
+    }
+    let GemmShape { m, n, k, l } = *shape;
+    // Rows of one group: the capacity (masked), or the mean (contiguous).
+    let per_group = if l > 1 { m } else { m.div_ceil(groups.max(1)) };
+    let fp8 = sm90_fp8::unsupported(a, false).or_else(|| sm90_fp8::unsupported(b, true));
+    if fp8.is_none() {
+        return Ok(Plan::Sm90Fp8(sm90_grouped_default(
+            m, n, k, groups, per_group, sm_count,
+        )));
+    }
+    if sm90_w4::unsupported_pair(a, b).is_none() && a.format.elem != ElemType::E2M1 {
+        let mut cfg = sm90_w4_default(per_group, n, k, 1, sm_count);
+        cfg.split_k = 1;
+        return Ok(Plan::Sm90W4(cfg));
+    }
+    if sm90_mx::unsupported_pair(a, b).is_none() {
+        let mut cfg = sm90_mx_default(per_group, n, k, 1, sm_count);
+        cfg.split_k = 1;
+        cfg.group_m = 1;
+        return Ok(Plan::Sm90Mx(cfg));
+    }
+    Err(Error::Format(format!(
+        "no grouped kernel takes A {} with B {} ({})",
+        a.format,
+        b.format,
+        fp8.unwrap_or_default()
+    )))
+}
+
+/// The FP8 kernel's configuration for a grouped GEMM: `groups` groups of about `per_group` rows
+/// (`rows` in all), N, K. Large groups take the dense rule for one group ([`sm90_default`],
+/// without split-K: each group is a GEMM of its own size). Small groups (MoE: tens to hundreds
+/// of rows) take 128 × 128 tiles, one cluster-free CTA per tile, or 128 × 64 when the 128-column
+/// tiles would not fill the SMs once (twice the CTAs stream the experts' weights).
+pub fn sm90_grouped_default(
+    rows: usize,
+    n: usize,
+    k: usize,
+    groups: usize,
+    per_group: usize,
+    sm_count: u32,
+) -> Sm90Config {
+    if per_group >= GROUPED_DENSE_ROWS {
+        let mut cfg = sm90_default(per_group, n, k, 1, sm_count);
+        cfg.split_k = 1;
+        let m_units = rows.div_ceil((cfg.tile.block_m() * cfg.cluster.m) as usize);
+        cfg.group_m = cfg.group_m.min(m_units.max(1) as u32);
+        return cfg;
+    }
+    // About half a tile wasted per group where the groups' rows do not fill their last tile.
+    let m_tiles = rows.div_ceil(128) + groups / 2;
+    let tile = if m_tiles * n.div_ceil(128) < sm_count as usize {
+        Tile::M128N64
+    } else {
+        Tile::M128
+    };
+    Sm90Config {
+        tile,
+        cluster: ClusterShape::ONE,
+        group_m: 1,
+        ctas: sm_count.max(1),
+        split_k: 1,
+    }
+}
+
+/// Rows per group from which a grouped FP8 GEMM configures as a dense one.
+pub const GROUPED_DENSE_ROWS: usize = 1024;
 
 fn shape_err_k(k: usize) -> Error {
     shape(format!(

@@ -43,12 +43,14 @@ impl ReferenceKernel {
 
     /// C = A · Bᵀ, one thread per element of C.
     pub(crate) fn gemm(&self, g: Gemm<'_>) -> Result<()> {
+        g.dense_only("the reference kernel")?;
         let Gemm {
             stream,
             shape: GemmShape { m, n, k, l },
             a,
             b,
             c,
+            ..
         } = g;
         let mut launch = Launch::new(stream, &self.func)
             .grid(

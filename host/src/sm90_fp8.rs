@@ -11,10 +11,11 @@ use crate::buffers::{DeviceMatrix, DeviceOutput, PreparedValue};
 use crate::error::{Error, Result, config, shape};
 use crate::family::{Family, Gemm};
 use crate::format::{ElemType, OutType, ScaleType};
+use crate::grouped::GroupArgs;
 use crate::launch::{Launch, persistent_ctas};
 use crate::matrix::{GemmShape, MatrixDesc, ScaledMatrix};
 use crate::splitk::{self, SplitK};
-use crate::tensor_map::{DataType, Swizzle, encode_3d};
+use crate::tensor_map::{DataType, Swizzle, encode_3d, encode_scale_rows};
 use blockscaled_kernels::gemm::layout::{FRAGMENT_ROWS, OUT_BOX_N};
 use blockscaled_kernels::gemm::scheduler::{ClusterShape, MAX_CLUSTER, Schedule};
 use blockscaled_kernels::sm90::{
@@ -190,6 +191,8 @@ pub(crate) struct Sm90Operand {
     tmap_share: CudaSlice<u8>,
     /// A-role scales `[l][k/128][m_pad]`, rows contiguous, zero-padded (None if not eligible as A).
     pub(crate) sfa: Option<(CudaSlice<f32>, u32)>,
+    /// Their tensor map (boxes of `SFA_BOX` rows), when `sfa` is set.
+    sfa_map: Option<CudaSlice<u8>>,
     /// B-role scales `[l][⌈rows/128⌉][k/128]` (None if not eligible as B); all 1 when the scales
     /// are per row, which `sfb_col` then holds.
     pub(crate) sfb: Option<CudaSlice<f32>>,
@@ -261,15 +264,7 @@ impl Sm90Operand {
         } else {
             None
         };
-        let tmap = encode_tensor_map(stream, data, k, rows, l, Tile::M128.a_box_rows(1))?;
-        let tmap_share = encode_tensor_map(stream, data, k, rows, l, WG_ROWS)?;
-        Ok(Some(Sm90Operand {
-            tmap,
-            tmap_share,
-            sfa,
-            sfb,
-            sfb_col,
-        }))
+        Sm90Operand::over(stream, data, (rows, k, l), sfa, sfb, sfb_col).map(Some)
     }
 }
 
@@ -286,10 +281,25 @@ impl Sm90Operand {
         sfb: Option<CudaSlice<f32>>,
         sfb_col: Option<CudaSlice<f32>>,
     ) -> Result<Self> {
+        let sfa_map = match &sfa {
+            Some((buf, m_pad)) => {
+                let (ptr, _g) = buf.device_ptr(stream);
+                let dims = (*m_pad as usize, k / BLOCK_K as usize, l);
+                Some(encode_scale_rows(
+                    stream,
+                    ptr,
+                    4,
+                    dims,
+                    family::SFA_BOX.rows(),
+                )?)
+            }
+            None => None,
+        };
         Ok(Sm90Operand {
             tmap: encode_tensor_map(stream, data, k, rows, l, Tile::M128.a_box_rows(1))?,
             tmap_share: encode_tensor_map(stream, data, k, rows, l, WG_ROWS)?,
             sfa,
+            sfa_map,
             sfb,
             sfb_col,
         })
@@ -412,7 +422,7 @@ impl Sm90Fp8 {
             return Ok(None);
         }
         let mut kernels = Vec::new();
-        for def in family::KERNELS {
+        for def in family::KERNELS.iter().chain(family::GROUPED_KERNELS) {
             let func = module.load_function(def.info.name)?;
             let resident = configure(&func, stream, sm_count, def.tile)?;
             kernels.push(Kernel {
@@ -435,14 +445,16 @@ impl Sm90Fp8 {
             a,
             b,
             c,
+            groups,
         } = g;
         let (ao, bo) = operands(a, b)?;
         let types = (a.desc.format.elem, b.desc.format.elem);
-        self.run(stream, shape, (ao, bo), types, c, cfg)
+        self.run(stream, shape, (ao, bo), types, c, cfg, groups)
     }
 
     /// [`Self::gemm`] on prepared operands `ao`, `bo` of element types `(ea, eb)` that form
-    /// `shape` (A scales per 1×128, B scales per 128×128 or per row).
+    /// `shape` (A scales per 1×128, B scales per 128×128 or per row), grouped if `groups`.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn run(
         &self,
         stream: &Arc<CudaStream>,
@@ -451,22 +463,24 @@ impl Sm90Fp8 {
         (ea, eb): (ElemType, ElemType),
         c: &mut DeviceOutput,
         cfg: Sm90Config,
+        groups: Option<GroupArgs<'_>>,
     ) -> Result<()> {
         let GemmShape { m, n, k, l } = shape;
-        let def = family::kernel(cfg.tile, ea, eb);
+        let def = family::kernel(cfg.tile, ea, eb, groups.is_some());
         let kernel = self
             .kernels
             .iter()
             .find(|kr| Some(kr.def) == def)
             .ok_or_else(|| {
                 config(format!(
-                    "no sm90 kernel for {:?}, {} · {}",
+                    "no sm90 {}kernel for {:?}, {} · {}",
+                    if groups.is_some() { "grouped " } else { "" },
                     cfg.tile,
                     ea.name(),
                     eb.name()
                 ))
             })?;
-        let (Some((sfa, m_pad)), Some(sfb)) = (&ao.sfa, &bo.sfb) else {
+        let (Some(sfa_map), Some(sfb)) = (&ao.sfa_map, &bo.sfb) else {
             return Err(Error::Format(
                 "operands not prepared for the sm90 kernel in these roles".into(),
             ));
@@ -491,10 +505,12 @@ impl Sm90Fp8 {
             unit_m: tile.block_m() * cl.m,
             unit_n: tile.block_n * cl.n,
             group_m: cfg.group_m,
+            groups: groups.map(|g| g.schedule(m, false)),
         };
         let resident = kernel.resident[cluster as usize - 1];
         let ctas = persistent_ctas(schedule, cfg.ctas, resident, cluster)?;
         let mut launch = gemm_launch(stream, &kernel.func, tile, ctas, cluster);
+        let group_params = GroupArgs::params(groups, &mut launch);
         // A in boxes of a wave (128 rows) or of 64 rows (`Tile::a_box_rows`); B in boxes of
         // block_n / cluster_m rows (each CTA's share of a pair along M).
         let tmap_a = launch.ptr(if tile.a_box_rows(cl.n) == WG_ROWS {
@@ -527,7 +543,7 @@ impl Sm90Fp8 {
             tmap_a,
             tmap_b,
             tmap_c,
-            sfa: launch.ptr(sfa),
+            tmap_sfa: launch.ptr(sfa_map),
             sfb: launch.ptr(sfb),
             sfb_col: launch.opt_ptr(bo.sfb_col.as_ref()),
             out: dst.gemm_out,
@@ -535,15 +551,16 @@ impl Sm90Fp8 {
             n: n as u32,
             k: k as u32,
             l: l as u32,
-            m_pad: *m_pad,
             out_type: dst.out_type as u32,
             group_m: cfg.group_m,
             split_k: cfg.split_k,
             cluster_m: cl.m,
             cluster_n: cl.n,
+            _pad: 0,
+            groups: group_params,
         };
         // SAFETY: `cfg` was validated for this shape (tile, cluster, band, split and the 32-bit
-        // indexing); the tensor maps cover the live data buffers of the prepared operands, the
+        // indexing; grouped: no split, and `groups` holds `count` int32 values on this GPU); the tensor maps cover the live data buffers of the prepared operands, the
         // scale buffers have the documented sizes (A scales padded to whole clusters), the output
         // (or the workspace of split·l·m·n f32) holds l·m·n elements of `out_type`, and the grid
         // is a whole number of clusters.

@@ -10,10 +10,11 @@ use crate::buffers::{DeviceMatrix, DeviceOutput, PreparedValue};
 use crate::error::{Error, Result, config, shape};
 use crate::family::{Family, Gemm};
 use crate::format::{ElemType, ScaleBlock, ScaleType};
+use crate::grouped::GroupArgs;
 use crate::launch::{Launch, persistent_ctas};
 use crate::matrix::{GemmShape, MatrixDesc, ScaledMatrix};
 use crate::splitk::{self, SplitK};
-use crate::tensor_map::{DataType, Swizzle, encode_3d};
+use crate::tensor_map::{DataType, Swizzle, encode_3d, encode_scale_rows};
 use blockscaled_kernels::gemm::scheduler::Schedule;
 use blockscaled_kernels::sm90_mx::{
     self as family, BLOCK_K, BLOCK_M, MxScale, MxTile, SCALE_ROWS_PAD, Sm90MxParams,
@@ -228,6 +229,9 @@ pub(crate) struct MxOperand {
     /// Scale bytes `[l][⌈k/64⌉][rows_pad][64 / block]`, zero past the rows and past K.
     scales: CudaSlice<u8>,
     rows_pad: u32,
+    /// The scales' tensor map for the A role (entries of one row's `64 / block` bytes, boxes of
+    /// `family::sfa_box` rows): a tile may start at any row (grouped GEMM).
+    scale_map: CudaSlice<u8>,
     /// Each row's largest non-NaN scale code over all of K, `[l][rows_pad]` (the fold
     /// pre-pass's B-role scale).
     row_tops: CudaSlice<u8>,
@@ -261,11 +265,19 @@ impl MxOperand {
             )
         };
         let row_tops = stream.clone_htod(&row_tops(m, scale, rows_pad))?;
+        let scales = stream.clone_htod(&v)?;
+        let scale_map = {
+            let (sp, _g) = scales.device_ptr(stream);
+            let entry = (BLOCK_K / scale.block) as usize;
+            let dims = (rows_pad, k.div_ceil(BLOCK_K as usize), l);
+            encode_scale_rows(stream, sp, entry, dims, family::sfa_box(scale.block).rows())?
+        };
         Ok(Some(MxOperand {
             tmap_128: map(128)?,
             tmap_256: map(256)?,
-            scales: stream.clone_htod(&v)?,
+            scales,
             rows_pad: rows_pad as u32,
+            scale_map,
             row_tops,
         }))
     }
@@ -340,6 +352,7 @@ impl Sm90Mx {
             a,
             b,
             c,
+            groups,
         } = g;
         let GemmShape { m, n, k, l } = shape;
         if let Some(e) = unsupported_pair(&a.desc, &b.desc) {
@@ -371,6 +384,7 @@ impl Sm90Mx {
             unit_m: BLOCK_M,
             unit_n: tile.block_n,
             group_m: cfg.group_m,
+            groups: groups.map(|g| g.schedule(m, false)),
         };
         // One CTA per SM at most (the stages fill its shared memory).
         let ctas = persistent_ctas(schedule, cfg.ctas, self.sm_count, 1)?;
@@ -379,6 +393,7 @@ impl Sm90Mx {
             .block(tile.threads(), 1, 1)
             .shared_mem(kernel.def.layout().bytes())
             .cluster(1);
+        let group_params = GroupArgs::params(groups, &mut launch);
         let dst = SplitK::destination(
             &mut launch,
             slot.as_mut(),
@@ -391,7 +406,7 @@ impl Sm90Mx {
         let params = Sm90MxParams {
             tmap_a: launch.ptr(ao.tmap(BLOCK_M)),
             tmap_b: launch.ptr(bo.tmap(tile.block_n)),
-            sfa: launch.ptr(&ao.scales),
+            tmap_sfa: launch.ptr(&ao.scale_map),
             sfb: launch.ptr(&bo.scales),
             out: dst.gemm_out,
             m: m as u32,
@@ -404,8 +419,10 @@ impl Sm90Mx {
             group_m: cfg.group_m,
             split_k: cfg.split_k,
             alpha: a.desc.tensor_scale * b.desc.tensor_scale,
+            groups: group_params,
         };
-        // SAFETY: `cfg` was validated for this shape; the tensor maps cover the live data of the
+        // SAFETY: `cfg` was validated for this shape (grouped: no split, `groups` holds `count`
+        // int32 values on this GPU); the tensor maps cover the live data of the
         // prepared operands with boxes of the tile's rows; the scale buffers hold
         // l·⌈k/64⌉·rows_pad·(64/block) bytes with rows_pad a multiple of 256 ≥ every tile's rows;
         // the output (or the workspace of split·l·m·n f32) holds l·m·n elements of `out_type`.

@@ -86,12 +86,14 @@ impl Sm90MxFp8 {
     /// Folds A and B into the workspace, then C = A · Bᵀ on `fp8` with `cfg` (validated for
     /// `g.shape`).
     pub(crate) fn gemm(&self, g: Gemm<'_>, cfg: Sm90Config, fp8: &Sm90Fp8) -> Result<()> {
+        g.dense_only("the MX → FP8 fold")?;
         let Gemm {
             stream,
             shape,
             a,
             b,
             c,
+            ..
         } = g;
         if let Some(e) = unsupported_pair(&a.desc, &b.desc) {
             return Err(Error::Format(e));
@@ -102,7 +104,7 @@ impl Sm90MxFp8 {
         let fa = self.fold(stream, a, wa, (m, k, l), false)?;
         let fb = self.fold(stream, b, wb, (n, k, l), true)?;
         let types = (target(a.desc.format.elem), target(b.desc.format.elem));
-        fp8.run(stream, shape, (&fa.op, &fb.op), types, c, cfg)
+        fp8.run(stream, shape, (&fa.op, &fb.op), types, c, cfg, None)
     }
 
     /// Folds `src` into `slot` (grown when its dimensions differ) in the A role or the B role.

@@ -10,11 +10,12 @@ use crate::buffers::{DeviceOutput, PreparedValue};
 use crate::error::{Error, Result, config};
 use crate::family::{Family, Gemm};
 use crate::format::{ElemType, ScaleBlock, ScaleType};
+use crate::grouped::GroupArgs;
 use crate::launch::{Launch, persistent_ctas};
 use crate::matrix::{GemmShape, MatrixDesc, ScaledMatrix};
 use crate::sm90_mx::{kernel_scales, scale_format};
 use crate::splitk::SplitK;
-use crate::tensor_map::{DataType, Swizzle, encode_3d};
+use crate::tensor_map::{DataType, Swizzle, encode_3d, encode_scale_rows};
 use blockscaled_kernels::gemm::scheduler::Schedule;
 use blockscaled_kernels::sm90_w4::{
     self as family, A8_SCALE_K, Activation, BLOCK_K, SCALE_ROWS_PAD, Sm90W4Params, W4Tile,
@@ -152,6 +153,9 @@ struct W4Operand {
     /// e2m1: the MX kernel-layout scale bytes; e4m3: fp32 `[l][⌈k/128⌉][rows_pad]`; bf16: none.
     scales: Option<CudaSlice<u8>>,
     rows_pad: u32,
+    /// The scales' tensor maps in the activation role, for tiles of 16 and of 128 rows (boxes
+    /// of [`family::act_scale_rows`]; a tile may start at any row); none for bf16.
+    scale_maps: Option<[CudaSlice<u8>; 2]>,
     /// bf16: the per-tensor scale every batch entry shares (else the kernel does not take it).
     uniform_scale: Option<f32>,
 }
@@ -183,13 +187,27 @@ impl W4Operand {
             )
         };
         let (mut weights, mut scales, mut uniform_scale) = (None, None, None);
+        // The activation role's scale maps: entries of `entry` bytes, `planes` per batch entry.
+        let scale_maps = |buf: &CudaSlice<u8>, act: Activation, block: u32, planes: usize| {
+            let (sp, _g) = buf.device_ptr(stream);
+            let entry = act.scale_bytes(block) as usize;
+            let map = |tile| {
+                let box_rows = family::act_scale_rows(tile, act, block);
+                encode_scale_rows(stream, sp, entry, (rows_pad, planes, l), box_rows)
+            };
+            Ok::<_, crate::Error>([map(W4Tile::N16)?, map(W4Tile::N128)?])
+        };
+        let mut maps = None;
         let (tmap_16, tmap_128) = match (f.elem, f.scale, f.block) {
             (ElemType::E2M1, _, _) => {
                 let Some(scale) = scale_format(d) else {
                     return Ok(None);
                 };
                 let (v, _) = kernel_scales(m, scale)?;
-                scales = Some(stream.clone_htod(&v)?);
+                let buf = stream.clone_htod(&v)?;
+                let stages = k.div_ceil(BLOCK_K as usize);
+                maps = Some(scale_maps(&buf, Activation::Fp4, scale.block, stages)?);
+                scales = Some(buf);
                 let reordered = stream.clone_htod(&reorder_weights(m))?;
                 let (wptr, _wg) = reordered.device_ptr(stream);
                 let wrow = k.div_ceil(BLOCK_K as usize) * WEIGHT_ROW_BYTES as usize;
@@ -231,7 +249,9 @@ impl W4Operand {
                     }
                 }
                 let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
-                scales = Some(stream.clone_htod(&bytes)?);
+                let buf = stream.clone_htod(&bytes)?;
+                maps = Some(scale_maps(&buf, Activation::E4m3Row128, 0, chunks)?);
+                scales = Some(buf);
                 (code_map(16)?, code_map(128)?)
             }
             (ElemType::BF16, ScaleType::F32, ScaleBlock::PerTensor) => {
@@ -261,6 +281,7 @@ impl W4Operand {
             tmap_128,
             scales,
             rows_pad: rows_pad as u32,
+            scale_maps: maps,
             uniform_scale,
         }))
     }
@@ -321,6 +342,7 @@ impl Sm90W4 {
             a,
             b,
             c,
+            groups,
         } = g;
         let GemmShape { m, n, k, l } = shape;
         if let Some(e) = unsupported_pair(&a.desc, &b.desc) {
@@ -366,6 +388,8 @@ impl Sm90W4 {
             unit_m: WEIGHT_ROWS,
             unit_n: cfg.tile.n,
             group_m: cfg.group_m,
+            // The activations' rows (C's M) are the schedule's N.
+            groups: groups.map(|g| g.schedule(m, true)),
         };
         // One CTA per SM at most (the stages fill its shared memory).
         let ctas = persistent_ctas(schedule, cfg.ctas, self.sm_count, 1)?;
@@ -374,6 +398,7 @@ impl Sm90W4 {
             .block(cfg.tile.threads(), 1, 1)
             .shared_mem(kernel.def.layout().bytes())
             .cluster(1);
+        let group_params = GroupArgs::params(groups, &mut launch);
         let dst = SplitK::destination(
             &mut launch,
             slot.as_mut(),
@@ -392,22 +417,31 @@ impl Sm90W4 {
             tmap_w: launch.ptr(&w.tmap),
             tmap_x: launch.ptr(tmap_x),
             sfw: launch.ptr(wscales),
-            sfx: ao.scales.as_ref().map_or(0, |s| launch.ptr(s)),
+            tmap_sx: match (&ao.scale_maps, &ao.scales) {
+                (Some([m16, m128]), Some(sx)) => {
+                    // The maps' buffer is read too.
+                    let _ = launch.ptr(sx);
+                    launch.ptr(if cfg.tile.n == 16 { m16 } else { m128 })
+                }
+                _ => 0,
+            },
             out: dst.gemm_out,
             m: m as u32,
             n: n as u32,
             k: k as u32,
             l: l as u32,
             rows_pad_w: bo.rows_pad,
-            rows_pad_x: ao.rows_pad,
+            _pad: 0,
             out_type: dst.out_type as u32,
             group_m: cfg.group_m,
             split_k: cfg.split_k,
             alpha: a_scale * a.desc.tensor_scale * b.desc.tensor_scale,
+            groups: group_params,
         };
         // Keep the reordered weights alive and ordered with the launch.
         let _ = launch.ptr(&w.data);
-        // SAFETY: `cfg` was validated for this shape; the maps cover the live data of the
+        // SAFETY: `cfg` was validated for this shape (grouped: no split, `groups` holds `count`
+        // int32 values on this GPU); the maps cover the live data of the
         // prepared operands (weights reordered with K padded to 64) with boxes of the tile's rows;
         // the scale buffers hold whole padded tiles of rows and stages of K; the output (or the
         // workspace of split·l·m·n f32) holds l·m·n elements of `out_type`.

@@ -50,3 +50,35 @@ pub(crate) fn encode_3d(
     let bytes: Vec<u8> = map.opaque.iter().flat_map(|w| w.to_le_bytes()).collect();
     Ok(stream.clone_htod(&bytes)?)
 }
+
+/// The tensor map of a scale buffer `[l][planes][rows_pad]` whose entries are one row's scales of
+/// one plane (`elem` = 2 or 4 bytes), in boxes of `box_rows` rows of one plane, no swizzle: the
+/// kernels copy a tile's scales from any first row (a grouped GEMM's groups start mid-tile; a
+/// 16-byte bulk copy could not), zero past `rows_pad`. `rows_pad · elem` must be a multiple of 16
+/// and `box_rows · elem` too.
+pub(crate) fn encode_scale_rows(
+    stream: &Arc<CudaStream>,
+    ptr: u64,
+    elem: usize,
+    (rows_pad, planes, l): (usize, usize, usize),
+    box_rows: u32,
+) -> Result<CudaSlice<u8>> {
+    let dtype = match elem {
+        2 => DataType::CU_TENSOR_MAP_DATA_TYPE_UINT16,
+        4 => DataType::CU_TENSOR_MAP_DATA_TYPE_UINT32,
+        _ => {
+            return Err(crate::error::Error::Format(format!(
+                "scale entries of {elem} bytes: the kernels' scale maps take 2 or 4"
+            )));
+        }
+    };
+    encode_3d(
+        stream,
+        ptr,
+        dtype,
+        [rows_pad, planes, l],
+        elem,
+        [box_rows, 1],
+        Swizzle::CU_TENSOR_MAP_SWIZZLE_NONE,
+    )
+}

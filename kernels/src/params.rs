@@ -15,6 +15,52 @@
 //!   m·out_row_stride + n`, of type [`OutType`].
 
 use crate::format::{ElemType, ScaleType};
+use crate::gemm::scheduler::Groups;
+
+/// A grouped GEMM's groups as kernel parameters (every GEMM family takes them; all zero for a
+/// dense GEMM). See [`Groups`] for the layouts and the clamping of the device values.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct GroupParams {
+    /// `count` int32 values in device memory: group ends (contiguous) or row counts (masked).
+    pub ptr: u64,
+    pub count: u32,
+    /// [`GroupMode`] as u32.
+    pub mode: u32,
+}
+
+/// How the groups' rows are laid out.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum GroupMode {
+    /// A dense GEMM (no groups).
+    #[default]
+    Dense = 0,
+    /// Groups stacked in A and C (ΣM rows), with their end rows on the device.
+    Contiguous = 1,
+    /// Group `g` in batch entry `g` of A and C (capacity rows each), with its row count on the
+    /// device.
+    Masked = 2,
+}
+
+impl GroupParams {
+    /// The scheduler's groups (`None`: dense) when the grouped operand has `rows` rows per batch
+    /// entry and its rows run along the schedule's N (`along_n`) or M.
+    #[inline(always)]
+    pub const fn groups(&self, rows: u32, along_n: bool) -> Option<Groups> {
+        if self.mode == GroupMode::Dense as u32 {
+            None
+        } else {
+            Some(Groups {
+                ptr: self.ptr,
+                count: self.count,
+                masked: self.mode == GroupMode::Masked as u32,
+                rows,
+                along_n,
+            })
+        }
+    }
+}
 
 /// Output element type.
 #[repr(u32)]

@@ -37,17 +37,19 @@ pub const SPLITK_REDUCE: KernelInfo = KernelInfo {
 
 /// Every kernel, for the builder.
 pub const KERNELS: &[KernelInfo] = &{
-    let (fp8, mx, w4, fold) = (
+    let (fp8, mx, w4, fold, grouped) = (
         crate::sm90::KERNELS,
         crate::sm90_mx::KERNELS,
         crate::sm90_w4::KERNELS,
         crate::fold::KERNELS,
+        crate::sm90::GROUPED_KERNELS,
     );
     let mut all = [REFERENCE_GEMM;
         2 + crate::sm90::KERNELS.len()
             + crate::sm90_mx::KERNELS.len()
             + crate::sm90_w4::KERNELS.len()
-            + crate::fold::KERNELS.len()];
+            + crate::fold::KERNELS.len()
+            + crate::sm90::GROUPED_KERNELS.len()];
     all[1] = SPLITK_REDUCE;
     let mut i = 0;
     while i < fp8.len() {
@@ -68,6 +70,11 @@ pub const KERNELS: &[KernelInfo] = &{
     while f < fold.len() {
         all[2 + i + j + h + f] = fold[f].info;
         f += 1;
+    }
+    let mut g = 0;
+    while g < grouped.len() {
+        all[2 + i + j + h + f + g] = grouped[g].info;
+        g += 1;
     }
     all
 };

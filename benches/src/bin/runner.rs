@@ -85,6 +85,128 @@ struct Args {
     /// Seed of the random inputs (default: a fresh one, printed).
     #[arg(long)]
     seed: Option<u64>,
+    /// Grouped GEMM: rows per group (e.g. 80,176,128); N and K come from --mnkl (M and L are
+    /// ignored). Each group multiplies its rows by its own expert (G × N × K).
+    #[arg(long)]
+    groups: Option<String>,
+    /// Grouped GEMM: one of the seed's cases 1..4 (their G, M per group, N, K), or 0 for all four.
+    #[arg(long = "group_case", alias = "group-case")]
+    group_case: Option<usize>,
+    /// Grouped GEMM with the masked layout (G × capacity rows, counts on the device) of this
+    /// capacity; default: the contiguous layout.
+    #[arg(long)]
+    masked: Option<usize>,
+}
+
+/// The grouped mode: every recipe × case, ours against the cuBLASLt loop, one line each.
+fn run_grouped(
+    args: &Args,
+    gpu: &Gpu,
+    recipes: &[Recipe],
+    (n, k): (usize, usize),
+    seed: u64,
+) -> Result<bool, String> {
+    use blockscaled::GroupLayout;
+    use blockscaled_benches::grouped::{GroupedCase, SEED_CASES, run_grouped as run};
+    let cases: Vec<(Vec<usize>, usize, usize)> = match (&args.groups, args.group_case) {
+        (Some(g), _) => {
+            let sizes: Result<Vec<usize>, _> = g.split(',').map(|x| x.trim().parse()).collect();
+            vec![(
+                sizes.map_err(|_| format!("--groups wants integers, got `{g}`"))?,
+                n,
+                k,
+            )]
+        }
+        (None, Some(0)) => SEED_CASES
+            .iter()
+            .map(|(m, n, k)| (m.to_vec(), *n, *k))
+            .collect(),
+        (None, Some(i @ 1..=4)) => {
+            let (m, n, k) = SEED_CASES[i - 1];
+            vec![(m.to_vec(), n, k)]
+        }
+        (None, Some(i)) => {
+            return Err(format!(
+                "--group_case {i}: the seed has cases 1..4 (0: all)"
+            ));
+        }
+        (None, None) => unreachable!("grouped mode needs --groups or --group_case"),
+    };
+    let peer = if args.no_peer {
+        None
+    } else {
+        open_peer(gpu)
+            .map_err(|e| println!("cuBLASLt unavailable: {e}"))
+            .ok()
+    };
+    println!(
+        "{:<14} {:<10} {:>3} {:>6} {:>6} {:>6} {:<34} {:>9} {:>8} {:>7} {:>9} {:>6}",
+        "recipe",
+        "layout",
+        "G",
+        "rows",
+        "N",
+        "K",
+        "plan",
+        "ours µs",
+        "TFLOP/s",
+        "floor×",
+        "peer µs",
+        "ratio"
+    );
+    for &recipe in recipes {
+        for (sizes, n, k) in &cases {
+            let (layout, capacity) = match args.masked {
+                Some(cap) => (GroupLayout::Masked, cap),
+                None => (GroupLayout::Contiguous, 0),
+            };
+            let c = GroupedCase {
+                recipe,
+                layout,
+                sizes: sizes.clone(),
+                capacity,
+                n: *n,
+                k: *k,
+                warmup: args.warmup_iterations,
+                iters: args.iterations,
+                seed,
+            };
+            let o = run(gpu, peer.as_ref(), &c)?;
+            let us = o.ours.median_ms * 1e3;
+            // The floor: the bytes at the 3.0 TB/s copy ceiling measured here, or the FLOPs at
+            // the MMA's rate (FP8 1.2 PFLOP/s dense as measured; bf16 half of it), whichever is
+            // longer.
+            let rate = if recipe == Recipe::DeepSeekFp8 {
+                1.2e15
+            } else {
+                0.7e15
+            };
+            let floor = (o.min_bytes / 3.0e12).max(o.flops / rate) * 1e6;
+            let (peer_us, ratio) = match &o.peer {
+                Some(p) => (
+                    format!("{:.1}", p.median_ms * 1e3),
+                    format!("{:.2}", p.median_ms * 1e3 / us),
+                ),
+                None => ("-".into(), "-".into()),
+            };
+            println!(
+                "{:<14} {:<10} {:>3} {:>6} {:>6} {:>6} {:<34} {:>9.1} {:>8.1} {:>7.2} {:>9} {:>6}",
+                recipe.name(),
+                format!("{layout:?}"),
+                sizes.len(),
+                sizes.iter().sum::<usize>(),
+                n,
+                k,
+                o.plan,
+                us,
+                o.flops / (us * 1e-6) / 1e12,
+                us / floor,
+                peer_us,
+                ratio
+            );
+        }
+    }
+    Ok(true)
 }
 
 fn parse_list(s: &str, n: usize, what: &str) -> Result<Vec<usize>, String> {
@@ -249,6 +371,14 @@ fn run(args: &Args) -> Result<bool, String> {
     println!("{gpu:?}; seed {seed}");
     if let Some(why) = blockscaled_benches::timing::profiler_attached() {
         println!("CUDA tool attached ({why}): timed without the stream gate");
+    }
+    if args.groups.is_some() || args.group_case.is_some() {
+        let recipes = if args.recipe == "all" && args.ab_dtype.is_none() {
+            vec![Recipe::DeepSeekFp8]
+        } else {
+            recipes
+        };
+        return run_grouped(args, &gpu, &recipes, (mnkl[1], mnkl[2]), seed);
     }
     let plan = match args.kernel.as_str() {
         "auto"

@@ -28,6 +28,21 @@ pub struct Output {
     pub n: u32,
     /// [`OutType`] as u32.
     pub out_type: u32,
+    /// Rows at or past this one are not written (a group's end in grouped GEMM, whose next rows
+    /// belong to another group or must keep their contents); `u32::MAX`: every row below `m`.
+    pub row_end: u32,
+}
+
+impl Output {
+    /// Rows of a batch entry that may be written.
+    #[inline(always)]
+    pub const fn rows(&self) -> u32 {
+        if self.row_end < self.m {
+            self.row_end
+        } else {
+            self.m
+        }
+    }
 }
 
 /// The shared boxes the TMA-store path stages a tile in: per wave, per consumer, `block_n / 64`
@@ -50,7 +65,8 @@ impl Staging {
 /// Consumer warpgroup `c` (thread `local` of 128) stores its fragments `acc` (one per wave, `wave_m`
 /// rows apart) of the tile whose first row, first column and batch entry are `at`: through shared
 /// memory and TMA stores when the output has a map ([`store_tma`]), else directly
-/// ([`store_direct`]).
+/// ([`store_direct`]). A tile that crosses `out.row_end` is stored directly: a TMA box clips
+/// only at the output's edges.
 /// # Safety
 /// As [`store_tma`] when `out.tmap` is set.
 #[inline(always)]
@@ -63,11 +79,11 @@ pub unsafe fn store<const WAVES: usize, F: Fragment>(
     at: (u32, u32, u32),
     wave_m: u32,
 ) {
-    if out.tmap != 0 {
+    let (m0, n0, l) = at;
+    if out.tmap != 0 && m0 + WAVES as u32 * wave_m <= out.row_end {
         // SAFETY: the caller's contract.
         unsafe { store_tma(out, staging, c, local, acc, at, wave_m) };
     } else {
-        let (m0, n0, l) = at;
         // The fragment's first row of this thread (the second is 8 below it).
         let row = c * FRAGMENT_ROWS + 16 * (local / 32) + (local % 32) / 4;
         for (w, acc) in acc.iter().enumerate() {
@@ -207,7 +223,8 @@ fn store_chunk(out: &Output, l: u32, row0: u32, col0: u32, acc: &[f32; CHUNK]) {
         let i = 2 * j;
         let row = row0 + 8 * ((i / 2) % 2) as u32;
         let col = col0 + 8 * (i / 4) as u32;
-        let (in0, in1) = (row < out.m && col < out.n, row < out.m && col + 1 < out.n);
+        let rows = out.rows();
+        let (in0, in1) = (row < rows && col < out.n, row < rows && col + 1 < out.n);
         let idx = (l as u64 * out.m as u64 + row as u64) * out.n as u64 + col as u64;
         let addr = out.ptr + idx * bytes;
         let (v0, v1) = (acc[i], acc[i + 1]);
@@ -247,7 +264,7 @@ pub fn store_transposed<F: Fragment>(out: &Output, l: u32, n0: u32, m0: u32, acc
     for i in 0..(F::N / 2) as usize {
         let n = n0 + 8 * ((i / 2) % 2) as u32;
         let m = m0 + 8 * (i / 4) as u32 + (i % 2) as u32;
-        let inside = m < out.m && n < out.n;
+        let inside = m < out.rows() && n < out.n;
         let idx = (l as u64 * out.m as u64 + m as u64) * out.n as u64 + n as u64;
         // SAFETY: the predicate says the element is inside the L·M·N output.
         unsafe {

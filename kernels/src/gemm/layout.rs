@@ -20,6 +20,47 @@ pub const FRAGMENT_ROWS: u32 = 64;
 /// span. The host encodes the output's tensor map with boxes of `OUT_BOX_N` × [`FRAGMENT_ROWS`].
 pub const OUT_BOX_N: u32 = 64;
 
+/// One TMA box of a tile's per-row scales (entries of `entry` bytes, one per row: an f32, or a
+/// row's scale bytes of one stage), for a tile whose first row may be any row (a grouped GEMM's
+/// groups start mid-tile). A tensor copy must start 16-byte aligned in global memory, so the box
+/// starts at the aligned row at or below the tile's first and reaches [`ScaleBox::ALIGN`] bytes
+/// further; the tile's row `r` is then entry `shift + r` of the box ([`ScaleBox::start`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ScaleBox {
+    /// Bytes per row.
+    pub entry: u32,
+    /// Rows of the tile the box serves.
+    pub tile_rows: u32,
+}
+
+impl ScaleBox {
+    /// The global alignment of a tensor copy's start.
+    pub const ALIGN: u32 = 16;
+    /// The alignment of a tensor copy's destination in shared memory.
+    pub const SMEM_ALIGN: u32 = 128;
+
+    /// Rows of the box: the tile's and the alignment's before it, rounded up to whole
+    /// [`Self::SMEM_ALIGN`] bytes (so that the next box in shared memory starts aligned too, and
+    /// the box delivers every byte of its slot, as the stage's barrier counts them).
+    pub const fn rows(self) -> u32 {
+        let bytes = (self.tile_rows + Self::ALIGN / self.entry) * self.entry;
+        bytes.next_multiple_of(Self::SMEM_ALIGN) / self.entry
+    }
+
+    /// Bytes the box delivers, and its shared memory.
+    pub const fn bytes(self) -> u32 {
+        self.rows() * self.entry
+    }
+
+    /// For a tile whose first row is `row0`: the box's first row (aligned) and the tile's first
+    /// row within the box.
+    #[inline(always)]
+    pub const fn start(self, row0: u32) -> (u32, u32) {
+        let shift = row0 % (Self::ALIGN / self.entry);
+        (row0 - shift, shift)
+    }
+}
+
 /// What one stage holds, and the output staging buffer, in bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct StageContents {
@@ -27,7 +68,7 @@ pub struct StageContents {
     pub a: u32,
     /// The B tile (a multiple of [`SWIZZLE_ALIGN`]).
     pub b: u32,
-    /// A's scales for the tile (a multiple of 16: one bulk copy).
+    /// The tile's scales (multiples of 128: the boxes of [`ScaleBox`] and bulk copies).
     pub sfa: u32,
     /// The output tile staged for its TMA store, or whatever else the kernel keeps once rather
     /// than per stage (`sm90_mx`: its two bf16 buffers); a multiple of [`SWIZZLE_ALIGN`], 0 for
@@ -100,6 +141,23 @@ impl StageLayout {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn scale_boxes_start_aligned_and_cover_the_tile_from_any_first_row() {
+        for entry in [2u32, 4] {
+            for tile_rows in [16u32, 64, 128] {
+                let b = ScaleBox { entry, tile_rows };
+                assert_eq!(b.bytes() % ScaleBox::SMEM_ALIGN, 0);
+                assert!(b.rows() <= 256);
+                for row0 in 0..40 {
+                    let (first, shift) = b.start(row0);
+                    assert_eq!((first * entry) % ScaleBox::ALIGN, 0);
+                    assert_eq!(first + shift, row0);
+                    assert!(shift + tile_rows <= b.rows());
+                }
+            }
+        }
+    }
 
     #[test]
     fn buffers_are_disjoint_aligned_and_inside_the_limit() {

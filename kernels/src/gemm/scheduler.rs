@@ -7,23 +7,39 @@
 //! the same time share the same few B tiles (N) and a band's A tiles, which then stay in L2. Batch
 //! entries are outermost; with split-K each batch entry is `split_k` consecutive entries of the
 //! order, one per K range.
+//!
+//! Grouped GEMM ([`Groups`]): the units are those of each group in turn, group `g`'s tiles
+//! covering only its rows of the grouped operand, so an empty group has no units. The group row
+//! counts live in device memory (written by the caller's kernels, no host sync): each CTA reads
+//! them as it walks its units, in order.
 
 use core::ops::Range;
 
-/// One unit of work: tile coordinates (in tiles, not elements), the batch entry of the operands,
-/// the batch entry of the output it writes, and the K blocks it accumulates over. The next
-/// families extend it rather than the kernels: grouped GEMM adds the unit's group (its rows then
-/// index that group's slice of A and C), and block-sparse GEMM reads `k_begin..k_end` as positions
-/// in the tile's list of nonzero K blocks instead of K blocks themselves.
+/// One unit of work: tile coordinates (in tiles, not elements), the batch entries of the operands
+/// and of the output it writes, the rows of the grouped operand its group owns, and the K blocks
+/// it accumulates over. Block-sparse GEMM will read `k_begin..k_end` as positions in the tile's
+/// list of nonzero K blocks instead of K blocks themselves.
+///
+/// The *grouped axis* is the schedule's M (or its N with [`Groups::along_n`], for kernels that
+/// swap A and B): tile `m` of it starts at row `row0 + m · unit rows` of the grouped operand (A)
+/// and of C, and rows at or past `row_end` are not stored.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct WorkUnit {
     pub m: u32,
     pub n: u32,
-    /// Batch entry of A and B.
+    /// Batch entry of B (grouped: the group, whose expert B is).
     pub l: u32,
     /// Batch entry of the output: `l`, or with split-K `l · split_k + s` for K range `s` (an
-    /// entry of the f32 workspace that the reduction sums).
+    /// entry of the f32 workspace that the reduction sums); grouped: 0 (contiguous) or the group
+    /// (masked).
     pub out_l: u32,
+    /// Batch entry of A: `l`; grouped: as `out_l`.
+    pub a_l: u32,
+    /// First row of the group's rows along the grouped axis (0 for dense GEMM).
+    pub row0: u32,
+    /// End of the group's rows (exclusive): stores stop there. `u32::MAX` for dense GEMM (the
+    /// output's own extent bounds it).
+    pub row_end: u32,
     /// The K blocks (of the kernel's block K) this unit accumulates: `k_begin..k_end`.
     pub k_begin: u32,
     pub k_end: u32,
@@ -34,6 +50,50 @@ impl WorkUnit {
     #[inline(always)]
     pub const fn k_blocks(&self) -> Range<u32> {
         self.k_begin..self.k_end
+    }
+
+    /// The first row of tile `t` of the grouped axis, for tiles of `rows` rows.
+    #[inline(always)]
+    pub const fn first_row(&self, t: u32, rows: u32) -> u32 {
+        self.row0 + t * rows
+    }
+}
+
+/// How a grouped GEMM's groups are laid out, and where their row counts are.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Groups {
+    /// `count` int32 values in device memory: each group's end row (contiguous, as torch's
+    /// `offs`) or its row count (masked).
+    pub ptr: u64,
+    /// Groups (≥ 1).
+    pub count: u32,
+    /// Masked: group `g` is batch entry `g` of A and C, `capacity = rows` rows each, of which
+    /// its count are real. Contiguous: the groups' rows are stacked in one batch entry of `rows`
+    /// rows, group `g` from the previous group's end to its own.
+    pub masked: bool,
+    /// Rows of A (contiguous) or of each batch entry of A (masked). Device values are clamped
+    /// into it: an end below the previous end, or a count below 0, makes an empty group; an end
+    /// or count past `rows` stops at `rows`. Nothing outside A or C is ever read or written.
+    pub rows: u32,
+    /// The grouped rows run along the schedule's N (kernels computing Cᵀ).
+    pub along_n: bool,
+}
+
+impl Groups {
+    /// Group `g`'s rows `(first, end)`, given the previous group's end (contiguous), clamped as
+    /// [`Groups::rows`] says.
+    /// # Safety
+    /// `ptr` holds `count` int32 values and `g < count`.
+    #[inline(always)]
+    pub unsafe fn rows_of(&self, g: u32, prev_end: u32) -> (u32, u32) {
+        // SAFETY: the caller's contract.
+        let v = unsafe { *(self.ptr as *const i32).add(g as usize) };
+        let v = if v < 0 { 0 } else { v as u32 };
+        if self.masked {
+            (0, v.min(self.rows))
+        } else {
+            (prev_end, v.clamp(prev_end, self.rows))
+        }
     }
 }
 
@@ -83,13 +143,37 @@ pub struct Schedule {
     pub unit_n: u32,
     /// Band height in units (≥ 1).
     pub group_m: u32,
+    /// Grouped GEMM: the groups (then `l` and `split_k` are 1, and `m` (or `n` along N) is the
+    /// grouped operand's rows).
+    pub groups: Option<Groups>,
 }
 
 impl Schedule {
-    /// Units of the whole problem (host: grid sizing). `None` if the count does not fit u32.
+    /// Units of the whole problem (host: grid sizing), or with groups the most there can be (the
+    /// counts are on the device). `None` if the count does not fit u32.
     pub const fn units(&self) -> Option<u64> {
-        let per_l = self.m.div_ceil(self.unit_m) as u64 * self.n.div_ceil(self.unit_n) as u64;
-        let total = per_l * self.l as u64 * self.split_k as u64;
+        let (m_tiles, n_tiles) = (
+            self.m.div_ceil(self.unit_m) as u64,
+            self.n.div_ceil(self.unit_n) as u64,
+        );
+        let total = match self.groups {
+            None => m_tiles * n_tiles * self.l as u64 * self.split_k as u64,
+            Some(g) => {
+                // Contiguous: each group's rows may start mid-tile (one more tile each); masked:
+                // every group may be full.
+                let (grouped, other) = if g.along_n {
+                    (n_tiles, m_tiles)
+                } else {
+                    (m_tiles, n_tiles)
+                };
+                let grouped = if g.masked {
+                    grouped * g.count as u64
+                } else {
+                    grouped + g.count as u64
+                };
+                grouped * other
+            }
+        };
         if total > u32::MAX as u64 {
             None
         } else {
@@ -98,16 +182,31 @@ impl Schedule {
     }
 }
 
+/// A CTA's walk through the units (the consumers hold it across their mainloop, where every
+/// register counts: a dense schedule keeps the tile counts, a grouped one its cursor).
 #[derive(Clone, Copy, Debug)]
 pub struct TileScheduler {
+    s: Schedule,
     m_tiles: u32,
     n_tiles: u32,
     total: u32,
     group_m: u32,
-    split_k: u32,
-    k_blocks: u32,
     next: u32,
     stride: u32,
+    /// Grouped: the group the walk is in and its rows.
+    group: GroupCursor,
+}
+
+/// Where a CTA's walk through the groups stands (its units come in increasing order, so the
+/// groups are read once each).
+#[derive(Clone, Copy, Debug)]
+struct GroupCursor {
+    /// One past the group (0: before the first).
+    g: u32,
+    row0: u32,
+    row_end: u32,
+    /// Position of the group's first unit in the linear order.
+    base: u32,
 }
 
 impl TileScheduler {
@@ -117,58 +216,124 @@ impl TileScheduler {
     pub const fn new(s: Schedule, first: u32, stride: u32) -> Self {
         let m_tiles = s.m.div_ceil(s.unit_m);
         let n_tiles = s.n.div_ceil(s.unit_n);
-        let group_m = if s.group_m == 0 { 1 } else { s.group_m };
         TileScheduler {
+            s,
             m_tiles,
             n_tiles,
             total: m_tiles * n_tiles * (s.l * s.split_k),
-            group_m,
-            split_k: s.split_k,
-            k_blocks: s.k_blocks,
+            group_m: if s.group_m == 0 { 1 } else { s.group_m },
             next: first,
             stride,
+            group: GroupCursor {
+                g: 0,
+                row0: 0,
+                row_end: 0,
+                base: 0,
+            },
         }
     }
 
-    /// Number of units of the whole problem.
+    /// Number of units of a dense problem.
     #[inline(always)]
     pub const fn total(&self) -> u32 {
         self.total
     }
 
-    /// The unit at position `t` of the linear order.
+    /// The unit at position `r` of a band-ordered grid of `m_tiles` × `n_tiles`: bands of
+    /// `group_m` M tiles, M fastest inside a band.
+    #[inline(always)]
+    const fn banded(&self, r: u32, m_tiles: u32, n_tiles: u32) -> (u32, u32) {
+        let group_m = self.group_m;
+        let band = r / (group_m * n_tiles);
+        let first_m = band * group_m;
+        let rows = if m_tiles - first_m < group_m {
+            m_tiles - first_m
+        } else {
+            group_m
+        };
+        let in_band = r - band * group_m * n_tiles;
+        (first_m + in_band % rows, in_band / rows)
+    }
+
+    /// The unit at position `t` of a dense problem's linear order.
     #[inline(always)]
     pub const fn unit(&self, t: u32) -> WorkUnit {
-        let per_batch = self.m_tiles * self.n_tiles;
+        let (m_tiles, n_tiles) = (self.m_tiles, self.n_tiles);
+        let per_batch = m_tiles * n_tiles;
         let out_l = t / per_batch;
-        let r = t % per_batch;
-        let band = r / (self.group_m * self.n_tiles);
-        let first_m = band * self.group_m;
-        let rows = if self.m_tiles - first_m < self.group_m {
-            self.m_tiles - first_m
-        } else {
-            self.group_m
-        };
-        let in_band = r - band * self.group_m * self.n_tiles;
+        let (m, n) = self.banded(t % per_batch, m_tiles, n_tiles);
+        let (split, k_blocks) = (self.s.split_k, self.s.k_blocks);
         // Entry `l·split + s` of the order takes the `s`-th of `split` near-equal K ranges.
-        let (l, k_begin, k_end) = if self.split_k <= 1 {
-            (out_l, 0, self.k_blocks)
+        let (l, k_begin, k_end) = if split <= 1 {
+            (out_l, 0, k_blocks)
         } else {
-            let s = out_l % self.split_k;
+            let s = out_l % split;
             (
-                out_l / self.split_k,
-                s * self.k_blocks / self.split_k,
-                (s + 1) * self.k_blocks / self.split_k,
+                out_l / split,
+                s * k_blocks / split,
+                (s + 1) * k_blocks / split,
             )
         };
         WorkUnit {
-            m: first_m + in_band % rows,
-            n: in_band / rows,
+            m,
+            n,
             l,
             out_l,
+            a_l: l,
+            row0: 0,
+            row_end: u32::MAX,
             k_begin,
             k_end,
         }
+    }
+
+    /// Tiles of the grouped axis (for rows `row0..row_end`) and of the other axis.
+    #[inline(always)]
+    const fn group_tiles(&self, gs: Groups, row0: u32, row_end: u32) -> (u32, u32) {
+        if gs.along_n {
+            ((row_end - row0).div_ceil(self.s.unit_n), self.m_tiles)
+        } else {
+            ((row_end - row0).div_ceil(self.s.unit_m), self.n_tiles)
+        }
+    }
+
+    /// The grouped unit at position `self.next`, moving the cursor over the groups before it;
+    /// `None` past the last group.
+    #[inline(always)]
+    fn grouped_unit(&mut self, gs: Groups) -> Option<WorkUnit> {
+        let mut c = self.group;
+        let (mut tiles, mut other) = self.group_tiles(gs, c.row0, c.row_end);
+        while self.next >= c.base + tiles * other {
+            if c.g >= gs.count {
+                self.group = c;
+                return None;
+            }
+            c.base += tiles * other;
+            // SAFETY: `g < count` and the host passes `count` values at `ptr` (Groups' contract).
+            (c.row0, c.row_end) = unsafe { gs.rows_of(c.g, c.row_end) };
+            c.g += 1;
+            (tiles, other) = self.group_tiles(gs, c.row0, c.row_end);
+        }
+        self.group = c;
+        let (m_tiles, n_tiles) = if gs.along_n {
+            (other, tiles)
+        } else {
+            (tiles, other)
+        };
+        let (m, n) = self.banded(self.next - c.base, m_tiles, n_tiles);
+        let g = c.g - 1;
+        let a_l = if gs.masked { g } else { 0 };
+        Some(WorkUnit {
+            m,
+            n,
+            l: g,
+            out_l: a_l,
+            a_l,
+            row0: c.row0,
+            row_end: c.row_end,
+            k_begin: 0,
+            k_end: self.s.k_blocks,
+        })
     }
 }
 
@@ -178,12 +343,13 @@ impl Iterator for TileScheduler {
 
     #[inline(always)]
     fn next(&mut self) -> Option<WorkUnit> {
-        if self.next >= self.total {
-            return None;
-        }
-        let t = self.unit(self.next);
+        let unit = match self.s.groups {
+            None if self.next >= self.total() => return None,
+            None => self.unit(self.next),
+            Some(gs) => self.grouped_unit(gs)?,
+        };
         self.next += self.stride;
-        Some(t)
+        Some(unit)
     }
 }
 
@@ -204,6 +370,7 @@ mod tests {
             unit_m: 128,
             unit_n: 128,
             group_m,
+            groups: None,
         }
     }
 
@@ -252,6 +419,9 @@ mod tests {
                 n: 5,
                 l: 1,
                 out_l: 1,
+                a_l: 1,
+                row0: 7,
+                row_end: 300,
                 k_begin: 2,
                 k_end: 9,
             };
@@ -261,6 +431,7 @@ mod tests {
                 assert_eq!(t.m / shape.m, unit.m);
                 assert_eq!(t.n / shape.n, unit.n);
                 assert_eq!((t.l, t.out_l, t.k_blocks()), (1, 1, 2..9));
+                assert_eq!((t.a_l, t.row0, t.row_end), (1, 7, 300));
             }
         }
     }
@@ -273,5 +444,101 @@ mod tests {
             assert_eq!(s.unit(t).m, t);
         }
         assert_eq!((s.unit(8).m, s.unit(8).n), (0, 1));
+    }
+
+    /// Every CTA's grouped units, for `values` (ends or counts) of a grouped schedule.
+    fn grouped_units(
+        values: &[i32],
+        masked: bool,
+        along_n: bool,
+        rows: u32,
+        ctas: u32,
+    ) -> Vec<WorkUnit> {
+        let groups = Groups {
+            ptr: values.as_ptr() as u64,
+            count: values.len() as u32,
+            masked,
+            rows,
+            along_n,
+        };
+        let (m, n) = if along_n { (512, rows) } else { (rows, 512) };
+        let s = Schedule {
+            groups: Some(groups),
+            ..schedule(m, n, 1, 5, 1, 2)
+        };
+        let bound = s.units().unwrap();
+        let units: Vec<WorkUnit> = (0..ctas)
+            .flat_map(|c| TileScheduler::new(s, c, ctas))
+            .collect();
+        assert!(
+            units.len() as u64 <= bound,
+            "{} units, bound {bound}",
+            units.len()
+        );
+        units
+    }
+
+    /// The rows each group owns after clamping, as the documentation of [`Groups::rows`] says.
+    fn clamped(values: &[i32], masked: bool, rows: u32) -> Vec<(u32, u32)> {
+        let mut prev = 0u32;
+        values
+            .iter()
+            .map(|&v| {
+                let v = v.max(0) as u32;
+                if masked {
+                    (0, v.min(rows))
+                } else {
+                    let r = (prev, v.clamp(prev, rows));
+                    prev = r.1;
+                    r
+                }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn grouped_units_cover_each_groups_rows_once_and_empty_groups_have_none() {
+        let cases: &[(&[i32], bool, u32)] = &[
+            // Contiguous ends with empty groups, a 1-row group and ragged ends.
+            (&[0, 80, 256, 256, 257, 600, 1000], false, 1000),
+            // Decreasing ends and ends past the rows are clamped.
+            (&[300, 200, 5000, -4, 999], false, 700),
+            // Masked counts: zero, one, full, above capacity, negative.
+            (&[0, 1, 256, 300, -7, 129], true, 256),
+        ];
+        for &(values, masked, rows) in cases {
+            for along_n in [false, true] {
+                for ctas in [1, 3, 132] {
+                    let units = grouped_units(values, masked, along_n, rows, ctas);
+                    let want = clamped(values, masked, rows);
+                    // Per group: the rows its tiles start at cover [first, end) in tiles of 128,
+                    // each (tile, other-axis tile) once.
+                    let mut seen = HashSet::new();
+                    for u in &units {
+                        let g = u.l as usize;
+                        assert_eq!((u.row0, u.row_end), want[g], "{values:?} {u:?}");
+                        assert_eq!(u.a_l, if masked { u.l } else { 0 });
+                        assert_eq!(u.out_l, u.a_l);
+                        assert_eq!(u.k_blocks(), 0..5);
+                        let (t, other) = if along_n { (u.n, u.m) } else { (u.m, u.n) };
+                        assert!(u.first_row(t, 128) < u.row_end, "{u:?}");
+                        assert!(other < 4);
+                        assert!(seen.insert((g, t, other)), "{u:?} twice");
+                    }
+                    let expect: usize = want
+                        .iter()
+                        .map(|&(a, b)| (b - a).div_ceil(128) as usize * 4)
+                        .sum();
+                    assert_eq!(seen.len(), expect, "{values:?} masked {masked}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn groups_without_rows_have_no_units() {
+        let values = [0i32, 0, 0];
+        assert!(grouped_units(&values, false, false, 128, 4).is_empty());
+        assert!(grouped_units(&values, true, true, 128, 4).is_empty());
     }
 }

@@ -18,7 +18,7 @@
 
 use core::marker::PhantomData;
 
-use super::{BLOCK_K, BLOCK_N, ROW_BYTES, Sm90Fp8Params, Tile, WG_ROWS};
+use super::{BLOCK_K, BLOCK_N, ROW_BYTES, SFA_BOX, Sm90Fp8Params, Tile, WG_ROWS};
 use crate::gemm::driver::{Ctx, GemmKernel};
 use crate::gemm::epilogue::{self, Output, Staging};
 use crate::gemm::layout::StageLayout;
@@ -34,12 +34,16 @@ const MMA_K: u32 = 32;
 const SWIZZLE_SBO: u32 = 8 * ROW_BYTES;
 
 /// The kernel for a tile of `CONS` consumers × `WAVES` waves × `F::N` columns, element types `T`.
-pub(crate) struct Fp8Gemm<const CONS: u32, const WAVES: usize, F, T> {
+/// `GROUPED`: the kernel runs grouped GEMM (`Sm90Fp8Params::groups`); the dense kernels have
+/// no group walk at all.
+pub(crate) struct Fp8Gemm<const CONS: u32, const WAVES: usize, F, T, const GROUPED: bool> {
     pub(crate) p: Sm90Fp8Params,
     pub(crate) types: PhantomData<(F, T)>,
 }
 
-impl<const CONS: u32, const WAVES: usize, F: Fp8Fragment, T: Fp8Pair> Fp8Gemm<CONS, WAVES, F, T> {
+impl<const CONS: u32, const WAVES: usize, F: Fp8Fragment, T: Fp8Pair, const GROUPED: bool>
+    Fp8Gemm<CONS, WAVES, F, T, GROUPED>
+{
     const TILE: Tile = Tile::new(CONS, WAVES as u32, F::N);
 }
 
@@ -55,8 +59,8 @@ pub(crate) struct Consumer<const CONS: u32> {
     row: u32,
 }
 
-impl<const CONS: u32, const WAVES: usize, F: Fp8Fragment, T: Fp8Pair> GemmKernel
-    for Fp8Gemm<CONS, WAVES, F, T>
+impl<const CONS: u32, const WAVES: usize, F: Fp8Fragment, T: Fp8Pair, const GROUPED: bool>
+    GemmKernel for Fp8Gemm<CONS, WAVES, F, T, GROUPED>
 {
     const CONSUMERS: u32 = CONS;
     type Consumer = Consumer<CONS>;
@@ -87,6 +91,11 @@ impl<const CONS: u32, const WAVES: usize, F: Fp8Fragment, T: Fp8Pair> GemmKernel
             unit_m: Self::TILE.block_m() * cl.m,
             unit_n: F::N * cl.n,
             group_m: p.group_m,
+            groups: if GROUPED {
+                p.groups.groups(p.m, false)
+            } else {
+                None
+            },
         }
     }
 
@@ -96,6 +105,7 @@ impl<const CONS: u32, const WAVES: usize, F: Fp8Fragment, T: Fp8Pair> GemmKernel
         unsafe {
             tma::prefetch_map(self.p.tmap_a);
             tma::prefetch_map(self.p.tmap_b);
+            tma::prefetch_map(self.p.tmap_sfa);
         }
     }
 
@@ -103,25 +113,23 @@ impl<const CONS: u32, const WAVES: usize, F: Fp8Fragment, T: Fp8Pair> GemmKernel
     unsafe fn load(&self, ctx: &Ctx, own: &WorkUnit, kb: u32, s: u32, full: u32) {
         let (p, tile, cl, layout) = (&self.p, Self::TILE, ctx.cluster, &ctx.layout);
         let all = ((1u32 << cl.size()) - 1) as u16;
-        let (x, l) = ((kb * BLOCK_K) as i32, own.l as i32);
-        // (The host keeps the scale count below 2³², so the index is 32-bit.)
-        let k_blocks = p.k / BLOCK_K;
-        let sfa = p.sfa + 4 * ((own.l * k_blocks + kb) * p.m_pad + own.m * tile.block_m()) as u64;
-        // SAFETY: the driver's contract (the stage is free); the boxes and the scale copy fit the
-        // stage's buffers; the maps and `sfa` (padded to whole clusters of the tallest tiles)
-        // cover these coordinates; TMA zero-fills rows past M or N.
+        let x = (kb * BLOCK_K) as i32;
+        let (a_l, l) = (own.a_l as i32, own.l as i32);
+        let row0 = own.first_row(own.m, tile.block_m());
+        // SAFETY: the driver's contract (the stage is free); the boxes fit the stage's buffers;
+        // the maps cover the operands and their scales; TMA zero-fills rows past M or N.
         unsafe {
             let a_box = tile.a_box_rows(cl.n);
             for w in 0..tile.block_m() / a_box {
                 let (dst, y) = (
                     layout.a(s) + w * a_box * ROW_BYTES,
-                    (own.m * tile.block_m() + w * a_box) as i32,
+                    (row0 + w * a_box) as i32,
                 );
                 if cl.n == 1 {
-                    tma::load_3d(dst, p.tmap_a, x, y, l, full);
+                    tma::load_3d(dst, p.tmap_a, x, y, a_l, full);
                 } else if w % cl.n == ctx.rank {
                     // Our box of the shared A tile, into every CTA of the cluster.
-                    tma::load_3d_multicast(dst, p.tmap_a, x, y, l, full, all);
+                    tma::load_3d_multicast(dst, p.tmap_a, x, y, a_l, full, all);
                 }
             }
             // Along M: our share of the shared B tile, into every CTA of the cluster.
@@ -134,7 +142,12 @@ impl<const CONS: u32, const WAVES: usize, F: Fp8Fragment, T: Fp8Pair> GemmKernel
             } else {
                 tma::load_3d(b_dst, p.tmap_b, x, b_y, l, full);
             }
-            tma::load_bytes(layout.sfa(s), sfa, tile.block_m() * 4, full);
+            // The tile's A scales: a box per 128 rows, from the aligned row at or below.
+            for b in 0..tile.sfa_boxes() {
+                let (y, _) = SFA_BOX.start(row0 + b * SFA_BOX.tile_rows);
+                let dst = layout.sfa(s) + b * SFA_BOX.bytes();
+                tma::load_3d(dst, p.tmap_sfa, y as i32, kb as i32, a_l, full);
+            }
         }
     }
 
@@ -166,6 +179,12 @@ impl<const CONS: u32, const WAVES: usize, F: Fp8Fragment, T: Fp8Pair> GemmKernel
         let sfb_tile = (own.n * F::N / BLOCK_N).min(n_blocks - 1);
         let sfb =
             (p.sfb as *const f32).wrapping_add(((own.l * n_blocks + sfb_tile) * k_blocks) as usize);
+        // Where the tile's first row sits in its scale boxes (dense tiles start aligned).
+        let shift = if GROUPED {
+            SFA_BOX.start(own.first_row(own.m, Self::TILE.block_m())).1
+        } else {
+            0
+        };
         let mut acc = [F::zeros(); WAVES];
         let mut kb = own.k_begin;
         while kb < own.k_end {
@@ -173,10 +192,10 @@ impl<const CONS: u32, const WAVES: usize, F: Fp8Fragment, T: Fp8Pair> GemmKernel
             // every wave and released before the next; `kb + 1` is in range for a pair.
             unsafe {
                 if CONS == 2 && WAVES == 1 && kb + 1 < own.k_end {
-                    self.k_pair(ctx, cons, &mut acc[0], *st, sfb.add(kb as usize));
+                    self.k_pair(ctx, cons, &mut acc[0], *st, sfb.add(kb as usize), shift);
                     (kb, *st) = (kb + 2, st.next().next());
                 } else {
-                    self.k_block(ctx, cons, &mut acc, *st, sfb.add(kb as usize));
+                    self.k_block(ctx, cons, &mut acc, *st, sfb.add(kb as usize), shift);
                     (kb, *st) = (kb + 1, st.next());
                 }
             }
@@ -200,13 +219,18 @@ impl<const CONS: u32, const WAVES: usize, F: Fp8Fragment, T: Fp8Pair> GemmKernel
             m: p.m,
             n: p.n,
             out_type: p.out_type,
+            row_end: own.row_end,
         };
         let staging = Staging {
             base: ctx.layout.out(),
             consumers: CONS,
             block_n: F::N,
         };
-        let at = (own.m * tile.block_m(), own.n * F::N, own.out_l);
+        let at = (
+            own.first_row(own.m, tile.block_m()),
+            own.n * F::N,
+            own.out_l,
+        );
         // SAFETY: `tmap_c`, when set, maps the 16-bit output (the entry's contract); the staging
         // boxes are this warpgroup's.
         unsafe { epilogue::store(&out, staging, cons.c, cons.local, &acc, at, tile.wave_m()) };
@@ -224,7 +248,9 @@ impl<const CONS: u32, const WAVES: usize, F: Fp8Fragment, T: Fp8Pair> GemmKernel
     }
 }
 
-impl<const CONS: u32, const WAVES: usize, F: Fp8Fragment, T: Fp8Pair> Fp8Gemm<CONS, WAVES, F, T> {
+impl<const CONS: u32, const WAVES: usize, F: Fp8Fragment, T: Fp8Pair, const GROUPED: bool>
+    Fp8Gemm<CONS, WAVES, F, T, GROUPED>
+{
     /// Waits for use `st`; for each wave issues its four `wgmma` into the scratch fragment, waits
     /// for them and promotes the partial sums into the wave's sums; releases the stage. With two
     /// waves there are no registers for a second scratch, but ptxas starts wave 1's MMAs under
@@ -239,6 +265,7 @@ impl<const CONS: u32, const WAVES: usize, F: Fp8Fragment, T: Fp8Pair> Fp8Gemm<CO
         acc: &mut [F; WAVES],
         st: PipelineState,
         sfb: *const f32,
+        shift: u32,
     ) {
         let s = ctx.pipe.stage(st);
         // SAFETY: the caller's contract; the stage (tiles and scales) is filled after
@@ -261,7 +288,7 @@ impl<const CONS: u32, const WAVES: usize, F: Fp8Fragment, T: Fp8Pair> Fp8Gemm<CO
                 if WAVES == 1 || (stagger && cons.c == 0) {
                     cons.turn.pass();
                 }
-                let (f0, f1) = Self::scales(&ctx.layout, cons.row, s, w, scale_b);
+                let (f0, f1) = Self::scales(&ctx.layout, cons.row, s, w, scale_b, shift);
                 wgmma::wait::<0>();
                 part.fence();
                 promote(acc, &part, f0, f1);
@@ -285,6 +312,7 @@ impl<const CONS: u32, const WAVES: usize, F: Fp8Fragment, T: Fp8Pair> Fp8Gemm<CO
         acc: &mut F,
         st: PipelineState,
         sfb: *const f32,
+        shift: u32,
     ) {
         let (pipe, layout) = (&ctx.pipe, &ctx.layout);
         let (st1, c) = (st.next(), cons.c);
@@ -299,8 +327,8 @@ impl<const CONS: u32, const WAVES: usize, F: Fp8Fragment, T: Fp8Pair> Fp8Gemm<CO
             pipe.consumer_wait(st1);
             let mut part1 = Self::issue(layout, c, s1, 0);
             cons.turn.pass();
-            let (f00, f01) = Self::scales(layout, cons.row, s0, 0, sb0);
-            let (f10, f11) = Self::scales(layout, cons.row, s1, 0, sb1);
+            let (f00, f01) = Self::scales(layout, cons.row, s0, 0, sb0, shift);
+            let (f10, f11) = Self::scales(layout, cons.row, s1, 0, sb1, shift);
             wgmma::wait::<1>();
             part0.fence();
             pipe.consumer_release(st, ctx.rank);
@@ -336,17 +364,28 @@ impl<const CONS: u32, const WAVES: usize, F: Fp8Fragment, T: Fp8Pair> Fp8Gemm<CO
     }
 
     /// This thread's two promotion factors for stage `s`, wave `w`: its rows' A scales ×
-    /// `scale_b`.
+    /// `scale_b`. Tile row `r` is entry `shift + r % 128` of box `r / 128` ([`SFA_BOX`]; a
+    /// thread's rows `r`, `r + 8` have `r % 16 < 8`, so both lie in one box).
     /// # Safety
     /// Stage `s` is filled.
     #[inline(always)]
-    unsafe fn scales(layout: &StageLayout, row: u32, s: u32, w: u32, scale_b: f32) -> (f32, f32) {
-        let (sfa, r) = (layout.sfa(s), w * Self::TILE.wave_m() + row);
-        // SAFETY: the caller's contract; rows < block_m.
+    unsafe fn scales(
+        layout: &StageLayout,
+        row: u32,
+        s: u32,
+        w: u32,
+        scale_b: f32,
+        shift: u32,
+    ) -> (f32, f32) {
+        let r = w * Self::TILE.wave_m() + row;
+        let at = layout.sfa(s)
+            + (r / SFA_BOX.tile_rows) * SFA_BOX.bytes()
+            + 4 * (shift + r % SFA_BOX.tile_rows);
+        // SAFETY: the caller's contract; rows < block_m, inside the stage's boxes.
         let (sa0, sa1) = unsafe {
             (
-                f32::from_bits(smem::load_u32(sfa + 4 * r)),
-                f32::from_bits(smem::load_u32(sfa + 4 * (r + 8))),
+                f32::from_bits(smem::load_u32(at)),
+                f32::from_bits(smem::load_u32(at + 4 * 8)),
             )
         };
         (sa0 * scale_b, sa1 * scale_b)

@@ -11,7 +11,7 @@
 pub mod fp8;
 
 use crate::format::ElemType;
-use crate::gemm::layout::{StageContents, StageLayout};
+use crate::gemm::layout::{ScaleBox, StageContents, StageLayout};
 use crate::gemm::scheduler::MAX_CLUSTER;
 use crate::registry::KernelInfo;
 
@@ -25,6 +25,12 @@ pub const WG_ROWS: u32 = crate::gemm::layout::FRAGMENT_ROWS;
 pub const ROW_BYTES: u32 = 128;
 /// Registers of one SM, shared by the block's threads after `setmaxnreg`.
 pub const SM_REGISTERS: u32 = 65_536;
+
+/// The TMA box of A's f32 scales: 128 rows from any first row (160 rows with the alignment).
+pub const SFA_BOX: ScaleBox = ScaleBox {
+    entry: 4,
+    tile_rows: 128,
+};
 
 /// One tile shape: `consumers` warpgroups × 64 rows × `waves` of A by `block_n` columns of B.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -94,9 +100,13 @@ impl Tile {
         StageLayout::fit(StageContents {
             a: self.block_m() * ROW_BYTES,
             b: self.block_n * ROW_BYTES,
-            sfa: self.block_m() * 4,
+            sfa: self.sfa_boxes() * SFA_BOX.bytes(),
             out: self.block_m() * self.block_n * 2,
         })
+    }
+    /// A-scale boxes per stage ([`SFA_BOX`]): one per 128 rows.
+    pub const fn sfa_boxes(self) -> u32 {
+        self.block_m().div_ceil(SFA_BOX.tile_rows)
     }
     pub const fn stages(self) -> u32 {
         self.layout().stages
@@ -135,9 +145,10 @@ pub const fn m_pad(rows: u32) -> u32 {
 
 /// Parameters of the sm90 FP8 GEMM. Tensor maps live in device memory (64-byte aligned; see
 /// `ptx::tma`); `tmap_b`'s box is BLOCK_N / `cluster_m` rows (each CTA of a cluster loads its
-/// share). `sfa`: f32 `[l][k/128][m_pad]`, M contiguous, zero-padded to `m_pad` (a multiple of
-/// [`m_pad`], so every tile's scales are one aligned copy). `sfb`: f32 `[l][⌈n/128⌉][k/128]`.
-/// `k` is a multiple of 128.
+/// share). `tmap_sfa` maps the A scales, f32 `[l][k/128][m_pad]` (M contiguous; 3-D: m_pad,
+/// k/128, l) in boxes of [`SFA_BOX`] rows: a tile's scales start at any row (a grouped GEMM's
+/// groups start mid-tile). `sfb`:
+/// f32 `[l][⌈n/128⌉][k/128]`. `k` is a multiple of 128.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Sm90Fp8Params {
@@ -147,7 +158,7 @@ pub struct Sm90Fp8Params {
     /// direct stores (f32 output, split-K partials, or N % 8 ≠ 0 so rows are not 16-byte
     /// aligned).
     pub tmap_c: u64,
-    pub sfa: u64,
+    pub tmap_sfa: u64,
     pub sfb: u64,
     /// Per-column scales of C (B scaled per row, constant over K): f32 `[l][n]`, multiplied in
     /// after the K loop; 0 when B's scales are all in `sfb`.
@@ -157,7 +168,6 @@ pub struct Sm90Fp8Params {
     pub n: u32,
     pub k: u32,
     pub l: u32,
-    pub m_pad: u32,
     /// [`crate::params::OutType`] as u32.
     pub out_type: u32,
     /// Scheduler band height in M tiles (≥ 1).
@@ -173,14 +183,21 @@ pub struct Sm90Fp8Params {
     /// consecutive N tiles of one M tile, and CTA `r` loads the boxes `b` of the shared A tile
     /// with `b % cluster_n == r` into both (boxes of `Tile::a_box_rows(cluster_n)` rows).
     pub cluster_n: u32,
+    pub _pad: u32,
+    /// Grouped GEMM (split_k = 1): A (and C) rows per group, B's batch entry per group.
+    pub groups: crate::params::GroupParams,
 }
 
-/// One kernel of the family: its tile, its element types and its entry point.
+/// One kernel of the family: its tile, its element types, whether it runs grouped GEMM, and its
+/// entry point.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Sm90Fp8Kernel {
     pub tile: Tile,
     pub a: ElemType,
     pub b: ElemType,
+    /// Grouped GEMM (`Sm90Fp8Params::groups`): a kernel of its own, as walking the groups costs
+    /// the consumers registers that the dense kernels have none to spare for.
+    pub grouped: bool,
     pub info: KernelInfo,
 }
 
@@ -188,6 +205,9 @@ pub struct Sm90Fp8Kernel {
 #[cfg(all(target_arch = "nvptx64", target_feature = "sm_90a"))]
 macro_rules! entry {
     ($name:expr, $tile:ident, $a:ident, $b:ident) => {
+        entry!($name, $tile, $a, $b, false);
+    };
+    ($name:expr, $tile:ident, $a:ident, $b:ident, $grouped:literal) => {
         const _: () = {
             /// # Safety
             /// Launched as [`crate::gemm::driver::run`] says for the tile, with parameters made
@@ -202,6 +222,7 @@ macro_rules! entry {
                     { Tile::$tile.waves as usize },
                     [f32; { (Tile::$tile.block_n / 2) as usize }],
                     $crate::ptx::wgmma::Fp8<{ ElemType::$a as u32 }, { ElemType::$b as u32 }>,
+                    $grouped,
                 > {
                     p,
                     types: core::marker::PhantomData,
@@ -239,6 +260,7 @@ macro_rules! kernel_list {
                 tile: Tile::$tile,
                 a: ElemType::$a,
                 b: ElemType::$b,
+                grouped: false,
                 info: KernelInfo {
                     name: concat!("sm90_fp8_blockscaled_gemm", $tn, $yn),
                     max_threads: Some(Tile::$tile.threads()),
@@ -266,11 +288,46 @@ kernel_list! {
     ]
 }
 
-/// The kernel for a tile and a pair of element types.
-pub fn kernel(tile: Tile, a: ElemType, b: ElemType) -> Option<&'static Sm90Fp8Kernel> {
-    KERNELS
-        .iter()
-        .find(|k| k.tile == tile && k.a == a && k.b == b)
+/// The grouped kernels: every tile, e4m3 × e4m3 (DeepSeek-style experts); the entry point is
+/// `sm90_fp8_blockscaled_grouped_gemm` followed by the tile's suffix.
+macro_rules! grouped_list {
+    ($(($tile:ident, $tn:literal)),*) => {
+        /// Every grouped kernel of the family.
+        pub const GROUPED_KERNELS: &[Sm90Fp8Kernel] = &[$(Sm90Fp8Kernel {
+            tile: Tile::$tile,
+            a: ElemType::E4M3,
+            b: ElemType::E4M3,
+            grouped: true,
+            info: KernelInfo {
+                name: concat!("sm90_fp8_blockscaled_grouped_gemm", $tn),
+                max_threads: Some(Tile::$tile.threads()),
+                min_blocks_per_sm: 1,
+                targets: &["sm_90a"],
+            },
+        }),*];
+        #[cfg(all(target_arch = "nvptx64", target_feature = "sm_90a"))]
+        const _: () = {
+            $(entry!(concat!("sm90_fp8_blockscaled_grouped_gemm", $tn), $tile, E4M3, E4M3, true);)*
+        };
+    };
+}
+
+grouped_list!(
+    (M128, ""),
+    (M256, "_m256"),
+    (M192, "_m192"),
+    (M128N64, "_n64")
+);
+
+/// The kernel for a tile and a pair of element types, dense or grouped.
+pub fn kernel(
+    tile: Tile,
+    a: ElemType,
+    b: ElemType,
+    grouped: bool,
+) -> Option<&'static Sm90Fp8Kernel> {
+    let list = if grouped { GROUPED_KERNELS } else { KERNELS };
+    list.iter().find(|k| k.tile == tile && k.a == a && k.b == b)
 }
 
 #[cfg(test)]
@@ -283,17 +340,26 @@ mod tests {
         for t in Tile::ALL {
             for a in fp8 {
                 for b in fp8 {
-                    assert!(kernel(t, a, b).is_some(), "{t:?} {a:?} {b:?}");
+                    assert!(kernel(t, a, b, false).is_some(), "{t:?} {a:?} {b:?}");
                 }
             }
         }
         assert_eq!(KERNELS.len(), Tile::ALL.len() * 4);
-        for (i, k) in KERNELS.iter().enumerate() {
-            assert!(KERNELS[i + 1..].iter().all(|o| o.info.name != k.info.name));
+        let e4m3 = ElemType::E4M3;
+        for t in Tile::ALL {
+            assert!(
+                kernel(t, e4m3, e4m3, true).is_some_and(|k| k.grouped),
+                "{t:?}"
+            );
+        }
+        let all: [&[Sm90Fp8Kernel]; 2] = [KERNELS, GROUPED_KERNELS];
+        let all = all.concat();
+        for (i, k) in all.iter().enumerate() {
+            assert!(all[i + 1..].iter().all(|o| o.info.name != k.info.name));
             assert_eq!(k.info.max_threads, Some(k.tile.threads()));
         }
         assert_eq!(
-            kernel(Tile::M256, ElemType::E5M2, ElemType::E4M3).map(|k| k.info.name),
+            kernel(Tile::M256, ElemType::E5M2, ElemType::E4M3, false).map(|k| k.info.name),
             Some("sm90_fp8_blockscaled_gemm_m256_e5m2_e4m3")
         );
     }

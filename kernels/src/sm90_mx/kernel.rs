@@ -16,7 +16,7 @@ use super::{BF16_ROW_BYTES, BLOCK_K, BLOCK_M, CONSUMERS, MxTile, Sm90MxParams, U
 use crate::gemm::barriers;
 use crate::gemm::driver::{Ctx, GemmKernel};
 use crate::gemm::epilogue::{self, Output, Staging};
-use crate::gemm::layout::{FRAGMENT_ROWS, StageLayout};
+use crate::gemm::layout::{FRAGMENT_ROWS, ScaleBox, StageLayout};
 use crate::gemm::pipeline::PipelineState;
 use crate::gemm::scheduler::{ClusterShape, Schedule, WorkUnit};
 use crate::ptx::wgmma::{self, Bf16Fragment, Descriptor, Fragment, Swizzle};
@@ -51,6 +51,8 @@ impl<F: Bf16Fragment, EA: Dequant, EB: Dequant, S: ScaleDecode> MxGemm<F, EA, EB
     const RAW_ROW: u32 = BLOCK_K * EA::BITS / 8;
     /// Scale bytes per row of a stage.
     const SCALES_PER_ROW: u32 = BLOCK_K / S::BLOCK;
+    /// The TMA box of A's scales (from any first row).
+    const SFA_BOX: ScaleBox = super::sfa_box(S::BLOCK);
     /// Rounds of the conversion: each converts 256 units = 64 rows.
     const ROUNDS: u32 = (BLOCK_M + F::N) * UNITS_PER_ROW / THREADS;
     const A_ROUNDS: u32 = BLOCK_M * UNITS_PER_ROW / THREADS;
@@ -63,13 +65,13 @@ impl<F: Bf16Fragment, EA: Dequant, EB: Dequant, S: ScaleDecode> MxGemm<F, EA, EB
     /// # Safety
     /// Stage `s` is filled; nobody reads buffer `buf` until the consumers meet again.
     #[inline(always)]
-    unsafe fn convert(layout: &StageLayout, s: u32, buf: u32, g: u32) {
+    unsafe fn convert(layout: &StageLayout, s: u32, buf: u32, g: u32, shift: u32) {
         let conv = layout.out() + buf * Self::TILE.converted_bytes();
         let mut words = [[0u32; 4]; MAX_ROUNDS];
         let mut scales = [0u32; MAX_ROUNDS];
         for round in 0..Self::ROUNDS as usize {
             // SAFETY: the caller's contract.
-            (words[round], scales[round]) = unsafe { Self::load_unit(layout, s, g, round) };
+            (words[round], scales[round]) = unsafe { Self::load_unit(layout, s, g, round, shift) };
         }
         let mut specials = 0;
         for round in 0..Self::ROUNDS as usize {
@@ -87,7 +89,7 @@ impl<F: Bf16Fragment, EA: Dequant, EB: Dequant, S: ScaleDecode> MxGemm<F, EA, EB
             for round in 0..Self::ROUNDS as usize {
                 // SAFETY: the caller's contract.
                 unsafe {
-                    let (w, sc) = Self::load_unit(layout, s, g, round);
+                    let (w, sc) = Self::load_unit(layout, s, g, round, shift);
                     Self::store_unit(conv, g, round, w, sc, true);
                 }
             }
@@ -98,12 +100,19 @@ impl<F: Bf16Fragment, EA: Dequant, EB: Dequant, S: ScaleDecode> MxGemm<F, EA, EB
     /// # Safety
     /// Stage `s` is filled and held.
     #[inline(always)]
-    unsafe fn load_unit(layout: &StageLayout, s: u32, g: u32, round: usize) -> ([u32; 4], u32) {
+    unsafe fn load_unit(
+        layout: &StageLayout,
+        s: u32,
+        g: u32,
+        round: usize,
+        shift: u32,
+    ) -> ([u32; 4], u32) {
         let (r, q, is_a) = Self::unit_of(g, round as u32);
+        // A's row r is entry `shift + r` of its scale box; B's scales follow the box.
         let (raw, sf) = if is_a {
-            (layout.a(s), layout.sfa(s))
+            (layout.a(s), layout.sfa(s) + shift * Self::SCALES_PER_ROW)
         } else {
-            (layout.b(s), layout.sfa(s) + BLOCK_M * Self::SCALES_PER_ROW)
+            (layout.b(s), layout.sfa(s) + Self::SFA_BOX.bytes())
         };
         let src = raw + r * Self::RAW_ROW + q * UNIT * EA::BITS / 8;
         // SAFETY: the caller's contract; `src` (16- or 8-byte aligned) and the scale byte are
@@ -225,6 +234,7 @@ impl<F: Bf16Fragment, EA: Dequant, EB: Dequant, S: ScaleDecode> GemmKernel
             unit_m: BLOCK_M,
             unit_n: F::N,
             group_m: p.group_m,
+            groups: p.groups.groups(p.m, false),
         }
     }
 
@@ -234,27 +244,29 @@ impl<F: Bf16Fragment, EA: Dequant, EB: Dequant, S: ScaleDecode> GemmKernel
         unsafe {
             tma::prefetch_map(self.p.tmap_a);
             tma::prefetch_map(self.p.tmap_b);
+            tma::prefetch_map(self.p.tmap_sfa);
         }
     }
 
     #[inline(always)]
     unsafe fn load(&self, ctx: &Ctx, own: &WorkUnit, kb: u32, s: u32, full: u32) {
         let (p, layout) = (&self.p, &ctx.layout);
-        let (x, l) = ((kb * Self::RAW_ROW) as i32, own.l as i32);
+        let x = (kb * Self::RAW_ROW) as i32;
+        let (a_l, l) = (own.a_l as i32, own.l as i32);
         let k_blocks = p.k.div_ceil(BLOCK_K) as u64;
         let spr = Self::SCALES_PER_ROW;
-        let stage = own.l as u64 * k_blocks + kb as u64;
-        let (m0, n0) = (own.m * BLOCK_M, own.n * F::N);
-        let sfa = p.sfa + (stage * p.rows_pad_a as u64 + m0 as u64) * spr as u64;
-        let sfb = p.sfb + (stage * p.rows_pad_b as u64 + n0 as u64) * spr as u64;
-        // SAFETY: the driver's contract (the stage is free); the maps cover the operands (TMA
-        // zero-fills rows past M or N and bytes past K); the scale buffers are padded to whole
-        // tiles of rows and stages of K.
+        let (m0, n0) = (own.first_row(own.m, BLOCK_M), own.n * F::N);
+        let stage_b = own.l as u64 * k_blocks + kb as u64;
+        let sfb = p.sfb + (stage_b * p.rows_pad_b as u64 + n0 as u64) * spr as u64;
+        // SAFETY: the driver's contract (the stage is free); the maps cover the operands and A's
+        // scales (TMA zero-fills rows past M or N and bytes past K); B's scale buffer is padded
+        // to whole tiles of rows and stages of K.
         unsafe {
-            tma::load_3d(layout.a(s), p.tmap_a, x, m0 as i32, l, full);
+            tma::load_3d(layout.a(s), p.tmap_a, x, m0 as i32, a_l, full);
             tma::load_3d(layout.b(s), p.tmap_b, x, n0 as i32, l, full);
-            tma::load_bytes(layout.sfa(s), sfa, BLOCK_M * spr, full);
-            tma::load_bytes(layout.sfa(s) + BLOCK_M * spr, sfb, F::N * spr, full);
+            let (y, _) = Self::SFA_BOX.start(m0);
+            tma::load_3d(layout.sfa(s), p.tmap_sfa, y as i32, kb as i32, a_l, full);
+            tma::load_bytes(layout.sfa(s) + Self::SFA_BOX.bytes(), sfb, F::N * spr, full);
         }
     }
 
@@ -274,6 +286,7 @@ impl<F: Bf16Fragment, EA: Dequant, EB: Dequant, S: ScaleDecode> GemmKernel
     ) -> F {
         let (pipe, layout) = (&ctx.pipe, &ctx.layout);
         let g = cons.c * 128 + cons.local;
+        let (_, shift) = Self::SFA_BOX.start(own.first_row(own.m, BLOCK_M));
         let mut acc = F::zeros();
         for kb in own.k_blocks() {
             let (s, buf) = (pipe.stage(*st), st.parity());
@@ -283,7 +296,7 @@ impl<F: Bf16Fragment, EA: Dequant, EB: Dequant, S: ScaleDecode> GemmKernel
             // for before the meeting of use `st − 1`.
             unsafe {
                 pipe.consumer_wait(*st);
-                Self::convert(layout, s, buf, g);
+                Self::convert(layout, s, buf, g, shift);
                 pipe.consumer_release(*st, ctx.rank);
                 smem::fence_async_proxy();
                 wgmma::wait::<0>();
@@ -320,6 +333,7 @@ impl<F: Bf16Fragment, EA: Dequant, EB: Dequant, S: ScaleDecode> GemmKernel
             m: p.m,
             n: p.n,
             out_type: p.out_type,
+            row_end: own.row_end,
         };
         // No TMA-store staging (its shared memory holds the bf16 buffers): direct stores.
         let staging = Staging {
@@ -327,7 +341,7 @@ impl<F: Bf16Fragment, EA: Dequant, EB: Dequant, S: ScaleDecode> GemmKernel
             consumers: CONSUMERS,
             block_n: F::N,
         };
-        let at = (own.m * BLOCK_M, own.n * F::N, own.out_l);
+        let at = (own.first_row(own.m, BLOCK_M), own.n * F::N, own.out_l);
         // SAFETY: `out.tmap` is 0, so nothing is staged.
         unsafe { epilogue::store(&out, staging, cons.c, cons.local, &[acc], at, BLOCK_M) };
     }

@@ -69,7 +69,7 @@ impl MxTile {
         StageLayout::fit(StageContents {
             a: BLOCK_M * raw_row,
             b: self.block_n * raw_row,
-            sfa: (BLOCK_M + self.block_n) * scales_per_row,
+            sfa: sfa_box(scale_block).bytes() + self.block_n * scales_per_row,
             out: 2 * self.converted_bytes(),
         })
     }
@@ -77,6 +77,15 @@ impl MxTile {
     /// Bytes of one converted buffer: the A tile then the B tile, bf16.
     pub const fn converted_bytes(self) -> u32 {
         (BLOCK_M + self.block_n) * BF16_ROW_BYTES
+    }
+}
+
+/// The TMA box of A's scale bytes for scale blocks of `scale_block` (entries of one row's
+/// `64 / scale_block` bytes): a tile of [`BLOCK_M`] rows from any first row.
+pub const fn sfa_box(scale_block: u32) -> crate::gemm::layout::ScaleBox {
+    crate::gemm::layout::ScaleBox {
+        entry: BLOCK_K / scale_block,
+        tile_rows: BLOCK_M,
     }
 }
 
@@ -89,7 +98,9 @@ impl MxTile {
 pub struct Sm90MxParams {
     pub tmap_a: u64,
     pub tmap_b: u64,
-    pub sfa: u64,
+    /// A's scale bytes as a tensor map (3-D: rows_pad_a elements of `64 / block` bytes, ⌈k/64⌉,
+    /// l; boxes of [`sfa_box`] rows): a tile's scales may start at any row (grouped GEMM).
+    pub tmap_sfa: u64,
     pub sfb: u64,
     /// `[l][m][n]` of `out_type`, or with `split_k` > 1 the f32 workspace (as the FP8 family's).
     pub out: u64,
@@ -107,6 +118,8 @@ pub struct Sm90MxParams {
     /// Multiplies every sum before the store: the product of the operands' fp32 tensor scales
     /// (NVFP4), else 1.
     pub alpha: f32,
+    /// Grouped GEMM (split_k = 1): A (and C) rows per group, B's batch entry per group.
+    pub groups: crate::params::GroupParams,
 }
 
 /// The scale format of a kernel: type and elements per scale.

@@ -18,7 +18,7 @@ use super::{
 use crate::gemm::barriers;
 use crate::gemm::driver::{Ctx, GemmKernel};
 use crate::gemm::epilogue::{self, Output};
-use crate::gemm::layout::{FRAGMENT_ROWS, StageLayout};
+use crate::gemm::layout::{FRAGMENT_ROWS, ScaleBox, StageLayout};
 use crate::gemm::pipeline::PipelineState;
 use crate::gemm::scheduler::{ClusterShape, Schedule, WorkUnit};
 use crate::ptx::wgmma::{self, Bf16RsFragment, Fragment};
@@ -45,8 +45,10 @@ pub(crate) trait Activations {
     fn x(kb: u32) -> i32 {
         (kb * BLOCK_K * Self::KIND.bits() / 8) as i32
     }
-    /// Address of the scales of rows `m0..` for stage `kb` of batch entry `l`.
-    fn scales(p: &Sm90W4Params, l: u32, kb: u32, m0: u32) -> u64;
+    /// The plane of the scale map that stage `kb`'s scales are in.
+    fn scale_plane(kb: u32) -> i32 {
+        kb as i32
+    }
     /// The scale of unit `q` of a row whose scale bytes are at `sf`, as bf16x2.
     /// # Safety
     /// `sf` is the row's scales in a filled stage.
@@ -67,9 +69,6 @@ impl<S> Activations for Bf16<S> {
     fn x(kb: u32) -> i32 {
         (kb * BLOCK_K) as i32
     }
-    fn scales(_: &Sm90W4Params, _: u32, _: u32, _: u32) -> u64 {
-        0
-    }
     unsafe fn unit_scale(_: u32, _: u32) -> u32 {
         ONE_X2
     }
@@ -79,10 +78,9 @@ impl<S> Activations for E4m3Row128<S> {
     const KIND: Activation = Activation::E4m3Row128;
     const SCALE_BYTES: u32 = 4;
     type Elem = E4m3;
-    fn scales(p: &Sm90W4Params, l: u32, kb: u32, m0: u32) -> u64 {
-        let chunks = p.k.div_ceil(super::A8_SCALE_K) as u64;
-        let chunk = (kb * BLOCK_K / super::A8_SCALE_K) as u64;
-        p.sfx + ((l as u64 * chunks + chunk) * p.rows_pad_x as u64 + m0 as u64) * 4
+    /// One fp32 scale per 128 of K: two stages per plane.
+    fn scale_plane(kb: u32) -> i32 {
+        (kb * BLOCK_K / super::A8_SCALE_K) as i32
     }
     /// The codes convert at scale 1; the fp32 scale is applied to the stage's sums.
     unsafe fn unit_scale(_: u32, _: u32) -> u32 {
@@ -94,12 +92,6 @@ impl<S: ScaleDecode> Activations for Fp4<S> {
     const KIND: Activation = Activation::Fp4;
     const SCALE_BYTES: u32 = Activation::Fp4.scale_bytes(S::BLOCK);
     type Elem = E2m1;
-    fn scales(p: &Sm90W4Params, l: u32, kb: u32, m0: u32) -> u64 {
-        let stages = p.k.div_ceil(BLOCK_K) as u64;
-        p.sfx
-            + ((l as u64 * stages + kb as u64) * p.rows_pad_x as u64 + m0 as u64)
-                * Self::SCALE_BYTES as u64
-    }
     unsafe fn unit_scale(sf: u32, q: u32) -> u32 {
         // SAFETY: the caller's contract.
         S::x2(unsafe { smem::load_u8(sf + q * UNIT / S::BLOCK) })
@@ -125,6 +117,9 @@ impl<F: Bf16RsFragment, A: Activations, S: ScaleDecode> W4Gemm<F, A, S> {
     const W_SCALES: u32 = BLOCK_K / S::BLOCK;
     /// Bytes of one raw activation row of a stage.
     const RAW_ROW: u32 = BLOCK_K * A::KIND.bits() / 8;
+    /// The TMA box of the activations' scales.
+    const ACT_SCALE_BOX: Option<ScaleBox> =
+        super::act_scale_box(super::W4Tile { n: F::N }, A::KIND, S::BLOCK);
     /// Rounds of the activations' conversion (units = rows × 4, over 256 threads).
     const ROUNDS: u32 = (F::N * UNITS_PER_ROW).div_ceil(THREADS);
 
@@ -168,8 +163,8 @@ impl<F: Bf16RsFragment, A: Activations, S: ScaleDecode> W4Gemm<F, A, S> {
     /// # Safety
     /// Stage `s` is filled; nobody reads the buffer until the consumers meet again.
     #[inline(always)]
-    unsafe fn convert(layout: &StageLayout, s: u32, buf: u32, g: u32) {
-        let sf = layout.sfa(s) + WEIGHT_ROWS * Self::W_SCALES;
+    unsafe fn convert(layout: &StageLayout, s: u32, buf: u32, g: u32, shift: u32) {
+        let sf = layout.sfa(s) + WEIGHT_ROWS * Self::W_SCALES + shift * A::SCALE_BYTES;
         for round in 0..Self::ROUNDS {
             let u = g + THREADS * round;
             if u < F::N * UNITS_PER_ROW {
@@ -198,8 +193,8 @@ impl<F: Bf16RsFragment, A: Activations, S: ScaleDecode> W4Gemm<F, A, S> {
     /// # Safety
     /// Stage `s` is filled and held.
     #[inline(always)]
-    unsafe fn promote(layout: &StageLayout, s: u32, lane: u32, acc: &mut F, tmp: &F) {
-        let sf = layout.sfa(s) + WEIGHT_ROWS * Self::W_SCALES;
+    unsafe fn promote(layout: &StageLayout, s: u32, lane: u32, shift: u32, acc: &mut F, tmp: &F) {
+        let sf = layout.sfa(s) + WEIGHT_ROWS * Self::W_SCALES + 4 * shift;
         let (acc, tmp) = (acc.as_mut(), tmp.as_ref());
         for j in 0..F::N / 4 {
             let col = 8 * (j / 2) + 2 * (lane % 4);
@@ -245,6 +240,7 @@ impl<F: Bf16RsFragment, A: Activations, S: ScaleDecode> GemmKernel for W4Gemm<F,
             unit_m: WEIGHT_ROWS,
             unit_n: F::N,
             group_m: p.group_m,
+            groups: p.groups.groups(p.m, true),
         }
     }
 
@@ -254,13 +250,16 @@ impl<F: Bf16RsFragment, A: Activations, S: ScaleDecode> GemmKernel for W4Gemm<F,
         unsafe {
             tma::prefetch_map(self.p.tmap_w);
             tma::prefetch_map(self.p.tmap_x);
+            if A::SCALE_BYTES != 0 {
+                tma::prefetch_map(self.p.tmap_sx);
+            }
         }
     }
 
     #[inline(always)]
     unsafe fn load(&self, ctx: &Ctx, own: &WorkUnit, kb: u32, s: u32, full: u32) {
         let (p, layout) = (&self.p, &ctx.layout);
-        let (n0, m0, l) = (own.m * WEIGHT_ROWS, own.n * F::N, own.l);
+        let (n0, m0, l) = (own.m * WEIGHT_ROWS, own.first_row(own.n, F::N), own.l);
         let stages = p.k.div_ceil(BLOCK_K) as u64;
         let w_scales = p.sfw
             + ((l as u64 * stages + kb as u64) * p.rows_pad_w as u64 + n0 as u64)
@@ -271,15 +270,16 @@ impl<F: Bf16RsFragment, A: Activations, S: ScaleDecode> GemmKernel for W4Gemm<F,
         // tiles of rows and stages of K.
         unsafe {
             tma::load_3d(layout.b(s), p.tmap_w, x, n0 as i32, l as i32, full);
-            tma::load_3d(layout.a(s), p.tmap_x, A::x(kb), m0 as i32, l as i32, full);
+            let a_l = own.a_l as i32;
+            tma::load_3d(layout.a(s), p.tmap_x, A::x(kb), m0 as i32, a_l, full);
             tma::load_bytes(layout.sfa(s), w_scales, WEIGHT_ROWS * Self::W_SCALES, full);
             if A::SCALE_BYTES != 0 {
-                tma::load_bytes(
-                    layout.sfa(s) + WEIGHT_ROWS * Self::W_SCALES,
-                    A::scales(p, l, kb, m0),
-                    F::N * A::SCALE_BYTES,
-                    full,
-                );
+                let dst = layout.sfa(s) + WEIGHT_ROWS * Self::W_SCALES;
+                let y = match Self::ACT_SCALE_BOX {
+                    Some(b) => b.start(m0).0,
+                    None => m0,
+                };
+                tma::load_3d(dst, p.tmap_sx, y as i32, A::scale_plane(kb), a_l, full);
             }
         }
     }
@@ -300,6 +300,11 @@ impl<F: Bf16RsFragment, A: Activations, S: ScaleDecode> GemmKernel for W4Gemm<F,
     ) -> F {
         let (pipe, layout) = (&ctx.pipe, &ctx.layout);
         let (g, lane) = (cons.c * 128 + cons.local, cons.local % 32);
+        // Where the tile's first activation row sits in its scale box.
+        let shift = match Self::ACT_SCALE_BOX {
+            Some(b) => b.start(own.first_row(own.n, F::N)).1,
+            None => 0,
+        };
         let mut acc = F::zeros();
         for kb in own.k_blocks() {
             let s = pipe.stage(*st);
@@ -312,7 +317,7 @@ impl<F: Bf16RsFragment, A: Activations, S: ScaleDecode> GemmKernel for W4Gemm<F,
                 let frags = Self::weights(layout, s, cons.row, lane);
                 let x = if A::KIND.converts() {
                     let buf = layout.out() + (st.count() % ACT_BUFFERS) * F::N * BF16_ROW_BYTES;
-                    Self::convert(layout, s, buf, g);
+                    Self::convert(layout, s, buf, g, shift);
                     smem::fence_async_proxy();
                     barriers::sync_consumers();
                     buf
@@ -332,7 +337,7 @@ impl<F: Bf16RsFragment, A: Activations, S: ScaleDecode> GemmKernel for W4Gemm<F,
                     wgmma::commit();
                     wgmma::wait::<0>();
                     tmp.fence();
-                    Self::promote(layout, s, lane, &mut acc, &tmp);
+                    Self::promote(layout, s, lane, shift, &mut acc, &tmp);
                 } else {
                     for kk in 0..4 {
                         let first = kb == own.k_begin && kk == 0;
@@ -361,9 +366,10 @@ impl<F: Bf16RsFragment, A: Activations, S: ScaleDecode> GemmKernel for W4Gemm<F,
             m: p.m,
             n: p.n,
             out_type: p.out_type,
+            row_end: own.row_end,
         };
         let n0 = own.m * WEIGHT_ROWS + cons.row;
-        let m0 = own.n * F::N + 2 * (cons.local % 4);
+        let m0 = own.first_row(own.n, F::N) + 2 * (cons.local % 4);
         epilogue::store_transposed(&out, own.out_l, n0, m0, &acc);
     }
 

@@ -20,7 +20,7 @@
 pub mod kernel;
 
 use crate::format::ScaleType;
-use crate::gemm::layout::{StageContents, StageLayout};
+use crate::gemm::layout::{ScaleBox, StageContents, StageLayout};
 use crate::registry::KernelInfo;
 use crate::sm90_mx::{BF16_ROW_BYTES, MxScale};
 
@@ -131,6 +131,28 @@ pub const fn act_box_rows(tile: W4Tile, act: Activation) -> u32 {
     }
 }
 
+/// The TMA box of the activations' scales for `tile` (entries of one row's scale bytes of a
+/// stage or of a 128-K block): the tile's rows from any first row; `None` for bf16.
+pub const fn act_scale_box(tile: W4Tile, act: Activation, scale_block: u32) -> Option<ScaleBox> {
+    let entry = act.scale_bytes(scale_block);
+    if entry == 0 {
+        None
+    } else {
+        Some(ScaleBox {
+            entry,
+            tile_rows: tile.n,
+        })
+    }
+}
+
+/// Rows of [`act_scale_box`] (0 for bf16).
+pub const fn act_scale_rows(tile: W4Tile, act: Activation, scale_block: u32) -> u32 {
+    match act_scale_box(tile, act, scale_block) {
+        Some(b) => b.rows(),
+        None => 0,
+    }
+}
+
 /// Per stage: the activation tile (bf16 128-byte swizzled, or raw codes), the weight tile (raw,
 /// reordered codes), the weights' scale bytes then the activations' scales; once, the converted
 /// activation buffers.
@@ -139,7 +161,8 @@ pub const fn layout(tile: W4Tile, act: Activation, scale_block: u32) -> StageLay
     StageLayout::fit(StageContents {
         a: act_bytes,
         b: WEIGHT_ROWS * WEIGHT_ROW_BYTES,
-        sfa: WEIGHT_ROWS * (BLOCK_K / scale_block) + tile.n * act.scale_bytes(scale_block),
+        sfa: WEIGHT_ROWS * (BLOCK_K / scale_block)
+            + act_scale_rows(tile, act, scale_block) * act.scale_bytes(scale_block),
         out: if act.converts() {
             ACT_BUFFERS * tile.n * BF16_ROW_BYTES
         } else {
@@ -165,14 +188,17 @@ pub const fn weight_k(p: u32) -> u32 {
 /// the activations (bf16: elements of K, M rows, L, boxes of 64 × tile rows, 128-byte swizzle;
 /// codes: bytes, boxes of one stage's bytes × tile rows, no swizzle). Scales: weights (and e2m1
 /// activations) as the MX family's `[l][⌈k/64⌉][rows_pad][64 / block]` bytes; W4A8 activations
-/// fp32 `[l][⌈k/128⌉][rows_pad]`.
+/// fp32 `[l][⌈k/128⌉][rows_pad]`. The activations' scales are read through `tmap_sx` (3-D: rows_pad
+/// elements of one row's scale bytes per plane, planes, l; boxes of [`act_scale_rows`] rows), so
+/// that a tile's rows may start anywhere (grouped GEMM).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Sm90W4Params {
     pub tmap_w: u64,
     pub tmap_x: u64,
     pub sfw: u64,
-    pub sfx: u64,
+    /// 0 for bf16 activations.
+    pub tmap_sx: u64,
     /// `[l][m][n]` of `out_type`, or with `split_k` > 1 the f32 workspace.
     pub out: u64,
     pub m: u32,
@@ -180,7 +206,7 @@ pub struct Sm90W4Params {
     pub k: u32,
     pub l: u32,
     pub rows_pad_w: u32,
-    pub rows_pad_x: u32,
+    pub _pad: u32,
     /// [`crate::params::OutType`] as u32.
     pub out_type: u32,
     /// Scheduler band height in weight tiles.
@@ -188,6 +214,9 @@ pub struct Sm90W4Params {
     pub split_k: u32,
     /// Multiplies every sum before the store (tensor scales).
     pub alpha: f32,
+    /// Grouped GEMM (split_k = 1): activation (and C) rows per group, the weights' batch entry
+    /// per group. The grouped rows are the schedule's N (the kernel computes Cᵀ).
+    pub groups: crate::params::GroupParams,
 }
 
 /// An exported kernel.

@@ -1,0 +1,270 @@
+//! Grouped GEMM (mixture of experts): each group's rows of A times that group's expert B, all
+//! groups in one persistent launch of an ordinary GEMM kernel, whose scheduler walks the groups'
+//! tiles ([`blockscaled_kernels::gemm::scheduler::Groups`]).
+//!
+//! - **Contiguous** ([`GroupLayout::Contiguous`], as torch's `_grouped_mm` with `offs`): A is all
+//!   groups' rows stacked, `R × K` (batch 1); B is `G × N × K` (batch G: expert g); C is `R × N`.
+//!   The device holds each group's end row (int32, non-decreasing): group g is rows
+//!   `end[g−1]..end[g]` (`end[−1] = 0`). Rows after the last end are not written.
+//! - **Masked** ([`GroupLayout::Masked`], as DeepGEMM's masked layout in decode): A is
+//!   `G × capacity × K`, C is `G × capacity × N`, and the device holds each group's row count;
+//!   rows at or past the count are not written.
+//!
+//! The values live on the GPU ([`DeviceGroups`]) and the kernels read them there, so a call needs
+//! no host synchronization and can be captured in a CUDA graph; the caller's own kernels may
+//! write them ([`DeviceGroups::values_mut`]). The host checks what it can see when they come
+//! from the host ([`Gpu::group_ends`](crate::Gpu::group_ends),
+//! [`Gpu::group_counts`](crate::Gpu::group_counts)); values written on the device are clamped by
+//! the kernels instead: an end below the previous end or a count below 0 is an empty group, an
+//! end or count past the rows (capacity) stops there. No row outside A or C is read or written.
+
+use cudarc::driver::CudaSlice;
+
+use crate::buffers::GpuId;
+use crate::error::{Result, shape};
+use crate::launch::Launch;
+use crate::matrix::{GemmShape, MatrixDesc};
+use blockscaled_kernels::gemm::scheduler::Groups;
+use blockscaled_kernels::params::{GroupMode, GroupParams};
+
+/// How a grouped GEMM's groups are laid out (module doc).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum GroupLayout {
+    /// Groups stacked in A and C; the device holds each group's end row.
+    Contiguous,
+    /// Group g is batch entry g of A and C (capacity rows); the device holds its row count.
+    Masked,
+}
+
+impl GroupLayout {
+    pub(crate) fn mode(self) -> GroupMode {
+        match self {
+            GroupLayout::Contiguous => GroupMode::Contiguous,
+            GroupLayout::Masked => GroupMode::Masked,
+        }
+    }
+}
+
+/// A grouped GEMM's groups on one GPU: G ≥ 1 int32 values (ends or counts, per `layout`).
+pub struct DeviceGroups {
+    pub(crate) gpu: GpuId,
+    pub(crate) layout: GroupLayout,
+    pub(crate) values: CudaSlice<i32>,
+    /// The largest value, while the values are the host's (checked against A's rows per call);
+    /// `None` once the device may have written them.
+    pub(crate) host_top: Option<usize>,
+}
+
+impl DeviceGroups {
+    pub fn layout(&self) -> GroupLayout {
+        self.layout
+    }
+    /// The number of groups, G.
+    pub fn count(&self) -> usize {
+        self.values.len()
+    }
+    /// The values on the device (ends or counts).
+    pub fn values(&self) -> &CudaSlice<i32> {
+        &self.values
+    }
+    /// The values on the device, for the caller's kernels to write (a router's counts, say)
+    /// between calls without a host round trip. Whatever they write is clamped by the GEMM
+    /// kernels as the module doc says; nothing outside A or C is ever touched.
+    pub fn values_mut(&mut self) -> &mut CudaSlice<i32> {
+        self.host_top = None;
+        &mut self.values
+    }
+}
+
+/// Checks host-side group values before upload: at least one group, ends non-decreasing and
+/// within `0..=i32::MAX`, counts non-negative. (The rows they must fit are checked per call.)
+pub(crate) fn check_values(layout: GroupLayout, values: &[i32]) -> Result<()> {
+    if values.is_empty() {
+        return Err(shape("G = 0: a grouped GEMM needs at least one group"));
+    }
+    if let Some((g, v)) = values.iter().enumerate().find(|(_, v)| **v < 0) {
+        return Err(shape(format!("group {g}: {v} is negative")));
+    }
+    if layout == GroupLayout::Contiguous
+        && let Some(g) = (1..values.len()).find(|&g| values[g] < values[g - 1])
+    {
+        return Err(shape(format!(
+            "group ends must not decrease: group {g} ends at {} after {}",
+            values[g],
+            values[g - 1]
+        )));
+    }
+    Ok(())
+}
+
+/// Host-side values that the rows of A must hold: the last end (contiguous) or every count
+/// (masked), whose largest is `top`, at most `rows`.
+pub(crate) fn check_rows(layout: GroupLayout, top: usize, rows: usize) -> Result<()> {
+    if top > rows {
+        return Err(shape(match layout {
+            GroupLayout::Contiguous => {
+                format!("the groups end at row {top} but A has {rows} rows")
+            }
+            GroupLayout::Masked => format!("a group counts {top} rows but the capacity is {rows}"),
+        }));
+    }
+    Ok(())
+}
+
+/// The shape of a grouped GEMM (C's rows, N, K, C's batch) of A, B (G experts) and `groups`
+/// ([`Error::Shape`](crate::Error::Shape) when they do not fit together).
+pub(crate) fn grouped_shape(
+    a: &MatrixDesc,
+    b: &MatrixDesc,
+    groups: GroupsDesc,
+) -> Result<GemmShape> {
+    let (layout, count) = (groups.layout, groups.count);
+    if a.k != b.k {
+        return Err(shape(format!(
+            "A is {}×{} but B is {}×{}: K differs",
+            a.rows, a.k, b.rows, b.k
+        )));
+    }
+    if b.batch != count {
+        return Err(shape(format!(
+            "B has {} experts (batch entries) but there are {count} groups",
+            b.batch
+        )));
+    }
+    let a_batch = match layout {
+        GroupLayout::Contiguous => 1,
+        GroupLayout::Masked => count,
+    };
+    if a.batch != a_batch {
+        return Err(shape(format!(
+            "{layout:?} groups need A with batch {a_batch} (G = {count}), not {}",
+            a.batch
+        )));
+    }
+    // The rows are int32 on the device and TMA coordinates.
+    if a.rows > i32::MAX as usize || b.rows > i32::MAX as usize {
+        return Err(shape("A's rows and N must fit int32"));
+    }
+    if let Some(top) = groups.host_top {
+        check_rows(groups.layout, top, a.rows)?;
+    }
+    Ok(GemmShape {
+        m: a.rows,
+        n: b.rows,
+        k: a.k,
+        l: a_batch,
+    })
+}
+
+/// What the host knows of a [`DeviceGroups`].
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct GroupsDesc {
+    pub layout: GroupLayout,
+    pub count: usize,
+    pub host_top: Option<usize>,
+}
+
+impl DeviceGroups {
+    pub(crate) fn desc(&self) -> GroupsDesc {
+        GroupsDesc {
+            layout: self.layout,
+            count: self.count(),
+            host_top: self.host_top,
+        }
+    }
+}
+
+/// What a family's launch gets of a grouped GEMM's groups.
+#[derive(Clone, Copy)]
+pub(crate) struct GroupArgs<'a> {
+    pub groups: &'a DeviceGroups,
+}
+
+impl<'a> GroupArgs<'a> {
+    /// The scheduler's groups over a grouped operand of `rows` rows (per batch entry), along the
+    /// schedule's N or M (host side: grid sizing; the address is not used there).
+    pub(crate) fn schedule(&self, rows: usize, along_n: bool) -> Groups {
+        Groups {
+            ptr: 0,
+            count: self.groups.count() as u32,
+            masked: self.groups.layout == GroupLayout::Masked,
+            rows: rows as u32,
+            along_n,
+        }
+    }
+
+    /// The kernel parameters of `groups` (all zero for a dense GEMM), the values' buffer held by
+    /// `launch`.
+    pub(crate) fn params(groups: Option<Self>, launch: &mut Launch<'a>) -> GroupParams {
+        match groups {
+            None => GroupParams::default(),
+            Some(g) => GroupParams {
+                ptr: launch.ptr(&g.groups.values),
+                count: g.groups.count() as u32,
+                mode: g.groups.layout.mode() as u32,
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::Error;
+    use crate::format::Recipe;
+
+    #[test]
+    fn host_values_that_cannot_be_groups_are_shape_errors() {
+        use GroupLayout::*;
+        for (layout, v) in [
+            (Contiguous, &[][..]),
+            (Masked, &[][..]),
+            (Contiguous, &[5, 4][..]),
+            (Contiguous, &[-1, 4][..]),
+            (Masked, &[3, -2][..]),
+        ] {
+            assert!(
+                matches!(check_values(layout, v), Err(Error::Shape(_))),
+                "{layout:?} {v:?}"
+            );
+        }
+        assert!(check_values(Contiguous, &[0, 0, 7, 7]).is_ok());
+        assert!(check_values(Masked, &[9, 0, 3]).is_ok());
+        assert!(check_rows(Contiguous, 7, 7).is_ok());
+        assert!(matches!(check_rows(Contiguous, 8, 7), Err(Error::Shape(_))));
+        assert!(matches!(check_rows(Masked, 9, 8), Err(Error::Shape(_))));
+    }
+
+    #[test]
+    fn operands_that_do_not_match_the_groups_are_shape_errors() {
+        let desc = |rows, k, batch| MatrixDesc {
+            batch,
+            ..MatrixDesc::of_recipe(Recipe::DeepSeekFp8, rows, k, false)
+        };
+        let (a, b) = (desc(300, 256, 1), desc(512, 256, 4));
+        let gd = |layout, count, host_top| GroupsDesc {
+            layout,
+            count,
+            host_top,
+        };
+        let s = grouped_shape(&a, &b, gd(GroupLayout::Contiguous, 4, Some(300))).unwrap();
+        assert_eq!((s.m, s.n, s.k, s.l), (300, 512, 256, 1));
+        let am = desc(64, 256, 4);
+        let s = grouped_shape(&am, &b, gd(GroupLayout::Masked, 4, None)).unwrap();
+        assert_eq!((s.m, s.l), (64, 4));
+        for (a, b, groups) in [
+            (a, b, gd(GroupLayout::Contiguous, 3, None)),
+            (am, b, gd(GroupLayout::Contiguous, 4, None)),
+            (a, b, gd(GroupLayout::Masked, 4, None)),
+            (a, desc(512, 384, 4), gd(GroupLayout::Contiguous, 4, None)),
+            // Host ends past A's rows, host counts past the capacity.
+            (a, b, gd(GroupLayout::Contiguous, 4, Some(301))),
+            (am, b, gd(GroupLayout::Masked, 4, Some(65))),
+        ] {
+            assert!(
+                matches!(grouped_shape(&a, &b, groups), Err(Error::Shape(_))),
+                "{groups:?}"
+            );
+        }
+    }
+}

@@ -1,0 +1,364 @@
+//! GPU tests of grouped GEMM (`Gpu::grouped_gemm`): contiguous and masked layouts, every operand
+//! kind with a grouped kernel (FP8 blockwise on the FP8 kernel; MXFP8, MXFP4, NVFP4 pairs on the
+//! MX kernel; MXFP4 / NVFP4 experts with FP8 or bf16 activations on the 4-bit-weights kernel),
+//! random group sizes including empty groups and groups of one row, device values that need
+//! clamping, against a float64 CPU reference of each group's product.
+//! Run on an H100: `cargo test -p blockscaled-tests --test gpu_grouped -- --include-ignored`.
+//!
+//! Tolerances are the dense kernels' (`gpu.rs`: FP8 accumulation, 2^-7 of Σ|a·b|; `gpu_mx.rs`,
+//! `gpu_w4.rs`: bf16 products with fp32 sums, (K/8 + 1)·2^-23 of Σ|a·b|): a grouped tile is the
+//! dense kernel's tile over other rows. Every row no group owns must keep the output's NaN
+//! poison: it is never written.
+
+use std::sync::OnceLock;
+
+use blockscaled::{
+    DeviceGroups, Error, Fp4Weights, Gpu, GroupLayout, HostOutput, OutType, Plan, Recipe,
+    ScaledMatrix,
+};
+use blockscaled_tests::{
+    FP8_ACCUMULATION_REL, bf16_mma_rel, compare_outputs, random_matrix, random_values,
+};
+use proptest::prelude::*;
+
+fn gpu() -> &'static Gpu {
+    static GPU: OnceLock<Gpu> = OnceLock::new();
+    GPU.get_or_init(|| Gpu::new(0).expect("a CUDA device (these tests are ignored without one)"))
+}
+
+/// Every operand kind with a grouped kernel.
+const GROUPED_RECIPES: [Recipe; 8] = [
+    Recipe::DeepSeekFp8,
+    Recipe::Mxfp8(blockscaled::Fp8::E4M3),
+    Recipe::Mxfp4,
+    Recipe::Nvfp4,
+    Recipe::W4A8(Fp4Weights::Mxfp4),
+    Recipe::W4A8(Fp4Weights::Nvfp4),
+    Recipe::W4A16(Fp4Weights::Mxfp4),
+    Recipe::W4A16(Fp4Weights::Nvfp4),
+];
+
+/// The rows of A (and C) each group owns after the kernels' clamping (`grouped` module doc):
+/// `(batch entry, first row, end row)`.
+fn group_rows(layout: GroupLayout, values: &[i32], rows: usize) -> Vec<(usize, usize, usize)> {
+    let mut prev = 0usize;
+    values
+        .iter()
+        .enumerate()
+        .map(|(g, &v)| {
+            let v = v.max(0) as usize;
+            match layout {
+                GroupLayout::Masked => (g, 0, v.min(rows)),
+                GroupLayout::Contiguous => {
+                    let end = v.clamp(prev, rows);
+                    let r = (0, prev, end);
+                    prev = end;
+                    r
+                }
+            }
+        })
+        .collect()
+}
+
+/// A grouped GEMM's result against the CPU reference: every owned row within the tolerance,
+/// every other row still NaN.
+fn check_result(
+    got: &HostOutput,
+    a: &ScaledMatrix,
+    b: &ScaledMatrix,
+    owned: &[(usize, usize, usize)],
+    rel: f64,
+) -> Result<(), String> {
+    let (k, n, rows) = (a.k(), b.rows(), a.rows());
+    let (av, bv) = (a.dequantize(), b.dequantize());
+    let mut written = vec![false; got.values.len()];
+    let (mut got_rows, mut want_rows, mut slack) = (Vec::new(), Vec::new(), Vec::new());
+    for (g, &(l, r0, r1)) in owned.iter().enumerate() {
+        for r in r0..r1 {
+            let arow = &av[(l * rows + r) * k..][..k];
+            for c in 0..n {
+                let brow = &bv[(g * n + c) * k..][..k];
+                let (sum, abs) = arow.iter().zip(brow).fold((0f64, 0f64), |(s, t), (x, y)| {
+                    (s + x * y, t + (x * y).abs())
+                });
+                let i = (l * rows + r) * n + c;
+                written[i] = true;
+                got_rows.push(got.values[i]);
+                want_rows.push(blockscaled::round_output(got.dtype, sum));
+                slack.push(abs * rel);
+            }
+        }
+    }
+    let as_output = |values: Vec<f32>| HostOutput {
+        dtype: got.dtype,
+        m: values.len(),
+        n: 1,
+        l: 1,
+        values,
+    };
+    let count = slack.len();
+    compare_outputs(&as_output(got_rows), &as_output(want_rows), 1.0, &slack)
+        .map_err(|e| format!("{count} owned elements: {e}"))?;
+    let stray = written
+        .iter()
+        .zip(&got.values)
+        .filter(|(w, v)| !**w && !v.is_nan())
+        .count();
+    if stray > 0 {
+        return Err(format!(
+            "{stray} elements of rows no group owns were written"
+        ));
+    }
+    Ok(())
+}
+
+/// The tolerance of `recipe`'s grouped kernel, as a fraction of Σ|a·b|.
+fn rel(recipe: Recipe, k: usize) -> f64 {
+    match recipe {
+        Recipe::DeepSeekFp8 => FP8_ACCUMULATION_REL,
+        _ => bf16_mma_rel(k),
+    }
+}
+
+/// Runs one grouped GEMM of `recipe` with fresh random operands: G = `values.len()` experts of
+/// N × K, A with `rows` rows (per batch entry when masked), the groups from `values` (uploaded
+/// as host values when they are valid ones, else written as device values and clamped there).
+#[allow(clippy::too_many_arguments)]
+fn check(
+    recipe: Recipe,
+    layout: GroupLayout,
+    values: &[i32],
+    rows: usize,
+    n: usize,
+    k: usize,
+    dtype: OutType,
+    seed: u64,
+) -> Result<Plan, String> {
+    let g = gpu();
+    let what = format!("{recipe} {layout:?} groups {values:?} rows {rows} N {n} K {k} {dtype:?}");
+    let e = |x: Error| format!("{what}: {x}");
+    if std::env::var_os("GROUPED_TRACE").is_some() {
+        eprintln!("{what} seed {seed}");
+    }
+    let count = values.len();
+    let a_batch = if layout == GroupLayout::Masked {
+        count
+    } else {
+        1
+    };
+    let (_, a) = random_matrix(seed, rows, k, a_batch, recipe.a());
+    let (_, b) = random_matrix(seed ^ 0x9E37_79B9_7F4A_7C15, n, k, count, recipe.b());
+    let (da, db) = (g.upload(&a).map_err(e)?, g.upload(&b).map_err(e)?);
+    let groups = upload_groups(g, layout, values).map_err(e)?;
+    let mut c = g.output(rows, n, a_batch, dtype).map_err(e)?; // NaN-poisoned
+    let plan = g.grouped_plan(&da, &db, &groups).map_err(e)?;
+    g.grouped_gemm(&da, &db, &groups, &mut c).map_err(e)?;
+    let got = c.to_host().map_err(e)?;
+    let owned = group_rows(layout, values, rows);
+    check_result(&got, &a, &b, &owned, rel(recipe, k)).map_err(|err| {
+        format!("{recipe} {layout:?} groups {values:?} rows {rows} N {n} K {k} {dtype:?} seed {seed} ({plan:?}): {err}")
+    })?;
+    Ok(plan)
+}
+
+/// Host values when they pass the host's checks, else the same values written on the device
+/// (as a router's kernel would), which the kernels clamp.
+fn upload_groups(
+    g: &Gpu,
+    layout: GroupLayout,
+    values: &[i32],
+) -> blockscaled::Result<DeviceGroups> {
+    let host = match layout {
+        GroupLayout::Contiguous => g.group_ends(values),
+        GroupLayout::Masked => g.group_counts(values),
+    };
+    match host {
+        Ok(groups) => Ok(groups),
+        Err(_) => {
+            let mut groups = g.device_groups(layout, values.len())?;
+            g.stream().memcpy_htod(values, groups.values_mut())?;
+            Ok(groups)
+        }
+    }
+}
+
+/// Random group sizes in 0..=`max`, with empty groups and one-row groups common.
+fn sizes(seed: u64, count: usize, max: usize) -> Vec<usize> {
+    random_values(seed, count, count)
+        .iter()
+        .enumerate()
+        .map(|(i, v)| match (seed as usize + i) % 5 {
+            0 => 0,
+            1 => 1,
+            _ => ((v.abs() * 1e4) as usize) % (max + 1),
+        })
+        .collect()
+}
+
+/// Contiguous ends of `sizes`.
+fn ends(sizes: &[usize]) -> Vec<i32> {
+    sizes
+        .iter()
+        .scan(0usize, |acc, s| {
+            *acc += s;
+            Some(*acc as i32)
+        })
+        .collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(40))]
+
+    #[test]
+    #[ignore = "needs a CUDA device"]
+    fn grouped_gemm_matches_cpu_reference_on_random_groups(
+        which in 0usize..8,
+        masked in any::<bool>(),
+        count in 1usize..7,
+        max in 1usize..300,
+        tail in 0usize..40,
+        n in 1usize..400,
+        k128 in 1usize..5,
+        out_i in 0usize..3,
+        seed in any::<u64>(),
+    ) {
+        let recipe = GROUPED_RECIPES[which];
+        let dtype = [OutType::Bf16, OutType::F16, OutType::F32][out_i];
+        let k = 128 * k128;
+        let s = sizes(seed, count, max);
+        let (layout, values, rows) = if masked {
+            let values: Vec<i32> = s.iter().map(|&x| x as i32).collect();
+            // Capacity at least 1, groups up to it (the rest of each batch entry unowned).
+            (GroupLayout::Masked, values, max + tail)
+        } else {
+            let values = ends(&s);
+            let rows = (*values.last().unwrap() as usize + tail).max(1);
+            (GroupLayout::Contiguous, values, rows)
+        };
+        check(recipe, layout, &values, rows, n, k, dtype, seed).map_err(TestCaseError::fail)?;
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn grouped_gemm_runs_the_seed_cases_and_decode_counts_on_every_operand_kind() {
+    // The seed's cases 3 and 4 (small enough for the CPU reference), and masked decode counts.
+    let cases: [(GroupLayout, Vec<i32>, usize, usize, usize); 3] = [
+        (GroupLayout::Contiguous, ends(&[192, 320]), 512, 3072, 512),
+        (GroupLayout::Contiguous, ends(&[128, 384]), 512, 1024, 1536),
+        (
+            GroupLayout::Masked,
+            vec![3, 0, 17, 1, 64, 0, 9, 2],
+            64,
+            512,
+            1024,
+        ),
+    ];
+    for (i, recipe) in GROUPED_RECIPES.into_iter().enumerate() {
+        for (j, (layout, values, rows, n, k)) in cases.iter().enumerate() {
+            let seed = 0xC0DE + (i * 7 + j) as u64 + std::process::id() as u64;
+            check(recipe, *layout, values, *rows, *n, *k, OutType::Bf16, seed)
+                .unwrap_or_else(|e| panic!("{e}"));
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn device_values_past_the_rows_or_out_of_order_are_clamped_never_out_of_bounds() {
+    let recipe = Recipe::DeepSeekFp8;
+    // Ends that decrease, one past the rows, a negative one: written on the device.
+    let contiguous = [100, 40, 7000, -5, 260];
+    check(
+        recipe,
+        GroupLayout::Contiguous,
+        &contiguous,
+        260,
+        256,
+        256,
+        OutType::Bf16,
+        7,
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    // Counts above the capacity and below zero.
+    let masked = [500, -1, 3, 64];
+    check(
+        recipe,
+        GroupLayout::Masked,
+        &masked,
+        64,
+        256,
+        256,
+        OutType::Bf16,
+        8,
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    for r in [Recipe::W4A8(Fp4Weights::Mxfp4), Recipe::Nvfp4] {
+        check(
+            r,
+            GroupLayout::Masked,
+            &masked,
+            64,
+            256,
+            256,
+            OutType::Bf16,
+            9,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn grouped_inputs_the_host_can_see_are_typed_errors() {
+    let g = gpu();
+    let recipe = Recipe::DeepSeekFp8;
+    assert!(matches!(g.group_ends(&[]), Err(Error::Shape(_))));
+    assert!(matches!(g.group_ends(&[5, 3]), Err(Error::Shape(_))));
+    assert!(matches!(g.group_counts(&[-1]), Err(Error::Shape(_))));
+    assert!(matches!(
+        g.device_groups(GroupLayout::Masked, 0),
+        Err(Error::Shape(_))
+    ));
+    let (_, a) = random_matrix(1, 100, 256, 1, recipe.a());
+    let (_, b) = random_matrix(2, 128, 256, 3, recipe.b());
+    let (da, db) = (g.upload(&a).unwrap(), g.upload(&b).unwrap());
+    let mut c = g.output(100, 128, 1, OutType::Bf16).unwrap();
+    // Ends past A's rows; the wrong number of groups for B's experts; a masked layout with a
+    // stacked A; the wrong output.
+    let past = g.group_ends(&[10, 50, 101]).unwrap();
+    assert!(matches!(
+        g.grouped_gemm(&da, &db, &past, &mut c),
+        Err(Error::Shape(_))
+    ));
+    let two = g.group_ends(&[10, 50]).unwrap();
+    assert!(matches!(
+        g.grouped_gemm(&da, &db, &two, &mut c),
+        Err(Error::Shape(_))
+    ));
+    let masked = g.group_counts(&[1, 2, 3]).unwrap();
+    assert!(matches!(
+        g.grouped_gemm(&da, &db, &masked, &mut c),
+        Err(Error::Shape(_))
+    ));
+    let ok = g.group_ends(&[10, 50, 100]).unwrap();
+    let mut wrong = g.output(100, 64, 1, OutType::Bf16).unwrap();
+    assert!(matches!(
+        g.grouped_gemm(&da, &db, &ok, &mut wrong),
+        Err(Error::Shape(_))
+    ));
+    // Plans without a grouped kernel, and split K.
+    assert!(matches!(
+        g.grouped_gemm_with(&da, &db, &ok, &mut c, Plan::Reference),
+        Err(Error::Config(_))
+    ));
+    let Plan::Sm90Fp8(cfg) = g.grouped_plan(&da, &db, &ok).unwrap() else {
+        panic!("FP8 experts run on the FP8 kernel");
+    };
+    let split = Plan::Sm90Fp8(blockscaled::Sm90Config { split_k: 2, ..cfg });
+    assert!(matches!(
+        g.grouped_gemm_with(&da, &db, &ok, &mut c, split),
+        Err(Error::Config(_))
+    ));
+    g.grouped_gemm(&da, &db, &ok, &mut c).unwrap();
+}
