@@ -10,11 +10,10 @@ use std::sync::Arc;
 use cudarc::driver::{CudaContext, CudaModule, CudaStream, sys};
 
 use crate::buffers::{DeviceMatrix, DeviceOutput, GpuId, Prepared};
-use crate::error::shape as shape_err;
 use crate::error::{Error, Result, shape};
 use crate::family::{Families, Gemm};
 use crate::format::OutType;
-use crate::grouped::{self, DeviceGroups, GroupArgs, GroupLayout};
+use crate::grouped::{self, DeviceGroups, GroupLayout};
 use crate::matrix::{GemmShape, ScaledMatrix};
 use crate::plan::{self, GpuArch, Plan};
 
@@ -313,22 +312,22 @@ impl Gpu {
         c: &mut DeviceOutput,
         plan: Plan,
     ) -> Result<()> {
-        let shape = self.check_grouped(a, b, groups)?;
+        let s = self.check_grouped(a, b, groups)?;
         self.id.check(c.gpu, "the output")?;
-        if (c.m, c.n, c.l) != (shape.m, shape.n, shape.l) {
-            return Err(shape_err(format!(
+        if (c.m, c.n, c.l) != (s.m, s.n, s.l) {
+            return Err(shape(format!(
                 "output is {}×{}×{} but the grouped product is {}×{}×{}",
-                c.l, c.m, c.n, shape.l, shape.m, shape.n
+                c.l, c.m, c.n, s.l, s.m, s.n
             )));
         }
-        plan.validate_grouped(&shape, groups.count())?;
+        plan.validate_grouped(&s)?;
         let g = Gemm {
             stream: &self.stream,
-            shape,
+            shape: s,
             a,
             b,
             c,
-            groups: Some(GroupArgs { groups }),
+            groups: Some(groups),
         };
         plan.launch(&self.families, g)
     }

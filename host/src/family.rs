@@ -11,7 +11,7 @@ use cudarc::driver::{CudaSlice, CudaStream};
 use crate::buffers::{DeviceMatrix, DeviceOutput, PreparedValue};
 use crate::error::Result;
 use crate::format::OutType;
-use crate::grouped::GroupArgs;
+use crate::grouped::DeviceGroups;
 use crate::matrix::{GemmShape, ScaledMatrix};
 
 /// One kernel family's host side, loaded on one GPU.
@@ -83,7 +83,7 @@ pub(crate) struct Gemm<'a> {
     pub a: &'a DeviceMatrix,
     pub b: &'a DeviceMatrix,
     pub c: &'a mut DeviceOutput,
-    pub groups: Option<GroupArgs<'a>>,
+    pub groups: Option<&'a DeviceGroups>,
 }
 
 impl Gemm<'_> {

@@ -174,35 +174,33 @@ impl DeviceGroups {
     }
 }
 
-/// What a family's launch gets of a grouped GEMM's groups.
-#[derive(Clone, Copy)]
-pub(crate) struct GroupArgs<'a> {
-    pub groups: &'a DeviceGroups,
-}
-
-impl<'a> GroupArgs<'a> {
-    /// The scheduler's groups over a grouped operand of `rows` rows (per batch entry), along the
-    /// schedule's N or M (host side: grid sizing; the address is not used there).
-    pub(crate) fn schedule(&self, rows: usize, along_n: bool) -> Groups {
-        Groups {
-            ptr: 0,
-            count: self.groups.count() as u32,
-            masked: self.groups.layout == GroupLayout::Masked,
-            rows: rows as u32,
-            along_n,
-        }
-    }
-
+impl DeviceGroups {
     /// The kernel parameters of `groups` (all zero for a dense GEMM), the values' buffer held by
     /// `launch`.
-    pub(crate) fn params(groups: Option<Self>, launch: &mut Launch<'a>) -> GroupParams {
+    pub(crate) fn params<'a>(groups: Option<&'a Self>, launch: &mut Launch<'a>) -> GroupParams {
         match groups {
             None => GroupParams::default(),
             Some(g) => GroupParams {
-                ptr: launch.ptr(&g.groups.values),
-                count: g.groups.count() as u32,
-                mode: g.groups.layout.mode() as u32,
+                ptr: launch.ptr(&g.values),
+                ..g.unplaced()
             },
+        }
+    }
+
+    /// The scheduler's groups over a grouped operand of `rows` rows (per batch entry), along
+    /// the schedule's N or M (host side: grid sizing, where the address is not used).
+    pub(crate) fn schedule(&self, rows: usize, along_n: bool) -> Groups {
+        self.unplaced()
+            .groups(rows as u32, along_n)
+            .expect("a grouped mode")
+    }
+
+    /// The parameters without the values' address.
+    fn unplaced(&self) -> GroupParams {
+        GroupParams {
+            ptr: 0,
+            count: self.count() as u32,
+            mode: self.layout.mode() as u32,
         }
     }
 }

@@ -73,10 +73,11 @@ impl Plan {
         }
     }
 
-    /// [`Plan::validate`] for a grouped GEMM of `count` groups whose C is `shape` (`crate::grouped`):
-    /// the plan's family must have a grouped kernel, K is not split (each group's tiles are
-    /// whole), and the most units there can be fit the scheduler's 32 bits.
-    pub fn validate_grouped(&self, shape: &GemmShape, count: usize) -> Result<()> {
+    /// [`Plan::validate`] for a grouped GEMM whose C is `shape` (`crate::grouped`): the plan's
+    /// family must have a grouped kernel, and K is not split (each group's tiles are whole). The
+    /// most units the groups can make is checked against the scheduler's 32 bits where the grid
+    /// is sized (`Schedule::units`).
+    pub fn validate_grouped(&self, shape: &GemmShape) -> Result<()> {
         self.validate(shape)?;
         let split = match self {
             Plan::Sm90Fp8(cfg) => cfg.split_k,
@@ -93,12 +94,6 @@ impl Plan {
             return Err(config(format!(
                 "split_k = {split}: a grouped GEMM does not split K"
             )));
-        }
-        // Contiguous: one extra tile per group at most; masked: every group full.
-        let tiles =
-            (shape.m.div_ceil(64) + count) as u128 * shape.n.div_ceil(16) as u128 * shape.l as u128;
-        if tiles > u32::MAX as u128 {
-            return Err(shape_err_units(count));
         }
         Ok(())
     }
@@ -216,12 +211,6 @@ pub(crate) fn choose_for(
     } else {
         Ok(Plan::Reference)
     }
-}
-
-fn shape_err_units(count: usize) -> Error {
-    shape(format!(
-        "{count} groups: the grouped tiles would pass the scheduler's 32-bit count"
-    ))
 }
 
 /// The plan for a grouped GEMM ([`crate::Gpu::grouped_gemm`]) of `groups` groups whose C is

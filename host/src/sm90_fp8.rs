@@ -11,7 +11,7 @@ use crate::buffers::{DeviceMatrix, DeviceOutput, PreparedValue};
 use crate::error::{Error, Result, config, shape};
 use crate::family::{Family, Gemm};
 use crate::format::{ElemType, OutType, ScaleType};
-use crate::grouped::GroupArgs;
+use crate::grouped::DeviceGroups;
 use crate::launch::{Launch, persistent_ctas};
 use crate::matrix::{GemmShape, MatrixDesc, ScaledMatrix};
 use crate::splitk::{self, SplitK};
@@ -463,7 +463,7 @@ impl Sm90Fp8 {
         (ea, eb): (ElemType, ElemType),
         c: &mut DeviceOutput,
         cfg: Sm90Config,
-        groups: Option<GroupArgs<'_>>,
+        groups: Option<&DeviceGroups>,
     ) -> Result<()> {
         let GemmShape { m, n, k, l } = shape;
         let def = family::kernel(cfg.tile, ea, eb, groups.is_some());
@@ -510,7 +510,7 @@ impl Sm90Fp8 {
         let resident = kernel.resident[cluster as usize - 1];
         let ctas = persistent_ctas(schedule, cfg.ctas, resident, cluster)?;
         let mut launch = gemm_launch(stream, &kernel.func, tile, ctas, cluster);
-        let group_params = GroupArgs::params(groups, &mut launch);
+        let group_params = DeviceGroups::params(groups, &mut launch);
         // A in boxes of a wave (128 rows) or of 64 rows (`Tile::a_box_rows`); B in boxes of
         // block_n / cluster_m rows (each CTA's share of a pair along M).
         let tmap_a = launch.ptr(if tile.a_box_rows(cl.n) == WG_ROWS {

@@ -10,7 +10,7 @@ use crate::buffers::{DeviceMatrix, DeviceOutput, PreparedValue};
 use crate::error::{Error, Result, config, shape};
 use crate::family::{Family, Gemm};
 use crate::format::{ElemType, ScaleBlock, ScaleType};
-use crate::grouped::GroupArgs;
+use crate::grouped::DeviceGroups;
 use crate::launch::{Launch, persistent_ctas};
 use crate::matrix::{GemmShape, MatrixDesc, ScaledMatrix};
 use crate::splitk::{self, SplitK};
@@ -393,7 +393,7 @@ impl Sm90Mx {
             .block(tile.threads(), 1, 1)
             .shared_mem(kernel.def.layout().bytes())
             .cluster(1);
-        let group_params = GroupArgs::params(groups, &mut launch);
+        let group_params = DeviceGroups::params(groups, &mut launch);
         let dst = SplitK::destination(
             &mut launch,
             slot.as_mut(),

@@ -10,7 +10,7 @@ use crate::buffers::{DeviceOutput, PreparedValue};
 use crate::error::{Error, Result, config};
 use crate::family::{Family, Gemm};
 use crate::format::{ElemType, ScaleBlock, ScaleType};
-use crate::grouped::GroupArgs;
+use crate::grouped::DeviceGroups;
 use crate::launch::{Launch, persistent_ctas};
 use crate::matrix::{GemmShape, MatrixDesc, ScaledMatrix};
 use crate::sm90_mx::{kernel_scales, scale_format};
@@ -398,7 +398,7 @@ impl Sm90W4 {
             .block(cfg.tile.threads(), 1, 1)
             .shared_mem(kernel.def.layout().bytes())
             .cluster(1);
-        let group_params = GroupArgs::params(groups, &mut launch);
+        let group_params = DeviceGroups::params(groups, &mut launch);
         let dst = SplitK::destination(
             &mut launch,
             slot.as_mut(),

@@ -137,9 +137,6 @@ fn check(
     let g = gpu();
     let what = format!("{recipe} {layout:?} groups {values:?} rows {rows} N {n} K {k} {dtype:?}");
     let e = |x: Error| format!("{what}: {x}");
-    if std::env::var_os("GROUPED_TRACE").is_some() {
-        eprintln!("{what} seed {seed}");
-    }
     let count = values.len();
     let a_batch = if layout == GroupLayout::Masked {
         count

@@ -128,8 +128,9 @@ const _: () = {
     }
 };
 
-/// The A-scale padding (`m_pad`) for `rows` rows: whole clusters of every tile height, so every
-/// CTA's scale copies stay inside the buffer; a multiple of 4 (16-byte copies).
+/// The A-scale padding (`m_pad`) for `rows` rows: whole clusters of every tile height (the rows
+/// the fold pre-pass writes); a multiple of 4, so that each K block's scales are a whole number
+/// of 16 bytes, as the scale map's stride must be (the map zero-fills past `m_pad`).
 pub const fn m_pad(rows: u32) -> u32 {
     let mut pad = rows;
     let mut i = 0;
