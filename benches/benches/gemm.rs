@@ -2,8 +2,10 @@
 //! Without a GPU it says so and exits successfully (CI has none).
 //! `BLOCKSCALED_BENCH=seed`: seed 000's shapes in every recipe, and 8192³;
 //! `BLOCKSCALED_BENCH=deepseek`: the DeepSeek-V3 layer shapes in the DeepSeek recipe;
-//! `all` (default): both. After the table: our result against cuBLASLt's on every shape where it
-//! computes the same product; a difference beyond the derived bound fails the run.
+//! `BLOCKSCALED_BENCH=mx`: the MX / NVFP4 / 4-bit-weights shapes; `BLOCKSCALED_BENCH=grouped`:
+//! grouped GEMM (the seed's MoE cases, masked decode); `all` (default): every set. After the
+//! table: our result against cuBLASLt's on every shape where it computes the same product; a
+//! difference beyond the derived bound fails the run.
 
 use blockscaled::{Gpu, OutType, Recipe};
 use blockscaled_benches::cases::{Case, open_peer, run_case};
@@ -108,6 +110,19 @@ fn main() {
         }
     }
     print_table(&rows);
+    if which == "grouped" || which == "all" {
+        use blockscaled_benches::grouped::{
+            bench_cases, grouped_header, grouped_line, run_grouped,
+        };
+        println!("\ngrouped GEMM (peer: a loop of cuBLASLt calls, one per group):");
+        println!("{}", grouped_header());
+        for c in bench_cases() {
+            match run_grouped(&gpu, peer.as_ref(), &c) {
+                Ok(o) => println!("{}", grouped_line(&c, &o)),
+                Err(e) => println!("{} {:?} {:?}: {e}", c.recipe, c.layout, c.sizes),
+            }
+        }
+    }
     // Every shape where cuBLASLt computed the same product: its result against ours.
     println!("\nagreement with the peer (same quantized inputs):");
     for line in &agreement {

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use blockscaled::{Gpu, GroupLayout, OutType, Recipe, ScaledMatrix};
+use blockscaled::{Gpu, GroupLayout, OutType, Plan, Recipe, ScaledMatrix, Sm90Config};
 use cudarc::driver::{CudaSlice, CudaStream};
 
 use crate::cublaslt::{LtPeer, blk128_len, vec128_len};
@@ -33,6 +33,24 @@ pub struct GroupedCase {
     pub warmup: usize,
     pub iters: usize,
     pub seed: u64,
+    /// Which of our plans runs.
+    pub route: GroupedRoute,
+    /// The FP8 kernel's tile instead of the plan's (plans on the FP8 kernel, folded or not).
+    pub fp8_tile: Option<blockscaled::Sm90Tile>,
+}
+
+/// Which of our plans a grouped case times.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GroupedRoute {
+    /// `Gpu::grouped_gemm`'s choice.
+    Chosen,
+    /// The exact kernels (`plan::choose_grouped_exact`: no fold).
+    Exact,
+    /// Both operands folded per call where they are MX or NVFP4 (`Plan::Sm90MxFp8`).
+    Fold,
+    /// The experts folded to FP8 once before timing (`Gpu::fold_to_fp8`), as at model load;
+    /// then `Gpu::grouped_gemm`'s choice.
+    FoldedOnce,
 }
 
 /// Medians of one grouped case.
@@ -41,6 +59,10 @@ pub struct GroupedOutcome {
     pub ours: Timing,
     pub peer: Option<Timing>,
     pub plan: String,
+    /// Groups whose peer call ran on rows padded to a multiple of 16 (cuBLASLt has no blockwise
+    /// FP8 algorithm for some M, e.g. 37), or on bf16 where no padding helped.
+    pub peer_padded: usize,
+    pub peer_bf16: usize,
     /// Useful FLOPs (2·Σ M_g·N·K) and the bytes every expert with rows must read at least once.
     pub flops: f64,
     pub min_bytes: f64,
@@ -61,10 +83,12 @@ pub fn run_grouped(
         GroupLayout::Masked => (c.capacity, g),
     };
     let va = random_values(c.seed, rows * a_batch * c.k, c.k);
-    let vb = random_values(c.seed ^ 0x5DEE_CE66_D1CE_4E5B, g * c.n * c.k, c.k);
     let a = ScaledMatrix::quantize(&va, rows, c.k, a_batch, c.recipe.a()).map_err(e)?;
-    let b = ScaledMatrix::quantize(&vb, c.n, c.k, g, c.recipe.b()).map_err(e)?;
-    let (da, db) = (gpu.upload(&a).map_err(e)?, gpu.upload(&b).map_err(e)?);
+    let b = experts(c, g).map_err(e)?;
+    let (da, mut db) = (gpu.upload(&a).map_err(e)?, gpu.upload(&b).map_err(e)?);
+    if c.route == GroupedRoute::FoldedOnce {
+        db = gpu.fold_to_fp8(&db, true).map_err(e)?;
+    }
     let values: Vec<i32> = match c.layout {
         GroupLayout::Contiguous => c
             .sizes
@@ -82,14 +106,53 @@ pub fn run_grouped(
     }
     .map_err(e)?;
     let mut out = gpu.output(rows, c.n, a_batch, OutType::Bf16).map_err(e)?;
-    let plan = gpu.grouped_plan(&da, &db, &groups).map_err(e)?;
+    let plan = match c.route {
+        GroupedRoute::Exact => {
+            let shape = blockscaled::GemmShape {
+                m: rows,
+                n: c.n,
+                k: c.k,
+                l: a_batch,
+            };
+            blockscaled::plan::choose_grouped_exact(&blockscaled::plan::GroupedProblem {
+                arch: gpu.arch(),
+                sm_count: gpu.sm_count(),
+                shape,
+                a: da.desc(),
+                b: db.desc(),
+                groups: g,
+            })
+            .map_err(e)?
+        }
+        GroupedRoute::Fold => {
+            let per_group = rows.div_ceil(if a_batch > 1 { 1 } else { g });
+            let cfg = blockscaled::plan::sm90_grouped_default(
+                rows,
+                c.n,
+                c.k,
+                g,
+                per_group,
+                gpu.sm_count(),
+            );
+            Plan::Sm90MxFp8(cfg)
+        }
+        _ => gpu.grouped_plan(&da, &db, &groups).map_err(e)?,
+    };
+    let plan = match (plan, c.fp8_tile) {
+        (Plan::Sm90Fp8(cfg), Some(tile)) => Plan::Sm90Fp8(Sm90Config { tile, ..cfg }),
+        (Plan::Sm90MxFp8(cfg), Some(tile)) => Plan::Sm90MxFp8(Sm90Config { tile, ..cfg }),
+        (p, _) => p,
+    };
     let ours = time_on_stream(gpu.stream(), c.warmup, c.iters, |_| {
         gpu.grouped_gemm_with(&da, &db, &groups, &mut out, plan)
     })
     .map_err(e)?;
-    let peer = match peer {
-        Some(p) => Some(time_peer(p, c).map_err(|x| format!("cuBLASLt: {x}"))?),
-        None => None,
+    let (peer, peer_padded, peer_bf16) = match peer {
+        Some(p) => {
+            let (t, padded, bf16) = time_peer(p, c).map_err(|x| format!("cuBLASLt: {x}"))?;
+            (Some(t), padded, bf16)
+        }
+        None => (None, 0, 0),
     };
     let busy = c.sizes.iter().filter(|&&s| s > 0).count();
     let flops = 2.0 * total as f64 * c.n as f64 * c.k as f64;
@@ -102,9 +165,35 @@ pub fn run_grouped(
         ours,
         peer,
         plan: crate::cases::plan_name(&plan),
+        peer_padded,
+        peer_bf16,
         flops,
         min_bytes,
     })
+}
+
+/// The G experts: copies of one random expert (quantizing G × N × K values on the CPU takes
+/// minutes at G = 32; the time of a GEMM does not depend on the values, and each copy is read
+/// from its own memory).
+fn experts(c: &GroupedCase, g: usize) -> blockscaled::Result<ScaledMatrix> {
+    let v = random_values(c.seed ^ 0x5DEE_CE66_D1CE_4E5B, c.n * c.k, c.k);
+    let one = ScaledMatrix::quantize(&v, c.n, c.k, 1, c.recipe.b())?;
+    let d = *one.desc();
+    let per = d.scale_layout.required_len(1).expect("one batch entry") * d.format.scale.bytes();
+    let layout = d.scale_layout;
+    ScaledMatrix::from_parts(
+        d.format,
+        c.n,
+        c.k,
+        g,
+        one.data().repeat(g),
+        one.scales()[..per].repeat(g),
+        blockscaled::ScaleLayout {
+            batch_stride: layout.required_len(1).expect("one batch entry"),
+            ..layout
+        },
+        d.tensor_scale,
+    )
 }
 
 /// Per-group device buffers of the peer (random finite values): e4m3 codes with their scales,
@@ -118,10 +207,13 @@ struct PeerGroup {
 }
 
 /// The peer's loop: one cuBLASLt call per non-empty group, on buffers of that group's shape.
-fn time_peer(p: &LtPeer, c: &GroupedCase) -> Result<Timing, String> {
+/// A group whose M has no blockwise FP8 algorithm runs on its rows padded to a multiple of 16
+/// (what a caller of cuBLASLt does), or in bf16 if that has none either; the counts of both
+/// are returned with the timing.
+fn time_peer(p: &LtPeer, c: &GroupedCase) -> Result<(Timing, usize, usize), String> {
     let s: &Arc<CudaStream> = p.stream();
     let e = |x: cudarc::driver::DriverError| x.to_string();
-    let fp8 = c.recipe == Recipe::DeepSeekFp8;
+    let want_fp8 = c.recipe == Recipe::DeepSeekFp8;
     // e4m3 codes of magnitude 0.5..1 with random signs, or bf16 values in ±1.
     let codes = |seed: u64, len: usize| -> Vec<u8> {
         let v = random_values(seed, len, 64);
@@ -135,51 +227,76 @@ fn time_peer(p: &LtPeer, c: &GroupedCase) -> Result<Timing, String> {
             .map(|x| half::bf16::from_f32(*x).to_bits())
             .collect()
     };
-    let mut groups = Vec::new();
-    for (i, &m) in c.sizes.iter().enumerate().filter(|(_, m)| **m > 0) {
-        let seed = c.seed.wrapping_add(i as u64 * 7919);
-        let (la, lb) = (m * c.k, c.n * c.k);
-        groups.push(PeerGroup {
-            m,
-            fp8: if fp8 {
-                Some([
-                    s.clone_htod(&codes(seed, la)).map_err(e)?,
-                    s.clone_htod(&codes(seed ^ 1, lb)).map_err(e)?,
-                ])
-            } else {
-                None
-            },
-            scales: [
-                s.clone_htod(&vec![1f32; vec128_len(m, c.k)]).map_err(e)?,
-                s.clone_htod(&vec![1f32; blk128_len(c.n, c.k)]).map_err(e)?,
-            ],
-            bf16: if fp8 {
-                None
-            } else {
-                Some([
-                    s.clone_htod(&halves(seed, la)).map_err(e)?,
-                    s.clone_htod(&halves(seed ^ 1, lb)).map_err(e)?,
-                ])
-            },
-            c: s.alloc_zeros::<u16>(m * c.n).map_err(e)?,
-        });
-    }
     let (n, k) = (c.n, c.k);
-    time_on_stream(s, c.warmup, c.iters, |_| -> Result<(), Msg> {
-        for g in groups.iter_mut() {
-            match (&g.fp8, &g.bf16) {
-                (Some([a, b]), _) => {
-                    let [sa, sb] = &g.scales;
-                    p.gemm_fp8_blockwise(g.m, n, k, a, sa, b, sb, &mut g.c)
+    let (mut groups, mut padded, mut bf16) = (Vec::new(), 0, 0);
+    for (i, &m0) in c.sizes.iter().enumerate().filter(|(_, m)| **m > 0) {
+        let seed = c.seed.wrapping_add(i as u64 * 7919);
+        let mut found = None;
+        if want_fp8 {
+            for m in [m0, m0.next_multiple_of(16)] {
+                let (la, lb) = (m * k, n * k);
+                let mut g = PeerGroup {
+                    m,
+                    fp8: Some([
+                        s.clone_htod(&codes(seed, la)).map_err(e)?,
+                        s.clone_htod(&codes(seed ^ 1, lb)).map_err(e)?,
+                    ]),
+                    scales: [
+                        s.clone_htod(&vec![1f32; vec128_len(m, k)]).map_err(e)?,
+                        s.clone_htod(&vec![1f32; blk128_len(n, k)]).map_err(e)?,
+                    ],
+                    bf16: None,
+                    c: s.alloc_zeros::<u16>(m * n).map_err(e)?,
+                };
+                if call(p, &mut g, n, k).is_ok() {
+                    padded += (m != m0) as usize;
+                    found = Some(g);
+                    break;
                 }
-                (_, Some([a, b])) => p.gemm_bf16(g.m, n, k, a, b, &mut g.c),
-                _ => unreachable!("every group has one kind of buffers"),
             }
-            .map_err(|x| Msg(x.to_string()))?;
+        }
+        let g = match found {
+            Some(g) => g,
+            None => {
+                bf16 += want_fp8 as usize;
+                let m = m0;
+                PeerGroup {
+                    m,
+                    fp8: None,
+                    scales: [
+                        s.clone_htod(&[1f32]).map_err(e)?,
+                        s.clone_htod(&[1f32]).map_err(e)?,
+                    ],
+                    bf16: Some([
+                        s.clone_htod(&halves(seed, m * k)).map_err(e)?,
+                        s.clone_htod(&halves(seed ^ 1, n * k)).map_err(e)?,
+                    ]),
+                    c: s.alloc_zeros::<u16>(m * n).map_err(e)?,
+                }
+            }
+        };
+        groups.push(g);
+    }
+    let t = time_on_stream(s, c.warmup, c.iters, |_| -> Result<(), Msg> {
+        for g in groups.iter_mut() {
+            call(p, g, n, k).map_err(|x| Msg(x.to_string()))?;
         }
         Ok(())
     })
-    .map_err(|m| m.0)
+    .map_err(|m| m.0)?;
+    Ok((t, padded, bf16))
+}
+
+/// One group's cuBLASLt call.
+fn call(p: &LtPeer, g: &mut PeerGroup, n: usize, k: usize) -> crate::cublaslt::Result<()> {
+    match (&g.fp8, &g.bf16) {
+        (Some([a, b]), _) => {
+            let [sa, sb] = &g.scales;
+            p.gemm_fp8_blockwise(g.m, n, k, a, sa, b, sb, &mut g.c)
+        }
+        (_, Some([a, b])) => p.gemm_bf16(g.m, n, k, a, b, &mut g.c),
+        _ => unreachable!("every group has one kind of buffers"),
+    }
 }
 
 /// An error as text (the timing loop needs `From<DriverError>`).
@@ -189,4 +306,135 @@ impl From<cudarc::driver::DriverError> for Msg {
     fn from(e: cudarc::driver::DriverError) -> Self {
         Msg(e.to_string())
     }
+}
+
+/// The columns of [`grouped_line`].
+pub fn grouped_header() -> String {
+    format!(
+        "{:<14} {:<10} {:>3} {:>6} {:>6} {:>6} {:<34} {:>9} {:>8} {:>7} {:>9} {:>6}",
+        "recipe",
+        "layout",
+        "G",
+        "rows",
+        "N",
+        "K",
+        "plan",
+        "ours µs",
+        "TFLOP/s",
+        "floor×",
+        "peer µs",
+        "ratio"
+    )
+}
+
+/// One case's line: our median, TFLOP/s, time over the floor, the peer's median and
+/// peer / ours. The floor: the bytes at the 3.0 TB/s copy ceiling measured here, or the FLOPs
+/// at the MMA's rate (FP8 1.2 PFLOP/s dense as measured, for FP8 experts and folded plans;
+/// bf16 0.7 for the kernels that convert to bf16), whichever is longer.
+pub fn grouped_line(c: &GroupedCase, o: &GroupedOutcome) -> String {
+    let us = o.ours.median_ms * 1e3;
+    let fp8_mma = c.recipe == Recipe::DeepSeekFp8
+        || o.plan.contains("fold")
+        || c.route == GroupedRoute::FoldedOnce;
+    let rate = if fp8_mma { 1.2e15 } else { 0.7e15 };
+    let floor = (o.min_bytes / 3.0e12).max(o.flops / rate) * 1e6;
+    let (peer_us, ratio) = match &o.peer {
+        Some(p) => (
+            format!("{:.1}", p.median_ms * 1e3),
+            format!("{:.2}", p.median_ms * 1e3 / us),
+        ),
+        None => ("-".into(), "-".into()),
+    };
+    let peer_note = match (o.peer_padded, o.peer_bf16) {
+        (0, 0) => String::new(),
+        (p, b) => format!(" (peer: {p} groups padded to 16 rows, {b} in bf16)"),
+    };
+    let plan = match c.route {
+        GroupedRoute::FoldedOnce => format!("B folded once; {}", o.plan),
+        _ => o.plan.clone(),
+    };
+    format!(
+        "{:<14} {:<10} {:>3} {:>6} {:>6} {:>6} {:<34} {:>9.1} {:>8.1} {:>7.2} {:>9} {:>6}{}",
+        c.recipe.name(),
+        format!("{:?}", c.layout),
+        c.sizes.len(),
+        c.sizes.iter().sum::<usize>(),
+        c.n,
+        c.k,
+        plan,
+        us,
+        o.flops / (us * 1e-6) / 1e12,
+        us / floor,
+        peer_us,
+        ratio,
+        peer_note
+    )
+}
+
+/// `cargo bench`'s grouped set: the seed's four cases in FP8 blockwise, MXFP4 experts with FP8
+/// activations and NVFP4 pairs (chosen plan, exact kernels, experts folded once), and masked
+/// decode (G = 8 and 32, capacity 256, random counts up to 64) in FP8 blockwise.
+pub fn bench_cases() -> Vec<GroupedCase> {
+    let mut cases = Vec::new();
+    let case = |recipe, layout, sizes: Vec<usize>, capacity, n, k, route, seed| GroupedCase {
+        recipe,
+        layout,
+        sizes,
+        capacity,
+        n,
+        k,
+        warmup: 3,
+        iters: 20,
+        seed,
+        route,
+        fp8_tile: None,
+    };
+    let recipes = [
+        Recipe::DeepSeekFp8,
+        Recipe::W4A8(blockscaled::Fp4Weights::Mxfp4),
+        Recipe::Nvfp4,
+    ];
+    for (i, recipe) in recipes.into_iter().enumerate() {
+        let routes: &[GroupedRoute] = if recipe == Recipe::DeepSeekFp8 {
+            &[GroupedRoute::Chosen]
+        } else {
+            &[
+                GroupedRoute::Chosen,
+                GroupedRoute::Exact,
+                GroupedRoute::FoldedOnce,
+            ]
+        };
+        for &route in routes {
+            for (j, (sizes, n, k)) in SEED_CASES.iter().enumerate() {
+                let seed = 7000 + (i * 10 + j) as u64;
+                let layout = GroupLayout::Contiguous;
+                cases.push(case(recipe, layout, sizes.to_vec(), 0, *n, *k, route, seed));
+            }
+        }
+    }
+    for (g, seed) in [(8usize, 7100u64), (32, 7101)] {
+        let counts = decode_counts(g, 64, seed);
+        for (n, k) in [(4096, 7168), (7168, 2048)] {
+            let (recipe, route) = (Recipe::DeepSeekFp8, GroupedRoute::Chosen);
+            cases.push(case(
+                recipe,
+                GroupLayout::Masked,
+                counts.clone(),
+                256,
+                n,
+                k,
+                route,
+                seed,
+            ));
+        }
+    }
+    cases
+}
+
+/// Random decode-like counts: `g` groups of 0..=`max` rows (a router's top-k over a batch).
+pub fn decode_counts(g: usize, max: usize, seed: u64) -> Vec<usize> {
+    random_values(seed, g, g)
+        .iter()
+        .map(|v| ((v.abs() * 1e4) as usize) % (max + 1))
+        .collect()
 }

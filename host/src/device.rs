@@ -16,6 +16,7 @@ use crate::format::OutType;
 use crate::grouped::{self, DeviceGroups, GroupLayout};
 use crate::matrix::{GemmShape, ScaledMatrix};
 use crate::plan::{self, GpuArch, Plan};
+use crate::sm90_mx_fp8::Sm90MxFp8;
 
 use crate::image::{self, KernelImage};
 
@@ -128,6 +129,33 @@ impl Gpu {
         Ok(DeviceMatrix {
             gpu: self.id,
             desc: *m.desc(),
+            data,
+            scales,
+            prepared,
+        })
+    }
+
+    /// This MX or NVFP4 matrix folded to FP8 on the GPU, once, as the fold pre-pass does per
+    /// call ([`ScaledMatrix::fold_to_fp8`] is the host's bit-identical version; the desc is
+    /// [`MatrixDesc::folded`](crate::MatrixDesc::folded)): for the B role (`as_b`), fp32 scales
+    /// per row; for the A role, per 1×128. Fold a model's weights (a MoE's experts) at load
+    /// time, and [`Gpu::gemm`] and [`Gpu::grouped_gemm`] run them on the FP8 kernels without
+    /// folding them again (lossy within the stated bound, as the fold path: `Plan::Sm90MxFp8`).
+    /// [`Error::Format`] for a matrix that does not fold, [`Error::Architecture`] without the
+    /// sm90 fold kernels.
+    pub fn fold_to_fp8(&self, m: &DeviceMatrix, as_b: bool) -> Result<DeviceMatrix> {
+        self.id.check(m.gpu, "the matrix")?;
+        let fold = self.families.get::<Sm90MxFp8>().ok_or_else(|| {
+            Error::Architecture(
+                "this GPU has no fold kernels (they need compute capability 9.0)".into(),
+            )
+        })?;
+        let (desc, data, scales, op) = fold.fold_once(&self.stream, m, as_b)?;
+        let mut prepared = Prepared::default();
+        prepared.insert(Box::new(op));
+        Ok(DeviceMatrix {
+            gpu: self.id,
+            desc,
             data,
             scales,
             prepared,
@@ -272,8 +300,10 @@ impl Gpu {
     ///
     /// Asynchronous like [`Gpu::gemm`], and no host synchronization for the groups (they stay on
     /// the GPU). The kernel comes from [`plan::choose_grouped`]. Formats: FP8 with fp32 scales
-    /// (e.g. DeepSeek's 1×128 / 128×128), MX and NVFP4 pairs (exact), and 4-bit experts (MXFP4 /
-    /// NVFP4 B) with bf16 or FP8 activations.
+    /// (e.g. DeepSeek's 1×128 / 128×128), MX and NVFP4 pairs, and 4-bit experts (MXFP4 /
+    /// NVFP4 B) with bf16 or FP8 activations; MXFP4 experts and 4-bit experts with FP8
+    /// activations are folded to FP8 per call (lossy within the fold's bound; `Plan::Sm90MxFp8`),
+    /// and experts folded once by [`Gpu::fold_to_fp8`] run as FP8 experts.
     pub fn grouped_gemm(
         &self,
         a: &DeviceMatrix,
@@ -293,14 +323,14 @@ impl Gpu {
         groups: &DeviceGroups,
     ) -> Result<Plan> {
         let shape = self.check_grouped(a, b, groups)?;
-        plan::choose_grouped(
-            self.arch,
-            self.sm_count,
-            &shape,
-            &a.desc,
-            &b.desc,
-            groups.count(),
-        )
+        plan::choose_grouped(&plan::GroupedProblem {
+            arch: self.arch,
+            sm_count: self.sm_count,
+            shape,
+            a: &a.desc,
+            b: &b.desc,
+            groups: groups.count(),
+        })
     }
 
     /// [`Gpu::grouped_gemm`] with a given plan (the runner's forced configurations).

@@ -91,8 +91,8 @@ impl Gemm<'_> {
     pub(crate) fn dense_only(&self, family: &str) -> Result<()> {
         match self.groups {
             Some(_) => Err(crate::error::config(format!(
-                "{family} has no grouped GEMM (grouped: the sm90 FP8, MX and 4-bit-weights \
-                 kernels)"
+                "{family} has no grouped GEMM (grouped: the sm90 FP8, MX, 4-bit-weights and \
+                 fold kernels)"
             ))),
             None => Ok(()),
         }

@@ -83,10 +83,11 @@ impl Plan {
             Plan::Sm90Fp8(cfg) => cfg.split_k,
             Plan::Sm90Mx(cfg) => cfg.split_k,
             Plan::Sm90W4(cfg) => cfg.split_k,
-            Plan::Reference | Plan::Sm90MxFp8(_) => {
+            Plan::Sm90MxFp8(cfg) => cfg.split_k,
+            Plan::Reference => {
                 return Err(config(format!(
-                    "{self:?} has no grouped kernel: grouped GEMM runs on the sm90 FP8, MX and \
-                     4-bit-weights kernels"
+                    "{self:?} has no grouped kernel: grouped GEMM runs on the sm90 FP8, MX, \
+                     4-bit-weights and fold (MX → FP8) kernels"
                 )));
             }
         };
@@ -202,7 +203,11 @@ pub(crate) fn choose_for(
         Ok(Plan::Sm90Fp8(sm90_default(m, n, k, l, sm_count)))
     } else if w4 && (a.format.elem != ElemType::E2M1 || m <= W4_MAX_M) {
         Ok(Plan::Sm90W4(sm90_w4_default(m, n, k, l, sm_count)))
-    } else if sm90_mx_fp8::unsupported_pair(a, b).is_none() && m >= FOLD_MIN_M {
+    } else if sm90_mx_fp8::unsupported_pair(a, b).is_none()
+        && (m >= FOLD_MIN_M || sm90_mx::unsupported_pair(a, b).is_some())
+    {
+        // Folded from FOLD_MIN_M rows, and at any M where the MX kernel does not take the pair
+        // (one operand FP8 already, e.g. a B folded once by `Gpu::fold_to_fp8`).
         Ok(Plan::Sm90MxFp8(sm90_default(m, n, k, l, sm_count)))
     } else if sm90_mx::unsupported_pair(a, b).is_none() {
         Ok(Plan::Sm90Mx(sm90_mx_default(m, n, k, l, sm_count)))
@@ -213,31 +218,89 @@ pub(crate) fn choose_for(
     }
 }
 
-/// The plan for a grouped GEMM ([`crate::Gpu::grouped_gemm`]) of `groups` groups whose C is
-/// `shape`, with A's and B's formats (B: one expert per batch entry):
+/// A grouped GEMM as the plan rules see it: the GPU, C's shape (`crate::grouped`), A's and B's
+/// formats (B: one expert per batch entry) and the number of groups.
+#[derive(Clone, Copy, Debug)]
+pub struct GroupedProblem<'a> {
+    pub arch: GpuArch,
+    pub sm_count: u32,
+    pub shape: GemmShape,
+    pub a: &'a MatrixDesc,
+    pub b: &'a MatrixDesc,
+    pub groups: usize,
+}
+
+/// The plan for a grouped GEMM ([`crate::Gpu::grouped_gemm`]):
+/// - FP8 with fp32 scales: the FP8 kernel ([`sm90_grouped_default`]);
+/// - MX and NVFP4 operands that fold to e4m3, with each other or with an FP8 one (experts folded
+///   once by [`Gpu::fold_to_fp8`](crate::Gpu::fold_to_fp8), DeepSeek-style activations): folded
+///   onto the FP8 kernel ([`Plan::Sm90MxFp8`]; lossy within the fold's bound). Experts folded
+///   per call still beat the kernels that convert in their pipeline (docs/PERF.md, v33);
+/// - the rest as [`choose_grouped_exact`].
+pub fn choose_grouped(p: &GroupedProblem<'_>) -> Result<Plan> {
+    let (a, b) = (p.a, p.b);
+    let (fp8, fold) = (
+        sm90_fp8::unsupported(a, false).or_else(|| sm90_fp8::unsupported(b, true)),
+        sm90_mx_fp8::unsupported_pair(a, b).is_none()
+            && sm90_mx_fp8::kernel_types(a, b) == (ElemType::E4M3, ElemType::E4M3)
+            && fold_grouped(a, b),
+    );
+    if p.arch != GpuArch::Hopper || (fp8.is_some() && !fold) {
+        return choose_grouped_exact(p);
+    }
+    let GemmShape { m, n, k, .. } = p.shape;
+    let per_group = per_group(&p.shape, p.groups);
+    let cfg = sm90_grouped_default(m, n, k, p.groups, per_group, p.sm_count);
+    Ok(if fp8.is_none() {
+        Plan::Sm90Fp8(cfg)
+    } else {
+        Plan::Sm90MxFp8(cfg)
+    })
+}
+
+/// Whether a grouped GEMM of a pair that can fold does: always where B is FP8 already (folded
+/// once ahead of time); per call for 4-bit experts with e8m0 scales (folded exactly but for
+/// subnormals) or with FP8 activations (the 4-bit-weights kernel is slower than the fold); not
+/// for the rest (NVFP4 and MXFP8 pairs), whose fold per call is no faster than the MX kernel
+/// (docs/PERF.md, v33).
+fn fold_grouped(a: &MatrixDesc, b: &MatrixDesc) -> bool {
+    let ready = |d: &MatrixDesc, as_b| sm90_fp8::unsupported(d, as_b).is_none();
+    let fp4_b = b.format.elem == ElemType::E2M1;
+    ready(b, true) || (fp4_b && (b.format.scale == ScaleType::E8M0 || ready(a, false)))
+}
+
+/// Rows of one group: the capacity (masked), or the mean (contiguous).
+fn per_group(shape: &GemmShape, groups: usize) -> usize {
+    if shape.l > 1 {
+        shape.m
+    } else {
+        shape.m.div_ceil(groups.max(1))
+    }
+}
+
+/// The plan for a grouped GEMM that keeps every operand's values exact (no fold):
 /// - FP8 with fp32 scales: the FP8 kernel ([`sm90_grouped_default`]);
 /// - 4-bit experts with bf16 or FP8 activations: the 4-bit-weights kernel, 128 activation rows
 ///   per tile (16 where a masked group holds at most 16 rows);
-/// - MX and NVFP4 pairs: the MX kernel, exact (the fold's pre-pass would run per call, and is
-///   lossy for NVFP4).
+/// - MX and NVFP4 pairs: the MX kernel (bf16 products, fp32 sums).
 ///
 /// Anything else is [`Error::Config`]: there is no grouped reference kernel.
-pub fn choose_grouped(
-    arch: GpuArch,
-    sm_count: u32,
-    shape: &GemmShape,
-    a: &MatrixDesc,
-    b: &MatrixDesc,
-    groups: usize,
-) -> Result<Plan> {
+pub fn choose_grouped_exact(p: &GroupedProblem<'_>) -> Result<Plan> {
+    let GroupedProblem {
+        arch,
+        sm_count,
+        shape,
+        a,
+        b,
+        groups,
+    } = *p;
     if arch != GpuArch::Hopper {
         return Err(Error::Architecture(
             "grouped GEMM has Hopper (sm_90a) kernels only".into(),
         ));
     }
-    let GemmShape { m, n, k, l } = *shape;
-    // Rows of one group: the capacity (masked), or the mean (contiguous).
-    let per_group = if l > 1 { m } else { m.div_ceil(groups.max(1)) };
+    let GemmShape { m, n, k, .. } = shape;
+    let per_group = per_group(&shape, groups);
     let fp8 = sm90_fp8::unsupported(a, false).or_else(|| sm90_fp8::unsupported(b, true));
     if fp8.is_none() {
         return Ok(Plan::Sm90Fp8(sm90_grouped_default(
@@ -266,8 +329,8 @@ pub fn choose_grouped(
 /// The FP8 kernel's configuration for a grouped GEMM: `groups` groups of about `per_group` rows
 /// (`rows` in all), N, K. Large groups take the dense rule for one group ([`sm90_default`],
 /// without split-K: each group is a GEMM of its own size). Small groups (MoE: tens to hundreds
-/// of rows) take 128 × 128 tiles, one cluster-free CTA per tile, or 128 × 64 when the 128-column
-/// tiles would not fill the SMs once (twice the CTAs stream the experts' weights).
+/// of rows) take 128 × 128 tiles, one cluster-free CTA per tile, or 128 × 64 when twice as many
+/// of those still fit one round of the SMs (twice the CTAs stream the experts' weights).
 pub fn sm90_grouped_default(
     rows: usize,
     n: usize,
@@ -284,8 +347,11 @@ pub fn sm90_grouped_default(
         return cfg;
     }
     // About half a tile wasted per group where the groups' rows do not fill their last tile.
+    // 128 × 64 tiles only where twice the tiles still fit in one round: otherwise the second
+    // round of half tiles costs more than the idle SMs of one round of whole ones (seed case 3,
+    // 120 tiles on 132 SMs: 24.3 µs at 128 × 128, 30.5 at 128 × 64; docs/PERF.md, v33).
     let m_tiles = rows.div_ceil(128) + groups / 2;
-    let tile = if m_tiles * n.div_ceil(128) < sm_count as usize {
+    let tile = if 2 * m_tiles * n.div_ceil(128) <= sm_count as usize {
         Tile::M128N64
     } else {
         Tile::M128
@@ -592,5 +658,90 @@ mod tests {
             let c = sm90_default(m, n, k, 1, h100);
             assert!(c.split_k >= 1 && c.split_k as usize <= k / 128);
         }
+    }
+
+    #[test]
+    fn grouped_plans_fold_what_folds_to_e4m3_and_keep_the_rest_exact() {
+        use crate::format::{Fp4Weights, Fp8, Recipe};
+        let descs = |r: Recipe| {
+            let (a, mut b) = (
+                MatrixDesc::of_recipe(r, 1024, 7168, false),
+                MatrixDesc::of_recipe(r, 4096, 7168, true),
+            );
+            b.batch = 8;
+            (a, b)
+        };
+        let kind = |p: Result<Plan>| match p.unwrap() {
+            Plan::Sm90Fp8(_) => "fp8",
+            Plan::Sm90MxFp8(_) => "fold",
+            Plan::Sm90Mx(_) => "mx",
+            Plan::Sm90W4(_) => "w4",
+            Plan::Reference => "ref",
+        };
+        let hopper = GpuArch::Hopper;
+        fn problem<'a>(arch: GpuArch, a: &'a MatrixDesc, b: &'a MatrixDesc) -> GroupedProblem<'a> {
+            let shape = GemmShape {
+                m: 1024,
+                n: 4096,
+                k: 7168,
+                l: 1,
+            };
+            GroupedProblem {
+                arch,
+                sm_count: 132,
+                shape,
+                a,
+                b,
+                groups: 8,
+            }
+        }
+        for (r, chosen, exact) in [
+            (Recipe::DeepSeekFp8, "fp8", "fp8"),
+            (Recipe::Mxfp4, "fold", "mx"),
+            (Recipe::Nvfp4, "mx", "mx"),
+            (Recipe::Mxfp8(Fp8::E4M3), "mx", "mx"),
+            (Recipe::W4A8(Fp4Weights::Nvfp4), "fold", "w4"),
+            // e5m2 folds to e5m2, which has no grouped FP8 kernel.
+            (Recipe::Mxfp8(Fp8::E5M2), "mx", "mx"),
+            (Recipe::W4A8(Fp4Weights::Mxfp4), "fold", "w4"),
+            (Recipe::W4A16(Fp4Weights::Nvfp4), "w4", "w4"),
+        ] {
+            let (a, b) = descs(r);
+            let p = problem(hopper, &a, &b);
+            assert_eq!(kind(choose_grouped(&p)), chosen, "{r}");
+            assert_eq!(kind(choose_grouped_exact(&p)), exact, "{r}");
+        }
+        // Experts folded once: MX and NVFP4 activations fold per call, FP8 ones run as they are.
+        for (r, chosen) in [
+            (Recipe::Mxfp4, "fold"),
+            (Recipe::Nvfp4, "fold"),
+            (Recipe::W4A8(Fp4Weights::Nvfp4), "fp8"),
+        ] {
+            let (a, b) = descs(r);
+            let b = b.folded(true).unwrap();
+            assert_eq!(
+                kind(choose_grouped(&problem(hopper, &a, &b))),
+                chosen,
+                "{r}"
+            );
+        }
+        let (a, b) = descs(Recipe::Mxfp4);
+        let bw = choose_grouped(&problem(GpuArch::Blackwell, &a, &b));
+        assert!(matches!(bw, Err(Error::Architecture(_))));
+    }
+
+    #[test]
+    fn grouped_tiles_are_narrow_only_where_twice_the_tiles_fit_one_round() {
+        let h100 = 132;
+        let tile = |rows, n, groups, per| sm90_grouped_default(rows, n, 7168, groups, per, h100);
+        // Seed case 3 (2 groups, 512 rows, N 3072): 5 × 24 = 120 tiles, one round at 128 columns.
+        assert_eq!(tile(512, 3072, 2, 256).tile, Tile::M128);
+        // Seed case 1 (8 groups, 1024 rows, N 4096): 12 × 32 tiles.
+        assert_eq!(tile(1024, 4096, 8, 128).tile, Tile::M128);
+        // One group of 100 rows, N 4096: 32 tiles, 64 half tiles fit one round.
+        assert_eq!(tile(100, 4096, 1, 100).tile, Tile::M128N64);
+        // Large groups take the dense rule, without split-K.
+        let large = tile(32768, 4096, 4, 8192);
+        assert_eq!((large.tile.block_m(), large.split_k), (256, 1));
     }
 }

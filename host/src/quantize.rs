@@ -217,6 +217,54 @@ fn ratio_scale(amax: f32, max: f32) -> f32 {
     f32::from_bits(units as u32)
 }
 
+/// K of one fp32 scale group of a folded A (the FP8 kernel's 1×128).
+const FOLD_GROUP_K: usize = 128;
+
+impl MatrixDesc {
+    /// The description of this MX or NVFP4 matrix folded to FP8 ([`ScaledMatrix::fold_to_fp8`]):
+    /// e4m3 (e5m2 from e5m2) with fp32 scales per 1×128 (A role) or per row (B role, `as_b`),
+    /// scales packed K-major, no tensor scale (it is folded into the scales). [`Error::Format`]
+    /// (crate::Error::Format) for a matrix that does not fold, [`Error::Shape`](crate::Error::Shape)
+    /// for K not a multiple of 128.
+    pub fn folded(&self, as_b: bool) -> Result<MatrixDesc> {
+        let d = self;
+        let (elem, bk) = (d.format.elem, d.block_extent().1);
+        let nv = d.format.scale == ScaleType::UE4M3 && elem == ElemType::E2M1 && bk == 16;
+        if !(nv || d.format.scale == ScaleType::E8M0)
+            || d.block_extent().0 != 1
+            || !matches!(elem, ElemType::E4M3 | ElemType::E5M2 | ElemType::E2M1)
+            || !FOLD_GROUP_K.is_multiple_of(bk)
+        {
+            return Err(d
+                .format
+                .error("only MX matrices (e8m0 scales per 1×32 or 1×16) and NVFP4 ones fold"));
+        }
+        if !d.k.is_multiple_of(FOLD_GROUP_K) {
+            return Err(shape(format!("K = {} is not a multiple of 128", d.k)));
+        }
+        let group_k = if as_b { d.k } else { FOLD_GROUP_K };
+        let format = OperandFormat {
+            elem: blockscaled_kernels::format::fold::target(elem),
+            scale: ScaleType::F32,
+            block: if as_b {
+                crate::format::ScaleBlock::PerRow
+            } else {
+                crate::format::ScaleBlock::Tile {
+                    rows: 1,
+                    k: FOLD_GROUP_K as u32,
+                }
+            },
+            tensor_scale: false,
+        };
+        Ok(MatrixDesc {
+            format,
+            scale_layout: ScaleLayout::packed(ScaleMajor::K, d.rows, d.k / group_k),
+            tensor_scale: 1.0,
+            ..*d
+        })
+    }
+}
+
 impl ScaledMatrix {
     /// This MX or NVFP4 matrix (e4m3, e5m2 or e2m1 with e8m0 scales per 32 or 16, or e2m1 with
     /// ue4m3 scales per 16; K a multiple of 128) re-encoded as FP8 with fp32 scales, as the
@@ -236,39 +284,14 @@ impl ScaledMatrix {
     /// Elements of a NaN scale become NaN.
     pub fn fold_to_fp8(&self, as_b: bool) -> Result<ScaledMatrix> {
         use blockscaled_kernels::format::fold;
-        const GROUP_K: usize = 128;
         let d = *self.desc();
+        let folded = d.folded(as_b)?;
         let (elem, bk) = (d.format.elem, d.block_extent().1);
-        let nv = d.format.scale == ScaleType::UE4M3 && elem == ElemType::E2M1 && bk == 16;
-        if !(nv || d.format.scale == ScaleType::E8M0)
-            || d.block_extent().0 != 1
-            || !matches!(elem, ElemType::E4M3 | ElemType::E5M2 | ElemType::E2M1)
-            || !GROUP_K.is_multiple_of(bk)
-        {
-            return Err(d
-                .format
-                .error("only MX matrices (e8m0 scales per 1×32 or 1×16) and NVFP4 ones fold"));
-        }
-        if !d.k.is_multiple_of(GROUP_K) {
-            return Err(shape(format!("K = {} is not a multiple of 128", d.k)));
-        }
+        let nv = d.format.scale == ScaleType::UE4M3;
         let (rows, k, l) = (d.rows, d.k, d.batch);
-        let group_k = if as_b { k } else { GROUP_K };
-        let format = OperandFormat {
-            elem: fold::target(elem),
-            scale: ScaleType::F32,
-            block: if as_b {
-                crate::format::ScaleBlock::PerRow
-            } else {
-                crate::format::ScaleBlock::Tile {
-                    rows: 1,
-                    k: GROUP_K as u32,
-                }
-            },
-            tensor_scale: false,
-        };
+        let group_k = if as_b { k } else { FOLD_GROUP_K };
         let (row_blocks, k_groups) = (rows, k / group_k);
-        let layout = ScaleLayout::packed(ScaleMajor::K, row_blocks, k_groups);
+        let (format, layout) = (folded.format, folded.scale_layout);
         // A scale code (ue4m3: sign bit cleared, as its decoder ignores it) and whether it is NaN.
         let code_of = |li: usize, r: usize, kk: usize| {
             let c = self.scales()[d.scale_layout.index(li, r, kk / bk)] as u32;

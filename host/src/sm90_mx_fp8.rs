@@ -9,17 +9,24 @@
 //! `fold::max_error_units` of the group's own scale; for NVFP4, every element rounded once to
 //! e4m3 (`fold::nv_max_error`: 2^-4 of itself, a quarter of NVFP4's own rounding).
 //! The folded copies live in a workspace reused in stream order, like split-K's.
+//!
+//! An operand that is FP8 with fp32 scales already is not folded: the pair may be one MX or NVFP4
+//! operand with a DeepSeek-style A (1×128) or a B folded once ahead of time
+//! ([`Gpu::fold_to_fp8`](crate::Gpu::fold_to_fp8): experts' weights folded at load time, so that
+//! each call folds only the activations). Grouped GEMM runs here too (B: one expert per batch
+//! entry), on the FP8 family's grouped kernels (e4m3 × e4m3).
 
 use std::sync::{Arc, Mutex};
 
-use cudarc::driver::{CudaFunction, CudaModule, CudaSlice, CudaStream};
+use cudarc::driver::{CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 
 use crate::buffers::DeviceMatrix;
 use crate::error::{Error, Result, shape};
 use crate::family::{Family, Gemm};
+use crate::format::ElemType;
 use crate::launch::Launch;
-use crate::matrix::{GemmShape, MatrixDesc};
-use crate::sm90_fp8::{Sm90Config, Sm90Fp8, Sm90Operand};
+use crate::matrix::{MatrixDesc, ScaleLayout};
+use crate::sm90_fp8::{self, Sm90Config, Sm90Fp8, Sm90Operand};
 use crate::sm90_mx::{self, MxOperand};
 use blockscaled_kernels::fold::{
     self as family, FOLD_K, FOLD_ROWS, FOLD_SMEM, FOLD_THREADS, FoldParams,
@@ -27,32 +34,68 @@ use blockscaled_kernels::fold::{
 use blockscaled_kernels::format::fold::target;
 use blockscaled_kernels::sm90::m_pad;
 
-/// Why the pair cannot run folded onto the FP8 kernel (`None`: it can).
-pub(crate) fn unsupported_pair(a: &MatrixDesc, b: &MatrixDesc) -> Option<String> {
-    if let Some(e) = sm90_mx::unsupported_pair(a, b) {
+/// Why `d` cannot be folded by the pre-pass (`None`: it can, in either role).
+fn unfoldable(d: &MatrixDesc) -> Option<String> {
+    if let Some(e) = sm90_mx::unsupported(d) {
         return Some(e);
     }
-    let fmt = a.format;
-    let Some(scale) = sm90_mx::scale_format(a) else {
+    let fmt = d.format;
+    let Some(scale) = sm90_mx::scale_format(d) else {
         return Some(format!("{fmt}: no fold kernel for this scale format"));
     };
-    let (ea, eb) = (a.format.elem, b.format.elem);
-    if family::kernel(ea, scale).is_none() || family::kernel(eb, scale).is_none() {
+    if family::kernel(fmt.elem, scale).is_none() {
         return Some(format!(
             "{fmt}: no fold kernel for these elements and scale blocks"
         ));
     }
-    if !a.k.is_multiple_of(FOLD_K as usize) {
+    if !d.k.is_multiple_of(FOLD_K as usize) {
         return Some(format!(
             "K = {} is not a multiple of {FOLD_K}, the FP8 kernel's scale groups",
-            a.k
+            d.k
         ));
     }
     None
 }
 
+/// How one operand reaches the FP8 kernel on this path.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Route {
+    /// Already FP8 with fp32 scales the FP8 kernel takes in this role (e.g. experts folded
+    /// once by [`Gpu::fold_to_fp8`](crate::Gpu::fold_to_fp8), or DeepSeek-style activations).
+    Ready,
+    /// Folded per call into the role's workspace.
+    Fold,
+}
+
+fn route(d: &MatrixDesc, as_b: bool) -> std::result::Result<Route, String> {
+    if sm90_fp8::unsupported(d, as_b).is_none() {
+        return Ok(Route::Ready);
+    }
+    match unfoldable(d) {
+        None => Ok(Route::Fold),
+        Some(e) => Err(e),
+    }
+}
+
+/// Why the pair cannot run on this path (`None`: it can): each operand folds or is ready for
+/// the FP8 kernel in its role, and at least one folds (two ready ones are the FP8 kernel's own).
+pub(crate) fn unsupported_pair(a: &MatrixDesc, b: &MatrixDesc) -> Option<String> {
+    match (route(a, false), route(b, true)) {
+        (Err(e), _) | (_, Err(e)) => Some(e),
+        (Ok(Route::Ready), Ok(Route::Ready)) => {
+            Some("both operands are FP8 with fp32 scales already: the FP8 kernel runs them".into())
+        }
+        _ => None,
+    }
+}
+
+/// The element types the FP8 kernel sees for the pair (after folding).
+pub(crate) fn kernel_types(a: &MatrixDesc, b: &MatrixDesc) -> (ElemType, ElemType) {
+    (target(a.format.elem), target(b.format.elem))
+}
+
 /// One role's folded copy: the FP8 codes and the FP8 family's operand over them.
-struct Folded {
+pub(crate) struct Folded {
     /// (rows, k, l) it was made for.
     dims: (usize, usize, usize),
     data: CudaSlice<u8>,
@@ -83,40 +126,120 @@ impl Sm90MxFp8 {
         }))
     }
 
-    /// Folds A and B into the workspace, then C = A · Bᵀ on `fp8` with `cfg` (validated for
-    /// `g.shape`).
+    /// Folds A and B into the workspace where they need it, then C = A · Bᵀ on `fp8` with `cfg`
+    /// (validated for `g.shape`), grouped if `g.groups` (B: one expert per batch entry).
     pub(crate) fn gemm(&self, g: Gemm<'_>, cfg: Sm90Config, fp8: &Sm90Fp8) -> Result<()> {
-        g.dense_only("the MX → FP8 fold")?;
         let Gemm {
             stream,
             shape,
             a,
             b,
             c,
-            ..
+            groups,
         } = g;
         if let Some(e) = unsupported_pair(&a.desc, &b.desc) {
             return Err(Error::Format(e));
         }
-        let GemmShape { m, n, k, l } = shape;
         let mut ws = self.workspace.lock().unwrap_or_else(|e| e.into_inner());
         let [wa, wb] = &mut *ws;
-        let fa = self.fold(stream, a, wa, (m, k, l), false)?;
-        let fb = self.fold(stream, b, wb, (n, k, l), true)?;
-        let types = (target(a.desc.format.elem), target(b.desc.format.elem));
-        fp8.run(stream, shape, (&fa.op, &fb.op), types, c, cfg, None)
+        let ao = self.operand(stream, a, wa, false)?;
+        let bo = self.operand(stream, b, wb, true)?;
+        let types = kernel_types(&a.desc, &b.desc);
+        fp8.run(stream, shape, (ao, bo), types, c, cfg, groups)
     }
 
-    /// Folds `src` into `slot` (grown when its dimensions differ) in the A role or the B role.
-    fn fold<'w>(
+    /// `src` as the FP8 kernel's operand in its role: its own prepared operand when it is FP8
+    /// already, else folded into `slot` (grown when its dimensions differ).
+    fn operand<'w>(
+        &self,
+        stream: &Arc<CudaStream>,
+        src: &'w DeviceMatrix,
+        slot: &'w mut Option<Folded>,
+        as_b: bool,
+    ) -> Result<&'w Sm90Operand> {
+        if route(&src.desc, as_b).map_err(Error::Format)? == Route::Ready {
+            return src.prepared.get::<Sm90Operand>().ok_or_else(|| {
+                Error::Format("operand was not prepared for the sm90 kernel".into())
+            });
+        }
+        let d = &src.desc;
+        let dims = (d.rows, d.k, d.batch);
+        if slot.as_ref().is_none_or(|f| f.dims != dims) {
+            *slot = None;
+            *slot = Some(Folded::alloc(stream, dims, as_b)?);
+        }
+        let folded = slot.as_mut().expect("filled above");
+        self.fold(stream, src, folded, as_b)?;
+        Ok(&folded.op)
+    }
+
+    /// `src` folded once into buffers of its own (the B role: scales per row; the A role: per
+    /// 1×128), for [`Gpu::fold_to_fp8`](crate::Gpu::fold_to_fp8): the folded codes, the scales
+    /// in the layout of `src.desc.folded(as_b)`, and the FP8 kernel's operand.
+    pub(crate) fn fold_once(
         &self,
         stream: &Arc<CudaStream>,
         src: &DeviceMatrix,
-        slot: &'w mut Option<Folded>,
-        dims: (usize, usize, usize),
         as_b: bool,
-    ) -> Result<&'w Folded> {
-        let (rows, k, l) = dims;
+    ) -> Result<(MatrixDesc, CudaSlice<u8>, CudaSlice<u8>, Sm90Operand)> {
+        let mut desc = src.desc.folded(as_b)?;
+        if let Some(e) = unfoldable(&src.desc) {
+            return Err(Error::Format(e));
+        }
+        let dims = (desc.rows, desc.k, desc.batch);
+        let mut folded = Folded::alloc(stream, dims, as_b)?;
+        self.fold(stream, src, &mut folded, as_b)?;
+        // The scales as the matrix's own (the reference kernel and downloads read them there):
+        // per row `[l][rows]`, or the kernel's `[l][k/128][m_pad]` (row-contiguous, padded).
+        let (scales, bytes) = match (&folded.op.sfb_col, &folded.op.sfa) {
+            (Some(cols), _) if as_b => (cols, cols.len() * 4),
+            (_, Some((sfa, m_pad))) if !as_b => {
+                let (rows, k, l) = dims;
+                let kb = k / FOLD_K as usize;
+                desc.scale_layout = ScaleLayout {
+                    row_blocks: rows,
+                    k_blocks: kb,
+                    row_stride: 1,
+                    k_stride: *m_pad as usize,
+                    batch_stride: kb * *m_pad as usize,
+                };
+                debug_assert_eq!(
+                    desc.scale_layout.required_len(l).map(|x| x <= sfa.len()),
+                    Some(true)
+                );
+                (sfa, sfa.len() * 4)
+            }
+            _ => unreachable!("the role's scales were allocated"),
+        };
+        let mut copy = stream.alloc_zeros::<u8>(bytes)?;
+        {
+            let (src_ptr, _gs) = scales.device_ptr(stream);
+            let (dst_ptr, _gd) = copy.device_ptr_mut(stream);
+            // SAFETY: both allocations are live and hold `bytes` bytes (f32 → their bytes), on
+            // this stream's context, which cudarc made current for the guards above.
+            unsafe {
+                cudarc::driver::result::memcpy_dtod_async(
+                    dst_ptr,
+                    src_ptr,
+                    bytes,
+                    stream.cu_stream(),
+                )
+            }?;
+        }
+        let Folded { data, op, .. } = folded;
+        Ok((desc, data, copy, op))
+    }
+
+    /// Runs the fold kernel of `src` into `folded` (made for `src`'s dimensions in this role).
+    fn fold(
+        &self,
+        stream: &Arc<CudaStream>,
+        src: &DeviceMatrix,
+        folded: &mut Folded,
+        as_b: bool,
+    ) -> Result<()> {
+        let (rows, k, l) = folded.dims;
+        debug_assert_eq!((src.desc.rows, src.desc.k, src.desc.batch), folded.dims);
         let (Some((scales, rows_pad, row_tops)), Some(scale)) =
             (MxOperand::scales_of(src), sm90_mx::scale_format(&src.desc))
         else {
@@ -140,52 +263,56 @@ impl Sm90MxFp8 {
         }
         let k_chunks = k / FOLD_K as usize;
         let m_pad = m_pad(rows as u32);
-        if slot.as_ref().is_none_or(|f| f.dims != dims) {
-            *slot = None;
-            let data = stream.alloc_zeros::<u8>(rows * k * l)?;
-            let op = if as_b {
-                // Per-row scales go to C's columns; the 128 × 128 block scales are all 1.
-                let ones = stream.clone_htod(&vec![1f32; l * row_blocks * k_chunks])?;
-                let cols = stream.alloc_zeros::<f32>(l * rows)?;
-                Sm90Operand::over(stream, &data, dims, None, Some(ones), Some(cols))?
-            } else {
-                let sfa = stream.alloc_zeros::<f32>(l * k_chunks * m_pad as usize)?;
-                Sm90Operand::over(stream, &data, dims, Some((sfa, m_pad)), None, None)?
-            };
-            *slot = Some(Folded { dims, data, op });
-        }
-        let folded = slot.as_mut().expect("filled above");
-        {
-            let mut launch = Launch::new(stream, func)
-                .grid(k_chunks as u32, row_blocks as u32, l as u32)
-                .block(FOLD_THREADS, 1, 1)
-                .shared_mem(FOLD_SMEM);
-            let dst_scales = match (&mut folded.op.sfa, &mut folded.op.sfb_col) {
-                (Some((s, _)), _) | (None, Some(s)) => launch.ptr_mut(s),
-                (None, None) => unreachable!("one role's scales"),
-            };
-            let params = FoldParams {
-                src: launch.ptr(&src.data),
-                scales: launch.ptr(scales),
-                dst: launch.ptr_mut(&mut folded.data),
-                dst_scales,
-                row_tops: launch.ptr(row_tops),
-                rows: rows as u32,
-                k: k as u32,
-                rows_pad,
-                m_pad,
-                b_role: as_b as u32,
-                tensor_scale: src.desc.tensor_scale,
-            };
-            // SAFETY: `src` holds l·rows·k codes (its desc formed the shape) and its prepared scales
-            // l·(k/64)·rows_pad·(64/block) bytes and row tops l·rows_pad bytes, with rows_pad ≥
-            // ⌈rows/128⌉·128; `dst` holds
-            // l·rows·k bytes and the scales the role's layout (allocated for `dims` above); k is a
-            // multiple of 128 (`unsupported_pair`); the grid is k/128 × ⌈rows/128⌉ × l within
-            // the launch limits.
-            let _fold = unsafe { launch.launch(&params) }?;
-        }
-        Ok(slot.as_ref().expect("filled above"))
+        let mut launch = Launch::new(stream, func)
+            .grid(k_chunks as u32, row_blocks as u32, l as u32)
+            .block(FOLD_THREADS, 1, 1)
+            .shared_mem(FOLD_SMEM);
+        let dst_scales = match (&mut folded.op.sfa, &mut folded.op.sfb_col) {
+            (Some((s, _)), _) | (None, Some(s)) => launch.ptr_mut(s),
+            (None, None) => unreachable!("one role's scales"),
+        };
+        let params = FoldParams {
+            src: launch.ptr(&src.data),
+            scales: launch.ptr(scales),
+            dst: launch.ptr_mut(&mut folded.data),
+            dst_scales,
+            row_tops: launch.ptr(row_tops),
+            rows: rows as u32,
+            k: k as u32,
+            rows_pad,
+            m_pad,
+            b_role: as_b as u32,
+            tensor_scale: src.desc.tensor_scale,
+        };
+        // SAFETY: `src` holds l·rows·k codes (its desc formed the shape) and its prepared scales
+        // l·(k/64)·rows_pad·(64/block) bytes and row tops l·rows_pad bytes, with rows_pad ≥
+        // ⌈rows/128⌉·128; `dst` holds l·rows·k bytes and the scales the role's layout
+        // (`Folded::alloc` for these dims); k is a multiple of 128 (`unfoldable`); the grid is
+        // k/128 × ⌈rows/128⌉ × l within the launch limits.
+        let _fold = unsafe { launch.launch(&params) }?;
+        Ok(())
+    }
+}
+
+impl Folded {
+    /// Buffers for an `l` × `rows` × `k` operand folded in one role, with the FP8 kernel's
+    /// operand over them.
+    fn alloc(stream: &Arc<CudaStream>, dims: (usize, usize, usize), as_b: bool) -> Result<Self> {
+        let (rows, k, l) = dims;
+        let k_chunks = k / FOLD_K as usize;
+        let data = stream.alloc_zeros::<u8>(rows * k * l)?;
+        let op = if as_b {
+            // Per-row scales go to C's columns; the 128 × 128 block scales are all 1.
+            let row_blocks = rows.div_ceil(FOLD_ROWS as usize);
+            let ones = stream.clone_htod(&vec![1f32; l * row_blocks * k_chunks])?;
+            let cols = stream.alloc_zeros::<f32>(l * rows)?;
+            Sm90Operand::over(stream, &data, dims, None, Some(ones), Some(cols))?
+        } else {
+            let m_pad = m_pad(rows as u32);
+            let sfa = stream.alloc_zeros::<f32>(l * k_chunks * m_pad as usize)?;
+            Sm90Operand::over(stream, &data, dims, Some((sfa, m_pad)), None, None)?
+        };
+        Ok(Folded { dims, data, op })
     }
 }
 

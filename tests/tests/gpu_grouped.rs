@@ -2,7 +2,10 @@
 //! kind with a grouped kernel (FP8 blockwise on the FP8 kernel; MXFP8, MXFP4, NVFP4 pairs on the
 //! MX kernel; MXFP4 / NVFP4 experts with FP8 or bf16 activations on the 4-bit-weights kernel),
 //! random group sizes including empty groups and groups of one row, device values that need
-//! clamping, against a float64 CPU reference of each group's product.
+//! clamping, against a float64 CPU reference of each group's product. Each recipe runs on the
+//! plan `grouped_gemm` chooses, on the exact kernels (`plan::choose_grouped_exact`), and with its
+//! experts folded to FP8 once on the device (`Gpu::fold_to_fp8`); folded plans are checked
+//! against the product of the host's bit-identical folds.
 //! Run on an H100: `cargo test -p blockscaled-tests --test gpu_grouped -- --include-ignored`.
 //!
 //! Tolerances are the dense kernels' (`gpu.rs`: FP8 accumulation, 2^-7 of Σ|a·b|; `gpu_mx.rs`,
@@ -12,9 +15,10 @@
 
 use std::sync::OnceLock;
 
+use blockscaled::plan::{GroupedProblem, choose_grouped_exact};
 use blockscaled::{
-    DeviceGroups, Error, Fp4Weights, Gpu, GroupLayout, HostOutput, OutType, Plan, Recipe,
-    ScaledMatrix,
+    DeviceGroups, ElemType, Error, Fp4Weights, GemmShape, Gpu, GroupLayout, HostOutput, OutType,
+    Plan, Recipe, ScaleType, ScaledMatrix,
 };
 use blockscaled_tests::{
     FP8_ACCUMULATION_REL, bf16_mma_rel, compare_outputs, random_matrix, random_values,
@@ -120,12 +124,32 @@ fn rel(recipe: Recipe, k: usize) -> f64 {
     }
 }
 
+/// Whether `recipe`'s experts can be folded ahead of time and then run: MX or NVFP4 experts
+/// with activations that are FP8 or fold (bf16 activations have no FP8 kernel).
+fn prefolds(recipe: Recipe) -> bool {
+    recipe.b().scale != ScaleType::F32 && recipe.a().elem != ElemType::BF16
+}
+
+/// Which plan a check runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum How {
+    /// `Gpu::grouped_gemm`'s own choice.
+    Chosen,
+    /// The exact kernels' (`plan::choose_grouped_exact`: no fold).
+    Exact,
+    /// B folded once on the device (`Gpu::fold_to_fp8`), then `Gpu::grouped_gemm`'s choice.
+    Prefolded,
+}
+
 /// Runs one grouped GEMM of `recipe` with fresh random operands: G = `values.len()` experts of
 /// N × K, A with `rows` rows (per batch entry when masked), the groups from `values` (uploaded
 /// as host values when they are valid ones, else written as device values and clamped there).
+/// Where the plan folds (per call, or B ahead of time), the reference multiplies the host's
+/// bit-identical folds (`ScaledMatrix::fold_to_fp8`) with the FP8 kernel's tolerance.
 #[allow(clippy::too_many_arguments)]
 fn check(
     recipe: Recipe,
+    how: How,
     layout: GroupLayout,
     values: &[i32],
     rows: usize,
@@ -135,7 +159,9 @@ fn check(
     seed: u64,
 ) -> Result<Plan, String> {
     let g = gpu();
-    let what = format!("{recipe} {layout:?} groups {values:?} rows {rows} N {n} K {k} {dtype:?}");
+    let what = format!(
+        "{recipe} {how:?} {layout:?} groups {values:?} rows {rows} N {n} K {k} {dtype:?} seed {seed}"
+    );
     let e = |x: Error| format!("{what}: {x}");
     let count = values.len();
     let a_batch = if layout == GroupLayout::Masked {
@@ -145,16 +171,49 @@ fn check(
     };
     let (_, a) = random_matrix(seed, rows, k, a_batch, recipe.a());
     let (_, b) = random_matrix(seed ^ 0x9E37_79B9_7F4A_7C15, n, k, count, recipe.b());
-    let (da, db) = (g.upload(&a).map_err(e)?, g.upload(&b).map_err(e)?);
+    let (da, mut db) = (g.upload(&a).map_err(e)?, g.upload(&b).map_err(e)?);
+    if how == How::Prefolded {
+        db = g.fold_to_fp8(&db, true).map_err(e)?;
+    }
     let groups = upload_groups(g, layout, values).map_err(e)?;
     let mut c = g.output(rows, n, a_batch, dtype).map_err(e)?; // NaN-poisoned
-    let plan = g.grouped_plan(&da, &db, &groups).map_err(e)?;
-    g.grouped_gemm(&da, &db, &groups, &mut c).map_err(e)?;
+    let plan = match how {
+        How::Exact => {
+            let shape = GemmShape {
+                m: rows,
+                n,
+                k,
+                l: a_batch,
+            };
+            choose_grouped_exact(&GroupedProblem {
+                arch: g.arch(),
+                sm_count: g.sm_count(),
+                shape,
+                a: da.desc(),
+                b: db.desc(),
+                groups: count,
+            })
+            .map_err(e)?
+        }
+        How::Chosen | How::Prefolded => g.grouped_plan(&da, &db, &groups).map_err(e)?,
+    };
+    g.grouped_gemm_with(&da, &db, &groups, &mut c, plan)
+        .map_err(e)?;
     let got = c.to_host().map_err(e)?;
     let owned = group_rows(layout, values, rows);
-    check_result(&got, &a, &b, &owned, rel(recipe, k)).map_err(|err| {
-        format!("{recipe} {layout:?} groups {values:?} rows {rows} N {n} K {k} {dtype:?} seed {seed} ({plan:?}): {err}")
-    })?;
+    let folded = how == How::Prefolded || matches!(plan, Plan::Sm90MxFp8(_));
+    let result = if folded {
+        // A folds when it is MX or NVFP4; FP8 with fp32 scales is used as it is.
+        let fa = match a.desc().format.scale {
+            ScaleType::F32 => a.clone(),
+            _ => a.fold_to_fp8(false).map_err(e)?,
+        };
+        let fb = b.fold_to_fp8(true).map_err(e)?;
+        check_result(&got, &fa, &fb, &owned, FP8_ACCUMULATION_REL)
+    } else {
+        check_result(&got, &a, &b, &owned, rel(recipe, k))
+    };
+    result.map_err(|err| format!("{what} ({plan:?}): {err}"))?;
     Ok(plan)
 }
 
@@ -217,9 +276,15 @@ proptest! {
         n in 1usize..400,
         k128 in 1usize..5,
         out_i in 0usize..3,
+        how_i in 0usize..3,
         seed in any::<u64>(),
     ) {
         let recipe = GROUPED_RECIPES[which];
+        let how = match how_i {
+            1 => How::Exact,
+            2 if prefolds(recipe) => How::Prefolded,
+            _ => How::Chosen,
+        };
         let dtype = [OutType::Bf16, OutType::F16, OutType::F32][out_i];
         let k = 128 * k128;
         let s = sizes(seed, count, max);
@@ -232,7 +297,7 @@ proptest! {
             let rows = (*values.last().unwrap() as usize + tail).max(1);
             (GroupLayout::Contiguous, values, rows)
         };
-        check(recipe, layout, &values, rows, n, k, dtype, seed).map_err(TestCaseError::fail)?;
+        check(recipe, how, layout, &values, rows, n, k, dtype, seed).map_err(TestCaseError::fail)?;
     }
 }
 
@@ -251,11 +316,28 @@ fn grouped_gemm_runs_the_seed_cases_and_decode_counts_on_every_operand_kind() {
             1024,
         ),
     ];
+    // Every plan each recipe can take: the chosen one, the exact kernels', and experts folded
+    // ahead of time (MX and NVFP4 experts).
     for (i, recipe) in GROUPED_RECIPES.into_iter().enumerate() {
-        for (j, (layout, values, rows, n, k)) in cases.iter().enumerate() {
-            let seed = 0xC0DE + (i * 7 + j) as u64 + std::process::id() as u64;
-            check(recipe, *layout, values, *rows, *n, *k, OutType::Bf16, seed)
+        for how in [How::Chosen, How::Exact, How::Prefolded] {
+            if how == How::Prefolded && !prefolds(recipe) {
+                continue;
+            }
+            for (j, (layout, values, rows, n, k)) in cases.iter().enumerate() {
+                let seed = 0xC0DE + (i * 7 + j) as u64 + std::process::id() as u64;
+                check(
+                    recipe,
+                    how,
+                    *layout,
+                    values,
+                    *rows,
+                    *n,
+                    *k,
+                    OutType::Bf16,
+                    seed,
+                )
                 .unwrap_or_else(|e| panic!("{e}"));
+            }
         }
     }
 }
@@ -268,6 +350,7 @@ fn device_values_past_the_rows_or_out_of_order_are_clamped_never_out_of_bounds()
     let contiguous = [100, 40, 7000, -5, 260];
     check(
         recipe,
+        How::Chosen,
         GroupLayout::Contiguous,
         &contiguous,
         260,
@@ -281,6 +364,7 @@ fn device_values_past_the_rows_or_out_of_order_are_clamped_never_out_of_bounds()
     let masked = [500, -1, 3, 64];
     check(
         recipe,
+        How::Chosen,
         GroupLayout::Masked,
         &masked,
         64,
@@ -290,9 +374,14 @@ fn device_values_past_the_rows_or_out_of_order_are_clamped_never_out_of_bounds()
         8,
     )
     .unwrap_or_else(|e| panic!("{e}"));
-    for r in [Recipe::W4A8(Fp4Weights::Mxfp4), Recipe::Nvfp4] {
+    for (r, how) in [
+        (Recipe::W4A8(Fp4Weights::Mxfp4), How::Exact),
+        (Recipe::Nvfp4, How::Exact),
+        (Recipe::Mxfp4, How::Chosen),
+    ] {
         check(
             r,
+            how,
             GroupLayout::Masked,
             &masked,
             64,
@@ -358,4 +447,52 @@ fn grouped_inputs_the_host_can_see_are_typed_errors() {
         Err(Error::Config(_))
     ));
     g.grouped_gemm(&da, &db, &ok, &mut c).unwrap();
+    // Folding takes MX and NVFP4 matrices only.
+    assert!(matches!(g.fold_to_fp8(&db, true), Err(Error::Format(_))));
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn weights_folded_once_run_dense_gemm_too() {
+    // Small M, where the MX kernel would run the unfolded pair: with B folded ahead of time the
+    // pair is the fold path's (A folded per call).
+    let g = gpu();
+    for (i, recipe) in [
+        Recipe::Mxfp4,
+        Recipe::Nvfp4,
+        Recipe::W4A8(Fp4Weights::Mxfp4),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let seed = 0xF01D + i as u64 + std::process::id() as u64;
+        let (m, n, k) = (40, 320, 512);
+        let (_, a) = random_matrix(seed, m, k, 1, recipe.a());
+        let (_, b) = random_matrix(seed ^ 5, n, k, 1, recipe.b());
+        let (da, db) = (g.upload(&a).unwrap(), g.upload(&b).unwrap());
+        let fb = g.fold_to_fp8(&db, true).unwrap();
+        assert_eq!(*fb.desc(), b.desc().folded(true).unwrap());
+        let mut c = g.output(m, n, 1, OutType::F32).unwrap();
+        g.gemm(&da, &fb, &mut c).unwrap();
+        let plan = g.plan(&da, &fb).unwrap();
+        assert!(
+            matches!(plan, Plan::Sm90MxFp8(_) | Plan::Sm90Fp8(_)),
+            "{recipe}: {plan:?}"
+        );
+        let fa = match a.desc().format.scale {
+            ScaleType::F32 => a.clone(),
+            _ => a.fold_to_fp8(false).unwrap(),
+        };
+        let owned = [(0, 0, m)];
+        // One group of every row: the dense product.
+        let fb_host = b.fold_to_fp8(true).unwrap();
+        check_result(
+            &c.to_host().unwrap(),
+            &fa,
+            &fb_host,
+            &owned,
+            FP8_ACCUMULATION_REL,
+        )
+        .unwrap_or_else(|e| panic!("{recipe} ({plan:?}): {e}"));
+    }
 }

@@ -151,7 +151,7 @@ fn mx_kernel_matches_cpu_reference_for_every_recipe_on_larger_ragged_shapes() {
 
 #[test]
 #[ignore = "needs a CUDA device"]
-fn mx_recipes_plan_the_mx_kernel_and_nvfp4_with_odd_16_byte_rows_falls_back() {
+fn mx_recipes_plan_the_mx_kernel_nvfp4_with_odd_16_byte_rows_falls_back_and_mixed_widths_fold() {
     let g = gpu();
     let up = |r: Recipe, rows, k, as_b: bool| {
         let (_, m) = random_matrix(5, rows, k, 1, if as_b { r.b() } else { r.a() });
@@ -186,12 +186,26 @@ fn mx_recipes_plan_the_mx_kernel_and_nvfp4_with_odd_16_byte_rows_falls_back() {
         g.gemm_with(&a, &b, &mut c, forced),
         Err(Error::Format(_))
     ));
-    // Mixed widths (MXFP8 · MXFP4) are not a pair the kernel takes.
-    let (a, b) = (
-        up(Recipe::Mxfp8(Fp8::E4M3), 64, 256, false),
-        up(Recipe::Mxfp4, 64, 256, true),
+    // Mixed widths (MXFP8 · MXFP4) are not a pair the MX kernel takes: at any M they fold (each
+    // operand folds on its own), and the result is the folded operands' product.
+    let (_, ha) = random_matrix(6, 64, 256, 1, Recipe::Mxfp8(Fp8::E4M3).a());
+    let (_, hb) = random_matrix(7, 96, 256, 1, Recipe::Mxfp4.b());
+    let (a, b) = (g.upload(&ha).unwrap(), g.upload(&hb).unwrap());
+    assert!(matches!(g.plan(&a, &b).unwrap(), Plan::Sm90MxFp8(_)));
+    let mut c = g.output(64, 96, 1, OutType::F32).unwrap();
+    g.gemm(&a, &b, &mut c).unwrap();
+    let (fa, fb) = (
+        ha.fold_to_fp8(false).unwrap(),
+        hb.fold_to_fp8(true).unwrap(),
     );
-    assert_eq!(g.plan(&a, &b).unwrap(), Plan::Reference);
+    let (want, abs) = reference_output(&fa, &fb, OutType::F32).unwrap();
+    compare_outputs(
+        &c.to_host().unwrap(),
+        &want,
+        1.0,
+        &fp8_accumulation_slack(&abs),
+    )
+    .unwrap_or_else(|e| panic!("mxfp8 · mxfp4 folded: {e}"));
 }
 
 /// A copy of `m` with element (l, r, k)'s code replaced (e2m1: the nibble).

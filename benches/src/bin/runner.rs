@@ -96,6 +96,10 @@ struct Args {
     /// capacity; default: the contiguous layout.
     #[arg(long)]
     masked: Option<usize>,
+    /// Grouped GEMM: fold MX / NVFP4 experts to FP8 once before timing (`Gpu::fold_to_fp8`, as
+    /// at model load), so each call folds only the activations.
+    #[arg(long = "fold_weights", alias = "fold-weights")]
+    fold_weights: bool,
 }
 
 /// The grouped mode: every recipe × case, ours against the cuBLASLt loop, one line each.
@@ -105,9 +109,27 @@ fn run_grouped(
     recipes: &[Recipe],
     (n, k): (usize, usize),
     seed: u64,
+    fp8_tile: Option<Sm90Tile>,
 ) -> Result<bool, String> {
     use blockscaled::GroupLayout;
-    use blockscaled_benches::grouped::{GroupedCase, SEED_CASES, run_grouped as run};
+    use blockscaled_benches::grouped::{
+        GroupedCase, GroupedRoute, SEED_CASES, grouped_header, grouped_line, run_grouped as run,
+    };
+    // Grouped mode's --kernel: auto (the chosen plan), exact (the kernels that do not fold) or
+    // sm90mxfp8 (fold per call).
+    let route = match (args.kernel.as_str(), args.fold_weights) {
+        ("auto", false) => GroupedRoute::Chosen,
+        ("auto", true) => GroupedRoute::FoldedOnce,
+        ("exact", false) => GroupedRoute::Exact,
+        ("sm90mxfp8", false) => GroupedRoute::Fold,
+        (k, f) => {
+            return Err(format!(
+                "grouped mode takes --kernel auto, exact or sm90mxfp8 (without --fold_weights), \
+                 not {k}{}",
+                if f { " with --fold_weights" } else { "" }
+            ));
+        }
+    };
     let cases: Vec<(Vec<usize>, usize, usize)> = match (&args.groups, args.group_case) {
         (Some(g), _) => {
             let sizes: Result<Vec<usize>, _> = g.split(',').map(|x| x.trim().parse()).collect();
@@ -139,21 +161,7 @@ fn run_grouped(
             .map_err(|e| println!("cuBLASLt unavailable: {e}"))
             .ok()
     };
-    println!(
-        "{:<14} {:<10} {:>3} {:>6} {:>6} {:>6} {:<34} {:>9} {:>8} {:>7} {:>9} {:>6}",
-        "recipe",
-        "layout",
-        "G",
-        "rows",
-        "N",
-        "K",
-        "plan",
-        "ours µs",
-        "TFLOP/s",
-        "floor×",
-        "peer µs",
-        "ratio"
-    );
+    println!("{}", grouped_header());
     for &recipe in recipes {
         for (sizes, n, k) in &cases {
             let (layout, capacity) = match args.masked {
@@ -170,40 +178,22 @@ fn run_grouped(
                 warmup: args.warmup_iterations,
                 iters: args.iterations,
                 seed,
+                route,
+                fp8_tile,
+            };
+            // Folding takes MX and NVFP4 experts; FP8 ones run as they are.
+            let c = if route == GroupedRoute::FoldedOnce
+                && recipe.b().scale == blockscaled::ScaleType::F32
+            {
+                GroupedCase {
+                    route: GroupedRoute::Chosen,
+                    ..c
+                }
+            } else {
+                c
             };
             let o = run(gpu, peer.as_ref(), &c)?;
-            let us = o.ours.median_ms * 1e3;
-            // The floor: the bytes at the 3.0 TB/s copy ceiling measured here, or the FLOPs at
-            // the MMA's rate (FP8 1.2 PFLOP/s dense as measured; bf16 half of it), whichever is
-            // longer.
-            let rate = if recipe == Recipe::DeepSeekFp8 {
-                1.2e15
-            } else {
-                0.7e15
-            };
-            let floor = (o.min_bytes / 3.0e12).max(o.flops / rate) * 1e6;
-            let (peer_us, ratio) = match &o.peer {
-                Some(p) => (
-                    format!("{:.1}", p.median_ms * 1e3),
-                    format!("{:.2}", p.median_ms * 1e3 / us),
-                ),
-                None => ("-".into(), "-".into()),
-            };
-            println!(
-                "{:<14} {:<10} {:>3} {:>6} {:>6} {:>6} {:<34} {:>9.1} {:>8.1} {:>7.2} {:>9} {:>6}",
-                recipe.name(),
-                format!("{layout:?}"),
-                sizes.len(),
-                sizes.iter().sum::<usize>(),
-                n,
-                k,
-                o.plan,
-                us,
-                o.flops / (us * 1e-6) / 1e12,
-                us / floor,
-                peer_us,
-                ratio
-            );
+            println!("{}", grouped_line(&c, &o));
         }
     }
     Ok(true)
@@ -378,7 +368,8 @@ fn run(args: &Args) -> Result<bool, String> {
         } else {
             recipes
         };
-        return run_grouped(args, &gpu, &recipes, (mnkl[1], mnkl[2]), seed);
+        let tile = tiler_mn.map(fp8_tile).transpose()?;
+        return run_grouped(args, &gpu, &recipes, (mnkl[1], mnkl[2]), seed, tile);
     }
     let plan = match args.kernel.as_str() {
         "auto"
