@@ -59,6 +59,9 @@ pub struct GroupedOutcome {
     pub ours: Timing,
     pub peer: Option<Timing>,
     pub plan: String,
+    /// Whether the plan runs on the FP8 kernel (FP8 experts, folded or not): its floor counts
+    /// FLOPs at the FP8 MMA rate, else at bf16's.
+    pub fp8_kernel: bool,
     /// Groups whose peer call ran on rows padded to a multiple of 16 (cuBLASLt has no blockwise
     /// FP8 algorithm for some M, e.g. 37), or on bf16 where no padding helped.
     pub peer_padded: usize,
@@ -106,36 +109,22 @@ pub fn run_grouped(
     }
     .map_err(e)?;
     let mut out = gpu.output(rows, c.n, a_batch, OutType::Bf16).map_err(e)?;
+    let problem = blockscaled::plan::GroupedProblem {
+        arch: gpu.arch(),
+        sm_count: gpu.sm_count(),
+        shape: blockscaled::GemmShape {
+            m: rows,
+            n: c.n,
+            k: c.k,
+            l: a_batch,
+        },
+        a: da.desc(),
+        b: db.desc(),
+        groups: g,
+    };
     let plan = match c.route {
-        GroupedRoute::Exact => {
-            let shape = blockscaled::GemmShape {
-                m: rows,
-                n: c.n,
-                k: c.k,
-                l: a_batch,
-            };
-            blockscaled::plan::choose_grouped_exact(&blockscaled::plan::GroupedProblem {
-                arch: gpu.arch(),
-                sm_count: gpu.sm_count(),
-                shape,
-                a: da.desc(),
-                b: db.desc(),
-                groups: g,
-            })
-            .map_err(e)?
-        }
-        GroupedRoute::Fold => {
-            let per_group = rows.div_ceil(if a_batch > 1 { 1 } else { g });
-            let cfg = blockscaled::plan::sm90_grouped_default(
-                rows,
-                c.n,
-                c.k,
-                g,
-                per_group,
-                gpu.sm_count(),
-            );
-            Plan::Sm90MxFp8(cfg)
-        }
+        GroupedRoute::Exact => blockscaled::plan::choose_grouped_exact(&problem).map_err(e)?,
+        GroupedRoute::Fold => Plan::Sm90MxFp8(problem.fp8_config()),
         _ => gpu.grouped_plan(&da, &db, &groups).map_err(e)?,
     };
     let plan = match (plan, c.fp8_tile) {
@@ -165,6 +154,7 @@ pub fn run_grouped(
         ours,
         peer,
         plan: crate::cases::plan_name(&plan),
+        fp8_kernel: matches!(plan, Plan::Sm90Fp8(_) | Plan::Sm90MxFp8(_)),
         peer_padded,
         peer_bf16,
         flops,
@@ -196,14 +186,20 @@ fn experts(c: &GroupedCase, g: usize) -> blockscaled::Result<ScaledMatrix> {
     )
 }
 
-/// Per-group device buffers of the peer (random finite values): e4m3 codes with their scales,
-/// or bf16.
+/// Per-group device buffers of the peer (random finite values) and its output.
 struct PeerGroup {
     m: usize,
-    fp8: Option<[CudaSlice<u8>; 2]>,
-    scales: [CudaSlice<f32>; 2],
-    bf16: Option<[CudaSlice<u16>; 2]>,
+    operands: PeerOperands,
     c: CudaSlice<u16>,
+}
+
+/// A and B of one peer call: e4m3 codes with their blockwise scales, or bf16.
+enum PeerOperands {
+    Fp8 {
+        codes: [CudaSlice<u8>; 2],
+        scales: [CudaSlice<f32>; 2],
+    },
+    Bf16([CudaSlice<u16>; 2]),
 }
 
 /// The peer's loop: one cuBLASLt call per non-empty group, on buffers of that group's shape.
@@ -237,15 +233,16 @@ fn time_peer(p: &LtPeer, c: &GroupedCase) -> Result<(Timing, usize, usize), Stri
                 let (la, lb) = (m * k, n * k);
                 let mut g = PeerGroup {
                     m,
-                    fp8: Some([
-                        s.clone_htod(&codes(seed, la)).map_err(e)?,
-                        s.clone_htod(&codes(seed ^ 1, lb)).map_err(e)?,
-                    ]),
-                    scales: [
-                        s.clone_htod(&vec![1f32; vec128_len(m, k)]).map_err(e)?,
-                        s.clone_htod(&vec![1f32; blk128_len(n, k)]).map_err(e)?,
-                    ],
-                    bf16: None,
+                    operands: PeerOperands::Fp8 {
+                        codes: [
+                            s.clone_htod(&codes(seed, la)).map_err(e)?,
+                            s.clone_htod(&codes(seed ^ 1, lb)).map_err(e)?,
+                        ],
+                        scales: [
+                            s.clone_htod(&vec![1f32; vec128_len(m, k)]).map_err(e)?,
+                            s.clone_htod(&vec![1f32; blk128_len(n, k)]).map_err(e)?,
+                        ],
+                    },
                     c: s.alloc_zeros::<u16>(m * n).map_err(e)?,
                 };
                 if call(p, &mut g, n, k).is_ok() {
@@ -262,12 +259,7 @@ fn time_peer(p: &LtPeer, c: &GroupedCase) -> Result<(Timing, usize, usize), Stri
                 let m = m0;
                 PeerGroup {
                     m,
-                    fp8: None,
-                    scales: [
-                        s.clone_htod(&[1f32]).map_err(e)?,
-                        s.clone_htod(&[1f32]).map_err(e)?,
-                    ],
-                    bf16: Some([
+                    operands: PeerOperands::Bf16([
                         s.clone_htod(&halves(seed, m * k)).map_err(e)?,
                         s.clone_htod(&halves(seed ^ 1, n * k)).map_err(e)?,
                     ]),
@@ -289,13 +281,12 @@ fn time_peer(p: &LtPeer, c: &GroupedCase) -> Result<(Timing, usize, usize), Stri
 
 /// One group's cuBLASLt call.
 fn call(p: &LtPeer, g: &mut PeerGroup, n: usize, k: usize) -> crate::cublaslt::Result<()> {
-    match (&g.fp8, &g.bf16) {
-        (Some([a, b]), _) => {
-            let [sa, sb] = &g.scales;
-            p.gemm_fp8_blockwise(g.m, n, k, a, sa, b, sb, &mut g.c)
-        }
-        (_, Some([a, b])) => p.gemm_bf16(g.m, n, k, a, b, &mut g.c),
-        _ => unreachable!("every group has one kind of buffers"),
+    match &g.operands {
+        PeerOperands::Fp8 {
+            codes: [a, b],
+            scales: [sa, sb],
+        } => p.gemm_fp8_blockwise(g.m, n, k, a, sa, b, sb, &mut g.c),
+        PeerOperands::Bf16([a, b]) => p.gemm_bf16(g.m, n, k, a, b, &mut g.c),
     }
 }
 
@@ -329,14 +320,11 @@ pub fn grouped_header() -> String {
 
 /// One case's line: our median, TFLOP/s, time over the floor, the peer's median and
 /// peer / ours. The floor: the bytes at the 3.0 TB/s copy ceiling measured here, or the FLOPs
-/// at the MMA's rate (FP8 1.2 PFLOP/s dense as measured, for FP8 experts and folded plans;
-/// bf16 0.7 for the kernels that convert to bf16), whichever is longer.
+/// at the MMA's rate (FP8 1.2 PFLOP/s dense as measured, for plans on the FP8 kernel; bf16 0.7
+/// for the kernels that convert to bf16), whichever is longer.
 pub fn grouped_line(c: &GroupedCase, o: &GroupedOutcome) -> String {
     let us = o.ours.median_ms * 1e3;
-    let fp8_mma = c.recipe == Recipe::DeepSeekFp8
-        || o.plan.contains("fold")
-        || c.route == GroupedRoute::FoldedOnce;
-    let rate = if fp8_mma { 1.2e15 } else { 0.7e15 };
+    let rate = if o.fp8_kernel { 1.2e15 } else { 0.7e15 };
     let floor = (o.min_bytes / 3.0e12).max(o.flops / rate) * 1e6;
     let (peer_us, ratio) = match &o.peer {
         Some(p) => (
@@ -372,7 +360,8 @@ pub fn grouped_line(c: &GroupedCase, o: &GroupedOutcome) -> String {
 }
 
 /// `cargo bench`'s grouped set: the seed's four cases in FP8 blockwise, MXFP4 experts with FP8
-/// activations and NVFP4 pairs (chosen plan, exact kernels, experts folded once), and masked
+/// activations (chosen plan, exact kernel, experts folded once) and NVFP4 pairs (chosen = exact
+/// plan, experts folded once), and masked
 /// decode (G = 8 and 32, capacity 256, random counts up to 64) in FP8 blockwise.
 pub fn bench_cases() -> Vec<GroupedCase> {
     let mut cases = Vec::new();
@@ -395,14 +384,15 @@ pub fn bench_cases() -> Vec<GroupedCase> {
         Recipe::Nvfp4,
     ];
     for (i, recipe) in recipes.into_iter().enumerate() {
-        let routes: &[GroupedRoute] = if recipe == Recipe::DeepSeekFp8 {
-            &[GroupedRoute::Chosen]
-        } else {
-            &[
+        // Each route once: NVFP4's chosen plan is the exact MX kernel.
+        let routes: &[GroupedRoute] = match recipe {
+            Recipe::DeepSeekFp8 => &[GroupedRoute::Chosen],
+            Recipe::Nvfp4 => &[GroupedRoute::Chosen, GroupedRoute::FoldedOnce],
+            _ => &[
                 GroupedRoute::Chosen,
                 GroupedRoute::Exact,
                 GroupedRoute::FoldedOnce,
-            ]
+            ],
         };
         for &route in routes {
             for (j, (sizes, n, k)) in SEED_CASES.iter().enumerate() {

@@ -100,6 +100,23 @@ impl<'a> Launch<'a> {
         }
     }
 
+    /// A persistent GEMM kernel's launch: `ctas` blocks of `threads` with `smem` bytes of dynamic
+    /// shared memory, in clusters of `cluster` along x (the attribute is set for 1 too).
+    pub(crate) fn persistent(
+        stream: &'a CudaStream,
+        func: &'a CudaFunction,
+        ctas: u32,
+        threads: u32,
+        smem: u32,
+        cluster: u32,
+    ) -> Self {
+        Launch::new(stream, func)
+            .grid(ctas, 1, 1)
+            .block(threads, 1, 1)
+            .shared_mem(smem)
+            .cluster(cluster)
+    }
+
     pub(crate) fn grid(mut self, x: u32, y: u32, z: u32) -> Self {
         self.grid = (x, y, z);
         self

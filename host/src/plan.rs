@@ -248,9 +248,7 @@ pub fn choose_grouped(p: &GroupedProblem<'_>) -> Result<Plan> {
     if p.arch != GpuArch::Hopper || (fp8.is_some() && !fold) {
         return choose_grouped_exact(p);
     }
-    let GemmShape { m, n, k, .. } = p.shape;
-    let per_group = per_group(&p.shape, p.groups);
-    let cfg = sm90_grouped_default(m, n, k, p.groups, per_group, p.sm_count);
+    let cfg = p.fp8_config();
     Ok(if fp8.is_none() {
         Plan::Sm90Fp8(cfg)
     } else {
@@ -269,12 +267,21 @@ fn fold_grouped(a: &MatrixDesc, b: &MatrixDesc) -> bool {
     ready(b, true) || (fp4_b && (b.format.scale == ScaleType::E8M0 || ready(a, false)))
 }
 
-/// Rows of one group: the capacity (masked), or the mean (contiguous).
-fn per_group(shape: &GemmShape, groups: usize) -> usize {
-    if shape.l > 1 {
-        shape.m
-    } else {
-        shape.m.div_ceil(groups.max(1))
+impl GroupedProblem<'_> {
+    /// Rows of one group: the capacity (masked), or the mean (contiguous).
+    pub fn per_group(&self) -> usize {
+        let s = &self.shape;
+        if s.l > 1 {
+            s.m
+        } else {
+            s.m.div_ceil(self.groups.max(1))
+        }
+    }
+
+    /// The FP8 kernel's configuration for it ([`sm90_grouped_default`]), folded or not.
+    pub fn fp8_config(&self) -> Sm90Config {
+        let GemmShape { m, n, k, .. } = self.shape;
+        sm90_grouped_default(m, n, k, self.groups, self.per_group(), self.sm_count)
     }
 }
 
@@ -286,26 +293,17 @@ fn per_group(shape: &GemmShape, groups: usize) -> usize {
 ///
 /// Anything else is [`Error::Config`]: there is no grouped reference kernel.
 pub fn choose_grouped_exact(p: &GroupedProblem<'_>) -> Result<Plan> {
-    let GroupedProblem {
-        arch,
-        sm_count,
-        shape,
-        a,
-        b,
-        groups,
-    } = *p;
-    if arch != GpuArch::Hopper {
+    let (a, b, sm_count) = (p.a, p.b, p.sm_count);
+    if p.arch != GpuArch::Hopper {
         return Err(Error::Architecture(
             "grouped GEMM has Hopper (sm_90a) kernels only".into(),
         ));
     }
-    let GemmShape { m, n, k, .. } = shape;
-    let per_group = per_group(&shape, groups);
+    let GemmShape { n, k, .. } = p.shape;
+    let per_group = p.per_group();
     let fp8 = sm90_fp8::unsupported(a, false).or_else(|| sm90_fp8::unsupported(b, true));
     if fp8.is_none() {
-        return Ok(Plan::Sm90Fp8(sm90_grouped_default(
-            m, n, k, groups, per_group, sm_count,
-        )));
+        return Ok(Plan::Sm90Fp8(p.fp8_config()));
     }
     if sm90_w4::unsupported_pair(a, b).is_none() && a.format.elem != ElemType::E2M1 {
         let mut cfg = sm90_w4_default(per_group, n, k, 1, sm_count);

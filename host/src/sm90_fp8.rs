@@ -592,7 +592,7 @@ fn operands<'a>(
 }
 
 /// The GEMM kernel's launch: `ctas` blocks of the tile's threads with the tile's shared memory,
-/// in clusters of `cluster` along x (the attribute is set for 1 too).
+/// in clusters of `cluster`.
 fn gemm_launch<'a>(
     stream: &'a CudaStream,
     func: &'a CudaFunction,
@@ -600,11 +600,14 @@ fn gemm_launch<'a>(
     ctas: u32,
     cluster: u32,
 ) -> Launch<'a> {
-    Launch::new(stream, func)
-        .grid(ctas, 1, 1)
-        .block(tile.threads(), 1, 1)
-        .shared_mem(tile.smem_bytes())
-        .cluster(cluster)
+    Launch::persistent(
+        stream,
+        func,
+        ctas,
+        tile.threads(),
+        tile.smem_bytes(),
+        cluster,
+    )
 }
 
 /// Raises the kernel's dynamic shared-memory limit (above the default 48 KiB) and returns how many

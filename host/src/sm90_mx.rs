@@ -388,11 +388,8 @@ impl Sm90Mx {
         };
         // One CTA per SM at most (the stages fill its shared memory).
         let ctas = persistent_ctas(schedule, cfg.ctas, self.sm_count, 1)?;
-        let mut launch = Launch::new(stream, &kernel.func)
-            .grid(ctas, 1, 1)
-            .block(tile.threads(), 1, 1)
-            .shared_mem(kernel.def.layout().bytes())
-            .cluster(1);
+        let smem = kernel.def.layout().bytes();
+        let mut launch = Launch::persistent(stream, &kernel.func, ctas, tile.threads(), smem, 1);
         let group_params = DeviceGroups::params(groups, &mut launch);
         let dst = SplitK::destination(
             &mut launch,

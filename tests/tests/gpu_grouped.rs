@@ -345,50 +345,31 @@ fn grouped_gemm_runs_the_seed_cases_and_decode_counts_on_every_operand_kind() {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn device_values_past_the_rows_or_out_of_order_are_clamped_never_out_of_bounds() {
-    let recipe = Recipe::DeepSeekFp8;
-    // Ends that decrease, one past the rows, a negative one: written on the device.
-    let contiguous = [100, 40, 7000, -5, 260];
-    check(
-        recipe,
-        How::Chosen,
-        GroupLayout::Contiguous,
-        &contiguous,
-        260,
-        256,
-        256,
-        OutType::Bf16,
-        7,
-    )
-    .unwrap_or_else(|e| panic!("{e}"));
-    // Counts above the capacity and below zero.
-    let masked = [500, -1, 3, 64];
-    check(
-        recipe,
-        How::Chosen,
-        GroupLayout::Masked,
-        &masked,
-        64,
-        256,
-        256,
-        OutType::Bf16,
-        8,
-    )
-    .unwrap_or_else(|e| panic!("{e}"));
-    for (r, how) in [
-        (Recipe::W4A8(Fp4Weights::Mxfp4), How::Exact),
-        (Recipe::Nvfp4, How::Exact),
-        (Recipe::Mxfp4, How::Chosen),
-    ] {
+    // Ends that decrease, one past the rows, a negative one; counts above the capacity and
+    // below zero: written on the device.
+    let contiguous = (GroupLayout::Contiguous, &[100, 40, 7000, -5, 260][..], 260);
+    let masked = (GroupLayout::Masked, &[500, -1, 3, 64][..], 64);
+    let ds = Recipe::DeepSeekFp8;
+    for (seed, (recipe, how, (layout, values, rows))) in [
+        (ds, How::Chosen, contiguous),
+        (ds, How::Chosen, masked),
+        (Recipe::W4A8(Fp4Weights::Mxfp4), How::Exact, masked),
+        (Recipe::Nvfp4, How::Exact, masked),
+        (Recipe::Mxfp4, How::Chosen, masked),
+    ]
+    .into_iter()
+    .enumerate()
+    {
         check(
-            r,
+            recipe,
             how,
-            GroupLayout::Masked,
-            &masked,
-            64,
+            layout,
+            values,
+            rows,
             256,
             256,
             OutType::Bf16,
-            9,
+            7 + seed as u64,
         )
         .unwrap_or_else(|e| panic!("{e}"));
     }
