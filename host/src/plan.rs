@@ -388,6 +388,9 @@ fn shape_err_k(k: usize) -> Error {
 /// CTAs running together cover `group_m` M tiles × (SMs / group_m) N tiles, so both operands'
 /// working sets stay in L2; a band is [`GROUP_ROWS`] rows of A.
 pub fn sm90_default(m: usize, n: usize, k: usize, l: usize, sm_count: u32) -> Sm90Config {
+    if m <= SWAPPED_MAX_M && (m <= 32 || k >= SWAPPED_64_MIN_K) {
+        return sm90_decode_default(m, n, k, l, sm_count);
+    }
     let cost = |t: Tile| {
         let tiles = m.div_ceil(t.block_m() as usize) * n.div_ceil(t.block_n as usize) * l.max(1);
         let rounds = tiles.div_ceil(sm_count.max(1) as usize) as f64;
@@ -425,6 +428,106 @@ pub fn sm90_default(m: usize, n: usize, k: usize, l: usize, sm_count: u32) -> Sm
         split_k,
     }
 }
+
+/// Largest M for the swapped tiles ([`Tile::swapped`]): up to 64 rows, one swapped tile holds
+/// all of A, so B (the weights) is read from DRAM once, in stages of 16 KiB.
+pub const SWAPPED_MAX_M: usize = 64;
+
+/// Smallest K for which 33 to 64 rows take the 64-row swapped tile: with less K there are
+/// many tiles per SM and the swapped tile's heavier MMA work per byte of B (m64n64 for every
+/// 64 rows of B) costs more than the unswapped tiles' half-empty A; measured at M = 64
+/// (docs/PERF.md, v34, µs swapped against unswapped): K = 512, 1536 and 2048 15.2 / 23.7 / 13.7
+/// against 14.0 / 23.1 / 13.2; K = 7168 and 16384 15.7 / 20.7 / 50.8 against 16.6 / 23.6 / 66.7.
+pub const SWAPPED_64_MIN_K: usize = 4096;
+
+/// The sm90 configuration at decode sizes (M ≤ [`SWAPPED_MAX_M`]): the swapped tile of the
+/// fewest rows that holds M (16, 32 or 64), and K split by [`decode_split`].
+pub fn sm90_decode_default(m: usize, n: usize, k: usize, l: usize, sm_count: u32) -> Sm90Config {
+    let tile = [Tile::S16, Tile::S32, Tile::S64]
+        .into_iter()
+        .find(|t| m <= t.block_m() as usize)
+        .unwrap_or(Tile::S64);
+    let b_tiles = n.div_ceil(tile.block_n as usize);
+    let tiles = b_tiles * m.div_ceil(tile.block_m() as usize) * l.max(1);
+    Sm90Config {
+        tile,
+        cluster: ClusterShape::ONE,
+        // Bands run over B's tiles (the swapped schedule's M); with one A tile they do not
+        // matter, and a band of 2048 rows of B is the dense rule's.
+        group_m: b_tiles.clamp(1, (GROUP_ROWS / tile.block_n) as usize) as u32,
+        ctas: sm_count.max(1),
+        split_k: decode_split(
+            tile,
+            tiles,
+            k / BLOCK_K as usize,
+            m * n * l.max(1),
+            sm_count,
+        ),
+    }
+}
+
+/// The split of K for `tiles` swapped tiles of `k_blocks` K blocks (`outputs` = M·N·L values),
+/// from a cost model of a GEMM that waits on B's bytes (µs, constant launch costs left out):
+///
+/// `t(s) = Σ over rounds r of smax(bytes_r / HBM, unit / SM) + [s > 1] · (REDUCE + partials / HBM)`
+///
+/// - units = `tiles · s`, taken by the persistent CTAs in rounds of `sm_count`; `bytes_r` is
+///   round `r`'s share of B (16 KiB per K block of a unit: A comes from L2), so a last round of
+///   few units is limited by what one SM streams, not by DRAM;
+/// - `unit`: one unit's bytes, `⌈k_blocks / s⌉ · 16 KiB`; `SM`: the bytes per µs one SM's
+///   pipeline streams through the tile ([`decode_sm_rate`]);
+/// - `smax(x, y) = (x⁸ + y⁸)^⅛`: the larger, plus a little where the two limits meet (measured:
+///   at M = 64, 7168 × 16384 unsplit, each limit alone predicts 42 µs of streaming, 44 ran);
+/// - the split's cost: the reduction's launch and tail ([`DECODE_REDUCE_US`]) and the f32
+///   partials written and read back, `2 · 4 · s · outputs` bytes.
+///
+/// Splits range over 1..=16 with at least [`MIN_SPLIT_K_BLOCKS`] K blocks each; ties go to the
+/// smaller split. Checked against a sweep of splits 1–8 on the decode set (docs/PERF.md, v34).
+pub fn decode_split(
+    tile: Tile,
+    tiles: usize,
+    k_blocks: usize,
+    outputs: usize,
+    sm_count: u32,
+) -> u32 {
+    let sms = sm_count.max(1) as usize;
+    let block = (tile.block_n * BLOCK_K) as f64;
+    let smax = |x: f64, y: f64| (x.powi(8) + y.powi(8)).powf(0.125);
+    let cost = |s: usize| {
+        let units = tiles.max(1) * s;
+        let unit = k_blocks.div_ceil(s) as f64 * block / decode_sm_rate(tile);
+        let all = (tiles.max(1) * k_blocks) as f64 * block / DECODE_HBM_BYTES_PER_US;
+        let mut t = 0.0;
+        for r in 0..units.div_ceil(sms) {
+            let in_round = (units - r * sms).min(sms);
+            t += smax(all * in_round as f64 / units as f64, unit);
+        }
+        if s > 1 {
+            t += DECODE_REDUCE_US + (8 * s * outputs) as f64 / DECODE_HBM_BYTES_PER_US;
+        }
+        t
+    };
+    let most = (k_blocks / MIN_SPLIT_K_BLOCKS).clamp(1, 16);
+    (1..=most).fold(1, |best, s| if cost(s) < cost(best) { s } else { best }) as u32
+}
+
+/// DRAM bytes per µs that a swapped-tile GEMM streams B at (fitted to the decode sweep on the
+/// H100: 93% of its 3.0 TB/s copy ceiling once the launch's constant costs are set apart).
+pub const DECODE_HBM_BYTES_PER_US: f64 = 2.78e6;
+
+/// Bytes of B per µs one SM streams through a swapped tile's pipeline when DRAM is not the limit
+/// (fitted to the unsplit shapes with fewer tiles than SMs): the wider the tile, the more MMA
+/// work per byte.
+pub fn decode_sm_rate(tile: Tile) -> f64 {
+    match tile.block_m() {
+        16 => 86e3,
+        32 => 68e3,
+        _ => 50e3,
+    }
+}
+
+/// The split-K reduction's launch and tail, µs (fitted to the same sweep).
+pub const DECODE_REDUCE_US: f64 = 2.2;
 
 /// CTAs per cluster: 256- and 192-row tiles go in pairs along N (the pair shares the A tile, the
 /// larger operand, by TMA multicast, halving its L2 reads) when the tiles fill at least one round
@@ -655,6 +758,51 @@ mod tests {
         for (m, n, k) in [(1, 1, 128), (64, 64, 128 * 300), (128, 2112, 7168)] {
             let c = sm90_default(m, n, k, 1, h100);
             assert!(c.split_k >= 1 && c.split_k as usize <= k / 128);
+        }
+    }
+
+    #[test]
+    fn decode_sizes_take_the_swapped_tile_that_holds_m_and_split_as_measured() {
+        let h100 = 132;
+        for (m, rows) in [(1, 16), (16, 16), (17, 32), (32, 32), (33, 64), (64, 64)] {
+            let c = sm90_default(m, 7168, 16384, 1, h100);
+            assert_eq!(
+                (c.tile, c.cluster),
+                (Tile::swapped(rows), ClusterShape::ONE)
+            );
+            assert!(
+                c.validate(&GemmShape {
+                    m,
+                    n: 7168,
+                    k: 16384,
+                    l: 1
+                })
+                .is_ok()
+            );
+        }
+        assert!(!sm90_default(65, 7168, 2048, 1, h100).tile.is_swapped());
+        // 33 to 64 rows: swapped only from K = 4096.
+        assert!(!sm90_default(64, 7168, 2048, 1, h100).tile.is_swapped());
+        assert!(sm90_default(64, 7168, 4096, 1, h100).tile.is_swapped());
+        let split = |m, n, k| sm90_default(m, n, k, 1, h100).split_k;
+        // The decode sweep (docs/PERF.md, v34): the splits measured within 7% of the fastest
+        // (and the untimed ones between two such).
+        for (m, n, k, best) in [
+            (16, 7168, 16384, &[1, 2, 3, 4][..]),
+            (16, 2112, 7168, &[3, 4, 5, 6, 7][..]),
+            (16, 24576, 1536, &[1][..]),
+            (16, 32768, 512, &[1][..]),
+            (16, 4096, 7168, &[1, 3, 4][..]),
+            (16, 7168, 2048, &[1][..]),
+            (64, 7168, 16384, &[1, 2][..]),
+            (64, 2112, 7168, &[3, 4, 5, 6][..]),
+            (64, 4096, 7168, &[2, 3, 4][..]),
+        ] {
+            let s = split(m, n, k);
+            assert!(
+                best.contains(&s),
+                "{m}×{n}×{k}: split {s}, measured best {best:?}"
+            );
         }
     }
 

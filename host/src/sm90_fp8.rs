@@ -69,6 +69,15 @@ impl Sm90Config {
                 cl.m, cl.n
             )));
         }
+        if tile.is_swapped() && cl.size() != 1 {
+            return Err(config(format!(
+                "cluster of {}×{} CTAs: the swapped {} × {} tiles run alone",
+                cl.m,
+                cl.n,
+                tile.block_m(),
+                tile.block_n
+            )));
+        }
         // Each CTA of a pair along M loads half the B tile: boxes of 128 or 64 rows.
         if b_box_rows(tile, cl).is_none() {
             return Err(config(format!(
@@ -100,14 +109,16 @@ impl Sm90Config {
         }
         // The scheduler's units (clusters of tiles) and its u32 arithmetic: `group_m · n_units`
         // and the unit count stay below 2³² when group_m ≤ m_units and the count fits.
-        let m_units = s.m.div_ceil((tile.block_m() * cl.m) as usize);
-        let n_units = s.n.div_ceil((tile.block_n * cl.n) as usize);
+        let (m_units, n_units) = Sm90Config::units(tile, cl, s);
         if !(1..=m_units).contains(&(group_m as usize)) {
+            let (what, len, rows) = if tile.is_swapped() {
+                ("N", s.n, tile.block_n)
+            } else {
+                ("M", s.m, tile.block_m() * cl.m)
+            };
             return Err(config(format!(
-                "group_m = {group_m}: M = {} has {m_units} units of {} rows (tile × cluster) to \
-                 band",
-                s.m,
-                tile.block_m() * cl.m
+                "group_m = {group_m}: {what} = {len} has {m_units} units of {rows} rows (tile × \
+                 cluster) to band",
             )));
         }
         let units = [n_units, s.l, split_k as usize]
@@ -129,6 +140,48 @@ impl Sm90Config {
             )));
         }
         splitk::validate(s, split_k)
+    }
+
+    /// The scheduler's units of `tile` × `cl` for shape `s`: (along its banded axis, along the
+    /// other). The banded axis is M (A's tiles), or N (B's tiles) for swapped tiles, whose
+    /// schedule runs over Cᵀ; `group_m` counts units of the first.
+    pub fn units(tile: Tile, cl: ClusterShape, s: &GemmShape) -> (usize, usize) {
+        let m_units = s.m.div_ceil((tile.block_m() * cl.m) as usize);
+        let n_units = s.n.div_ceil((tile.block_n * cl.n) as usize);
+        if tile.is_swapped() {
+            (n_units, m_units)
+        } else {
+            (m_units, n_units)
+        }
+    }
+
+    /// This configuration with `tile` in place of its own: the cluster kept if the tile is the
+    /// same (else alone: the pairing was chosen for the other tile), and a band of about the same
+    /// rows, within the new tile's units.
+    pub fn with_tile(self, tile: Tile, s: &GemmShape) -> Sm90Config {
+        let cluster = if tile == self.tile {
+            self.cluster
+        } else {
+            ClusterShape::ONE
+        };
+        let (units, _) = Sm90Config::units(tile, cluster, s);
+        let (old, new) = (band_rows(self.tile), band_rows(tile));
+        Sm90Config {
+            tile,
+            cluster,
+            group_m: ((self.group_m as u64 * old as u64 / new as u64) as usize)
+                .clamp(1, units.max(1)) as u32,
+            ..self
+        }
+    }
+}
+
+/// Rows of the banded axis per tile (swapped: B's 128).
+fn band_rows(tile: Tile) -> u32 {
+    if tile.is_swapped() {
+        tile.block_n
+    } else {
+        tile.block_m()
     }
 }
 
@@ -183,12 +236,11 @@ fn per_row(desc: &MatrixDesc) -> bool {
 /// What the kernel needs of one operand: made at upload time from the host's scales, or over
 /// device buffers another family wrote ([`Sm90Operand::over`]).
 pub(crate) struct Sm90Operand {
-    /// The 128-byte CUtensorMap (3-D: K, rows, L; box 128 × 128; 128-byte swizzle) in device memory
-    /// (a 256-row A tile is two boxes).
-    tmap: CudaSlice<u8>,
-    /// The same with a box of 64 rows: each CTA's share of a multicast B tile (128 / MAX_CLUSTER),
-    /// or one consumer's rows of a three-consumer A tile.
-    tmap_share: CudaSlice<u8>,
+    /// The 128-byte CUtensorMaps (3-D: K, rows, L; box 128 bytes × [`BOX_ROWS`]; 128-byte
+    /// swizzle) in device memory: 128 rows (a wave; a 256-row A tile is two boxes); 64 (each CTA's
+    /// share of a multicast B tile, 128 / MAX_CLUSTER, or one consumer's rows of a
+    /// three-consumer A tile); 32 and 16 (the A tiles of swapped tiles).
+    tmaps: [CudaSlice<u8>; BOX_ROWS.len()],
     /// A-role scales `[l][k/128][m_pad]`, rows contiguous, zero-padded (None if not eligible as A).
     pub(crate) sfa: Option<(CudaSlice<f32>, u32)>,
     /// Their tensor map (boxes of `SFA_BOX` rows), when `sfa` is set.
@@ -295,9 +347,12 @@ impl Sm90Operand {
             }
             None => None,
         };
+        let mut tmaps = Vec::with_capacity(BOX_ROWS.len());
+        for box_rows in BOX_ROWS {
+            tmaps.push(encode_tensor_map(stream, data, k, rows, l, box_rows)?);
+        }
         Ok(Sm90Operand {
-            tmap: encode_tensor_map(stream, data, k, rows, l, Tile::M128.a_box_rows(1))?,
-            tmap_share: encode_tensor_map(stream, data, k, rows, l, WG_ROWS)?,
+            tmaps: tmaps.try_into().expect("one map per box height"),
             sfa,
             sfa_map,
             sfb,
@@ -306,8 +361,34 @@ impl Sm90Operand {
     }
 }
 
-// `tmap_share`'s 64-row box serves both uses: a pair's half of a B tile and one consumer's A rows.
+impl Sm90Operand {
+    /// The tensor map whose boxes are `rows` rows ([`BOX_ROWS`]).
+    fn tmap(&self, rows: u32) -> Result<&CudaSlice<u8>> {
+        BOX_ROWS
+            .iter()
+            .position(|&r| r == rows)
+            .map(|i| &self.tmaps[i])
+            .ok_or_else(|| config(format!("no sm90 tensor map with boxes of {rows} rows")))
+    }
+}
+
+/// The box heights the operands' tensor maps are made for: every `Tile::a_box_rows` and
+/// [`b_box_rows`].
+const BOX_ROWS: [u32; 4] = [128, 64, 32, 16];
+
+// The 64-row box serves both: a pair's half of a B tile and one consumer's A rows.
 const _: () = assert!(BLOCK_N / MAX_CLUSTER == WG_ROWS);
+const _: () = {
+    let mut i = 0;
+    while i < Tile::ALL.len() {
+        let t = Tile::ALL[i].a_box_rows(1);
+        let (u, v) = (Tile::ALL[i].a_box_rows(MAX_CLUSTER), BLOCK_N);
+        assert!(t == 128 || t == 64 || t == 32 || t == 16);
+        assert!(u == 128 || u == 64 || u == 32 || u == 16);
+        assert!(v == BOX_ROWS[0]);
+        i += 1;
+    }
+};
 
 /// Encodes the TMA descriptor of a K-major e4m3 operand (box: 128 bytes of K × `box_rows` rows,
 /// 128-byte swizzle) and copies it to device memory.
@@ -496,14 +577,21 @@ impl Sm90Fp8 {
         } = c;
         // Units of work are clusters of tiles; whole clusters of CTAs, at most one CTA per unit
         // tile, never more than can be resident at once (no second wave).
+        // (As the kernel's `schedule`: swapped tiles schedule Cᵀ.)
+        let (dims, units) = (
+            (m as u32, n as u32),
+            (tile.block_m() * cl.m, tile.block_n * cl.n),
+        );
+        let swap = |(x, y): (u32, u32)| if tile.is_swapped() { (y, x) } else { (x, y) };
+        let ((sm, sn), (unit_m, unit_n)) = (swap(dims), swap(units));
         let schedule = Schedule {
-            m: m as u32,
-            n: n as u32,
+            m: sm,
+            n: sn,
             l: l as u32,
             k_blocks: (k / BLOCK_K as usize) as u32,
             split_k: cfg.split_k,
-            unit_m: tile.block_m() * cl.m,
-            unit_n: tile.block_n * cl.n,
+            unit_m,
+            unit_n,
             group_m: cfg.group_m,
             groups: groups.map(|g| g.schedule(m, false)),
         };
@@ -511,18 +599,10 @@ impl Sm90Fp8 {
         let ctas = persistent_ctas(schedule, cfg.ctas, resident, cluster)?;
         let mut launch = gemm_launch(stream, &kernel.func, tile, ctas, cluster);
         let group_params = DeviceGroups::params(groups, &mut launch);
-        // A in boxes of a wave (128 rows) or of 64 rows (`Tile::a_box_rows`); B in boxes of
-        // block_n / cluster_m rows (each CTA's share of a pair along M).
-        let tmap_a = launch.ptr(if tile.a_box_rows(cl.n) == WG_ROWS {
-            &ao.tmap_share
-        } else {
-            &ao.tmap
-        });
-        let tmap_b = launch.ptr(if b_box_rows(tile, cl) == Some(WG_ROWS) {
-            &bo.tmap_share
-        } else {
-            &bo.tmap
-        });
+        // A in boxes of `Tile::a_box_rows`; B in boxes of block_n / cluster_m rows (each CTA's
+        // share of a pair along M; validated).
+        let tmap_a = launch.ptr(ao.tmap(tile.a_box_rows(cl.n))?);
+        let tmap_b = launch.ptr(bo.tmap(b_box_rows(tile, cl).unwrap_or(BLOCK_N))?);
         // With split-K the GEMM writes f32 partials into the workspace (never through the
         // output's TMA map) and the reduction writes C.
         let dst = SplitK::destination(
@@ -534,7 +614,8 @@ impl Sm90Fp8 {
             out,
             *dtype,
         )?;
-        let tmap_c = if dst.splits() {
+        // Swapped tiles hold Cᵀ fragments: stored directly.
+        let tmap_c = if dst.splits() || tile.is_swapped() {
             0
         } else {
             launch.opt_ptr(out_prepared.get::<Sm90Output>().map(|o| &o.tmap))

@@ -6,8 +6,8 @@
 use std::sync::OnceLock;
 
 use blockscaled::{
-    ClusterShape, Error, Fp8, Gpu, HostOutput, OutType, Plan, Recipe, Sm90Config, Sm90Tile,
-    reference,
+    ClusterShape, Error, Fp8, GemmShape, Gpu, HostOutput, OutType, Plan, Recipe, Sm90Config,
+    Sm90Tile, reference,
 };
 use blockscaled_tests::{
     abs_matrix, compare_magnitudes, compare_outputs, fp8_accumulation_slack, gemm_on,
@@ -174,25 +174,24 @@ fn sm90_tile(block_m: u32, block_n: u32) -> Sm90Tile {
 }
 
 /// The sm90 plan `gemm` would run for these operands, with `force`'s tile, cluster and split in
-/// place of the chosen ones (the default band, within M's units of the forced tile and cluster).
+/// place of the chosen ones (the default band, within the forced tile's units).
 fn sm90_plan(
     da: &blockscaled::DeviceMatrix,
     db: &blockscaled::DeviceMatrix,
-    m: usize,
     force: Option<Force>,
 ) -> Result<Plan, String> {
+    let shape = GemmShape::of(da.desc(), db.desc()).map_err(|e| e.to_string())?;
     match (gpu().plan(da, db).map_err(|e| e.to_string())?, force) {
         (Plan::Sm90Fp8(cfg), Some(((block_m, block_n), (cluster_m, cluster_n), split_k))) => {
-            let tile = sm90_tile(block_m, block_n);
+            let cfg = cfg.with_tile(sm90_tile(block_m, block_n), &shape);
             let cluster = ClusterShape {
                 m: cluster_m,
                 n: cluster_n,
             };
-            let m_units = m.div_ceil((tile.block_m() * cluster_m) as usize) as u32;
+            let units = Sm90Config::units(cfg.tile, cluster, &shape).0 as u32;
             Ok(Plan::Sm90Fp8(Sm90Config {
-                tile,
                 cluster,
-                group_m: cfg.group_m.min(m_units),
+                group_m: cfg.group_m.min(units),
                 split_k,
                 ..cfg
             }))
@@ -225,7 +224,7 @@ fn check_sm90(
     let (a, b) = random_pair(seed, (m, n, k, l), ra.a(), rb.b());
     let (want, abs) = reference_output(&a, &b, dtype)?;
     let got = gemm_on(g, &a, &b, dtype, |da, db| {
-        sm90_plan(da, db, m, force).map_err(|e| format!("{recipe}: {e}"))
+        sm90_plan(da, db, force).map_err(|e| format!("{recipe}: {e}"))
     })?;
     compare_outputs(&got, &want, 1.0, &fp8_accumulation_slack(&abs))
         .map_err(|e| format!("sm90 {recipe} {m}x{n}x{k}x{l} {dtype:?} seed {seed}: {e}"))
@@ -244,7 +243,7 @@ proptest! {
         l in 1usize..9,
         out_i in 0usize..3,
         cluster in 0u32..3,
-        tile in 0usize..4,
+        tile in 0usize..7,
         split in 1u32..5,
         n_mult_8 in any::<bool>(),
         seed in any::<u64>(),
@@ -265,9 +264,12 @@ proptest! {
             (r5, r5),
         ][which];
         let dtype = [OutType::Bf16, OutType::F16, OutType::F32][out_i];
-        let tile = [(128, 128), (192, 128), (256, 128), (128, 64)][tile];
-        // None, along M, or along N (64-column tiles: no pairs along M, which share B in halves).
+        let tile = [(128, 128), (192, 128), (256, 128), (128, 64), (16, 128), (32, 128), (64, 128)]
+            [tile];
+        // None, along M, or along N (64-column tiles: no pairs along M, which share B in halves;
+        // swapped tiles run alone).
         let cluster = match [(1, 1), (2, 1), (1, 2)][cluster as usize] {
+            _ if tile.0 < 128 => (1, 1),
             (2, 1) if tile.1 == 64 => (1, 2),
             c => c,
         };
@@ -314,6 +316,7 @@ fn sm90_kernel_matches_cpu_reference_on_larger_ragged_shapes() {
         ((256, 128), (2, 1), 1),
         ((256, 128), (1, 2), 1),
         ((128, 64), (1, 1), 1),
+        ((32, 128), (1, 1), 1),
     ] {
         check_sm90(
             Recipe::DeepSeekFp8,
@@ -343,6 +346,10 @@ fn sm90_kernel_matches_cpu_reference_on_larger_ragged_shapes() {
         // Along N with an odd number of N tiles: the last pair's second CTA is past N.
         (300, 300, 6, 2, OutType::Bf16, ((256, 128), (1, 2), 3)),
         (257, 1100, 4, 1, OutType::Bf16, ((256, 128), (1, 2), 1)),
+        // Swapped tiles: split with uneven ranges, M·N odd, several A tiles.
+        (9, 300, 10, 2, OutType::Bf16, ((16, 128), (1, 1), 3)),
+        (33, 135, 5, 1, OutType::F16, ((64, 128), (1, 1), 2)),
+        (100, 520, 7, 1, OutType::F32, ((32, 128), (1, 1), 4)),
     ] {
         check_sm90(
             Recipe::DeepSeekFp8,
@@ -422,6 +429,72 @@ fn sm90_kernel_matches_cpu_reference_on_larger_ragged_shapes() {
         None,
     )
     .unwrap();
+}
+
+/// Decode sizes: what `gemm` chooses by itself at M ≤ 64 (the swapped tiles, split-K as the
+/// plan decides; from 33 rows only with K ≥ 4096) on DeepSeek-V3's shapes and ragged ones, every
+/// recipe of the sm90 kernel.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn sm90_decode_sizes_take_swapped_tiles_and_match_cpu_reference() {
+    let seed = std::process::id() as u64;
+    let g = gpu();
+    let (e4, e5) = (
+        Recipe::Fp8PerTensor(Fp8::E4M3),
+        Recipe::Fp8PerTensor(Fp8::E5M2),
+    );
+    let r5 = Recipe::Fp8PerRow(Fp8::E5M2);
+    for (i, (m, n, k, l, dtype)) in [
+        (1, 7168, 16384, 1, OutType::Bf16),
+        (16, 2112, 7168, 1, OutType::Bf16),
+        (8, 4096, 7168, 1, OutType::F16),
+        (32, 7168, 2048, 1, OutType::Bf16),
+        (64, 24576, 1536, 1, OutType::Bf16),
+        (17, 1000, 1280, 3, OutType::F32),
+        (63, 777, 640, 2, OutType::Bf16),
+        (48, 1000, 4096, 2, OutType::Bf16),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let (_, a) = random_matrix(seed + i as u64, m, k, l, Recipe::DeepSeekFp8.a());
+        let (_, b) = random_matrix(seed ^ i as u64, n, k, l, Recipe::DeepSeekFp8.b());
+        let (da, db) = (g.upload(&a).unwrap(), g.upload(&b).unwrap());
+        let plan = g.plan(&da, &db).unwrap();
+        let swapped = m <= 32 || k >= blockscaled::plan::SWAPPED_64_MIN_K;
+        assert!(
+            matches!(plan, Plan::Sm90Fp8(c)
+                if c.tile.is_swapped() == swapped && (!swapped || c.tile.block_m() as usize >= m)),
+            "{m}×{n}×{k}: {plan:?}"
+        );
+        check_sm90(
+            Recipe::DeepSeekFp8,
+            m,
+            n,
+            k,
+            l,
+            dtype,
+            seed + i as u64,
+            None,
+        )
+        .unwrap();
+    }
+    for (i, recipes) in [(e5, e5), (e4, e5), (e5, e4), (r5, r5)]
+        .into_iter()
+        .enumerate()
+    {
+        check_sm90(
+            recipes,
+            5 + 20 * i,
+            1000,
+            1024,
+            2,
+            OutType::Bf16,
+            seed + 9,
+            None,
+        )
+        .unwrap();
+    }
 }
 
 /// Large shapes against the GPU reference kernel; Σ|a·b| comes from the reference kernel run on
@@ -622,7 +695,7 @@ fn operands_and_outputs_of_another_gpu_are_rejected() {
 }
 
 /// Every tile × cluster of the sm90 kernel, alone and in pairs, with and without split-K.
-const SM90_FORCES: [Force; 14] = [
+const SM90_FORCES: [Force; 19] = [
     ((128, 128), (1, 1), 1),
     ((128, 128), (2, 1), 1),
     ((128, 128), (1, 2), 1),
@@ -637,6 +710,11 @@ const SM90_FORCES: [Force; 14] = [
     ((128, 128), (1, 1), 3),
     ((256, 128), (1, 2), 3),
     ((128, 64), (1, 1), 4),
+    ((16, 128), (1, 1), 1),
+    ((32, 128), (1, 1), 1),
+    ((64, 128), (1, 1), 1),
+    ((16, 128), (1, 1), 3),
+    ((64, 128), (1, 1), 2),
 ];
 
 /// Which kernel a check runs.
@@ -684,7 +762,7 @@ fn check_no_cancellation(
                 .unzip()
         }
         Kernel::Sm90(force) => {
-            let plan = sm90_plan(&da, &db, m, Some(force))?;
+            let plan = sm90_plan(&da, &db, Some(force))?;
             g.gemm_with(&da, &db, &mut c, plan).map_err(e)?;
             abs.iter()
                 .map(|&s| {
@@ -806,7 +884,7 @@ fn every_kernel_and_configuration_gives_bitwise_identical_outputs_across_runs() 
         v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>()
     };
     let plans = std::iter::once(None)
-        .chain(SM90_FORCES.map(|f| Some(sm90_plan(&da, &db, m, Some(f)).unwrap())));
+        .chain(SM90_FORCES.map(|f| Some(sm90_plan(&da, &db, Some(f)).unwrap())));
     for plan in plans {
         for dtype in [OutType::F32, OutType::Bf16] {
             let first = bits(plan, dtype);

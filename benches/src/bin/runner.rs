@@ -13,8 +13,8 @@
 use std::process::ExitCode;
 
 use blockscaled::{
-    ClusterShape, Fp8, Gpu, OutType, Plan, Recipe, Sm90Config, Sm90MxConfig, Sm90MxTile, Sm90Tile,
-    Sm90W4Config, Sm90W4Tile,
+    ClusterShape, Fp8, GemmShape, Gpu, OutType, Plan, Recipe, Sm90Config, Sm90MxConfig, Sm90MxTile,
+    Sm90Tile, Sm90W4Config, Sm90W4Tile,
 };
 use blockscaled_benches::cases::{Case, open_peer, run_case};
 use blockscaled_benches::table::print_table;
@@ -47,7 +47,8 @@ struct Args {
     /// Output type: BFloat16 (default), Float16, Float32.
     #[arg(long = "c_dtype", alias = "c-dtype", default_value = "BFloat16")]
     c_dtype: String,
-    /// Tile M,N of the sm90 kernel: 128,128, 192,128, 256,128 or 128,64 (default: the heuristic's).
+    /// Tile M,N of the sm90 kernel: 128,128, 192,128, 256,128, 128,64, or swapped (decode
+    /// sizes) 16,128, 32,128 or 64,128 (default: the heuristic's).
     #[arg(long = "mma_tiler_mn", alias = "mma-tiler-mn")]
     mma_tiler_mn: Option<String>,
     /// Cluster shape M,N (accepted for the fast kernels; the reference kernel runs unclustered).
@@ -277,7 +278,8 @@ fn run(args: &Args) -> Result<bool, String> {
             .into_iter()
             .find(|t| (t.block_m() as usize, t.block_n as usize) == (bm, bn))
             .ok_or_else(|| {
-                "--mma_tiler_mn: the sm90 kernel has tiles of 128,128, 192,128, 256,128 and 128,64"
+                "--mma_tiler_mn: the sm90 kernel has tiles of 128,128, 192,128, 256,128, 128,64 \
+                 and, swapped (M ≤ 64), 16,128, 32,128 and 64,128"
                     .to_string()
             })
     };
@@ -383,18 +385,19 @@ fn run(args: &Args) -> Result<bool, String> {
         "auto" | "sm90" | "sm90mxfp8" => {
             let d =
                 blockscaled::plan::sm90_default(mnkl[0], mnkl[1], mnkl[2], mnkl[3], gpu.sm_count());
-            let tile = tiler.unwrap_or(d.tile);
-            // A forced tile other than the default's runs alone unless a cluster is forced too
-            // (the default pairing was chosen for the default tile).
-            let cluster = cluster.unwrap_or(if tile == d.tile {
-                d.cluster
-            } else {
-                ClusterShape { m: 1, n: 1 }
-            });
-            // A forced tile height keeps the default band's rows, within M.
-            let m_units = mnkl[0].div_ceil((tile.block_m() * cluster.m) as usize) as u32;
+            let shape = GemmShape {
+                m: mnkl[0],
+                n: mnkl[1],
+                k: mnkl[2],
+                l: mnkl[3],
+            };
+            // A forced tile other than the default's runs alone unless a cluster is forced too,
+            // with a band of the default's rows.
+            let d = d.with_tile(tiler.unwrap_or(d.tile), &shape);
+            let (tile, cluster) = (d.tile, cluster.unwrap_or(d.cluster));
             let group_m = args.group_m.unwrap_or(
-                (d.group_m * d.tile.block_m() / tile.block_m()).clamp(1, m_units.max(1)),
+                d.group_m
+                    .min(Sm90Config::units(tile, cluster, &shape).0.max(1) as u32),
             );
             Some((if args.kernel == "sm90mxfp8" {
                 Plan::Sm90MxFp8

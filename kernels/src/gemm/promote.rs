@@ -19,3 +19,22 @@ pub fn promote<F: Fragment>(acc: &mut F, part: &F, f0: f32, f1: f32) {
     // K block), past the next wave's MMAs, whose scratch then no longer fits beside them.
     acc.fence();
 }
+
+/// `acc += part · f(col)` with one factor per column (scales that vary along the fragment's N:
+/// the activations' of a kernel computing Cᵀ). Fragment value `i` is in column
+/// `8·(i/4) + 2·(lane%4) + i%2`, of row `+8·((i/2)%2)`; `f` is called once per column of this
+/// thread (`N/4` calls). Fused, as [`promote`].
+#[inline(always)]
+pub fn promote_columns<F: Fragment>(acc: &mut F, part: &F, lane: u32, f: impl Fn(u32) -> f32) {
+    let (sums, part) = (acc.as_mut(), part.as_ref());
+    for q in 0..(F::N / 8) as usize {
+        for h in 0..2 {
+            let factor = f(8 * q as u32 + 2 * (lane % 4) + h as u32);
+            for r in 0..2 {
+                let i = 4 * q + 2 * r + h;
+                sums[i] = core::f32::math::mul_add(part[i], factor, sums[i]);
+            }
+        }
+    }
+    acc.fence();
+}

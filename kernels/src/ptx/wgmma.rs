@@ -112,6 +112,13 @@ macro_rules! with_regs_8 {
     };
 }
 
+/// As `with_regs_64!` for a 16-register fragment (m64n32).
+macro_rules! with_regs_16 {
+    ($mac:ident!($($args:tt)*)) => {
+        $mac!($($args)*, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    };
+}
+
 /// As `with_regs_64!` for a 32-register fragment (m64n64k32).
 macro_rules! with_regs_32 {
     ($mac:ident!($($args:tt)*)) => {
@@ -181,151 +188,65 @@ macro_rules! mma_fp8_first {
     };
 }
 
-with_regs_64!(mma_fp8_first!(
-    mma_m64n128k32_e4m3_e4m3_first,
-    "e4m3",
-    "e4m3",
-    128
-));
-with_regs_64!(mma_fp8!(mma_m64n128k32_e4m3_e4m3, "e4m3", "e4m3", 128));
-with_regs_64!(mma_fp8_first!(
-    mma_m64n128k32_e5m2_e5m2_first,
-    "e5m2",
-    "e5m2",
-    128
-));
-with_regs_64!(mma_fp8!(mma_m64n128k32_e5m2_e5m2, "e5m2", "e5m2", 128));
-with_regs_64!(mma_fp8_first!(
-    mma_m64n128k32_e4m3_e5m2_first,
-    "e4m3",
-    "e5m2",
-    128
-));
-with_regs_64!(mma_fp8!(mma_m64n128k32_e4m3_e5m2, "e4m3", "e5m2", 128));
-with_regs_64!(mma_fp8_first!(
-    mma_m64n128k32_e5m2_e4m3_first,
-    "e5m2",
-    "e4m3",
-    128
-));
-with_regs_64!(mma_fp8!(mma_m64n128k32_e5m2_e4m3, "e5m2", "e4m3", 128));
-with_regs_32!(mma_fp8_first!(
-    mma_m64n64k32_e4m3_e4m3_first,
-    "e4m3",
-    "e4m3",
-    64
-));
-with_regs_32!(mma_fp8!(mma_m64n64k32_e4m3_e4m3, "e4m3", "e4m3", 64));
-with_regs_32!(mma_fp8_first!(
-    mma_m64n64k32_e5m2_e5m2_first,
-    "e5m2",
-    "e5m2",
-    64
-));
-with_regs_32!(mma_fp8!(mma_m64n64k32_e5m2_e5m2, "e5m2", "e5m2", 64));
-with_regs_32!(mma_fp8_first!(
-    mma_m64n64k32_e4m3_e5m2_first,
-    "e4m3",
-    "e5m2",
-    64
-));
-with_regs_32!(mma_fp8!(mma_m64n64k32_e4m3_e5m2, "e4m3", "e5m2", 64));
-with_regs_32!(mma_fp8_first!(
-    mma_m64n64k32_e5m2_e4m3_first,
-    "e5m2",
-    "e4m3",
-    64
-));
-with_regs_32!(mma_fp8!(mma_m64n64k32_e5m2_e4m3, "e5m2", "e4m3", 64));
-
 /// The FP8 element types of A and B as a type, so a kernel is generic over them: the types are
-/// part of the `wgmma` instruction's name, which an `asm!` template must spell out.
+/// part of the `wgmma` instruction's name, which an `asm!` template must spell out. One pair of
+/// methods per N the kernels use: `first_nN` (D = A·Bᵀ, scale-d 0) and `acc_nN` (D += A·Bᵀ),
+/// m64nNk32 with D 64×N f32 (`N/2` registers per thread).
+///
+/// # Safety (every method)
+/// The descriptors describe initialized shared memory visible to the async proxy; the caller
+/// brackets the call with [`fence`] / [`commit`] / [`wait`] before reading the fragment.
+#[allow(clippy::missing_safety_doc)]
 pub trait Fp8Pair {
-    /// D (64×128 f32) = A·Bᵀ (scale-d 0). See [`mma_m64n128k32_e4m3_e4m3_first`].
-    /// # Safety
-    /// The descriptors describe initialized shared memory visible to the async proxy; the caller
-    /// brackets the call with [`fence`] / [`commit`] / [`wait`] before reading the fragment.
-    unsafe fn first(a: Descriptor, b: Descriptor) -> [f32; 64];
-    /// D += A·Bᵀ. See [`mma_m64n128k32_e4m3_e4m3`].
-    /// # Safety
-    /// The descriptors describe initialized shared memory visible to the async proxy; the caller
-    /// brackets the call with [`fence`] / [`commit`] / [`wait`] before reading the fragment.
-    unsafe fn acc(d: &mut [f32; 64], a: Descriptor, b: Descriptor);
-    /// As `first` for m64n64k32 (D 64×64).
-    /// # Safety
-    /// The descriptors describe initialized shared memory visible to the async proxy; the caller
-    /// brackets the call with [`fence`] / [`commit`] / [`wait`] before reading the fragment.
+    unsafe fn first_n128(a: Descriptor, b: Descriptor) -> [f32; 64];
+    unsafe fn acc_n128(d: &mut [f32; 64], a: Descriptor, b: Descriptor);
     unsafe fn first_n64(a: Descriptor, b: Descriptor) -> [f32; 32];
-    /// As `acc` for m64n64k32.
-    /// # Safety
-    /// The descriptors describe initialized shared memory visible to the async proxy; the caller
-    /// brackets the call with [`fence`] / [`commit`] / [`wait`] before reading the fragment.
     unsafe fn acc_n64(d: &mut [f32; 32], a: Descriptor, b: Descriptor);
+    unsafe fn first_n32(a: Descriptor, b: Descriptor) -> [f32; 16];
+    unsafe fn acc_n32(d: &mut [f32; 16], a: Descriptor, b: Descriptor);
+    unsafe fn first_n16(a: Descriptor, b: Descriptor) -> [f32; 8];
+    unsafe fn acc_n16(d: &mut [f32; 8], a: Descriptor, b: Descriptor);
 }
 
 /// The FP8 element types of A and B, as [`ElemType`] values (`ElemType::E4M3 as u32`, …): the
 /// type a kernel is generic over. Only the four FP8 pairs implement [`Fp8Pair`].
 pub struct Fp8<const A: u32, const B: u32>;
 
-macro_rules! fp8_pair {
-    ($a:ident, $b:ident, $first:ident, $acc:ident, $first64:ident, $acc64:ident) => {
-        impl Fp8Pair for Fp8<{ ElemType::$a as u32 }, { ElemType::$b as u32 }> {
-            #[inline(always)]
-            unsafe fn first(a: Descriptor, b: Descriptor) -> [f32; 64] {
-                // SAFETY: the caller's contract.
-                unsafe { $first(a, b) }
-            }
-            #[inline(always)]
-            unsafe fn acc(d: &mut [f32; 64], a: Descriptor, b: Descriptor) {
-                // SAFETY: the caller's contract.
-                unsafe { $acc(d, a, b, true) }
-            }
-            #[inline(always)]
-            unsafe fn first_n64(a: Descriptor, b: Descriptor) -> [f32; 32] {
-                // SAFETY: the caller's contract.
-                unsafe { $first64(a, b) }
-            }
-            #[inline(always)]
-            unsafe fn acc_n64(d: &mut [f32; 32], a: Descriptor, b: Descriptor) {
-                // SAFETY: the caller's contract.
-                unsafe { $acc64(d, a, b, true) }
-            }
+/// The two [`Fp8Pair`] methods of one N: each defines its one-instruction `asm!` function
+/// (`mma_fp8_first!` / `mma_fp8!` with the N's register list, `$regs`) and calls it.
+macro_rules! fp8_methods {
+    ($first:ident, $acc:ident, $at:literal, $bt:literal, $n:literal, $regs:ident) => {
+        #[inline(always)]
+        unsafe fn $first(a: Descriptor, b: Descriptor) -> [f32; $n / 2] {
+            $regs!(mma_fp8_first!(mma, $at, $bt, $n));
+            // SAFETY: the caller's contract.
+            unsafe { mma(a, b) }
+        }
+        #[inline(always)]
+        unsafe fn $acc(d: &mut [f32; $n / 2], a: Descriptor, b: Descriptor) {
+            $regs!(mma_fp8!(mma, $at, $bt, $n));
+            // SAFETY: the caller's contract.
+            unsafe { mma(d, a, b, true) }
         }
     };
 }
 
-fp8_pair!(
-    E4M3,
-    E4M3,
-    mma_m64n128k32_e4m3_e4m3_first,
-    mma_m64n128k32_e4m3_e4m3,
-    mma_m64n64k32_e4m3_e4m3_first,
-    mma_m64n64k32_e4m3_e4m3
-);
-fp8_pair!(
-    E5M2,
-    E5M2,
-    mma_m64n128k32_e5m2_e5m2_first,
-    mma_m64n128k32_e5m2_e5m2,
-    mma_m64n64k32_e5m2_e5m2_first,
-    mma_m64n64k32_e5m2_e5m2
-);
-fp8_pair!(
-    E4M3,
-    E5M2,
-    mma_m64n128k32_e4m3_e5m2_first,
-    mma_m64n128k32_e4m3_e5m2,
-    mma_m64n64k32_e4m3_e5m2_first,
-    mma_m64n64k32_e4m3_e5m2
-);
-fp8_pair!(
-    E5M2,
-    E4M3,
-    mma_m64n128k32_e5m2_e4m3_first,
-    mma_m64n128k32_e5m2_e4m3,
-    mma_m64n64k32_e5m2_e4m3_first,
-    mma_m64n64k32_e5m2_e4m3
-);
+/// `impl Fp8Pair` for the element types `$a`, `$b` (PTX type names `$at`, `$bt`).
+macro_rules! fp8_pair {
+    ($a:ident, $b:ident, $at:literal, $bt:literal) => {
+        impl Fp8Pair for Fp8<{ ElemType::$a as u32 }, { ElemType::$b as u32 }> {
+            fp8_methods!(first_n128, acc_n128, $at, $bt, 128, with_regs_64);
+            fp8_methods!(first_n64, acc_n64, $at, $bt, 64, with_regs_32);
+            fp8_methods!(first_n32, acc_n32, $at, $bt, 32, with_regs_16);
+            fp8_methods!(first_n16, acc_n16, $at, $bt, 16, with_regs_8);
+        }
+    };
+}
+
+fp8_pair!(E4M3, E4M3, "e4m3", "e4m3");
+fp8_pair!(E5M2, E5M2, "e5m2", "e5m2");
+fp8_pair!(E4M3, E5M2, "e4m3", "e5m2");
+fp8_pair!(E5M2, E4M3, "e5m2", "e4m3");
 
 /// A consumer's accumulator fragment of `wgmma` (m64nNk32 FP8, m64nNk16 bf16): N/2 f32 per
 /// thread in the fragment order of the module doc, with the operand fence of that N.
@@ -338,7 +259,7 @@ pub trait Fragment: Copy + AsRef<[f32]> + AsMut<[f32]> {
     fn fence(&mut self);
 }
 
-/// A fragment with the FP8 MMAs of its N (m64nNk32, N = 128 or 64).
+/// A fragment with the FP8 MMAs of its N (m64nNk32, N = 128, 64, 32 or 16).
 pub trait Fp8Fragment: Fragment {
     /// D = A·Bᵀ.
     /// # Safety
@@ -379,6 +300,7 @@ macro_rules! fragment {
 fragment!(128, 256, fence_operands_128);
 fragment!(64, 128, fence_operands_64);
 fragment!(32, 64, fence_operands_32);
+fragment!(16, 32, fence_operands_16);
 fragment!(8, 16, fence_operands_8);
 
 /// `impl Fp8Fragment` for an `N/2`-register array with the [`Fp8Pair`] methods of its N.
@@ -399,8 +321,10 @@ macro_rules! fp8_fragment {
     };
 }
 
-fp8_fragment!(64, first, acc);
+fp8_fragment!(64, first_n128, acc_n128);
 fp8_fragment!(32, first_n64, acc_n64);
+fp8_fragment!(16, first_n32, acc_n32);
+fp8_fragment!(8, first_n16, acc_n16);
 
 /// Expands to one `wgmma.mma_async` m64nNk16 with bf16 A and B and `N/2` f32 accumulator
 /// registers (scale-d from `accumulate`, A and B K-major: transpose flags 0).
@@ -535,4 +459,5 @@ macro_rules! operand_fence {
 with_regs_128!(operand_fence!(fence_operands_128, 128));
 with_regs_64!(operand_fence!(fence_operands_64, 64));
 with_regs_32!(operand_fence!(fence_operands_32, 32));
+with_regs_16!(operand_fence!(fence_operands_16, 16));
 with_regs_8!(operand_fence!(fence_operands_8, 8));

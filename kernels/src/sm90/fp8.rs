@@ -29,7 +29,7 @@ use crate::ptx::wgmma::{self, Descriptor, Fp8Fragment, Fp8Pair, Fragment, Swizzl
 use crate::ptx::{smem, tma};
 
 /// K per `wgmma` (FP8): 32 elements = 32 bytes of a swizzled row.
-const MMA_K: u32 = 32;
+pub(super) const MMA_K: u32 = 32;
 /// Bytes between 8-row groups of a 128-byte-swizzled tile (8 rows × 128 bytes).
 const SWIZZLE_SBO: u32 = 8 * ROW_BYTES;
 
@@ -395,6 +395,6 @@ impl<const CONS: u32, const WAVES: usize, F: Fp8Fragment, T: Fp8Pair, const GROU
 /// The `wgmma` descriptor of a K-major, 128-byte-swizzled tile at `tile` (as TMA wrote it with
 /// 128-byte rows), from row `row` (a multiple of 8), at K step `kk` (32 bytes each).
 #[inline(always)]
-fn swizzled(tile: u32, row: u32, kk: u32) -> Descriptor {
+pub(super) fn swizzled(tile: u32, row: u32, kk: u32) -> Descriptor {
     Descriptor::new(tile + row * ROW_BYTES, 16, SWIZZLE_SBO, Swizzle::B128).advance(kk * MMA_K)
 }

@@ -1,14 +1,18 @@
 //! The Hopper FP8 block-scaled GEMM family: its tile shapes, its parameters and its one kernel
-//! list. Host and device share this module; the kernel body is [`fp8`] (sm_90a only).
+//! list. Host and device share this module; the kernel bodies are [`fp8`] and, for the swapped
+//! decode tiles, [`fp8_swapped`] (sm_90a only).
 //!
 //! Hardware facts behind the numbers: a 128-byte swizzled TMA box row is 128 e4m3 = one 1×128
 //! scale block of K; `wgmma` m64nNk32 gives each consumer warpgroup 64 rows, so one *wave* of the
 //! consumers covers 64 rows per consumer; [`BLOCK_N`] = 128 is one 128×128 scale block of B. A
-//! tile is 2 consumers × 1 or 2 waves, or 3 consumers × 1 wave, by 128 or 64 columns ([`Tile`]);
+//! tile is 2 consumers × 1 or 2 waves, or 3 consumers × 1 wave, by 128 or 64 columns, or at
+//! decode sizes 16, 32 or 64 rows by 128 columns computed swapped ([`Tile`]);
 //! the stages are as many as fit the 227 KiB a block may have ([`crate::gemm::layout`]).
 
 #[cfg(all(target_arch = "nvptx64", target_feature = "sm_90a"))]
 pub mod fp8;
+#[cfg(all(target_arch = "nvptx64", target_feature = "sm_90a"))]
+pub mod fp8_swapped;
 
 use crate::format::ElemType;
 use crate::gemm::layout::{ScaleBox, StageContents, StageLayout};
@@ -32,10 +36,11 @@ pub const SFA_BOX: ScaleBox = ScaleBox {
     tile_rows: 128,
 };
 
-/// One tile shape: `consumers` warpgroups × 64 rows × `waves` of A by `block_n` columns of B.
+/// One tile shape: `consumers` warpgroups × 64 rows × `waves` of A by `block_n` columns of B;
+/// or, swapped ([`Tile::swapped`]), `rows` rows of A by 128 columns of B computed as Cᵀ = B·Aᵀ.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Tile {
-    /// Consumer warpgroups (2 or 3), each 64 rows of every wave.
+    /// Consumer warpgroups (2 or 3), each 64 rows of every wave (swapped: 64 rows of B each).
     pub consumers: u32,
     /// Waves (1 or 2): each costs a consumer thread 64 fp32 sums (plus 64 scratch shared by the
     /// waves), so 2 waves need ≈ 200 of 224 registers; 3 would not fit.
@@ -43,6 +48,11 @@ pub struct Tile {
     /// Columns: 128 (one 128×128 B-scale block), or 64 (half of one: twice the tiles where too
     /// few 128-column tiles leave SMs idle).
     pub block_n: u32,
+    /// Swapped tiles: rows of A (and of C) per tile, the N of `wgmma` (16, 32 or 64); 0 for the
+    /// others. At decode sizes (M ≤ 64) B, the weights, is what the SMs wait for: swapped, B is
+    /// `wgmma`'s 64-row side, so a stage holds 128 rows of B (16 KiB) and only `rows` of A,
+    /// instead of 64 or 128 rows of B beside 128 rows of A that are mostly past M.
+    pub rows: u32,
 }
 
 impl Tile {
@@ -51,6 +61,17 @@ impl Tile {
             consumers,
             waves,
             block_n,
+            rows: 0,
+        }
+    }
+    /// The swapped tile of `rows` rows of A by 128 of B: two consumers, each `wgmma`
+    /// m64n`rows`k32 over its 64 rows of B (one 128×128 B-scale block for the tile).
+    pub const fn swapped(rows: u32) -> Tile {
+        Tile {
+            consumers: 2,
+            waves: 1,
+            block_n: BLOCK_N,
+            rows,
         }
     }
     pub const M128: Tile = Tile::new(2, 1, 128);
@@ -60,14 +81,35 @@ impl Tile {
     pub const M192: Tile = Tile::new(3, 1, 128);
     /// 128 × 64: `wgmma` m64n64k32.
     pub const M128N64: Tile = Tile::new(2, 1, 64);
-    pub const ALL: [Tile; 4] = [Tile::M128, Tile::M256, Tile::M192, Tile::M128N64];
+    /// Swapped 16 × 128, 32 × 128 and 64 × 128 (decode sizes).
+    pub const S16: Tile = Tile::swapped(16);
+    pub const S32: Tile = Tile::swapped(32);
+    pub const S64: Tile = Tile::swapped(64);
+    pub const ALL: [Tile; 7] = [
+        Tile::M128,
+        Tile::M256,
+        Tile::M192,
+        Tile::M128N64,
+        Tile::S16,
+        Tile::S32,
+        Tile::S64,
+    ];
 
+    /// Whether the tile computes Cᵀ = B·Aᵀ ([`Tile::rows`]).
+    pub const fn is_swapped(self) -> bool {
+        self.rows != 0
+    }
     /// Rows one wave of the consumers covers.
     pub const fn wave_m(self) -> u32 {
         WG_ROWS * self.consumers
     }
+    /// Rows of A (and of C) per tile.
     pub const fn block_m(self) -> u32 {
-        self.wave_m() * self.waves
+        if self.is_swapped() {
+            self.rows
+        } else {
+            self.wave_m() * self.waves
+        }
     }
     /// One producer warpgroup and the consumers.
     pub const fn threads(self) -> u32 {
@@ -87,7 +129,9 @@ impl Tile {
     /// consumer's 64 rows for three consumers, and for one-wave tiles shared along N (each CTA of
     /// the pair loads every other box and multicasts it). The host encodes a map for each size.
     pub const fn a_box_rows(self, cluster_n: u32) -> u32 {
-        if self.consumers == 2 && (cluster_n == 1 || self.waves > 1) {
+        if self.is_swapped() {
+            self.rows
+        } else if self.consumers == 2 && (cluster_n == 1 || self.waves > 1) {
             2 * WG_ROWS
         } else {
             WG_ROWS
@@ -95,13 +139,18 @@ impl Tile {
     }
     /// The shared memory of one stage (A tile, B tile, one f32 A scale per row) and the 16-bit
     /// output tile staged for its TMA store, as many stages as fit: 5 for 128-row tiles, 3 for
-    /// 256-row ones, 4 for 192-row ones, 8 for 128 × 64.
+    /// 256-row ones, 4 for 192-row ones, 8 for 128 × 64; swapped tiles store directly (their
+    /// fragments are Cᵀ) and have 12, 10 and 9 stages of 16 KiB of B.
     pub const fn layout(self) -> StageLayout {
         StageLayout::fit(StageContents {
             a: self.block_m() * ROW_BYTES,
             b: self.block_n * ROW_BYTES,
             sfa: self.sfa_boxes() * SFA_BOX.bytes(),
-            out: self.block_m() * self.block_n * 2,
+            out: if self.is_swapped() {
+                0
+            } else {
+                self.block_m() * self.block_n * 2
+            },
         })
     }
     /// A-scale boxes per stage ([`SFA_BOX`]): one per 128 rows.
@@ -119,11 +168,15 @@ impl Tile {
 const _: () = {
     assert!(Tile::M128.stages() == 5 && Tile::M256.stages() == 3 && Tile::M192.stages() == 4);
     assert!(Tile::M128N64.stages() == 8);
+    assert!(Tile::S16.stages() == 12 && Tile::S32.stages() == 10 && Tile::S64.stages() == 9);
     let mut i = 0;
     while i < Tile::ALL.len() {
         let t = Tile::ALL[i];
         assert!(128 * (t.producer_regs() + t.consumers * t.consumer_regs()) <= SM_REGISTERS);
         assert!(t.consumers <= crate::gemm::barriers::MAX_CONSUMERS);
+        // Whole 1024-byte blocks per stage tile (the 128-byte swizzle's alignment).
+        let c = t.layout().contents;
+        assert!(c.a.is_multiple_of(1024) && c.b.is_multiple_of(1024));
         i += 1;
     }
 };
@@ -241,20 +294,55 @@ macro_rules! entry {
     };
 }
 
+/// An exported swapped kernel ([`Tile::swapped`]): `$tile` a swapped [`Tile`] constant, `$a`,
+/// `$b` the FP8 `ElemType`s of A and B (the `wgmma` pair is B's type, then A's).
+#[cfg(all(target_arch = "nvptx64", target_feature = "sm_90a"))]
+macro_rules! swapped_entry {
+    ($name:expr, $tile:ident, $a:ident, $b:ident) => {
+        const _: () = {
+            /// # Safety
+            /// As the other entries: launched as [`crate::gemm::driver::run`] says for the tile,
+            /// with parameters made from validated operands, `tmap_a`'s box `Tile::rows` rows,
+            /// `tmap_c` 0 and no groups.
+            #[unsafe(export_name = $name)]
+            unsafe extern "ptx-kernel" fn kernel(p: $crate::sm90::Sm90Fp8Params) {
+                use $crate::format::ElemType;
+                use $crate::sm90::Tile;
+                let k = $crate::sm90::fp8_swapped::Fp8SwappedGemm::<
+                    [f32; { (Tile::$tile.rows / 2) as usize }],
+                    $crate::ptx::wgmma::Fp8<{ ElemType::$b as u32 }, { ElemType::$a as u32 }>,
+                > {
+                    p,
+                    types: core::marker::PhantomData,
+                };
+                // SAFETY: the caller's contract.
+                unsafe {
+                    $crate::gemm::driver::run::<
+                        _,
+                        { Tile::$tile.producer_regs() },
+                        { Tile::$tile.consumer_regs() },
+                    >(&k)
+                }
+            }
+        };
+    };
+}
+
 /// The kernel list, written once: every tile × every pair of FP8 element types, each pair part of
 /// the `wgmma` instruction and so a kernel of its own. `$tile` names a [`Tile`] constant and
 /// `$a`, `$b` [`ElemType`] variants; the entry point is `sm90_fp8_blockscaled_gemm` followed by
 /// the two suffixes. This expands to [`KERNELS`] (host and device) and, on sm_90a, to the entry
 /// points in [`fp8`].
 macro_rules! kernel_list {
-    (tiles: [$(($tile:ident, $tn:literal)),*], types: $types:tt) => {
+    (tiles: [$(($tile:ident, $tn:literal, $entry:ident)),*], types: $types:tt) => {
         /// Every kernel of the family (the registry's rows).
-        pub const KERNELS: &[Sm90Fp8Kernel] = &kernel_list!(@rows [] [$(($tile, $tn)),*] $types);
+        pub const KERNELS: &[Sm90Fp8Kernel] =
+            &kernel_list!(@rows [] [$(($tile, $tn, $entry)),*] $types);
         #[cfg(all(target_arch = "nvptx64", target_feature = "sm_90a"))]
-        kernel_list!(@entries [$(($tile, $tn)),*] $types);
+        kernel_list!(@entries [$(($tile, $tn, $entry)),*] $types);
     };
     (@rows [$($out:tt)*] [] $types:tt) => { [$($out)*] };
-    (@rows [$($out:tt)*] [($tile:ident, $tn:literal) $(, $rest:tt)*]
+    (@rows [$($out:tt)*] [($tile:ident, $tn:literal, $entry:ident) $(, $rest:tt)*]
         [$(($a:ident, $b:ident, $yn:literal)),*]) => {
         kernel_list!(@rows
             [$($out)* $(Sm90Fp8Kernel {
@@ -273,14 +361,23 @@ macro_rules! kernel_list {
             [$($rest),*] [$(($a, $b, $yn)),*])
     };
     (@entries [] $types:tt) => {};
-    (@entries [($tile:ident, $tn:literal) $(, $rest:tt)*] [$(($a:ident, $b:ident, $yn:literal)),*]) => {
-        $(entry!(concat!("sm90_fp8_blockscaled_gemm", $tn, $yn), $tile, $a, $b);)*
+    (@entries [($tile:ident, $tn:literal, $entry:ident) $(, $rest:tt)*]
+        [$(($a:ident, $b:ident, $yn:literal)),*]) => {
+        $($entry!(concat!("sm90_fp8_blockscaled_gemm", $tn, $yn), $tile, $a, $b);)*
         kernel_list!(@entries [$($rest),*] [$(($a, $b, $yn)),*]);
     };
 }
 
 kernel_list! {
-    tiles: [(M128, ""), (M256, "_m256"), (M192, "_m192"), (M128N64, "_n64")],
+    tiles: [
+        (M128, "", entry),
+        (M256, "_m256", entry),
+        (M192, "_m192", entry),
+        (M128N64, "_n64", entry),
+        (S16, "_s16", swapped_entry),
+        (S32, "_s32", swapped_entry),
+        (S64, "_s64", swapped_entry)
+    ],
     types: [
         (E4M3, E4M3, ""),
         (E5M2, E5M2, "_e5m2_e5m2"),
@@ -320,7 +417,7 @@ grouped_list!(
     (M128N64, "_n64")
 );
 
-/// The kernel for a tile and a pair of element types, dense or grouped.
+/// The kernel for a tile and a pair of element types, dense or grouped (swapped tiles: dense).
 pub fn kernel(
     tile: Tile,
     a: ElemType,
@@ -348,10 +445,12 @@ mod tests {
         assert_eq!(KERNELS.len(), Tile::ALL.len() * 4);
         let e4m3 = ElemType::E4M3;
         for t in Tile::ALL {
-            assert!(
-                kernel(t, e4m3, e4m3, true).is_some_and(|k| k.grouped),
-                "{t:?}"
-            );
+            let grouped = kernel(t, e4m3, e4m3, true);
+            if t.is_swapped() {
+                assert!(grouped.is_none(), "{t:?}");
+            } else {
+                assert!(grouped.is_some_and(|k| k.grouped), "{t:?}");
+            }
         }
         let all: [&[Sm90Fp8Kernel]; 2] = [KERNELS, GROUPED_KERNELS];
         let all = all.concat();
@@ -362,6 +461,10 @@ mod tests {
         assert_eq!(
             kernel(Tile::M256, ElemType::E5M2, ElemType::E4M3, false).map(|k| k.info.name),
             Some("sm90_fp8_blockscaled_gemm_m256_e5m2_e4m3")
+        );
+        assert_eq!(
+            kernel(Tile::S16, ElemType::E4M3, ElemType::E4M3, false).map(|k| k.info.name),
+            Some("sm90_fp8_blockscaled_gemm_s16")
         );
     }
 }

@@ -20,6 +20,7 @@ use crate::gemm::driver::{Ctx, GemmKernel};
 use crate::gemm::epilogue::{self, Output};
 use crate::gemm::layout::{FRAGMENT_ROWS, ScaleBox, StageLayout};
 use crate::gemm::pipeline::PipelineState;
+use crate::gemm::promote::promote_columns;
 use crate::gemm::scheduler::{ClusterShape, Schedule, WorkUnit};
 use crate::ptx::wgmma::{self, Bf16RsFragment, Fragment};
 use crate::ptx::{smem, tma};
@@ -188,27 +189,17 @@ impl<F: Bf16RsFragment, A: Activations, S: ScaleDecode> W4Gemm<F, A, S> {
         }
     }
 
-    /// `acc += tmp ·` the fp32 scale of each value's activation row (column `8·(i/4) + 2t + i%2`
-    /// of the fragment), read from stage `s`.
+    /// `acc += tmp ·` the fp32 scale of each value's activation row (the fragment's column),
+    /// read from stage `s`.
     /// # Safety
     /// Stage `s` is filled and held.
     #[inline(always)]
     unsafe fn promote(layout: &StageLayout, s: u32, lane: u32, shift: u32, acc: &mut F, tmp: &F) {
         let sf = layout.sfa(s) + WEIGHT_ROWS * Self::W_SCALES + 4 * shift;
-        let (acc, tmp) = (acc.as_mut(), tmp.as_ref());
-        for j in 0..F::N / 4 {
-            let col = 8 * (j / 2) + 2 * (lane % 4);
-            // SAFETY: the caller's contract; col + 1 < N, the stage holds N scales.
-            let (s0, s1) = unsafe {
-                (
-                    f32::from_bits(smem::load_u32(sf + 4 * col)),
-                    f32::from_bits(smem::load_u32(sf + 4 * col + 4)),
-                )
-            };
-            let i = 2 * j as usize;
-            acc[i] += tmp[i] * s0;
-            acc[i + 1] += tmp[i + 1] * s1;
-        }
+        // SAFETY: the caller's contract; col < N, the stage holds N scales.
+        promote_columns(acc, tmp, lane, |col| unsafe {
+            f32::from_bits(smem::load_u32(sf + 4 * col))
+        });
     }
 }
 
