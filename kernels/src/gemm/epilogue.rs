@@ -10,7 +10,7 @@
 use super::barriers::sync_consumer;
 use super::layout::{FRAGMENT_ROWS, OUT_BOX_N};
 use crate::params::OutType;
-use crate::ptx::wgmma::Fragment;
+use crate::ptx::wgmma::{self, Fragment};
 use crate::ptx::{convert, global, smem, tma};
 
 /// Bytes of one row of an output box.
@@ -85,7 +85,7 @@ pub unsafe fn store<const WAVES: usize, F: Fragment>(
         unsafe { store_tma(out, staging, c, local, acc, at, wave_m) };
     } else {
         // The fragment's first row of this thread (the second is 8 below it).
-        let row = c * FRAGMENT_ROWS + 16 * (local / 32) + (local % 32) / 4;
+        let row = c * FRAGMENT_ROWS + wgmma::fragment_row(local);
         for (w, acc) in acc.iter().enumerate() {
             store_direct(
                 out,

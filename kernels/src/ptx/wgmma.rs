@@ -61,6 +61,13 @@ impl Descriptor {
     }
 }
 
+/// The accumulator fragment's first row of warpgroup thread `local` (0..128), as the module doc
+/// gives it: `16·warp + lane/4`; its second row is 8 below.
+#[inline(always)]
+pub const fn fragment_row(local: u32) -> u32 {
+    16 * (local / 32) + (local % 32) / 4
+}
+
 /// Orders this warpgroup's register accesses to the accumulators before the next `mma_async`.
 #[inline(always)]
 pub fn fence() {

@@ -29,7 +29,7 @@ use crate::ptx::wgmma::{self, Descriptor, Fp8Fragment, Fp8Pair, Fragment, Swizzl
 use crate::ptx::{smem, tma};
 
 /// K per `wgmma` (FP8): 32 elements = 32 bytes of a swizzled row.
-pub(super) const MMA_K: u32 = 32;
+const MMA_K: u32 = 32;
 /// Bytes between 8-row groups of a 128-byte-swizzled tile (8 rows × 128 bytes).
 const SWIZZLE_SBO: u32 = 8 * ROW_BYTES;
 
@@ -102,11 +102,7 @@ impl<const CONS: u32, const WAVES: usize, F: Fp8Fragment, T: Fp8Pair, const GROU
     #[inline(always)]
     fn prologue(&self) {
         // SAFETY: the maps are tensor maps (the entry's contract).
-        unsafe {
-            tma::prefetch_map(self.p.tmap_a);
-            tma::prefetch_map(self.p.tmap_b);
-            tma::prefetch_map(self.p.tmap_sfa);
-        }
+        unsafe { prefetch_maps(&self.p) }
     }
 
     #[inline(always)]
@@ -153,13 +149,12 @@ impl<const CONS: u32, const WAVES: usize, F: Fp8Fragment, T: Fp8Pair, const GROU
 
     #[inline(always)]
     fn consumer(&self, _ctx: &Ctx, c: u32, local: u32) -> Consumer<CONS> {
-        let (warp, lane) = (local / 32, local % 32);
         Consumer {
             turn: Turn::new(c),
             c,
             local,
             // The accumulator fragment's first row of this thread within each wave.
-            row: c * WG_ROWS + 16 * warp + lane / 4,
+            row: c * WG_ROWS + wgmma::fragment_row(local),
         }
     }
 
@@ -347,20 +342,8 @@ impl<const CONS: u32, const WAVES: usize, F: Fp8Fragment, T: Fp8Pair, const GROU
     #[inline(always)]
     unsafe fn issue(layout: &StageLayout, c: u32, s: u32, w: u32) -> F {
         let a_row = w * Self::TILE.wave_m() + c * WG_ROWS;
-        wgmma::fence();
         // SAFETY: the caller's contract.
-        unsafe {
-            let mut part =
-                F::first::<T>(swizzled(layout.a(s), a_row, 0), swizzled(layout.b(s), 0, 0));
-            for kk in 1..BLOCK_K / MMA_K {
-                part.acc::<T>(
-                    swizzled(layout.a(s), a_row, kk),
-                    swizzled(layout.b(s), 0, kk),
-                );
-            }
-            wgmma::commit();
-            part
-        }
+        unsafe { mma_block::<F, T>(layout.a(s), a_row, layout.b(s)) }
     }
 
     /// This thread's two promotion factors for stage `s`, wave `w`: its rows' A scales ×
@@ -392,9 +375,41 @@ impl<const CONS: u32, const WAVES: usize, F: Fp8Fragment, T: Fp8Pair, const GROU
     }
 }
 
+/// One K block (128) of `wgmma m64nNk32`: rows `a_row..a_row + 64` of the 128-byte-swizzled
+/// tile at `a` (`wgmma`'s A) times the `F::N` rows of the tile at `b`, into a fresh fragment, the
+/// four MMAs committed as one group. The swapped kernel passes the B tile as `a`.
+/// # Safety
+/// Both tiles are filled (their stage's full barrier waited for) and hold those rows.
+#[inline(always)]
+pub(super) unsafe fn mma_block<F: Fp8Fragment, T: Fp8Pair>(a: u32, a_row: u32, b: u32) -> F {
+    wgmma::fence();
+    // SAFETY: the caller's contract.
+    unsafe {
+        let mut part = F::first::<T>(swizzled(a, a_row, 0), swizzled(b, 0, 0));
+        for kk in 1..BLOCK_K / MMA_K {
+            part.acc::<T>(swizzled(a, a_row, kk), swizzled(b, 0, kk));
+        }
+        wgmma::commit();
+        part
+    }
+}
+
+/// Prefetches the tensor maps of A, B and A's scales (thread 0, before the first copy).
+/// # Safety
+/// The three maps are tensor maps in global memory (the entry's contract).
+#[inline(always)]
+pub(super) unsafe fn prefetch_maps(p: &Sm90Fp8Params) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        tma::prefetch_map(p.tmap_a);
+        tma::prefetch_map(p.tmap_b);
+        tma::prefetch_map(p.tmap_sfa);
+    }
+}
+
 /// The `wgmma` descriptor of a K-major, 128-byte-swizzled tile at `tile` (as TMA wrote it with
 /// 128-byte rows), from row `row` (a multiple of 8), at K step `kk` (32 bytes each).
 #[inline(always)]
-pub(super) fn swizzled(tile: u32, row: u32, kk: u32) -> Descriptor {
+fn swizzled(tile: u32, row: u32, kk: u32) -> Descriptor {
     Descriptor::new(tile + row * ROW_BYTES, 16, SWIZZLE_SBO, Swizzle::B128).advance(kk * MMA_K)
 }

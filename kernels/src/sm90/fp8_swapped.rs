@@ -17,7 +17,7 @@
 
 use core::marker::PhantomData;
 
-use super::fp8::{MMA_K, swizzled};
+use super::fp8::{mma_block, prefetch_maps};
 use super::{BLOCK_K, BLOCK_N, SFA_BOX, Sm90Fp8Params, Tile, WG_ROWS};
 use crate::gemm::driver::{Ctx, GemmKernel};
 use crate::gemm::epilogue::{self, Output};
@@ -82,11 +82,7 @@ impl<F: Fp8Fragment, T: Fp8Pair> GemmKernel for Fp8SwappedGemm<F, T> {
     #[inline(always)]
     fn prologue(&self) {
         // SAFETY: the maps are tensor maps (the entry's contract).
-        unsafe {
-            tma::prefetch_map(self.p.tmap_a);
-            tma::prefetch_map(self.p.tmap_b);
-            tma::prefetch_map(self.p.tmap_sfa);
-        }
+        unsafe { prefetch_maps(&self.p) }
     }
 
     #[inline(always)]
@@ -108,11 +104,10 @@ impl<F: Fp8Fragment, T: Fp8Pair> GemmKernel for Fp8SwappedGemm<F, T> {
 
     #[inline(always)]
     fn consumer(&self, _ctx: &Ctx, c: u32, local: u32) -> Consumer {
-        let (warp, lane) = (local / 32, local % 32);
         Consumer {
             c,
-            lane,
-            row: c * WG_ROWS + 16 * warp + lane / 4,
+            lane: local % 32,
+            row: c * WG_ROWS + wgmma::fragment_row(local),
         }
     }
 
@@ -208,21 +203,11 @@ impl<F: Fp8Fragment, T: Fp8Pair> Fp8SwappedGemm<F, T> {
     #[inline(always)]
     unsafe fn issue(&self, ctx: &Ctx, cons: &Consumer, st: PipelineState) -> F {
         let (layout, s) = (&ctx.layout, ctx.pipe.stage(st));
-        let b_row = cons.c * WG_ROWS;
-        // SAFETY: the caller's contract; the stage is filled after the wait.
+        // SAFETY: the caller's contract; the stage is filled after the wait. The B tile is
+        // `wgmma`'s A: this consumer's 64 of its rows.
         unsafe {
             ctx.pipe.consumer_wait(st);
-            wgmma::fence();
-            let mut part =
-                F::first::<T>(swizzled(layout.b(s), b_row, 0), swizzled(layout.a(s), 0, 0));
-            for kk in 1..BLOCK_K / MMA_K {
-                part.acc::<T>(
-                    swizzled(layout.b(s), b_row, kk),
-                    swizzled(layout.a(s), 0, kk),
-                );
-            }
-            wgmma::commit();
-            part
+            mma_block::<F, T>(layout.b(s), cons.c * WG_ROWS, layout.a(s))
         }
     }
 

@@ -255,29 +255,23 @@ pub struct Sm90Fp8Kernel {
     pub info: KernelInfo,
 }
 
-/// An exported kernel: `$tile` a [`Tile`] constant, `$a`, `$b` the FP8 `ElemType`s.
+/// An exported kernel: `$gemm…` the kernel's type for the tile `$tile` (a [`Tile`] constant),
+/// written with `Tile` and `ElemType` in scope; the driver runs it with the tile's register
+/// budgets.
 #[cfg(all(target_arch = "nvptx64", target_feature = "sm_90a"))]
-macro_rules! entry {
-    ($name:expr, $tile:ident, $a:ident, $b:ident) => {
-        entry!($name, $tile, $a, $b, false);
-    };
-    ($name:expr, $tile:ident, $a:ident, $b:ident, $grouped:literal) => {
+macro_rules! export {
+    ($name:expr, $tile:ident, $($gemm:tt)*) => {
         const _: () = {
             /// # Safety
             /// Launched as [`crate::gemm::driver::run`] says for the tile, with parameters made
             /// from validated operands as [`Sm90Fp8Params`] describes (`k % 128 == 0`, `out` sized
-            /// for the output or the split-K workspace).
+            /// for the output or the split-K workspace; swapped tiles: `tmap_a`'s box `Tile::rows`
+            /// rows, `tmap_c` 0, no groups).
             #[unsafe(export_name = $name)]
             unsafe extern "ptx-kernel" fn kernel(p: $crate::sm90::Sm90Fp8Params) {
                 use $crate::format::ElemType;
                 use $crate::sm90::Tile;
-                let k = $crate::sm90::fp8::Fp8Gemm::<
-                    { Tile::$tile.consumers },
-                    { Tile::$tile.waves as usize },
-                    [f32; { (Tile::$tile.block_n / 2) as usize }],
-                    $crate::ptx::wgmma::Fp8<{ ElemType::$a as u32 }, { ElemType::$b as u32 }>,
-                    $grouped,
-                > {
+                let k = $($gemm)* {
                     p,
                     types: core::marker::PhantomData,
                 };
@@ -294,37 +288,41 @@ macro_rules! entry {
     };
 }
 
+/// An exported kernel of an unswapped tile: `$tile` a [`Tile`] constant, `$a`, `$b` the FP8
+/// `ElemType`s, `$grouped` whether it runs grouped GEMM.
+#[cfg(all(target_arch = "nvptx64", target_feature = "sm_90a"))]
+macro_rules! entry {
+    ($name:expr, $tile:ident, $a:ident, $b:ident) => {
+        entry!($name, $tile, $a, $b, false);
+    };
+    ($name:expr, $tile:ident, $a:ident, $b:ident, $grouped:literal) => {
+        export!(
+            $name,
+            $tile,
+            $crate::sm90::fp8::Fp8Gemm::<
+                { Tile::$tile.consumers },
+                { Tile::$tile.waves as usize },
+                [f32; { (Tile::$tile.block_n / 2) as usize }],
+                $crate::ptx::wgmma::Fp8<{ ElemType::$a as u32 }, { ElemType::$b as u32 }>,
+                $grouped,
+            >
+        );
+    };
+}
+
 /// An exported swapped kernel ([`Tile::swapped`]): `$tile` a swapped [`Tile`] constant, `$a`,
 /// `$b` the FP8 `ElemType`s of A and B (the `wgmma` pair is B's type, then A's).
 #[cfg(all(target_arch = "nvptx64", target_feature = "sm_90a"))]
 macro_rules! swapped_entry {
     ($name:expr, $tile:ident, $a:ident, $b:ident) => {
-        const _: () = {
-            /// # Safety
-            /// As the other entries: launched as [`crate::gemm::driver::run`] says for the tile,
-            /// with parameters made from validated operands, `tmap_a`'s box `Tile::rows` rows,
-            /// `tmap_c` 0 and no groups.
-            #[unsafe(export_name = $name)]
-            unsafe extern "ptx-kernel" fn kernel(p: $crate::sm90::Sm90Fp8Params) {
-                use $crate::format::ElemType;
-                use $crate::sm90::Tile;
-                let k = $crate::sm90::fp8_swapped::Fp8SwappedGemm::<
-                    [f32; { (Tile::$tile.rows / 2) as usize }],
-                    $crate::ptx::wgmma::Fp8<{ ElemType::$b as u32 }, { ElemType::$a as u32 }>,
-                > {
-                    p,
-                    types: core::marker::PhantomData,
-                };
-                // SAFETY: the caller's contract.
-                unsafe {
-                    $crate::gemm::driver::run::<
-                        _,
-                        { Tile::$tile.producer_regs() },
-                        { Tile::$tile.consumer_regs() },
-                    >(&k)
-                }
-            }
-        };
+        export!(
+            $name,
+            $tile,
+            $crate::sm90::fp8_swapped::Fp8SwappedGemm::<
+                [f32; { (Tile::$tile.rows / 2) as usize }],
+                $crate::ptx::wgmma::Fp8<{ ElemType::$b as u32 }, { ElemType::$a as u32 }>,
+            >
+        );
     };
 }
 

@@ -277,7 +277,7 @@ impl<F: Bf16RsFragment, A: Activations, S: ScaleDecode> GemmKernel for W4Gemm<F,
 
     #[inline(always)]
     fn consumer(&self, _ctx: &Ctx, c: u32, local: u32) -> Consumer {
-        let row = c * FRAGMENT_ROWS + 16 * (local / 32) + (local % 32) / 4;
+        let row = c * FRAGMENT_ROWS + wgmma::fragment_row(local);
         Consumer { c, local, row }
     }
 
