@@ -1,5 +1,5 @@
-//! The one launch path of every kernel: grid, block, dynamic shared memory, the cluster and
-//! programmatic-dependent-launch attributes, and the guards that order the buffers a launch uses
+//! The one launch path of every kernel: grid, block, dynamic shared memory, the cluster
+//! attribute, and the guards that order the buffers a launch uses
 //! on its stream, in the builder style of cudarc's `launch_builder` (which has no launch
 //! attributes, hence `cuLaunchKernelEx` here).
 
@@ -9,7 +9,7 @@ use cudarc::driver::{
 
 use crate::error::Result;
 use blockscaled_kernels::gemm::scheduler::Schedule;
-use blockscaled_kernels::params::{GemmParams, SplitKParams};
+use blockscaled_kernels::params::GemmParams;
 use blockscaled_kernels::sm90::Sm90Fp8Params;
 use blockscaled_kernels::sm90_mx::Sm90MxParams;
 
@@ -56,15 +56,14 @@ pub(crate) fn set_smem_limit(func: &CudaFunction, bytes: u32) -> Result<()> {
 /// `Self` is `#[repr(C)]`, `Copy`, holds only integers, floats and device addresses, and is the
 /// struct the kernel declares as its only parameter (one source: `blockscaled_kernels::params`).
 pub(crate) unsafe trait KernelParams: Copy {}
-// SAFETY: all three are `#[repr(C)]` structs of `blockscaled_kernels::params`, the kernels' own
+// SAFETY: all are `#[repr(C)]` structs of `blockscaled_kernels::params`, the kernels' own
 // parameter types, made of integers, floats and device addresses.
 unsafe impl KernelParams for GemmParams {}
 unsafe impl KernelParams for Sm90Fp8Params {}
-// SAFETY: as above (`#[repr(C)]`, five u64 then ten 4-byte fields: no padding).
+// SAFETY: as above (`#[repr(C)]`, seven u64 then ten 4-byte fields: no padding).
 unsafe impl KernelParams for Sm90MxParams {}
 // SAFETY: as above.
 unsafe impl KernelParams for blockscaled_kernels::sm90_w4::Sm90W4Params {}
-unsafe impl KernelParams for SplitKParams {}
 // SAFETY: as above (`#[repr(C)]`, four u64 then six u32: no padding).
 unsafe impl KernelParams for blockscaled_kernels::fold::FoldParams {}
 
@@ -80,9 +79,6 @@ pub(crate) struct Launch<'a> {
     shared_mem: u32,
     /// CTAs per cluster along x (the attribute is set when `Some`, 1 included).
     cluster: Option<u32>,
-    /// Programmatic stream serialization: the kernel may start while the previous one on the
-    /// stream finishes, and waits for its writes with `griddepcontrol.wait`.
-    programmatic: bool,
     guards: Vec<SyncOnDrop<'a>>,
 }
 
@@ -95,7 +91,6 @@ impl<'a> Launch<'a> {
             block: (1, 1, 1),
             shared_mem: 0,
             cluster: None,
-            programmatic: false,
             guards: Vec::new(),
         }
     }
@@ -139,12 +134,6 @@ impl<'a> Launch<'a> {
         self
     }
 
-    /// Programmatic dependent launch after the previous kernel on the stream.
-    pub(crate) fn programmatic(mut self) -> Self {
-        self.programmatic = true;
-        self
-    }
-
     /// The device address of a buffer the kernel reads.
     pub(crate) fn ptr<T>(&mut self, buf: &'a CudaSlice<T>) -> u64 {
         let (p, g) = buf.device_ptr(self.stream);
@@ -173,13 +162,6 @@ impl<'a> Launch<'a> {
             a.value.clusterDim = sys::CUlaunchAttributeValue_union__bindgen_ty_1 { x, y: 1, z: 1 };
             attrs.push(a);
         }
-        if self.programmatic {
-            let mut a = attribute(
-                sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
-            );
-            a.value.programmaticStreamSerializationAllowed = 1;
-            attrs.push(a);
-        }
         sys::CUlaunchConfig {
             gridDimX: self.grid.0,
             gridDimY: self.grid.1,
@@ -200,7 +182,7 @@ impl<'a> Launch<'a> {
 
     /// How many clusters of this launch's configuration can be resident at once.
     pub(crate) fn max_active_clusters(&self) -> Result<u32> {
-        let mut attrs = Vec::with_capacity(2);
+        let mut attrs = Vec::with_capacity(1);
         let cfg = self.config(&mut attrs);
         let mut clusters = 0i32;
         self.stream.context().bind_to_thread()?;
@@ -212,9 +194,7 @@ impl<'a> Launch<'a> {
     }
 
     /// Enqueues the kernel with `params` as its single parameter. The buffers' guards come back:
-    /// dropping them records the buffers' use on the stream (cudarc's events), so a launch that
-    /// must follow this one directly — a programmatic dependent launch, which an event recorded
-    /// between the two kernels would hold back until this one ends — is enqueued before they drop.
+    /// dropping them records the buffers' use on the stream (cudarc's events).
     ///
     /// # Safety
     /// `P` is the parameter struct `func` declares; every address in `params` comes from this
@@ -222,7 +202,7 @@ impl<'a> Launch<'a> {
     /// absent) or points into such a buffer, and the kernel reads and writes inside those buffers
     /// for this grid and these parameters.
     pub(crate) unsafe fn launch<P: KernelParams>(self, params: &P) -> Result<Enqueued<'a>> {
-        let mut attrs = Vec::with_capacity(2);
+        let mut attrs = Vec::with_capacity(1);
         let cfg = self.config(&mut attrs);
         let mut args = [params as *const P as *mut std::ffi::c_void];
         self.stream.context().bind_to_thread()?;

@@ -478,8 +478,9 @@ pub fn sm90_decode_default(m: usize, n: usize, k: usize, l: usize, sm_count: u32
 ///   pipeline streams through the tile ([`decode_sm_rate`]);
 /// - `smax(x, y) = (x⁸ + y⁸)^⅛`: the larger, plus a little where the two limits meet (measured:
 ///   at M = 64, 7168 × 16384 unsplit, each limit alone predicts 42 µs of streaming, 44 ran);
-/// - the split's cost: the reduction's launch and tail ([`DECODE_REDUCE_US`]) and the f32
-///   partials written and read back, `2 · 4 · s · outputs` bytes.
+/// - the split's cost: the K ranges' meeting in the last CTA of each tile, a chain of L2 round
+///   trips after the last range's K loop ([`DECODE_REDUCE_US`]), and the f32 partials written
+///   and read back, `2 · 4 · s · outputs` bytes.
 ///
 /// Splits range over 1..=16 with at least [`MIN_SPLIT_K_BLOCKS`] K blocks each; ties go to the
 /// smaller split. Checked against a sweep of splits 1–8 on the decode set (docs/PERF.md, v34).
@@ -526,7 +527,9 @@ pub fn decode_sm_rate(tile: Tile) -> f64 {
     }
 }
 
-/// The split-K reduction's launch and tail, µs (fitted to the same sweep).
+/// What a split adds after the K loop, µs: fitted to the v34 sweep, when a reduction kernel
+/// followed the GEMM; the v35 sweep, with the partials summed by the last CTA of each tile,
+/// measured the same within ±5% (docs/PERF.md, v35).
 pub const DECODE_REDUCE_US: f64 = 2.2;
 
 /// CTAs per cluster: 256- and 192-row tiles go in pairs along N (the pair shares the A tile, the
@@ -555,7 +558,7 @@ fn cluster(tile: Tile, m_tiles: usize, n_tiles: usize, l: usize, sm_count: u32) 
 ///
 /// Tile: rounds × the time of one tile, as for [`sm90_default`]: a 128 × 256 tile costs
 /// [`MX_N256_COST`] 128 × 128 tiles. Split-K where the tiles fill less than half the SMs (small
-/// M: decode), with the reduction's cost in 64-wide K blocks. Band: [`GROUP_ROWS`] rows of A.
+/// M: decode), with the split's cost in 64-wide K blocks. Band: [`GROUP_ROWS`] rows of A.
 pub fn sm90_mx_default(m: usize, n: usize, k: usize, l: usize, sm_count: u32) -> Sm90MxConfig {
     let tiles =
         |t: MxTile| m.div_ceil(mx::BLOCK_M as usize) * n.div_ceil(t.block_n as usize) * l.max(1);
@@ -615,13 +618,13 @@ pub fn sm90_w4_default(m: usize, n: usize, k: usize, l: usize, sm_count: u32) ->
         ),
     }
 }
-/// What the split-K reduction costs the MX kernel, in 64-wide K blocks of one tile (the FP8
+/// What a split costs the MX kernel, in 64-wide K blocks of one tile (the FP8
 /// kernel's 10 blocks of 128).
 const MX_SPLIT_K_COST_BLOCKS: usize = 20;
 
 /// Split-K when the tiles fill less than half the SMs: as many K ranges as keep every CTA busy
 /// without a second round, each at least [`MIN_SPLIT_K_BLOCKS`] K blocks long, and only when the
-/// shorter K loop saves more than the reduction costs (`cost_blocks`).
+/// shorter K loop saves more than the split costs (`cost_blocks`).
 fn split_k(tiles: usize, k_blocks: usize, sm_count: u32, cost_blocks: usize) -> u32 {
     if 2 * tiles > sm_count as usize {
         return 1;
@@ -638,8 +641,9 @@ fn split_k(tiles: usize, k_blocks: usize, sm_count: u32, cost_blocks: usize) -> 
 
 /// Shortest K range of a split, in blocks of 128.
 const MIN_SPLIT_K_BLOCKS: usize = 4;
-/// What the f32 workspace round trip and the reduction launch cost, in K blocks of one 128×128
-/// tile (docs/PERF.md, v8, v14–v15).
+/// What the f32 workspace round trip and the partials' sum cost, in K blocks of one 128×128
+/// tile (docs/PERF.md, v8, v14–v15; unchanged by v35's sum in the last CTA, which measured the
+/// same or faster at M = 128).
 const SPLIT_K_COST_BLOCKS: usize = 10;
 
 /// Time of one tile in units of a 128-row tile's, as measured on the H100: 256 rows 1.75
@@ -749,7 +753,7 @@ mod tests {
         assert_eq!(sm90_default(128, 24576, 1536, 1, h100).split_k, 1);
         assert_eq!(sm90_default(4096, 4096, 7168, 1, h100).split_k, 1);
         // Too little K to split: 512 = 4 blocks is one range of 4; at K = 2048 (16 blocks) two
-        // ranges of 8 save less than the reduction costs (docs/PERF.md, v8).
+        // ranges of 8 save less than the split costs (docs/PERF.md, v8).
         assert_eq!(sm90_default(128, 128, 512, 1, h100).split_k, 1);
         assert_eq!(sm90_default(128, 7168, 2048, 1, h100).split_k, 1);
         // 112 tiles of 128 × 64: no split (at 128 columns, 56 tiles took 2).

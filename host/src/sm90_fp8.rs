@@ -38,7 +38,8 @@ pub struct Sm90Config {
     /// Persistent CTAs (≥ 1; at most as many as can be resident at once are launched).
     pub ctas: u32,
     /// K split into this many ranges, each its own CTA (1 to K / 128): when M·N has too few
-    /// tiles to fill the GPU. The partial sums go through an f32 workspace and a reduction kernel.
+    /// tiles to fill the GPU. The last CTA of each tile to finish adds the others' partial sums
+    /// (kept in an f32 workspace) and stores the tile.
     pub split_k: u32,
 }
 
@@ -455,8 +456,8 @@ struct Kernel {
     resident: [u32; MAX_CLUSTER as usize],
 }
 
-/// The sm90 FP8 family on one GPU: a kernel per tile shape and element types, the split-K
-/// reduction, and its f32 workspace (grown on demand, reused in stream order).
+/// The sm90 FP8 family on one GPU: a kernel per tile shape and element types, and the split-K
+/// workspace (grown on demand, reused in stream order).
 pub(crate) struct Sm90Fp8 {
     kernels: Vec<Kernel>,
     splitk: SplitK,
@@ -514,11 +515,11 @@ impl Sm90Fp8 {
         }
         Ok(Some(Sm90Fp8 {
             kernels,
-            splitk: SplitK::load(module)?,
+            splitk: SplitK::default(),
         }))
     }
 
-    /// C = A · Bᵀ with `cfg` (validated for `g.shape`), then the split-K reduction if it splits.
+    /// C = A · Bᵀ with `cfg` (validated for `g.shape`): one launch, split K included.
     pub(crate) fn gemm(&self, g: Gemm<'_>, cfg: Sm90Config) -> Result<()> {
         let Gemm {
             stream,
@@ -603,19 +604,11 @@ impl Sm90Fp8 {
         // share of a pair along M; validated).
         let tmap_a = launch.ptr(ao.tmap(tile.a_box_rows(cl.n))?);
         let tmap_b = launch.ptr(bo.tmap(b_box_rows(tile, cl).unwrap_or(BLOCK_N))?);
-        // With split-K the GEMM writes f32 partials into the workspace (never through the
-        // output's TMA map) and the reduction writes C.
-        let dst = SplitK::destination(
-            &mut launch,
-            slot.as_mut(),
-            stream,
-            &shape,
-            cfg.split_k,
-            out,
-            *dtype,
-        )?;
+        // With split-K the last CTA of each tile to finish adds the other K ranges' partial sums
+        // (kept in the workspace) and stores C as without a split.
+        let splitk = SplitK::params(&mut launch, slot.as_mut(), stream, &schedule, cl)?;
         // Swapped tiles hold Cᵀ fragments: stored directly.
-        let tmap_c = if dst.splits() || tile.is_swapped() {
+        let tmap_c = if tile.is_swapped() {
             0
         } else {
             launch.opt_ptr(out_prepared.get::<Sm90Output>().map(|o| &o.tmap))
@@ -627,12 +620,13 @@ impl Sm90Fp8 {
             tmap_sfa: launch.ptr(sfa_map),
             sfb: launch.ptr(sfb),
             sfb_col: launch.opt_ptr(bo.sfb_col.as_ref()),
-            out: dst.gemm_out,
+            out: launch.ptr_mut(out),
+            splitk,
             m: m as u32,
             n: n as u32,
             k: k as u32,
             l: l as u32,
-            out_type: dst.out_type as u32,
+            out_type: *dtype as u32,
             group_m: cfg.group_m,
             split_k: cfg.split_k,
             cluster_m: cl.m,
@@ -643,15 +637,9 @@ impl Sm90Fp8 {
         // SAFETY: `cfg` was validated for this shape (tile, cluster, band, split and the 32-bit
         // indexing; grouped: no split, and `groups` holds `count` int32 values on this GPU); the tensor maps cover the live data buffers of the prepared operands, the
         // scale buffers have the documented sizes (A scales padded to whole clusters), the output
-        // (or the workspace of split·l·m·n f32) holds l·m·n elements of `out_type`, and the grid
-        // is a whole number of clusters.
-        let gemm = unsafe { launch.launch(&params) }?;
-        // SAFETY: `dst` is this launch's, whose guards (`gemm`) and slot are held until after it.
-        unsafe {
-            self.splitk
-                .finish(stream, &dst, (m, n, l), 4 * kernel.resident[0])
-        }?;
-        drop(gemm);
+        // holds l·m·n elements of `out_type`, `splitk` is sized for the schedule, and the grid is
+        // a whole number of clusters.
+        let _gemm = unsafe { launch.launch(&params) }?;
         Ok(())
     }
 }

@@ -15,7 +15,7 @@ use crate::launch::{Launch, persistent_ctas};
 use crate::matrix::{GemmShape, MatrixDesc, ScaledMatrix};
 use crate::splitk::{self, SplitK};
 use crate::tensor_map::{DataType, Swizzle, encode_3d, encode_scale_rows};
-use blockscaled_kernels::gemm::scheduler::Schedule;
+use blockscaled_kernels::gemm::scheduler::{ClusterShape, Schedule};
 use blockscaled_kernels::sm90_mx::{
     self as family, BLOCK_K, BLOCK_M, MxScale, MxTile, SCALE_ROWS_PAD, Sm90MxParams,
 };
@@ -339,12 +339,12 @@ impl Sm90Mx {
         }
         Ok(Some(Sm90Mx {
             kernels,
-            splitk: SplitK::load(module)?,
+            splitk: SplitK::default(),
             sm_count,
         }))
     }
 
-    /// C = A · Bᵀ with `cfg` (validated for `g.shape`), then the split-K reduction if it splits.
+    /// C = A · Bᵀ with `cfg` (validated for `g.shape`): one launch, split K included.
     pub(crate) fn gemm(&self, g: Gemm<'_>, cfg: Sm90MxConfig) -> Result<()> {
         let Gemm {
             stream,
@@ -391,28 +391,27 @@ impl Sm90Mx {
         let smem = kernel.def.layout().bytes();
         let mut launch = Launch::persistent(stream, &kernel.func, ctas, tile.threads(), smem, 1);
         let group_params = DeviceGroups::params(groups, &mut launch);
-        let dst = SplitK::destination(
+        let splitk = SplitK::params(
             &mut launch,
             slot.as_mut(),
             stream,
-            &shape,
-            cfg.split_k,
-            out,
-            *dtype,
+            &schedule,
+            ClusterShape::ONE,
         )?;
         let params = Sm90MxParams {
             tmap_a: launch.ptr(ao.tmap(BLOCK_M)),
             tmap_b: launch.ptr(bo.tmap(tile.block_n)),
             tmap_sfa: launch.ptr(&ao.scale_map),
             sfb: launch.ptr(&bo.scales),
-            out: dst.gemm_out,
+            out: launch.ptr_mut(out),
+            splitk,
             m: m as u32,
             n: n as u32,
             k: k as u32,
             l: l as u32,
             rows_pad_a: ao.rows_pad,
             rows_pad_b: bo.rows_pad,
-            out_type: dst.out_type as u32,
+            out_type: *dtype as u32,
             group_m: cfg.group_m,
             split_k: cfg.split_k,
             alpha: a.desc.tensor_scale * b.desc.tensor_scale,
@@ -422,14 +421,8 @@ impl Sm90Mx {
         // int32 values on this GPU); the tensor maps cover the live data of the
         // prepared operands with boxes of the tile's rows; the scale buffers hold
         // l·⌈k/64⌉·rows_pad·(64/block) bytes with rows_pad a multiple of 256 ≥ every tile's rows;
-        // the output (or the workspace of split·l·m·n f32) holds l·m·n elements of `out_type`.
-        let gemm = unsafe { launch.launch(&params) }?;
-        // SAFETY: `dst` is this launch's, whose guards (`gemm`) and slot are held until after it.
-        unsafe {
-            self.splitk
-                .finish(stream, &dst, (m, n, l), 4 * self.sm_count)
-        }?;
-        drop(gemm);
+        // the output holds l·m·n elements of `out_type` (and `splitk` is sized for the schedule).
+        let _gemm = unsafe { launch.launch(&params) }?;
         Ok(())
     }
 }

@@ -16,7 +16,7 @@ use crate::matrix::{GemmShape, MatrixDesc, ScaledMatrix};
 use crate::sm90_mx::{kernel_scales, scale_format};
 use crate::splitk::SplitK;
 use crate::tensor_map::{DataType, Swizzle, encode_3d, encode_scale_rows};
-use blockscaled_kernels::gemm::scheduler::Schedule;
+use blockscaled_kernels::gemm::scheduler::{ClusterShape, Schedule};
 use blockscaled_kernels::sm90_w4::{
     self as family, A8_SCALE_K, Activation, BLOCK_K, SCALE_ROWS_PAD, Sm90W4Params, W4Tile,
     WEIGHT_ROW_BYTES, WEIGHT_ROWS, weight_k,
@@ -328,13 +328,13 @@ impl Sm90W4 {
         }
         Ok(Some(Sm90W4 {
             kernels,
-            splitk: SplitK::load(module)?,
+            splitk: SplitK::default(),
             sm_count,
         }))
     }
 
-    /// C = A · Bᵀ (computed as Cᵀ = B · Aᵀ) with `cfg` (validated for `g.shape`), then the split-K
-    /// reduction if it splits.
+    /// C = A · Bᵀ (computed as Cᵀ = B · Aᵀ) with `cfg` (validated for `g.shape`): one launch,
+    /// split K included.
     pub(crate) fn gemm(&self, g: Gemm<'_>, cfg: Sm90W4Config) -> Result<()> {
         let Gemm {
             stream,
@@ -397,14 +397,12 @@ impl Sm90W4 {
         let mut launch =
             Launch::persistent(stream, &kernel.func, ctas, cfg.tile.threads(), smem, 1);
         let group_params = DeviceGroups::params(groups, &mut launch);
-        let dst = SplitK::destination(
+        let splitk = SplitK::params(
             &mut launch,
             slot.as_mut(),
             stream,
-            &shape,
-            cfg.split_k,
-            out,
-            *dtype,
+            &schedule,
+            ClusterShape::ONE,
         )?;
         let tmap_x = if cfg.tile.n == 16 {
             &ao.tmap_16
@@ -423,14 +421,15 @@ impl Sm90W4 {
                 }
                 _ => 0,
             },
-            out: dst.gemm_out,
+            out: launch.ptr_mut(out),
+            splitk,
             m: m as u32,
             n: n as u32,
             k: k as u32,
             l: l as u32,
             rows_pad_w: bo.rows_pad,
             _pad: 0,
-            out_type: dst.out_type as u32,
+            out_type: *dtype as u32,
             group_m: cfg.group_m,
             split_k: cfg.split_k,
             alpha: a_scale * a.desc.tensor_scale * b.desc.tensor_scale,
@@ -441,15 +440,9 @@ impl Sm90W4 {
         // SAFETY: `cfg` was validated for this shape (grouped: no split, `groups` holds `count`
         // int32 values on this GPU); the maps cover the live data of the
         // prepared operands (weights reordered with K padded to 64) with boxes of the tile's rows;
-        // the scale buffers hold whole padded tiles of rows and stages of K; the output (or the
-        // workspace of split·l·m·n f32) holds l·m·n elements of `out_type`.
-        let gemm = unsafe { launch.launch(&params) }?;
-        // SAFETY: `dst` is this launch's, whose guards (`gemm`) and slot are held until after it.
-        unsafe {
-            self.splitk
-                .finish(stream, &dst, (m, n, l), 4 * self.sm_count)
-        }?;
-        drop(gemm);
+        // the scale buffers hold whole padded tiles of rows and stages of K; the output holds
+        // l·m·n elements of `out_type` (and `splitk` is sized for the schedule).
+        let _gemm = unsafe { launch.launch(&params) }?;
         Ok(())
     }
 }

@@ -174,22 +174,13 @@ mod tests {
     }
 }
 
-/// Parameters of the split-K reduction (`gemm::splitk`): `out[l][i] = Σ_s ws[l·split + s][i]` for `i < mn`,
-/// converted to `out_type` (round to nearest even), summed in the order s = 0, 1, … (deterministic).
+/// Split-K's workspace (`gemm::splitk`), used when a GEMM splits K: the f32 partial sums of
+/// every CTA tile and K range, and the u32 arrival counters (one per CTA tile and consumer
+/// warpgroup), all 0 between launches; sized by `gemm::scheduler::Schedule::splitk_workspace`.
+/// Both 0 without a split.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct SplitKParams {
-    /// f32 partial sums, `l · split` entries of `mn` values.
     pub ws: u64,
-    pub out: u64,
-    /// Elements per batch entry (M·N).
-    pub mn: u64,
-    pub l: u32,
-    pub split: u32,
-    /// [`OutType`] as u32.
-    pub out_type: u32,
-    pub _pad: u32,
+    pub counters: u64,
 }
-
-/// Threads per block of the split-K reduction.
-pub const SPLITK_THREADS: u32 = 256;

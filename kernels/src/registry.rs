@@ -27,14 +27,6 @@ pub const REFERENCE_GEMM: KernelInfo = KernelInfo {
     targets: ALL_TARGETS,
 };
 
-/// The split-K reduction (f32 partials → output type), shared by every family that splits K.
-pub const SPLITK_REDUCE: KernelInfo = KernelInfo {
-    name: "splitk_reduce",
-    max_threads: Some(crate::params::SPLITK_THREADS),
-    min_blocks_per_sm: 1,
-    targets: ALL_TARGETS,
-};
-
 /// Every kernel, for the builder.
 pub const KERNELS: &[KernelInfo] = &{
     let (fp8, mx, w4, fold, grouped) = (
@@ -45,35 +37,34 @@ pub const KERNELS: &[KernelInfo] = &{
         crate::sm90::GROUPED_KERNELS,
     );
     let mut all = [REFERENCE_GEMM;
-        2 + crate::sm90::KERNELS.len()
+        1 + crate::sm90::KERNELS.len()
             + crate::sm90_mx::KERNELS.len()
             + crate::sm90_w4::KERNELS.len()
             + crate::fold::KERNELS.len()
             + crate::sm90::GROUPED_KERNELS.len()];
-    all[1] = SPLITK_REDUCE;
     let mut i = 0;
     while i < fp8.len() {
-        all[2 + i] = fp8[i].info;
+        all[1 + i] = fp8[i].info;
         i += 1;
     }
     let mut j = 0;
     while j < mx.len() {
-        all[2 + i + j] = mx[j].info;
+        all[1 + i + j] = mx[j].info;
         j += 1;
     }
     let mut h = 0;
     while h < w4.len() {
-        all[2 + i + j + h] = w4[h].info;
+        all[1 + i + j + h] = w4[h].info;
         h += 1;
     }
     let mut f = 0;
     while f < fold.len() {
-        all[2 + i + j + h + f] = fold[f].info;
+        all[1 + i + j + h + f] = fold[f].info;
         f += 1;
     }
     let mut g = 0;
     while g < grouped.len() {
-        all[2 + i + j + h + f + g] = grouped[g].info;
+        all[1 + i + j + h + f + g] = grouped[g].info;
         g += 1;
     }
     all

@@ -76,7 +76,7 @@ struct Args {
     /// 4-bit-weights kernel; --mma_tiler_mn 16,128 or 128,128).
     #[arg(long, default_value = "auto")]
     kernel: String,
-    /// sm90 split-K: K ranges computed by separate CTAs and summed by a reduction (default: the
+    /// sm90 split-K: K ranges computed by separate CTAs and summed by the last of each tile (default: the
     /// heuristic's; 1 = none).
     #[arg(long = "split_k", alias = "split-k")]
     split_k: Option<u32>,

@@ -2,7 +2,8 @@
 //! Communication Instructions: bar, barrier") every GEMM kernel uses, allotted in one place so no
 //! two roles share an id.
 //! - 0: the whole block (`bar.sync 0` is `__syncthreads`).
-//! - 1 + c: consumer warpgroup `c`'s own barrier (its epilogue's hand-over to the TMA store).
+//! - 1 + c: consumer warpgroup `c`'s own barrier (its epilogue's hand-over to the TMA store, and
+//!   split-K's meeting of K ranges).
 //! - [`TURN_FIRST`] + p: the consumers' turn-taking ([`super::pipeline::Turn`], party `p`).
 //! - [`CONSUMERS_ALL`]: every consumer thread of two consumer warpgroups (kernels whose
 //!   consumers share a buffer they fill together, `sm90_mx`).
@@ -28,6 +29,19 @@ pub fn sync_consumer(c: u32) {
         0 => thread::named_barrier::<1>(WARPGROUP),
         1 => thread::named_barrier::<2>(WARPGROUP),
         _ => thread::named_barrier::<3>(WARPGROUP),
+    }
+}
+
+/// [`sync_consumer`] that also tells every thread of warpgroup `c` whether `pred` held for any
+/// of them.
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+pub fn any_consumer(c: u32, pred: bool) -> bool {
+    use crate::ptx::thread;
+    match c {
+        0 => thread::named_barrier_any::<1>(WARPGROUP, pred),
+        1 => thread::named_barrier_any::<2>(WARPGROUP, pred),
+        _ => thread::named_barrier_any::<3>(WARPGROUP, pred),
     }
 }
 

@@ -147,9 +147,6 @@ pub unsafe fn run<K: GemmKernel, const PREGS: u32, const CREGS: u32>(k: &K) {
         }
         k.finish(&cons, st);
     }
-    // This CTA's work is issued: a dependent launch (the split-K reduction) may start being
-    // scheduled; it waits for this grid's writes itself.
-    thread::launch_dependents();
     // No CTA may leave while a peer can still multicast into it or arrive on its barriers.
     if size > 1 {
         thread::sync_cluster();

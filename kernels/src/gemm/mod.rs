@@ -9,7 +9,7 @@
 //! - [`driver`]: the warp-specialized persistent kernel every family plugs into;
 //! - [`promote`]: fp32 promotion of FP8 tensor-core partial sums;
 //! - [`epilogue`]: TMA stores of 16-bit output, direct stores, per-column scales;
-//! - [`splitk`]: the reduction kernel of split-K's f32 workspace.
+//! - [`splitk`]: split-K's meeting of K ranges in the last CTA of each tile.
 //!
 //! [`scheduler`], [`layout`] and [`barriers`]' ids are plain arithmetic, built for the host too (grid and
 //! shared-memory sizing); the rest is device code.
@@ -35,5 +35,8 @@ pub mod pipeline;
     any(target_feature = "sm_90a", target_feature = "sm_100a")
 ))]
 pub mod promote;
-#[cfg(target_arch = "nvptx64")]
+#[cfg(all(
+    target_arch = "nvptx64",
+    any(target_feature = "sm_90a", target_feature = "sm_100a")
+))]
 pub mod splitk;

@@ -182,6 +182,32 @@ impl Schedule {
     }
 }
 
+impl Schedule {
+    /// Split-K's workspace for this dense schedule run in clusters of `cluster`: f32 partial sums
+    /// (each CTA tile's values once per K range) and u32 counters (one per CTA tile and consumer
+    /// warpgroup; see `gemm::splitk`). `None` if a count overflows (or the schedule is grouped).
+    pub const fn splitk_workspace(&self, cluster: ClusterShape) -> Option<(u64, u64)> {
+        match (self.groups, self.units()) {
+            (None, Some(units)) => {
+                let floats = units * self.unit_m as u64 * self.unit_n as u64;
+                let tiles = units / self.split_k as u64 * cluster.size() as u64;
+                Some((floats, tiles * super::barriers::MAX_CONSUMERS as u64))
+            }
+            _ => None,
+        }
+    }
+
+    /// The index of CTA tile `own` (as [`ClusterShape::own`] made it from a unit of this dense
+    /// schedule) among the problem's CTA tiles, K ranges not counted: batch entry, then M tile,
+    /// then N tile.
+    #[inline(always)]
+    pub const fn cta_tile(&self, own: &WorkUnit, cluster: ClusterShape) -> u32 {
+        let m_tiles = self.m.div_ceil(self.unit_m) * cluster.m;
+        let n_tiles = self.n.div_ceil(self.unit_n) * cluster.n;
+        (own.l * m_tiles + own.m) * n_tiles + own.n
+    }
+}
+
 /// A CTA's walk through the units (the consumers hold it across their mainloop, where every
 /// register counts: a dense schedule keeps the tile counts, a grouped one its cursor).
 #[derive(Clone, Copy, Debug)]
@@ -371,6 +397,38 @@ mod tests {
             unit_n: 128,
             group_m,
             groups: None,
+        }
+    }
+
+    #[test]
+    fn splitk_gives_every_cta_tile_its_own_slot_once_per_k_range() {
+        let (one, pair_m, pair_n) = (
+            ClusterShape::ONE,
+            ClusterShape { m: 2, n: 1 },
+            ClusterShape { m: 1, n: 2 },
+        );
+        for &(m, n, l, kb, split, cl) in &[
+            (129u32, 7168u32, 2u32, 56u32, 4u32, one),
+            (300, 1000, 3, 9, 2, pair_m),
+            (300, 1000, 1, 9, 3, pair_n),
+            (16, 2112, 1, 56, 7, one),
+        ] {
+            let mut s = schedule(m, n, l, kb, split, 4);
+            // Units are clusters of 128 × 128 tiles.
+            (s.unit_m, s.unit_n) = (128 * cl.m, 128 * cl.n);
+            let (floats, counters) = s.splitk_workspace(cl).unwrap();
+            let tiles = counters / crate::gemm::barriers::MAX_CONSUMERS as u64;
+            let mut ranges: HashMap<u32, HashSet<u32>> = HashMap::new();
+            for u in TileScheduler::new(s, 0, 1) {
+                for rank in 0..cl.size() {
+                    let t = s.cta_tile(&cl.own(u, rank), cl);
+                    assert!((t as u64) < tiles, "{t} of {tiles}");
+                    assert!(ranges.entry(t).or_default().insert(u.out_l % split));
+                }
+            }
+            assert_eq!(ranges.len() as u64, tiles);
+            assert!(ranges.values().all(|r| r.len() == split as usize));
+            assert_eq!(floats, tiles * split as u64 * 128 * 128);
         }
     }
 

@@ -1,113 +1,103 @@
-//! Split-K reduction: sums the f32 partial results of a GEMM whose K blocks were split over
-//! several work units (each writes workspace entry `WorkUnit::out_l`) and converts them to the
-//! output type. Memory-bound
-//! SIMT: each thread takes four consecutive elements, loads their partials with 16-byte loads,
-//! up to [`IN_FLIGHT`] partials at a time, and adds them in the order s = 0, 1, … (deterministic).
+//! Split-K without a second kernel. When a tile's K blocks are split over `split` work units
+//! (the scheduler's `WorkUnit::k_begin..k_end`, with `out_l = l·split + s`), each unit's consumer
+//! warpgroups write their f32 partial sums to the workspace in the fragments' own layout
+//! (16-byte stores, a warpgroup's 128 threads side by side) and count themselves in their tile's
+//! counter; the warpgroup that arrives last adds the `split` partials in the order s = 0, 1, …
+//! (the same sums whichever CTA arrives last: results are reproducible bit for bit), resets the
+//! counter for the next launch and stores C through the kernel's normal epilogue.
+//!
+//! The hand-over is the release / acquire pattern of the PTX memory model ("Memory Consistency
+//! Model"): every thread's partial stores, a barrier of the warpgroup, then one thread's
+//! `fence.acq_rel.gpu` and counter increment (a release covering what the barrier ordered before
+//! it); the last arriver's fence after its increment is the acquire, and the barrier that
+//! broadcasts the finding orders the warpgroup's loads after it. Nobody waits for anybody: a
+//! CTA that is not last goes on to its next unit.
 
-use crate::params::{OutType, SPLITK_THREADS, SplitKParams};
-use crate::ptx::{convert, global, thread};
+use super::barriers::{MAX_CONSUMERS, any_consumer, sync_consumer};
+use super::scheduler::{ClusterShape, Schedule, WorkUnit};
+use crate::params::SplitKParams;
+use crate::ptx::global;
+use crate::ptx::wgmma::Fragment;
 
-/// Partials loaded before they are added: independent loads in flight per thread (one at a time,
-/// the kernel is latency-bound; docs/PERF.md, v15).
-const IN_FLIGHT: u64 = 4;
+/// Threads of a consumer warpgroup, each holding its share of a fragment.
+const THREADS: u64 = 128;
 
+/// Consumer warpgroup `c` of `consumers` (thread `local`) meets the other K ranges of its tile
+/// `own` with its fragments `acc` (one per wave). Returns the batch entry of C to store the
+/// tile into when this warpgroup holds the sum in `acc` (always without a split), `None` when
+/// another CTA will store it.
 /// # Safety
-/// `ws` (16-byte aligned) holds `l · split · mn` f32 values and `out` (8-byte aligned) `l · mn`
-/// values of `out_type`; launched with `SPLITK_THREADS` threads per block and a grid over
-/// `mn / 4` (x) and `l` (y).
-#[unsafe(no_mangle)]
-pub unsafe extern "ptx-kernel" fn splitk_reduce(p: SplitKParams) {
-    // Launched as a programmatic dependent of the GEMM (it may start during the GEMM's last
-    // tiles): the partials are complete and visible only after this.
-    thread::grid_dependency_wait();
-    let l = thread::block_y() as u64;
-    let split = p.split as u64;
-    let entry = |s: u64| p.ws + 4 * (l * split + s) * p.mn;
-    let mut i = 4 * (thread::block_x() * SPLITK_THREADS + thread::thread_x()) as u64;
-    let stride = 4 * (thread::grid_dim_x() * SPLITK_THREADS) as u64;
-    // Whole float4s when every entry starts 16-byte aligned; else element by element.
-    let vector = p.mn % 4 == 0;
-    while i < p.mn {
-        let mut sum = [0.0f32; 4];
-        if vector {
-            let mut s = 0;
-            while s < split {
-                let mut v = [[0.0f32; 4]; IN_FLIGHT as usize];
-                for (j, v) in v.iter_mut().enumerate() {
-                    if s + (j as u64) < split {
-                        // SAFETY: entry s + j < split, elements i..i+4 ≤ mn, 16-byte aligned.
-                        *v = unsafe { global::load_f32x4(entry(s + j as u64) + 4 * i) };
-                    }
-                }
-                for (j, v) in v.iter().enumerate() {
-                    if s + (j as u64) < split {
-                        for e in 0..4 {
-                            sum[e] += v[e];
-                        }
-                    }
-                }
-                s += IN_FLIGHT;
-            }
-        } else {
-            for (e, sum) in sum.iter_mut().enumerate() {
-                if i + (e as u64) < p.mn {
-                    for s in 0..split {
-                        // SAFETY: entry s < split, element i + e < mn.
-                        *sum += unsafe { *((entry(s) + 4 * (i + e as u64)) as *const f32) };
-                    }
-                }
-            }
-        }
-        // SAFETY: elements i.. of output entry l that are < mn (all four on the vector path,
-        // where the 8-/16-byte stores are aligned because mn % 4 == 0 and i % 4 == 0).
-        unsafe { store4(&p, l * p.mn + i, &sum, (p.mn - i).min(4), vector) };
-        i += stride;
-    }
-}
-
-/// Writes `count` ≤ 4 of `v` to output element `o`.. in the output type; as two 8-byte (f32) or
-/// one 8-byte (16-bit pairs) stores when `vector`.
-/// # Safety
-/// Output elements `o..o + count` exist; with `vector`, `count` = 4 and `o % 4 == 0`.
+/// With `sched.split_k` > 1: `p` is this launch's workspace, sized by
+/// [`Schedule::splitk_workspace`] for `sched` and `cluster`, with every counter 0 at launch; the
+/// CTA tile is `consumers · W` fragments of 64 rows (`unit_m · unit_n / cluster.size()` values);
+/// every thread of the warpgroup calls this with the same `own`, once per unit.
 #[inline(always)]
-unsafe fn store4(p: &SplitKParams, o: u64, v: &[f32; 4], count: u64, vector: bool) {
-    let f32_out = p.out_type == OutType::F32 as u32;
-    let bf16 = p.out_type == OutType::Bf16 as u32;
-    // SAFETY: the caller's contract.
-    unsafe {
-        if vector {
-            if f32_out {
-                let a = p.out + 4 * o;
-                global::store_u32x2_if(a, v[0].to_bits(), v[1].to_bits(), true);
-                global::store_u32x2_if(a + 8, v[2].to_bits(), v[3].to_bits(), true);
-            } else {
-                let (lo, hi) = if bf16 {
-                    (
-                        convert::f32x2_to_bf16x2(v[0], v[1]),
-                        convert::f32x2_to_bf16x2(v[2], v[3]),
-                    )
-                } else {
-                    (
-                        convert::f32x2_to_f16x2(v[0], v[1]),
-                        convert::f32x2_to_f16x2(v[2], v[3]),
-                    )
-                };
-                global::store_u32x2_if(p.out + 2 * o, lo, hi, true);
+pub unsafe fn meet<const W: usize, F: Fragment>(
+    p: &SplitKParams,
+    sched: &Schedule,
+    cluster: ClusterShape,
+    own: &WorkUnit,
+    (c, consumers, local): (u32, u32, u32),
+    acc: &mut [F; W],
+) -> Option<u32> {
+    let split = sched.split_k;
+    if split <= 1 {
+        return Some(own.out_l);
+    }
+    let s = own.out_l - own.l * split;
+    // A fragment is 64 × N values, N / 2 per thread: N / 8 chunks of four, each chunk of the
+    // warpgroup's 128 threads 2 KiB of consecutive memory.
+    let chunk_bytes = 16 * THREADS;
+    let frag_bytes = (F::N / 8) as u64 * chunk_bytes;
+    let tile_bytes = (consumers as u64) * (W as u64) * frag_bytes;
+    let tile = sched.cta_tile(own, cluster) as u64;
+    let mine = p.ws + (c as u64 * W as u64) * frag_bytes + 16 * local as u64;
+    let part = |t: u32| mine + (tile * split as u64 + t as u64) * tile_bytes;
+    // SAFETY (stores and loads): the workspace holds `split` tiles of `tile_bytes` per CTA tile
+    // (the caller's contract); thread `local`'s chunk `j` of fragment `w` is inside its
+    // warpgroup's share, 16-byte aligned; the partial of range `t` was written by its unit
+    // before its release (below), which the acquire orders before these loads (this thread's
+    // own stores are ordered before its loads of the same addresses).
+    for (w, f) in acc.iter().enumerate() {
+        for (j, q) in f.as_ref().as_chunks::<4>().0.iter().enumerate() {
+            let at = part(s) + w as u64 * frag_bytes + j as u64 * chunk_bytes;
+            unsafe { global::store_f32x4(at, *q) };
+        }
+    }
+    sync_consumer(c);
+    let counter = p.counters + 4 * (tile * MAX_CONSUMERS as u64 + c as u64);
+    let mut last = false;
+    if local == 0 {
+        global::fence_acq_rel_gpu();
+        // SAFETY: one counter per CTA tile and consumer, inside the workspace's counters.
+        unsafe {
+            last = global::atomic_add_u32(counter, 1) == split - 1;
+            if last {
+                // Every range has arrived: nobody else touches the counter in this launch.
+                global::store_relaxed_u32(counter, 0);
             }
-        } else {
-            for (e, &x) in v.iter().enumerate() {
-                let e = e as u64;
-                if e >= count {
-                    break;
-                }
-                if f32_out {
-                    *((p.out + 4 * (o + e)) as *mut f32) = x;
-                } else if bf16 {
-                    *((p.out + 2 * (o + e)) as *mut u16) = convert::f32_to_bf16(x);
-                } else {
-                    *((p.out + 2 * (o + e)) as *mut u16) = convert::f32_to_f16(x);
+        }
+        global::fence_acq_rel_gpu();
+    }
+    if !any_consumer(c, last) {
+        return None;
+    }
+    // The sum is rebuilt in `acc` from the workspace, this range's partial included (re-read,
+    // not taken from the registers: a separate sum beside the 256-row tile's 128 sums would not
+    // fit in the register file), so that it is the same whichever range arrives last.
+    for f in acc.iter_mut() {
+        *f = F::zeros();
+    }
+    for t in 0..split {
+        for (w, f) in acc.iter_mut().enumerate() {
+            for (j, q) in f.as_mut().as_chunks_mut::<4>().0.iter_mut().enumerate() {
+                let at = part(t) + w as u64 * frag_bytes + j as u64 * chunk_bytes;
+                let v = unsafe { global::load_f32x4_l2(at) };
+                for e in 0..4 {
+                    q[e] += v[e];
                 }
             }
         }
     }
+    Some(own.l)
 }

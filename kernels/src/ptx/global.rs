@@ -1,7 +1,9 @@
-//! Global-memory stores under a predicate, and vector loads. PTX ISA: "Data Movement and
-//! Conversion Instructions: st" with an instruction predicate (`@p st.global…`), and "ld". A
-//! predicated store instead of a branch keeps code after `wgmma` non-divergent (ptxas serializes
-//! wgmma around divergent paths, C7518).
+//! Global memory: stores under a predicate, vector loads and stores, and the fence and atomic
+//! that let CTAs of one grid hand data to each other. PTX ISA: "Data Movement and Conversion
+//! Instructions: st" with an instruction predicate (`@p st.global…`), "ld"; "Parallel
+//! Synchronization and Communication Instructions: membar / fence" and "atom"; "Memory Consistency
+//! Model" for the release / acquire patterns. A predicated store instead of a branch keeps code
+//! after `wgmma` non-divergent (ptxas serializes wgmma around divergent paths, C7518).
 
 use core::arch::asm;
 
@@ -54,4 +56,69 @@ pub unsafe fn load_f32x4(addr: u64) -> [f32; 4] {
              p = in(reg64) addr, options(nostack, readonly))
     };
     [a, b, c, d]
+}
+
+/// `ld.global.cg.v4.f32`: four consecutive f32 in one 16-byte load, cached in L2 only (data
+/// another CTA of this grid wrote: the SM's L1 is not coherent with it).
+/// # Safety
+/// `addr` is a valid, 16-byte-aligned global address of four initialized f32.
+#[inline(always)]
+pub unsafe fn load_f32x4_l2(addr: u64) -> [f32; 4] {
+    let (a, b, c, d): (f32, f32, f32, f32);
+    // SAFETY: the caller's contract.
+    unsafe {
+        asm!("ld.global.cg.v4.f32 {{{a}, {b}, {c}, {d}}}, [{p}];",
+             a = out(reg32) a, b = out(reg32) b, c = out(reg32) c, d = out(reg32) d,
+             p = in(reg64) addr, options(nostack, readonly))
+    };
+    [a, b, c, d]
+}
+
+/// `st.global.v4.f32`: four consecutive f32 in one 16-byte store.
+/// # Safety
+/// `addr` is a valid, 16-byte-aligned global address nobody else accesses.
+#[inline(always)]
+pub unsafe fn store_f32x4(addr: u64, v: [f32; 4]) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        asm!("st.global.v4.f32 [{p}], {{{a}, {b}, {c}, {d}}};",
+             a = in(reg32) v[0], b = in(reg32) v[1], c = in(reg32) v[2], d = in(reg32) v[3],
+             p = in(reg64) addr, options(nostack))
+    };
+}
+
+/// `fence.acq_rel.gpu`: this thread's memory operations before it (and, being cumulative, those
+/// it observed, e.g. through a barrier with other threads of its CTA) are ordered before its
+/// later ones for every thread of the GPU. Before a counter increment it makes the increment a
+/// release; after reading the counter, an acquire.
+#[inline(always)]
+pub fn fence_acq_rel_gpu() {
+    // SAFETY: no operands.
+    unsafe { asm!("fence.acq_rel.gpu;", options(nostack)) };
+}
+
+/// `atom.relaxed.gpu.global.add.u32`: adds `v` to the counter at `addr`, returns its old value.
+/// # Safety
+/// `addr` is a valid, 4-byte-aligned global address.
+#[inline(always)]
+pub unsafe fn atomic_add_u32(addr: u64, v: u32) -> u32 {
+    let old: u32;
+    // SAFETY: the caller's contract.
+    unsafe {
+        asm!("atom.relaxed.gpu.global.add.u32 {o}, [{a}], {v};",
+             o = out(reg32) old, a = in(reg64) addr, v = in(reg32) v, options(nostack))
+    };
+    old
+}
+
+/// `st.relaxed.gpu.global.u32`: sets the counter at `addr` (visible to every later kernel).
+/// # Safety
+/// `addr` is a valid, 4-byte-aligned global address no other thread accesses now.
+#[inline(always)]
+pub unsafe fn store_relaxed_u32(addr: u64, v: u32) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        asm!("st.relaxed.gpu.global.u32 [{a}], {v};", a = in(reg64) addr, v = in(reg32) v,
+             options(nostack))
+    };
 }

@@ -1,7 +1,7 @@
 //! Thread, block and cluster identity; barriers.
 //! PTX ISA: "Special Registers" (%tid, %ctaid, %nctaid, %cluster_ctarank) and "Parallel
 //! Synchronization and Communication Instructions: bar, barrier, barrier.cluster",
-//! "griddepcontrol", "Miscellaneous Instructions: setmaxnreg".
+//! "Miscellaneous Instructions: setmaxnreg".
 
 use core::arch::{asm, nvptx};
 
@@ -53,6 +53,23 @@ pub fn named_barrier<const ID: u32>(threads: u32) {
     unsafe { asm!("bar.sync {id}, {n};", id = const ID, n = in(reg32) threads, options(nostack)) };
 }
 
+/// `bar.red.or.pred`: a named barrier among `threads` threads that also returns whether `pred`
+/// held for any of them (PTX ISA "Parallel Synchronization and Communication Instructions: bar,
+/// barrier"): one thread's finding broadcast to its role without shared memory.
+#[inline(always)]
+pub fn named_barrier_any<const ID: u32>(threads: u32, pred: bool) -> bool {
+    const { assert!(ID < 16) };
+    let any: u32;
+    // SAFETY: as `named_barrier`: exactly `threads` threads, whole warps, reach barrier `ID`.
+    unsafe {
+        asm!("{{ .reg .pred p, q;", "setp.ne.b32 p, {c}, 0;",
+             "bar.red.or.pred q, {id}, {n}, p;", "selp.u32 {r}, 1, 0, q; }}",
+             id = const ID, n = in(reg32) threads, c = in(reg32) pred as u32, r = out(reg32) any,
+             options(nostack))
+    };
+    any != 0
+}
+
 /// `bar.arrive ID, threads`: counts this warp's threads at named barrier `ID` without waiting
 /// (PTX ISA "Parallel Synchronization and Communication Instructions: bar, barrier"): producer side
 /// of a one-way signal whose consumers `bar.sync ID, threads` with the same count.
@@ -63,24 +80,6 @@ pub fn named_arrive<const ID: u32>(threads: u32) {
     unsafe {
         asm!("bar.arrive {id}, {n};", id = const ID, n = in(reg32) threads, options(nostack))
     };
-}
-
-/// `griddepcontrol.wait`: blocks until the grids this one depends on (programmatic dependent
-/// launch) have completed and their memory operations are visible (PTX ISA "griddepcontrol";
-/// sm_90+). Without such a launch it returns at once.
-#[inline(always)]
-pub fn grid_dependency_wait() {
-    // SAFETY: no operands; orders this thread's later memory accesses after the prerequisite grid.
-    unsafe { asm!("griddepcontrol.wait;", options(nostack)) };
-}
-
-/// `griddepcontrol.launch_dependents`: this CTA no longer holds back a dependent grid launched
-/// with programmatic stream serialization (it may start once every CTA has said so or exited; it
-/// still waits for this grid's memory with [`grid_dependency_wait`]). A no-op without one.
-#[inline(always)]
-pub fn launch_dependents() {
-    // SAFETY: no operands, no memory effects on this grid.
-    unsafe { asm!("griddepcontrol.launch_dependents;", options(nostack)) };
 }
 
 /// This CTA's rank in its cluster.

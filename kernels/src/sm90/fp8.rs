@@ -25,6 +25,7 @@ use crate::gemm::layout::StageLayout;
 use crate::gemm::pipeline::{PipelineState, Turn};
 use crate::gemm::promote::promote;
 use crate::gemm::scheduler::{ClusterShape, Schedule, WorkUnit};
+use crate::gemm::splitk;
 use crate::ptx::wgmma::{self, Descriptor, Fp8Fragment, Fp8Pair, Fragment, Swizzle};
 use crate::ptx::{smem, tma};
 
@@ -208,6 +209,20 @@ impl<const CONS: u32, const WAVES: usize, F: Fp8Fragment, T: Fp8Pair, const GROU
             let lane = cons.local % 32;
             unsafe { epilogue::scale_columns(&mut acc, p.sfb_col, batch, own.n * F::N, p.n, lane) };
         }
+        let who = (cons.c, CONS, cons.local);
+        // SAFETY: the host sizes `splitk` for this schedule and cluster (the entry's contract);
+        // the tile is CONS · WAVES fragments of 64 rows.
+        let meet = unsafe {
+            splitk::meet(
+                &p.splitk,
+                &self.schedule(),
+                self.cluster(),
+                own,
+                who,
+                &mut acc,
+            )
+        };
+        let Some(out_l) = meet else { return };
         let out = Output {
             ptr: p.out,
             tmap: p.tmap_c,
@@ -221,11 +236,7 @@ impl<const CONS: u32, const WAVES: usize, F: Fp8Fragment, T: Fp8Pair, const GROU
             consumers: CONS,
             block_n: F::N,
         };
-        let at = (
-            own.first_row(own.m, tile.block_m()),
-            own.n * F::N,
-            own.out_l,
-        );
+        let at = (own.first_row(own.m, tile.block_m()), own.n * F::N, out_l);
         // SAFETY: `tmap_c`, when set, maps the 16-bit output (the entry's contract); the staging
         // boxes are this warpgroup's.
         unsafe { epilogue::store(&out, staging, cons.c, cons.local, &acc, at, tile.wave_m()) };

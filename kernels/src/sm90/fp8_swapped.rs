@@ -25,7 +25,8 @@ use crate::gemm::layout::StageLayout;
 use crate::gemm::pipeline::PipelineState;
 use crate::gemm::promote::promote_columns;
 use crate::gemm::scheduler::{ClusterShape, Schedule, WorkUnit};
-use crate::ptx::wgmma::{self, Fp8Fragment, Fp8Pair, Fragment};
+use crate::gemm::splitk;
+use crate::ptx::wgmma::{self, Fp8Fragment, Fp8Pair};
 use crate::ptx::{smem, tma};
 
 /// The kernel for tiles of `F::N` rows of A; `T` is the `wgmma` pair (B's type, then A's).
@@ -37,6 +38,8 @@ pub(crate) struct Fp8SwappedGemm<F, T> {
 /// One consumer thread's constants.
 pub(crate) struct Consumer {
     c: u32,
+    /// Thread of the warpgroup.
+    local: u32,
     lane: u32,
     /// This thread's first row of the B tile (the second is 8 below): C's column.
     row: u32,
@@ -106,6 +109,7 @@ impl<F: Fp8Fragment, T: Fp8Pair> GemmKernel for Fp8SwappedGemm<F, T> {
     fn consumer(&self, _ctx: &Ctx, c: u32, local: u32) -> Consumer {
         Consumer {
             c,
+            local,
             lane: local % 32,
             row: c * WG_ROWS + wgmma::fragment_row(local),
         }
@@ -179,6 +183,20 @@ impl<F: Fp8Fragment, T: Fp8Pair> GemmKernel for Fp8SwappedGemm<F, T> {
                 *v *= if (i / 2) % 2 == 0 { s0 } else { s1 };
             }
         }
+        let (who, acc) = ((cons.c, 2, cons.local), core::array::from_mut(&mut acc));
+        // SAFETY: the host sizes `splitk` for this schedule (the entry's contract); the tile is
+        // two fragments of 64 rows.
+        let meet = unsafe {
+            splitk::meet(
+                &p.splitk,
+                &self.schedule(),
+                ClusterShape::ONE,
+                own,
+                who,
+                acc,
+            )
+        };
+        let Some(out_l) = meet else { return };
         let out = Output {
             ptr: p.out,
             tmap: 0,
@@ -188,7 +206,7 @@ impl<F: Fp8Fragment, T: Fp8Pair> GemmKernel for Fp8SwappedGemm<F, T> {
             row_end: own.row_end,
         };
         let m0 = own.n * F::N + 2 * (cons.lane % 4);
-        epilogue::store_transposed(&out, own.out_l, n0, m0, &acc);
+        epilogue::store_transposed(&out, out_l, n0, m0, &acc[0]);
     }
 
     #[inline(always)]

@@ -209,8 +209,7 @@ pub struct Sm90Fp8Params {
     pub tmap_a: u64,
     pub tmap_b: u64,
     /// Tensor map of the output for TMA stores (N, M, L; box 64 × 64; 128-byte swizzle), or 0:
-    /// direct stores (f32 output, split-K partials, or N % 8 ≠ 0 so rows are not 16-byte
-    /// aligned).
+    /// direct stores (f32 output, or N % 8 ≠ 0 so rows are not 16-byte aligned).
     pub tmap_c: u64,
     pub tmap_sfa: u64,
     pub sfb: u64,
@@ -218,6 +217,8 @@ pub struct Sm90Fp8Params {
     /// after the K loop; 0 when B's scales are all in `sfb`.
     pub sfb_col: u64,
     pub out: u64,
+    /// With `split_k` > 1, where the K ranges meet (`crate::gemm::splitk`).
+    pub splitk: crate::params::SplitKParams,
     pub m: u32,
     pub n: u32,
     pub k: u32,
@@ -226,9 +227,8 @@ pub struct Sm90Fp8Params {
     pub out_type: u32,
     /// Scheduler band height in M tiles (≥ 1).
     pub group_m: u32,
-    /// K blocks are split into this many ranges (≥ 1); with more than one, `out` is an f32
-    /// workspace of `split_k · l` batch entries (entry `l·split_k + s` holds range `s`'s partial
-    /// sums), which the split-K reduction (`crate::params::SplitKParams`) sums.
+    /// K blocks are split into this many ranges (≥ 1); with more than one, the last CTA of each
+    /// tile to finish its range adds the others' partial sums (`splitk`) and stores C.
     pub split_k: u32,
     /// CTAs per cluster along M (1 or [`MAX_CLUSTER`]): the CTAs of a cluster compute consecutive
     /// M tiles of one N tile and multicast halves of the shared B tile.

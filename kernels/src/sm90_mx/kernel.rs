@@ -19,6 +19,7 @@ use crate::gemm::epilogue::{self, Output, Staging};
 use crate::gemm::layout::{FRAGMENT_ROWS, ScaleBox, StageLayout};
 use crate::gemm::pipeline::PipelineState;
 use crate::gemm::scheduler::{ClusterShape, Schedule, WorkUnit};
+use crate::gemm::splitk;
 use crate::ptx::wgmma::{self, Bf16Fragment, Descriptor, Fragment, Swizzle};
 use crate::ptx::{smem, tma};
 
@@ -327,6 +328,15 @@ impl<F: Bf16Fragment, EA: Dequant, EB: Dequant, S: ScaleDecode> GemmKernel
         if p.alpha != 1.0 {
             epilogue::scale(&mut acc, p.alpha);
         }
+        let (who, acc) = (
+            (cons.c, CONSUMERS, cons.local),
+            core::array::from_mut(&mut acc),
+        );
+        // SAFETY: the host sizes `splitk` for this schedule (the entry's contract); the tile is
+        // CONSUMERS fragments of 64 rows.
+        let meet =
+            unsafe { splitk::meet(&p.splitk, &self.schedule(), self.cluster(), own, who, acc) };
+        let Some(out_l) = meet else { return };
         let out = Output {
             ptr: p.out,
             tmap: 0,
@@ -341,9 +351,9 @@ impl<F: Bf16Fragment, EA: Dequant, EB: Dequant, S: ScaleDecode> GemmKernel
             consumers: CONSUMERS,
             block_n: F::N,
         };
-        let at = (own.first_row(own.m, BLOCK_M), own.n * F::N, own.out_l);
+        let at = (own.first_row(own.m, BLOCK_M), own.n * F::N, out_l);
         // SAFETY: `out.tmap` is 0, so nothing is staged.
-        unsafe { epilogue::store(&out, staging, cons.c, cons.local, &[acc], at, BLOCK_M) };
+        unsafe { epilogue::store(&out, staging, cons.c, cons.local, acc, at, BLOCK_M) };
     }
 
     #[inline(always)]

@@ -102,8 +102,10 @@ pub struct Sm90MxParams {
     /// l; boxes of [`sfa_box`] rows): a tile's scales may start at any row (grouped GEMM).
     pub tmap_sfa: u64,
     pub sfb: u64,
-    /// `[l][m][n]` of `out_type`, or with `split_k` > 1 the f32 workspace (as the FP8 family's).
+    /// `[l][m][n]` of `out_type`.
     pub out: u64,
+    /// With `split_k` > 1, where the K ranges meet (`crate::gemm::splitk`).
+    pub splitk: crate::params::SplitKParams,
     pub m: u32,
     pub n: u32,
     pub k: u32,

@@ -22,6 +22,7 @@ use crate::gemm::layout::{FRAGMENT_ROWS, ScaleBox, StageLayout};
 use crate::gemm::pipeline::PipelineState;
 use crate::gemm::promote::promote_columns;
 use crate::gemm::scheduler::{ClusterShape, Schedule, WorkUnit};
+use crate::gemm::splitk;
 use crate::ptx::wgmma::{self, Bf16RsFragment, Fragment};
 use crate::ptx::{smem, tma};
 use crate::sm90_mx::dequant::{self, Dequant, E2m1, E4m3, ScaleDecode, mul_bf16x2};
@@ -351,6 +352,15 @@ impl<F: Bf16RsFragment, A: Activations, S: ScaleDecode> GemmKernel for W4Gemm<F,
         if p.alpha != 1.0 {
             epilogue::scale(&mut acc, p.alpha);
         }
+        let (who, acc) = (
+            (cons.c, CONSUMERS, cons.local),
+            core::array::from_mut(&mut acc),
+        );
+        // SAFETY: the host sizes `splitk` for this schedule (the entry's contract); the tile is
+        // CONSUMERS fragments of 64 weight rows.
+        let meet =
+            unsafe { splitk::meet(&p.splitk, &self.schedule(), self.cluster(), own, who, acc) };
+        let Some(out_l) = meet else { return };
         let out = Output {
             ptr: p.out,
             tmap: 0,
@@ -361,7 +371,7 @@ impl<F: Bf16RsFragment, A: Activations, S: ScaleDecode> GemmKernel for W4Gemm<F,
         };
         let n0 = own.m * WEIGHT_ROWS + cons.row;
         let m0 = own.first_row(own.n, F::N) + 2 * (cons.local % 4);
-        epilogue::store_transposed(&out, own.out_l, n0, m0, &acc);
+        epilogue::store_transposed(&out, out_l, n0, m0, &acc[0]);
     }
 
     #[inline(always)]

@@ -199,8 +199,10 @@ pub struct Sm90W4Params {
     pub sfw: u64,
     /// 0 for bf16 activations.
     pub tmap_sx: u64,
-    /// `[l][m][n]` of `out_type`, or with `split_k` > 1 the f32 workspace.
+    /// `[l][m][n]` of `out_type`.
     pub out: u64,
+    /// With `split_k` > 1, where the K ranges meet (`crate::gemm::splitk`).
+    pub splitk: crate::params::SplitKParams,
     pub m: u32,
     pub n: u32,
     pub k: u32,
