@@ -14,7 +14,7 @@ small=(--recipe deepseek-fp8 --iterations 1 --warmup_iterations 0 --no_peer)
 tools="memcheck racecheck synccheck"; [ "${SANITIZE:-1}" = 0 ] && tools=""
 for tool in $tools; do
   for case in "200,136,512,2 BFloat16" "200,100,256,1 Float32"; do set -- $case
-  for tile in ${TILES:-128,128 192,128 256,128 128,64}; do for cl in ${CLUSTERS:-1,1 2,1 1,2}; do
+  for tile in ${TILES:-128,128 192,128 256,128 128,64 128,144 128,160 128,192}; do for cl in ${CLUSTERS:-1,1 2,1 1,2}; do
     [ "$tile,$cl" = "128,64,2,1" ] && continue   # 64-column tiles do not pair along M
     printf "%-10s %-14s %-8s %-8s %-4s " "$tool" "$1" "$2" "$tile" "$cl"
     timeout 300 compute-sanitizer --tool "$tool" "$run" --mnkl "$1" --c_dtype "$2" --mma_tiler_mn "$tile" --cluster_shape_mn "$cl" "${small[@]}" 2>&1 | grep -E "ERROR SUMMARY|RACECHECK SUMMARY|mismatch|FAIL" | tr '\n' ' '

@@ -338,7 +338,7 @@ pub fn sm90_grouped_default(
     sm_count: u32,
 ) -> Sm90Config {
     if per_group >= GROUPED_DENSE_ROWS {
-        let mut cfg = sm90_default(per_group, n, k, 1, sm_count);
+        let mut cfg = sm90_unswapped(per_group, n, k, 1, sm_count, false);
         cfg.split_k = 1;
         let m_units = rows.div_ceil((cfg.tile.block_m() * cfg.cluster.m) as usize);
         cfg.group_m = cfg.group_m.min(m_units.max(1) as u32);
@@ -391,6 +391,12 @@ pub fn sm90_default(m: usize, n: usize, k: usize, l: usize, sm_count: u32) -> Sm
     if m <= SWAPPED_MAX_M && (m <= 32 || k >= SWAPPED_64_MIN_K) {
         return sm90_decode_default(m, n, k, l, sm_count);
     }
+    sm90_unswapped(m, n, k, l, sm_count, true)
+}
+
+/// [`sm90_default`]'s choice among the unswapped tiles, the wide ones only if `wide` (the
+/// grouped kernels have none).
+fn sm90_unswapped(m: usize, n: usize, k: usize, l: usize, sm_count: u32, wide: bool) -> Sm90Config {
     let cost = |t: Tile| {
         let tiles = m.div_ceil(t.block_m() as usize) * n.div_ceil(t.block_n as usize) * l.max(1);
         let rounds = tiles.div_ceil(sm_count.max(1) as usize) as f64;
@@ -399,6 +405,10 @@ pub fn sm90_default(m: usize, n: usize, k: usize, l: usize, sm_count: u32) -> Sm
     let mut candidates = vec![Tile::M256, Tile::M192, Tile::M128];
     if m <= N64_MAX_M {
         candidates.push(Tile::M128N64);
+    } else if wide {
+        // The wide tiles' costs were measured where the tensor cores are the limit (M ≥ 1024);
+        // at M ≤ 128 the shapes wait on memory and keep the rule fitted there.
+        candidates.extend([Tile::M128N192, Tile::M128N160, Tile::M128N144]);
     }
     // Ties go to the earlier (taller, wider) tile: fewer L2 bytes for the same time.
     let tile = candidates.into_iter().fold(
@@ -532,11 +542,12 @@ pub fn decode_sm_rate(tile: Tile) -> f64 {
 /// measured the same within ±5% (docs/PERF.md, v35).
 pub const DECODE_REDUCE_US: f64 = 2.2;
 
-/// CTAs per cluster: 256- and 192-row tiles go in pairs along N (the pair shares the A tile, the
-/// larger operand, by TMA multicast, halving its L2 reads) when the tiles fill at least one round
+/// CTAs per cluster: 256- and 192-row tiles and the wide tiles go in pairs along N (the pair
+/// shares the A tile by TMA multicast, halving its L2 reads) when the tiles fill at least one round
 /// and pairing them (units of two tiles on half as many pairs of SMs) takes no more rounds (a
-/// pair whose second tile is past N still takes a slot). Pairs along M (sharing B) and 128-row
-/// tiles in pairs measured slower (docs/PERF.md, v9–v10, v20): they run alone.
+/// pair whose second tile is past N still takes a slot). Pairs along M (sharing B) and 128 × 128
+/// tiles in pairs measured slower (docs/PERF.md, v9–v10, v20): they run alone. (The wide tiles'
+/// costs were measured in pairs along N; 128 × 192 alone was within 1–3% of its pairs, v36.)
 fn cluster(tile: Tile, m_tiles: usize, n_tiles: usize, l: usize, sm_count: u32) -> ClusterShape {
     let alone = ClusterShape { m: 1, n: 1 };
     let sms = sm_count.max(2) as usize;
@@ -547,7 +558,7 @@ fn cluster(tile: Tile, m_tiles: usize, n_tiles: usize, l: usize, sm_count: u32) 
     let rounds = tiles.div_ceil(sms);
     let pair_rounds =
         |cm: usize, cn: usize| (m_tiles.div_ceil(cm) * n_tiles.div_ceil(cn) * l).div_ceil(sms / 2);
-    if tile.block_m() > 128 && pair_rounds(1, 2) <= rounds {
+    if (tile.block_m() > 128 || tile.is_wide()) && pair_rounds(1, 2) <= rounds {
         ClusterShape { m: 1, n: 2 }
     } else {
         alone
@@ -646,13 +657,21 @@ const MIN_SPLIT_K_BLOCKS: usize = 4;
 /// same or faster at M = 128).
 const SPLIT_K_COST_BLOCKS: usize = 10;
 
-/// Time of one tile in units of a 128-row tile's, as measured on the H100: 256 rows 1.75
-/// (docs/PERF.md, v9), 192 rows 1.4 (v20), 128 × 64 0.6 (v22: the cost that reproduces every
-/// measured choice at M = 128, where these shapes wait on memory, not on the tensor cores).
+/// Time of one tile in units of a 128 × 128 tile's, measured on the H100 with every SM busy
+/// (8192 × 8192 × 2048, each tile alone or in its pairs; docs/PERF.md, v36): 256 × 128 1.86,
+/// 192 × 128 1.50, 128 × 192 1.55, 128 × 160 1.41, 128 × 144 1.42 (the narrower wide tiles do
+/// less work per shared-memory byte of their epilogue boxes and per MMA: per FLOP 0.89 and 0.79 of
+/// a 128 × 128 tile, where 256 × 128 does 1.07); 128 × 64 0.6 (v22: the cost that reproduces
+/// every measured choice at M = 128, where these shapes wait on memory, not on the tensor cores).
+/// With rounds × these costs, the choice on a sweep of 16 shapes (M 1024–8192, N 1536–24576,
+/// K 1536–7168) ran within 2.5% of the fastest tile on every shape, 0.3% on average (v36).
 pub fn tile_cost(t: Tile) -> f64 {
     match (t.block_m(), t.block_n) {
-        (256, _) => 1.75,
-        (192, _) => 1.4,
+        (256, _) => 1.86,
+        (192, _) => 1.5,
+        (_, 192) => 1.55,
+        (_, 160) => 1.41,
+        (_, 144) => 1.42,
         (_, 64) => 0.6,
         _ => 1.0,
     }
@@ -679,7 +698,7 @@ mod tests {
         assert_eq!(sm90_default(128, 7168, 2048, 1, h100).tile.block_m(), 128);
         assert_eq!(sm90_default(200, 2112, 7168, 1, h100).tile.block_m(), 128);
         // 4096 × 2112: 374 tiles of 192 rows are 3 rounds (544 of 128 rows are 5; 272 of 256
-        // rows 3, at 1.75 each).
+        // rows 3, at 1.86 each; 352 of 128 × 192 3, at 1.55).
         assert_eq!(sm90_default(4096, 2112, 7168, 1, h100).tile.block_m(), 192);
         for (m, n) in [(8192, 8192), (4096, 2112), (200, 2112), (256, 7168)] {
             assert_eq!(
@@ -688,6 +707,46 @@ mod tests {
                 "{m}×{n}"
             );
         }
+    }
+
+    /// The v36 tile sweep (docs/PERF.md): per shape, the tile the cost model picks. Each ran
+    /// within 2.5% of the fastest of the six tiles measured there (0.3% on average).
+    #[test]
+    fn tiles_follow_the_measured_sweep() {
+        let sweep = [
+            ((4096, 2112, 7168), Tile::M192),
+            ((4096, 7168, 2048), Tile::M256),
+            ((8192, 8192, 2048), Tile::M256),
+            ((2048, 7168, 2048), Tile::M128),
+            ((2048, 2112, 7168), Tile::M128N160),
+            ((4096, 4096, 2048), Tile::M256),
+            ((1024, 7168, 7168), Tile::M256),
+            ((2048, 24576, 1536), Tile::M256),
+            ((4096, 1536, 7168), Tile::M192),
+            ((8192, 2112, 2048), Tile::M192),
+            ((1536, 8192, 4096), Tile::M256),
+            ((3072, 3072, 4096), Tile::M192),
+            ((4096, 5120, 2048), Tile::M256),
+            ((6144, 6144, 2048), Tile::M256),
+            ((1024, 4096, 7168), Tile::M256),
+            ((4096, 12288, 2048), Tile::M256),
+        ];
+        for ((m, n, k), tile) in sweep {
+            let cfg = sm90_default(m, n, k, 1, 132);
+            assert_eq!(cfg.tile, tile, "{m}×{n}×{k}");
+        }
+        // Wide tiles go in pairs along N where pairing costs no round, as they were measured.
+        let wide = sm90_default(2048, 2112, 7168, 1, 132);
+        assert_eq!(wide.cluster, ClusterShape { m: 1, n: 2 });
+        // At M ≤ 128 (memory-bound) they are not candidates, nor for grouped GEMM (no grouped
+        // wide kernels).
+        for n in [2112, 7168, 24576, 32768] {
+            assert!(!sm90_default(128, n, 2048, 1, 132).tile.is_wide(), "{n}");
+        }
+        let grouped = sm90_grouped_default(16 * 2048, 2112, 7168, 16, 2048, 132);
+        assert!(!grouped.tile.is_wide(), "{grouped:?}");
+        let e4m3 = blockscaled_kernels::format::ElemType::E4M3;
+        assert!(blockscaled_kernels::sm90::kernel(grouped.tile, e4m3, e4m3, true).is_some());
     }
 
     #[test]

@@ -16,7 +16,7 @@ use crate::launch::{Launch, persistent_ctas};
 use crate::matrix::{GemmShape, MatrixDesc, ScaledMatrix};
 use crate::splitk::{self, SplitK};
 use crate::tensor_map::{DataType, Swizzle, encode_3d, encode_scale_rows};
-use blockscaled_kernels::gemm::layout::{FRAGMENT_ROWS, OUT_BOX_N};
+use blockscaled_kernels::gemm::layout::{FRAGMENT_ROWS, OUT_BOX_WIDTHS, out_box_n};
 use blockscaled_kernels::gemm::scheduler::{ClusterShape, MAX_CLUSTER, Schedule};
 use blockscaled_kernels::sm90::{
     self as family, BLOCK_K, BLOCK_N, ROW_BYTES, Sm90Fp8Params, Tile, WG_ROWS, m_pad,
@@ -27,7 +27,8 @@ use blockscaled_kernels::sm90::{
 pub struct Sm90Config {
     /// The output tile: one of [`Tile::ALL`] — 128 × 128, 192 × 128 (three consumer
     /// warpgroups), 256 × 128 (two 128-row waves per stage, a quarter fewer L2 bytes per FLOP),
-    /// or 128 × 64 (twice the tiles at small M).
+    /// 128 × 144, 160 or 192 (wide: fewer shared-memory bytes per FLOP, and widths that fill
+    /// rounds of SMs), 128 × 64 (twice the tiles at small M), or the swapped decode tiles.
     pub tile: Tile,
     /// CTAs per cluster: 1 × 1, 2 × 1 (a pair along M shares each B tile by TMA multicast, in
     /// halves, so not with 64-column tiles) or 1 × 2 (a pair along N shares each A tile).
@@ -79,10 +80,11 @@ impl Sm90Config {
                 tile.block_n
             )));
         }
-        // Each CTA of a pair along M loads half the B tile: boxes of 128 or 64 rows.
+        // Each CTA of a pair along M loads half the B tile, in whole 8-row swizzle atoms.
         if b_box_rows(tile, cl).is_none() {
             return Err(config(format!(
-                "a pair along M shares the B tile in halves of 64 rows: not with {}-column tiles",
+                "a pair along M shares the B tile in halves of at least 64 rows: not with \
+                 {}-column tiles",
                 tile.block_n
             )));
         }
@@ -187,10 +189,10 @@ fn band_rows(tile: Tile) -> u32 {
 }
 
 /// Rows of each CTA's box of the B tile: the tile's columns shared among a cluster's CTAs along
-/// M, which the host has tensor maps for (128 and 64 rows); `None` otherwise.
+/// M, which the host has tensor maps for ([`BOX_ROWS`]: 64 rows or more); `None` otherwise.
 fn b_box_rows(tile: Tile, cl: ClusterShape) -> Option<u32> {
     let rows = tile.block_n / cl.m.max(1);
-    (tile.block_n.is_multiple_of(cl.m.max(1)) && (rows == BLOCK_N || rows == WG_ROWS))
+    (tile.block_n.is_multiple_of(cl.m.max(1)) && rows >= WG_ROWS && BOX_ROWS.contains(&rows))
         .then_some(rows)
 }
 
@@ -374,19 +376,31 @@ impl Sm90Operand {
 }
 
 /// The box heights the operands' tensor maps are made for: every `Tile::a_box_rows` and
-/// [`b_box_rows`].
-const BOX_ROWS: [u32; 4] = [128, 64, 32, 16];
+/// [`b_box_rows`] (a tile's width, and half of it for a pair along M).
+const BOX_ROWS: [u32; 10] = [128, 64, 32, 16, 144, 160, 192, 72, 80, 96];
 
 // The 64-row box serves both: a pair's half of a B tile and one consumer's A rows.
 const _: () = assert!(BLOCK_N / MAX_CLUSTER == WG_ROWS);
+/// Whether the operands have a tensor map with boxes of `rows` rows.
+const fn has_box(rows: u32) -> bool {
+    let mut j = 0;
+    while j < BOX_ROWS.len() {
+        if BOX_ROWS[j] == rows {
+            return true;
+        }
+        j += 1;
+    }
+    false
+}
 const _: () = {
     let mut i = 0;
     while i < Tile::ALL.len() {
-        let t = Tile::ALL[i].a_box_rows(1);
-        let (u, v) = (Tile::ALL[i].a_box_rows(MAX_CLUSTER), BLOCK_N);
-        assert!(t == 128 || t == 64 || t == 32 || t == 16);
-        assert!(u == 128 || u == 64 || u == 32 || u == 16);
-        assert!(v == BOX_ROWS[0]);
+        let t = Tile::ALL[i];
+        assert!(has_box(t.a_box_rows(1)) && has_box(t.a_box_rows(MAX_CLUSTER)));
+        if !t.is_swapped() {
+            assert!(has_box(t.block_n) || t.block_n == 64);
+            assert!(t.block_n < 128 || has_box(t.block_n / MAX_CLUSTER));
+        }
         i += 1;
     }
 };
@@ -414,11 +428,20 @@ fn encode_tensor_map(
     )
 }
 
-/// The output's TMA-store descriptor (N, M, L of 16-bit values; box 64 × 64, 128-byte swizzle),
+/// The output's TMA-store descriptors (N, M, L of 16-bit values; boxes of 64 rows × 64, 32 or 16
+/// columns with the 128-, 64- or 32-byte swizzle: `gemm::layout::out_box_n` of each tile width),
 /// made for 16-bit outputs with N % 8 == 0; the kernel stores the others directly (f32, or rows
 /// that are not 16-byte aligned, which TMA needs).
 struct Sm90Output {
-    tmap: CudaSlice<u8>,
+    tmaps: [CudaSlice<u8>; OUT_BOX_WIDTHS.len()],
+}
+
+impl Sm90Output {
+    /// The map whose boxes are `width` columns.
+    fn tmap(&self, width: u32) -> Option<&CudaSlice<u8>> {
+        let i = OUT_BOX_WIDTHS.iter().position(|&w| w == width)?;
+        Some(&self.tmaps[i])
+    }
 }
 
 impl Sm90Output {
@@ -432,16 +455,26 @@ impl Sm90Output {
             return Ok(None);
         }
         let (ptr, _g) = buf.device_ptr(stream);
-        let tmap = encode_3d(
-            stream,
-            ptr,
-            DataType::CU_TENSOR_MAP_DATA_TYPE_UINT16,
-            [n, m, l],
-            2,
-            [OUT_BOX_N, FRAGMENT_ROWS],
-            Swizzle::CU_TENSOR_MAP_SWIZZLE_128B,
-        )?;
-        Ok(Some(Sm90Output { tmap }))
+        let mut tmaps = Vec::with_capacity(OUT_BOX_WIDTHS.len());
+        for width in OUT_BOX_WIDTHS {
+            let swizzle = match width {
+                64 => Swizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+                32 => Swizzle::CU_TENSOR_MAP_SWIZZLE_64B,
+                _ => Swizzle::CU_TENSOR_MAP_SWIZZLE_32B,
+            };
+            tmaps.push(encode_3d(
+                stream,
+                ptr,
+                DataType::CU_TENSOR_MAP_DATA_TYPE_UINT16,
+                [n, m, l],
+                2,
+                [width, FRAGMENT_ROWS],
+                swizzle,
+            )?);
+        }
+        Ok(Some(Sm90Output {
+            tmaps: tmaps.try_into().expect("one map per box width"),
+        }))
     }
 }
 
@@ -611,7 +644,11 @@ impl Sm90Fp8 {
         let tmap_c = if tile.is_swapped() {
             0
         } else {
-            launch.opt_ptr(out_prepared.get::<Sm90Output>().map(|o| &o.tmap))
+            launch.opt_ptr(
+                out_prepared
+                    .get::<Sm90Output>()
+                    .and_then(|o| o.tmap(out_box_n(tile.block_n))),
+            )
         };
         let params = Sm90Fp8Params {
             tmap_a,

@@ -243,7 +243,7 @@ proptest! {
         l in 1usize..9,
         out_i in 0usize..3,
         cluster in 0u32..3,
-        tile in 0usize..7,
+        tile in 0usize..10,
         split in 1u32..5,
         n_mult_8 in any::<bool>(),
         seed in any::<u64>(),
@@ -264,8 +264,18 @@ proptest! {
             (r5, r5),
         ][which];
         let dtype = [OutType::Bf16, OutType::F16, OutType::F32][out_i];
-        let tile = [(128, 128), (192, 128), (256, 128), (128, 64), (16, 128), (32, 128), (64, 128)]
-            [tile];
+        let tile = [
+            (128, 128),
+            (192, 128),
+            (256, 128),
+            (128, 64),
+            (16, 128),
+            (32, 128),
+            (64, 128),
+            (128, 144),
+            (128, 160),
+            (128, 192),
+        ][tile];
         // None, along M, or along N (64-column tiles: no pairs along M, which share B in halves;
         // swapped tiles run alone).
         let cluster = match [(1, 1), (2, 1), (1, 2)][cluster as usize] {
@@ -695,7 +705,7 @@ fn operands_and_outputs_of_another_gpu_are_rejected() {
 }
 
 /// Every tile × cluster of the sm90 kernel, alone and in pairs, with and without split-K.
-const SM90_FORCES: [Force; 19] = [
+const SM90_FORCES: [Force; 26] = [
     ((128, 128), (1, 1), 1),
     ((128, 128), (2, 1), 1),
     ((128, 128), (1, 2), 1),
@@ -707,7 +717,14 @@ const SM90_FORCES: [Force; 19] = [
     ((256, 128), (1, 2), 1),
     ((128, 64), (1, 1), 1),
     ((128, 64), (1, 2), 1),
+    ((128, 144), (1, 1), 1),
+    ((128, 144), (2, 1), 1),
+    ((128, 160), (1, 1), 1),
+    ((128, 160), (1, 2), 1),
+    ((128, 192), (1, 1), 1),
+    ((128, 192), (2, 1), 1),
     ((128, 128), (1, 1), 3),
+    ((128, 160), (1, 1), 3),
     ((256, 128), (1, 2), 3),
     ((128, 64), (1, 1), 4),
     ((16, 128), (1, 1), 1),

@@ -47,8 +47,8 @@ struct Args {
     /// Output type: BFloat16 (default), Float16, Float32.
     #[arg(long = "c_dtype", alias = "c-dtype", default_value = "BFloat16")]
     c_dtype: String,
-    /// Tile M,N of the sm90 kernel: 128,128, 192,128, 256,128, 128,64, or swapped (decode
-    /// sizes) 16,128, 32,128 or 64,128 (default: the heuristic's).
+    /// Tile M,N of the sm90 kernel: 128,128, 192,128, 256,128, 128,64, wide 128,144, 128,160,
+    /// 128,192, or swapped (decode sizes) 16,128, 32,128 or 64,128 (default: the heuristic's).
     #[arg(long = "mma_tiler_mn", alias = "mma-tiler-mn")]
     mma_tiler_mn: Option<String>,
     /// Cluster shape M,N (accepted for the fast kernels; the reference kernel runs unclustered).
@@ -278,8 +278,8 @@ fn run(args: &Args) -> Result<bool, String> {
             .into_iter()
             .find(|t| (t.block_m() as usize, t.block_n as usize) == (bm, bn))
             .ok_or_else(|| {
-                "--mma_tiler_mn: the sm90 kernel has tiles of 128,128, 192,128, 256,128, 128,64 \
-                 and, swapped (M ≤ 64), 16,128, 32,128 and 64,128"
+                "--mma_tiler_mn: the sm90 kernel has tiles of 128,128, 192,128, 256,128, 128,64, \
+                 128,144, 128,160, 128,192 and, swapped (M ≤ 64), 16,128, 32,128 and 64,128"
                     .to_string()
             })
     };

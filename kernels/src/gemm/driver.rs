@@ -114,12 +114,14 @@ pub unsafe fn run<K: GemmKernel, const PREGS: u32, const CREGS: u32>(k: &K) {
             thread::grid_dim_x() / size,
         )
     };
-    let wg = tid / 128;
+    // The role index, warp-uniform as ptxas can see it: the roles' branches are then uniform and
+    // the consumers' `wgmma` descriptors are computed in uniform registers.
+    let wg = thread::warp_uniform(tid / 128);
     if wg == 0 {
         thread::lower_registers::<PREGS>();
         let units = units();
         if tid == 0 {
-            let mut st = PipelineState::default();
+            let mut st = pipe.state();
             for unit in units {
                 let own = cluster.own(unit, rank);
                 for kb in own.k_blocks() {
@@ -138,7 +140,7 @@ pub unsafe fn run<K: GemmKernel, const PREGS: u32, const CREGS: u32>(k: &K) {
         thread::raise_registers::<CREGS>();
         let units = units();
         let cons = k.consumer(&ctx, wg - 1, tid % 128);
-        let mut st = PipelineState::default();
+        let mut st = pipe.state();
         for unit in units {
             let own = cluster.own(unit, rank);
             // SAFETY: `st` counts this warpgroup's uses in order, as the producer counts fills.

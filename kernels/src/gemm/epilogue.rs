@@ -1,22 +1,17 @@
 //! Epilogue stores of `wgmma` accumulator fragments (thread t of a warpgroup, warp w = t/32,
 //! lane l, holds value i at row `16w + l/4 + 8·((i/2)%2)`, column `8·(i/4) + 2·(l%4) + (i%2)`):
-//! - 16-bit output through 128-byte-swizzled shared boxes of 64 × 64 and TMA stores (the
-//!   warpgroup goes on to its next tile while they drain; TMA clips rows past M and columns
-//!   past N);
+//! - 16-bit output through swizzled shared boxes of 64 rows × 64 columns (32 or 16 where the
+//!   tile's width is not a multiple of 64: [`out_box_n`]) and TMA stores (the warpgroup goes on to
+//!   its next tile while they drain; TMA clips rows past M and columns past N);
 //! - direct stores with predicates (f32 output, N % 8 ≠ 0, and split-K partials into the f32
 //!   workspace), also of transposed products (kernels that swap A and B);
 //! - per-column scales multiplied in after the K loop, and one scale for all (`scale`).
 
 use super::barriers::sync_consumer;
-use super::layout::{FRAGMENT_ROWS, OUT_BOX_N};
+use super::layout::{FRAGMENT_ROWS, out_box_n, out_box_swizzle_bytes};
 use crate::params::OutType;
 use crate::ptx::wgmma::{self, Fragment};
 use crate::ptx::{convert, global, smem, tma};
-
-/// Bytes of one row of an output box.
-const BOX_ROW_BYTES: u32 = 128;
-/// Bytes of one output box.
-pub const BOX_BYTES: u32 = FRAGMENT_ROWS * BOX_ROW_BYTES;
 
 /// The output as the epilogue writes it: `[l][m][n]` row-major of `out_type` at `ptr`, and its TMA
 /// map (0: direct stores).
@@ -45,8 +40,11 @@ impl Output {
     }
 }
 
-/// The shared boxes the TMA-store path stages a tile in: per wave, per consumer, `block_n / 64`
-/// boxes of 64 × 64 16-bit values, 128-byte swizzled (chunk j of row r at chunk j ^ (r % 8)).
+/// The shared boxes the TMA-store path stages a tile in: per wave, per consumer, `block_n / W`
+/// boxes of 64 rows × W 16-bit values (W = [`out_box_n`]`(block_n)`), each row one swizzle span
+/// of 2W bytes, swizzled as TMA reads it: the 16-byte chunk bits of an address are XORed with
+/// the bits above the span's 128 bytes (chunk j of row r at j ^ (r % 8) for W = 64, j ^ (r/2 % 4)
+/// for 32, j ^ (r/4 % 2) for 16). The base is 1024-byte aligned, and so is every box.
 #[derive(Clone, Copy)]
 pub struct Staging {
     pub base: u32,
@@ -55,10 +53,26 @@ pub struct Staging {
 }
 
 impl Staging {
-    /// Box `h` (columns 64h..64h+64) of consumer `c`'s rows of wave `w`.
+    /// Columns of one box.
+    #[inline(always)]
+    pub const fn box_n(self) -> u32 {
+        out_box_n(self.block_n)
+    }
+    /// Bytes of one box row: the swizzle span.
+    #[inline(always)]
+    pub const fn row_bytes(self) -> u32 {
+        out_box_swizzle_bytes(self.block_n)
+    }
+    /// Bytes of one box.
+    #[inline(always)]
+    pub const fn box_bytes(self) -> u32 {
+        FRAGMENT_ROWS * self.row_bytes()
+    }
+    /// Box `h` (columns `h·W..(h + 1)·W`) of consumer `c`'s rows of wave `w`.
     #[inline(always)]
     pub const fn box_addr(self, w: u32, c: u32, h: u32) -> u32 {
-        self.base + ((w * self.consumers + c) * (self.block_n / OUT_BOX_N) + h) * BOX_BYTES
+        self.base
+            + ((w * self.consumers + c) * (self.block_n / self.box_n()) + h) * self.box_bytes()
     }
 }
 
@@ -123,26 +137,30 @@ pub unsafe fn store_tma<const WAVES: usize, F: Fragment>(
     }
     sync_consumer(c);
     let bf16 = out.out_type == OutType::Bf16 as u32;
-    // This thread's first row in the boxes; with the 128-byte swizzle, r % 8 = lane / 4 for every
-    // row this thread writes.
-    let r = 16 * warp + lane / 4;
-    let base = smem::opaque(
-        staging.box_addr(0, c, 0) + r * BOX_ROW_BYTES + 16 * (lane / 4) + 4 * (lane % 4),
-    );
+    // This thread's first row in the boxes. The swizzle's XOR term, bits 7.. of the row's offset
+    // masked to the span's chunk count, is the same for every row this thread writes (rows
+    // r + 16·warp + 8·h differ in bits the mask drops), and it occupies the chunk bits, which the
+    // row's offset leaves 0.
+    let (r, span) = (16 * warp + lane / 4, staging.row_bytes());
+    let xor = 16 * (((r * span) >> 7) & (span / 16 - 1));
+    let base = smem::opaque(staging.box_addr(0, c, 0) + r * span + xor + 4 * (lane % 4));
     for (w, acc) in acc.iter().enumerate() {
         // One conversion per path (a run-time choice per value doubles the live registers).
         if bf16 {
-            stage_fragment::<true, F>(base, w as u32 * staging.consumers, acc);
+            stage_fragment::<true, F>(base, staging, w as u32, acc);
         } else {
-            stage_fragment::<false, F>(base, w as u32 * staging.consumers, acc);
+            stage_fragment::<false, F>(base, staging, w as u32, acc);
         }
     }
     smem::fence_async_proxy();
     sync_consumer(c);
     if local == 0 {
         for w in 0..WAVES as u32 {
-            for h in 0..staging.block_n / OUT_BOX_N {
-                let (x, y) = (n0 + h * OUT_BOX_N, m0 + w * wave_m + c * FRAGMENT_ROWS);
+            for h in 0..staging.block_n / staging.box_n() {
+                let (x, y) = (
+                    n0 + h * staging.box_n(),
+                    m0 + w * wave_m + c * FRAGMENT_ROWS,
+                );
                 // SAFETY: the boxes were written and fenced by the whole warpgroup (the barrier
                 // above); the map covers the output, TMA clips rows past M and columns past N.
                 unsafe {
@@ -168,21 +186,21 @@ pub fn drain(local: u32) {
     }
 }
 
-/// Writes one thread's fragment as 16-bit values into its warpgroup's boxes of a wave whose first
-/// boxes follow `consumers` consumers' boxes (N / 64 each). `base` is the thread's address of
-/// chunk 0 of its first row in wave 0's first box, with the swizzle term `16·(lane/4)` added
-/// (bits 4–6 of the address, which nothing else sets): chunk `j` is then at `base ^ 16·j`. The
-/// swizzle is what the TMA store reads, and it spreads a warp's 8 rows over all 32 banks.
+/// Writes one thread's fragment of wave `w` as 16-bit values into its warpgroup's boxes (a wave's
+/// boxes follow every consumer's boxes of the waves before it). `base` is the thread's address of
+/// chunk 0 of its first row in wave 0's first box, with the swizzle's XOR term added (in the
+/// chunk bits, which nothing else sets): chunk `j` is then at `base ^ 16·j`. The swizzle is what
+/// the TMA store reads, and it spreads a warp's 8 rows over all 32 banks.
 #[inline(always)]
-fn stage_fragment<const BF16: bool, F: Fragment>(base: u32, consumers: u32, acc: &F) {
-    // A wave's boxes follow the consumers' boxes of the waves before it.
-    let wave = consumers * (F::N / OUT_BOX_N) * BOX_BYTES;
+fn stage_fragment<const BF16: bool, F: Fragment>(base: u32, staging: Staging, w: u32, acc: &F) {
+    let (box_n, span) = (staging.box_n(), staging.row_bytes());
+    let wave = w * staging.consumers * (F::N / box_n) * staging.box_bytes();
     let acc = acc.as_ref();
     for j in 0..F::N / 4 {
         let i = 2 * j as usize;
-        let chunk = (j / 2) % 8; // 16-byte chunk of the 128-byte box row
-        let h = j / 16; // which 64-column box
-        let addr = (base ^ (16 * chunk)) + wave + h * BOX_BYTES + 8 * (j % 2) * BOX_ROW_BYTES;
+        // Pair j is in the 8-column group j / 2 (row + 8 for odd j): its box and 16-byte chunk.
+        let (h, chunk) = ((j / 2) / (box_n / 8), (j / 2) % (box_n / 8));
+        let addr = (base ^ (16 * chunk)) + wave + h * staging.box_bytes() + 8 * (j % 2) * span;
         let pair = if BF16 {
             convert::f32x2_to_bf16x2(acc[i], acc[i + 1])
         } else {
@@ -201,17 +219,21 @@ fn stage_fragment<const BF16: bool, F: Fragment>(base: u32, consumers: u32, acc:
 /// fragment is not unrolled, and the fragment would move to the stack.
 #[inline(always)]
 pub fn store_direct<F: Fragment>(out: &Output, l: u32, row0: u32, col0: u32, acc: &F) {
-    for (c, chunk) in acc.as_ref().as_chunks::<CHUNK>().0.iter().enumerate() {
+    let (chunks, rest) = acc.as_ref().as_chunks::<CHUNK>();
+    for (c, chunk) in chunks.iter().enumerate() {
         store_chunk(out, l, row0, col0 + 64 * c as u32, chunk);
     }
+    // Fragments whose width is not a multiple of 64 (the wide tiles' 144 … 208 columns, m64n16).
+    store_chunk(out, l, row0, col0 + 64 * chunks.len() as u32, rest);
 }
 
 /// Fragment values per chunk of [`store_direct`] and [`scale`]: 64 columns.
 const CHUNK: usize = 32;
 
-/// [`store_direct`] of values `0..32` of a fragment (columns `col0..col0 + 64`).
+/// [`store_direct`] of up to [`CHUNK`] values of a fragment, a multiple of 4 (columns from
+/// `col0`, 8 per 4 values).
 #[inline(always)]
-fn store_chunk(out: &Output, l: u32, row0: u32, col0: u32, acc: &[f32; CHUNK]) {
+fn store_chunk(out: &Output, l: u32, row0: u32, col0: u32, acc: &[f32]) {
     let out_type = out.out_type;
     let pairs = out.n % 2 == 0;
     let bytes = if out_type == OutType::F32 as u32 {
@@ -219,7 +241,7 @@ fn store_chunk(out: &Output, l: u32, row0: u32, col0: u32, acc: &[f32; CHUNK]) {
     } else {
         2
     };
-    for j in 0..CHUNK / 2 {
+    for j in 0..acc.len() / 2 {
         let i = 2 * j;
         let row = row0 + 8 * ((i / 2) % 2) as u32;
         let col = col0 + 8 * (i / 4) as u32;

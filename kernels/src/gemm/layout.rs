@@ -16,9 +16,28 @@ pub const SWIZZLE_ALIGN: u32 = 1024;
 /// Rows of one warpgroup's `wgmma` accumulator fragment (the M of m64nNk32): what one consumer
 /// warpgroup computes per wave, and the rows of one output box.
 pub const FRAGMENT_ROWS: u32 = 64;
-/// Columns of one output box of the TMA-store epilogue: 64 16-bit values = the 128-byte swizzle
-/// span. The host encodes the output's tensor map with boxes of `OUT_BOX_N` × [`FRAGMENT_ROWS`].
-pub const OUT_BOX_N: u32 = 64;
+/// Columns of one output box of the TMA-store epilogue for tiles of `block_n` columns (a multiple
+/// of 16): 64 16-bit values, the 128-byte swizzle span, where they divide the tile, else 32
+/// (64-byte swizzle) or 16 (32-byte swizzle): a box must not reach into the next tile's columns,
+/// and its row is one swizzle span. The host encodes the output's tensor map with boxes of
+/// `out_box_n(block_n)` × [`FRAGMENT_ROWS`] and the swizzle of [`out_box_swizzle_bytes`].
+pub const fn out_box_n(block_n: u32) -> u32 {
+    if block_n.is_multiple_of(64) {
+        64
+    } else if block_n.is_multiple_of(32) {
+        32
+    } else {
+        16
+    }
+}
+
+/// The output boxes' row and swizzle span in bytes (16-bit values): 128, 64 or 32.
+pub const fn out_box_swizzle_bytes(block_n: u32) -> u32 {
+    2 * out_box_n(block_n)
+}
+
+/// Every output box width [`out_box_n`] gives (the host encodes a map for each).
+pub const OUT_BOX_WIDTHS: [u32; 3] = [64, 32, 16];
 
 /// One TMA box of a tile's per-row scales (entries of `entry` bytes, one per row: an f32, or a
 /// row's scale bytes of one stage), for a tile whose first row may be any row (a grouped GEMM's

@@ -17,18 +17,41 @@ use crate::ptx::{mbarrier, thread};
 // [`Pipeline::consumer_release`] arrives on the one peer of a pair.
 const _: () = assert!(super::scheduler::MAX_CLUSTER == 2);
 
-/// One use of the ring: the producer's n-th fill, or a consumer's n-th read.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// One use of the ring: the producer's n-th fill, or a consumer's n-th read. It carries its
+/// stage and phase and steps them by a compare and a select (the CUTLASS `PipelineState`), not
+/// as `count % stages` and `count / stages`: a division by a stage count that is not a power of
+/// two needs `mul.hi`, which ptxas has no uniform-register form of, so every shared-memory
+/// address and `wgmma` descriptor derived from the stage would be computed per thread and moved
+/// to uniform registers before each MMA.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PipelineState {
     count: u32,
+    stage: u32,
+    phase: u32,
+    stages: u32,
 }
 
 impl PipelineState {
+    /// The first use of a ring of `stages` buffers.
+    #[inline(always)]
+    pub const fn first(stages: u32) -> Self {
+        PipelineState {
+            count: 0,
+            stage: 0,
+            phase: 0,
+            stages,
+        }
+    }
+
     /// The use after this one.
     #[inline(always)]
     pub const fn next(self) -> Self {
+        let wrap = self.stage + 1 == self.stages;
         PipelineState {
             count: self.count + 1,
+            stage: if wrap { 0 } else { self.stage + 1 },
+            phase: if wrap { self.phase ^ 1 } else { self.phase },
+            stages: self.stages,
         }
     }
 
@@ -76,15 +99,21 @@ impl Pipeline {
         }
     }
 
-    /// The buffer index of use `st`.
+    /// The first use of this ring.
+    #[inline(always)]
+    pub const fn state(&self) -> PipelineState {
+        PipelineState::first(self.stages)
+    }
+
+    /// The buffer index of use `st` (a state of this ring).
     #[inline(always)]
     pub const fn stage(&self, st: PipelineState) -> u32 {
-        st.count % self.stages
+        st.stage
     }
 
     #[inline(always)]
     const fn phase(&self, st: PipelineState) -> u32 {
-        (st.count / self.stages) & 1
+        st.phase
     }
 
     #[inline(always)]
@@ -141,6 +170,18 @@ impl Pipeline {
     pub unsafe fn consumer_wait(&self, st: PipelineState) {
         // SAFETY: the caller's contract.
         unsafe { mbarrier::wait(self.full(st), self.phase(st)) };
+    }
+
+    /// Consumer: whether the stage of use `st` is filled, without waiting: a consumer tests its
+    /// next stage before the promotion that ends its current one, so the barrier's latency hides
+    /// behind the promotion, and waits ([`Self::consumer_wait`]) only if it was not yet filled.
+    /// True has the acquire semantics of a completed wait.
+    /// # Safety
+    /// Initialized pipeline; `st` is this consumer's next use after the current one.
+    #[inline(always)]
+    pub unsafe fn consumer_test(&self, st: PipelineState) -> bool {
+        // SAFETY: the caller's contract.
+        unsafe { mbarrier::test_wait(self.full(st), self.phase(st)) }
     }
 
     /// Consumer: this thread releases the stage to every CTA of the cluster (every consumer thread

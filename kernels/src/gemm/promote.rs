@@ -20,6 +20,34 @@ pub fn promote<F: Fragment>(acc: &mut F, part: &F, f0: f32, f1: f32) {
     acc.fence();
 }
 
+/// [`promote`] for a tile whose columns straddle two B-scale blocks: columns before `split` (a
+/// multiple of 8, as every wide tile's boundary is a multiple of 16) take `f` (first row, second
+/// row), the others `g`. Fragment value `i` is in the 8-column group `i / 4` whatever the lane,
+/// so the choice is one compare per group, not per value.
+#[inline(always)]
+pub fn promote_split<F: Fragment>(
+    acc: &mut F,
+    part: &F,
+    (f0, f1): (f32, f32),
+    (g0, g1): (f32, f32),
+    split: u32,
+) {
+    let (sums, part) = (acc.as_mut(), part.as_ref());
+    for q in 0..(F::N / 8) as usize {
+        let (h0, h1) = if 8 * (q as u32) < split {
+            (f0, f1)
+        } else {
+            (g0, g1)
+        };
+        for e in 0..4 {
+            let i = 4 * q + e;
+            let f = if e / 2 == 0 { h0 } else { h1 };
+            sums[i] = core::f32::math::mul_add(part[i], f, sums[i]);
+        }
+    }
+    acc.fence();
+}
+
 /// `acc += part · f(col)` with one factor per column (scales that vary along the fragment's N:
 /// the activations' of a kernel computing Cᵀ). Fragment value `i` is in column
 /// `8·(i/4) + 2·(lane%4) + i%2`, of row `+8·((i/2)%2)`; `f` is called once per column of this

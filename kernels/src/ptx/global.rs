@@ -43,6 +43,23 @@ pub unsafe fn store_u32x2_if(addr: u64, x: u32, y: u32, pred: bool) {
     };
 }
 
+/// `ld.global.nc.f32`: one f32 through the non-coherent (read-only) data path, for data no
+/// thread of the grid writes while the kernel runs (PTX ISA "Data Movement and Conversion
+/// Instructions: ld.global.nc").
+/// # Safety
+/// `addr` is a valid, 4-byte-aligned global address of an initialized f32 that nothing writes
+/// during the kernel.
+#[inline(always)]
+pub unsafe fn load_f32_nc(addr: u64) -> f32 {
+    let v: f32;
+    // SAFETY: the caller's contract.
+    unsafe {
+        asm!("ld.global.nc.f32 {v}, [{p}];", v = out(reg32) v, p = in(reg64) addr,
+             options(nostack, readonly, preserves_flags))
+    };
+    v
+}
+
 /// `ld.global.v4.f32`: four consecutive f32 in one 16-byte load.
 /// # Safety
 /// `addr` is a valid, 16-byte-aligned global address of four initialized f32.

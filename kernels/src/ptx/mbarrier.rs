@@ -84,6 +84,24 @@ pub unsafe fn try_wait(bar: u32, parity: u32) -> bool {
     done != 0
 }
 
+/// One test of phase `parity` that never suspends the thread (`mbarrier.test_wait`, where
+/// `try_wait` may wait a while in hardware before it answers): true when that phase has
+/// completed, with the same acquire semantics as a completed wait.
+/// # Safety
+/// `bar` is an initialized barrier.
+#[inline(always)]
+pub unsafe fn test_wait(bar: u32, parity: u32) -> bool {
+    let done: u32;
+    // SAFETY: the caller's contract.
+    unsafe {
+        asm!("{{ .reg .pred p;",
+             "mbarrier.test_wait.parity.shared::cta.b64 p, [{b}], {ph};",
+             "selp.u32 {d}, 1, 0, p; }}",
+             b = in(reg32) bar, ph = in(reg32) parity, d = out(reg32) done, options(nostack))
+    };
+    done != 0
+}
+
 /// Blocks until phase `parity` of `bar` has completed. (A Rust loop rather than a PTX label, so the
 /// idiom can be inlined many times into one function.)
 /// # Safety

@@ -36,6 +36,24 @@ pub fn grid_dim_x() -> u32 {
     unsafe { nvptx::_grid_dim_x() as u32 }
 }
 
+/// `value` as lane 0 of this warp holds it (`shfl.sync.idx.b32`, PTX ISA "Data Movement and
+/// Conversion Instructions: shfl.sync"). For a value that is the same in every lane (a thread's
+/// warp or warpgroup index) this changes nothing but what ptxas can prove: the result of an
+/// indexed shuffle from a fixed lane is warp-uniform, so branches on it are uniform and values
+/// derived from it (shared-memory addresses, `wgmma` descriptors) live in uniform registers,
+/// which `wgmma` reads its descriptors from, instead of being moved there (`R2UR`) before every
+/// MMA. Every lane of the warp must execute it.
+#[inline(always)]
+pub fn warp_uniform(value: u32) -> u32 {
+    let r: u32;
+    // SAFETY: all 32 lanes execute it (full mask); no memory is touched.
+    unsafe {
+        asm!("shfl.sync.idx.b32 {r}, {v}, 0, 31, -1;", r = out(reg32) r, v = in(reg32) value,
+             options(nomem, nostack))
+    };
+    r
+}
+
 /// `bar.sync 0`: every thread of the block (the `__syncthreads` of CUDA).
 #[inline(always)]
 pub fn sync_block() {

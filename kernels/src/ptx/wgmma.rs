@@ -134,6 +134,37 @@ macro_rules! with_regs_32 {
     };
 }
 
+/// As `with_regs_64!` for a 72-register fragment (m64n144k32: the wide tiles).
+macro_rules! with_regs_72 {
+    ($mac:ident!($($args:tt)*)) => {
+        $mac!($($args)*, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20,
+            21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42,
+            43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63, 64,
+            65, 66, 67, 68, 69, 70, 71);
+    };
+}
+
+/// As `with_regs_64!` for a 80-register fragment (m64n160k32: the wide tiles).
+macro_rules! with_regs_80 {
+    ($mac:ident!($($args:tt)*)) => {
+        $mac!($($args)*, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20,
+            21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42,
+            43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63, 64,
+            65, 66, 67, 68, 69, 70, 71, 72, 73, 74, 75, 76, 77, 78, 79);
+    };
+}
+
+/// As `with_regs_64!` for a 96-register fragment (m64n192k32: the wide tiles).
+macro_rules! with_regs_96 {
+    ($mac:ident!($($args:tt)*)) => {
+        $mac!($($args)*, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20,
+            21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42,
+            43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63, 64,
+            65, 66, 67, 68, 69, 70, 71, 72, 73, 74, 75, 76, 77, 78, 79, 80, 81, 82, 83, 84, 85, 86,
+            87, 88, 89, 90, 91, 92, 93, 94, 95);
+    };
+}
+
 /// Expands to one `wgmma.mma_async` with `N/2` f32 accumulator registers (m64nNk32, FP8 types
 /// `$at`·`$bt`). The register list is spelled out because `asm!` needs every operand named.
 macro_rules! mma_fp8 {
@@ -205,6 +236,12 @@ macro_rules! mma_fp8_first {
 /// brackets the call with [`fence`] / [`commit`] / [`wait`] before reading the fragment.
 #[allow(clippy::missing_safety_doc)]
 pub trait Fp8Pair {
+    unsafe fn first_n144(a: Descriptor, b: Descriptor) -> [f32; 72];
+    unsafe fn acc_n144(d: &mut [f32; 72], a: Descriptor, b: Descriptor);
+    unsafe fn first_n160(a: Descriptor, b: Descriptor) -> [f32; 80];
+    unsafe fn acc_n160(d: &mut [f32; 80], a: Descriptor, b: Descriptor);
+    unsafe fn first_n192(a: Descriptor, b: Descriptor) -> [f32; 96];
+    unsafe fn acc_n192(d: &mut [f32; 96], a: Descriptor, b: Descriptor);
     unsafe fn first_n128(a: Descriptor, b: Descriptor) -> [f32; 64];
     unsafe fn acc_n128(d: &mut [f32; 64], a: Descriptor, b: Descriptor);
     unsafe fn first_n64(a: Descriptor, b: Descriptor) -> [f32; 32];
@@ -242,6 +279,9 @@ macro_rules! fp8_methods {
 macro_rules! fp8_pair {
     ($a:ident, $b:ident, $at:literal, $bt:literal) => {
         impl Fp8Pair for Fp8<{ ElemType::$a as u32 }, { ElemType::$b as u32 }> {
+            fp8_methods!(first_n144, acc_n144, $at, $bt, 144, with_regs_72);
+            fp8_methods!(first_n160, acc_n160, $at, $bt, 160, with_regs_80);
+            fp8_methods!(first_n192, acc_n192, $at, $bt, 192, with_regs_96);
             fp8_methods!(first_n128, acc_n128, $at, $bt, 128, with_regs_64);
             fp8_methods!(first_n64, acc_n64, $at, $bt, 64, with_regs_32);
             fp8_methods!(first_n32, acc_n32, $at, $bt, 32, with_regs_16);
@@ -266,7 +306,8 @@ pub trait Fragment: Copy + AsRef<[f32]> + AsMut<[f32]> {
     fn fence(&mut self);
 }
 
-/// A fragment with the FP8 MMAs of its N (m64nNk32, N = 128, 64, 32 or 16).
+/// A fragment with the FP8 MMAs of its N (m64nNk32: N = 16, 32, 64, 128, and the wide tiles'
+/// 144, 160 and 192).
 pub trait Fp8Fragment: Fragment {
     /// D = A·Bᵀ.
     /// # Safety
@@ -305,6 +346,9 @@ macro_rules! fragment {
 }
 
 fragment!(128, 256, fence_operands_128);
+fragment!(72, 144, fence_operands_72);
+fragment!(80, 160, fence_operands_80);
+fragment!(96, 192, fence_operands_96);
 fragment!(64, 128, fence_operands_64);
 fragment!(32, 64, fence_operands_32);
 fragment!(16, 32, fence_operands_16);
@@ -328,6 +372,9 @@ macro_rules! fp8_fragment {
     };
 }
 
+fp8_fragment!(72, first_n144, acc_n144);
+fp8_fragment!(80, first_n160, acc_n160);
+fp8_fragment!(96, first_n192, acc_n192);
 fp8_fragment!(64, first_n128, acc_n128);
 fp8_fragment!(32, first_n64, acc_n64);
 fp8_fragment!(16, first_n32, acc_n32);
@@ -464,6 +511,9 @@ macro_rules! operand_fence {
 }
 
 with_regs_128!(operand_fence!(fence_operands_128, 128));
+with_regs_72!(operand_fence!(fence_operands_72, 72));
+with_regs_80!(operand_fence!(fence_operands_80, 80));
+with_regs_96!(operand_fence!(fence_operands_96, 96));
 with_regs_64!(operand_fence!(fence_operands_64, 64));
 with_regs_32!(operand_fence!(fence_operands_32, 32));
 with_regs_16!(operand_fence!(fence_operands_16, 16));

@@ -9,10 +9,12 @@
 //!   loads every other box).
 //! - Compute (consumer warpgroup `c`: 64 rows of each wave): per K block and wave, four `wgmma
 //!   m64nNk32` into a scratch fragment, then promotion into the wave's fp32 sums with
-//!   `scale_a[row] · scale_b`. The waves share the scratch (a thread holds N/2·(waves + 1)
-//!   accumulators). One-wave tiles' consumers take turns issuing ([`Turn`]), and with two
-//!   consumers each issues two K blocks into two scratch fragments and promotes the first while
-//!   the second runs.
+//!   `scale_a[row] · scale_b` (wide tiles: two B scales, split by column). The waves share the
+//!   scratch (a thread holds N/2·(waves + 1) accumulators). One-wave tiles' consumers take turns
+//!   issuing ([`Turn`]); 128 × 128 and 128 × 64 tiles issue two K blocks into two scratch
+//!   fragments and promote the first while the second runs; two-wave tiles' consumers run
+//!   freely, each promoting while the other's batch runs. A K block's B scales are loaded one
+//!   block ahead, and its stage is released before the last promotion.
 //! - Store: 16-bit output through shared boxes and TMA stores; f32 output, N % 8 ≠ 0 and split-K
 //!   partials directly.
 
@@ -23,11 +25,11 @@ use crate::gemm::driver::{Ctx, GemmKernel};
 use crate::gemm::epilogue::{self, Output, Staging};
 use crate::gemm::layout::StageLayout;
 use crate::gemm::pipeline::{PipelineState, Turn};
-use crate::gemm::promote::promote;
+use crate::gemm::promote::{promote, promote_split};
 use crate::gemm::scheduler::{ClusterShape, Schedule, WorkUnit};
 use crate::gemm::splitk;
 use crate::ptx::wgmma::{self, Descriptor, Fp8Fragment, Fp8Pair, Fragment, Swizzle};
-use crate::ptx::{smem, tma};
+use crate::ptx::{global, smem, thread, tma};
 
 /// K per `wgmma` (FP8): 32 elements = 32 bytes of a swizzled row.
 const MMA_K: u32 = 32;
@@ -167,14 +169,7 @@ impl<const CONS: u32, const WAVES: usize, F: Fp8Fragment, T: Fp8Pair, const GROU
         own: &WorkUnit,
         st: &mut PipelineState,
     ) -> [F; WAVES] {
-        let p = &self.p;
-        // B-scale blocks along N (128 columns each; a 64-column tile lies inside one). A pair
-        // along N may hang past N by one tile: its output is clipped, and its B scales are read
-        // from the last real tile (not past the buffer).
-        let (n_blocks, k_blocks) = (p.n.div_ceil(BLOCK_N), p.k / BLOCK_K);
-        let sfb_tile = (own.n * F::N / BLOCK_N).min(n_blocks - 1);
-        let sfb =
-            (p.sfb as *const f32).wrapping_add(((own.l * n_blocks + sfb_tile) * k_blocks) as usize);
+        let sfb = BScales::of(&self.p, own, F::N);
         // Where the tile's first row sits in its scale boxes (dense tiles start aligned).
         let shift = if GROUPED {
             SFA_BOX.start(own.first_row(own.m, Self::TILE.block_m())).1
@@ -182,19 +177,54 @@ impl<const CONS: u32, const WAVES: usize, F: Fp8Fragment, T: Fp8Pair, const GROU
             0
         };
         let mut acc = [F::zeros(); WAVES];
-        let mut kb = own.k_begin;
-        while kb < own.k_end {
-            // SAFETY: `st` counts this warpgroup's uses in order; each is waited for, used by
-            // every wave and released before the next; `kb + 1` is in range for a pair.
-            unsafe {
-                if CONS == 2 && WAVES == 1 && kb + 1 < own.k_end {
-                    self.k_pair(ctx, cons, &mut acc[0], *st, sfb.add(kb as usize), shift);
-                    (kb, *st) = (kb + 2, st.next().next());
-                } else {
-                    self.k_block(ctx, cons, &mut acc, *st, sfb.add(kb as usize), shift);
-                    (kb, *st) = (kb + 1, st.next());
+        let (mut kb, end) = (own.k_begin, own.k_end);
+        // SAFETY (every call below): `st` counts this warpgroup's uses in order; each is waited
+        // for, used by every wave and released before the next; `kb + 1 < end` for a pair; the
+        // B scales are read at K blocks of the problem (`kb + 1` clamped to the last).
+        if CONS == 2 && WAVES == 1 && F::N <= BLOCK_N {
+            while kb < end {
+                unsafe {
+                    if kb + 1 < end {
+                        self.k_pair(
+                            ctx,
+                            cons,
+                            &mut acc[0],
+                            *st,
+                            sfb.first.add(kb as usize),
+                            shift,
+                        );
+                        (kb, *st) = (kb + 2, st.next().next());
+                    } else {
+                        let b = sfb.at(kb).load(F::N);
+                        let scales = (b, sfb.split, shift);
+                        self.k_block::<false>(ctx, cons, &mut acc, *st, scales, false, false);
+                        (kb, *st) = (kb + 1, st.next());
+                    }
                 }
             }
+            return acc;
+        }
+        // One K block at a time, its B scales loaded one K block ahead (a global load's latency
+        // is longer than a K block's MMAs) and its stage tested before the previous block's last
+        // promotion (`ready`).
+        let mut b = unsafe { sfb.at(kb).load(F::N) };
+        let mut ready = false;
+        if WAVES > 1 && st.is_first() && kb < end {
+            // The very first batch staggers the consumers (below).
+            let next = unsafe { sfb.at((kb + 1).min(end - 1)).load(F::N) };
+            let more = kb + 1 < end;
+            ready = unsafe {
+                self.k_block::<true>(ctx, cons, &mut acc, *st, (b, sfb.split, shift), ready, more)
+            };
+            (kb, *st, b) = (kb + 1, st.next(), next);
+        }
+        while kb < end {
+            let next = unsafe { sfb.at((kb + 1).min(end - 1)).load(F::N) };
+            let more = kb + 1 < end;
+            ready = unsafe {
+                self.k_block::<false>(ctx, cons, &mut acc, *st, (b, sfb.split, shift), ready, more)
+            };
+            (kb, *st, b) = (kb + 1, st.next(), next);
         }
         acc
     }
@@ -258,35 +288,42 @@ impl<const CONS: u32, const WAVES: usize, F: Fp8Fragment, T: Fp8Pair, const GROU
     Fp8Gemm<CONS, WAVES, F, T, GROUPED>
 {
     /// Waits for use `st`; for each wave issues its four `wgmma` into the scratch fragment, waits
-    /// for them and promotes the partial sums into the wave's sums; releases the stage. With two
-    /// waves there are no registers for a second scratch, but ptxas starts wave 1's MMAs under
-    /// wave 0's promotion by itself.
+    /// for them and promotes the partial sums into the wave's sums with `scale_b` (`.1`: the next
+    /// B-scale block's, for the columns from `split` on in wide tiles); releases the stage.
+    /// One-wave tiles' consumers take their turns on every batch. Two-wave tiles' consumers run
+    /// freely: a consumer promotes one wave while the other consumer's batch runs; only the very
+    /// first batch is ordered (`STAGGER`: consumer 1 waits for consumer 0's), a one-time offset
+    /// that keeps their promotions apart (a turn on every batch measured slower, docs/PERF.md
+    /// v36).
+    /// `(scale_b, split, shift)`: this K block's B scales, the wide tiles' column split and the
+    /// tile's first row in its A-scale boxes. `ready`: use `st` was found filled already; `more`:
+    /// another K block of this unit follows. Returns whether the next use was found filled
+    /// (tested before the last promotion, so that the barrier's latency hides behind it).
     /// # Safety
-    /// `st` is this warpgroup's next use; `sfb` points at this K block's B scale.
+    /// `st` is this warpgroup's next use; `scale_b` are this K block's B scales; `ready` only if
+    /// `consumer_test(st)` returned true.
     #[inline(always)]
-    unsafe fn k_block(
+    unsafe fn k_block<const STAGGER: bool>(
         &self,
         ctx: &Ctx,
         cons: &Consumer<CONS>,
         acc: &mut [F; WAVES],
         st: PipelineState,
-        sfb: *const f32,
-        shift: u32,
-    ) {
+        (scale_b, split, shift): ((f32, f32), u32, u32),
+        ready: bool,
+        more: bool,
+    ) -> bool {
         let s = ctx.pipe.stage(st);
+        let mut next_ready = false;
         // SAFETY: the caller's contract; the stage (tiles and scales) is filled after
-        // `consumer_wait`; rows < block_m.
+        // `consumer_wait` (or a successful `consumer_test`); rows < block_m.
         unsafe {
-            // A global load whose latency hides behind the wait and the first MMAs.
-            let scale_b = *sfb;
-            ctx.pipe.consumer_wait(st);
+            if !ready {
+                ctx.pipe.consumer_wait(st);
+            }
             for (w, acc) in acc.iter_mut().enumerate() {
                 let w = w as u32;
-                // One-wave tiles: the consumers' batches rotate. Two waves: only the very first
-                // batch is ordered (consumer 1 waits for consumer 0's), a one-time stagger that
-                // keeps their promotions apart. No turn on every batch there: ptxas already
-                // overlaps wave 1's MMAs with wave 0's promotion (docs/PERF.md, v9).
-                let stagger = WAVES > 1 && st.is_first() && w == 0;
+                let stagger = STAGGER && w == 0;
                 if WAVES == 1 || (stagger && cons.c == 1) {
                     cons.turn.wait(st.is_first());
                 }
@@ -294,14 +331,28 @@ impl<const CONS: u32, const WAVES: usize, F: Fp8Fragment, T: Fp8Pair, const GROU
                 if WAVES == 1 || (stagger && cons.c == 0) {
                     cons.turn.pass();
                 }
-                let (f0, f1) = Self::scales(&ctx.layout, cons.row, s, w, scale_b, shift);
+                let (sa0, sa1) = Self::scales(&ctx.layout, cons.row, s, w, shift);
                 wgmma::wait::<0>();
                 part.fence();
-                promote(acc, &part, f0, f1);
+                if w + 1 == WAVES as u32 {
+                    // This thread has read the stage (its MMAs completed, its scales loaded):
+                    // release it before the last promotion, so the producer refills it sooner.
+                    ctx.pipe.consumer_release(st, ctx.rank);
+                    // Two-wave tiles only: with one wave the consumers take turns, and the test
+                    // measured slower there (docs/PERF.md, v36).
+                    next_ready = WAVES > 1 && more && ctx.pipe.consumer_test(st.next());
+                }
+                let f = (sa0 * scale_b.0, sa1 * scale_b.0);
+                if F::N > BLOCK_N {
+                    // Columns from `split` on are in the next B-scale block.
+                    let g = (sa0 * scale_b.1, sa1 * scale_b.1);
+                    promote_split(acc, &part, f, g, split);
+                } else {
+                    promote(acc, &part, f.0, f.1);
+                }
             }
-            // This thread has read the stage (its MMAs completed, its scales loaded): release it.
-            ctx.pipe.consumer_release(st, ctx.rank);
         }
+        next_ready
     }
 
     /// 128-row tiles, two K blocks at once: issues use `st`'s four MMAs into one scratch fragment
@@ -333,8 +384,9 @@ impl<const CONS: u32, const WAVES: usize, F: Fp8Fragment, T: Fp8Pair, const GROU
             pipe.consumer_wait(st1);
             let mut part1 = Self::issue(layout, c, s1, 0);
             cons.turn.pass();
-            let (f00, f01) = Self::scales(layout, cons.row, s0, 0, sb0, shift);
-            let (f10, f11) = Self::scales(layout, cons.row, s1, 0, sb1, shift);
+            let (a00, a01) = Self::scales(layout, cons.row, s0, 0, shift);
+            let (a10, a11) = Self::scales(layout, cons.row, s1, 0, shift);
+            let (f00, f01, f10, f11) = (a00 * sb0, a01 * sb0, a10 * sb1, a11 * sb1);
             wgmma::wait::<1>();
             part0.fence();
             pipe.consumer_release(st, ctx.rank);
@@ -357,32 +409,81 @@ impl<const CONS: u32, const WAVES: usize, F: Fp8Fragment, T: Fp8Pair, const GROU
         unsafe { mma_block::<F, T>(layout.a(s), a_row, layout.b(s)) }
     }
 
-    /// This thread's two promotion factors for stage `s`, wave `w`: its rows' A scales ×
-    /// `scale_b`. Tile row `r` is entry `shift + r % 128` of box `r / 128` ([`SFA_BOX`]; a
-    /// thread's rows `r`, `r + 8` have `r % 16 < 8`, so both lie in one box).
+    /// This thread's two rows' A scales for stage `s`, wave `w`. Tile row `r` is entry
+    /// `shift + r % 128` of box `r / 128` ([`SFA_BOX`]; a thread's rows `r`, `r + 8` have
+    /// `r % 16 < 8`, so both lie in one box).
     /// # Safety
     /// Stage `s` is filled.
     #[inline(always)]
-    unsafe fn scales(
-        layout: &StageLayout,
-        row: u32,
-        s: u32,
-        w: u32,
-        scale_b: f32,
-        shift: u32,
-    ) -> (f32, f32) {
+    unsafe fn scales(layout: &StageLayout, row: u32, s: u32, w: u32, shift: u32) -> (f32, f32) {
         let r = w * Self::TILE.wave_m() + row;
         let at = layout.sfa(s)
             + (r / SFA_BOX.tile_rows) * SFA_BOX.bytes()
             + 4 * (shift + r % SFA_BOX.tile_rows);
         // SAFETY: the caller's contract; rows < block_m, inside the stage's boxes.
-        let (sa0, sa1) = unsafe {
+        unsafe {
             (
                 f32::from_bits(smem::load_u32(at)),
                 f32::from_bits(smem::load_u32(at + 4 * 8)),
             )
+        }
+    }
+}
+
+/// Where a tile's B scales are: the 128-column scale block its first column is in, the next one
+/// (wide tiles straddle two), each a row of `k / 128` f32, and the tile's first column of the
+/// second block. A pair along N may hang past N by one tile: its output is clipped, and its B
+/// scales are read from the last real block (never past the buffer).
+#[derive(Clone, Copy)]
+pub(crate) struct BScales {
+    first: *const f32,
+    second: *const f32,
+    /// Columns of the tile in the first block (a multiple of 16, in 16..=128).
+    split: u32,
+}
+
+impl BScales {
+    #[inline(always)]
+    fn of(p: &Sm90Fp8Params, own: &WorkUnit, block_n: u32) -> BScales {
+        let (n_blocks, k_blocks) = (p.n.div_ceil(BLOCK_N), p.k / BLOCK_K);
+        let col = own.n * block_n;
+        let block = (col / BLOCK_N).min(n_blocks - 1);
+        let row = |b: u32| {
+            (p.sfb as *const f32).wrapping_add(((own.l * n_blocks + b) * k_blocks) as usize)
         };
-        (sa0 * scale_b, sa1 * scale_b)
+        BScales {
+            first: row(block),
+            second: row((block + 1).min(n_blocks - 1)),
+            split: BLOCK_N - col % BLOCK_N,
+        }
+    }
+
+    /// The scales of K block `kb`.
+    #[inline(always)]
+    fn at(self, kb: u32) -> BScales {
+        BScales {
+            first: self.first.wrapping_add(kb as usize),
+            second: self.second.wrapping_add(kb as usize),
+            ..self
+        }
+    }
+
+    /// The two blocks' scales (the second only for tiles wider than one block).
+    /// # Safety
+    /// Both pointers are inside the B-scale buffer (as `of` and `at` keep them for K blocks of
+    /// the problem).
+    #[inline(always)]
+    unsafe fn load(self, block_n: u32) -> (f32, f32) {
+        // SAFETY: the caller's contract (the B scales are read-only during the kernel).
+        unsafe {
+            let first = global::load_f32_nc(self.first as u64);
+            let second = if block_n > BLOCK_N {
+                global::load_f32_nc(self.second as u64)
+            } else {
+                first
+            };
+            (first, second)
+        }
     }
 }
 
@@ -393,12 +494,23 @@ impl<const CONS: u32, const WAVES: usize, F: Fp8Fragment, T: Fp8Pair, const GROU
 /// Both tiles are filled (their stage's full barrier waited for) and hold those rows.
 #[inline(always)]
 pub(super) unsafe fn mma_block<F: Fp8Fragment, T: Fp8Pair>(a: u32, a_row: u32, b: u32) -> F {
+    // For batches of 128 columns or more, the tiles' addresses as warp-uniform values: the
+    // descriptors are then computed in uniform registers, which `wgmma` reads them from, instead
+    // of moved there one by one (`R2UR`) before every batch. Narrower batches (128 × 64 and the
+    // swapped decode tiles) are short enough that the shuffles' own latency measured slower
+    // (docs/PERF.md, v36).
+    let a = a + a_row * ROW_BYTES;
+    let (a, b) = if F::N >= 128 {
+        (thread::warp_uniform(a), thread::warp_uniform(b))
+    } else {
+        (a, b)
+    };
     wgmma::fence();
     // SAFETY: the caller's contract.
     unsafe {
-        let mut part = F::first::<T>(swizzled(a, a_row, 0), swizzled(b, 0, 0));
+        let mut part = F::first::<T>(swizzled(a, 0, 0), swizzled(b, 0, 0));
         for kk in 1..BLOCK_K / MMA_K {
-            part.acc::<T>(swizzled(a, a_row, kk), swizzled(b, 0, kk));
+            part.acc::<T>(swizzled(a, 0, kk), swizzled(b, 0, kk));
         }
         wgmma::commit();
         part

@@ -5,7 +5,8 @@
 //! Hardware facts behind the numbers: a 128-byte swizzled TMA box row is 128 e4m3 = one 1×128
 //! scale block of K; `wgmma` m64nNk32 gives each consumer warpgroup 64 rows, so one *wave* of the
 //! consumers covers 64 rows per consumer; [`BLOCK_N`] = 128 is one 128×128 scale block of B. A
-//! tile is 2 consumers × 1 or 2 waves, or 3 consumers × 1 wave, by 128 or 64 columns, or at
+//! tile is 2 consumers × 1 or 2 waves, or 3 consumers × 1 wave, by 128 or 64 columns, or 2
+//! consumers × 1 wave by 144, 160 or 192 columns (wide: across two B-scale blocks), or at
 //! decode sizes 16, 32 or 64 rows by 128 columns computed swapped ([`Tile`]);
 //! the stages are as many as fit the 227 KiB a block may have ([`crate::gemm::layout`]).
 
@@ -45,8 +46,8 @@ pub struct Tile {
     /// Waves (1 or 2): each costs a consumer thread 64 fp32 sums (plus 64 scratch shared by the
     /// waves), so 2 waves need ≈ 200 of 224 registers; 3 would not fit.
     pub waves: u32,
-    /// Columns: 128 (one 128×128 B-scale block), or 64 (half of one: twice the tiles where too
-    /// few 128-column tiles leave SMs idle).
+    /// Columns: 128 (one 128×128 B-scale block), 64 (half of one: twice the tiles where too
+    /// few 128-column tiles leave SMs idle), or 144, 160, 192 ([`Tile::is_wide`]).
     pub block_n: u32,
     /// Swapped tiles: rows of A (and of C) per tile, the N of `wgmma` (16, 32 or 64); 0 for the
     /// others. At decode sizes (M ≤ 64) B, the weights, is what the SMs wait for: swapped, B is
@@ -81,15 +82,25 @@ impl Tile {
     pub const M192: Tile = Tile::new(3, 1, 128);
     /// 128 × 64: `wgmma` m64n64k32.
     pub const M128N64: Tile = Tile::new(2, 1, 64);
+    /// Wide tiles, 128 × 144, 160 or 192 (`wgmma` m64nNk32, [`Tile::is_wide`]): more columns per
+    /// row of A than 128 cuts the shared-memory bytes per FLOP (B is read once per 64 rows, A
+    /// once per N columns), and their widths fill the SMs' rounds where 128-column tiles leave a
+    /// ragged last round (4096 × 2112: 3 rounds of 128 × 192 for 5 of 128 × 128).
+    pub const M128N144: Tile = Tile::new(2, 1, 144);
+    pub const M128N160: Tile = Tile::new(2, 1, 160);
+    pub const M128N192: Tile = Tile::new(2, 1, 192);
     /// Swapped 16 × 128, 32 × 128 and 64 × 128 (decode sizes).
     pub const S16: Tile = Tile::swapped(16);
     pub const S32: Tile = Tile::swapped(32);
     pub const S64: Tile = Tile::swapped(64);
-    pub const ALL: [Tile; 7] = [
+    pub const ALL: [Tile; 10] = [
         Tile::M128,
         Tile::M256,
         Tile::M192,
         Tile::M128N64,
+        Tile::M128N144,
+        Tile::M128N160,
+        Tile::M128N192,
         Tile::S16,
         Tile::S32,
         Tile::S64,
@@ -98,6 +109,13 @@ impl Tile {
     /// Whether the tile computes Cᵀ = B·Aᵀ ([`Tile::rows`]).
     pub const fn is_swapped(self) -> bool {
         self.rows != 0
+    }
+    /// Whether the tile is wider than one 128-column B-scale block: its columns straddle two of
+    /// them (at most two: N − 128 divides 128 or N for the widths there are, so a tile starting
+    /// at any multiple of N ends within the next block), and each consumer thread holds N/2 sums
+    /// and one N/2 scratch.
+    pub const fn is_wide(self) -> bool {
+        !self.is_swapped() && self.block_n > BLOCK_N
     }
     /// Rows one wave of the consumers covers.
     pub const fn wave_m(self) -> u32 {
@@ -117,13 +135,20 @@ impl Tile {
     }
     /// Register budgets after `setmaxnreg` (multiples of 8, 24..=256) within [`SM_REGISTERS`]:
     /// two consumers 128·(40 + 2·224) — 128 sums + 64 scratch + addressing for the 256-row tile;
+    /// wide tiles 128·(40 + 2·232) — 96 sums + 96 scratch + addressing at 192 columns;
     /// three consumers 128·(32 + 3·160) — 64 sums + 64 scratch + addressing. The budgets are
-    /// the largest at which ptxas spills nothing in any role (docs/PERF.md, v20).
+    /// the largest at which ptxas spills nothing in any role (docs/PERF.md, v20, v36).
     pub const fn producer_regs(self) -> u32 {
         if self.consumers == 2 { 40 } else { 32 }
     }
     pub const fn consumer_regs(self) -> u32 {
-        if self.consumers == 2 { 224 } else { 160 }
+        if self.is_wide() {
+            232
+        } else if self.consumers == 2 {
+            224
+        } else {
+            160
+        }
     }
     /// Rows of one TMA box of A for clusters of `cluster_n` along N: a wave (128), or one
     /// consumer's 64 rows for three consumers, and for one-wave tiles shared along N (each CTA of
@@ -168,6 +193,8 @@ impl Tile {
 const _: () = {
     assert!(Tile::M128.stages() == 5 && Tile::M256.stages() == 3 && Tile::M192.stages() == 4);
     assert!(Tile::M128N64.stages() == 8);
+    assert!(Tile::M128N144.stages() == 5 && Tile::M128N160.stages() == 5);
+    assert!(Tile::M128N192.stages() == 4);
     assert!(Tile::S16.stages() == 12 && Tile::S32.stages() == 10 && Tile::S64.stages() == 9);
     let mut i = 0;
     while i < Tile::ALL.len() {
@@ -372,6 +399,9 @@ kernel_list! {
         (M256, "_m256", entry),
         (M192, "_m192", entry),
         (M128N64, "_n64", entry),
+        (M128N144, "_n144", entry),
+        (M128N160, "_n160", entry),
+        (M128N192, "_n192", entry),
         (S16, "_s16", swapped_entry),
         (S32, "_s32", swapped_entry),
         (S64, "_s64", swapped_entry)
@@ -444,7 +474,8 @@ mod tests {
         let e4m3 = ElemType::E4M3;
         for t in Tile::ALL {
             let grouped = kernel(t, e4m3, e4m3, true);
-            if t.is_swapped() {
+            // Grouped GEMM runs the tiles its plan picks from (not the swapped or wide ones).
+            if t.is_swapped() || t.is_wide() {
                 assert!(grouped.is_none(), "{t:?}");
             } else {
                 assert!(grouped.is_some_and(|k| k.grouped), "{t:?}");
