@@ -223,7 +223,7 @@ pub fn store_direct<F: Fragment>(out: &Output, l: u32, row0: u32, col0: u32, acc
     for (c, chunk) in chunks.iter().enumerate() {
         store_chunk(out, l, row0, col0 + 64 * c as u32, chunk);
     }
-    // Fragments whose width is not a multiple of 64 (the wide tiles' 144 … 208 columns, m64n16).
+    // Fragments whose width is not a multiple of 64 (the wide tiles of 144 and 160 columns).
     store_chunk(out, l, row0, col0 + 64 * chunks.len() as u32, rest);
 }
 

@@ -508,9 +508,9 @@ pub(super) unsafe fn mma_block<F: Fp8Fragment, T: Fp8Pair>(a: u32, a_row: u32, b
     wgmma::fence();
     // SAFETY: the caller's contract.
     unsafe {
-        let mut part = F::first::<T>(swizzled(a, 0, 0), swizzled(b, 0, 0));
+        let mut part = F::first::<T>(swizzled(a, 0), swizzled(b, 0));
         for kk in 1..BLOCK_K / MMA_K {
-            part.acc::<T>(swizzled(a, 0, kk), swizzled(b, 0, kk));
+            part.acc::<T>(swizzled(a, kk), swizzled(b, kk));
         }
         wgmma::commit();
         part
@@ -530,9 +530,10 @@ pub(super) unsafe fn prefetch_maps(p: &Sm90Fp8Params) {
     }
 }
 
-/// The `wgmma` descriptor of a K-major, 128-byte-swizzled tile at `tile` (as TMA wrote it with
-/// 128-byte rows), from row `row` (a multiple of 8), at K step `kk` (32 bytes each).
+/// The `wgmma` descriptor of a K-major, 128-byte-swizzled tile whose first row is at `rows` (as
+/// TMA wrote it with 128-byte rows; a multiple of 8 rows into its tile), at K step `kk` (32 bytes
+/// each).
 #[inline(always)]
-fn swizzled(tile: u32, row: u32, kk: u32) -> Descriptor {
-    Descriptor::new(tile + row * ROW_BYTES, 16, SWIZZLE_SBO, Swizzle::B128).advance(kk * MMA_K)
+fn swizzled(rows: u32, kk: u32) -> Descriptor {
+    Descriptor::new(rows, 16, SWIZZLE_SBO, Swizzle::B128).advance(kk * MMA_K)
 }
