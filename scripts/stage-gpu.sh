@@ -23,7 +23,7 @@ for line in sys.stdin:
 cp target/release/blockscaled-run stage/
 bench=$(ls -t target/release/deps/gemm-* 2>/dev/null | grep -v '\.d$' | head -1 || true)
 [ -n "$bench" ] && cp "$bench" stage/bench-gemm
-cp scripts/run-gpu.sh scripts/profile-gpu.sh scripts/ncu-compare.sh scripts/tile-sweep.sh scripts/decode-sweep.sh scripts/ab-gpu.sh stage/
+cp scripts/run-gpu.sh scripts/profile-gpu.sh scripts/ncu-compare.sh scripts/ncu-source.sh scripts/tile-sweep.sh scripts/decode-sweep.sh scripts/ab-gpu.sh stage/
 strip stage/tests/* stage/blockscaled-run stage/bench-gemm 2>/dev/null || true
 cp target/release/ptx/*.ptx target/release/ptx/*.cubin target/release/ptx/*.ptxas.txt stage/ 2>/dev/null || true
 du -sh stage
