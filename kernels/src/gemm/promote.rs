@@ -10,14 +10,8 @@ use crate::ptx::wgmma::Fragment;
 /// batches.
 #[inline(always)]
 pub fn promote<F: Fragment>(acc: &mut F, part: &F, f0: f32, f1: f32) {
-    let (sums, part) = (acc.as_mut(), part.as_ref());
-    for i in 0..(F::N / 2) as usize {
-        let f = if (i / 2) % 2 == 0 { f0 } else { f1 };
-        sums[i] = core::f32::math::mul_add(part[i], f, sums[i]);
-    }
-    // Pins the sums here: LLVM otherwise sinks them to the loop latch (their only use is the next
-    // K block), past the next wave's MMAs, whose scratch then no longer fits beside them.
-    acc.fence();
+    // Every column before the split: one factor pair for the whole fragment.
+    promote_split(acc, part, (f0, f1), (f0, f1), F::N);
 }
 
 /// [`promote`] for a tile whose columns straddle two B-scale blocks: columns before `split` (a
@@ -45,6 +39,8 @@ pub fn promote_split<F: Fragment>(
             sums[i] = core::f32::math::mul_add(part[i], f, sums[i]);
         }
     }
+    // Pins the sums here: LLVM otherwise sinks them to the loop latch (their only use is the next
+    // K block), past the next wave's MMAs, whose scratch then no longer fits beside them.
     acc.fence();
 }
 

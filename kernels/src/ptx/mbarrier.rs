@@ -68,20 +68,29 @@ pub unsafe fn arrive_cluster(bar: u32, cta: u32) {
     };
 }
 
+/// One test of phase `parity` of `bar` by the `mbarrier` instruction `$op` (`try_wait` or
+/// `test_wait`), as a bool.
+macro_rules! parity_test {
+    ($op:literal, $bar:expr, $parity:expr) => {{
+        let done: u32;
+        // SAFETY: the caller's contract (an initialized barrier).
+        unsafe {
+            asm!("{{ .reg .pred p;",
+                 concat!("mbarrier.", $op, ".parity.shared::cta.b64 p, [{b}], {ph};"),
+                 "selp.u32 {d}, 1, 0, p; }}",
+                 b = in(reg32) $bar, ph = in(reg32) $parity, d = out(reg32) done,
+                 options(nostack))
+        };
+        done != 0
+    }};
+}
+
 /// One non-blocking test of phase `parity`; true when that phase has completed.
 /// # Safety
 /// `bar` is an initialized barrier.
 #[inline(always)]
 pub unsafe fn try_wait(bar: u32, parity: u32) -> bool {
-    let done: u32;
-    // SAFETY: the caller's contract.
-    unsafe {
-        asm!("{{ .reg .pred p;",
-             "mbarrier.try_wait.parity.shared::cta.b64 p, [{b}], {ph};",
-             "selp.u32 {d}, 1, 0, p; }}",
-             b = in(reg32) bar, ph = in(reg32) parity, d = out(reg32) done, options(nostack))
-    };
-    done != 0
+    parity_test!("try_wait", bar, parity)
 }
 
 /// One test of phase `parity` that never suspends the thread (`mbarrier.test_wait`, where
@@ -91,15 +100,7 @@ pub unsafe fn try_wait(bar: u32, parity: u32) -> bool {
 /// `bar` is an initialized barrier.
 #[inline(always)]
 pub unsafe fn test_wait(bar: u32, parity: u32) -> bool {
-    let done: u32;
-    // SAFETY: the caller's contract.
-    unsafe {
-        asm!("{{ .reg .pred p;",
-             "mbarrier.test_wait.parity.shared::cta.b64 p, [{b}], {ph};",
-             "selp.u32 {d}, 1, 0, p; }}",
-             b = in(reg32) bar, ph = in(reg32) parity, d = out(reg32) done, options(nostack))
-    };
-    done != 0
+    parity_test!("test_wait", bar, parity)
 }
 
 /// Blocks until phase `parity` of `bar` has completed. (A Rust loop rather than a PTX label, so the
