@@ -190,7 +190,7 @@ impl<const CONS: u32, const WAVES: usize, F: Fp8Fragment, T: Fp8Pair, const GROU
                             cons,
                             &mut acc[0],
                             *st,
-                            sfb.first.add(kb as usize),
+                            sfb.at(kb),
                             shift,
                         );
                         (kb, *st) = (kb + 2, st.next().next());
@@ -360,7 +360,8 @@ impl<const CONS: u32, const WAVES: usize, F: Fp8Fragment, T: Fp8Pair, const GROU
     /// second while the other consumer's MMAs run. (One K block at a time, the tensor cores wait
     /// for every promotion of both consumers; a third scratch does not fit.)
     /// # Safety
-    /// As [`Self::k_block`], for uses `st` and `st.next()`; `sfb` points at the first's B scale.
+    /// As [`Self::k_block`], for uses `st` and `st.next()`; `sfb` are the first's B scales (the
+    /// second's follow them).
     #[inline(always)]
     unsafe fn k_pair(
         &self,
@@ -368,7 +369,7 @@ impl<const CONS: u32, const WAVES: usize, F: Fp8Fragment, T: Fp8Pair, const GROU
         cons: &Consumer<CONS>,
         acc: &mut F,
         st: PipelineState,
-        sfb: *const f32,
+        sfb: BScales,
         shift: u32,
     ) {
         let (pipe, layout) = (&ctx.pipe, &ctx.layout);
@@ -377,7 +378,8 @@ impl<const CONS: u32, const WAVES: usize, F: Fp8Fragment, T: Fp8Pair, const GROU
         // SAFETY: the caller's contract; each stage is read only after its `consumer_wait` and
         // released after its MMAs completed and its scales were loaded.
         unsafe {
-            let (sb0, sb1) = (*sfb, *sfb.add(1));
+            // (Tiles of at most 128 columns: one B scale per K block.)
+            let (sb0, sb1) = (sfb.load(F::N).0, sfb.at(1).load(F::N).0);
             pipe.consumer_wait(st);
             cons.turn.wait(st.is_first());
             let mut part0 = Self::issue(layout, c, s0, 0);
