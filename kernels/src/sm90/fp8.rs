@@ -185,14 +185,7 @@ impl<const CONS: u32, const WAVES: usize, F: Fp8Fragment, T: Fp8Pair, const GROU
             while kb < end {
                 unsafe {
                     if kb + 1 < end {
-                        self.k_pair(
-                            ctx,
-                            cons,
-                            &mut acc[0],
-                            *st,
-                            sfb.at(kb),
-                            shift,
-                        );
+                        self.k_pair(ctx, cons, &mut acc[0], *st, sfb.at(kb), shift);
                         (kb, *st) = (kb + 2, st.next().next());
                     } else {
                         let b = sfb.at(kb).load(F::N);
