@@ -4,7 +4,9 @@
 //! `BLOCKSCALED_BENCH=deepseek`: the DeepSeek-V3 layer shapes in the DeepSeek recipe;
 //! `BLOCKSCALED_BENCH=mx`: the MX / NVFP4 / 4-bit-weights shapes; `BLOCKSCALED_BENCH=decode`:
 //! M = 1, 8, 16, 32, 64 on the DeepSeek-V3 (N, K) pairs; `BLOCKSCALED_BENCH=grouped`: grouped
-//! GEMM (the seed's MoE cases, masked decode); `all` (default): every set.
+//! GEMM (the seed's MoE cases, masked decode); `BLOCKSCALED_BENCH=bsr`: block-sparse GEMM at
+//! 4096³ and 8192³, random and banded, densities 5–100 % (peers: our dense kernel and cuBLASLt
+//! dense); `all` (default): every set.
 //! `BLOCKSCALED_SUSTAINED=1`: 1,000 launches of each before timing (sustained load). After the
 //! table: our result against cuBLASLt's on every shape where it computes the same product; a
 //! difference beyond the derived bound fails the run.
@@ -140,6 +142,26 @@ fn main() {
             match run_grouped(&gpu, peer.as_ref(), &c) {
                 Ok(o) => println!("{}", grouped_line(&c, &o)),
                 Err(e) => println!("{} {:?} {:?}: {e}", c.recipe, c.layout, c.sizes),
+            }
+        }
+    }
+    if which == "bsr" || which == "all" {
+        use blockscaled_benches::bsr::{bench_cases, bsr_header, bsr_line, run_bsr};
+        println!(
+            "\nblock-sparse GEMM (B sparse unless said; target ≤ 1.2 × density × dense + 3 µs):"
+        );
+        println!("{}", bsr_header());
+        for c in bench_cases(warmup.max(3), 10) {
+            match run_bsr(&gpu, peer.as_ref(), &c) {
+                Ok(o) => println!("{}", bsr_line(&c, &o)),
+                Err(e) => println!(
+                    "{:?} {}x{}x{} {}: {e}",
+                    c.side,
+                    c.m,
+                    c.n,
+                    c.k,
+                    c.pattern.name()
+                ),
             }
         }
     }

@@ -1,3 +1,4 @@
+pub mod bsr;
 pub mod cases;
 pub mod cublaslt;
 pub mod grouped;

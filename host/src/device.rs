@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaContext, CudaModule, CudaStream, sys};
 
+use crate::bsr::{self, BsrMatrix, DeviceBsr, SparseSide};
 use crate::buffers::{DeviceMatrix, DeviceOutput, GpuId, Prepared};
 use crate::error::{Error, Result, shape};
 use crate::family::{Families, Gemm};
@@ -16,6 +17,7 @@ use crate::format::OutType;
 use crate::grouped::{self, DeviceGroups, GroupLayout};
 use crate::matrix::{GemmShape, ScaledMatrix};
 use crate::plan::{self, GpuArch, Plan};
+use crate::sm90_fp8::Sm90Fp8;
 use crate::sm90_mx_fp8::Sm90MxFp8;
 
 use crate::image::{self, KernelImage};
@@ -252,6 +254,122 @@ impl Gpu {
             groups: None,
         };
         plan.launch(&self.families, g)
+    }
+
+    /// Copies a validated block-sparse matrix to the GPU, with what the kernel families prepare
+    /// of it (the sm90 kernel's tensor maps of its stored blocks).
+    pub fn upload_bsr(&self, m: &BsrMatrix) -> Result<DeviceBsr> {
+        // A tensor map needs a nonempty tensor: a matrix with no stored blocks gets one zero
+        // block (never read: no segment has a position).
+        let block_bytes = m.block() * m.block();
+        let (values, scales, col) = if m.nnz() == 0 {
+            (
+                self.stream.alloc_zeros::<u8>(block_bytes)?,
+                self.stream.alloc_zeros::<f32>(1)?,
+                self.stream.alloc_zeros::<i32>(1)?,
+            )
+        } else {
+            (
+                self.stream.clone_htod(m.values())?,
+                self.stream.clone_htod(m.scales())?,
+                self.stream.clone_htod(m.col_indices())?,
+            )
+        };
+        let mut prepared = Prepared::default();
+        for family in self.families.iter() {
+            if let Some(p) = family.prepare_sparse(&self.stream, m, &values)? {
+                prepared.insert(p);
+            }
+        }
+        Ok(DeviceBsr {
+            gpu: self.id,
+            matrix_rows: m.rows(),
+            cols: m.cols(),
+            block: m.block(),
+            nnz: m.nnz(),
+            crow: m.crow_indices().to_vec(),
+            _values: values,
+            scales,
+            col,
+            prepared,
+            work: Default::default(),
+        })
+    }
+
+    /// Block-sparse GEMM: C = A · Bᵀ with the operand on `side` block-sparse (`sparse`, its
+    /// missing blocks zeros) and `dense` the other one (FP8 with fp32 scales per 1×128, one batch
+    /// entry). C is M × N: with B sparse, M = `dense`'s rows and N = `sparse`'s; with A sparse,
+    /// the other way round. Time falls with the stored blocks: each output tile runs over its
+    /// block row's stored blocks only (empty block rows write zeros), long runs cut into parts
+    /// summed in a fixed order, so results are bitwise reproducible. Asynchronous like
+    /// [`Gpu::gemm`]; the configuration comes from [`plan::choose_bsr`].
+    pub fn bsr_gemm(
+        &self,
+        dense: &DeviceMatrix,
+        sparse: &DeviceBsr,
+        side: SparseSide,
+        c: &mut DeviceOutput,
+    ) -> Result<()> {
+        let plan = self.bsr_plan(dense, sparse)?;
+        self.bsr_gemm_with(dense, sparse, side, c, plan)
+    }
+
+    /// The plan [`Gpu::bsr_gemm`] would run (its shape is the kernel's: M the dense operand's
+    /// rows, N the sparse operand's).
+    pub fn bsr_plan(&self, dense: &DeviceMatrix, sparse: &DeviceBsr) -> Result<Plan> {
+        let s = self.check_bsr(dense, sparse)?;
+        plan::choose_bsr(self.arch, self.sm_count, &s, sparse.nnz())
+    }
+
+    /// [`Gpu::bsr_gemm`] with a given plan (`Plan::Sm90Fp8` with a block-sparse tile; the
+    /// runner's forced configurations).
+    pub fn bsr_gemm_with(
+        &self,
+        dense: &DeviceMatrix,
+        sparse: &DeviceBsr,
+        side: SparseSide,
+        c: &mut DeviceOutput,
+        plan: Plan,
+    ) -> Result<()> {
+        let s = self.check_bsr(dense, sparse)?;
+        self.id.check(c.gpu, "the output")?;
+        let (m, n) = bsr::output_dims(side, s.m, s.n);
+        if (c.m, c.n, c.l) != (m, n, 1) {
+            return Err(shape(format!(
+                "output is {}×{}×{} but the block-sparse product is 1×{m}×{n}",
+                c.l, c.m, c.n
+            )));
+        }
+        let Plan::Sm90Fp8(cfg) = plan else {
+            return Err(Error::Config(format!(
+                "{plan:?}: block-sparse GEMM runs on the sm90 FP8 kernel (Plan::Sm90Fp8)"
+            )));
+        };
+        cfg.validate_sparse(&s)?;
+        let family = self.families.get::<Sm90Fp8>().ok_or_else(|| {
+            Error::Architecture("block-sparse GEMM has Hopper (sm_90a) kernels only".into())
+        })?;
+        family.bsr_gemm(&self.stream, dense, sparse, side, c, cfg)
+    }
+
+    /// The dense and sparse operands belong to this GPU and fit: the kernel's shape (M the
+    /// dense operand's rows, N the sparse one's).
+    fn check_bsr(&self, dense: &DeviceMatrix, sparse: &DeviceBsr) -> Result<GemmShape> {
+        self.id.check(dense.gpu, "the dense operand")?;
+        self.id.check(sparse.gpu, "the sparse operand")?;
+        let d = &dense.desc;
+        if d.k != sparse.cols || d.batch != 1 {
+            return Err(shape(format!(
+                "dense operand {}×{}×{} and sparse {}×{}: K must match and the batch be 1",
+                d.batch, d.rows, d.k, sparse.matrix_rows, sparse.cols
+            )));
+        }
+        Ok(GemmShape {
+            m: d.rows,
+            n: sparse.matrix_rows,
+            k: d.k,
+            l: 1,
+        })
     }
 
     /// A contiguous grouped GEMM's groups from host values: group g ends at row `ends[g]`

@@ -12,6 +12,9 @@ pub enum Error {
     /// A format or format combination that is not supported, or a value the format cannot hold.
     #[error("format: {0}")]
     Format(String),
+    /// A block-sparse matrix's structure that is not valid BSR (row pointers, column indices).
+    #[error("sparse structure: {0}")]
+    Sparse(String),
     /// A kernel configuration (a [`Plan`](crate::Plan)'s fields) the kernel is not built for or
     /// that does not fit the shape.
     #[error("configuration: {0}")]

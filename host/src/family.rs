@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream};
 
+use crate::bsr::BsrMatrix;
 use crate::buffers::{DeviceMatrix, DeviceOutput, PreparedValue};
 use crate::error::Result;
 use crate::format::OutType;
@@ -28,6 +29,17 @@ pub(crate) trait Family: Any + Send + Sync {
         _stream: &Arc<CudaStream>,
         _matrix: &ScaledMatrix,
         _data: &CudaSlice<u8>,
+    ) -> Result<Option<PreparedValue>> {
+        Ok(None)
+    }
+
+    /// What the family needs of an uploaded block-sparse matrix's stored blocks (`values`, at
+    /// least one block) beside them; `None` when it runs no block-sparse GEMM.
+    fn prepare_sparse(
+        &self,
+        _stream: &Arc<CudaStream>,
+        _matrix: &BsrMatrix,
+        _values: &CudaSlice<u8>,
     ) -> Result<Option<PreparedValue>> {
         Ok(None)
     }

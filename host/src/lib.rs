@@ -24,12 +24,13 @@
 //! Layouts are documented on [`ScaledMatrix`] (data, packing, scales) and [`HostOutput`] (C).
 //!
 //! Modules, each importing only those above it: `error`; `format`; `matrix`, `quantize`,
-//! `output`, [`reference`] (CPU); [`image`] (the kernels' cubin or PTX); `buffers` (device
+//! `output`, `bsr` (block-sparse operands), [`reference`] (CPU); [`image`] (the kernels' cubin or PTX); `buffers` (device
 //! matrices and outputs), `grouped` (a grouped GEMM's groups); `launch` (the one
 //! launch path); `family` (what a kernel family provides); one file per family
 //! (`reference_kernel`, `sm90_fp8`, `sm90_mx`, `sm90_mx_fp8`, `sm90_w4`), with what they share (`splitk`, `tensor_map`); [`plan`] (the family list and the choice of kernel);
 //! `device` ([`Gpu`]).
 
+mod bsr;
 mod buffers;
 mod device;
 mod error;
@@ -52,6 +53,7 @@ mod splitk;
 pub mod swizzle;
 mod tensor_map;
 
+pub use bsr::{BsrMatrix, DeviceBsr, SparseSide, WorkList, work_list};
 pub use buffers::{DeviceMatrix, DeviceOutput};
 pub use device::Gpu;
 pub use error::{Error, Result};

@@ -230,6 +230,48 @@ pub struct GroupedProblem<'a> {
     pub groups: usize,
 }
 
+/// The plan for a block-sparse GEMM ([`crate::Gpu::bsr_gemm`]) of kernel shape `s` (M the dense
+/// operand's rows, N the sparse one's) with `nnz` stored blocks: the FP8 kernel with the tile
+/// [`sm90_bsr_default`] picks.
+pub fn choose_bsr(arch: GpuArch, sm_count: u32, s: &GemmShape, nnz: usize) -> Result<Plan> {
+    if arch != GpuArch::Hopper {
+        return Err(Error::Architecture(
+            "block-sparse GEMM has Hopper (sm_90a) kernels only".into(),
+        ));
+    }
+    let _ = nnz;
+    Ok(Plan::Sm90Fp8(sm90_bsr_default(s.m, s.n, sm_count)))
+}
+
+/// The block-sparse configuration for `m` dense rows and `n` sparse rows: 128 × 64 tiles at
+/// M ≤ [`N64_MAX_M`] (twice the tiles), else 128 × 128, in pairs along M (sharing each stored
+/// block by multicast) from [`BSR_PAIR_MIN_M`] rows; runs cut into up to
+/// [`crate::bsr::MAX_PARTS`] parts where they are longer than a CTA's share of the work.
+pub fn sm90_bsr_default(m: usize, n: usize, sm_count: u32) -> Sm90Config {
+    let _ = n;
+    let tile = if m <= N64_MAX_M {
+        Tile::M128N64
+    } else {
+        Tile::M128
+    };
+    let cluster = if m >= BSR_PAIR_MIN_M && tile == Tile::M128 {
+        ClusterShape { m: 2, n: 1 }
+    } else {
+        ClusterShape::ONE
+    };
+    let m_units = m.div_ceil((tile.block_m() * cluster.m) as usize);
+    Sm90Config {
+        tile,
+        cluster,
+        group_m: m_units.clamp(1, (GROUP_ROWS / (tile.block_m() * cluster.m)) as usize) as u32,
+        ctas: sm_count.max(1),
+        split_k: crate::bsr::MAX_PARTS,
+    }
+}
+
+/// Smallest M for block-sparse pairs along M.
+pub const BSR_PAIR_MIN_M: usize = 1024;
+
 /// The plan for a grouped GEMM ([`crate::Gpu::grouped_gemm`]):
 /// - FP8 with fp32 scales: the FP8 kernel ([`sm90_grouped_default`]);
 /// - MX and NVFP4 operands that fold to e4m3, with each other or with an FP8 one (experts folded
@@ -746,7 +788,15 @@ mod tests {
         let grouped = sm90_grouped_default(16 * 2048, 2112, 7168, 16, 2048, 132);
         assert!(!grouped.tile.is_wide(), "{grouped:?}");
         let e4m3 = blockscaled_kernels::format::ElemType::E4M3;
-        assert!(blockscaled_kernels::sm90::kernel(grouped.tile, e4m3, e4m3, true).is_some());
+        assert!(
+            blockscaled_kernels::sm90::kernel(
+                grouped.tile,
+                e4m3,
+                e4m3,
+                blockscaled_kernels::sm90::Mode::Grouped
+            )
+            .is_some()
+        );
     }
 
     #[test]

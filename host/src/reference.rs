@@ -1,6 +1,7 @@
 //! The CPU reference GEMM: dequantize both operands to float64, accumulate in float64.
 //! `C[l][m][n] = Σ_k A[l][m][k] · B[l][n][k]`. Threads over rows of C (rayon).
 
+use crate::bsr::{BsrMatrix, SparseSide, output_dims};
 use crate::error::Result;
 use crate::format::OutType;
 use crate::matrix::{GemmShape, ScaledMatrix};
@@ -11,7 +12,15 @@ use rayon::prelude::*;
 /// of any float64 evaluation of the sum: see [`sum_error_bound`]).
 pub fn gemm_f64(a: &ScaledMatrix, b: &ScaledMatrix) -> Result<(Vec<f64>, Vec<f64>)> {
     let GemmShape { m, n, k, l } = GemmShape::of(a.desc(), b.desc())?;
-    let (da, db) = (a.dequantize(), b.dequantize());
+    Ok(product(&a.dequantize(), &b.dequantize(), (m, n, k, l)))
+}
+
+/// [`gemm_f64`] of dequantized operands `[l][m][k]` and `[l][n][k]`.
+fn product(
+    da: &[f64],
+    db: &[f64],
+    (m, n, k, l): (usize, usize, usize, usize),
+) -> (Vec<f64>, Vec<f64>) {
     let mut c = vec![(0.0f64, 0.0f64); l * m * n];
     c.par_chunks_mut(n).enumerate().for_each(|(lm, row)| {
         let (li, mi) = (lm / m, lm % m);
@@ -23,7 +32,43 @@ pub fn gemm_f64(a: &ScaledMatrix, b: &ScaledMatrix) -> Result<(Vec<f64>, Vec<f64
             });
         }
     });
-    Ok(c.into_iter().unzip())
+    c.into_iter().unzip()
+}
+
+/// The block-sparse product C = A · Bᵀ with `sparse` on `side` (its missing blocks zeros) and
+/// `dense` the other operand (one batch entry), rounded to `dtype`, with Σ_k |a_k·b_k| per
+/// element (what the kernels' error bounds scale with; [`sum_error_bound`] of it bounds two
+/// float64 evaluations' difference).
+pub fn bsr_gemm(
+    dense: &ScaledMatrix,
+    sparse: &BsrMatrix,
+    side: SparseSide,
+    dtype: OutType,
+) -> Result<(HostOutput, Vec<f64>)> {
+    let k = dense.k();
+    if sparse.cols() != k || dense.batch() != 1 {
+        return Err(crate::error::shape(format!(
+            "dense operand {}×{}×{k} and sparse {}×{}: K must match, batch 1",
+            dense.batch(),
+            dense.rows(),
+            sparse.rows(),
+            sparse.cols()
+        )));
+    }
+    let (dd, ds) = (dense.dequantize(), sparse.dequantize());
+    let (m, n) = output_dims(side, dense.rows(), sparse.rows());
+    let (c, abs) = match side {
+        SparseSide::A => product(&ds, &dd, (m, n, k, 1)),
+        SparseSide::B => product(&dd, &ds, (m, n, k, 1)),
+    };
+    let out = HostOutput {
+        dtype,
+        m,
+        n,
+        l: 1,
+        values: c.iter().map(|&x| round_output(dtype, x)).collect(),
+    };
+    Ok((out, abs))
 }
 
 /// How far two float64 evaluations of the same K-term dot product can be apart: each is within

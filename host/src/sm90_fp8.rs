@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr};
 
+use crate::bsr::{BsrMatrix, DeviceBsr, FP8_BLOCK, MAX_PARTS, SparseSide};
 use crate::buffers::{DeviceMatrix, DeviceOutput, PreparedValue};
 use crate::error::{Error, Result, config, shape};
 use crate::family::{Family, Gemm};
@@ -18,8 +19,9 @@ use crate::splitk::{self, SplitK};
 use crate::tensor_map::{DataType, Swizzle, encode_3d, encode_scale_rows};
 use blockscaled_kernels::gemm::layout::{FRAGMENT_ROWS, OUT_BOX_WIDTHS, out_box_n};
 use blockscaled_kernels::gemm::scheduler::{ClusterShape, MAX_CLUSTER, Schedule};
+use blockscaled_kernels::params::SparseParams;
 use blockscaled_kernels::sm90::{
-    self as family, BLOCK_K, BLOCK_N, ROW_BYTES, Sm90Fp8Params, Tile, WG_ROWS, m_pad,
+    self as family, BLOCK_K, BLOCK_N, Mode, ROW_BYTES, Sm90Fp8Params, Tile, WG_ROWS, m_pad,
 };
 
 /// Configuration of one launch (chosen by `plan::choose`, or forced through `Gpu::gemm_with`).
@@ -156,6 +158,47 @@ impl Sm90Config {
         } else {
             (m_units, n_units)
         }
+    }
+
+    /// [`Sm90Config::validate`] for a block-sparse GEMM whose kernel shape is `s` (M: the dense
+    /// operand's rows, N: the sparse operand's): a tile with a block-sparse kernel (at most one
+    /// 128-row block wide: a tile's columns share one run of stored blocks), clusters along M
+    /// only (a pair along N would need two runs), and `split_k` the most parts a run is cut into
+    /// (1 to [`MAX_PARTS`]).
+    pub fn validate_sparse(&self, s: &GemmShape) -> Result<()> {
+        Sm90Config {
+            split_k: 1,
+            ..*self
+        }
+        .validate(s)?;
+        if family::kernel(self.tile, ElemType::E4M3, ElemType::E4M3, Mode::Sparse).is_none() {
+            return Err(config(format!(
+                "tile {} × {}: block-sparse GEMM runs tiles of 128 × 128 and 128 × 64",
+                self.tile.block_m(),
+                self.tile.block_n
+            )));
+        }
+        if self.cluster.n != 1 {
+            return Err(config(format!(
+                "cluster of {}×{} CTAs: block-sparse GEMM pairs CTAs along M only (each N tile \
+                 has its own run of stored blocks)",
+                self.cluster.m, self.cluster.n
+            )));
+        }
+        if !(1..=MAX_PARTS).contains(&self.split_k) {
+            return Err(config(format!(
+                "split_k = {}: a block-sparse GEMM cuts a run of stored blocks into 1 to \
+                 {MAX_PARTS} parts",
+                self.split_k
+            )));
+        }
+        if s.l != 1 {
+            return Err(shape(format!(
+                "L = {}: block-sparse GEMM has one batch entry",
+                s.l
+            )));
+        }
+        Ok(())
     }
 
     /// This configuration with `tile` in place of its own: the cluster kept if the tile is the
@@ -523,6 +566,58 @@ impl Family for Sm90Fp8 {
     ) -> Result<Option<PreparedValue>> {
         Ok(Sm90Output::prepare(stream, buf, dtype, dims)?.map(|p| Box::new(p) as PreparedValue))
     }
+
+    fn prepare_sparse(
+        &self,
+        stream: &Arc<CudaStream>,
+        matrix: &BsrMatrix,
+        values: &CudaSlice<u8>,
+    ) -> Result<Option<PreparedValue>> {
+        Ok(Some(Box::new(Sm90Sparse::prepare(stream, matrix, values)?)))
+    }
+}
+
+/// What the kernel needs of a block-sparse operand: tensor maps of its stored blocks (3-D: 128
+/// bytes of K, 128 rows, stored blocks; 128-byte swizzle) with boxes of 128 rows (a 128-column
+/// tile) and 64 (a 64-column tile, or a CTA's half of a tile shared along M).
+struct Sm90Sparse {
+    tmaps: [CudaSlice<u8>; 2],
+}
+
+impl Sm90Sparse {
+    const BOX_ROWS: [u32; 2] = [128, 64];
+
+    fn prepare(stream: &Arc<CudaStream>, m: &BsrMatrix, values: &CudaSlice<u8>) -> Result<Self> {
+        let blocks = m.nnz().max(1);
+        let bs = FP8_BLOCK;
+        let (ptr, _g) = values.device_ptr(stream);
+        let map = |rows: u32| {
+            encode_3d(
+                stream,
+                ptr,
+                DataType::CU_TENSOR_MAP_DATA_TYPE_UINT8,
+                [bs, bs, blocks],
+                1,
+                [ROW_BYTES, rows],
+                Swizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+            )
+        };
+        Ok(Sm90Sparse {
+            tmaps: [map(Self::BOX_ROWS[0])?, map(Self::BOX_ROWS[1])?],
+        })
+    }
+
+    fn tmap(&self, rows: u32) -> Result<&CudaSlice<u8>> {
+        Self::BOX_ROWS
+            .iter()
+            .position(|&r| r == rows)
+            .map(|i| &self.tmaps[i])
+            .ok_or_else(|| {
+                config(format!(
+                    "no block-sparse tensor map with boxes of {rows} rows"
+                ))
+            })
+    }
 }
 
 impl Sm90Fp8 {
@@ -537,7 +632,12 @@ impl Sm90Fp8 {
             return Ok(None);
         }
         let mut kernels = Vec::new();
-        for def in family::KERNELS.iter().chain(family::GROUPED_KERNELS) {
+        let lists = [
+            family::KERNELS,
+            family::GROUPED_KERNELS,
+            family::SPARSE_KERNELS,
+        ];
+        for def in lists.into_iter().flatten() {
             let func = module.load_function(def.info.name)?;
             let resident = configure(&func, stream, sm_count, def.tile)?;
             kernels.push(Kernel {
@@ -581,7 +681,12 @@ impl Sm90Fp8 {
         groups: Option<&DeviceGroups>,
     ) -> Result<()> {
         let GemmShape { m, n, k, l } = shape;
-        let def = family::kernel(cfg.tile, ea, eb, groups.is_some());
+        let mode = if groups.is_some() {
+            Mode::Grouped
+        } else {
+            Mode::Dense
+        };
+        let def = family::kernel(cfg.tile, ea, eb, mode);
         let kernel = self
             .kernels
             .iter()
@@ -628,6 +733,7 @@ impl Sm90Fp8 {
             unit_n,
             group_m: cfg.group_m,
             groups: groups.map(|g| g.schedule(m, false)),
+            sparse: None,
         };
         let resident = kernel.resident[cluster as usize - 1];
         let ctas = persistent_ctas(schedule, cfg.ctas, resident, cluster)?;
@@ -670,11 +776,142 @@ impl Sm90Fp8 {
             cluster_n: cl.n,
             _pad: 0,
             groups: group_params,
+            sparse: SparseParams::default(),
         };
         // SAFETY: `cfg` was validated for this shape (tile, cluster, band, split and the 32-bit
         // indexing; grouped: no split, and `groups` holds `count` int32 values on this GPU); the tensor maps cover the live data buffers of the prepared operands, the
         // scale buffers have the documented sizes (A scales padded to whole clusters), the output
         // holds l·m·n elements of `out_type`, `splitk` is sized for the schedule, and the grid is
+        // a whole number of clusters.
+        let _gemm = unsafe { launch.launch(&params) }?;
+        Ok(())
+    }
+}
+
+impl Sm90Fp8 {
+    /// C = A · Bᵀ with one operand block-sparse (`side`) and `dense` the other, on the
+    /// block-sparse kernel with `cfg` (validated for the kernel's shape: M the dense operand's
+    /// rows, N the sparse operand's). C is `c`; with A sparse the kernel computes Cᵀ and stores
+    /// it transposed.
+    pub(crate) fn bsr_gemm(
+        &self,
+        stream: &Arc<CudaStream>,
+        dense: &DeviceMatrix,
+        sparse: &DeviceBsr,
+        side: SparseSide,
+        c: &mut DeviceOutput,
+        cfg: Sm90Config,
+    ) -> Result<()> {
+        if let Some(e) = unsupported(&dense.desc, false) {
+            return Err(Error::Format(e));
+        }
+        let ea = dense.desc.format.elem;
+        let def = family::kernel(cfg.tile, ea, ElemType::E4M3, Mode::Sparse);
+        let kernel = self
+            .kernels
+            .iter()
+            .find(|kr| Some(kr.def) == def)
+            .ok_or_else(|| {
+                Error::Format(format!(
+                    "block-sparse GEMM takes an e4m3 dense operand, not {}",
+                    ea.name()
+                ))
+            })?;
+        let (Some(ao), Some(bo)) = (
+            dense.prepared.get::<Sm90Operand>(),
+            sparse.prepared.get::<Sm90Sparse>(),
+        ) else {
+            return Err(Error::Format(
+                "operands not prepared for the sm90 block-sparse kernel".into(),
+            ));
+        };
+        let Some(sfa_map) = &ao.sfa_map else {
+            return Err(Error::Format(
+                "the dense operand of a block-sparse GEMM needs fp32 scales per 1×128 (or per row \
+                 or tensor)"
+                    .into(),
+            ));
+        };
+        let (tile, cl) = (cfg.tile, cfg.cluster);
+        let (m, n, k) = (dense.desc.rows, sparse.matrix_rows, dense.desc.k);
+        let m_units = m.div_ceil((tile.block_m() * cl.m) as usize);
+        let resident = kernel.resident[cl.size() as usize - 1];
+        let ctas = (cfg.ctas.min(resident) / cl.size()).max(1) as usize;
+        let key = (tile.block_n as usize, m_units, ctas, cfg.split_k);
+        let work = sparse.work(stream, key)?;
+        let schedule = Schedule {
+            m: m as u32,
+            n: n as u32,
+            l: 1,
+            k_blocks: (k / BLOCK_K as usize) as u32,
+            split_k: 1,
+            unit_m: tile.block_m() * cl.m,
+            unit_n: tile.block_n,
+            group_m: cfg.group_m,
+            groups: None,
+            sparse: Some(blockscaled_kernels::gemm::scheduler::Sparse {
+                segments: 0,
+                count: work.count,
+                slots: work.slots,
+                counters: work.counters,
+            }),
+        };
+        let ctas = persistent_ctas(schedule, cfg.ctas, resident, cl.size())?;
+        let mut slot = self.splitk.slot(if work.slots > 0 { 2 } else { 1 });
+        let DeviceOutput {
+            buf: out,
+            prepared: out_prepared,
+            dtype,
+            ..
+        } = c;
+        let mut launch = gemm_launch(stream, &kernel.func, tile, ctas, cl.size());
+        let splitk = SplitK::params(&mut launch, slot.as_mut(), stream, &schedule, cl)?;
+        let b_rows = b_box_rows(tile, cl).unwrap_or(BLOCK_N);
+        // With A sparse the tile is Cᵀ: stored directly.
+        let tmap_c = match side {
+            SparseSide::A => 0,
+            SparseSide::B => launch.opt_ptr(
+                out_prepared
+                    .get::<Sm90Output>()
+                    .and_then(|o| o.tmap(out_box_n(tile.block_n))),
+            ),
+        };
+        let params = Sm90Fp8Params {
+            tmap_a: launch.ptr(ao.tmap(tile.a_box_rows(1))?),
+            tmap_b: launch.ptr(bo.tmap(b_rows)?),
+            tmap_c,
+            tmap_sfa: launch.ptr(sfa_map),
+            sfb: launch.ptr(&sparse.scales),
+            sfb_col: 0,
+            out: launch.ptr_mut(out),
+            splitk,
+            m: m as u32,
+            n: n as u32,
+            k: k as u32,
+            l: 1,
+            out_type: *dtype as u32,
+            group_m: cfg.group_m,
+            split_k: 1,
+            cluster_m: cl.m,
+            cluster_n: 1,
+            _pad: 0,
+            groups: Default::default(),
+            sparse: SparseParams {
+                segments: launch.ptr(&work.segments),
+                cols: launch.ptr(&sparse.col),
+                count: work.count,
+                slots: work.slots,
+                counters: work.counters,
+                transposed: (side == SparseSide::A) as u32,
+            },
+        };
+        // SAFETY: `cfg` was validated for the kernel's shape (`validate_sparse`: a block-sparse
+        // tile, pairs along M only, 32-bit indexing); the dense operand's maps and A-role scales
+        // cover its live buffers; the sparse operand's map covers its stored blocks (at least
+        // one), `sfb` holds a scale and `cols` an in-range column for each, and every segment's
+        // positions are stored blocks of its tile's block row (`work_list` over the validated
+        // structure); the output holds m·n elements of `out_type` (C or, transposed, its
+        // product's shape); `splitk` is sized for the schedule's slots and counters; the grid is
         // a whole number of clusters.
         let _gemm = unsafe { launch.launch(&params) }?;
         Ok(())

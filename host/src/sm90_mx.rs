@@ -385,6 +385,7 @@ impl Sm90Mx {
             unit_n: tile.block_n,
             group_m: cfg.group_m,
             groups: groups.map(|g| g.schedule(m, false)),
+            sparse: None,
         };
         // One CTA per SM at most (the stages fill its shared memory).
         let ctas = persistent_ctas(schedule, cfg.ctas, self.sm_count, 1)?;

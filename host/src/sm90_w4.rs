@@ -390,6 +390,7 @@ impl Sm90W4 {
             group_m: cfg.group_m,
             // The activations' rows (C's M) are the schedule's N.
             groups: groups.map(|g| g.schedule(m, true)),
+            sparse: None,
         };
         // One CTA per SM at most (the stages fill its shared memory).
         let ctas = persistent_ctas(schedule, cfg.ctas, self.sm_count, 1)?;

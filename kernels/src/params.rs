@@ -15,7 +15,7 @@
 //!   m·out_row_stride + n`, of type [`OutType`].
 
 use crate::format::{ElemType, ScaleType};
-use crate::gemm::scheduler::Groups;
+use crate::gemm::scheduler::{Groups, Sparse};
 
 /// A grouped GEMM's groups as kernel parameters (every GEMM family takes them; all zero for a
 /// dense GEMM). See [`Groups`] for the layouts and the clamping of the device values.
@@ -58,6 +58,37 @@ impl GroupParams {
                 rows,
                 along_n,
             })
+        }
+    }
+}
+
+/// A block-sparse GEMM's sparse operand as kernel parameters (all zero for a dense GEMM): its
+/// stored blocks' K-block indices and the work list ([`Sparse`]).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct SparseParams {
+    /// `count` [`crate::gemm::scheduler::Segment`]s, longest first.
+    pub segments: u64,
+    /// The K block (column block) of each stored block: int32 per position, in range.
+    pub cols: u64,
+    pub count: u32,
+    /// Split segment groups: split-K slots and counters ([`Sparse`]).
+    pub slots: u32,
+    pub counters: u32,
+    /// 1: the sparse operand is A, the kernel's N axis is C's M (it computes Cᵀ = B·Aᵀ) and
+    /// stores C transposed; 0: the sparse operand is B.
+    pub transposed: u32,
+}
+
+impl SparseParams {
+    /// The scheduler's work list.
+    #[inline(always)]
+    pub const fn sparse(&self) -> Sparse {
+        Sparse {
+            segments: self.segments,
+            count: self.count,
+            slots: self.slots,
+            counters: self.counters,
         }
     }
 }

@@ -27,48 +27,36 @@ pub const REFERENCE_GEMM: KernelInfo = KernelInfo {
     targets: ALL_TARGETS,
 };
 
-/// Every kernel, for the builder.
-pub const KERNELS: &[KernelInfo] = &{
-    let (fp8, mx, w4, fold, grouped) = (
-        crate::sm90::KERNELS,
-        crate::sm90_mx::KERNELS,
-        crate::sm90_w4::KERNELS,
-        crate::fold::KERNELS,
-        crate::sm90::GROUPED_KERNELS,
-    );
-    let mut all = [REFERENCE_GEMM;
-        1 + crate::sm90::KERNELS.len()
-            + crate::sm90_mx::KERNELS.len()
-            + crate::sm90_w4::KERNELS.len()
-            + crate::fold::KERNELS.len()
-            + crate::sm90::GROUPED_KERNELS.len()];
-    let mut i = 0;
-    while i < fp8.len() {
-        all[1 + i] = fp8[i].info;
-        i += 1;
-    }
-    let mut j = 0;
-    while j < mx.len() {
-        all[1 + i + j] = mx[j].info;
-        j += 1;
-    }
-    let mut h = 0;
-    while h < w4.len() {
-        all[1 + i + j + h] = w4[h].info;
-        h += 1;
-    }
-    let mut f = 0;
-    while f < fold.len() {
-        all[1 + i + j + h + f] = fold[f].info;
-        f += 1;
-    }
-    let mut g = 0;
-    while g < grouped.len() {
-        all[1 + i + j + h + f + g] = grouped[g].info;
-        g += 1;
-    }
-    all
-};
+/// Every kernel, for the builder (which gives each entry point its launch bounds from here:
+/// a kernel missing from this table gets none, and ptxas then ignores its `setmaxnreg`).
+pub const KERNELS: &[KernelInfo] = &gather!(
+    crate::sm90::KERNELS,
+    crate::sm90_mx::KERNELS,
+    crate::sm90_w4::KERNELS,
+    crate::fold::KERNELS,
+    crate::sm90::GROUPED_KERNELS,
+    crate::sm90::SPARSE_KERNELS
+);
+
+/// The reference kernel and the `info` of every row of the families' lists `$list`, in order.
+macro_rules! gather {
+    ($($list:expr),*) => {{
+        let mut all = [REFERENCE_GEMM; 1 $(+ $list.len())*];
+        let mut at = 1;
+        $(
+            let list = $list;
+            let mut i = 0;
+            while i < list.len() {
+                all[at] = list[i].info;
+                at += 1;
+                i += 1;
+            }
+        )*
+        let _ = at;
+        all
+    }};
+}
+use gather;
 
 /// The dynamic shared-memory array's name as a literal, so `asm!` templates can `concat!` it.
 #[macro_export]

@@ -101,6 +101,129 @@ struct Args {
     /// at model load), so each call folds only the activations.
     #[arg(long = "fold_weights", alias = "fold-weights")]
     fold_weights: bool,
+    /// Block-sparse GEMM with this operand sparse (a or b) in 128 × 128 blocks (DeepSeek-style
+    /// FP8; --mnkl gives M, N, K; L is 1). Timed against our dense kernel and cuBLASLt dense on
+    /// the same shape. --mma_tiler_mn 128,128 or 128,64, --cluster_shape_mn 1,1 or 2,1, --split_k
+    /// the most parts a long block row is cut into.
+    #[arg(long)]
+    bsr: Option<String>,
+    /// Block-sparse GEMM: stored blocks over all blocks (0 to 1).
+    #[arg(long, default_value_t = 0.1)]
+    density: f64,
+    /// Block-sparse GEMM: random, banded or block-diagonal.
+    #[arg(long, default_value = "random")]
+    pattern: String,
+}
+
+/// The block-sparse mode: one case, its check against the CPU reference (unless skipped) and
+/// its times against the dense peers.
+fn run_bsr(
+    args: &Args,
+    gpu: &Gpu,
+    mnkl: &[usize],
+    seed: u64,
+    tile: Option<Sm90Tile>,
+    cluster: Option<ClusterShape>,
+) -> Result<bool, String> {
+    use blockscaled::{BsrMatrix, SparseSide};
+    use blockscaled_benches::bsr::{BsrCase, Pattern, bsr_header, bsr_line, run_bsr as run};
+    let side = match args.bsr.as_deref() {
+        Some("a") | Some("A") => SparseSide::A,
+        Some("b") | Some("B") => SparseSide::B,
+        o => return Err(format!("--bsr {o:?}: want a or b (the sparse operand)")),
+    };
+    let pattern = Pattern::from_name(&args.pattern).ok_or_else(|| {
+        format!(
+            "--pattern `{}`: want random, banded or block-diagonal",
+            args.pattern
+        )
+    })?;
+    if !(0.0..=1.0).contains(&args.density) {
+        return Err(format!("--density {}: want 0 to 1", args.density));
+    }
+    let (m, n, k) = (mnkl[0], mnkl[1], mnkl[2]);
+    let (dense_rows, sparse_rows) = match side {
+        SparseSide::B => (m, n),
+        SparseSide::A => (n, m),
+    };
+    let plan = if tile.is_some()
+        || cluster.is_some()
+        || args.split_k.is_some()
+        || args.group_m.is_some()
+    {
+        let d = blockscaled::plan::sm90_bsr_default(dense_rows, sparse_rows, gpu.sm_count());
+        let (tile, cluster) = (tile.unwrap_or(d.tile), cluster.unwrap_or(d.cluster));
+        let units = dense_rows
+            .div_ceil((tile.block_m() * cluster.m) as usize)
+            .max(1) as u32;
+        Some(Plan::Sm90Fp8(Sm90Config {
+            tile,
+            cluster,
+            group_m: args.group_m.unwrap_or(d.group_m).clamp(1, units),
+            split_k: args.split_k.unwrap_or(d.split_k),
+            ..d
+        }))
+    } else {
+        None
+    };
+    let case = BsrCase {
+        m,
+        n,
+        k,
+        density: args.density,
+        pattern,
+        side,
+        warmup: args.warmup_iterations,
+        iters: args.iterations,
+        seed,
+        plan,
+    };
+    let mut ok = true;
+    if !args.skip_ref_check {
+        // The check, on fresh random operands of the same pattern.
+        use blockscaled_tests::{compare_outputs, fp8_accumulation_slack, random_matrix};
+        let recipe = Recipe::DeepSeekFp8;
+        let (_, dense) = random_matrix(seed, dense_rows, k, 1, recipe.a());
+        let (_, full) = random_matrix(seed ^ 0x51, sparse_rows, k, 1, recipe.b());
+        let bcs = k / 128;
+        let mask = pattern.mask(sparse_rows.div_ceil(128), bcs, args.density, seed);
+        let sparse = BsrMatrix::from_dense_blocks(&full, |r, c| mask[r * bcs + c])
+            .map_err(|e| e.to_string())?;
+        let e = |x: blockscaled::Error| x.to_string();
+        let (dd, ds) = (
+            gpu.upload(&dense).map_err(e)?,
+            gpu.upload_bsr(&sparse).map_err(e)?,
+        );
+        let mut c = gpu.output(m, n, 1, OutType::Bf16).map_err(e)?;
+        let p = match plan {
+            Some(p) => p,
+            None => gpu.bsr_plan(&dd, &ds).map_err(e)?,
+        };
+        gpu.bsr_gemm_with(&dd, &ds, side, &mut c, p).map_err(e)?;
+        let got = c.to_host().map_err(e)?;
+        let (want, abs) =
+            blockscaled::reference::bsr_gemm(&dense, &sparse, side, OutType::Bf16).map_err(e)?;
+        match compare_outputs(&got, &want, 1.0, &fp8_accumulation_slack(&abs)) {
+            Ok(()) => println!(
+                "bsr: check passed ({} of {} elements)",
+                got.values.len(),
+                got.values.len()
+            ),
+            Err(msg) => {
+                ok = false;
+                println!("bsr: CHECK FAILED: {msg}");
+            }
+        }
+    }
+    let peer = if args.no_peer {
+        None
+    } else {
+        open_peer(gpu).ok()
+    };
+    let o = run(gpu, peer.as_ref(), &case)?;
+    println!("{}", bsr_header());
+    println!("{}", bsr_line(&case, &o));
+    Ok(ok)
 }
 
 /// The grouped mode: every recipe × case, ours against the cuBLASLt loop, one line each.
@@ -363,6 +486,10 @@ fn run(args: &Args) -> Result<bool, String> {
     println!("{gpu:?}; seed {seed}");
     if let Some(why) = blockscaled_benches::timing::profiler_attached() {
         println!("CUDA tool attached ({why}): timed without the stream gate");
+    }
+    if args.bsr.is_some() {
+        let tile = tiler_mn.map(fp8_tile).transpose()?;
+        return run_bsr(args, &gpu, &mnkl, seed, tile, cluster);
     }
     if args.groups.is_some() || args.group_case.is_some() {
         let recipes = if args.recipe == "all" && args.ab_dtype.is_none() {

@@ -78,7 +78,8 @@ pub trait GemmKernel {
 pub unsafe fn run<K: GemmKernel, const PREGS: u32, const CREGS: u32>(k: &K) {
     let layout = k.layout().at(smem::dynamic_base());
     let cluster = k.cluster();
-    let size = cluster.size();
+    // (At least 1 as the compiler can see: no panic path for the divisions by it below.)
+    let size = cluster.size().max(1);
     let pipe = Pipeline::new(layout.barriers(), layout.stages, size);
     let tid = thread::thread_x();
     let rank = if size > 1 {

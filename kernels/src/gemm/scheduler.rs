@@ -12,13 +12,19 @@
 //! covering only its rows of the grouped operand, so an empty group has no units. The group row
 //! counts live in device memory (written by the caller's kernels, no host sync): each CTA reads
 //! them as it walks its units, in order.
+//!
+//! Block-sparse GEMM ([`Sparse`]): the sparse operand's tiles are the schedule's N axis, and each
+//! has its own list of stored K blocks. The host cuts every tile's list into [`Segment`]s (a long
+//! list into several parts that meet as split-K does, a short one whole, an empty one as one
+//! empty segment so that its zero output is still written) and orders them longest first; the
+//! units are the band-ordered grid of M tiles × segments, and a unit's `k_begin..k_end` are
+//! positions in the stored blocks, not K blocks.
 
 use core::ops::Range;
 
 /// One unit of work: tile coordinates (in tiles, not elements), the batch entries of the operands
 /// and of the output it writes, the rows of the grouped operand its group owns, and the K blocks
-/// it accumulates over. Block-sparse GEMM will read `k_begin..k_end` as positions in the tile's
-/// list of nonzero K blocks instead of K blocks themselves.
+/// it accumulates over (block-sparse GEMM: positions in the sparse operand's stored blocks).
 ///
 /// The *grouped axis* is the schedule's M (or its N with [`Groups::along_n`], for kernels that
 /// swap A and B): tile `m` of it starts at row `row0 + m · unit rows` of the grouped operand (A)
@@ -43,6 +49,8 @@ pub struct WorkUnit {
     /// The K blocks (of the kernel's block K) this unit accumulates: `k_begin..k_end`.
     pub k_begin: u32,
     pub k_end: u32,
+    /// Block-sparse GEMM: the unit's [`Segment`] (0 otherwise).
+    pub seg: u32,
 }
 
 impl WorkUnit {
@@ -97,6 +105,57 @@ impl Groups {
     }
 }
 
+/// A block-sparse GEMM's work list: `count` [`Segment`]s in device memory, longest first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Sparse {
+    pub segments: u64,
+    pub count: u32,
+    /// Segment groups that are split (the host sizes split-K's workspace with it): each
+    /// [`Segment::slot`] and [`Segment::counter`] is below these.
+    pub slots: u32,
+    pub counters: u32,
+}
+
+/// One part of a sparse tile's K list: stored blocks `begin..end` (positions) of tile `n` of the
+/// schedule's N axis. A tile whose list is split in `parts` parts has one segment per part; part
+/// `p`'s partial sums go to split-K slot `slot + p` and the parts count themselves on
+/// `counter` (both per M tile, see [`Schedule::meeting`]). Unsplit: `parts` 1.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Segment {
+    pub n: u32,
+    pub begin: u32,
+    pub end: u32,
+    pub part: u32,
+    pub parts: u32,
+    pub slot: u32,
+    pub counter: u32,
+    pub _pad: u32,
+}
+
+impl Sparse {
+    /// Segment `i`.
+    /// # Safety
+    /// `segments` holds `count` segments and `i < count`.
+    #[inline(always)]
+    pub unsafe fn segment(&self, i: u32) -> Segment {
+        // SAFETY: the caller's contract.
+        unsafe { *(self.segments as *const Segment).add(i as usize) }
+    }
+}
+
+/// Where a CTA tile's K ranges meet (`gemm::splitk`): `parts` ranges (1: no split), this one
+/// `part`; the partial sums of range `p` in workspace slot `first + p · stride` (slots of one
+/// CTA tile's values), the arrivals on counter group `counter`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Meeting {
+    pub parts: u32,
+    pub part: u32,
+    pub first: u64,
+    pub stride: u64,
+    pub counter: u64,
+}
+
 /// Most CTAs per cluster (along M or along N): the kernels share stages between the two CTAs of a
 /// pair.
 pub const MAX_CLUSTER: u32 = 2;
@@ -146,6 +205,9 @@ pub struct Schedule {
     /// Grouped GEMM: the groups (then `l` and `split_k` are 1, and `m` (or `n` along N) is the
     /// grouped operand's rows).
     pub groups: Option<Groups>,
+    /// Block-sparse GEMM: the segments (then `l` and `split_k` are 1, `groups` is `None`, and the
+    /// N axis is the sparse operand's rows, clusters along M only).
+    pub sparse: Option<Sparse>,
 }
 
 impl Schedule {
@@ -157,6 +219,10 @@ impl Schedule {
             self.n.div_ceil(self.unit_n) as u64,
         );
         let total = match self.groups {
+            None if self.sparse.is_some() => match self.sparse {
+                Some(sp) => m_tiles * sp.count as u64,
+                None => 0,
+            },
             None => m_tiles * n_tiles * self.l as u64 * self.split_k as u64,
             Some(g) => {
                 // Contiguous: each group's rows may start mid-tile (one more tile each); masked:
@@ -187,8 +253,14 @@ impl Schedule {
     /// (each CTA tile's values once per K range) and u32 counters (one per CTA tile and consumer
     /// warpgroup; see `gemm::splitk`). `None` if a count overflows (or the schedule is grouped).
     pub const fn splitk_workspace(&self, cluster: ClusterShape) -> Option<(u64, u64)> {
-        match (self.groups, self.units()) {
-            (None, Some(units)) => {
+        let cta_m_tiles = self.m.div_ceil(self.unit_m) as u64 * cluster.m as u64;
+        let tile = (self.unit_m as u64 * self.unit_n as u64) / cluster.size() as u64;
+        match (self.groups, self.sparse, self.units()) {
+            (None, Some(sp), Some(_)) => Some((
+                sp.slots as u64 * cta_m_tiles * tile,
+                sp.counters as u64 * cta_m_tiles * super::barriers::MAX_CONSUMERS as u64,
+            )),
+            (None, None, Some(units)) => {
                 let floats = units * self.unit_m as u64 * self.unit_n as u64;
                 let tiles = units / self.split_k as u64 * cluster.size() as u64;
                 Some((floats, tiles * super::barriers::MAX_CONSUMERS as u64))
@@ -206,6 +278,48 @@ impl Schedule {
         let n_tiles = self.n.div_ceil(self.unit_n) * cluster.n;
         (own.l * m_tiles + own.m) * n_tiles + own.n
     }
+
+    /// Where CTA tile `own`'s K ranges meet: dense, range `out_l mod split_k` of the tile's
+    /// `split_k`, in slots `cta_tile · split_k + s`; sparse, its segment's part, in slots
+    /// `(slot + part) · M tiles + m` and counter group `counter · M tiles + m`.
+    /// # Safety
+    /// For a sparse schedule, `own` is a unit of it (its `seg` a segment there is).
+    #[inline(always)]
+    pub unsafe fn meeting(&self, own: &WorkUnit, cluster: ClusterShape) -> Meeting {
+        match self.sparse {
+            // No segment is cut: no split, and no load.
+            Some(sp) if sp.slots == 0 => Meeting {
+                parts: 1,
+                part: 0,
+                first: 0,
+                stride: 0,
+                counter: 0,
+            },
+            Some(sp) => {
+                // SAFETY: the caller's contract.
+                let seg = unsafe { sp.segment(own.seg) };
+                let m_tiles = (tiles(self.m, self.unit_m) * cluster.m) as u64;
+                Meeting {
+                    parts: seg.parts,
+                    part: seg.part,
+                    first: seg.slot as u64 * m_tiles + own.m as u64,
+                    stride: m_tiles,
+                    counter: seg.counter as u64 * m_tiles + own.m as u64,
+                }
+            }
+            None => {
+                let split = self.split_k;
+                let tile = self.cta_tile(own, cluster) as u64;
+                Meeting {
+                    parts: split,
+                    part: own.out_l - own.l * split,
+                    first: tile * split as u64,
+                    stride: 1,
+                    counter: tile,
+                }
+            }
+        }
+    }
 }
 
 /// A CTA's walk through the units (the consumers hold it across their mainloop, where every
@@ -221,6 +335,10 @@ pub struct TileScheduler {
     stride: u32,
     /// Grouped: the group the walk is in and its rows.
     group: GroupCursor,
+    /// Sparse: the next unit's position and its segment's tile and positions, loaded one unit
+    /// ahead (so that the load's latency passes during this unit, not before the next).
+    ahead_t: u32,
+    ahead: (u32, u32, u32),
 }
 
 /// Where a CTA's walk through the groups stands (its units come in increasing order, so the
@@ -240,13 +358,21 @@ impl TileScheduler {
     /// ([`Schedule::units`]) and `group_m`, `split_k` ≥ 1.
     #[inline(always)]
     pub const fn new(s: Schedule, first: u32, stride: u32) -> Self {
-        let m_tiles = s.m.div_ceil(s.unit_m);
-        let n_tiles = s.n.div_ceil(s.unit_n);
+        let m_tiles = tiles(s.m, s.unit_m);
+        // Sparse: the band-ordered grid is M tiles × segments (no units without segments; the
+        // divisor is kept nonzero where the compiler can see it).
+        let (n_tiles, total) = match s.sparse {
+            Some(sp) => (if sp.count == 0 { 1 } else { sp.count }, m_tiles * sp.count),
+            None => {
+                let n_tiles = tiles(s.n, s.unit_n);
+                (n_tiles, m_tiles * n_tiles * (s.l * s.split_k))
+            }
+        };
         TileScheduler {
             s,
             m_tiles,
             n_tiles,
-            total: m_tiles * n_tiles * (s.l * s.split_k),
+            total,
             group_m: if s.group_m == 0 { 1 } else { s.group_m },
             next: first,
             stride,
@@ -256,6 +382,8 @@ impl TileScheduler {
                 row_end: 0,
                 base: 0,
             },
+            ahead_t: u32::MAX,
+            ahead: (0, 0, 0),
         }
     }
 
@@ -270,7 +398,10 @@ impl TileScheduler {
     #[inline(always)]
     const fn banded(&self, r: u32, m_tiles: u32, n_tiles: u32) -> (u32, u32) {
         let group_m = self.group_m;
-        let band = r / (group_m * n_tiles);
+        // (Divisors are nonzero for every position of a unit; `checked_*` keeps a panic path,
+        // which would make ptxas ignore `setmaxnreg`, out of the kernels where the compiler
+        // cannot see that.)
+        let band = or_zero(r.checked_div(group_m * n_tiles));
         let first_m = band * group_m;
         let rows = if m_tiles - first_m < group_m {
             m_tiles - first_m
@@ -278,7 +409,10 @@ impl TileScheduler {
             group_m
         };
         let in_band = r - band * group_m * n_tiles;
-        (first_m + in_band % rows, in_band / rows)
+        (
+            first_m + or_zero(in_band.checked_rem(rows)),
+            or_zero(in_band.checked_div(rows)),
+        )
     }
 
     /// The unit at position `t` of a dense problem's linear order.
@@ -310,6 +444,42 @@ impl TileScheduler {
             row_end: u32::MAX,
             k_begin,
             k_end,
+            seg: 0,
+        }
+    }
+
+    /// The sparse unit at position `t`: the unit of the band-ordered M tiles × segments grid,
+    /// with its segment's tile and stored blocks; loads the segment of the unit `stride` later.
+    /// # Safety
+    /// `t` < the total; `sp` is the schedule's.
+    #[inline(always)]
+    unsafe fn sparse_unit(&mut self, t: u32, sp: Sparse) -> WorkUnit {
+        let (m, i) = self.banded(t, self.m_tiles, self.n_tiles);
+        let (n, begin, end) = if self.ahead_t == t {
+            self.ahead
+        } else {
+            // SAFETY: the caller's contract (`i` < count).
+            let seg = unsafe { sp.segment(i) };
+            (seg.n, seg.begin, seg.end)
+        };
+        let later = t.wrapping_add(self.stride);
+        if later < self.total && later > t {
+            let (_, j) = self.banded(later, self.m_tiles, self.n_tiles);
+            // SAFETY: `later` < the total, so `j` < count.
+            let seg = unsafe { sp.segment(j) };
+            (self.ahead_t, self.ahead) = (later, (seg.n, seg.begin, seg.end));
+        }
+        WorkUnit {
+            m,
+            n,
+            l: 0,
+            out_l: 0,
+            a_l: 0,
+            row0: 0,
+            row_end: u32::MAX,
+            k_begin: begin,
+            k_end: end,
+            seg: i,
         }
     }
 
@@ -359,7 +529,23 @@ impl TileScheduler {
             row_end: c.row_end,
             k_begin: 0,
             k_end: self.s.k_blocks,
+            seg: 0,
         })
+    }
+}
+
+/// Tiles of `size` covering `len` (0 for an empty size, which no host passes: no panic path).
+#[inline(always)]
+const fn tiles(len: u32, size: u32) -> u32 {
+    if size == 0 { 0 } else { len.div_ceil(size) }
+}
+
+/// `v`, or 0 for `None`.
+#[inline(always)]
+const fn or_zero(v: Option<u32>) -> u32 {
+    match v {
+        Some(v) => v,
+        None => 0,
     }
 }
 
@@ -369,10 +555,12 @@ impl Iterator for TileScheduler {
 
     #[inline(always)]
     fn next(&mut self) -> Option<WorkUnit> {
-        let unit = match self.s.groups {
-            None if self.next >= self.total() => return None,
-            None => self.unit(self.next),
-            Some(gs) => self.grouped_unit(gs)?,
+        let unit = match (self.s.groups, self.s.sparse) {
+            (None, _) if self.next >= self.total() => return None,
+            // SAFETY: `next` < the total, the segments are the schedule's (Sparse's contract).
+            (None, Some(sp)) => unsafe { self.sparse_unit(self.next, sp) },
+            (None, None) => self.unit(self.next),
+            (Some(gs), _) => self.grouped_unit(gs)?,
         };
         self.next += self.stride;
         Some(unit)
@@ -397,6 +585,7 @@ mod tests {
             unit_n: 128,
             group_m,
             groups: None,
+            sparse: None,
         }
     }
 
@@ -482,6 +671,7 @@ mod tests {
                 row_end: 300,
                 k_begin: 2,
                 k_end: 9,
+                seg: 0,
             };
             let tiles: HashSet<WorkUnit> = (0..shape.size()).map(|r| shape.own(unit, r)).collect();
             assert_eq!(tiles.len() as u32, shape.size());
@@ -590,6 +780,54 @@ mod tests {
                     assert_eq!(seen.len(), expect, "{values:?} masked {masked}");
                 }
             }
+        }
+    }
+
+    #[test]
+    fn sparse_units_cover_every_m_tile_of_every_segment_once() {
+        // Segments of tiles 0..4 (tile 2 cut in two parts), longest first.
+        let seg = |n, begin, end, part, parts| Segment {
+            n,
+            begin,
+            end,
+            part,
+            parts,
+            slot: 0,
+            counter: 0,
+            _pad: 0,
+        };
+        let segments = [
+            seg(2, 10, 16, 0, 2),
+            seg(2, 16, 22, 1, 2),
+            seg(0, 0, 5, 0, 1),
+            seg(3, 22, 24, 0, 1),
+            seg(1, 5, 5, 0, 1),
+        ];
+        let sparse = Sparse {
+            segments: segments.as_ptr() as u64,
+            count: segments.len() as u32,
+            slots: 2,
+            counters: 1,
+        };
+        for (m, group_m, ctas) in [(1000u32, 3u32, 7u32), (128, 1, 132), (5000, 8, 1)] {
+            let s = Schedule {
+                sparse: Some(sparse),
+                ..schedule(m, 512, 1, 4, 1, group_m)
+            };
+            let total = s.units().unwrap();
+            assert_eq!(total, m.div_ceil(128) as u64 * segments.len() as u64);
+            let mut seen = HashSet::new();
+            for c in 0..ctas {
+                for u in TileScheduler::new(s, c, ctas) {
+                    let g = segments[u.seg as usize];
+                    assert_eq!((u.n, u.k_begin, u.k_end), (g.n, g.begin, g.end), "{u:?}");
+                    assert!(seen.insert((u.m, u.seg)), "{u:?} twice");
+                    // SAFETY: `u` is a unit of `s`.
+                    let meeting = unsafe { s.meeting(&u, ClusterShape::ONE) };
+                    assert_eq!((meeting.part, meeting.parts), (g.part, g.parts));
+                }
+            }
+            assert_eq!(seen.len() as u64, total);
         }
     }
 

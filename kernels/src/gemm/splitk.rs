@@ -1,5 +1,6 @@
 //! Split-K without a second kernel. When a tile's K blocks are split over `split` work units
-//! (the scheduler's `WorkUnit::k_begin..k_end`, with `out_l = l·split + s`), each unit's consumer
+//! (the scheduler's `WorkUnit::k_begin..k_end`; which range a unit is and where the ranges meet
+//! is [`Schedule::meeting`]: dense `out_l = l·split + s`, block-sparse its segment), each unit's consumer
 //! warpgroups write their f32 partial sums to the workspace in the fragments' own layout
 //! (16-byte stores, a warpgroup's 128 threads side by side) and count themselves in their tile's
 //! counter; the warpgroup that arrives last adds the `split` partials in the order s = 0, 1, …
@@ -27,7 +28,8 @@ const THREADS: u64 = 128;
 /// tile into when this warpgroup holds the sum in `acc` (always without a split), `None` when
 /// another CTA will store it.
 /// # Safety
-/// With `sched.split_k` > 1: `p` is this launch's workspace, sized by
+/// `own` is a unit of `sched` ([`Schedule::meeting`]'s contract). With a split: `p` is this
+/// launch's workspace, sized by
 /// [`Schedule::splitk_workspace`] for `sched` and `cluster`, with every counter 0 at launch; the
 /// CTA tile is `consumers · W` fragments of 64 rows (`unit_m · unit_n / cluster.size()` values);
 /// every thread of the warpgroup calls this with the same `own`, once per unit.
@@ -40,19 +42,19 @@ pub unsafe fn meet<const W: usize, F: Fragment>(
     (c, consumers, local): (u32, u32, u32),
     acc: &mut [F; W],
 ) -> Option<u32> {
-    let split = sched.split_k;
+    // SAFETY: the caller's contract.
+    let meeting = unsafe { sched.meeting(own, cluster) };
+    let (split, s) = (meeting.parts, meeting.part);
     if split <= 1 {
         return Some(own.out_l);
     }
-    let s = own.out_l - own.l * split;
     // A fragment is 64 × N values, N / 2 per thread: N / 8 chunks of four, each chunk of the
     // warpgroup's 128 threads 2 KiB of consecutive memory.
     let chunk_bytes = 16 * THREADS;
     let frag_bytes = (F::N / 8) as u64 * chunk_bytes;
     let tile_bytes = (consumers as u64) * (W as u64) * frag_bytes;
-    let tile = sched.cta_tile(own, cluster) as u64;
     let mine = p.ws + (c as u64 * W as u64) * frag_bytes + 16 * local as u64;
-    let part = |t: u32| mine + (tile * split as u64 + t as u64) * tile_bytes;
+    let part = |t: u32| mine + (meeting.first + t as u64 * meeting.stride) * tile_bytes;
     // SAFETY (stores and loads): the workspace holds `split` tiles of `tile_bytes` per CTA tile
     // (the caller's contract); thread `local`'s chunk `j` of fragment `w` is inside its
     // warpgroup's share, 16-byte aligned; the partial of range `t` was written by its unit
@@ -65,7 +67,7 @@ pub unsafe fn meet<const W: usize, F: Fragment>(
         }
     }
     sync_consumer(c);
-    let counter = p.counters + 4 * (tile * MAX_CONSUMERS as u64 + c as u64);
+    let counter = p.counters + 4 * (meeting.counter * MAX_CONSUMERS as u64 + c as u64);
     let mut last = false;
     if local == 0 {
         global::fence_acq_rel_gpu();

@@ -43,21 +43,30 @@ pub unsafe fn store_u32x2_if(addr: u64, x: u32, y: u32, pred: bool) {
     };
 }
 
-/// `ld.global.nc.f32`: one f32 through the non-coherent (read-only) data path, for data no
+/// `ld.global.nc.b32`: 32 bits through the non-coherent (read-only) data path, for data no
 /// thread of the grid writes while the kernel runs (PTX ISA "Data Movement and Conversion
 /// Instructions: ld.global.nc").
 /// # Safety
-/// `addr` is a valid, 4-byte-aligned global address of an initialized f32 that nothing writes
+/// `addr` is a valid, 4-byte-aligned global address of 4 initialized bytes that nothing writes
 /// during the kernel.
 #[inline(always)]
-pub unsafe fn load_f32_nc(addr: u64) -> f32 {
-    let v: f32;
+pub unsafe fn load_u32_nc(addr: u64) -> u32 {
+    let v: u32;
     // SAFETY: the caller's contract.
     unsafe {
-        asm!("ld.global.nc.f32 {v}, [{p}];", v = out(reg32) v, p = in(reg64) addr,
+        asm!("ld.global.nc.b32 {v}, [{p}];", v = out(reg32) v, p = in(reg64) addr,
              options(nostack, readonly, preserves_flags))
     };
     v
+}
+
+/// [`load_u32_nc`] of an f32.
+/// # Safety
+/// As [`load_u32_nc`].
+#[inline(always)]
+pub unsafe fn load_f32_nc(addr: u64) -> f32 {
+    // SAFETY: the caller's contract.
+    f32::from_bits(unsafe { load_u32_nc(addr) })
 }
 
 /// `ld.global.v4.f32`: four consecutive f32 in one 16-byte load.

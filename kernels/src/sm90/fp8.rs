@@ -20,13 +20,13 @@
 
 use core::marker::PhantomData;
 
-use super::{BLOCK_K, BLOCK_N, ROW_BYTES, SFA_BOX, Sm90Fp8Params, Tile, WG_ROWS};
+use super::{BLOCK_K, BLOCK_N, Mode, ROW_BYTES, SFA_BOX, Sm90Fp8Params, Tile, WG_ROWS};
 use crate::gemm::driver::{Ctx, GemmKernel};
 use crate::gemm::epilogue::{self, Output, Staging};
 use crate::gemm::layout::StageLayout;
 use crate::gemm::pipeline::{PipelineState, Turn};
 use crate::gemm::promote::{promote, promote_split};
-use crate::gemm::scheduler::{ClusterShape, Schedule, WorkUnit};
+use crate::gemm::scheduler::{ClusterShape, MAX_CLUSTER, Schedule, WorkUnit};
 use crate::gemm::splitk;
 use crate::ptx::wgmma::{self, Descriptor, Fp8Fragment, Fp8Pair, Fragment, Swizzle};
 use crate::ptx::{global, smem, thread, tma};
@@ -36,18 +36,22 @@ const MMA_K: u32 = 32;
 /// Bytes between 8-row groups of a 128-byte-swizzled tile (8 rows × 128 bytes).
 const SWIZZLE_SBO: u32 = 8 * ROW_BYTES;
 
-/// The kernel for a tile of `CONS` consumers × `WAVES` waves × `F::N` columns, element types `T`.
-/// `GROUPED`: the kernel runs grouped GEMM (`Sm90Fp8Params::groups`); the dense kernels have
-/// no group walk at all.
-pub(crate) struct Fp8Gemm<const CONS: u32, const WAVES: usize, F, T, const GROUPED: bool> {
+/// The kernel for a tile of `CONS` consumers × `WAVES` waves × `F::N` columns, element types `T`,
+/// running `MODE` ([`Mode`] as u32): dense, grouped (`Sm90Fp8Params::groups`) or block-sparse
+/// (`Sm90Fp8Params::sparse`); the dense kernels have no group or segment walk at all.
+pub(crate) struct Fp8Gemm<const CONS: u32, const WAVES: usize, F, T, const MODE: u32> {
     pub(crate) p: Sm90Fp8Params,
     pub(crate) types: PhantomData<(F, T)>,
 }
 
-impl<const CONS: u32, const WAVES: usize, F: Fp8Fragment, T: Fp8Pair, const GROUPED: bool>
-    Fp8Gemm<CONS, WAVES, F, T, GROUPED>
+impl<const CONS: u32, const WAVES: usize, F: Fp8Fragment, T: Fp8Pair, const MODE: u32>
+    Fp8Gemm<CONS, WAVES, F, T, MODE>
 {
     const TILE: Tile = Tile::new(CONS, WAVES as u32, F::N);
+    const GROUPED: bool = MODE == Mode::Grouped as u32;
+    /// Block-sparse: B's tiles are the stored blocks (or halves of them for 64-column tiles) of
+    /// the sparse operand, a unit's K blocks are positions in them, and each has one B scale.
+    const SPARSE: bool = MODE == Mode::Sparse as u32;
 }
 
 /// One consumer warpgroup's constants.
@@ -62,8 +66,8 @@ pub(crate) struct Consumer<const CONS: u32> {
     row: u32,
 }
 
-impl<const CONS: u32, const WAVES: usize, F: Fp8Fragment, T: Fp8Pair, const GROUPED: bool>
-    GemmKernel for Fp8Gemm<CONS, WAVES, F, T, GROUPED>
+impl<const CONS: u32, const WAVES: usize, F: Fp8Fragment, T: Fp8Pair, const MODE: u32> GemmKernel
+    for Fp8Gemm<CONS, WAVES, F, T, MODE>
 {
     const CONSUMERS: u32 = CONS;
     type Consumer = Consumer<CONS>;
@@ -76,9 +80,11 @@ impl<const CONS: u32, const WAVES: usize, F: Fp8Fragment, T: Fp8Pair, const GROU
 
     #[inline(always)]
     fn cluster(&self) -> ClusterShape {
+        // (The host passes 1 or MAX_CLUSTER; the clamp shows the compiler that no division by
+        // the cluster's sizes can be by zero, so no kernel carries a panic path for it.)
         ClusterShape {
-            m: self.p.cluster_m,
-            n: self.p.cluster_n,
+            m: self.p.cluster_m.clamp(1, MAX_CLUSTER),
+            n: self.p.cluster_n.clamp(1, MAX_CLUSTER),
         }
     }
 
@@ -94,8 +100,13 @@ impl<const CONS: u32, const WAVES: usize, F: Fp8Fragment, T: Fp8Pair, const GROU
             unit_m: Self::TILE.block_m() * cl.m,
             unit_n: F::N * cl.n,
             group_m: p.group_m,
-            groups: if GROUPED {
+            groups: if Self::GROUPED {
                 p.groups.groups(p.m, false)
+            } else {
+                None
+            },
+            sparse: if Self::SPARSE {
+                Some(p.sparse.sparse())
             } else {
                 None
             },
@@ -110,9 +121,17 @@ impl<const CONS: u32, const WAVES: usize, F: Fp8Fragment, T: Fp8Pair, const GROU
 
     #[inline(always)]
     unsafe fn load(&self, ctx: &Ctx, own: &WorkUnit, kb: u32, s: u32, full: u32) {
-        let (p, tile, cl, layout) = (&self.p, Self::TILE, ctx.cluster, &ctx.layout);
+        let (p, tile, cl, layout) = (&self.p, Self::TILE, self.cluster(), &ctx.layout);
         let all = ((1u32 << cl.size()) - 1) as u16;
-        let x = (kb * BLOCK_K) as i32;
+        // Sparse: `kb` is a stored block, whose K block is its column.
+        let k_block = if Self::SPARSE {
+            // SAFETY: `cols` holds a column in range for every stored block (the entry's
+            // contract), and the unit's positions are stored blocks.
+            unsafe { global::load_u32_nc(p.sparse.cols + 4 * kb as u64) }
+        } else {
+            kb
+        };
+        let x = (k_block * BLOCK_K) as i32;
         let (a_l, l) = (own.a_l as i32, own.l as i32);
         let row0 = own.first_row(own.m, tile.block_m());
         // SAFETY: the driver's contract (the stage is free); the boxes fit the stage's buffers;
@@ -136,16 +155,22 @@ impl<const CONS: u32, const WAVES: usize, F: Fp8Fragment, T: Fp8Pair, const GROU
             let share = if cl.m > 1 { ctx.rank } else { 0 };
             let b_dst = layout.b(s) + share * b_rows * ROW_BYTES;
             let b_y = (own.n * F::N + share * b_rows) as i32;
-            if cl.m > 1 {
-                tma::load_3d_multicast(b_dst, p.tmap_b, x, b_y, l, full, all);
+            // Sparse: stored block `kb`, from the tile's first row in its block.
+            let (b_x, b_y, b_z) = if Self::SPARSE {
+                (0, b_y % BLOCK_N as i32, kb as i32)
             } else {
-                tma::load_3d(b_dst, p.tmap_b, x, b_y, l, full);
+                (x, b_y, l)
+            };
+            if cl.m > 1 {
+                tma::load_3d_multicast(b_dst, p.tmap_b, b_x, b_y, b_z, full, all);
+            } else {
+                tma::load_3d(b_dst, p.tmap_b, b_x, b_y, b_z, full);
             }
             // The tile's A scales: a box per 128 rows, from the aligned row at or below.
             for b in 0..tile.sfa_boxes() {
                 let (y, _) = SFA_BOX.start(row0 + b * SFA_BOX.tile_rows);
                 let dst = layout.sfa(s) + b * SFA_BOX.bytes();
-                tma::load_3d(dst, p.tmap_sfa, y as i32, kb as i32, a_l, full);
+                tma::load_3d(dst, p.tmap_sfa, y as i32, k_block as i32, a_l, full);
             }
         }
     }
@@ -169,15 +194,24 @@ impl<const CONS: u32, const WAVES: usize, F: Fp8Fragment, T: Fp8Pair, const GROU
         own: &WorkUnit,
         st: &mut PipelineState,
     ) -> [F; WAVES] {
-        let sfb = BScales::of(&self.p, own, F::N);
+        let sfb = if Self::SPARSE {
+            BScales::per_block(&self.p)
+        } else {
+            BScales::of(&self.p, own, F::N)
+        };
         // Where the tile's first row sits in its scale boxes (dense tiles start aligned).
-        let shift = if GROUPED {
+        let shift = if Self::GROUPED {
             SFA_BOX.start(own.first_row(own.m, Self::TILE.block_m())).1
         } else {
             0
         };
         let mut acc = [F::zeros(); WAVES];
         let (mut kb, end) = (own.k_begin, own.k_end);
+        if Self::SPARSE && kb >= end {
+            // An empty block row of the sparse operand: its output is zero (and no scale of a
+            // block past the stored ones is read below).
+            return acc;
+        }
         // SAFETY (every call below): `st` counts this warpgroup's uses in order; each is waited
         // for, used by every wave and released before the next; `kb + 1 < end` for a pair; the
         // B scales are read at K blocks of the problem (`kb + 1` clamped to the last).
@@ -246,6 +280,24 @@ impl<const CONS: u32, const WAVES: usize, F: Fp8Fragment, T: Fp8Pair, const GROU
             )
         };
         let Some(out_l) = meet else { return };
+        if Self::SPARSE && p.sparse.transposed != 0 {
+            // The sparse operand is A: the tile is Cᵀ (its rows are columns of C), stored
+            // directly, transposed.
+            let out = Output {
+                ptr: p.out,
+                tmap: 0,
+                m: p.n,
+                n: p.m,
+                out_type: p.out_type,
+                row_end: u32::MAX,
+            };
+            let (n0, m0) = (own.m * tile.block_m() + cons.row, own.n * F::N);
+            for (w, acc) in acc.iter().enumerate() {
+                let n0 = n0 + w as u32 * tile.wave_m();
+                epilogue::store_transposed(&out, out_l, n0, m0 + 2 * (cons.local % 4), acc);
+            }
+            return;
+        }
         let out = Output {
             ptr: p.out,
             tmap: p.tmap_c,
@@ -277,8 +329,8 @@ impl<const CONS: u32, const WAVES: usize, F: Fp8Fragment, T: Fp8Pair, const GROU
     }
 }
 
-impl<const CONS: u32, const WAVES: usize, F: Fp8Fragment, T: Fp8Pair, const GROUPED: bool>
-    Fp8Gemm<CONS, WAVES, F, T, GROUPED>
+impl<const CONS: u32, const WAVES: usize, F: Fp8Fragment, T: Fp8Pair, const MODE: u32>
+    Fp8Gemm<CONS, WAVES, F, T, MODE>
 {
     /// Waits for use `st`; for each wave issues its four `wgmma` into the scratch fragment, waits
     /// for them and promotes the partial sums into the wave's sums with `scale_b` (`.1`: the next
@@ -438,6 +490,18 @@ pub(crate) struct BScales {
 }
 
 impl BScales {
+    /// Block-sparse: one scale per stored block, indexed by position (`at` then takes a unit's
+    /// positions).
+    #[inline(always)]
+    fn per_block(p: &Sm90Fp8Params) -> BScales {
+        let base = p.sfb as *const f32;
+        BScales {
+            first: base,
+            second: base,
+            split: BLOCK_N,
+        }
+    }
+
     #[inline(always)]
     fn of(p: &Sm90Fp8Params, own: &WorkUnit, block_n: u32) -> BScales {
         let (n_blocks, k_blocks) = (p.n.div_ceil(BLOCK_N), p.k / BLOCK_K);

@@ -79,6 +79,7 @@ impl<F: Fp8Fragment, T: Fp8Pair> GemmKernel for Fp8SwappedGemm<F, T> {
             unit_n: F::N,
             group_m: p.group_m,
             groups: None,
+            sparse: None,
         }
     }
 

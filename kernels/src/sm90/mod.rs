@@ -267,6 +267,23 @@ pub struct Sm90Fp8Params {
     pub _pad: u32,
     /// Grouped GEMM (split_k = 1): A (and C) rows per group, B's batch entry per group.
     pub groups: crate::params::GroupParams,
+    /// Block-sparse GEMM ([`Mode::Sparse`] kernels; split_k = 1, l = 1, no groups): `tmap_b`
+    /// maps the sparse operand's stored blocks (3-D: 128 bytes of K, 128 rows, stored blocks;
+    /// boxes of `block_n / cluster_m` rows), `sfb` holds one f32 scale per stored block, and a
+    /// unit's K blocks are the positions of its segment.
+    pub sparse: crate::params::SparseParams,
+}
+
+/// What a kernel of the family runs; each a kernel of its own (a const parameter), as each walks
+/// its units differently and the dense kernels have no registers to spare for the others' walks.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Mode {
+    Dense = 0,
+    /// Grouped GEMM (`Sm90Fp8Params::groups`).
+    Grouped = 1,
+    /// Block-sparse GEMM, one operand in 128 × 128 blocks (`Sm90Fp8Params::sparse`).
+    Sparse = 2,
 }
 
 /// One kernel of the family: its tile, its element types, whether it runs grouped GEMM, and its
@@ -276,9 +293,7 @@ pub struct Sm90Fp8Kernel {
     pub tile: Tile,
     pub a: ElemType,
     pub b: ElemType,
-    /// Grouped GEMM (`Sm90Fp8Params::groups`): a kernel of its own, as walking the groups costs
-    /// the consumers registers that the dense kernels have none to spare for.
-    pub grouped: bool,
+    pub mode: Mode,
     pub info: KernelInfo,
 }
 
@@ -316,13 +331,13 @@ macro_rules! export {
 }
 
 /// An exported kernel of an unswapped tile: `$tile` a [`Tile`] constant, `$a`, `$b` the FP8
-/// `ElemType`s, `$grouped` whether it runs grouped GEMM.
+/// `ElemType`s, `$mode` a [`Mode`] variant.
 #[cfg(all(target_arch = "nvptx64", target_feature = "sm_90a"))]
 macro_rules! entry {
     ($name:expr, $tile:ident, $a:ident, $b:ident) => {
-        entry!($name, $tile, $a, $b, false);
+        entry!($name, $tile, $a, $b, Dense);
     };
-    ($name:expr, $tile:ident, $a:ident, $b:ident, $grouped:literal) => {
+    ($name:expr, $tile:ident, $a:ident, $b:ident, $mode:ident) => {
         export!(
             $name,
             $tile,
@@ -331,7 +346,7 @@ macro_rules! entry {
                 { Tile::$tile.waves as usize },
                 [f32; { (Tile::$tile.block_n / 2) as usize }],
                 $crate::ptx::wgmma::Fp8<{ ElemType::$a as u32 }, { ElemType::$b as u32 }>,
-                $grouped,
+                { $crate::sm90::Mode::$mode as u32 },
             >
         );
     };
@@ -374,7 +389,7 @@ macro_rules! kernel_list {
                 tile: Tile::$tile,
                 a: ElemType::$a,
                 b: ElemType::$b,
-                grouped: false,
+                mode: Mode::Dense,
                 info: KernelInfo {
                     name: concat!("sm90_fp8_blockscaled_gemm", $tn, $yn),
                     max_threads: Some(Tile::$tile.threads()),
@@ -414,18 +429,17 @@ kernel_list! {
     ]
 }
 
-/// The grouped kernels: every tile, e4m3 × e4m3 (DeepSeek-style experts); the entry point is
-/// `sm90_fp8_blockscaled_grouped_gemm` followed by the tile's suffix.
-macro_rules! grouped_list {
-    ($(($tile:ident, $tn:literal)),*) => {
-        /// Every grouped kernel of the family.
-        pub const GROUPED_KERNELS: &[Sm90Fp8Kernel] = &[$(Sm90Fp8Kernel {
+/// The kernels of one mode other than dense: `$list` of `$mode` kernels, every listed tile,
+/// e4m3 × e4m3; the entry point is `$prefix` followed by the tile's suffix.
+macro_rules! mode_list {
+    ($list:ident, $mode:ident, $prefix:literal, $(($tile:ident, $tn:literal)),*) => {
+        pub const $list: &[Sm90Fp8Kernel] = &[$(Sm90Fp8Kernel {
             tile: Tile::$tile,
             a: ElemType::E4M3,
             b: ElemType::E4M3,
-            grouped: true,
+            mode: Mode::$mode,
             info: KernelInfo {
-                name: concat!("sm90_fp8_blockscaled_grouped_gemm", $tn),
+                name: concat!($prefix, $tn),
                 max_threads: Some(Tile::$tile.threads()),
                 min_blocks_per_sm: 1,
                 targets: &["sm_90a"],
@@ -433,26 +447,40 @@ macro_rules! grouped_list {
         }),*];
         #[cfg(all(target_arch = "nvptx64", target_feature = "sm_90a"))]
         const _: () = {
-            $(entry!(concat!("sm90_fp8_blockscaled_grouped_gemm", $tn), $tile, E4M3, E4M3, true);)*
+            $(entry!(concat!($prefix, $tn), $tile, E4M3, E4M3, $mode);)*
         };
     };
 }
 
-grouped_list!(
+mode_list!(
+    GROUPED_KERNELS,
+    Grouped,
+    "sm90_fp8_blockscaled_grouped_gemm",
     (M128, ""),
     (M256, "_m256"),
     (M192, "_m192"),
     (M128N64, "_n64")
 );
 
-/// The kernel for a tile and a pair of element types, dense or grouped (swapped tiles: dense).
-pub fn kernel(
-    tile: Tile,
-    a: ElemType,
-    b: ElemType,
-    grouped: bool,
-) -> Option<&'static Sm90Fp8Kernel> {
-    let list = if grouped { GROUPED_KERNELS } else { KERNELS };
+// The block-sparse kernels: tiles no wider than one 128-row block of the sparse operand (a tile's
+// columns share one list of stored blocks), e4m3 × e4m3 (DeepSeek-style weights, pruned in
+// 128 × 128 blocks, each block its own scale). Not the 256-row tile: with the segment walk its
+// consumers spill (2.6 KiB at 224 registers), so tall M runs 128-row tiles in pairs along M.
+mode_list!(
+    SPARSE_KERNELS,
+    Sparse,
+    "sm90_fp8_blockscaled_bsr_gemm",
+    (M128, ""),
+    (M128N64, "_n64")
+);
+
+/// The kernel for a tile, a pair of element types and a mode (swapped tiles: dense).
+pub fn kernel(tile: Tile, a: ElemType, b: ElemType, mode: Mode) -> Option<&'static Sm90Fp8Kernel> {
+    let list = match mode {
+        Mode::Dense => KERNELS,
+        Mode::Grouped => GROUPED_KERNELS,
+        Mode::Sparse => SPARSE_KERNELS,
+    };
     list.iter().find(|k| k.tile == tile && k.a == a && k.b == b)
 }
 
@@ -466,33 +494,41 @@ mod tests {
         for t in Tile::ALL {
             for a in fp8 {
                 for b in fp8 {
-                    assert!(kernel(t, a, b, false).is_some(), "{t:?} {a:?} {b:?}");
+                    assert!(kernel(t, a, b, Mode::Dense).is_some(), "{t:?} {a:?} {b:?}");
                 }
             }
         }
         assert_eq!(KERNELS.len(), Tile::ALL.len() * 4);
         let e4m3 = ElemType::E4M3;
         for t in Tile::ALL {
-            let grouped = kernel(t, e4m3, e4m3, true);
+            let grouped = kernel(t, e4m3, e4m3, Mode::Grouped);
             // Grouped GEMM runs the tiles its plan picks from (not the swapped or wide ones).
             if t.is_swapped() || t.is_wide() {
                 assert!(grouped.is_none(), "{t:?}");
             } else {
-                assert!(grouped.is_some_and(|k| k.grouped), "{t:?}");
+                assert!(grouped.is_some_and(|k| k.mode == Mode::Grouped), "{t:?}");
             }
+            // Block-sparse tiles are at most one 128-row block of the sparse operand wide.
+            let sparse = kernel(t, e4m3, e4m3, Mode::Sparse);
+            assert_eq!(
+                sparse.is_some(),
+                [Tile::M128, Tile::M128N64].contains(&t),
+                "{t:?}"
+            );
+            assert!(sparse.is_none_or(|k| k.mode == Mode::Sparse && t.block_n <= BLOCK_N));
         }
-        let all: [&[Sm90Fp8Kernel]; 2] = [KERNELS, GROUPED_KERNELS];
+        let all: [&[Sm90Fp8Kernel]; 3] = [KERNELS, GROUPED_KERNELS, SPARSE_KERNELS];
         let all = all.concat();
         for (i, k) in all.iter().enumerate() {
             assert!(all[i + 1..].iter().all(|o| o.info.name != k.info.name));
             assert_eq!(k.info.max_threads, Some(k.tile.threads()));
         }
         assert_eq!(
-            kernel(Tile::M256, ElemType::E5M2, ElemType::E4M3, false).map(|k| k.info.name),
+            kernel(Tile::M256, ElemType::E5M2, ElemType::E4M3, Mode::Dense).map(|k| k.info.name),
             Some("sm90_fp8_blockscaled_gemm_m256_e5m2_e4m3")
         );
         assert_eq!(
-            kernel(Tile::S16, ElemType::E4M3, ElemType::E4M3, false).map(|k| k.info.name),
+            kernel(Tile::S16, ElemType::E4M3, ElemType::E4M3, Mode::Dense).map(|k| k.info.name),
             Some("sm90_fp8_blockscaled_gemm_s16")
         );
     }

@@ -236,6 +236,7 @@ impl<F: Bf16Fragment, EA: Dequant, EB: Dequant, S: ScaleDecode> GemmKernel
             unit_n: F::N,
             group_m: p.group_m,
             groups: p.groups.groups(p.m, false),
+            sparse: None,
         }
     }
 

@@ -233,6 +233,7 @@ impl<F: Bf16RsFragment, A: Activations, S: ScaleDecode> GemmKernel for W4Gemm<F,
             unit_n: F::N,
             group_m: p.group_m,
             groups: p.groups.groups(p.m, true),
+            sparse: None,
         }
     }
 

@@ -1,0 +1,269 @@
+//! Block-sparse GEMM cases: a pattern of stored 128 × 128 blocks at a density, timed against our
+//! dense FP8 kernel and cuBLASLt's dense blockwise FP8 on the same shape, in the same run (the
+//! issue's target: time ≤ 1.2 × density × dense + 3 µs).
+
+use blockscaled::{BsrMatrix, Gpu, OutType, Plan, Recipe, ScaledMatrix, SparseSide};
+use cudarc::driver::CudaSlice;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use crate::cublaslt::{LtPeer, blk128_len, vec128_len};
+use crate::timing::{Timing, time_on_stream};
+use blockscaled_tests::random_values;
+
+/// Which blocks are stored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pattern {
+    /// Each block with probability `density` (seeded).
+    Random,
+    /// Each block row the same number of consecutive blocks around the diagonal.
+    Banded,
+    /// ⌈1 / density⌉ diagonal groups of block rows × block columns (mixture of experts as one
+    /// block-diagonal matrix).
+    BlockDiagonal,
+}
+
+impl Pattern {
+    pub fn from_name(s: &str) -> Option<Pattern> {
+        match s {
+            "random" => Some(Pattern::Random),
+            "banded" => Some(Pattern::Banded),
+            "block-diagonal" => Some(Pattern::BlockDiagonal),
+            _ => None,
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            Pattern::Random => "random",
+            Pattern::Banded => "banded",
+            Pattern::BlockDiagonal => "block-diagonal",
+        }
+    }
+
+    /// Whether block (r, c) of `rows` × `cols` blocks is stored.
+    pub fn mask(self, rows: usize, cols: usize, density: f64, seed: u64) -> Vec<bool> {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let per_row = ((density * cols as f64).round() as usize).clamp(0, cols);
+        let groups = (1.0 / density.max(1e-9)).round().max(1.0) as usize;
+        let mut keep = vec![false; rows * cols];
+        for r in 0..rows {
+            for c in 0..cols {
+                keep[r * cols + c] = match self {
+                    Pattern::Random => rng.random_bool(density.clamp(0.0, 1.0)),
+                    Pattern::Banded => {
+                        let centre = r * cols / rows;
+                        let first = centre.saturating_sub(per_row / 2).min(cols - per_row);
+                        (first..first + per_row).contains(&c)
+                    }
+                    Pattern::BlockDiagonal => {
+                        r * groups.min(rows) / rows == c * groups.min(rows) / cols
+                    }
+                };
+            }
+        }
+        keep
+    }
+}
+
+/// One block-sparse case: C = A · Bᵀ with B (N × K) sparse, A (M × K) dense activations.
+#[derive(Clone, Debug)]
+pub struct BsrCase {
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub density: f64,
+    pub pattern: Pattern,
+    pub side: SparseSide,
+    pub warmup: usize,
+    pub iters: usize,
+    pub seed: u64,
+    /// A forced plan (else the chosen one).
+    pub plan: Option<Plan>,
+}
+
+/// What one case measured.
+#[derive(Clone, Debug)]
+pub struct BsrOutcome {
+    pub sparse: Timing,
+    pub dense: Timing,
+    pub peer: Option<Timing>,
+    pub nnz: usize,
+    /// Stored blocks over all blocks.
+    pub density: f64,
+    pub plan: String,
+}
+
+impl BsrOutcome {
+    /// The bound: 1.2 × density × our dense time + 3 µs (ms).
+    pub fn target_ms(&self) -> f64 {
+        1.2 * self.density * self.dense.median_ms + 3e-3
+    }
+}
+
+/// Runs one case: uploads the operands (the sparse one from a random dense FP8 matrix with
+/// 128 × 128 scales, keeping the pattern's blocks), times ours, our dense kernel on the full
+/// matrix, and cuBLASLt's blockwise FP8 on the dense shape.
+pub fn run_bsr(gpu: &Gpu, peer: Option<&LtPeer>, c: &BsrCase) -> Result<BsrOutcome, String> {
+    let e = |x: blockscaled::Error| x.to_string();
+    let recipe = Recipe::DeepSeekFp8;
+    let (dense_rows, sparse_rows) = match c.side {
+        SparseSide::B => (c.m, c.n),
+        SparseSide::A => (c.n, c.m),
+    };
+    let va = random_values(c.seed, dense_rows * c.k, c.k);
+    let dense = ScaledMatrix::quantize(&va, dense_rows, c.k, 1, recipe.a()).map_err(e)?;
+    let vb = random_values(c.seed ^ 0x9E37, sparse_rows * c.k, c.k);
+    let full = ScaledMatrix::quantize(&vb, sparse_rows, c.k, 1, recipe.b()).map_err(e)?;
+    let (brs, bcs) = (sparse_rows.div_ceil(128), c.k / 128);
+    let mask = c.pattern.mask(brs, bcs, c.density, c.seed);
+    let sparse = BsrMatrix::from_dense_blocks(&full, |r, col| mask[r * bcs + col]).map_err(e)?;
+    let (dd, ds) = (
+        gpu.upload(&dense).map_err(e)?,
+        gpu.upload_bsr(&sparse).map_err(e)?,
+    );
+    let (m, n) = (c.m, c.n);
+    let mut out = gpu.output(m, n, 1, OutType::Bf16).map_err(e)?;
+    let plan = match c.plan {
+        Some(p) => p,
+        None => gpu.bsr_plan(&dd, &ds).map_err(e)?,
+    };
+    let sparse_t = time_on_stream(gpu.stream(), c.warmup, c.iters, |_| {
+        gpu.bsr_gemm_with(&dd, &ds, c.side, &mut out, plan)
+    })
+    .map_err(e)?;
+    // Dense: the same product with every block stored, on our dense kernel (with A sparse, as
+    // Cᵀ = B · Aᵀ: the dense kernel's A takes 1×128 scales, its B 128 × 128).
+    let dfull = gpu.upload(&full).map_err(e)?;
+    let mut dense_out = gpu
+        .output(dense_rows, sparse_rows, 1, OutType::Bf16)
+        .map_err(e)?;
+    let dense_plan = gpu.plan(&dd, &dfull).map_err(e)?;
+    let dense_t = time_on_stream(gpu.stream(), c.warmup, c.iters, |_| {
+        gpu.gemm_with(&dd, &dfull, &mut dense_out, dense_plan)
+    })
+    .map_err(e)?;
+    let peer_t = match peer {
+        Some(p) if p.has_blockwise_modes() => {
+            Some(time_peer(p, c, (m, n)).map_err(|x| x.to_string())?)
+        }
+        _ => None,
+    };
+    Ok(BsrOutcome {
+        sparse: sparse_t,
+        dense: dense_t,
+        peer: peer_t,
+        nnz: sparse.nnz(),
+        density: sparse.density(),
+        plan: crate::cases::plan_name(&plan),
+    })
+}
+
+/// cuBLASLt's dense blockwise FP8 GEMM of the case's shape (finite codes; its time does not
+/// depend on the values).
+fn time_peer(p: &LtPeer, c: &BsrCase, (m, n): (usize, usize)) -> crate::cublaslt::Result<Timing> {
+    let s = p.stream();
+    let k = c.k;
+    let codes = |len: usize| -> crate::cublaslt::Result<CudaSlice<u8>> {
+        Ok(s.clone_htod(&vec![0x38u8; len])?)
+    };
+    let (a, b) = (codes(m * k)?, codes(n * k)?);
+    let sa: CudaSlice<f32> = s.clone_htod(&vec![1f32; vec128_len(m, k)])?;
+    let sb: CudaSlice<f32> = s.clone_htod(&vec![1f32; blk128_len(n, k)])?;
+    let mut out: CudaSlice<u16> = s.alloc_zeros(m * n)?;
+    time_on_stream(s, c.warmup, c.iters, |_| {
+        p.gemm_fp8_blockwise(m, n, k, &a, &sa, &b, &sb, &mut out)
+    })
+}
+
+/// The header of [`bsr_line`].
+pub fn bsr_header() -> String {
+    format!(
+        "{:<6} {:>5} {:>5} {:>5} {:<14} {:>6} {:>7} {:>10} {:>10} {:>10} {:>10} {:>8} {:>8} {:>6}  {}",
+        "side",
+        "M",
+        "N",
+        "K",
+        "pattern",
+        "dens%",
+        "blocks",
+        "bsr µs",
+        "dense µs",
+        "cuBLASLt",
+        "target µs",
+        "TFLOP/s",
+        "vs dense",
+        "ok",
+        "plan"
+    )
+}
+
+/// One line: times (medians), useful TFLOP/s (2 · rows · stored blocks · 128²), the ratio to
+/// density × dense, and whether the target holds.
+pub fn bsr_line(c: &BsrCase, o: &BsrOutcome) -> String {
+    let other = match c.side {
+        SparseSide::B => c.m,
+        SparseSide::A => c.n,
+    };
+    let useful = 2.0 * other as f64 * o.nnz as f64 * 128.0 * 128.0;
+    let ms = o.sparse.median_ms;
+    let ratio = ms / (o.density * o.dense.median_ms);
+    format!(
+        "{:<6} {:>5} {:>5} {:>5} {:<14} {:>6.1} {:>7} {:>10.1} {:>10.1} {:>10} {:>10.1} {:>8.0} {:>8.2} {:>6}  {}",
+        format!("{:?}", c.side),
+        c.m,
+        c.n,
+        c.k,
+        c.pattern.name(),
+        100.0 * o.density,
+        o.nnz,
+        ms * 1e3,
+        o.dense.median_ms * 1e3,
+        o.peer
+            .map(|t| format!("{:.1}", t.median_ms * 1e3))
+            .unwrap_or_else(|| "-".into()),
+        o.target_ms() * 1e3,
+        useful / ms * 1e-9,
+        ratio,
+        if ms <= o.target_ms() { "yes" } else { "no" },
+        o.plan
+    )
+}
+
+/// The bench's cases: 4096³ and 8192³, random and banded, densities 5 / 10 / 25 / 50 / 100 %, B
+/// sparse; and A sparse at 4096³ (10 %, 50 %).
+pub fn bench_cases(warmup: usize, iters: usize) -> Vec<BsrCase> {
+    let mut cases = Vec::new();
+    for size in [4096usize, 8192] {
+        for pattern in [Pattern::Random, Pattern::Banded] {
+            for density in [0.05, 0.10, 0.25, 0.50, 1.0] {
+                cases.push(BsrCase {
+                    m: size,
+                    n: size,
+                    k: size,
+                    density,
+                    pattern,
+                    side: SparseSide::B,
+                    warmup,
+                    iters,
+                    seed: 1 + cases.len() as u64,
+                    plan: None,
+                });
+            }
+        }
+    }
+    for density in [0.10, 0.50] {
+        cases.push(BsrCase {
+            m: 4096,
+            n: 4096,
+            k: 4096,
+            density,
+            pattern: Pattern::Random,
+            side: SparseSide::A,
+            warmup,
+            iters,
+            seed: 100 + cases.len() as u64,
+            plan: None,
+        });
+    }
+    cases
+}

@@ -1,0 +1,627 @@
+//! Block-sparse (BSR) operands: a matrix stored as its nonzero square blocks, in the layout of
+//! torch's `to_sparse_bsr` (`crow_indices`, `col_indices`, `values` of shape nnz × bs × bs), for
+//! C = A · Bᵀ with either operand sparse and the other dense.
+//!
+//! - [`BsrMatrix`]: the host copy, its structure validated when it is made (row pointers start
+//!   at 0, never decrease and end at the stored-block count; column indices in range and strictly
+//!   increasing in each block row, so no duplicates): a kernel never reads past a buffer because
+//!   of a malformed structure.
+//! - FP8 (e4m3) blocks of 128 × 128 with one fp32 scale per stored block: the sparsity block is
+//!   the scale block (DeepSeek-V3's 128 × 128 weight blocks, pruned). The dense operand has fp32
+//!   scales per 1 × 128 (or per row, or per tensor, which are special cases of it).
+//! - The sparse operand's rows need not be a multiple of the block: the last block row's blocks
+//!   are stored whole and their rows past the matrix are ignored. K (its columns) is a multiple
+//!   of the block.
+//! - The work list the kernels walk ([`work_list`]): each tile of the sparse operand's rows gets
+//!   its run of stored blocks, long runs cut in parts that meet by split-K's deterministic
+//!   reduction, longest first.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use cudarc::driver::{CudaSlice, CudaStream};
+
+use crate::buffers::{GpuId, Prepared};
+use crate::error::{Error, Result, shape};
+use crate::format::{ElemType, ScaleType};
+use crate::matrix::ScaledMatrix;
+use blockscaled_kernels::gemm::scheduler::Segment;
+
+/// Which operand of C = A · Bᵀ is block-sparse.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum SparseSide {
+    /// A (M × K) is sparse, B (N × K) dense: torch's `bsr_dense_mm(a, bᵀ)`.
+    A,
+    /// B (N × K, e.g. block-pruned weights) is sparse, A (M × K, activations) dense.
+    B,
+}
+
+/// The one block size of FP8 BSR matrices: the kernel's scale block.
+pub const FP8_BLOCK: usize = 128;
+
+/// A block-sparse FP8 matrix of `rows` × `cols` (K = `cols`): block row `r` (rows
+/// `r·bs..(r+1)·bs`) stores blocks `crow[r]..crow[r+1]`; stored block `i` is block column
+/// `col[i]` (K `col[i]·bs..`), its bs × bs codes at `values[i·bs²..]` row-major (K contiguous,
+/// as torch's `values[i]`), dequantized as `decode(code) · scales[i]`. Missing blocks are zeros.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BsrMatrix {
+    elem: ElemType,
+    rows: usize,
+    cols: usize,
+    block: usize,
+    crow: Vec<i32>,
+    col: Vec<i32>,
+    values: Vec<u8>,
+    scales: Vec<f32>,
+}
+
+fn structure(msg: impl Into<String>) -> Error {
+    Error::Sparse(msg.into())
+}
+
+impl BsrMatrix {
+    /// From torch's BSR tensors (`crow_indices`, `col_indices` as int64, `values` as the FP8
+    /// codes' bytes) and one fp32 scale per stored block. Every rule of the type's doc is checked:
+    /// [`Error::Format`] for an element type or block size the kernels do not take,
+    /// [`Error::Shape`] for sizes, [`Error::Sparse`] for the structure.
+    #[allow(clippy::too_many_arguments)]
+    pub fn from_parts(
+        elem: ElemType,
+        rows: usize,
+        cols: usize,
+        block: usize,
+        crow_indices: &[i64],
+        col_indices: &[i64],
+        values: Vec<u8>,
+        scales: Vec<f32>,
+    ) -> Result<Self> {
+        if elem != ElemType::E4M3 {
+            return Err(Error::Format(format!(
+                "block-sparse GEMM takes e4m3 blocks, not {}",
+                elem.name()
+            )));
+        }
+        if block != FP8_BLOCK {
+            return Err(Error::Format(format!(
+                "FP8 BSR blocks are {FP8_BLOCK} × {FP8_BLOCK} (one fp32 scale per block, the \
+                 kernel's scale block), not {block} × {block}"
+            )));
+        }
+        if rows == 0 || cols == 0 {
+            return Err(shape(format!("empty BSR matrix {rows} × {cols}")));
+        }
+        if rows > i32::MAX as usize || cols > i32::MAX as usize {
+            return Err(shape(format!(
+                "BSR matrix {rows} × {cols}: the kernels index rows and K with 32 bits"
+            )));
+        }
+        if !cols.is_multiple_of(block) {
+            return Err(shape(format!(
+                "K = {cols} is not a multiple of the block size {block}"
+            )));
+        }
+        let (block_rows, block_cols) = (rows.div_ceil(block), cols / block);
+        if crow_indices.len() != block_rows + 1 {
+            return Err(structure(format!(
+                "crow_indices has {} entries; {rows} rows in blocks of {block} need {}",
+                crow_indices.len(),
+                block_rows + 1
+            )));
+        }
+        let nnz = col_indices.len();
+        if nnz > i32::MAX as usize {
+            return Err(shape(format!("{nnz} stored blocks: at most 2³¹ − 1")));
+        }
+        if crow_indices[0] != 0 {
+            return Err(structure(format!(
+                "crow_indices[0] = {}, must be 0",
+                crow_indices[0]
+            )));
+        }
+        for (r, w) in crow_indices.windows(2).enumerate() {
+            if w[1] < w[0] {
+                return Err(structure(format!(
+                    "crow_indices decreases at block row {r}: {} then {}",
+                    w[0], w[1]
+                )));
+            }
+        }
+        if crow_indices[block_rows] != nnz as i64 {
+            return Err(structure(format!(
+                "crow_indices ends at {}, but col_indices has {nnz} stored blocks",
+                crow_indices[block_rows]
+            )));
+        }
+        for r in 0..block_rows {
+            let run = &col_indices[crow_indices[r] as usize..crow_indices[r + 1] as usize];
+            for (j, &c) in run.iter().enumerate() {
+                if !(0..block_cols as i64).contains(&c) {
+                    return Err(structure(format!(
+                        "col_indices of block row {r}: {c} is outside 0..{block_cols} (K = \
+                         {cols} in blocks of {block})"
+                    )));
+                }
+                if j > 0 && c <= run[j - 1] {
+                    return Err(structure(format!(
+                        "col_indices of block row {r} are not strictly increasing ({} then {c}): \
+                         sorted, without duplicates, as torch's to_sparse_bsr makes them",
+                        run[j - 1]
+                    )));
+                }
+            }
+        }
+        let block_bytes = block * block;
+        if values.len() != nnz * block_bytes {
+            return Err(shape(format!(
+                "values holds {} bytes; {nnz} blocks of {block} × {block} e4m3 need {}",
+                values.len(),
+                nnz * block_bytes
+            )));
+        }
+        if scales.len() != nnz {
+            return Err(shape(format!(
+                "{} block scales for {nnz} stored blocks",
+                scales.len()
+            )));
+        }
+        Ok(BsrMatrix {
+            elem,
+            rows,
+            cols,
+            block,
+            // In range of i32: checked above (crow values are ≤ nnz, col values < block_cols).
+            crow: crow_indices.iter().map(|&v| v as i32).collect(),
+            col: col_indices.iter().map(|&v| v as i32).collect(),
+            values,
+            scales,
+        })
+    }
+
+    /// The blocks of a dense FP8 matrix with 128 × 128 fp32 scales (DeepSeek-V3's weight format,
+    /// `Recipe::DeepSeekFp8.b()`) for which `keep(block_row, block_col)` holds, with their codes
+    /// and scales unchanged (rows past the matrix in the last block row are stored as zeros).
+    pub fn from_dense_blocks(
+        m: &ScaledMatrix,
+        mut keep: impl FnMut(usize, usize) -> bool,
+    ) -> Result<Self> {
+        let d = m.desc();
+        let block = FP8_BLOCK;
+        if d.format.elem != ElemType::E4M3
+            || d.format.scale != ScaleType::F32
+            || d.block_extent() != (block, block)
+        {
+            return Err(Error::Format(format!(
+                "{}: a BSR matrix is made from e4m3 with fp32 scales per {block} × {block}",
+                d.format
+            )));
+        }
+        if d.batch != 1 {
+            return Err(shape(format!(
+                "batch {}: a BSR matrix has one batch entry",
+                d.batch
+            )));
+        }
+        let (rows, cols) = (d.rows, d.k);
+        let (block_rows, block_cols) = (rows.div_ceil(block), cols.div_ceil(block));
+        let (mut crow, mut col) = (vec![0i64], Vec::new());
+        let (mut values, mut scales) = (Vec::new(), Vec::new());
+        for br in 0..block_rows {
+            for bc in 0..block_cols {
+                if !keep(br, bc) {
+                    continue;
+                }
+                col.push(bc as i64);
+                scales.push(m.scale_value(0, br * block, bc * block) as f32);
+                for r in br * block..(br + 1) * block {
+                    for k in bc * block..(bc + 1) * block {
+                        let code = if r < rows { m.code(0, r, k) as u8 } else { 0 };
+                        values.push(code);
+                    }
+                }
+            }
+            crow.push(col.len() as i64);
+        }
+        BsrMatrix::from_parts(
+            d.format.elem,
+            rows,
+            cols,
+            block,
+            &crow,
+            &col,
+            values,
+            scales,
+        )
+    }
+
+    pub fn elem(&self) -> ElemType {
+        self.elem
+    }
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+    /// K.
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+    pub fn block(&self) -> usize {
+        self.block
+    }
+    /// Stored blocks.
+    pub fn nnz(&self) -> usize {
+        self.col.len()
+    }
+    /// Stored blocks over all blocks.
+    pub fn density(&self) -> f64 {
+        let all = self.rows.div_ceil(self.block) * (self.cols / self.block);
+        self.nnz() as f64 / all as f64
+    }
+    pub fn crow_indices(&self) -> &[i32] {
+        &self.crow
+    }
+    pub fn col_indices(&self) -> &[i32] {
+        &self.col
+    }
+    pub fn values(&self) -> &[u8] {
+        &self.values
+    }
+    pub fn scales(&self) -> &[f32] {
+        &self.scales
+    }
+
+    /// Every value, `[rows][cols]` in float64 (missing blocks zero; exact, as each stored value
+    /// is an e4m3 value times an fp32 scale).
+    pub fn dequantize(&self) -> Vec<f64> {
+        let (bs, cols) = (self.block, self.cols);
+        let mut out = vec![0.0f64; self.rows * cols];
+        for br in 0..self.crow.len() - 1 {
+            for i in self.crow[br] as usize..self.crow[br + 1] as usize {
+                let (c0, s) = (self.col[i] as usize * bs, self.scales[i] as f64);
+                for r in 0..bs {
+                    let row = br * bs + r;
+                    if row >= self.rows {
+                        break;
+                    }
+                    for k in 0..bs {
+                        let code = self.values[(i * bs + r) * bs + k] as u32;
+                        out[row * cols + c0 + k] = self.elem.decode(code) as f64 * s;
+                    }
+                }
+            }
+        }
+        out
+    }
+}
+
+/// Segments, over all, that a tile's run is cut into at most (the configuration's `split_k`
+/// for a block-sparse GEMM is at most this).
+pub const MAX_PARTS: u32 = 16;
+
+/// Fewest stored blocks per part of a cut run: each part's partial sums make a round trip
+/// through the split-K workspace (64 KiB per 128 × 128 tile), worth it only against several
+/// blocks of MMAs.
+pub const MIN_PART_BLOCKS: usize = 4;
+
+/// The work list of a block-sparse GEMM ([`Segment`]s, longest first) and the split-K slots
+/// and counters its cut runs need.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WorkList {
+    pub segments: Vec<Segment>,
+    pub slots: u32,
+    pub counters: u32,
+}
+
+/// The work list for a sparse operand whose block rows hold `crow[r]..crow[r + 1]`, cut into
+/// tiles of `tile_rows` rows (a tile is a block row or half of one: `block` a multiple of
+/// `tile_rows`) over `rows` rows, for `m_units` units along the dense axis and `ctas` units that
+/// run at once (persistent CTAs over the cluster size). A tile's run longer than the average
+/// work per CTA (and at least [`MIN_PART_BLOCKS`] per part) is cut into near-equal parts, at
+/// most `max_parts`; an empty run stays one empty segment (its zero output is still written).
+/// Longest first (ties: in tile order), so that the last units to start are the shortest.
+pub fn work_list(
+    crow: &[i32],
+    block: usize,
+    tile_rows: usize,
+    rows: usize,
+    m_units: usize,
+    ctas: usize,
+    max_parts: u32,
+) -> WorkList {
+    let tiles = rows.div_ceil(tile_rows);
+    let run = |t: usize| {
+        let br = t * tile_rows / block;
+        (crow[br] as u32, crow[br + 1] as u32)
+    };
+    let total: usize = (0..tiles)
+        .map(|t| {
+            let (b, e) = run(t);
+            (e - b) as usize
+        })
+        .sum::<usize>()
+        * m_units;
+    let per_cta = total.div_ceil(ctas.max(1)).max(MIN_PART_BLOCKS);
+    let (mut segments, mut slots, mut counters) = (Vec::with_capacity(tiles), 0u32, 0u32);
+    for t in 0..tiles {
+        let (begin, end) = run(t);
+        let len = (end - begin) as usize;
+        let parts = len.div_ceil(per_cta).clamp(1, max_parts.max(1) as usize) as u32;
+        let (slot, counter) = if parts > 1 {
+            let s = (slots, counters);
+            (slots, counters) = (slots + parts, counters + 1);
+            s
+        } else {
+            (0, 0)
+        };
+        for p in 0..parts {
+            let cut = |p: u32| begin + (p as u64 * len as u64 / parts as u64) as u32;
+            segments.push(Segment {
+                n: t as u32,
+                begin: cut(p),
+                end: cut(p + 1),
+                part: p,
+                parts,
+                slot,
+                counter,
+                _pad: 0,
+            });
+        }
+    }
+    segments.sort_by_key(|s| std::cmp::Reverse(s.end - s.begin));
+    WorkList {
+        segments,
+        slots,
+        counters,
+    }
+}
+
+/// A [`WorkList`] on the GPU: its segments as u32 words.
+pub(crate) struct DeviceWork {
+    pub(crate) segments: CudaSlice<u32>,
+    pub(crate) count: u32,
+    pub(crate) slots: u32,
+    pub(crate) counters: u32,
+}
+
+/// What a work list depends on besides the structure: tile rows, dense-axis units, concurrent
+/// units, most parts.
+pub(crate) type WorkKey = (usize, usize, usize, u32);
+
+/// A block-sparse matrix on the GPU: its stored blocks, their scales and column indices, the
+/// structure's row pointers (kept on the host, where the work lists are made), what the kernel
+/// families prepared of it, and the work lists made so far.
+pub struct DeviceBsr {
+    pub(crate) gpu: GpuId,
+    pub(crate) matrix_rows: usize,
+    pub(crate) cols: usize,
+    pub(crate) block: usize,
+    pub(crate) nnz: usize,
+    pub(crate) crow: Vec<i32>,
+    /// Stored blocks' codes (at least one block: a tensor map needs a nonempty tensor). Held
+    /// for the families' tensor maps, which point into it.
+    pub(crate) _values: CudaSlice<u8>,
+    /// One fp32 scale per stored block (at least one).
+    pub(crate) scales: CudaSlice<f32>,
+    /// Block column of each stored block (at least one).
+    pub(crate) col: CudaSlice<i32>,
+    pub(crate) prepared: Prepared,
+    pub(crate) work: Mutex<HashMap<WorkKey, Arc<DeviceWork>>>,
+}
+
+impl DeviceBsr {
+    pub fn rows(&self) -> usize {
+        self.matrix_rows
+    }
+    /// K.
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+    pub fn block(&self) -> usize {
+        self.block
+    }
+    pub fn nnz(&self) -> usize {
+        self.nnz
+    }
+
+    /// The work list for `key` (made and uploaded once per key; `tile_rows` divides the block).
+    pub(crate) fn work(&self, stream: &Arc<CudaStream>, key: WorkKey) -> Result<Arc<DeviceWork>> {
+        let mut cache = self.work.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(w) = cache.get(&key) {
+            return Ok(w.clone());
+        }
+        let (tile_rows, m_units, ctas, max_parts) = key;
+        let list = work_list(
+            &self.crow,
+            self.block,
+            tile_rows,
+            self.matrix_rows,
+            m_units,
+            ctas,
+            max_parts,
+        );
+        let words: Vec<u32> = list
+            .segments
+            .iter()
+            .flat_map(|s| [s.n, s.begin, s.end, s.part, s.parts, s.slot, s.counter, 0])
+            .collect();
+        let w = Arc::new(DeviceWork {
+            segments: stream.clone_htod(&words)?,
+            count: list.segments.len() as u32,
+            slots: list.slots,
+            counters: list.counters,
+        });
+        cache.insert(key, w.clone());
+        Ok(w)
+    }
+}
+
+/// The shape of C for a dense operand of `dense_rows` × K and a sparse one of `sparse_rows` ×
+/// K on `side`: (M, N).
+pub(crate) fn output_dims(
+    side: SparseSide,
+    dense_rows: usize,
+    sparse_rows: usize,
+) -> (usize, usize) {
+    match side {
+        SparseSide::A => (sparse_rows, dense_rows),
+        SparseSide::B => (dense_rows, sparse_rows),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parts(crow: &[i64], col: &[i64], rows: usize, cols: usize) -> Result<BsrMatrix> {
+        let nnz = col.len();
+        BsrMatrix::from_parts(
+            ElemType::E4M3,
+            rows,
+            cols,
+            128,
+            crow,
+            col,
+            vec![0x38; nnz * 128 * 128],
+            vec![1.0; nnz],
+        )
+    }
+
+    #[test]
+    fn malformed_structures_are_sparse_errors_and_good_ones_pass() {
+        assert!(parts(&[0, 2, 2, 3], &[0, 3, 1], 384, 512).is_ok());
+        // Ragged rows: 300 rows are 3 block rows.
+        assert!(parts(&[0, 1, 1, 2], &[0, 1], 300, 256).is_ok());
+        let bad: [(&[i64], &[i64]); 7] = [
+            // Wrong length of crow.
+            (&[0, 1], &[0]),
+            // Not starting at 0.
+            (&[1, 1, 2, 3], &[0, 1, 2]),
+            // Decreasing.
+            (&[0, 2, 1, 3], &[0, 1, 2]),
+            // Ending before nnz.
+            (&[0, 1, 1, 1], &[0, 1]),
+            // Column out of range (K = 512: 4 block columns), negative.
+            (&[0, 1, 1, 1], &[4]),
+            (&[0, 1, 1, 1], &[-1]),
+            // Duplicate in a row.
+            (&[0, 2, 2, 2], &[1, 1]),
+        ];
+        for (crow, col) in bad {
+            let r = parts(crow, col, 384, 512);
+            assert!(
+                matches!(r, Err(Error::Sparse(_))),
+                "{crow:?} {col:?}: {r:?}"
+            );
+        }
+        // Unsorted row.
+        assert!(matches!(
+            parts(&[0, 2, 2, 2], &[3, 1], 384, 512),
+            Err(Error::Sparse(_))
+        ));
+        // Sizes: values, scales, K not a multiple of the block; other blocks and types.
+        let one = |values: usize, scales: usize, block: usize, elem: ElemType, cols: usize| {
+            BsrMatrix::from_parts(
+                elem,
+                128,
+                cols,
+                block,
+                &[0, 1],
+                &[0],
+                vec![0; values],
+                vec![1.0; scales],
+            )
+        };
+        let e4m3 = ElemType::E4M3;
+        assert!(one(128 * 128, 1, 128, e4m3, 256).is_ok());
+        assert!(matches!(one(100, 1, 128, e4m3, 256), Err(Error::Shape(_))));
+        assert!(matches!(
+            one(128 * 128, 2, 128, e4m3, 256),
+            Err(Error::Shape(_))
+        ));
+        assert!(matches!(
+            one(128 * 128, 1, 128, e4m3, 200),
+            Err(Error::Shape(_))
+        ));
+        assert!(matches!(
+            one(64 * 64, 1, 64, e4m3, 256),
+            Err(Error::Format(_))
+        ));
+        assert!(matches!(
+            one(128 * 128, 1, 128, ElemType::E5M2, 256),
+            Err(Error::Format(_))
+        ));
+    }
+
+    #[test]
+    fn work_lists_cover_every_stored_block_of_every_tile_once_longest_first() {
+        // Block rows of 0, 9, 1, 40 and 3 blocks (K = 64 blocks).
+        let crow = [0, 0, 9, 10, 50, 53];
+        for (tile_rows, m_units, ctas, max_parts) in [
+            (128, 1, 132, 16),
+            (128, 32, 132, 16),
+            (64, 4, 8, 3),
+            (128, 1, 1, 16),
+            (128, 2, 132, 1),
+        ] {
+            let w = work_list(&crow, 128, tile_rows, 5 * 128, m_units, ctas, max_parts);
+            let tiles = 5 * 128 / tile_rows;
+            let mut covered = vec![Vec::new(); tiles];
+            let mut slots = std::collections::HashSet::new();
+            for s in &w.segments {
+                let br = s.n as usize * tile_rows / 128;
+                assert!(
+                    s.begin <= s.end && s.end <= crow[br + 1] as u32 && s.begin >= crow[br] as u32
+                );
+                covered[s.n as usize].extend(s.begin..s.end);
+                assert!(s.part < s.parts && s.parts <= max_parts);
+                if s.parts > 1 {
+                    assert!(s.slot + s.parts <= w.slots && s.counter < w.counters);
+                    assert!(slots.insert(s.slot + s.part), "{s:?}");
+                    assert!((s.end - s.begin) as usize >= MIN_PART_BLOCKS - 1);
+                }
+            }
+            for (t, c) in covered.iter().enumerate() {
+                let br = t * tile_rows / 128;
+                assert_eq!(
+                    *c,
+                    (crow[br] as u32..crow[br + 1] as u32).collect::<Vec<_>>()
+                );
+            }
+            // Every tile has at least one segment (empty tiles too).
+            for t in 0..tiles as u32 {
+                assert!(w.segments.iter().any(|s| s.n == t));
+            }
+            let lens: Vec<u32> = w.segments.iter().map(|s| s.end - s.begin).collect();
+            assert!(lens.windows(2).all(|p| p[0] >= p[1]), "{lens:?}");
+        }
+        // One CTA's worth of units: the 40-block run is cut; with many M units it is not.
+        let few = work_list(&crow, 128, 128, 640, 1, 132, 16);
+        assert!(few.segments.iter().any(|s| s.parts > 1));
+        let many = work_list(&crow, 128, 128, 640, 256, 132, 16);
+        assert!(many.segments.iter().all(|s| s.parts == 1));
+    }
+
+    #[test]
+    fn dequantized_values_are_the_stored_blocks_and_zeros_elsewhere() {
+        // e4m3 0x38 = 1.0; block (1, 2) scaled by 0.5, block (0, 0) by 2.
+        let mut values = vec![0x38u8; 2 * 128 * 128];
+        values[5] = 0x40; // 2.0 at row 0, column 5 of block (0, 0)
+        let m = BsrMatrix::from_parts(
+            ElemType::E4M3,
+            200,
+            384,
+            128,
+            &[0, 1, 2],
+            &[0, 2],
+            values,
+            vec![2.0, 0.5],
+        )
+        .unwrap();
+        let d = m.dequantize();
+        assert_eq!(d[5], 4.0);
+        assert_eq!(d[4], 2.0);
+        assert_eq!(d[130], 0.0);
+        assert_eq!(d[150 * 384 + 256], 0.5);
+        assert_eq!(d[199 * 384 + 383], 0.5);
+        assert_eq!(d[150 * 384 + 10], 0.0);
+        assert!((m.density() - 2.0 / 6.0).abs() < 1e-12);
+    }
+}
