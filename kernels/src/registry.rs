@@ -27,17 +27,6 @@ pub const REFERENCE_GEMM: KernelInfo = KernelInfo {
     targets: ALL_TARGETS,
 };
 
-/// Every kernel, for the builder (which gives each entry point its launch bounds from here:
-/// a kernel missing from this table gets none, and ptxas then ignores its `setmaxnreg`).
-pub const KERNELS: &[KernelInfo] = &gather!(
-    crate::sm90::KERNELS,
-    crate::sm90_mx::KERNELS,
-    crate::sm90_w4::KERNELS,
-    crate::fold::KERNELS,
-    crate::sm90::GROUPED_KERNELS,
-    crate::sm90::SPARSE_KERNELS
-);
-
 /// The reference kernel and the `info` of every row of the families' lists `$list`, in order.
 macro_rules! gather {
     ($($list:expr),*) => {{
@@ -56,7 +45,17 @@ macro_rules! gather {
         all
     }};
 }
-use gather;
+
+/// Every kernel, for the builder (which gives each entry point its launch bounds from here:
+/// a kernel missing from this table gets none, and ptxas then ignores its `setmaxnreg`).
+pub const KERNELS: &[KernelInfo] = &gather!(
+    crate::sm90::KERNELS,
+    crate::sm90_mx::KERNELS,
+    crate::sm90_w4::KERNELS,
+    crate::fold::KERNELS,
+    crate::sm90::GROUPED_KERNELS,
+    crate::sm90::SPARSE_KERNELS
+);
 
 /// The dynamic shared-memory array's name as a literal, so `asm!` templates can `concat!` it.
 #[macro_export]

@@ -335,10 +335,6 @@ pub struct TileScheduler {
     stride: u32,
     /// Grouped: the group the walk is in and its rows.
     group: GroupCursor,
-    /// Sparse: the next unit's position and its segment's tile and positions, loaded one unit
-    /// ahead (so that the load's latency passes during this unit, not before the next).
-    ahead_t: u32,
-    ahead: (u32, u32, u32),
 }
 
 /// Where a CTA's walk through the groups stands (its units come in increasing order, so the
@@ -382,8 +378,6 @@ impl TileScheduler {
                 row_end: 0,
                 base: 0,
             },
-            ahead_t: u32::MAX,
-            ahead: (0, 0, 0),
         }
     }
 
@@ -449,36 +443,25 @@ impl TileScheduler {
     }
 
     /// The sparse unit at position `t`: the unit of the band-ordered M tiles × segments grid,
-    /// with its segment's tile and stored blocks; loads the segment of the unit `stride` later.
+    /// with its segment's tile and stored blocks. (Loading the segment one unit ahead measured
+    /// no faster: docs/PERF.md, v37.)
     /// # Safety
     /// `t` < the total; `sp` is the schedule's.
     #[inline(always)]
-    unsafe fn sparse_unit(&mut self, t: u32, sp: Sparse) -> WorkUnit {
+    unsafe fn sparse_unit(&self, t: u32, sp: Sparse) -> WorkUnit {
         let (m, i) = self.banded(t, self.m_tiles, self.n_tiles);
-        let (n, begin, end) = if self.ahead_t == t {
-            self.ahead
-        } else {
-            // SAFETY: the caller's contract (`i` < count).
-            let seg = unsafe { sp.segment(i) };
-            (seg.n, seg.begin, seg.end)
-        };
-        let later = t.wrapping_add(self.stride);
-        if later < self.total && later > t {
-            let (_, j) = self.banded(later, self.m_tiles, self.n_tiles);
-            // SAFETY: `later` < the total, so `j` < count.
-            let seg = unsafe { sp.segment(j) };
-            (self.ahead_t, self.ahead) = (later, (seg.n, seg.begin, seg.end));
-        }
+        // SAFETY: the caller's contract (`i` < count).
+        let seg = unsafe { sp.segment(i) };
         WorkUnit {
             m,
-            n,
+            n: seg.n,
             l: 0,
             out_l: 0,
             a_l: 0,
             row0: 0,
             row_end: u32::MAX,
-            k_begin: begin,
-            k_end: end,
+            k_begin: seg.begin,
+            k_end: seg.end,
             seg: i,
         }
     }
