@@ -1,8 +1,10 @@
-//! Block-sparse GEMM cases: a pattern of stored 128 × 128 blocks at a density, timed against our
-//! dense FP8 kernel and cuBLASLt's dense blockwise FP8 on the same shape, in the same run (the
-//! issue's target: time ≤ 1.2 × density × dense + 3 µs).
+//! Block-sparse GEMM cases: a pattern of stored blocks at a density — 128 × 128 FP8 blocks with
+//! their scales, or 64 × 64 / 128 × 128 bf16 blocks — timed against our dense kernel of the same
+//! type and cuBLASLt's dense GEMM (blockwise FP8, or bf16) on the same shape, in the same run
+//! (the target: time ≤ 1.2 × density × dense + 3 µs, dense being our FP8 kernel or
+//! cuBLASLt bf16).
 
-use blockscaled::{BsrMatrix, Gpu, OutType, Plan, Recipe, ScaledMatrix, SparseSide};
+use blockscaled::{BsrMatrix, Fp4Weights, Gpu, OutType, Plan, Recipe, ScaledMatrix, SparseSide};
 use cudarc::driver::CudaSlice;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -65,9 +67,36 @@ impl Pattern {
     }
 }
 
+/// The blocks' type: DeepSeek-style FP8 (e4m3, one fp32 scale per 128 × 128 block; the dense
+/// operand with 1 × 128 scales), or bf16 (both operands).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BsrType {
+    Fp8,
+    Bf16,
+}
+
+impl BsrType {
+    pub fn from_name(s: &str) -> Option<BsrType> {
+        match s {
+            "fp8" | "e4m3" => Some(BsrType::Fp8),
+            "bf16" => Some(BsrType::Bf16),
+            _ => None,
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            BsrType::Fp8 => "fp8",
+            BsrType::Bf16 => "bf16",
+        }
+    }
+}
+
 /// One block-sparse case: C = A · Bᵀ with B (N × K) sparse, A (M × K) dense activations.
 #[derive(Clone, Debug)]
 pub struct BsrCase {
+    pub ty: BsrType,
+    /// Block size (FP8: 128; bf16: 64 or 128).
+    pub block: usize,
     pub m: usize,
     pub n: usize,
     pub k: usize,
@@ -91,32 +120,69 @@ pub struct BsrOutcome {
     /// Stored blocks over all blocks.
     pub density: f64,
     pub plan: String,
+    /// The dense time the target scales: our dense FP8 kernel, or cuBLASLt bf16 (none without
+    /// the peer).
+    pub target_base: Option<Timing>,
 }
 
 impl BsrOutcome {
-    /// The bound: 1.2 × density × our dense time + 3 µs (ms).
+    /// The bound: 1.2 × density × the dense time + 3 µs (ms; infinite without a base).
     pub fn target_ms(&self) -> f64 {
-        1.2 * self.density * self.dense.median_ms + 3e-3
+        self.target_base
+            .map_or(f64::INFINITY, |t| 1.2 * self.density * t.median_ms + 3e-3)
     }
 }
 
-/// Runs one case: uploads the operands (the sparse one from a random dense FP8 matrix with
-/// 128 × 128 scales, keeping the pattern's blocks), times ours, our dense kernel on the full
-/// matrix, and cuBLASLt's blockwise FP8 on the dense shape.
-pub fn run_bsr(gpu: &Gpu, peer: Option<&LtPeer>, c: &BsrCase) -> Result<BsrOutcome, String> {
+/// The case's operands from `seed`: the dense one, the sparse one's full matrix, and its blocks
+/// kept by the pattern (FP8: a random matrix with 128 × 128 scales; bf16: random bf16 values).
+pub fn case_operands(
+    c: &BsrCase,
+    seed: u64,
+) -> Result<(ScaledMatrix, ScaledMatrix, BsrMatrix), String> {
     let e = |x: blockscaled::Error| x.to_string();
-    let recipe = Recipe::DeepSeekFp8;
     let (dense_rows, sparse_rows) = match c.side {
         SparseSide::B => (c.m, c.n),
         SparseSide::A => (c.n, c.m),
     };
-    let va = random_values(c.seed, dense_rows * c.k, c.k);
-    let dense = ScaledMatrix::quantize(&va, dense_rows, c.k, 1, recipe.a()).map_err(e)?;
-    let vb = random_values(c.seed ^ 0x9E37, sparse_rows * c.k, c.k);
-    let full = ScaledMatrix::quantize(&vb, sparse_rows, c.k, 1, recipe.b()).map_err(e)?;
-    let (brs, bcs) = (sparse_rows.div_ceil(128), c.k / 128);
-    let mask = c.pattern.mask(brs, bcs, c.density, c.seed);
-    let sparse = BsrMatrix::from_dense_blocks(&full, |r, col| mask[r * bcs + col]).map_err(e)?;
+    let (fa, fb) = match c.ty {
+        BsrType::Fp8 => (Recipe::DeepSeekFp8.a(), Recipe::DeepSeekFp8.b()),
+        BsrType::Bf16 => {
+            let f = Recipe::W4A16(Fp4Weights::Nvfp4).a();
+            (f, f)
+        }
+    };
+    let va = random_values(seed, dense_rows * c.k, c.k);
+    let dense = ScaledMatrix::quantize(&va, dense_rows, c.k, 1, fa).map_err(e)?;
+    let vb = random_values(seed ^ 0x9E37, sparse_rows * c.k, c.k);
+    let full = ScaledMatrix::quantize(&vb, sparse_rows, c.k, 1, fb).map_err(e)?;
+    let bs = c.block;
+    let (brs, bcs) = (sparse_rows.div_ceil(bs), c.k / bs);
+    let mask = c.pattern.mask(brs, bcs, c.density, seed);
+    let keep = |r: usize, col: usize| mask[r * bcs + col];
+    let sparse = match c.ty {
+        BsrType::Fp8 => BsrMatrix::from_dense_blocks(&full, keep),
+        BsrType::Bf16 => {
+            let bits: Vec<u16> = full
+                .data()
+                .chunks_exact(2)
+                .map(|b| u16::from_le_bytes([b[0], b[1]]))
+                .collect();
+            BsrMatrix::from_dense_bf16(&bits, (sparse_rows, c.k), bs, keep)
+        }
+    }
+    .map_err(e)?;
+    Ok((dense, full, sparse))
+}
+
+/// Runs one case: uploads the operands ([`case_operands`]), times ours, our dense kernel on the
+/// full matrix, and cuBLASLt on the dense shape (blockwise FP8, or bf16).
+pub fn run_bsr(gpu: &Gpu, peer: Option<&LtPeer>, c: &BsrCase) -> Result<BsrOutcome, String> {
+    let e = |x: blockscaled::Error| x.to_string();
+    let (dense_rows, sparse_rows) = match c.side {
+        SparseSide::B => (c.m, c.n),
+        SparseSide::A => (c.n, c.m),
+    };
+    let (dense, full, sparse) = case_operands(c, c.seed)?;
     let (dd, ds) = (
         gpu.upload(&dense).map_err(e)?,
         gpu.upload_bsr(&sparse).map_err(e)?,
@@ -132,7 +198,7 @@ pub fn run_bsr(gpu: &Gpu, peer: Option<&LtPeer>, c: &BsrCase) -> Result<BsrOutco
     })
     .map_err(e)?;
     // Dense: the same product with every block stored, on our dense kernel (with A sparse, as
-    // Cᵀ = B · Aᵀ: the dense kernel's A takes 1×128 scales, its B 128 × 128).
+    // Cᵀ = B · Aᵀ: FP8's dense A takes 1×128 scales, its B 128 × 128).
     let dfull = gpu.upload(&full).map_err(e)?;
     let mut dense_out = gpu
         .output(dense_rows, sparse_rows, 1, OutType::Bf16)
@@ -143,7 +209,7 @@ pub fn run_bsr(gpu: &Gpu, peer: Option<&LtPeer>, c: &BsrCase) -> Result<BsrOutco
     })
     .map_err(e)?;
     let peer_t = match peer {
-        Some(p) if p.has_blockwise_modes() => {
+        Some(p) if c.ty == BsrType::Bf16 || p.has_blockwise_modes() => {
             Some(time_peer(p, c, (m, n)).map_err(|x| x.to_string())?)
         }
         _ => None,
@@ -155,21 +221,36 @@ pub fn run_bsr(gpu: &Gpu, peer: Option<&LtPeer>, c: &BsrCase) -> Result<BsrOutco
         nnz: sparse.nnz(),
         density: sparse.density(),
         plan: crate::cases::plan_name(&plan),
+        target_base: if c.ty == BsrType::Bf16 {
+            peer_t
+        } else {
+            Some(dense_t)
+        },
     })
 }
 
-/// cuBLASLt's dense blockwise FP8 GEMM of the case's shape (finite codes; its time does not
-/// depend on the values).
+/// cuBLASLt's dense GEMM of the case's shape: blockwise FP8, or bf16 (finite inputs; its time
+/// does not depend on the values).
 fn time_peer(p: &LtPeer, c: &BsrCase, (m, n): (usize, usize)) -> crate::cublaslt::Result<Timing> {
     let s = p.stream();
     let k = c.k;
+    let mut out: CudaSlice<u16> = s.alloc_zeros(m * n)?;
+    if c.ty == BsrType::Bf16 {
+        // 1.0 in bf16.
+        let (a, b): (CudaSlice<u16>, CudaSlice<u16>) = (
+            s.clone_htod(&vec![0x3F80u16; m * k])?,
+            s.clone_htod(&vec![0x3F80u16; n * k])?,
+        );
+        return time_on_stream(s, c.warmup, c.iters, |_| {
+            p.gemm_bf16(m, n, k, &a, &b, &mut out)
+        });
+    }
     let codes = |len: usize| -> crate::cublaslt::Result<CudaSlice<u8>> {
         Ok(s.clone_htod(&vec![0x38u8; len])?)
     };
     let (a, b) = (codes(m * k)?, codes(n * k)?);
     let sa: CudaSlice<f32> = s.clone_htod(&vec![1f32; vec128_len(m, k)])?;
     let sb: CudaSlice<f32> = s.clone_htod(&vec![1f32; blk128_len(n, k)])?;
-    let mut out: CudaSlice<u16> = s.alloc_zeros(m * n)?;
     time_on_stream(s, c.warmup, c.iters, |_| {
         p.gemm_fp8_blockwise(m, n, k, &a, &sa, &b, &sb, &mut out)
     })
@@ -178,7 +259,8 @@ fn time_peer(p: &LtPeer, c: &BsrCase, (m, n): (usize, usize)) -> crate::cublaslt
 /// The header of [`bsr_line`].
 pub fn bsr_header() -> String {
     format!(
-        "{:<6} {:>5} {:>5} {:>5} {:<14} {:>6} {:>7} {:>10} {:>10} {:>10} {:>10} {:>8} {:>8} {:>6}  {}",
+        "{:<9} {:<6} {:>5} {:>5} {:>5} {:<14} {:>6} {:>7} {:>10} {:>10} {:>10} {:>10} {:>8} {:>8} {:>6}  {}",
+        "blocks",
         "side",
         "M",
         "N",
@@ -197,18 +279,20 @@ pub fn bsr_header() -> String {
     )
 }
 
-/// One line: times (medians), useful TFLOP/s (2 · rows · stored blocks · 128²), the ratio to
-/// density × dense, and whether the target holds.
+/// One line: times (medians), useful TFLOP/s (2 · rows · stored blocks · block²), the ratio to
+/// density × the target's dense time, and whether the target holds.
 pub fn bsr_line(c: &BsrCase, o: &BsrOutcome) -> String {
     let other = match c.side {
         SparseSide::B => c.m,
         SparseSide::A => c.n,
     };
-    let useful = 2.0 * other as f64 * o.nnz as f64 * 128.0 * 128.0;
+    let useful = 2.0 * other as f64 * o.nnz as f64 * (c.block * c.block) as f64;
     let ms = o.sparse.median_ms;
-    let ratio = ms / (o.density * o.dense.median_ms);
+    let base = o.target_base.map_or(f64::NAN, |t| t.median_ms);
+    let ratio = ms / (o.density * base);
     format!(
-        "{:<6} {:>5} {:>5} {:>5} {:<14} {:>6.1} {:>7} {:>10.1} {:>10.1} {:>10} {:>10.1} {:>8.0} {:>8.2} {:>6}  {}",
+        "{:<9} {:<6} {:>5} {:>5} {:>5} {:<14} {:>6.1} {:>7} {:>10.1} {:>10.1} {:>10} {:>10.1} {:>8.0} {:>8.2} {:>6}  {}",
+        format!("{}/{}", c.ty.name(), c.block),
         format!("{:?}", c.side),
         c.m,
         c.n,
@@ -229,41 +313,55 @@ pub fn bsr_line(c: &BsrCase, o: &BsrOutcome) -> String {
     )
 }
 
-/// The bench's cases: 4096³ and 8192³, random and banded, densities 5 / 10 / 25 / 50 / 100 %, B
-/// sparse; and A sparse at 4096³ (10 %, 50 %).
+/// The bench's cases: FP8 128 × 128 blocks and bf16 64 × 64 and 128 × 128 blocks; 4096³ and
+/// 8192³, random and banded, densities 5 / 10 / 25 / 50 / 100 %, B sparse; block-diagonal at
+/// 4096³; and A sparse at 4096³ (10 %, 50 %).
 pub fn bench_cases(warmup: usize, iters: usize) -> Vec<BsrCase> {
     let mut cases = Vec::new();
-    for size in [4096usize, 8192] {
-        for pattern in [Pattern::Random, Pattern::Banded] {
-            for density in [0.05, 0.10, 0.25, 0.50, 1.0] {
-                cases.push(BsrCase {
-                    m: size,
-                    n: size,
-                    k: size,
-                    density,
-                    pattern,
-                    side: SparseSide::B,
-                    warmup,
-                    iters,
-                    seed: 1 + cases.len() as u64,
-                    plan: None,
-                });
+    for (ty, block) in [
+        (BsrType::Fp8, 128),
+        (BsrType::Bf16, 128),
+        (BsrType::Bf16, 64),
+    ] {
+        for size in [4096usize, 8192] {
+            for pattern in [Pattern::Random, Pattern::Banded, Pattern::BlockDiagonal] {
+                if size > 4096 && pattern == Pattern::BlockDiagonal {
+                    continue;
+                }
+                for density in [0.05, 0.10, 0.25, 0.50, 1.0] {
+                    cases.push(BsrCase {
+                        ty,
+                        block,
+                        m: size,
+                        n: size,
+                        k: size,
+                        density,
+                        pattern,
+                        side: SparseSide::B,
+                        warmup,
+                        iters,
+                        seed: 1 + cases.len() as u64,
+                        plan: None,
+                    });
+                }
             }
         }
-    }
-    for density in [0.10, 0.50] {
-        cases.push(BsrCase {
-            m: 4096,
-            n: 4096,
-            k: 4096,
-            density,
-            pattern: Pattern::Random,
-            side: SparseSide::A,
-            warmup,
-            iters,
-            seed: 100 + cases.len() as u64,
-            plan: None,
-        });
+        for density in [0.10, 0.50] {
+            cases.push(BsrCase {
+                ty,
+                block,
+                m: 4096,
+                n: 4096,
+                k: 4096,
+                density,
+                pattern: Pattern::Random,
+                side: SparseSide::A,
+                warmup,
+                iters,
+                seed: 100 + cases.len() as u64,
+                plan: None,
+            });
+        }
     }
     cases
 }

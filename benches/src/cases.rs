@@ -136,7 +136,7 @@ pub fn run_case(gpu: &Gpu, peer: Option<&LtPeer>, c: &Case) -> Result<Outcome, S
                 "the CPU reference on the folded operands (bit-identical to the GPU's fold), \
                  1 ulp + 2^-7·Σ|ab| FP8 accumulation bound",
             ),
-            Plan::Sm90Mx(_) | Plan::Sm90W4(_) => (
+            Plan::Sm90Mx(_) | Plan::Sm90W4(_) | Plan::Sm90Half(_) => (
                 abs.iter()
                     .map(|&s| s * blockscaled_tests::bf16_mma_rel(c.k))
                     .collect(),
@@ -233,7 +233,9 @@ fn agree_with_peer(
             };
             FP8_ACCUMULATION_REL + (1.0 + r) * (1.0 + r) - 1.0
         }
-        Plan::Sm90Mx(_) | Plan::Sm90W4(_) => blockscaled_tests::bf16_mma_rel(c.k),
+        Plan::Sm90Mx(_) | Plan::Sm90W4(_) | Plan::Sm90Half(_) => {
+            blockscaled_tests::bf16_mma_rel(c.k)
+        }
     };
     let rel = (ours_rel + peer.rel_bound) * (1.0 + 2f64.powi(-20));
     let slack: Vec<f64> = abs.iter().map(|&x| rel * x as f64).collect();
@@ -383,6 +385,14 @@ fn copies<T: cudarc::driver::DeviceRepr>(
 pub fn plan_name(p: &Plan) -> String {
     match p {
         Plan::Reference => "ref".into(),
+        Plan::Sm90Half(c) => {
+            let split = if c.split_k > 1 {
+                format!("s{}", c.split_k)
+            } else {
+                String::new()
+            };
+            format!("bf16-{}x{}{split}", c.tile.block_m(), c.tile.block_n)
+        }
         Plan::Sm90MxFp8(c) => format!("fold+{}", plan_name(&Plan::Sm90Fp8(*c))),
         Plan::Sm90Mx(c) => {
             let split = if c.split_k > 1 {

@@ -38,11 +38,16 @@ pub enum SparseSide {
 
 /// The one block size of FP8 BSR matrices: the kernel's scale block.
 pub const FP8_BLOCK: usize = 128;
+/// The block sizes of 16-bit BSR matrices (the seed's and torch's common ones; the 16-bit
+/// kernel's tiles are 64 or 128 columns wide).
+pub const HALF_BLOCKS: [usize; 2] = [64, 128];
 
-/// A block-sparse FP8 matrix of `rows` × `cols` (K = `cols`): block row `r` (rows
+/// A block-sparse matrix of `rows` × `cols` (K = `cols`): block row `r` (rows
 /// `r·bs..(r+1)·bs`) stores blocks `crow[r]..crow[r+1]`; stored block `i` is block column
-/// `col[i]` (K `col[i]·bs..`), its bs × bs codes at `values[i·bs²..]` row-major (K contiguous,
-/// as torch's `values[i]`), dequantized as `decode(code) · scales[i]`. Missing blocks are zeros.
+/// `col[i]` (K `col[i]·bs..`), its bs × bs codes at element `i·bs²..` of `values`, row-major (K
+/// contiguous, as torch's `values[i]`). FP8: e4m3 codes (a byte each) of 128 × 128 blocks,
+/// dequantized as `decode(code) · scales[i]`; 16-bit: bf16 values (two little-endian bytes
+/// each) of 64 × 64 or 128 × 128 blocks, no scales. Missing blocks are zeros.
 #[derive(Clone, Debug, PartialEq)]
 pub struct BsrMatrix {
     elem: ElemType,
@@ -60,10 +65,10 @@ fn structure(msg: impl Into<String>) -> Error {
 }
 
 impl BsrMatrix {
-    /// From torch's BSR tensors (`crow_indices`, `col_indices` as int64, `values` as the FP8
-    /// codes' bytes) and one fp32 scale per stored block. Every rule of the type's doc is checked:
-    /// [`Error::Format`] for an element type or block size the kernels do not take,
-    /// [`Error::Shape`] for sizes, [`Error::Sparse`] for the structure.
+    /// From torch's BSR tensors (`crow_indices`, `col_indices` as int64, `values` as the codes'
+    /// bytes) and, for FP8, one fp32 scale per stored block (16-bit: `scales` empty). Every rule
+    /// of the type's doc is checked: [`Error::Format`] for an element type or block size the
+    /// kernels do not take, [`Error::Shape`] for sizes, [`Error::Sparse`] for the structure.
     #[allow(clippy::too_many_arguments)]
     pub fn from_parts(
         elem: ElemType,
@@ -75,17 +80,25 @@ impl BsrMatrix {
         values: Vec<u8>,
         scales: Vec<f32>,
     ) -> Result<Self> {
-        if elem != ElemType::E4M3 {
-            return Err(Error::Format(format!(
-                "block-sparse GEMM takes e4m3 blocks, not {}",
-                elem.name()
-            )));
-        }
-        if block != FP8_BLOCK {
-            return Err(Error::Format(format!(
-                "FP8 BSR blocks are {FP8_BLOCK} × {FP8_BLOCK} (one fp32 scale per block, the \
-                 kernel's scale block), not {block} × {block}"
-            )));
+        match elem {
+            ElemType::E4M3 if block != FP8_BLOCK => {
+                return Err(Error::Format(format!(
+                    "FP8 BSR blocks are {FP8_BLOCK} × {FP8_BLOCK} (one fp32 scale per block, the \
+                     kernel's scale block), not {block} × {block}"
+                )));
+            }
+            ElemType::BF16 if !HALF_BLOCKS.contains(&block) => {
+                return Err(Error::Format(format!(
+                    "bf16 BSR blocks are 64 × 64 or 128 × 128, not {block} × {block}"
+                )));
+            }
+            ElemType::E4M3 | ElemType::BF16 => {}
+            _ => {
+                return Err(Error::Format(format!(
+                    "block-sparse GEMM takes e4m3 or bf16 blocks, not {}",
+                    elem.name()
+                )));
+            }
         }
         if rows == 0 || cols == 0 {
             return Err(shape(format!("empty BSR matrix {rows} × {cols}")));
@@ -109,8 +122,12 @@ impl BsrMatrix {
             )));
         }
         let nnz = col_indices.len();
-        if nnz > i32::MAX as usize {
-            return Err(shape(format!("{nnz} stored blocks: at most 2³¹ − 1")));
+        // The kernels count stages of stored blocks (128 bytes of K each) in 32 bits.
+        let stages = (block * elem.bits() as usize / 8 / 128).max(1);
+        if nnz > i32::MAX as usize / stages {
+            return Err(shape(format!(
+                "{nnz} stored blocks of {stages} stages: at most 2³¹ − 1 stages"
+            )));
         }
         if crow_indices[0] != 0 {
             return Err(structure(format!(
@@ -150,18 +167,22 @@ impl BsrMatrix {
                 }
             }
         }
-        let block_bytes = block * block;
+        let block_bytes = block * block * elem.bits() as usize / 8;
         if values.len() != nnz * block_bytes {
             return Err(shape(format!(
-                "values holds {} bytes; {nnz} blocks of {block} × {block} e4m3 need {}",
+                "values holds {} bytes; {nnz} blocks of {block} × {block} {} need {}",
                 values.len(),
+                elem.name(),
                 nnz * block_bytes
             )));
         }
-        if scales.len() != nnz {
+        let want = if elem == ElemType::E4M3 { nnz } else { 0 };
+        if scales.len() != want {
             return Err(shape(format!(
-                "{} block scales for {nnz} stored blocks",
-                scales.len()
+                "{} block scales for {nnz} stored {} blocks: {want} expected (FP8: one per \
+                 block; 16-bit: none)",
+                scales.len(),
+                elem.name()
             )));
         }
         Ok(BsrMatrix {
@@ -233,6 +254,55 @@ impl BsrMatrix {
         )
     }
 
+    /// The blocks of `block` × `block` of a dense bf16 matrix of `rows` × `cols` (`data`: bf16
+    /// bits, row-major) for which `keep(block_row, block_col)` holds (rows past the matrix in
+    /// the last block row are stored as zeros). `cols` is a multiple of the block.
+    pub fn from_dense_bf16(
+        data: &[u16],
+        (rows, cols): (usize, usize),
+        block: usize,
+        mut keep: impl FnMut(usize, usize) -> bool,
+    ) -> Result<Self> {
+        if data.len() != rows * cols {
+            return Err(shape(format!(
+                "{} values for a {rows} × {cols} matrix",
+                data.len()
+            )));
+        }
+        if block == 0 || !cols.is_multiple_of(block) {
+            return Err(shape(format!(
+                "K = {cols} is not a multiple of the block size {block}"
+            )));
+        }
+        let (block_rows, block_cols) = (rows.div_ceil(block), cols / block);
+        let (mut crow, mut col, mut values) = (vec![0i64], Vec::new(), Vec::new());
+        for br in 0..block_rows {
+            for bc in 0..block_cols {
+                if !keep(br, bc) {
+                    continue;
+                }
+                col.push(bc as i64);
+                for r in br * block..(br + 1) * block {
+                    for k in bc * block..(bc + 1) * block {
+                        let v = if r < rows { data[r * cols + k] } else { 0 };
+                        values.extend_from_slice(&v.to_le_bytes());
+                    }
+                }
+            }
+            crow.push(col.len() as i64);
+        }
+        BsrMatrix::from_parts(
+            ElemType::BF16,
+            rows,
+            cols,
+            block,
+            &crow,
+            &col,
+            values,
+            Vec::new(),
+        )
+    }
+
     pub fn elem(&self) -> ElemType {
         self.elem
     }
@@ -264,26 +334,39 @@ impl BsrMatrix {
     pub fn values(&self) -> &[u8] {
         &self.values
     }
+    /// One fp32 scale per stored block (FP8); empty for 16-bit blocks.
     pub fn scales(&self) -> &[f32] {
         &self.scales
     }
+    /// The code of element (r, k) of stored block `i`.
+    fn code(&self, i: usize, r: usize, k: usize) -> u32 {
+        let at = (i * self.block + r) * self.block + k;
+        match self.elem {
+            ElemType::BF16 => {
+                u16::from_le_bytes([self.values[2 * at], self.values[2 * at + 1]]) as u32
+            }
+            _ => self.values[at] as u32,
+        }
+    }
 
     /// Every value, `[rows][cols]` in float64 (missing blocks zero; exact, as each stored value
-    /// is an e4m3 value times an fp32 scale).
+    /// is a bf16 value, or an e4m3 value times an fp32 scale).
     pub fn dequantize(&self) -> Vec<f64> {
         let (bs, cols) = (self.block, self.cols);
         let mut out = vec![0.0f64; self.rows * cols];
         for br in 0..self.crow.len() - 1 {
             for i in self.crow[br] as usize..self.crow[br + 1] as usize {
-                let (c0, s) = (self.col[i] as usize * bs, self.scales[i] as f64);
+                let (c0, s) = (
+                    self.col[i] as usize * bs,
+                    self.scales.get(i).map_or(1.0, |&s| s as f64),
+                );
                 for r in 0..bs {
                     let row = br * bs + r;
                     if row >= self.rows {
                         break;
                     }
                     for k in 0..bs {
-                        let code = self.values[(i * bs + r) * bs + k] as u32;
-                        out[row * cols + c0 + k] = self.elem.decode(code) as f64 * s;
+                        out[row * cols + c0 + k] = self.elem.decode(self.code(i, r, k)) as f64 * s;
                     }
                 }
             }
@@ -390,6 +473,7 @@ pub(crate) type WorkKey = (usize, usize, usize, u32);
 /// families prepared of it, and the work lists made so far.
 pub struct DeviceBsr {
     pub(crate) gpu: GpuId,
+    pub(crate) elem: ElemType,
     pub(crate) matrix_rows: usize,
     pub(crate) cols: usize,
     pub(crate) block: usize,
@@ -398,7 +482,7 @@ pub struct DeviceBsr {
     /// Stored blocks' codes (at least one block: a tensor map needs a nonempty tensor). Held
     /// for the families' tensor maps, which point into it.
     pub(crate) _values: CudaSlice<u8>,
-    /// One fp32 scale per stored block (at least one).
+    /// One fp32 scale per stored block (at least one; 16-bit blocks: one unused zero).
     pub(crate) scales: CudaSlice<f32>,
     /// Block column of each stored block (at least one).
     pub(crate) col: CudaSlice<i32>,
@@ -420,16 +504,30 @@ impl DeviceBsr {
     pub fn nnz(&self) -> usize {
         self.nnz
     }
+    pub fn elem(&self) -> ElemType {
+        self.elem
+    }
 
-    /// The work list for `key` (made and uploaded once per key; `tile_rows` divides the block).
+    /// Pipeline stages per stored block: a stage holds 128 bytes of K (128 e4m3 or 64 bf16
+    /// values), so a 128 × 128 bf16 block is 2 stages and the others 1.
+    pub(crate) fn stages_per_block(&self) -> u32 {
+        (self.block * self.elem.bits() as usize / 8 / 128).max(1) as u32
+    }
+
+    /// The work list for `key` (made and uploaded once per key; `tile_rows` divides the block),
+    /// its positions in stages.
     pub(crate) fn work(&self, stream: &Arc<CudaStream>, key: WorkKey) -> Result<Arc<DeviceWork>> {
         let mut cache = self.work.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(w) = cache.get(&key) {
             return Ok(w.clone());
         }
         let (tile_rows, m_units, ctas, max_parts) = key;
+        // Positions count stages (`SparseParams::sub_log2`): every row pointer times the
+        // stages per block.
+        let sub = self.stages_per_block() as i32;
+        let crow: Vec<i32> = self.crow.iter().map(|&c| c * sub).collect();
         let list = work_list(
-            &self.crow,
+            &crow,
             self.block,
             tile_rows,
             self.matrix_rows,

@@ -13,11 +13,12 @@ use crate::bsr::{self, BsrMatrix, DeviceBsr, SparseSide};
 use crate::buffers::{DeviceMatrix, DeviceOutput, GpuId, Prepared};
 use crate::error::{Error, Result, shape};
 use crate::family::{Families, Gemm};
-use crate::format::OutType;
+use crate::format::{ElemType, OutType};
 use crate::grouped::{self, DeviceGroups, GroupLayout};
 use crate::matrix::{GemmShape, ScaledMatrix};
 use crate::plan::{self, GpuArch, Plan};
 use crate::sm90_fp8::Sm90Fp8;
+use crate::sm90_half::Sm90Half;
 use crate::sm90_mx_fp8::Sm90MxFp8;
 
 use crate::image::{self, KernelImage};
@@ -261,19 +262,23 @@ impl Gpu {
     pub fn upload_bsr(&self, m: &BsrMatrix) -> Result<DeviceBsr> {
         // A tensor map needs a nonempty tensor: a matrix with no stored blocks gets one zero
         // block (never read: no segment has a position).
-        let block_bytes = m.block() * m.block();
-        let (values, scales, col) = if m.nnz() == 0 {
+        let block_bytes = m.block() * m.block() * m.elem().bits() as usize / 8;
+        let (values, col) = if m.nnz() == 0 {
             (
                 self.stream.alloc_zeros::<u8>(block_bytes)?,
-                self.stream.alloc_zeros::<f32>(1)?,
                 self.stream.alloc_zeros::<i32>(1)?,
             )
         } else {
             (
                 self.stream.clone_htod(m.values())?,
-                self.stream.clone_htod(m.scales())?,
                 self.stream.clone_htod(m.col_indices())?,
             )
+        };
+        // (16-bit blocks have no scales: one unused zero keeps the buffer nonempty.)
+        let scales = if m.scales().is_empty() {
+            self.stream.alloc_zeros::<f32>(1)?
+        } else {
+            self.stream.clone_htod(m.scales())?
         };
         let mut prepared = Prepared::default();
         for family in self.families.iter() {
@@ -283,6 +288,7 @@ impl Gpu {
         }
         Ok(DeviceBsr {
             gpu: self.id,
+            elem: m.elem(),
             matrix_rows: m.rows(),
             cols: m.cols(),
             block: m.block(),
@@ -318,7 +324,12 @@ impl Gpu {
     /// rows, N the sparse operand's).
     pub fn bsr_plan(&self, dense: &DeviceMatrix, sparse: &DeviceBsr) -> Result<Plan> {
         let s = self.check_bsr(dense, sparse)?;
-        plan::choose_bsr(self.arch, self.sm_count, &s, sparse.nnz())
+        plan::choose_bsr(
+            self.arch,
+            self.sm_count,
+            &s,
+            (sparse.elem, sparse.block, sparse.nnz()),
+        )
     }
 
     /// [`Gpu::bsr_gemm`] with a given plan (`Plan::Sm90Fp8` with a block-sparse tile; the
@@ -340,16 +351,29 @@ impl Gpu {
                 c.l, c.m, c.n
             )));
         }
-        let Plan::Sm90Fp8(cfg) = plan else {
-            return Err(Error::Config(format!(
-                "{plan:?}: block-sparse GEMM runs on the sm90 FP8 kernel (Plan::Sm90Fp8)"
-            )));
-        };
-        cfg.validate_sparse(&s)?;
-        let family = self.families.get::<Sm90Fp8>().ok_or_else(|| {
-            Error::Architecture("block-sparse GEMM has Hopper (sm_90a) kernels only".into())
-        })?;
-        family.bsr_gemm(&self.stream, dense, sparse, side, c, cfg)
+        let hopper =
+            || Error::Architecture("block-sparse GEMM has Hopper (sm_90a) kernels only".into());
+        match (plan, sparse.elem) {
+            (Plan::Sm90Fp8(cfg), ElemType::E4M3) => {
+                cfg.validate_sparse(&s)?;
+                let family = self.families.get::<Sm90Fp8>().ok_or_else(hopper)?;
+                family.bsr_gemm(&self.stream, dense, sparse, side, c, cfg)
+            }
+            (Plan::Sm90Half(cfg), ElemType::BF16) => {
+                cfg.validate_sparse(&s, sparse.block)?;
+                let family = self.families.get::<Sm90Half>().ok_or_else(hopper)?;
+                family.bsr_gemm(&self.stream, dense, sparse, side, c, cfg)
+            }
+            (plan, elem) => Err(Error::Config(format!(
+                "{plan:?}: block-sparse GEMM of {} blocks runs on the sm90 {} kernel",
+                elem.name(),
+                if elem == ElemType::E4M3 {
+                    "FP8 kernel (Plan::Sm90Fp8)"
+                } else {
+                    "16-bit kernel (Plan::Sm90Half)"
+                }
+            ))),
+        }
     }
 
     /// The dense and sparse operands belong to this GPU and fit: the kernel's shape (M the

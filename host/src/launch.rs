@@ -66,6 +66,9 @@ unsafe impl KernelParams for Sm90MxParams {}
 unsafe impl KernelParams for blockscaled_kernels::sm90_w4::Sm90W4Params {}
 // SAFETY: as above (`#[repr(C)]`, four u64 then six u32: no padding).
 unsafe impl KernelParams for blockscaled_kernels::fold::FoldParams {}
+// SAFETY: as above (`#[repr(C)]`, six u64, eight 4-byte fields, then two u64 and six u32: no
+// padding).
+unsafe impl KernelParams for blockscaled_kernels::sm90_half::Sm90HalfParams {}
 
 /// One launch of `func` on `stream`: its configuration and the buffers it uses. Each buffer's
 /// device address is taken through [`Launch::ptr`] / [`Launch::ptr_mut`], whose guards live until

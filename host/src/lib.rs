@@ -27,7 +27,7 @@
 //! `output`, `bsr` (block-sparse operands), [`reference`] (CPU); [`image`] (the kernels' cubin or PTX); `buffers` (device
 //! matrices and outputs), `grouped` (a grouped GEMM's groups); `launch` (the one
 //! launch path); `family` (what a kernel family provides); one file per family
-//! (`reference_kernel`, `sm90_fp8`, `sm90_mx`, `sm90_mx_fp8`, `sm90_w4`), with what they share (`splitk`, `tensor_map`); [`plan`] (the family list and the choice of kernel);
+//! (`reference_kernel`, `sm90_fp8`, `sm90_half`, `sm90_mx`, `sm90_mx_fp8`, `sm90_w4`), with what they share (`splitk`, `tensor_map`); [`plan`] (the family list and the choice of kernel);
 //! `device` ([`Gpu`]).
 
 mod bsr;
@@ -46,6 +46,7 @@ mod quantize;
 pub mod reference;
 mod reference_kernel;
 mod sm90_fp8;
+mod sm90_half;
 mod sm90_mx;
 mod sm90_mx_fp8;
 mod sm90_w4;
@@ -66,12 +67,15 @@ pub use matrix::{GemmShape, MatrixDesc, ScaleLayout, ScaledMatrix};
 pub use output::{HostOutput, output_ulp, round_output};
 pub use plan::{GpuArch, Plan};
 pub use sm90_fp8::Sm90Config;
+pub use sm90_half::Sm90HalfConfig;
 pub use sm90_mx::Sm90MxConfig;
 pub use sm90_w4::Sm90W4Config;
 
 pub use blockscaled_kernels::gemm::scheduler::ClusterShape;
 /// The kernel crate's types that [`Sm90Config`] holds: the tile shape and the cluster shape.
 pub use blockscaled_kernels::sm90::Tile as Sm90Tile;
+/// The tile shapes of the sm90 16-bit kernel ([`Sm90HalfConfig`]).
+pub use blockscaled_kernels::sm90_half::HalfTile as Sm90HalfTile;
 /// The tile shapes of the sm90 MX kernel ([`Sm90MxConfig`]).
 pub use blockscaled_kernels::sm90_mx::MxTile as Sm90MxTile;
 /// The tile shapes of the sm90 4-bit-weights kernel ([`Sm90W4Config`]): activation rows per tile.

@@ -13,11 +13,13 @@ use crate::format::{ElemType, ScaleType};
 use crate::matrix::{GemmShape, MatrixDesc};
 use crate::reference_kernel::{self, ReferenceKernel};
 use crate::sm90_fp8::{self, Sm90Config, Sm90Fp8};
+use crate::sm90_half::{self, Sm90Half, Sm90HalfConfig};
 use crate::sm90_mx::{self, Sm90Mx, Sm90MxConfig};
 use crate::sm90_mx_fp8::{self, Sm90MxFp8};
 use crate::sm90_w4::{self, Sm90W4, Sm90W4Config};
 use blockscaled_kernels::gemm::scheduler::ClusterShape;
 use blockscaled_kernels::sm90::{BLOCK_K, Tile};
+use blockscaled_kernels::sm90_half::HalfTile;
 use blockscaled_kernels::sm90_mx::{self as mx, MxTile};
 use blockscaled_kernels::sm90_w4::{self as w4, W4Tile};
 
@@ -56,6 +58,9 @@ pub enum Plan {
     /// into FP8 operands with fp32 scales per 1×128 (A) and per row (B), then the FP8 kernel
     /// with this configuration. Lossy within a stated bound (`sm90_mx_fp8`).
     Sm90MxFp8(Sm90Config),
+    /// The Hopper 16-bit kernel (bf16 operands with one scale per tensor; block-sparse GEMM
+    /// with bf16 blocks).
+    Sm90Half(Sm90HalfConfig),
 }
 
 impl Plan {
@@ -70,6 +75,7 @@ impl Plan {
             Plan::Sm90Mx(cfg) => cfg.validate(shape),
             Plan::Sm90W4(cfg) => cfg.validate(shape),
             Plan::Sm90MxFp8(cfg) => cfg.validate(shape),
+            Plan::Sm90Half(cfg) => cfg.validate(shape),
         }
     }
 
@@ -84,7 +90,7 @@ impl Plan {
             Plan::Sm90Mx(cfg) => cfg.split_k,
             Plan::Sm90W4(cfg) => cfg.split_k,
             Plan::Sm90MxFp8(cfg) => cfg.split_k,
-            Plan::Reference => {
+            Plan::Reference | Plan::Sm90Half(_) => {
                 return Err(config(format!(
                     "{self:?} has no grouped kernel: grouped GEMM runs on the sm90 FP8, MX, \
                      4-bit-weights and fold (MX → FP8) kernels"
@@ -132,6 +138,10 @@ impl Plan {
                     })?
                     .gemm(g, cfg, fp8)
             }
+            Plan::Sm90Half(cfg) => families
+                .get::<Sm90Half>()
+                .ok_or_else(|| missing("sm90 16-bit kernel (it needs compute capability 9.0)"))?
+                .gemm(g, cfg),
         }
     }
 }
@@ -155,6 +165,9 @@ pub(crate) fn load_families(
         families.add(f);
     }
     if let Some(f) = Sm90MxFp8::load(module, arch.target())? {
+        families.add(f);
+    }
+    if let Some(f) = Sm90Half::load(module, stream, arch.target(), sm_count)? {
         families.add(f);
     }
     Ok(families)
@@ -201,6 +214,8 @@ pub(crate) fn choose_for(
     let w4 = sm90_w4::unsupported_pair(a, b).is_none();
     if sm90_a && sm90_b {
         Ok(Plan::Sm90Fp8(sm90_default(m, n, k, l, sm_count)))
+    } else if sm90_half::unsupported(a).is_none() && sm90_half::unsupported(b).is_none() {
+        Ok(Plan::Sm90Half(sm90_half_default(m, n, sm_count)))
     } else if w4 && (a.format.elem != ElemType::E2M1 || m <= W4_MAX_M) {
         Ok(Plan::Sm90W4(sm90_w4_default(m, n, k, l, sm_count)))
     } else if sm90_mx_fp8::unsupported_pair(a, b).is_none()
@@ -231,17 +246,81 @@ pub struct GroupedProblem<'a> {
 }
 
 /// The plan for a block-sparse GEMM ([`crate::Gpu::bsr_gemm`]) of kernel shape `s` (M the dense
-/// operand's rows, N the sparse one's) with `nnz` stored blocks: the FP8 kernel with the tile
-/// [`sm90_bsr_default`] picks.
-pub fn choose_bsr(arch: GpuArch, sm_count: u32, s: &GemmShape, nnz: usize) -> Result<Plan> {
+/// operand's rows, N the sparse one's) with `nnz` stored blocks of `block` × `block` of type
+/// `elem`: e4m3 blocks on the FP8 kernel with the tile [`sm90_bsr_default`] picks, bf16 blocks on
+/// the 16-bit kernel ([`sm90_half_bsr_default`]).
+pub fn choose_bsr(
+    arch: GpuArch,
+    sm_count: u32,
+    s: &GemmShape,
+    (elem, block, nnz): (ElemType, usize, usize),
+) -> Result<Plan> {
     if arch != GpuArch::Hopper {
         return Err(Error::Architecture(
             "block-sparse GEMM has Hopper (sm_90a) kernels only".into(),
         ));
     }
-    let _ = nnz;
-    Ok(Plan::Sm90Fp8(sm90_bsr_default(s.m, s.n, sm_count)))
+    Ok(if elem == ElemType::E4M3 {
+        Plan::Sm90Fp8(sm90_bsr_default(s.m, s.n, sm_count))
+    } else {
+        let runs = nnz as f64 / s.n.div_ceil(block).max(1) as f64;
+        Plan::Sm90Half(sm90_half_bsr_default(s.m, block, runs, sm_count))
+    })
 }
+
+/// The 16-bit block-sparse configuration for `m` dense rows, blocks of `block` rows and `runs`
+/// stored blocks per block row on average: tiles as wide as a block (a tile's columns share one
+/// run); 256 rows from [`HALF_M256_MIN_M`] rows when runs average at least [`HALF_M256_MIN_RUN`]
+/// blocks (each stage feeds twice the MMAs), else 128 (twice the tiles to balance short runs:
+/// 4096³ at 10%, 40 µs against 48; at 100%, 243 against 211; docs/PERF.md v38); runs cut into
+/// up to [`crate::bsr::MAX_PARTS`] parts where they are longer than a CTA's share of the work.
+pub fn sm90_half_bsr_default(m: usize, block: usize, runs: f64, sm_count: u32) -> Sm90HalfConfig {
+    let tall = m >= HALF_M256_MIN_M && runs >= HALF_M256_MIN_RUN;
+    let tile = match (tall, block >= 128) {
+        (true, true) => HalfTile::M256,
+        (false, true) => HalfTile::M128,
+        (true, false) => HalfTile::M256N64,
+        (false, false) => HalfTile::M128N64,
+    };
+    Sm90HalfConfig {
+        split_k: crate::bsr::MAX_PARTS,
+        ..half_config(tile, m, sm_count)
+    }
+}
+
+/// Fewest stored blocks per block row, on average, for the 16-bit block-sparse 256-row tiles.
+pub const HALF_M256_MIN_RUN: f64 = 8.0;
+
+/// The dense 16-bit configuration: 256 × 128 tiles from [`HALF_M256_MIN_M`] rows, else
+/// 128 × 128, or 128 × 64 where 128-column tiles would leave most SMs idle.
+pub fn sm90_half_default(m: usize, n: usize, sm_count: u32) -> Sm90HalfConfig {
+    let tiles = |t: HalfTile| m.div_ceil(t.block_m() as usize) * n.div_ceil(t.block_n as usize);
+    let tile = if m >= HALF_M256_MIN_M && tiles(HalfTile::M256) >= sm_count as usize {
+        HalfTile::M256
+    } else if tiles(HalfTile::M128) >= sm_count as usize / 2 {
+        HalfTile::M128
+    } else {
+        HalfTile::M128N64
+    };
+    half_config(tile, m, sm_count)
+}
+
+/// `tile` alone (pairs along M, which share each B tile by multicast, measured slower: 4096³
+/// dense 229 µs against 211, docs/PERF.md v38), in bands of about [`GROUP_ROWS`] rows, on every
+/// SM, K unsplit.
+fn half_config(tile: HalfTile, m: usize, sm_count: u32) -> Sm90HalfConfig {
+    let m_units = m.div_ceil(tile.block_m() as usize);
+    Sm90HalfConfig {
+        tile,
+        cluster_m: 1,
+        group_m: m_units.clamp(1, (GROUP_ROWS / tile.block_m()).max(1) as usize) as u32,
+        ctas: sm_count.max(1),
+        split_k: 1,
+    }
+}
+
+/// Smallest M for the 16-bit kernel's 256-row tiles.
+pub const HALF_M256_MIN_M: usize = 1024;
 
 /// The block-sparse configuration for `m` dense rows and `n` sparse rows: 128 × 64 tiles at
 /// M ≤ [`N64_MAX_M`] (twice the tiles), else 128 × 128, in pairs along M (sharing each stored
@@ -936,6 +1015,7 @@ mod tests {
             Plan::Sm90Mx(_) => "mx",
             Plan::Sm90W4(_) => "w4",
             Plan::Reference => "ref",
+            Plan::Sm90Half(_) => "half",
         };
         let hopper = GpuArch::Hopper;
         fn problem<'a>(arch: GpuArch, a: &'a MatrixDesc, b: &'a MatrixDesc) -> GroupedProblem<'a> {

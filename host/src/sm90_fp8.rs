@@ -475,13 +475,13 @@ fn encode_tensor_map(
 /// columns with the 128-, 64- or 32-byte swizzle: `gemm::layout::out_box_n` of each tile width),
 /// made for 16-bit outputs with N % 8 == 0; the kernel stores the others directly (f32, or rows
 /// that are not 16-byte aligned, which TMA needs).
-struct Sm90Output {
+pub(crate) struct Sm90Output {
     tmaps: [CudaSlice<u8>; OUT_BOX_WIDTHS.len()],
 }
 
 impl Sm90Output {
     /// The map whose boxes are `width` columns.
-    fn tmap(&self, width: u32) -> Option<&CudaSlice<u8>> {
+    pub(crate) fn tmap(&self, width: u32) -> Option<&CudaSlice<u8>> {
         let i = OUT_BOX_WIDTHS.iter().position(|&w| w == width)?;
         Some(&self.tmaps[i])
     }
@@ -903,6 +903,9 @@ impl Sm90Fp8 {
                 slots: work.slots,
                 counters: work.counters,
                 transposed: (side == SparseSide::A) as u32,
+                // (FP8 blocks are 128 × 128 e4m3: one stage of K each.)
+                sub_log2: 0,
+                _pad: 0,
             },
         };
         // SAFETY: `cfg` was validated for the kernel's shape (`validate_sparse`: a block-sparse

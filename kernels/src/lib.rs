@@ -12,7 +12,8 @@
 //! named barriers, the warp-specialized driver, promotion, epilogue stores, split-K reduction);
 //! each family is one module ([`sm90`]: Hopper FP8 with fp32 block scales; [`sm90_mx`]: Hopper MX /
 //! NVFP4, dequantized exactly to bf16; [`fold`]: the pre-pass that re-encodes MX operands for the
-//! FP8 kernel; [`sm90_w4`]: Hopper 4-bit weights dequantized into
+//! FP8 kernel; [`sm90_half`]: Hopper bf16 / fp16, dense and block-sparse; [`sm90_w4`]: Hopper 4-bit
+//! weights dequantized into
 //! registers, with bf16, FP8 or FP4 activations; [`reference`]: the SIMT
 //! reference for every format).
 #![no_std]
@@ -27,6 +28,7 @@ pub mod gemm;
 pub mod params;
 pub mod registry;
 pub mod sm90;
+pub mod sm90_half;
 pub mod sm90_mx;
 pub mod sm90_w4;
 

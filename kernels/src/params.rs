@@ -78,6 +78,12 @@ pub struct SparseParams {
     /// 1: the sparse operand is A, the kernel's N axis is C's M (it computes Cᵀ = B·Aᵀ) and
     /// stores C transposed; 0: the sparse operand is B.
     pub transposed: u32,
+    /// log2 of the stages per stored block: a stage holds 128 bytes of K (128 FP8 or 64 16-bit
+    /// values), so a 128 × 128 bf16 block is two stages and the others one. The work list's
+    /// positions are then stages (`position >> sub_log2` the stored block, the low bits which
+    /// part of its K).
+    pub sub_log2: u32,
+    pub _pad: u32,
 }
 
 impl SparseParams {

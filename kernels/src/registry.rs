@@ -54,7 +54,8 @@ pub const KERNELS: &[KernelInfo] = &gather!(
     crate::sm90_w4::KERNELS,
     crate::fold::KERNELS,
     crate::sm90::GROUPED_KERNELS,
-    crate::sm90::SPARSE_KERNELS
+    crate::sm90::SPARSE_KERNELS,
+    crate::sm90_half::KERNELS
 );
 
 /// The dynamic shared-memory array's name as a literal, so `asm!` templates can `concat!` it.

@@ -101,12 +101,19 @@ struct Args {
     /// at model load), so each call folds only the activations.
     #[arg(long = "fold_weights", alias = "fold-weights")]
     fold_weights: bool,
-    /// Block-sparse GEMM with this operand sparse (a or b) in 128 × 128 blocks (DeepSeek-style
-    /// FP8; --mnkl gives M, N, K; L is 1). Timed against our dense kernel and cuBLASLt dense on
-    /// the same shape. --mma_tiler_mn 128,128 or 128,64, --cluster_shape_mn 1,1 or 2,1, --split_k
-    /// the most parts a long block row is cut into.
+    /// Block-sparse GEMM with this operand sparse (a or b) (--mnkl gives M, N, K; L is 1). Timed
+    /// against our dense kernel and cuBLASLt dense on the same shape. --mma_tiler_mn (FP8:
+    /// 128,128 or 128,64; bf16: 128 or 256 rows by 128 or 64), --cluster_shape_mn 1,1 or 2,1
+    /// (FP8), --split_k the most parts a long block row is cut into.
     #[arg(long)]
     bsr: Option<String>,
+    /// Block-sparse GEMM: the blocks' type, fp8 (e4m3 128 × 128 blocks with fp32 scales, the
+    /// dense operand DeepSeek-style) or bf16 (both operands).
+    #[arg(long = "bsr_type", alias = "bsr-type", default_value = "fp8")]
+    bsr_type: String,
+    /// Block-sparse GEMM: the block size (FP8: 128; bf16: 64 or 128).
+    #[arg(long = "bsr_block", alias = "bsr-block", default_value_t = 128)]
+    bsr_block: usize,
     /// Block-sparse GEMM: stored blocks over all blocks (0 to 1).
     #[arg(long, default_value_t = 0.1)]
     density: f64,
@@ -125,8 +132,10 @@ fn run_bsr(
     tile: Option<Sm90Tile>,
     cluster: Option<ClusterShape>,
 ) -> Result<bool, String> {
-    use blockscaled::{BsrMatrix, SparseSide};
-    use blockscaled_benches::bsr::{BsrCase, Pattern, bsr_header, bsr_line, run_bsr as run};
+    use blockscaled::SparseSide;
+    use blockscaled_benches::bsr::{
+        BsrCase, BsrType, Pattern, bsr_header, bsr_line, case_operands, run_bsr as run,
+    };
     let side = match args.bsr.as_deref() {
         Some("a") | Some("A") => SparseSide::A,
         Some("b") | Some("B") => SparseSide::B,
@@ -138,6 +147,8 @@ fn run_bsr(
             args.pattern
         )
     })?;
+    let ty = BsrType::from_name(&args.bsr_type)
+        .ok_or_else(|| format!("--bsr_type `{}`: want fp8 or bf16", args.bsr_type))?;
     if !(0.0..=1.0).contains(&args.density) {
         return Err(format!("--density {}: want 0 to 1", args.density));
     }
@@ -146,27 +157,53 @@ fn run_bsr(
         SparseSide::B => (m, n),
         SparseSide::A => (n, m),
     };
-    let plan = if tile.is_some()
-        || cluster.is_some()
-        || args.split_k.is_some()
-        || args.group_m.is_some()
-    {
-        let d = blockscaled::plan::sm90_bsr_default(dense_rows, sparse_rows, gpu.sm_count());
-        let (tile, cluster) = (tile.unwrap_or(d.tile), cluster.unwrap_or(d.cluster));
-        let units = dense_rows
-            .div_ceil((tile.block_m() * cluster.m) as usize)
-            .max(1) as u32;
-        Some(Plan::Sm90Fp8(Sm90Config {
-            tile,
-            cluster,
-            group_m: args.group_m.unwrap_or(d.group_m).clamp(1, units),
-            split_k: args.split_k.unwrap_or(d.split_k),
-            ..d
-        }))
-    } else {
-        None
+    let forced =
+        tile.is_some() || cluster.is_some() || args.split_k.is_some() || args.group_m.is_some();
+    let plan = match (forced, ty) {
+        (false, _) => None,
+        (true, BsrType::Fp8) => {
+            let d = blockscaled::plan::sm90_bsr_default(dense_rows, sparse_rows, gpu.sm_count());
+            let (tile, cluster) = (tile.unwrap_or(d.tile), cluster.unwrap_or(d.cluster));
+            let units = dense_rows
+                .div_ceil((tile.block_m() * cluster.m) as usize)
+                .max(1) as u32;
+            Some(Plan::Sm90Fp8(Sm90Config {
+                tile,
+                cluster,
+                group_m: args.group_m.unwrap_or(d.group_m).clamp(1, units),
+                split_k: args.split_k.unwrap_or(d.split_k),
+                ..d
+            }))
+        }
+        (true, BsrType::Bf16) => {
+            let runs = args.density * (k / args.bsr_block) as f64;
+            let d = blockscaled::plan::sm90_half_bsr_default(
+                dense_rows,
+                args.bsr_block,
+                runs,
+                gpu.sm_count(),
+            );
+            // --mma_tiler_mn M,N: 128 or 256 rows (one or two waves) by 128 or 64 columns.
+            let tile = tile.map_or(d.tile, |t| blockscaled::Sm90HalfTile {
+                waves: t.block_m() / 128,
+                block_n: t.block_n,
+            });
+            let cluster_m = cluster.map_or(d.cluster_m, |c| c.m);
+            let units = dense_rows
+                .div_ceil((tile.block_m() * cluster_m) as usize)
+                .max(1) as u32;
+            Some(Plan::Sm90Half(blockscaled::Sm90HalfConfig {
+                tile,
+                cluster_m,
+                group_m: args.group_m.unwrap_or(d.group_m).clamp(1, units),
+                split_k: args.split_k.unwrap_or(d.split_k),
+                ..d
+            }))
+        }
     };
     let case = BsrCase {
+        ty,
+        block: args.bsr_block,
         m,
         n,
         k,
@@ -181,14 +218,8 @@ fn run_bsr(
     let mut ok = true;
     if !args.skip_ref_check {
         // The check, on fresh random operands of the same pattern.
-        use blockscaled_tests::{compare_outputs, fp8_accumulation_slack, random_matrix};
-        let recipe = Recipe::DeepSeekFp8;
-        let (_, dense) = random_matrix(seed, dense_rows, k, 1, recipe.a());
-        let (_, full) = random_matrix(seed ^ 0x51, sparse_rows, k, 1, recipe.b());
-        let bcs = k / 128;
-        let mask = pattern.mask(sparse_rows.div_ceil(128), bcs, args.density, seed);
-        let sparse = BsrMatrix::from_dense_blocks(&full, |r, c| mask[r * bcs + c])
-            .map_err(|e| e.to_string())?;
+        use blockscaled_tests::{bf16_mma_rel, compare_outputs, fp8_accumulation_slack};
+        let (dense, _, sparse) = case_operands(&case, seed ^ 0x51)?;
         let e = |x: blockscaled::Error| x.to_string();
         let (dd, ds) = (
             gpu.upload(&dense).map_err(e)?,
@@ -203,7 +234,11 @@ fn run_bsr(
         let got = c.to_host().map_err(e)?;
         let (want, abs) =
             blockscaled::reference::bsr_gemm(&dense, &sparse, side, OutType::Bf16).map_err(e)?;
-        match compare_outputs(&got, &want, 1.0, &fp8_accumulation_slack(&abs)) {
+        let slack = match ty {
+            BsrType::Fp8 => fp8_accumulation_slack(&abs),
+            BsrType::Bf16 => abs.iter().map(|&s| s * bf16_mma_rel(k)).collect(),
+        };
+        match compare_outputs(&got, &want, 1.0, &slack) {
             Ok(()) => println!(
                 "bsr: check passed ({} of {} elements)",
                 got.values.len(),

@@ -320,12 +320,32 @@ pub trait Fp8Fragment: Fragment {
     unsafe fn acc<T: Fp8Pair>(&mut self, a: Descriptor, b: Descriptor);
 }
 
-/// A fragment with the bf16 MMA of its N (m64nNk16, N = 256 or 128).
-pub trait Bf16Fragment: Fragment {
-    /// D = A·Bᵀ (+ D if `accumulate`); A 64×16 and B N×16 bf16, K-major in shared memory.
+/// The 16-bit input type of `wgmma` m64nNk16 (A and B of one type; f32 accumulators): the
+/// type's name in the instruction (`.bf16` or `.f16`).
+pub trait Fp16: 'static {
+    /// Whether the type is IEEE fp16 (else bf16).
+    const F16: bool;
+}
+
+/// bfloat16 inputs (`.bf16`).
+pub struct Bf16;
+/// IEEE binary16 inputs (`.f16`).
+pub struct F16;
+
+impl Fp16 for Bf16 {
+    const F16: bool = false;
+}
+impl Fp16 for F16 {
+    const F16: bool = true;
+}
+
+/// A fragment with the 16-bit MMAs of its N (m64nNk16, N = 256, 128 or 64).
+pub trait Fp16Fragment: Fragment {
+    /// D = A·Bᵀ (+ D if `accumulate`); A 64×16 and B N×16 of type `T`, K-major in shared
+    /// memory.
     /// # Safety
     /// As [`Fp8Fragment::first`].
-    unsafe fn mma_bf16(&mut self, a: Descriptor, b: Descriptor, accumulate: bool);
+    unsafe fn mma16<T: Fp16>(&mut self, a: Descriptor, b: Descriptor, accumulate: bool);
 }
 
 /// `impl Fragment` for an `N/2`-register array with its fence.
@@ -380,11 +400,12 @@ fp8_fragment!(32, first_n64, acc_n64);
 fp8_fragment!(16, first_n32, acc_n32);
 fp8_fragment!(8, first_n16, acc_n16);
 
-/// Expands to one `wgmma.mma_async` m64nNk16 with bf16 A and B and `N/2` f32 accumulator
-/// registers (scale-d from `accumulate`, A and B K-major: transpose flags 0).
-macro_rules! mma_bf16 {
-    ($name:ident, $n:literal, $first:literal $(, $i:literal)*) => {
-        /// `wgmma.mma_async.sync.aligned.m64nNk16.f32.bf16.bf16` with N in the name: D (64×N f32,
+/// Expands to one `wgmma.mma_async` m64nNk16 with 16-bit A and B of type `$t` (`"bf16"` or
+/// `"f16"`) and `N/2` f32 accumulator registers (scale-d from `accumulate`, A and B K-major:
+/// transpose flags 0).
+macro_rules! mma16 {
+    ($name:ident, $n:literal, $t:literal, $first:literal $(, $i:literal)*) => {
+        /// `wgmma.mma_async.sync.aligned.m64nNk16.f32.T.T` with N and T in the name: D (64×N f32,
         /// `N/2` registers per thread) = A·Bᵀ (+ D if `accumulate`); A 64×16 and B N×16, K-major
         /// in shared memory.
         /// # Safety
@@ -398,7 +419,7 @@ macro_rules! mma_bf16 {
                     "{{ .reg .pred p; .reg .b64 da, db;",
                     "setp.ne.b32 p, {acc}, 0;",
                     "mov.b64 da, {{{alo}, {ahi}}}; mov.b64 db, {{{blo}, {bhi}}};",
-                    concat!("wgmma.mma_async.sync.aligned.m64n", stringify!($n), "k16.f32.bf16.bf16 {{",
+                    concat!("wgmma.mma_async.sync.aligned.m64n", stringify!($n), "k16.f32.", $t, ".", $t, " {{",
                             "{", stringify!($first), "}" $(, ", {", stringify!($i), "}")*,
                             "}}, da, db, p, 1, 1, 0, 0; }}"),
                     inout(reg32) d[$first] $(, inout(reg32) d[$i])*,
@@ -411,24 +432,35 @@ macro_rules! mma_bf16 {
     };
 }
 
-with_regs_128!(mma_bf16!(mma_m64n256k16_bf16, 256));
-with_regs_64!(mma_bf16!(mma_m64n128k16_bf16, 128));
+with_regs_128!(mma16!(mma_m64n256k16_bf16, 256, "bf16"));
+with_regs_64!(mma16!(mma_m64n128k16_bf16, 128, "bf16"));
+with_regs_32!(mma16!(mma_m64n64k16_bf16, 64, "bf16"));
+with_regs_128!(mma16!(mma_m64n256k16_f16, 256, "f16"));
+with_regs_64!(mma16!(mma_m64n128k16_f16, 128, "f16"));
+with_regs_32!(mma16!(mma_m64n64k16_f16, 64, "f16"));
 
-impl Bf16Fragment for [f32; 128] {
-    #[inline(always)]
-    unsafe fn mma_bf16(&mut self, a: Descriptor, b: Descriptor, accumulate: bool) {
-        // SAFETY: the caller's contract.
-        unsafe { mma_m64n256k16_bf16(self, a, b, accumulate) }
-    }
+/// `impl Fp16Fragment` for an `N/2`-register array with the bf16 and f16 MMAs of its N.
+macro_rules! fp16_fragment {
+    ($len:literal, $bf16:ident, $f16:ident) => {
+        impl Fp16Fragment for [f32; $len] {
+            #[inline(always)]
+            unsafe fn mma16<T: Fp16>(&mut self, a: Descriptor, b: Descriptor, accumulate: bool) {
+                // SAFETY: the caller's contract.
+                unsafe {
+                    if T::F16 {
+                        $f16(self, a, b, accumulate)
+                    } else {
+                        $bf16(self, a, b, accumulate)
+                    }
+                }
+            }
+        }
+    };
 }
 
-impl Bf16Fragment for [f32; 64] {
-    #[inline(always)]
-    unsafe fn mma_bf16(&mut self, a: Descriptor, b: Descriptor, accumulate: bool) {
-        // SAFETY: the caller's contract.
-        unsafe { mma_m64n128k16_bf16(self, a, b, accumulate) }
-    }
-}
+fp16_fragment!(128, mma_m64n256k16_bf16, mma_m64n256k16_f16);
+fp16_fragment!(64, mma_m64n128k16_bf16, mma_m64n128k16_f16);
+fp16_fragment!(32, mma_m64n64k16_bf16, mma_m64n64k16_f16);
 
 /// A fragment with the bf16 MMA of its N whose A comes from registers (m64nNk16, N = 128 or 16).
 pub trait Bf16RsFragment: Fragment {

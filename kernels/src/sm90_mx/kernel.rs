@@ -20,7 +20,7 @@ use crate::gemm::layout::{FRAGMENT_ROWS, ScaleBox, StageLayout};
 use crate::gemm::pipeline::PipelineState;
 use crate::gemm::scheduler::{ClusterShape, Schedule, WorkUnit};
 use crate::gemm::splitk;
-use crate::ptx::wgmma::{self, Bf16Fragment, Descriptor, Fragment, Swizzle};
+use crate::ptx::wgmma::{self, Bf16, Descriptor, Fp16Fragment, Fragment, Swizzle};
 use crate::ptx::{smem, tma};
 
 /// K per bf16 `wgmma`: 16 elements = 32 bytes of a swizzled row.
@@ -46,7 +46,7 @@ pub(crate) struct Consumer {
     local: u32,
 }
 
-impl<F: Bf16Fragment, EA: Dequant, EB: Dequant, S: ScaleDecode> MxGemm<F, EA, EB, S> {
+impl<F: Fp16Fragment, EA: Dequant, EB: Dequant, S: ScaleDecode> MxGemm<F, EA, EB, S> {
     const TILE: MxTile = MxTile { block_n: F::N };
     /// Bytes of one raw row of a stage.
     const RAW_ROW: u32 = BLOCK_K * EA::BITS / 8;
@@ -206,7 +206,7 @@ pub(crate) fn bf16_desc(tile: u32, row: u32, kk: u32) -> Descriptor {
     .advance(kk * MMA_K * 2)
 }
 
-impl<F: Bf16Fragment, EA: Dequant, EB: Dequant, S: ScaleDecode> GemmKernel
+impl<F: Fp16Fragment, EA: Dequant, EB: Dequant, S: ScaleDecode> GemmKernel
     for MxGemm<F, EA, EB, S>
 {
     const CONSUMERS: u32 = CONSUMERS;
@@ -308,7 +308,7 @@ impl<F: Bf16Fragment, EA: Dequant, EB: Dequant, S: ScaleDecode> GemmKernel
                 let b = conv + BLOCK_M * BF16_ROW_BYTES;
                 wgmma::fence();
                 for kk in 0..BLOCK_K / MMA_K {
-                    acc.mma_bf16(
+                    acc.mma16::<Bf16>(
                         bf16_desc(conv, cons.c * FRAGMENT_ROWS, kk),
                         bf16_desc(b, 0, kk),
                         kb != own.k_begin || kk > 0,

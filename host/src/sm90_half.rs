@@ -1,0 +1,659 @@
+//! The sm90 16-bit family's host side (`blockscaled_kernels::sm90_half`): bf16 operands (one
+//! fp32 scale per tensor, multiplied into the output as `alpha`), dense GEMM and block-sparse
+//! GEMM with bf16 blocks of 64 × 64 or 128 × 128.
+
+use std::sync::Arc;
+
+use cudarc::driver::{CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr};
+
+use crate::bsr::{BsrMatrix, DeviceBsr, MAX_PARTS, SparseSide};
+use crate::buffers::{DeviceMatrix, DeviceOutput, PreparedValue};
+use crate::error::{Error, Result, config, shape};
+use crate::family::{Family, Gemm};
+use crate::format::{ElemType, ScaleBlock, ScaleType};
+use crate::launch::{Launch, persistent_ctas};
+use crate::matrix::{GemmShape, MatrixDesc, ScaledMatrix};
+use crate::sm90_fp8::Sm90Output;
+use crate::splitk::{self, SplitK};
+use crate::tensor_map::{DataType, Swizzle, encode_3d};
+use blockscaled_kernels::gemm::layout::out_box_n;
+use blockscaled_kernels::gemm::scheduler::{ClusterShape, MAX_CLUSTER, Schedule};
+use blockscaled_kernels::params::SparseParams;
+use blockscaled_kernels::sm90::Mode;
+use blockscaled_kernels::sm90_half::{
+    self as family, BLOCK_K, HalfTile, HalfType, Sm90HalfKernel, Sm90HalfParams,
+};
+
+/// A configuration of the sm90 16-bit kernel: the tile, CTAs per cluster along M (1, or 2: a
+/// pair sharing the B tile by multicast), the scheduler's band height in units (tile rows × the
+/// cluster), the persistent CTAs wanted (at most those resident), and the K split (dense: ranges
+/// of K; block-sparse: the most parts a run of stored blocks is cut into).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Sm90HalfConfig {
+    pub tile: HalfTile,
+    pub cluster_m: u32,
+    pub group_m: u32,
+    pub ctas: u32,
+    pub split_k: u32,
+}
+
+impl Sm90HalfConfig {
+    /// Checks the configuration against a dense GEMM of shape `s`: [`Error::Config`] for a tile
+    /// the kernel lacks, a band outside 1..=M tiles, no CTAs or a split outside 1..=K stages;
+    /// [`Error::Shape`] for K not a multiple of 8 (TMA's 16-byte rows) or sizes past the
+    /// kernel's 32-bit indexing.
+    pub fn validate(&self, s: &GemmShape) -> Result<()> {
+        let tiles = HalfTile::ALL
+            .map(|t| format!("{} × {}", t.block_m(), t.block_n))
+            .join(", ");
+        if !HalfTile::ALL.contains(&self.tile) {
+            return Err(config(format!(
+                "tile {:?}: the sm90 16-bit kernel has tiles of {tiles}",
+                self.tile
+            )));
+        }
+        if self.ctas == 0 {
+            return Err(config("ctas = 0: a launch needs at least one CTA"));
+        }
+        if !(1..=MAX_CLUSTER).contains(&self.cluster_m) {
+            return Err(config(format!(
+                "cluster_m = {}: the sm90 16-bit kernel runs alone or in pairs along M",
+                self.cluster_m
+            )));
+        }
+        if !s.k.is_multiple_of(8) {
+            return Err(shape(format!(
+                "K = {}: 16-bit operands need K a multiple of 8 (16-byte rows for TMA)",
+                s.k
+            )));
+        }
+        if s.m > i32::MAX as usize || s.n > i32::MAX as usize || s.k > i32::MAX as usize {
+            return Err(shape("M, N and K must fit TMA's 32-bit coordinates"));
+        }
+        let stages = s.k.div_ceil(BLOCK_K as usize);
+        if !(1..=stages).contains(&(self.split_k as usize)) {
+            return Err(config(format!(
+                "split_k = {}: K = {} has {stages} stages of {BLOCK_K} to split",
+                self.split_k, s.k
+            )));
+        }
+        let (m_units, n_units) = self.units(s);
+        if !(1..=m_units).contains(&(self.group_m as usize)) {
+            return Err(config(format!(
+                "group_m = {}: M = {} has {m_units} units of {} rows (tile × cluster) to band",
+                self.group_m,
+                s.m,
+                self.tile.block_m() * self.cluster_m
+            )));
+        }
+        let units = [n_units, s.l, self.split_k as usize]
+            .iter()
+            .try_fold(m_units, |acc, &x| acc.checked_mul(x));
+        if units.is_none_or(|u| u > u32::MAX as usize) {
+            return Err(shape(
+                "the sm90 16-bit kernel's scheduler counts at most 2³² − 1 tiles",
+            ));
+        }
+        splitk::validate(s, self.split_k)
+    }
+
+    /// [`Sm90HalfConfig::validate`] for a block-sparse GEMM of kernel shape `s` (M the dense
+    /// operand's rows, N the sparse operand's) with blocks of `block`: a tile no wider than a
+    /// block (a tile's columns share one run of stored blocks), one batch entry, and `split_k`
+    /// the most parts a run is cut into (1 to [`MAX_PARTS`]).
+    pub fn validate_sparse(&self, s: &GemmShape, block: usize) -> Result<()> {
+        Sm90HalfConfig {
+            split_k: 1,
+            ..*self
+        }
+        .validate(s)?;
+        if self.tile.block_n as usize > block {
+            return Err(config(format!(
+                "tile {} × {}: wider than the sparse operand's {block}-row blocks",
+                self.tile.block_m(),
+                self.tile.block_n
+            )));
+        }
+        if !(1..=MAX_PARTS).contains(&self.split_k) {
+            return Err(config(format!(
+                "split_k = {}: a block-sparse GEMM cuts a run of stored blocks into 1 to \
+                 {MAX_PARTS} parts",
+                self.split_k
+            )));
+        }
+        if s.l != 1 {
+            return Err(shape(format!(
+                "L = {}: block-sparse GEMM has one batch entry",
+                s.l
+            )));
+        }
+        Ok(())
+    }
+
+    /// The cluster shape (pairs along M only).
+    pub fn cluster(&self) -> ClusterShape {
+        ClusterShape {
+            m: self.cluster_m,
+            n: 1,
+        }
+    }
+
+    /// The scheduler's units for shape `s`: (along M, in tiles × the cluster; along N).
+    pub fn units(&self, s: &GemmShape) -> (usize, usize) {
+        (
+            s.m.div_ceil((self.tile.block_m() * self.cluster_m.max(1)) as usize),
+            s.n.div_ceil(self.tile.block_n as usize),
+        )
+    }
+}
+
+/// Why `desc` cannot be an operand of the 16-bit kernel, or `None`: bf16 with one fp32 scale
+/// per tensor.
+pub(crate) fn unsupported(desc: &MatrixDesc) -> Option<String> {
+    let f = &desc.format;
+    if (f.elem, f.scale, f.block) != (ElemType::BF16, ScaleType::F32, ScaleBlock::PerTensor) {
+        return Some(format!(
+            "{f}: the sm90 16-bit kernel takes bf16 with one fp32 scale per tensor"
+        ));
+    }
+    if !desc.k.is_multiple_of(8) {
+        return Some(format!(
+            "K = {}: 16-bit operands need K a multiple of 8 (16-byte rows for TMA)",
+            desc.k
+        ));
+    }
+    None
+}
+
+/// The kernel's input type for an element type.
+fn half_type(elem: ElemType) -> Option<HalfType> {
+    match elem {
+        ElemType::BF16 => Some(HalfType::Bf16),
+        _ => None,
+    }
+}
+
+/// A dense operand's tensor maps (3-D: K, rows, L; 128-byte swizzle) with boxes of 64 of K by
+/// [`BOX_ROWS`] rows, and its one scale (the same for every batch entry).
+struct HalfOperand {
+    tmaps: [CudaSlice<u8>; 3],
+    scale: f32,
+}
+
+/// Box heights of the maps: A boxes of 128 rows; B boxes of a tile's 128 or 64 columns, or of
+/// half of them (a pair along M).
+const BOX_ROWS: [u32; 3] = [128, 64, 32];
+
+impl HalfOperand {
+    fn prepare(
+        stream: &Arc<CudaStream>,
+        m: &ScaledMatrix,
+        data: &CudaSlice<u8>,
+    ) -> Result<Option<Self>> {
+        let d = m.desc();
+        if unsupported(d).is_some() {
+            return Ok(None);
+        }
+        let s: Vec<f32> = (0..d.batch)
+            .map(|l| m.scale_value(l, 0, 0) as f32)
+            .collect();
+        if s.iter().any(|&x| x.to_bits() != s[0].to_bits()) {
+            // (One alpha per launch: batch entries with their own scales take another kernel.)
+            return Ok(None);
+        }
+        let (ptr, _g) = data.device_ptr(stream);
+        let map = |rows: u32| {
+            encode_3d(
+                stream,
+                ptr,
+                DataType::CU_TENSOR_MAP_DATA_TYPE_UINT16,
+                [d.k, d.rows, d.batch],
+                2,
+                [BLOCK_K, rows],
+                Swizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+            )
+        };
+        Ok(Some(HalfOperand {
+            tmaps: [map(BOX_ROWS[0])?, map(BOX_ROWS[1])?, map(BOX_ROWS[2])?],
+            scale: s[0],
+        }))
+    }
+}
+
+/// The map of `maps` (one per [`BOX_ROWS`]) whose boxes are `rows` rows.
+fn box_map(maps: &[CudaSlice<u8>; 3], rows: u32) -> Result<&CudaSlice<u8>> {
+    BOX_ROWS
+        .iter()
+        .position(|&r| r == rows)
+        .map(|i| &maps[i])
+        .ok_or_else(|| config(format!("no 16-bit tensor map with boxes of {rows} rows")))
+}
+
+/// A block-sparse operand's stored blocks as tensor maps (3-D: K of a block, rows of a block,
+/// stored blocks; 128-byte swizzle), boxes of 64 of K by [`BOX_ROWS`] rows (at most a block).
+struct HalfSparse {
+    tmaps: [CudaSlice<u8>; 3],
+}
+
+impl HalfSparse {
+    fn prepare(stream: &Arc<CudaStream>, m: &BsrMatrix, values: &CudaSlice<u8>) -> Result<Self> {
+        let (bs, blocks) = (m.block(), m.nnz().max(1));
+        let (ptr, _g) = values.device_ptr(stream);
+        let map = |rows: u32| {
+            encode_3d(
+                stream,
+                ptr,
+                DataType::CU_TENSOR_MAP_DATA_TYPE_UINT16,
+                [bs, bs, blocks],
+                2,
+                [BLOCK_K, rows.min(bs as u32)],
+                Swizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+            )
+        };
+        Ok(HalfSparse {
+            tmaps: [map(BOX_ROWS[0])?, map(BOX_ROWS[1])?, map(BOX_ROWS[2])?],
+        })
+    }
+}
+
+/// A loaded kernel and the CTAs that can be resident at once, alone and in pairs.
+struct Kernel {
+    def: &'static Sm90HalfKernel,
+    func: CudaFunction,
+    resident: [u32; MAX_CLUSTER as usize],
+}
+
+/// The family on one GPU.
+pub(crate) struct Sm90Half {
+    kernels: Vec<Kernel>,
+    splitk: SplitK,
+}
+
+impl Family for Sm90Half {
+    fn prepare_operand(
+        &self,
+        stream: &Arc<CudaStream>,
+        matrix: &ScaledMatrix,
+        data: &CudaSlice<u8>,
+    ) -> Result<Option<PreparedValue>> {
+        Ok(HalfOperand::prepare(stream, matrix, data)?.map(|p| Box::new(p) as PreparedValue))
+    }
+
+    fn prepare_sparse(
+        &self,
+        stream: &Arc<CudaStream>,
+        matrix: &BsrMatrix,
+        values: &CudaSlice<u8>,
+    ) -> Result<Option<PreparedValue>> {
+        if half_type(matrix.elem()).is_none() {
+            return Ok(None);
+        }
+        Ok(Some(Box::new(HalfSparse::prepare(stream, matrix, values)?)))
+    }
+}
+
+impl Sm90Half {
+    /// Loads the kernels when the module built for `target` has them.
+    pub(crate) fn load(
+        module: &Arc<CudaModule>,
+        stream: &Arc<CudaStream>,
+        target: &str,
+        sm_count: u32,
+    ) -> Result<Option<Self>> {
+        if !family::KERNELS[0].info.targets.contains(&target) {
+            return Ok(None);
+        }
+        let mut kernels = Vec::with_capacity(family::KERNELS.len());
+        for def in family::KERNELS {
+            let func = crate::launch::load_kernel(module, def.info.name, def.tile.smem_bytes())?;
+            // One CTA per SM (the tile's shared memory allows no second); pairs as the driver
+            // finds room for them.
+            let mut resident = [sm_count; MAX_CLUSTER as usize];
+            for cluster in 2..=MAX_CLUSTER {
+                let ctas = sm_count / cluster * cluster;
+                let clusters =
+                    half_launch(stream, &func, def.tile, ctas, cluster).max_active_clusters()?;
+                resident[cluster as usize - 1] = clusters.saturating_mul(cluster).min(sm_count);
+            }
+            kernels.push(Kernel {
+                def,
+                func,
+                resident,
+            });
+        }
+        Ok(Some(Sm90Half {
+            kernels,
+            splitk: SplitK::default(),
+        }))
+    }
+
+    fn kernel(&self, tile: HalfTile, ty: HalfType, mode: Mode) -> Result<&Kernel> {
+        let def = family::kernel(tile, ty, mode);
+        self.kernels
+            .iter()
+            .find(|k| Some(k.def) == def)
+            .ok_or_else(|| {
+                config(format!(
+                    "no sm90 16-bit {} kernel for tile {} × {}",
+                    ty.name(),
+                    tile.block_m(),
+                    tile.block_n
+                ))
+            })
+    }
+
+    /// C = alpha · A · Bᵀ with `cfg` (validated for `g.shape`): one launch, split K included.
+    pub(crate) fn gemm(&self, g: Gemm<'_>, cfg: Sm90HalfConfig) -> Result<()> {
+        g.dense_only("the sm90 16-bit kernel")?;
+        let Gemm {
+            stream,
+            shape,
+            a,
+            b,
+            c,
+            ..
+        } = g;
+        let (Some(ao), Some(bo)) = (
+            a.prepared.get::<HalfOperand>(),
+            b.prepared.get::<HalfOperand>(),
+        ) else {
+            let why = unsupported(&a.desc).or_else(|| unsupported(&b.desc));
+            return Err(Error::Format(why.unwrap_or_else(|| {
+                "operands not prepared for the sm90 16-bit kernel (batch entries with different \
+                 scales)"
+                    .into()
+            })));
+        };
+        let ty = half_type(a.desc.format.elem).expect("prepared operands are 16-bit");
+        let kernel = self.kernel(cfg.tile, ty, Mode::Dense)?;
+        let GemmShape { m, n, k, l } = shape;
+        let (tile, cl) = (cfg.tile, cfg.cluster());
+        let schedule = Schedule {
+            m: m as u32,
+            n: n as u32,
+            l: l as u32,
+            k_blocks: k.div_ceil(BLOCK_K as usize) as u32,
+            split_k: cfg.split_k,
+            unit_m: tile.block_m() * cl.m,
+            unit_n: tile.block_n,
+            group_m: cfg.group_m,
+            groups: None,
+            sparse: None,
+        };
+        let resident = kernel.resident[cl.m as usize - 1];
+        let ctas = persistent_ctas(schedule, cfg.ctas, resident, cl.m)?;
+        let mut slot = self.splitk.slot(cfg.split_k);
+        let mut launch = half_launch(stream, &kernel.func, tile, ctas, cl.m);
+        let splitk = SplitK::params(&mut launch, slot.as_mut(), stream, &schedule, cl)?;
+        let (tmap_a, tmap_b) = (
+            launch.ptr(box_map(&ao.tmaps, 128)?),
+            launch.ptr(box_map(&bo.tmaps, tile.block_n / cl.m)?),
+        );
+        let params = output_params(&mut launch, c, tile, true, (tmap_a, tmap_b, splitk));
+        let params = Sm90HalfParams {
+            m: m as u32,
+            n: n as u32,
+            k: k as u32,
+            l: l as u32,
+            group_m: cfg.group_m,
+            split_k: cfg.split_k,
+            alpha: ao.scale * bo.scale,
+            cluster_m: cl.m,
+            sparse: SparseParams::default(),
+            ..params
+        };
+        // SAFETY: `cfg` was validated for this shape (tile, band, split, 32-bit coordinates);
+        // the maps cover the operands' live data (K, rows, L); the output holds l·m·n elements
+        // of `out_type` and its map (if any) covers them; `splitk` is sized for the schedule.
+        let _gemm = unsafe { launch.launch(&params) }?;
+        Ok(())
+    }
+
+    /// C = alpha · A · Bᵀ with the operand on `side` block-sparse (`sparse`, bf16 blocks) and
+    /// `dense` the other, with `cfg` validated for the kernel's shape (M the dense operand's
+    /// rows, N the sparse operand's). With A sparse the kernel computes Cᵀ and stores it
+    /// transposed.
+    pub(crate) fn bsr_gemm(
+        &self,
+        stream: &Arc<CudaStream>,
+        dense: &DeviceMatrix,
+        sparse: &DeviceBsr,
+        side: SparseSide,
+        c: &mut DeviceOutput,
+        cfg: Sm90HalfConfig,
+    ) -> Result<()> {
+        let (Some(ao), Some(bo)) = (
+            dense.prepared.get::<HalfOperand>(),
+            sparse.prepared.get::<HalfSparse>(),
+        ) else {
+            let why = unsupported(&dense.desc);
+            return Err(Error::Format(why.unwrap_or_else(|| {
+                "operands not prepared for the sm90 16-bit block-sparse kernel".into()
+            })));
+        };
+        let (ty, ts) = (
+            half_type(dense.desc.format.elem).expect("prepared operands are 16-bit"),
+            half_type(sparse.elem),
+        );
+        if Some(ty) != ts {
+            return Err(Error::Format(format!(
+                "dense {} and sparse {} operands: a 16-bit block-sparse GEMM takes one type",
+                dense.desc.format.elem.name(),
+                sparse.elem.name()
+            )));
+        }
+        let kernel = self.kernel(cfg.tile, ty, Mode::Sparse)?;
+        let (tile, cl) = (cfg.tile, cfg.cluster());
+        let (m, n, k) = (dense.desc.rows, sparse.matrix_rows, dense.desc.k);
+        let m_units = m.div_ceil((tile.block_m() * cl.m) as usize);
+        let resident = kernel.resident[cl.m as usize - 1];
+        let ctas = (cfg.ctas.min(resident) / cl.m).max(1) as usize;
+        let work = sparse.work(stream, (tile.block_n as usize, m_units, ctas, cfg.split_k))?;
+        let schedule = Schedule {
+            m: m as u32,
+            n: n as u32,
+            l: 1,
+            k_blocks: k.div_ceil(BLOCK_K as usize) as u32,
+            split_k: 1,
+            unit_m: tile.block_m() * cl.m,
+            unit_n: tile.block_n,
+            group_m: cfg.group_m,
+            groups: None,
+            sparse: Some(blockscaled_kernels::gemm::scheduler::Sparse {
+                segments: 0,
+                count: work.count,
+                slots: work.slots,
+                counters: work.counters,
+            }),
+        };
+        let ctas = persistent_ctas(schedule, cfg.ctas, resident, cl.m)?;
+        let mut slot = self.splitk.slot(if work.slots > 0 { 2 } else { 1 });
+        let mut launch = half_launch(stream, &kernel.func, tile, ctas, cl.m);
+        let splitk = SplitK::params(&mut launch, slot.as_mut(), stream, &schedule, cl)?;
+        let (tmap_a, tmap_b) = (
+            launch.ptr(box_map(&ao.tmaps, 128)?),
+            launch.ptr(box_map(&bo.tmaps, tile.block_n / cl.m)?),
+        );
+        // With A sparse the tile is Cᵀ: stored directly.
+        let params = output_params(
+            &mut launch,
+            c,
+            tile,
+            side == SparseSide::B,
+            (tmap_a, tmap_b, splitk),
+        );
+        let params = Sm90HalfParams {
+            m: m as u32,
+            n: n as u32,
+            k: k as u32,
+            l: 1,
+            group_m: cfg.group_m,
+            split_k: 1,
+            alpha: ao.scale,
+            cluster_m: cl.m,
+            sparse: SparseParams {
+                segments: launch.ptr(&work.segments),
+                cols: launch.ptr(&sparse.col),
+                count: work.count,
+                slots: work.slots,
+                counters: work.counters,
+                transposed: (side == SparseSide::A) as u32,
+                sub_log2: sparse.stages_per_block().trailing_zeros(),
+                _pad: 0,
+            },
+            ..params
+        };
+        // SAFETY: `cfg` was validated for the kernel's shape (`validate_sparse`: a tile no wider
+        // than a block, 32-bit coordinates); the dense operand's map covers its live data; the
+        // sparse operand's map covers its stored blocks (at least one) and `cols` holds an
+        // in-range column for each; every segment's positions are stages of stored blocks of its
+        // tile's block row (`work_list` over the validated structure, in stages); the output
+        // holds m·n elements of `out_type` (C or, transposed, its product's shape); `splitk` is
+        // sized for the schedule's slots and counters.
+        let _gemm = unsafe { launch.launch(&params) }?;
+        Ok(())
+    }
+}
+
+/// The parameters every launch shares: the operand maps and split-K workspace given, the output
+/// (with its TMA-store map when `staged` and the output has one) and its type; the shape and
+/// mode are filled in by the caller.
+fn output_params<'a>(
+    launch: &mut Launch<'a>,
+    c: &'a mut DeviceOutput,
+    tile: HalfTile,
+    staged: bool,
+    (tmap_a, tmap_b, splitk): (u64, u64, blockscaled_kernels::params::SplitKParams),
+) -> Sm90HalfParams {
+    let DeviceOutput {
+        buf: out,
+        prepared,
+        dtype,
+        ..
+    } = c;
+    let tmap_c = if staged {
+        launch.opt_ptr(
+            prepared
+                .get::<Sm90Output>()
+                .and_then(|o| o.tmap(out_box_n(tile.block_n))),
+        )
+    } else {
+        0
+    };
+    Sm90HalfParams {
+        tmap_a,
+        tmap_b,
+        tmap_c,
+        out: launch.ptr_mut(out),
+        splitk,
+        m: 0,
+        n: 0,
+        k: 0,
+        l: 0,
+        out_type: *dtype as u32,
+        group_m: 1,
+        split_k: 1,
+        alpha: 1.0,
+        cluster_m: 1,
+        _pad: 0,
+        sparse: SparseParams::default(),
+    }
+}
+
+/// The kernel's launch: `ctas` blocks of the tile's threads with the tile's shared memory, in
+/// clusters of `cluster`.
+fn half_launch<'a>(
+    stream: &'a CudaStream,
+    func: &'a CudaFunction,
+    tile: HalfTile,
+    ctas: u32,
+    cluster: u32,
+) -> Launch<'a> {
+    Launch::persistent(
+        stream,
+        func,
+        ctas,
+        tile.threads(),
+        tile.smem_bytes(),
+        cluster,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s(m: usize, n: usize, k: usize, l: usize) -> GemmShape {
+        GemmShape { m, n, k, l }
+    }
+
+    fn cfg(tile: HalfTile) -> Sm90HalfConfig {
+        Sm90HalfConfig {
+            tile,
+            cluster_m: 1,
+            group_m: 1,
+            ctas: 132,
+            split_k: 1,
+        }
+    }
+
+    #[test]
+    fn configurations_the_kernel_lacks_are_typed_errors() {
+        let ok = cfg(HalfTile::M128);
+        assert!(ok.validate(&s(300, 200, 72, 2)).is_ok());
+        for bad in [
+            Sm90HalfConfig {
+                tile: HalfTile {
+                    waves: 3,
+                    block_n: 128,
+                },
+                ..ok
+            },
+            Sm90HalfConfig { ctas: 0, ..ok },
+            Sm90HalfConfig { split_k: 0, ..ok },
+            Sm90HalfConfig { split_k: 3, ..ok },
+            Sm90HalfConfig { group_m: 0, ..ok },
+            Sm90HalfConfig { group_m: 4, ..ok },
+            Sm90HalfConfig { cluster_m: 0, ..ok },
+            Sm90HalfConfig { cluster_m: 3, ..ok },
+            // Pairs: 300 rows are 2 units of 256.
+            Sm90HalfConfig {
+                cluster_m: 2,
+                group_m: 3,
+                ..ok
+            },
+        ] {
+            assert!(
+                matches!(bad.validate(&s(300, 200, 72, 2)), Err(Error::Config(_))),
+                "{bad:?}"
+            );
+        }
+        assert!(matches!(
+            ok.validate(&s(300, 200, 70, 1)),
+            Err(Error::Shape(_))
+        ));
+        // Sparse: tiles no wider than the block, parts 1..=MAX_PARTS, one batch entry.
+        let sp = Sm90HalfConfig { split_k: 4, ..ok };
+        assert!(sp.validate_sparse(&s(300, 256, 256, 1), 128).is_ok());
+        assert!(matches!(
+            sp.validate_sparse(&s(300, 256, 256, 1), 64),
+            Err(Error::Config(_))
+        ));
+        let n64 = Sm90HalfConfig {
+            tile: HalfTile::M128N64,
+            ..sp
+        };
+        assert!(n64.validate_sparse(&s(300, 256, 256, 1), 64).is_ok());
+        for bad in [0, MAX_PARTS + 1] {
+            let c = Sm90HalfConfig { split_k: bad, ..sp };
+            assert!(matches!(
+                c.validate_sparse(&s(300, 256, 256, 1), 128),
+                Err(Error::Config(_))
+            ));
+        }
+        assert!(matches!(
+            sp.validate_sparse(&s(300, 256, 256, 2), 128),
+            Err(Error::Shape(_))
+        ));
+    }
+}

@@ -1,0 +1,400 @@
+//! GPU tests of the sm90 16-bit kernel: block-sparse GEMM with bf16 blocks of 64 × 64 and
+//! 128 × 128 (random patterns with empty block rows, a single block, every block; either operand
+//! sparse; ragged extents; every tile; runs cut into parts; every output type) and dense bf16
+//! GEMM (batched, split K); fresh random inputs, a random per-tensor scale on the dense operand
+//! (the kernel's alpha), outputs poisoned with NaN, every element compared with the CPU reference
+//! within the bf16 tensor-core bound (exact products, fp32 accumulation). Run on a machine with an
+//! H100: `cargo test -p blockscaled-tests --test gpu_bsr_bf16 -- --include-ignored`.
+
+use std::sync::OnceLock;
+
+use blockscaled::{
+    BsrMatrix, Error, Fp4Weights, Gpu, HostOutput, OutType, Plan, Recipe, ScaledMatrix,
+    Sm90HalfConfig, Sm90HalfTile, SparseSide, reference,
+};
+use blockscaled_tests::{bf16_mma_rel, compare_outputs, random_matrix, with_scales};
+use proptest::prelude::*;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+fn gpu() -> &'static Gpu {
+    static GPU: OnceLock<Gpu> = OnceLock::new();
+    GPU.get_or_init(|| Gpu::new(0).expect("a CUDA device (these tests are ignored without one)"))
+}
+
+/// A random bf16 matrix (values of several binades), with per-tensor scale `scale`.
+fn bf16_matrix(seed: u64, rows: usize, k: usize, batch: usize, scale: f32) -> ScaledMatrix {
+    let (_, m) = random_matrix(seed, rows, k, batch, Recipe::W4A16(Fp4Weights::Nvfp4).a());
+    with_scales(&m, scale.to_le_bytes().repeat(batch))
+}
+
+/// The bf16 bits of `m` (one batch entry).
+fn bits(m: &ScaledMatrix) -> Vec<u16> {
+    m.data()
+        .chunks_exact(2)
+        .map(|b| u16::from_le_bytes([b[0], b[1]]))
+        .collect()
+}
+
+/// Which blocks a test keeps.
+#[derive(Clone, Copy, Debug)]
+enum Keep {
+    /// Each block with this probability (seeded), one block row left empty.
+    Random(f64),
+    None,
+    All,
+    /// One block, at (block row, block column) modulo the extents.
+    One(usize, usize),
+}
+
+/// The dense operand (bf16, per-tensor scale from the seed) and the sparse one (`block` ×
+/// `block` bf16 blocks of a random matrix), both fresh from `seed`.
+fn operands(
+    seed: u64,
+    (dense_rows, sparse_rows, k): (usize, usize, usize),
+    block: usize,
+    keep: Keep,
+) -> (ScaledMatrix, BsrMatrix) {
+    let mut rng = StdRng::seed_from_u64(seed.wrapping_mul(7919));
+    // Powers of two and others: the scale is the kernel's alpha.
+    let scale = [1.0, 0.375, 4.0, 1.0 / 3.0][rng.random_range(0..4)];
+    let dense = bf16_matrix(seed, dense_rows, k, 1, scale);
+    let full = bf16_matrix(seed ^ 0xB5B5_0F0F, sparse_rows, k, 1, 1.0);
+    let (brs, bcs) = (sparse_rows.div_ceil(block), k / block);
+    let empty_row = rng.random_range(0..brs);
+    let sparse =
+        BsrMatrix::from_dense_bf16(&bits(&full), (sparse_rows, k), block, |br, bc| match keep {
+            Keep::Random(p) => br != empty_row && rng.random_bool(p),
+            Keep::None => false,
+            Keep::All => true,
+            Keep::One(r, c) => (br, bc) == (r % brs, c % bcs),
+        })
+        .expect("valid BSR");
+    (dense, sparse)
+}
+
+/// Runs the block-sparse GEMM with `cfg` (or the chosen plan) into a NaN-poisoned output.
+fn bsr_on(
+    dense: &ScaledMatrix,
+    sparse: &BsrMatrix,
+    side: SparseSide,
+    dtype: OutType,
+    cfg: Option<Sm90HalfConfig>,
+) -> Result<HostOutput, String> {
+    let g = gpu();
+    let e = |x: Error| x.to_string();
+    let (dd, ds) = (
+        g.upload(dense).map_err(e)?,
+        g.upload_bsr(sparse).map_err(e)?,
+    );
+    let (m, n) = match side {
+        SparseSide::A => (sparse.rows(), dense.rows()),
+        SparseSide::B => (dense.rows(), sparse.rows()),
+    };
+    let mut c = g.output(m, n, 1, dtype).map_err(e)?;
+    let plan = match cfg {
+        Some(cfg) => Plan::Sm90Half(cfg),
+        None => g.bsr_plan(&dd, &ds).map_err(e)?,
+    };
+    g.bsr_gemm_with(&dd, &ds, side, &mut c, plan).map_err(e)?;
+    c.to_host().map_err(e)
+}
+
+/// The bf16 tensor-core bound for each element (Σ|ab| of the reference).
+fn slack(abs: &[f64], k: usize) -> Vec<f64> {
+    abs.iter().map(|&s| s * bf16_mma_rel(k)).collect()
+}
+
+#[allow(clippy::too_many_arguments)]
+fn check(
+    side: SparseSide,
+    dims: (usize, usize, usize),
+    block: usize,
+    keep: Keep,
+    dtype: OutType,
+    cfg: Option<Sm90HalfConfig>,
+    seed: u64,
+) -> Result<(), String> {
+    let (dense, sparse) = operands(seed, dims, block, keep);
+    let (want, abs) =
+        reference::bsr_gemm(&dense, &sparse, side, dtype).map_err(|e| e.to_string())?;
+    let got = bsr_on(&dense, &sparse, side, dtype, cfg)?;
+    compare_outputs(&got, &want, 1.0, &slack(&abs, dims.2)).map_err(|e| {
+        format!(
+            "{side:?} sparse, {dims:?} (dense rows, sparse rows, K), blocks of {block} ({} \
+             stored), {keep:?} {dtype:?} {cfg:?} seed {seed}: {e}",
+            sparse.nnz()
+        )
+    })
+}
+
+/// The configurations a test picks from for blocks of `block`: every tile no wider than the
+/// block, alone and in pairs along M (sharing each stored block by multicast), few CTAs (runs cut
+/// into parts that meet through split-K), parts forbidden.
+fn config(which: usize, dense_rows: usize, block: usize) -> Sm90HalfConfig {
+    let wide = block >= 128;
+    let (tile, cluster_m, ctas, split_k) = match which {
+        0 if wide => (Sm90HalfTile::M128, 1, 132, 16),
+        1 if wide => (Sm90HalfTile::M256, 1, 132, 16),
+        2 => (Sm90HalfTile::M128N64, 1, 132, 16),
+        3 => (Sm90HalfTile::M256N64, 1, 132, 16),
+        4 if wide => (Sm90HalfTile::M128, 1, 3, 16),
+        5 => (Sm90HalfTile::M128N64, 1, 2, 5),
+        6 if wide => (Sm90HalfTile::M256, 2, 4, 16),
+        7 if wide => (Sm90HalfTile::M128, 2, 132, 16),
+        8 => (Sm90HalfTile::M256N64, 2, 132, 16),
+        9 => (Sm90HalfTile::M128N64, 2, 6, 16),
+        _ => (Sm90HalfTile::M128N64, 1, 1, 1),
+    };
+    let units = dense_rows.div_ceil((tile.block_m() * cluster_m) as usize) as u32;
+    Sm90HalfConfig {
+        tile,
+        cluster_m,
+        group_m: (which as u32 % 3 + 1).min(units),
+        ctas,
+        split_k,
+    }
+}
+
+const CONFIGS: usize = 11;
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    #[test]
+    #[ignore = "needs a CUDA device"]
+    fn bf16_bsr_gemm_matches_cpu_reference_on_random_patterns_and_ragged_shapes(
+        side_b in any::<bool>(),
+        dense_rows in 1usize..600,
+        sparse_rows in 1usize..600,
+        wide in any::<bool>(),
+        k_blocks in 1usize..7,
+        density in prop_oneof![Just(0.1), Just(0.5), Just(0.9), 0.0f64..1.0],
+        which in 0..CONFIGS,
+        dtype_i in 0usize..3,
+        seed in any::<u64>(),
+    ) {
+        let side = if side_b { SparseSide::B } else { SparseSide::A };
+        let dtype = [OutType::Bf16, OutType::F32, OutType::F16][dtype_i];
+        let block = if wide { 128 } else { 64 };
+        let cfg = config(which, dense_rows, block);
+        let r = check(side, (dense_rows, sparse_rows, block * k_blocks), block,
+            Keep::Random(density), dtype, Some(cfg), seed);
+        prop_assert!(r.is_ok(), "{}", r.unwrap_err());
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn no_blocks_a_single_block_and_every_block_give_the_reference() {
+    for (i, keep) in [Keep::None, Keep::One(1, 2), Keep::One(0, 0), Keep::All]
+        .into_iter()
+        .enumerate()
+    {
+        for block in [64, 128] {
+            for side in [SparseSide::A, SparseSide::B] {
+                for which in 0..CONFIGS {
+                    let seed = 1000 + 10 * i as u64 + which as u64;
+                    let cfg = config(which, 300, block);
+                    check(
+                        side,
+                        (300, 260, 512),
+                        block,
+                        keep,
+                        OutType::Bf16,
+                        Some(cfg),
+                        seed,
+                    )
+                    .unwrap();
+                }
+                // The chosen plan, at a size with 256-row tiles and several bands.
+                check(
+                    side,
+                    (1100, 640, 1024),
+                    block,
+                    keep,
+                    OutType::Bf16,
+                    None,
+                    7 + i as u64,
+                )
+                .unwrap();
+            }
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn a_long_run_cut_into_parts_is_bitwise_reproducible_and_matches_the_reference() {
+    // One block row holds every block (K = 2048: 16 blocks of 128, 32 stages), the others one
+    // or none: with one M tile and 132 CTAs the long run is cut into parts that meet in split-K's
+    // fixed order.
+    let dense = bf16_matrix(77, 128, 2048, 1, 0.375);
+    let full = bf16_matrix(78, 512, 2048, 1, 1.0);
+    let sparse = BsrMatrix::from_dense_bf16(&bits(&full), (512, 2048), 128, |br, bc| {
+        br == 2 || (br == 0 && bc == 3)
+    })
+    .expect("valid BSR");
+    let cfg = config(0, 128, 128);
+    let (want, abs) = reference::bsr_gemm(&dense, &sparse, SparseSide::B, OutType::F32).unwrap();
+    let first = bsr_on(&dense, &sparse, SparseSide::B, OutType::F32, Some(cfg)).unwrap();
+    compare_outputs(&first, &want, 1.0, &slack(&abs, 2048)).unwrap();
+    let stages: Vec<i32> = sparse.crow_indices().iter().map(|&c| 2 * c).collect();
+    let list = blockscaled::work_list(&stages, 128, 128, 512, 1, 132, 16);
+    assert!(list.segments.iter().any(|s| s.parts > 1), "{list:?}");
+    for _ in 0..3 {
+        let again = bsr_on(&dense, &sparse, SparseSide::B, OutType::F32, Some(cfg)).unwrap();
+        let same = first
+            .values
+            .iter()
+            .zip(&again.values)
+            .all(|(a, b)| a.to_bits() == b.to_bits());
+        assert!(same, "results differ between runs");
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn every_block_stored_gives_bitwise_the_dense_kernels_result() {
+    // The same products in the same K order from zero sums: the dense 16-bit kernel and the
+    // block-sparse one with every block stored agree bit for bit.
+    let dense = bf16_matrix(91, 384, 1024, 1, 0.375);
+    let full = bf16_matrix(92, 256, 1024, 1, 1.0);
+    let g = gpu();
+    for (block, which) in [(128, 0), (128, 1), (64, 2), (64, 3), (128, 7), (64, 8)] {
+        let sparse =
+            BsrMatrix::from_dense_bf16(&bits(&full), (256, 1024), block, |_, _| true).unwrap();
+        let cfg = Sm90HalfConfig {
+            split_k: 1,
+            ..config(which, 384, block)
+        };
+        let got = bsr_on(&dense, &sparse, SparseSide::B, OutType::F32, Some(cfg)).unwrap();
+        let (da, db) = (g.upload(&dense).unwrap(), g.upload(&full).unwrap());
+        let mut c = g.output(384, 256, 1, OutType::F32).unwrap();
+        g.gemm_with(&da, &db, &mut c, Plan::Sm90Half(cfg)).unwrap();
+        let want = c.to_host().unwrap();
+        assert!(
+            got.values
+                .iter()
+                .zip(&want.values)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{cfg:?}"
+        );
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(24))]
+
+    /// Dense bf16 GEMM (now on the 16-bit kernel, no longer the reference kernel): batched,
+    /// ragged, split K, every tile and output type.
+    #[test]
+    #[ignore = "needs a CUDA device"]
+    fn dense_bf16_gemm_matches_cpu_reference(
+        m in 1usize..400,
+        n in 1usize..400,
+        k8 in 1usize..100,
+        l in 1usize..3,
+        tile_i in 0usize..4,
+        pair in any::<bool>(),
+        split_k in 1u32..4,
+        dtype_i in 0usize..3,
+        seed in any::<u64>(),
+    ) {
+        let k = 8 * k8;
+        let dtype = [OutType::Bf16, OutType::F32, OutType::F16][dtype_i];
+        let (a, b) = (bf16_matrix(seed, m, k, l, 0.375), bf16_matrix(seed ^ 1, n, k, l, 4.0));
+        let g = gpu();
+        let (da, db) = (g.upload(&a).unwrap(), g.upload(&b).unwrap());
+        let tile = Sm90HalfTile::ALL[tile_i];
+        let cfg = Sm90HalfConfig {
+            tile,
+            cluster_m: 1 + pair as u32,
+            group_m: 1,
+            ctas: 132,
+            split_k: split_k.min(k.div_ceil(64) as u32),
+        };
+        let mut c = g.output(m, n, l, dtype).unwrap();
+        g.gemm_with(&da, &db, &mut c, Plan::Sm90Half(cfg)).unwrap();
+        let got = c.to_host().unwrap();
+        // (`reference::gemm`'s second part is the float64 bound; the kernel's bound scales with
+        // Σ|ab|, the second part of `gemm_f64`.)
+        let (want, _) = reference::gemm(&a, &b, dtype).unwrap();
+        let (_, abs) = reference::gemm_f64(&a, &b).unwrap();
+        let r = compare_outputs(&got, &want, 1.0, &slack(&abs, k));
+        prop_assert!(r.is_ok(), "{cfg:?} {m}×{n}×{k}×{l} {dtype:?}: {}", r.unwrap_err());
+        prop_assert!(matches!(g.plan(&da, &db).unwrap(), Plan::Sm90Half(_)));
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn mismatched_types_shapes_and_plans_are_typed_errors() {
+    let g = gpu();
+    let (dense, sparse) = operands(5, (256, 256, 512), 64, Keep::Random(0.5));
+    let (dd, ds) = (g.upload(&dense).unwrap(), g.upload_bsr(&sparse).unwrap());
+    let mut c = g.output(256, 256, 1, OutType::Bf16).unwrap();
+    // A tile wider than the 64-row blocks, parts out of range, the FP8 family's plan.
+    let ok = config(2, 256, 64);
+    for cfg in [
+        Sm90HalfConfig {
+            tile: Sm90HalfTile::M128,
+            ..ok
+        },
+        Sm90HalfConfig { split_k: 0, ..ok },
+        Sm90HalfConfig { split_k: 17, ..ok },
+        Sm90HalfConfig { ctas: 0, ..ok },
+    ] {
+        let r = g.bsr_gemm_with(&dd, &ds, SparseSide::B, &mut c, Plan::Sm90Half(cfg));
+        assert!(matches!(r, Err(Error::Config(_))), "{cfg:?}: {r:?}");
+    }
+    let fp8_plan = Plan::Sm90Fp8(blockscaled::plan::sm90_bsr_default(256, 256, 132));
+    let r = g.bsr_gemm_with(&dd, &ds, SparseSide::B, &mut c, fp8_plan);
+    assert!(matches!(r, Err(Error::Config(_))), "{r:?}");
+    // An FP8 dense operand with bf16 blocks.
+    let (_, fp8) = random_matrix(9, 256, 512, 1, Recipe::DeepSeekFp8.a());
+    let d8 = g.upload(&fp8).unwrap();
+    let r = g.bsr_gemm(&d8, &ds, SparseSide::B, &mut c);
+    assert!(matches!(r, Err(Error::Format(_))), "{r:?}");
+    // K differs.
+    let other = bf16_matrix(6, 256, 384, 1, 1.0);
+    let d_other = g.upload(&other).unwrap();
+    assert!(matches!(
+        g.bsr_gemm(&d_other, &ds, SparseSide::B, &mut c),
+        Err(Error::Shape(_))
+    ));
+    // Structure errors are found on the host, before any upload.
+    let bad = BsrMatrix::from_parts(
+        blockscaled::ElemType::BF16,
+        128,
+        128,
+        64,
+        &[0, 2, 1],
+        &[0],
+        vec![0; 64 * 64 * 2],
+        Vec::new(),
+    );
+    assert!(matches!(bad, Err(Error::Sparse(_))), "{bad:?}");
+    let scaled = BsrMatrix::from_parts(
+        blockscaled::ElemType::BF16,
+        64,
+        64,
+        64,
+        &[0, 1],
+        &[0],
+        vec![0; 64 * 64 * 2],
+        vec![1.0],
+    );
+    assert!(matches!(scaled, Err(Error::Shape(_))), "{scaled:?}");
+    let odd = BsrMatrix::from_parts(
+        blockscaled::ElemType::BF16,
+        96,
+        96,
+        96,
+        &[0, 0],
+        &[],
+        Vec::new(),
+        Vec::new(),
+    );
+    assert!(matches!(odd, Err(Error::Format(_))), "{odd:?}");
+}
