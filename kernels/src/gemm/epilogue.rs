@@ -275,6 +275,31 @@ fn store_chunk(out: &Output, l: u32, row0: u32, col0: u32, acc: &[f32]) {
     }
 }
 
+/// Consumer warpgroup `c` (thread `local` of 128) stores its fragments `acc` (one per wave,
+/// `wave_m` rows apart) of a tile of Cᵀ whose first row (a column of C) is `n0` and first column
+/// (a row of C) is `m0`, directly and transposed into `out` (C's shape): the kernels that
+/// compute Cᵀ because their sparse operand is A.
+#[inline(always)]
+pub fn store_transposed_tile<const WAVES: usize, F: Fragment>(
+    out: &Output,
+    l: u32,
+    (c, local): (u32, u32),
+    acc: &[F; WAVES],
+    (n0, m0): (u32, u32),
+    wave_m: u32,
+) {
+    let row = c * FRAGMENT_ROWS + wgmma::fragment_row(local);
+    for (w, acc) in acc.iter().enumerate() {
+        store_transposed(
+            out,
+            l,
+            n0 + w as u32 * wave_m + row,
+            m0 + 2 * (local % 4),
+            acc,
+        );
+    }
+}
+
 /// Writes one thread's fragment of a transposed product (the MMA computed Cᵀ: its rows are
 /// columns of C): value `i` at column `n0 + 8·((i/2)%2)`, row `m0 + 8·(i/4) + (i%2)` of C's batch
 /// entry `l`, one element per store (lanes with consecutive `l/4` write consecutive columns);

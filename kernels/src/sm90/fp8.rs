@@ -291,11 +291,9 @@ impl<const CONS: u32, const WAVES: usize, F: Fp8Fragment, T: Fp8Pair, const MODE
                 out_type: p.out_type,
                 row_end: u32::MAX,
             };
-            let (n0, m0) = (own.m * tile.block_m() + cons.row, own.n * F::N);
-            for (w, acc) in acc.iter().enumerate() {
-                let n0 = n0 + w as u32 * tile.wave_m();
-                epilogue::store_transposed(&out, out_l, n0, m0 + 2 * (cons.local % 4), acc);
-            }
+            let at = (own.m * tile.block_m(), own.n * F::N);
+            let who = (cons.c, cons.local);
+            epilogue::store_transposed_tile(&out, out_l, who, &acc, at, tile.wave_m());
             return;
         }
         let out = Output {

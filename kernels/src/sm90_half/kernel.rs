@@ -228,7 +228,6 @@ impl<const WAVES: usize, F: Fp16Fragment, T: Fp16, const MODE: u32> GemmKernel
             )
         };
         let Some(out_l) = meet else { return };
-        let row = cons.c * WG_ROWS + wgmma::fragment_row(cons.local);
         if Self::SPARSE && p.sparse.transposed != 0 {
             // The sparse operand is A: the tile is Cᵀ (its rows are columns of C), stored
             // directly, transposed.
@@ -240,11 +239,9 @@ impl<const WAVES: usize, F: Fp16Fragment, T: Fp16, const MODE: u32> GemmKernel
                 out_type: p.out_type,
                 row_end: u32::MAX,
             };
-            let (n0, m0) = (own.m * tile.block_m() + row, own.n * F::N);
-            for (w, acc) in acc.iter().enumerate() {
-                let n0 = n0 + w as u32 * tile.wave_m();
-                epilogue::store_transposed(&out, out_l, n0, m0 + 2 * (cons.local % 4), acc);
-            }
+            let at = (own.m * tile.block_m(), own.n * F::N);
+            let who = (cons.c, cons.local);
+            epilogue::store_transposed_tile(&out, out_l, who, &acc, at, tile.wave_m());
             return;
         }
         let out = Output {
