@@ -1,10 +1,13 @@
 //! Block-sparse GEMM cases: a pattern of stored blocks at a density — 128 × 128 FP8 blocks with
-//! their scales, or 64 × 64 / 128 × 128 bf16 blocks — timed against our dense kernel of the same
-//! type and cuBLASLt's dense GEMM (blockwise FP8, or bf16) on the same shape, in the same run
-//! (the target: time ≤ 1.2 × density × dense + 3 µs, dense being our FP8 kernel or
-//! cuBLASLt bf16).
+//! their scales, or 64 × 64 / 128 × 128 bf16 or fp16 blocks — timed against our dense kernel of
+//! the same type and cuBLASLt's dense GEMM (blockwise FP8, bf16 or fp16) on the same shape, in
+//! the same run (the target: time ≤ 1.2 × density × dense + 3 µs, dense being our FP8
+//! kernel or cuBLASLt of the 16-bit type).
 
-use blockscaled::{BsrMatrix, Fp4Weights, Gpu, OutType, Plan, Recipe, ScaledMatrix, SparseSide};
+use blockscaled::{
+    BsrMatrix, ElemType, Fp4Weights, Gpu, OperandFormat, OutType, Plan, Recipe, ScaledMatrix,
+    SparseSide,
+};
 use cudarc::driver::CudaSlice;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -68,11 +71,12 @@ impl Pattern {
 }
 
 /// The blocks' type: DeepSeek-style FP8 (e4m3, one fp32 scale per 128 × 128 block; the dense
-/// operand with 1 × 128 scales), or bf16 (both operands).
+/// operand with 1 × 128 scales), or bf16 or fp16 (both operands).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BsrType {
     Fp8,
     Bf16,
+    F16,
 }
 
 impl BsrType {
@@ -80,6 +84,7 @@ impl BsrType {
         match s {
             "fp8" | "e4m3" => Some(BsrType::Fp8),
             "bf16" => Some(BsrType::Bf16),
+            "f16" | "fp16" => Some(BsrType::F16),
             _ => None,
         }
     }
@@ -87,6 +92,16 @@ impl BsrType {
         match self {
             BsrType::Fp8 => "fp8",
             BsrType::Bf16 => "bf16",
+            BsrType::F16 => "f16",
+        }
+    }
+
+    /// The 16-bit element type of both operands (`None`: FP8).
+    pub fn half(self) -> Option<ElemType> {
+        match self {
+            BsrType::Fp8 => None,
+            BsrType::Bf16 => Some(ElemType::BF16),
+            BsrType::F16 => Some(ElemType::F16),
         }
     }
 }
@@ -95,7 +110,7 @@ impl BsrType {
 #[derive(Clone, Debug)]
 pub struct BsrCase {
     pub ty: BsrType,
-    /// Block size (FP8: 128; bf16: 64 or 128).
+    /// Block size (FP8: 128; 16-bit: 64 or 128).
     pub block: usize,
     pub m: usize,
     pub n: usize,
@@ -120,7 +135,7 @@ pub struct BsrOutcome {
     /// Stored blocks over all blocks.
     pub density: f64,
     pub plan: String,
-    /// The dense time the target scales: our dense FP8 kernel, or cuBLASLt bf16 (none without
+    /// The dense time the target scales: our dense FP8 kernel, or cuBLASLt bf16 / fp16 (none without
     /// the peer).
     pub target_base: Option<Timing>,
 }
@@ -134,7 +149,8 @@ impl BsrOutcome {
 }
 
 /// The case's operands from `seed`: the dense one, the sparse one's full matrix, and its blocks
-/// kept by the pattern (FP8: a random matrix with 128 × 128 scales; bf16: random bf16 values).
+/// kept by the pattern (FP8: a random matrix with 128 × 128 scales; 16-bit: random values of the
+/// type).
 pub fn case_operands(
     c: &BsrCase,
     seed: u64,
@@ -144,10 +160,13 @@ pub fn case_operands(
         SparseSide::B => (c.m, c.n),
         SparseSide::A => (c.n, c.m),
     };
-    let (fa, fb) = match c.ty {
-        BsrType::Fp8 => (Recipe::DeepSeekFp8.a(), Recipe::DeepSeekFp8.b()),
-        BsrType::Bf16 => {
-            let f = Recipe::W4A16(Fp4Weights::Nvfp4).a();
+    let (fa, fb) = match c.ty.half() {
+        None => (Recipe::DeepSeekFp8.a(), Recipe::DeepSeekFp8.b()),
+        Some(elem) => {
+            let f = OperandFormat {
+                elem,
+                ..Recipe::W4A16(Fp4Weights::Nvfp4).a()
+            };
             (f, f)
         }
     };
@@ -159,15 +178,15 @@ pub fn case_operands(
     let (brs, bcs) = (sparse_rows.div_ceil(bs), c.k / bs);
     let mask = c.pattern.mask(brs, bcs, c.density, seed);
     let keep = |r: usize, col: usize| mask[r * bcs + col];
-    let sparse = match c.ty {
-        BsrType::Fp8 => BsrMatrix::from_dense_blocks(&full, keep),
-        BsrType::Bf16 => {
+    let sparse = match c.ty.half() {
+        None => BsrMatrix::from_dense_blocks(&full, keep),
+        Some(elem) => {
             let bits: Vec<u16> = full
                 .data()
                 .chunks_exact(2)
                 .map(|b| u16::from_le_bytes([b[0], b[1]]))
                 .collect();
-            BsrMatrix::from_dense_bf16(&bits, (sparse_rows, c.k), bs, keep)
+            BsrMatrix::from_dense_16bit(elem, &bits, (sparse_rows, c.k), bs, keep)
         }
     }
     .map_err(e)?;
@@ -175,7 +194,7 @@ pub fn case_operands(
 }
 
 /// Runs one case: uploads the operands ([`case_operands`]), times ours, our dense kernel on the
-/// full matrix, and cuBLASLt on the dense shape (blockwise FP8, or bf16).
+/// full matrix, and cuBLASLt on the dense shape (blockwise FP8, bf16 or fp16).
 pub fn run_bsr(gpu: &Gpu, peer: Option<&LtPeer>, c: &BsrCase) -> Result<BsrOutcome, String> {
     let e = |x: blockscaled::Error| x.to_string();
     let (dense_rows, sparse_rows) = match c.side {
@@ -209,8 +228,13 @@ pub fn run_bsr(gpu: &Gpu, peer: Option<&LtPeer>, c: &BsrCase) -> Result<BsrOutco
     })
     .map_err(e)?;
     let peer_t = match peer {
-        Some(p) if c.ty == BsrType::Bf16 || p.has_blockwise_modes() => {
-            Some(time_peer(p, c, (m, n)).map_err(|x| x.to_string())?)
+        Some(p) if c.ty != BsrType::Fp8 || p.has_blockwise_modes() => {
+            // C = A · Bᵀ as cuBLASLt sees it: with A sparse, A is the full sparse matrix.
+            let (a, b) = match c.side {
+                SparseSide::B => (&dense, &full),
+                SparseSide::A => (&full, &dense),
+            };
+            Some(time_peer(p, c, (m, n), (a, b)).map_err(|x| x.to_string())?)
         }
         _ => None,
     };
@@ -221,7 +245,7 @@ pub fn run_bsr(gpu: &Gpu, peer: Option<&LtPeer>, c: &BsrCase) -> Result<BsrOutco
         nnz: sparse.nnz(),
         density: sparse.density(),
         plan: crate::cases::plan_name(&plan),
-        target_base: if c.ty == BsrType::Bf16 {
+        target_base: if c.ty != BsrType::Fp8 {
             peer_t
         } else {
             Some(dense_t)
@@ -229,20 +253,35 @@ pub fn run_bsr(gpu: &Gpu, peer: Option<&LtPeer>, c: &BsrCase) -> Result<BsrOutco
     })
 }
 
-/// cuBLASLt's dense GEMM of the case's shape: blockwise FP8, or bf16 (finite inputs; its time
-/// does not depend on the values).
-fn time_peer(p: &LtPeer, c: &BsrCase, (m, n): (usize, usize)) -> crate::cublaslt::Result<Timing> {
+/// cuBLASLt's dense GEMM of the case's shape: blockwise FP8 (on constant codes and scales), or
+/// bf16 / fp16 on the case's own codes `(a, b)` (A: m × K, B: n × K, every block stored). The
+/// data matter: on constant operands the tensor cores draw less power and the clocks stay
+/// higher; cuBLASLt bf16 at 4096³ took 157 µs on all-ones inputs against 180 µs on random ones
+/// in the same run (v39).
+fn time_peer(
+    p: &LtPeer,
+    c: &BsrCase,
+    (m, n): (usize, usize),
+    (a, b): (&ScaledMatrix, &ScaledMatrix),
+) -> crate::cublaslt::Result<Timing> {
     let s = p.stream();
     let k = c.k;
     let mut out: CudaSlice<u16> = s.alloc_zeros(m * n)?;
-    if c.ty == BsrType::Bf16 {
-        // 1.0 in bf16.
-        let (a, b): (CudaSlice<u16>, CudaSlice<u16>) = (
-            s.clone_htod(&vec![0x3F80u16; m * k])?,
-            s.clone_htod(&vec![0x3F80u16; n * k])?,
-        );
+    if c.ty != BsrType::Fp8 {
+        let codes = |x: &ScaledMatrix| -> Vec<u16> {
+            x.data()
+                .chunks_exact(2)
+                .map(|b| u16::from_le_bytes([b[0], b[1]]))
+                .collect()
+        };
+        let (a, b): (CudaSlice<u16>, CudaSlice<u16>) =
+            (s.clone_htod(&codes(a))?, s.clone_htod(&codes(b))?);
         return time_on_stream(s, c.warmup, c.iters, |_| {
-            p.gemm_bf16(m, n, k, &a, &b, &mut out)
+            if c.ty == BsrType::Bf16 {
+                p.gemm_bf16(m, n, k, &a, &b, &mut out)
+            } else {
+                p.gemm_f16(m, n, k, &a, &b, &mut out)
+            }
         });
     }
     let codes = |len: usize| -> crate::cublaslt::Result<CudaSlice<u8>> {
@@ -313,7 +352,8 @@ pub fn bsr_line(c: &BsrCase, o: &BsrOutcome) -> String {
     )
 }
 
-/// The bench's cases: FP8 128 × 128 blocks and bf16 64 × 64 and 128 × 128 blocks; 4096³ and
+/// The bench's cases: FP8 128 × 128 blocks, bf16 64 × 64 and 128 × 128 blocks and fp16 128 × 128
+/// blocks (the seed's type); 4096³ and
 /// 8192³, random and banded, densities 5 / 10 / 25 / 50 / 100 %, B sparse; block-diagonal at
 /// 4096³; and A sparse at 4096³ (10 %, 50 %).
 pub fn bench_cases(warmup: usize, iters: usize) -> Vec<BsrCase> {
@@ -322,6 +362,7 @@ pub fn bench_cases(warmup: usize, iters: usize) -> Vec<BsrCase> {
         (BsrType::Fp8, 128),
         (BsrType::Bf16, 128),
         (BsrType::Bf16, 64),
+        (BsrType::F16, 128),
     ] {
         for size in [4096usize, 8192] {
             for pattern in [Pattern::Random, Pattern::Banded, Pattern::BlockDiagonal] {

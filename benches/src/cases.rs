@@ -391,7 +391,8 @@ pub fn plan_name(p: &Plan) -> String {
             } else {
                 String::new()
             };
-            format!("bf16-{}x{}{split}", c.tile.block_m(), c.tile.block_n)
+            let pair = if c.cluster_m > 1 { "c2" } else { "" };
+            format!("half-{}x{}{pair}{split}", c.tile.block_m(), c.tile.block_n)
         }
         Plan::Sm90MxFp8(c) => format!("fold+{}", plan_name(&Plan::Sm90Fp8(*c))),
         Plan::Sm90Mx(c) => {

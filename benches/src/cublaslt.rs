@@ -51,6 +51,7 @@ pub const BLOCKWISE_MIN_VERSION: usize = 120_900;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum GemmKind {
     Bf16,
+    F16,
     Fp8PerTensor,
     Fp8Blockwise,
 }
@@ -310,10 +311,36 @@ impl LtPeer {
         b: &CudaSlice<u16>,
         c: &mut CudaSlice<u16>,
     ) -> Result<()> {
+        self.gemm_16bit(GemmKind::Bf16, (m, n, k), a, b, c)
+    }
+
+    /// As [`gemm_bf16`](Self::gemm_bf16) with fp16 A, B and C (fp16 bit patterns; fp32
+    /// accumulation).
+    pub fn gemm_f16(
+        &self,
+        m: usize,
+        n: usize,
+        k: usize,
+        a: &CudaSlice<u16>,
+        b: &CudaSlice<u16>,
+        c: &mut CudaSlice<u16>,
+    ) -> Result<()> {
+        self.gemm_16bit(GemmKind::F16, (m, n, k), a, b, c)
+    }
+
+    /// The 16-bit GEMMs after checking the buffers' lengths.
+    fn gemm_16bit(
+        &self,
+        kind: GemmKind,
+        (m, n, k): (usize, usize, usize),
+        a: &CudaSlice<u16>,
+        b: &CudaSlice<u16>,
+        c: &mut CudaSlice<u16>,
+    ) -> Result<()> {
         need(a.len(), m * k, "A")?;
         need(b.len(), n * k, "B")?;
         need(c.len(), m * n, "C")?;
-        self.gemm(GemmKind::Bf16, m, n, k, a, b, c, None)
+        self.gemm(kind, m, n, k, a, b, c, None)
     }
 
     /// FP8 with per-tensor scales: C (M×N row-major bf16) =
@@ -431,6 +458,7 @@ impl LtPeer {
         let (ni, ki) = (dims_i64(n, "n")?, dims_i64(k, "k")?);
         let (ab_type, cd_type) = match kind {
             GemmKind::Bf16 => (Dt::CUDA_R_16BF, Dt::CUDA_R_16BF),
+            GemmKind::F16 => (Dt::CUDA_R_16F, Dt::CUDA_R_16F),
             GemmKind::Fp8PerTensor | GemmKind::Fp8Blockwise => {
                 (Dt::CUDA_R_8F_E4M3, Dt::CUDA_R_16BF)
             }

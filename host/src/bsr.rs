@@ -87,15 +87,16 @@ impl BsrMatrix {
                      kernel's scale block), not {block} × {block}"
                 )));
             }
-            ElemType::BF16 if !HALF_BLOCKS.contains(&block) => {
+            ElemType::BF16 | ElemType::F16 if !HALF_BLOCKS.contains(&block) => {
                 return Err(Error::Format(format!(
-                    "bf16 BSR blocks are 64 × 64 or 128 × 128, not {block} × {block}"
+                    "{} BSR blocks are 64 × 64 or 128 × 128, not {block} × {block}",
+                    elem.name()
                 )));
             }
-            ElemType::E4M3 | ElemType::BF16 => {}
+            ElemType::E4M3 | ElemType::BF16 | ElemType::F16 => {}
             _ => {
                 return Err(Error::Format(format!(
-                    "block-sparse GEMM takes e4m3 or bf16 blocks, not {}",
+                    "block-sparse GEMM takes e4m3, bf16 or f16 blocks, not {}",
                     elem.name()
                 )));
             }
@@ -254,10 +255,12 @@ impl BsrMatrix {
         )
     }
 
-    /// The blocks of `block` × `block` of a dense bf16 matrix of `rows` × `cols` (`data`: bf16
-    /// bits, row-major) for which `keep(block_row, block_col)` holds (rows past the matrix in
-    /// the last block row are stored as zeros). `cols` is a multiple of the block.
-    pub fn from_dense_bf16(
+    /// The blocks of `block` × `block` of a dense 16-bit matrix (`elem` bf16 or f16) of `rows` ×
+    /// `cols` (`data`: the codes, row-major) for which `keep(block_row, block_col)` holds (rows
+    /// past the matrix in the last block row are stored as zeros). `cols` is a multiple of the
+    /// block.
+    pub fn from_dense_16bit(
+        elem: ElemType,
         data: &[u16],
         (rows, cols): (usize, usize),
         block: usize,
@@ -291,16 +294,13 @@ impl BsrMatrix {
             }
             crow.push(col.len() as i64);
         }
-        BsrMatrix::from_parts(
-            ElemType::BF16,
-            rows,
-            cols,
-            block,
-            &crow,
-            &col,
-            values,
-            Vec::new(),
-        )
+        if !elem.is_16bit() {
+            return Err(Error::Format(format!(
+                "from_dense_16bit takes bf16 or f16 codes, not {}",
+                elem.name()
+            )));
+        }
+        BsrMatrix::from_parts(elem, rows, cols, block, &crow, &col, values, Vec::new())
     }
 
     pub fn elem(&self) -> ElemType {
@@ -342,7 +342,7 @@ impl BsrMatrix {
     fn code(&self, i: usize, r: usize, k: usize) -> u32 {
         let at = (i * self.block + r) * self.block + k;
         match self.elem {
-            ElemType::BF16 => {
+            ElemType::BF16 | ElemType::F16 => {
                 u16::from_le_bytes([self.values[2 * at], self.values[2 * at + 1]]) as u32
             }
             _ => self.values[at] as u32,
@@ -721,5 +721,24 @@ mod tests {
         assert_eq!(d[199 * 384 + 383], 0.5);
         assert_eq!(d[150 * 384 + 10], 0.0);
         assert!((m.density() - 2.0 / 6.0).abs() < 1e-12);
+        // fp16 blocks of 64 from a dense 100 × 128 matrix (0x3C00 = 1.0, 0xC000 = −2.0), keeping
+        // block (0, 1) and (1, 0): rows past 100 are zeros, the codes decode as fp16.
+        let mut dense = vec![0x3C00u16; 100 * 128];
+        dense[70 * 128 + 3] = 0xC000;
+        let h = BsrMatrix::from_dense_16bit(ElemType::F16, &dense, (100, 128), 64, |r, c| r != c)
+            .unwrap();
+        assert_eq!(
+            (h.nnz(), h.crow_indices(), h.col_indices()),
+            (2, &[0, 1, 2][..], &[1, 0][..])
+        );
+        let d = h.dequantize();
+        assert_eq!(
+            (d[0], d[64], d[70 * 128 + 3], d[70 * 128 + 64]),
+            (0.0, 1.0, -2.0, 0.0)
+        );
+        assert!(
+            BsrMatrix::from_dense_16bit(ElemType::E4M3, &dense, (100, 128), 64, |_, _| true)
+                .is_err()
+        );
     }
 }

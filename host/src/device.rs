@@ -359,7 +359,7 @@ impl Gpu {
                 let family = self.families.get::<Sm90Fp8>().ok_or_else(hopper)?;
                 family.bsr_gemm(&self.stream, dense, sparse, side, c, cfg)
             }
-            (Plan::Sm90Half(cfg), ElemType::BF16) => {
+            (Plan::Sm90Half(cfg), ElemType::BF16 | ElemType::F16) => {
                 cfg.validate_sparse(&s, sparse.block)?;
                 let family = self.families.get::<Sm90Half>().ok_or_else(hopper)?;
                 family.bsr_gemm(&self.stream, dense, sparse, side, c, cfg)

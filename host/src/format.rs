@@ -64,11 +64,11 @@ impl OperandFormat {
             }
             _ => {}
         }
-        if self.elem == ElemType::BF16 {
+        if self.elem.is_16bit() {
             return if self.scale == ScaleType::F32 && self.block == ScaleBlock::PerTensor {
                 Ok(())
             } else {
-                bad("bf16 operands carry one fp32 scale per tensor (1 when quantized)")
+                bad("bf16 and fp16 operands carry one fp32 scale per tensor (1 when quantized)")
             };
         }
         match (self.elem, self.scale) {
@@ -76,7 +76,7 @@ impl OperandFormat {
             // DeepSeek / per-tensor / per-row recipes for fp8.
             (_, ScaleType::E8M0) | (ElemType::E2M1, ScaleType::UE4M3) => {}
             (ElemType::E4M3 | ElemType::E5M2, ScaleType::F32) => {}
-            (ElemType::BF16, _) => unreachable!("checked above"),
+            (ElemType::BF16 | ElemType::F16, _) => unreachable!("checked above"),
             (ElemType::E2M1, ScaleType::F32) => {
                 return bad("e2m1 with fp32 scales is not a supported recipe");
             }

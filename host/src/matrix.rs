@@ -333,7 +333,9 @@ impl ScaledMatrix {
                     byte >> 4
                 }) as u32
             }
-            ElemType::BF16 => u16::from_le_bytes([self.data[2 * i], self.data[2 * i + 1]]) as u32,
+            ElemType::BF16 | ElemType::F16 => {
+                u16::from_le_bytes([self.data[2 * i], self.data[2 * i + 1]]) as u32
+            }
             _ => self.data[i] as u32,
         }
     }

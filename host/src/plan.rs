@@ -17,7 +17,7 @@ use crate::sm90_half::{self, Sm90Half, Sm90HalfConfig};
 use crate::sm90_mx::{self, Sm90Mx, Sm90MxConfig};
 use crate::sm90_mx_fp8::{self, Sm90MxFp8};
 use crate::sm90_w4::{self, Sm90W4, Sm90W4Config};
-use blockscaled_kernels::gemm::scheduler::ClusterShape;
+use blockscaled_kernels::gemm::scheduler::{ClusterShape, MAX_CLUSTER};
 use blockscaled_kernels::sm90::{BLOCK_K, Tile};
 use blockscaled_kernels::sm90_half::HalfTile;
 use blockscaled_kernels::sm90_mx::{self as mx, MxTile};
@@ -58,8 +58,8 @@ pub enum Plan {
     /// into FP8 operands with fp32 scales per 1×128 (A) and per row (B), then the FP8 kernel
     /// with this configuration. Lossy within a stated bound (`sm90_mx_fp8`).
     Sm90MxFp8(Sm90Config),
-    /// The Hopper 16-bit kernel (bf16 operands with one scale per tensor; block-sparse GEMM
-    /// with bf16 blocks).
+    /// The Hopper 16-bit kernel (bf16 or fp16 operands, both of one type, with one scale per
+    /// tensor; block-sparse GEMM with bf16 or fp16 blocks).
     Sm90Half(Sm90HalfConfig),
 }
 
@@ -184,6 +184,8 @@ pub(crate) fn load_families(
 ///   e2m1 pairs with M ≤ [`W4_MAX_M`] run the 4-bit-weights kernel, and pairs with M ≥
 ///   [`FOLD_MIN_M`] and K a multiple of 128 run folded onto
 ///   the FP8 kernel ([`Plan::Sm90MxFp8`]: lossy, within each format's own quantization error).
+/// - Hopper, bf16 × bf16 or fp16 × fp16 (one scale per tensor, K a multiple of 8) runs the sm90
+///   16-bit kernel ([`sm90_half_default`]); a bf16 × fp16 pair runs the reference kernel.
 /// - Hopper, 4-bit weights (e2m1 B with MX or NVFP4 scales) with bf16 activations (W4A16) or
 ///   e4m3 ones with fp32 scales per 1×128 (W4A8) runs the sm90 4-bit-weights kernel
 ///   ([`sm90_w4_default`]).
@@ -214,7 +216,7 @@ pub(crate) fn choose_for(
     let w4 = sm90_w4::unsupported_pair(a, b).is_none();
     if sm90_a && sm90_b {
         Ok(Plan::Sm90Fp8(sm90_default(m, n, k, l, sm_count)))
-    } else if sm90_half::unsupported(a).is_none() && sm90_half::unsupported(b).is_none() {
+    } else if sm90_half::unsupported_pair(a, b).is_none() {
         Ok(Plan::Sm90Half(sm90_half_default(m, n, sm_count)))
     } else if w4 && (a.format.elem != ElemType::E2M1 || m <= W4_MAX_M) {
         Ok(Plan::Sm90W4(sm90_w4_default(m, n, k, l, sm_count)))
@@ -247,8 +249,8 @@ pub struct GroupedProblem<'a> {
 
 /// The plan for a block-sparse GEMM ([`crate::Gpu::bsr_gemm`]) of kernel shape `s` (M the dense
 /// operand's rows, N the sparse one's) with `nnz` stored blocks of `block` × `block` of type
-/// `elem`: e4m3 blocks on the FP8 kernel with the tile [`sm90_bsr_default`] picks, bf16 blocks on
-/// the 16-bit kernel ([`sm90_half_bsr_default`]).
+/// `elem`: e4m3 blocks on the FP8 kernel with the tile [`sm90_bsr_default`] picks, bf16 and fp16
+/// blocks on the 16-bit kernel ([`sm90_half_bsr_default`]).
 pub fn choose_bsr(
     arch: GpuArch,
     sm_count: u32,
@@ -284,36 +286,41 @@ pub fn sm90_half_bsr_default(m: usize, block: usize, runs: f64, sm_count: u32) -
     };
     Sm90HalfConfig {
         split_k: crate::bsr::MAX_PARTS,
-        ..half_config(tile, m, sm_count)
+        ..half_config(tile, 1, m, sm_count)
     }
 }
 
 /// Fewest stored blocks per block row, on average, for the 16-bit block-sparse 256-row tiles.
 pub const HALF_M256_MIN_RUN: f64 = 8.0;
 
-/// The dense 16-bit configuration: 256 × 128 tiles from [`HALF_M256_MIN_M`] rows, else
-/// 128 × 128, or 128 × 64 where 128-column tiles would leave most SMs idle.
+/// The dense 16-bit configuration: from [`HALF_M256_MIN_M`] rows, 128 × 256 tiles in pairs along
+/// M (each pair shares its 256-row B tile by multicast) where they fill at least half the SMs;
+/// else 128 × 128 tiles, or 128 × 64 where 128-column tiles would leave most SMs idle. Measured
+/// (v39, H100, against cuBLASLt bf16 in the same run, 4096³, 8192³ and 4096 × 7168 × 2048):
+/// 128 × 256 pairs 0.98–1.02×, 256 × 128 alone 0.96–0.98×, 128 × 256 alone 0.91–0.93×, 128 × 128
+/// 0.68–0.71×.
 pub fn sm90_half_default(m: usize, n: usize, sm_count: u32) -> Sm90HalfConfig {
     let tiles = |t: HalfTile| m.div_ceil(t.block_m() as usize) * n.div_ceil(t.block_n as usize);
-    let tile = if m >= HALF_M256_MIN_M && tiles(HalfTile::M256) >= sm_count as usize {
-        HalfTile::M256
-    } else if tiles(HalfTile::M128) >= sm_count as usize / 2 {
-        HalfTile::M128
+    let half_the_sms = sm_count as usize / 2;
+    let (tile, cluster_m) = if m >= HALF_M256_MIN_M && tiles(HalfTile::M128N256) >= half_the_sms {
+        (HalfTile::M128N256, MAX_CLUSTER)
+    } else if tiles(HalfTile::M128) >= half_the_sms {
+        (HalfTile::M128, 1)
     } else {
-        HalfTile::M128N64
+        (HalfTile::M128N64, 1)
     };
-    half_config(tile, m, sm_count)
+    half_config(tile, cluster_m, m, sm_count)
 }
 
-/// `tile` alone (pairs along M, which share each B tile by multicast, measured slower: 4096³
-/// dense 229 µs against 211, docs/PERF.md v38), in bands of about [`GROUP_ROWS`] rows, on every
-/// SM, K unsplit.
-fn half_config(tile: HalfTile, m: usize, sm_count: u32) -> Sm90HalfConfig {
-    let m_units = m.div_ceil(tile.block_m() as usize);
+/// `tile` alone or in pairs along M (`cluster_m`), in bands of about [`GROUP_ROWS`] rows, on
+/// every SM, K unsplit.
+fn half_config(tile: HalfTile, cluster_m: u32, m: usize, sm_count: u32) -> Sm90HalfConfig {
+    let unit = tile.block_m() * cluster_m;
+    let m_units = m.div_ceil(unit as usize);
     Sm90HalfConfig {
         tile,
-        cluster_m: 1,
-        group_m: m_units.clamp(1, (GROUP_ROWS / tile.block_m()).max(1) as usize) as u32,
+        cluster_m,
+        group_m: m_units.clamp(1, (GROUP_ROWS / unit).max(1) as usize) as u32,
         ctas: sm_count.max(1),
         split_k: 1,
     }
@@ -996,6 +1003,49 @@ mod tests {
                 "{m}×{n}×{k}: split {s}, measured best {best:?}"
             );
         }
+    }
+
+    #[test]
+    fn sixteen_bit_pairs_of_one_type_run_the_16_bit_kernel_and_mixed_ones_the_reference() {
+        use crate::format::{Fp4Weights, Recipe};
+        let desc = |elem: ElemType, rows: usize, k: usize| {
+            let mut d = MatrixDesc::of_recipe(Recipe::W4A16(Fp4Weights::Nvfp4), rows, k, false);
+            d.format.elem = elem;
+            d
+        };
+        let (bf, hf) = (ElemType::BF16, ElemType::F16);
+        for (ta, tb, half) in [
+            (bf, bf, true),
+            (hf, hf, true),
+            (bf, hf, false),
+            (hf, bf, false),
+        ] {
+            let (a, b) = (desc(ta, 1000, 4096), desc(tb, 3000, 4096));
+            let p = choose(GpuArch::Hopper, 132, &a, &b).unwrap();
+            assert_eq!(
+                matches!(p, Plan::Sm90Half(_)),
+                half,
+                "{ta:?} × {tb:?}: {p:?}"
+            );
+            if !half {
+                assert_eq!(p, Plan::Reference, "{ta:?} × {tb:?}");
+            }
+        }
+        // Large shapes: 128 × 256 tiles in pairs; few tiles: 256 × 128 alone, then 128 × 128.
+        let big = sm90_half_default(4096, 4096, 132);
+        assert_eq!(
+            (big.tile, big.cluster_m, big.group_m),
+            (HalfTile::M128N256, 2, 8)
+        );
+        assert_eq!(sm90_half_default(2048, 2048, 132).tile, HalfTile::M128N256);
+        assert_eq!(sm90_half_default(512, 4096, 132).tile, HalfTile::M128);
+        assert_eq!(sm90_half_default(256, 512, 132).tile, HalfTile::M128N64);
+        // K not a multiple of 8 (TMA's 16-byte rows): the reference kernel.
+        let (a, b) = (desc(hf, 64, 100), desc(hf, 64, 100));
+        assert_eq!(
+            choose(GpuArch::Hopper, 132, &a, &b).unwrap(),
+            Plan::Reference
+        );
     }
 
     #[test]

@@ -166,8 +166,9 @@ impl ScaledMatrix {
 /// The scale code for a block whose largest magnitude is `amax`, and the divisor applied to its
 /// elements before encoding, exact in f64 (0: the block is all zeros and encodes to zeros).
 fn block_scale(scale: ScaleType, elem: ElemType, amax: f32, tensor_scale: f32) -> (u32, f64) {
-    if elem == ElemType::BF16 {
-        // bf16 holds the input's range: rounded as is, with the neutral scale.
+    if elem.is_16bit() {
+        // bf16 and fp16 are rounded as they are, with the neutral scale (bf16 holds every f32
+        // magnitude; fp16 saturates past ±65504, as its encoder documents).
         return (1f32.to_bits(), 1.0);
     }
     match scale {

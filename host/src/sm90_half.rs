@@ -147,13 +147,13 @@ impl Sm90HalfConfig {
     }
 }
 
-/// Why `desc` cannot be an operand of the 16-bit kernel, or `None`: bf16 with one fp32 scale
-/// per tensor.
+/// Why `desc` cannot be an operand of the 16-bit kernel, or `None`: bf16 or fp16 with one fp32
+/// scale per tensor.
 pub(crate) fn unsupported(desc: &MatrixDesc) -> Option<String> {
     let f = &desc.format;
-    if (f.elem, f.scale, f.block) != (ElemType::BF16, ScaleType::F32, ScaleBlock::PerTensor) {
+    if !f.elem.is_16bit() || (f.scale, f.block) != (ScaleType::F32, ScaleBlock::PerTensor) {
         return Some(format!(
-            "{f}: the sm90 16-bit kernel takes bf16 with one fp32 scale per tensor"
+            "{f}: the sm90 16-bit kernel takes bf16 or fp16 with one fp32 scale per tensor"
         ));
     }
     if !desc.k.is_multiple_of(8) {
@@ -165,10 +165,25 @@ pub(crate) fn unsupported(desc: &MatrixDesc) -> Option<String> {
     None
 }
 
+/// Why A and B cannot be the 16-bit kernel's operands, or `None`: each is one it takes, and both
+/// have the same type (`wgmma` multiplies bf16 by bf16 or fp16 by fp16).
+pub(crate) fn unsupported_pair(a: &MatrixDesc, b: &MatrixDesc) -> Option<String> {
+    unsupported(a).or_else(|| unsupported(b)).or_else(|| {
+        (a.format.elem != b.format.elem).then(|| {
+            format!(
+                "A is {} and B {}: the sm90 16-bit kernel multiplies two operands of one type",
+                a.format.elem.name(),
+                b.format.elem.name()
+            )
+        })
+    })
+}
+
 /// The kernel's input type for an element type.
 fn half_type(elem: ElemType) -> Option<HalfType> {
     match elem {
         ElemType::BF16 => Some(HalfType::Bf16),
+        ElemType::F16 => Some(HalfType::F16),
         _ => None,
     }
 }
@@ -176,13 +191,16 @@ fn half_type(elem: ElemType) -> Option<HalfType> {
 /// A dense operand's tensor maps (3-D: K, rows, L; 128-byte swizzle) with boxes of 64 of K by
 /// [`BOX_ROWS`] rows, and its one scale (the same for every batch entry).
 struct HalfOperand {
-    tmaps: [CudaSlice<u8>; 3],
+    tmaps: BoxMaps,
     scale: f32,
 }
 
-/// Box heights of the maps: A boxes of 128 rows; B boxes of a tile's 128 or 64 columns, or of
-/// half of them (a pair along M).
-const BOX_ROWS: [u32; 3] = [128, 64, 32];
+/// Box heights of the maps: A boxes of 128 rows; B boxes of a tile's 256, 128 or 64 columns, or
+/// of half of them (a pair along M). A sparse operand's boxes are at most a block.
+const BOX_ROWS: [u32; 4] = [256, 128, 64, 32];
+
+/// Tensor maps of one operand by box height.
+type BoxMaps = Vec<(u32, CudaSlice<u8>)>;
 
 impl HalfOperand {
     fn prepare(
@@ -214,25 +232,27 @@ impl HalfOperand {
             )
         };
         Ok(Some(HalfOperand {
-            tmaps: [map(BOX_ROWS[0])?, map(BOX_ROWS[1])?, map(BOX_ROWS[2])?],
+            tmaps: BOX_ROWS
+                .iter()
+                .map(|&r| Ok((r, map(r)?)))
+                .collect::<Result<_>>()?,
             scale: s[0],
         }))
     }
 }
 
-/// The map of `maps` (one per [`BOX_ROWS`]) whose boxes are `rows` rows.
-fn box_map(maps: &[CudaSlice<u8>; 3], rows: u32) -> Result<&CudaSlice<u8>> {
-    BOX_ROWS
-        .iter()
-        .position(|&r| r == rows)
-        .map(|i| &maps[i])
+/// The map of `maps` whose boxes are `rows` rows.
+fn box_map(maps: &BoxMaps, rows: u32) -> Result<&CudaSlice<u8>> {
+    maps.iter()
+        .find(|(r, _)| *r == rows)
+        .map(|(_, m)| m)
         .ok_or_else(|| config(format!("no 16-bit tensor map with boxes of {rows} rows")))
 }
 
 /// A block-sparse operand's stored blocks as tensor maps (3-D: K of a block, rows of a block,
 /// stored blocks; 128-byte swizzle), boxes of 64 of K by [`BOX_ROWS`] rows (at most a block).
 struct HalfSparse {
-    tmaps: [CudaSlice<u8>; 3],
+    tmaps: BoxMaps,
 }
 
 impl HalfSparse {
@@ -246,12 +266,16 @@ impl HalfSparse {
                 DataType::CU_TENSOR_MAP_DATA_TYPE_UINT16,
                 [bs, bs, blocks],
                 2,
-                [BLOCK_K, rows.min(bs as u32)],
+                [BLOCK_K, rows],
                 Swizzle::CU_TENSOR_MAP_SWIZZLE_128B,
             )
         };
         Ok(HalfSparse {
-            tmaps: [map(BOX_ROWS[0])?, map(BOX_ROWS[1])?, map(BOX_ROWS[2])?],
+            tmaps: BOX_ROWS
+                .iter()
+                .filter(|&&r| r as usize <= bs)
+                .map(|&r| Ok((r, map(r)?)))
+                .collect::<Result<_>>()?,
         })
     }
 }
@@ -357,13 +381,16 @@ impl Sm90Half {
             a.prepared.get::<HalfOperand>(),
             b.prepared.get::<HalfOperand>(),
         ) else {
-            let why = unsupported(&a.desc).or_else(|| unsupported(&b.desc));
+            let why = unsupported_pair(&a.desc, &b.desc);
             return Err(Error::Format(why.unwrap_or_else(|| {
                 "operands not prepared for the sm90 16-bit kernel (batch entries with different \
                  scales)"
                     .into()
             })));
         };
+        if let Some(why) = unsupported_pair(&a.desc, &b.desc) {
+            return Err(Error::Format(why));
+        }
         let ty = half_type(a.desc.format.elem).expect("prepared operands are 16-bit");
         let kernel = self.kernel(cfg.tile, ty, Mode::Dense)?;
         let GemmShape { m, n, k, l } = shape;

@@ -38,8 +38,10 @@ impl<'a> Operand<'a> {
                 let byte = unsafe { *(self.p.data as *const u8).add((i / 2) as usize) };
                 (if i % 2 == 0 { byte & 0x0F } else { byte >> 4 }) as u32
             }
-            // SAFETY: as above (bf16 data is 2-byte aligned: device allocations are).
-            ElemType::BF16 => unsafe { *(self.p.data as *const u16).add(i as usize) as u32 },
+            // SAFETY: as above (16-bit data is 2-byte aligned: device allocations are).
+            ElemType::BF16 | ElemType::F16 => unsafe {
+                *(self.p.data as *const u16).add(i as usize) as u32
+            },
             // SAFETY: as above.
             _ => unsafe { *(self.p.data as *const u8).add(i as usize) as u32 },
         };

@@ -794,7 +794,7 @@ fn elem_type_dispatches_to_its_module() {
                     ElemType::E4M3 => e4m3::ulp(x),
                     ElemType::E5M2 => e5m2::ulp(x),
                     ElemType::E2M1 => e2m1::ulp(x),
-                    ElemType::BF16 => unreachable!("not in the list"),
+                    ElemType::BF16 | ElemType::F16 => unreachable!("not in the list"),
                 }
                 .to_bits()
             });
@@ -815,7 +815,43 @@ fn elem_type_dispatches_to_its_module() {
             assert_eq!(t.encode_sat(v), c);
         }
     }
-    assert_eq!(ElemType::from_u32(4), None);
+    // fp16: IEEE binary16, checked against the `half` crate (every code decoded; f32 values of
+    // every binade, halfway cases included, rounded as `half` rounds, except that values past
+    // 65504 saturate where IEEE rounding gives Inf).
+    let t = ElemType::F16;
+    assert_eq!(
+        (t as u32, ElemType::from_u32(4), t.name(), t.bits()),
+        (4, Some(t), "f16", 16)
+    );
+    assert_eq!((t.emax(), t.emin(), t.mantissa_bits()), (15, -14, 10));
+    assert_eq!(t.max(), 65504.0);
+    for c in 0..=0xFFFFu32 {
+        let want = half::f16::from_bits(c as u16).to_f32();
+        let got = t.decode(c);
+        assert!(
+            got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
+            "{c:#x}"
+        );
+    }
+    for bits in (0..=0xFFFF_FFFFu32)
+        .step_by(4099)
+        .chain((0..=0xFFFFu32).map(|c| {
+            // Halfway between fp16 neighbours, in every binade from 1 up to past the largest.
+            0x3F80_0000 + (c << 12) + 0x1000
+        }))
+    {
+        let x = f32::from_bits(bits);
+        let want = half::f16::from_f32(x);
+        let got = t.encode_sat(x);
+        if x.is_nan() {
+            assert!(t.decode(got).is_nan());
+        } else if want.is_infinite() {
+            assert_eq!(got, if x > 0.0 { 0x7BFF } else { 0xFBFF }, "{x}");
+        } else {
+            assert_eq!(got, want.to_bits() as u32, "{x} ({bits:#x})");
+        }
+    }
+    assert_eq!(ElemType::from_u32(5), None);
 }
 
 #[test]

@@ -492,3 +492,67 @@ fn folding_mx_into_fp8_keeps_every_value_within_its_bound() {
     let (_, odd) = random_matrix(1, 16, 96, 1, Recipe::Mxfp4.a());
     assert!(matches!(odd.fold_to_fp8(false), Err(Error::Shape(_))));
 }
+
+/// bf16 and fp16 operands are the input rounded once to nearest even, scale 1: every code equals
+/// the `half` crate's conversion, except that fp16 saturates at ±65504 where IEEE rounding gives
+/// ±Inf, on values from fp16's subnormals to past its range.
+#[test]
+fn sixteen_bit_operands_are_the_input_rounded_to_nearest_even() {
+    let (rows, k) = (37, 96);
+    let v = wide_values(11, rows * k, k)
+        .into_iter()
+        .zip(random_values(12, rows * k, k))
+        // Half of the rows scaled into fp16's range and past it (2^-30 .. 2^20).
+        .enumerate()
+        .map(|(i, (w, r))| {
+            if (i / k) % 2 == 0 {
+                r * 2f32.powi((i / k) as i32 - 18)
+            } else {
+                w
+            }
+        })
+        .collect::<Vec<f32>>();
+    for elem in [ElemType::BF16, ElemType::F16] {
+        let format = blockscaled::OperandFormat {
+            elem,
+            scale: ScaleType::F32,
+            block: ScaleBlock::PerTensor,
+            tensor_scale: false,
+        };
+        let q = ScaledMatrix::quantize(&v, rows, k, 1, format).unwrap();
+        assert_eq!(q.scale_value(0, 0, 0), 1.0);
+        for (i, &x) in v.iter().enumerate() {
+            let code = u16::from_le_bytes([q.data()[2 * i], q.data()[2 * i + 1]]);
+            let want = match elem {
+                ElemType::BF16 => {
+                    let b = half::bf16::from_f32(x);
+                    if b.is_infinite() {
+                        (b.to_bits() & 0x8000) | 0x7F7F
+                    } else {
+                        b.to_bits()
+                    }
+                }
+                _ => {
+                    let h = half::f16::from_f32(x);
+                    if h.is_infinite() {
+                        (h.to_bits() & 0x8000) | 0x7BFF
+                    } else {
+                        h.to_bits()
+                    }
+                }
+            };
+            assert_eq!(code, want, "{} of {x:e} (element {i})", elem.name());
+        }
+    }
+    // A bf16 or fp16 operand with block scales is a typed error.
+    let bad = blockscaled::OperandFormat {
+        elem: ElemType::F16,
+        scale: ScaleType::E8M0,
+        block: ScaleBlock::PerTensor,
+        tensor_scale: false,
+    };
+    assert!(matches!(
+        ScaledMatrix::quantize(&v, rows, k, 1, bad),
+        Err(Error::Format(_))
+    ));
+}

@@ -16,7 +16,9 @@ fn naive_value(q: &ScaledMatrix, l: usize, r: usize, k: usize) -> f64 {
     let i = (l * d.rows + r) * d.k + k;
     let code = match d.format.elem {
         ElemType::E2M1 => ((q.data()[i / 2] >> (4 * (i % 2))) & 0xF) as u32,
-        ElemType::BF16 => u16::from_le_bytes([q.data()[2 * i], q.data()[2 * i + 1]]) as u32,
+        ElemType::BF16 | ElemType::F16 => {
+            u16::from_le_bytes([q.data()[2 * i], q.data()[2 * i + 1]]) as u32
+        }
         _ => q.data()[i] as u32,
     };
     let (br, bk) = d.block_extent();

@@ -31,7 +31,9 @@ struct Args {
     /// Overridden by --ab_dtype/--sf_dtype/--sf_vec_size when those are given.
     #[arg(long, default_value = "all")]
     recipe: String,
-    /// Element type: Float8E4M3FN, Float8E5M2, Float4E2M1FN (or e4m3, e5m2, e2m1).
+    /// Element type: Float8E4M3FN, Float8E5M2, Float4E2M1FN (or e4m3, e5m2, e2m1); BFloat16 or
+    /// Float16 (bf16, f16) run the dense 16-bit GEMM (no block scales; --mma_tiler_mn 128,128,
+    /// 256,128, 128,64, 256,64 or 128,256) against cuBLASLt's of the same type.
     #[arg(long = "ab_dtype", alias = "ab-dtype")]
     ab_dtype: Option<String>,
     /// Scale type: Float8E8M0FNU, Float8E4M3FN (ue4m3), Float32 (or e8m0, ue4m3, f32).
@@ -103,15 +105,15 @@ struct Args {
     fold_weights: bool,
     /// Block-sparse GEMM with this operand sparse (a or b) (--mnkl gives M, N, K; L is 1). Timed
     /// against our dense kernel and cuBLASLt dense on the same shape. --mma_tiler_mn (FP8:
-    /// 128,128 or 128,64; bf16: 128 or 256 rows by 128 or 64), --cluster_shape_mn 1,1 or 2,1
+    /// 128,128 or 128,64; 16-bit: 128 or 256 rows by 128 or 64), --cluster_shape_mn 1,1 or 2,1
     /// (FP8), --split_k the most parts a long block row is cut into.
     #[arg(long)]
     bsr: Option<String>,
     /// Block-sparse GEMM: the blocks' type, fp8 (e4m3 128 × 128 blocks with fp32 scales, the
-    /// dense operand DeepSeek-style) or bf16 (both operands).
+    /// dense operand DeepSeek-style), bf16 or f16 (both operands).
     #[arg(long = "bsr_type", alias = "bsr-type", default_value = "fp8")]
     bsr_type: String,
-    /// Block-sparse GEMM: the block size (FP8: 128; bf16: 64 or 128).
+    /// Block-sparse GEMM: the block size (FP8: 128; bf16 / f16: 64 or 128).
     #[arg(long = "bsr_block", alias = "bsr-block", default_value_t = 128)]
     bsr_block: usize,
     /// Block-sparse GEMM: stored blocks over all blocks (0 to 1).
@@ -120,6 +122,137 @@ struct Args {
     /// Block-sparse GEMM: random, banded or block-diagonal.
     #[arg(long, default_value = "random")]
     pattern: String,
+}
+
+/// The 16-bit element type `--ab_dtype` names, if it names one.
+fn half_type(s: &str) -> Option<blockscaled::ElemType> {
+    match s.to_ascii_lowercase().replace(['_', '-'], "").as_str() {
+        "bfloat16" | "bf16" => Some(blockscaled::ElemType::BF16),
+        "float16" | "f16" | "fp16" => Some(blockscaled::ElemType::F16),
+        _ => None,
+    }
+}
+
+/// The dense 16-bit mode: A and B of `elem` (fresh random values), the 16-bit kernel with the
+/// tile, cluster, split and band flags, its check against the CPU reference (unless skipped), and
+/// its time against cuBLASLt's GEMM of the same type on the same codes (L = 1), in one run.
+fn run_half(
+    args: &Args,
+    gpu: &Gpu,
+    mnkl: &[usize],
+    seed: u64,
+    elem: blockscaled::ElemType,
+    (tiler_mn, cluster, out): (Option<(usize, usize)>, Option<ClusterShape>, OutType),
+) -> Result<bool, String> {
+    use blockscaled::{OperandFormat, ScaledMatrix, Sm90HalfConfig, Sm90HalfTile};
+    use blockscaled_benches::timing::time_on_stream;
+    let (m, n, k, l) = (mnkl[0], mnkl[1], mnkl[2], mnkl[3]);
+    let e = |x: blockscaled::Error| x.to_string();
+    let format = OperandFormat {
+        elem,
+        ..Recipe::W4A16(blockscaled::Fp4Weights::Nvfp4).a()
+    };
+    let values = |s: u64, rows: usize| blockscaled_tests::random_values(s, rows * k * l, k);
+    let a = ScaledMatrix::quantize(&values(seed, m), m, k, l, format).map_err(e)?;
+    let b = ScaledMatrix::quantize(&values(seed ^ 0x9E37, n), n, k, l, format).map_err(e)?;
+    let (da, db) = (gpu.upload(&a).map_err(e)?, gpu.upload(&b).map_err(e)?);
+    let mut c = gpu.output(m, n, l, out).map_err(e)?;
+    let forced =
+        tiler_mn.is_some() || cluster.is_some() || args.split_k.is_some() || args.group_m.is_some();
+    let plan = match gpu.plan(&da, &db).map_err(e)? {
+        Plan::Sm90Half(d) if forced => {
+            let tile = match tiler_mn {
+                None => d.tile,
+                Some((bm, bn)) => Sm90HalfTile::ALL
+                    .into_iter()
+                    .find(|t| (t.block_m() as usize, t.block_n as usize) == (bm, bn))
+                    .ok_or(
+                        "--mma_tiler_mn: the 16-bit kernel has tiles of 128,128, 256,128, \
+                            128,64, 256,64 and 128,256",
+                    )?,
+            };
+            let cluster_m = cluster.map_or(d.cluster_m, |c| c.m);
+            let units = m.div_ceil((tile.block_m() * cluster_m) as usize).max(1) as u32;
+            Plan::Sm90Half(Sm90HalfConfig {
+                tile,
+                cluster_m,
+                group_m: args.group_m.unwrap_or(d.group_m).clamp(1, units),
+                split_k: args.split_k.unwrap_or(d.split_k),
+                ..d
+            })
+        }
+        p if forced => return Err(format!("{p:?}: the tile flags are the 16-bit kernel's")),
+        p => p,
+    };
+    let mut ok = true;
+    if !args.skip_ref_check {
+        use blockscaled_tests::{bf16_mma_rel, compare_outputs};
+        gpu.gemm_with(&da, &db, &mut c, plan).map_err(e)?;
+        let got = c.to_host().map_err(e)?;
+        let (want, _) = blockscaled::reference::gemm(&a, &b, out).map_err(e)?;
+        let (_, abs) = blockscaled::reference::gemm_f64(&a, &b).map_err(e)?;
+        let slack: Vec<f64> = abs.iter().map(|&s| s * bf16_mma_rel(k)).collect();
+        match compare_outputs(&got, &want, 1.0, &slack) {
+            Ok(()) => println!(
+                "{}: check passed ({} of {} elements)",
+                elem.name(),
+                got.values.len(),
+                got.values.len()
+            ),
+            Err(msg) => {
+                println!("{}: CHECK FAILED: {msg}", elem.name());
+                ok = false;
+            }
+        }
+    }
+    let (warm, iters) = (args.warmup_iterations, args.iterations);
+    let ours = time_on_stream(gpu.stream(), warm, iters, |_| {
+        gpu.gemm_with(&da, &db, &mut c, plan)
+    })
+    .map_err(e)?;
+    let peer = if args.no_peer || l != 1 {
+        None
+    } else {
+        let p = open_peer(gpu)?;
+        let s = p.stream().clone();
+        let codes = |x: &ScaledMatrix| -> Vec<u16> {
+            x.data()
+                .chunks_exact(2)
+                .map(|b| u16::from_le_bytes([b[0], b[1]]))
+                .collect()
+        };
+        let pe = |x: cudarc::driver::DriverError| x.to_string();
+        let (pa, pb) = (
+            s.clone_htod(&codes(&a)).map_err(pe)?,
+            s.clone_htod(&codes(&b)).map_err(pe)?,
+        );
+        let mut pc = s.alloc_zeros::<u16>(m * n).map_err(pe)?;
+        let t = time_on_stream(&s, warm, iters, |_| {
+            if elem == blockscaled::ElemType::BF16 {
+                p.gemm_bf16(m, n, k, &pa, &pb, &mut pc)
+            } else {
+                p.gemm_f16(m, n, k, &pa, &pb, &mut pc)
+            }
+        })
+        .map_err(|x| x.to_string())?;
+        Some(t)
+    };
+    let flops = 2.0 * (m * n * k * l) as f64;
+    let tf = |ms: f64| flops / (ms * 1e-3) / 1e12;
+    println!(
+        "{:<5} {m:>6} {n:>6} {k:>6} {l:>3}  ours {:>9.1} µs {:>6.0} TFLOP/s  cuBLASLt {}  {}",
+        elem.name(),
+        ours.median_ms * 1e3,
+        tf(ours.median_ms),
+        peer.map_or("n/a".into(), |p| format!(
+            "{:>9.1} µs {:>6.0} TFLOP/s  ratio {:.3}",
+            p.median_ms * 1e3,
+            tf(p.median_ms),
+            p.median_ms / ours.median_ms
+        )),
+        blockscaled_benches::cases::plan_name(&plan)
+    );
+    Ok(ok)
 }
 
 /// The block-sparse mode: one case, its check against the CPU reference (unless skipped) and
@@ -148,7 +281,7 @@ fn run_bsr(
         )
     })?;
     let ty = BsrType::from_name(&args.bsr_type)
-        .ok_or_else(|| format!("--bsr_type `{}`: want fp8 or bf16", args.bsr_type))?;
+        .ok_or_else(|| format!("--bsr_type `{}`: want fp8, bf16 or f16", args.bsr_type))?;
     if !(0.0..=1.0).contains(&args.density) {
         return Err(format!("--density {}: want 0 to 1", args.density));
     }
@@ -175,7 +308,7 @@ fn run_bsr(
                 ..d
             }))
         }
-        (true, BsrType::Bf16) => {
+        (true, BsrType::Bf16 | BsrType::F16) => {
             let runs = args.density * (k / args.bsr_block) as f64;
             let d = blockscaled::plan::sm90_half_bsr_default(
                 dense_rows,
@@ -236,7 +369,7 @@ fn run_bsr(
             blockscaled::reference::bsr_gemm(&dense, &sparse, side, OutType::Bf16).map_err(e)?;
         let slack = match ty {
             BsrType::Fp8 => fp8_accumulation_slack(&abs),
-            BsrType::Bf16 => abs.iter().map(|&s| s * bf16_mma_rel(k)).collect(),
+            BsrType::Bf16 | BsrType::F16 => abs.iter().map(|&s| s * bf16_mma_rel(k)).collect(),
         };
         match compare_outputs(&got, &want, 1.0, &slack) {
             Ok(()) => println!(
@@ -458,7 +591,9 @@ fn run(args: &Args) -> Result<bool, String> {
                     .to_string()
             })
     };
+    let half = args.ab_dtype.as_deref().and_then(half_type);
     let tiler = match (args.kernel.as_str(), tiler_mn) {
+        _ if half.is_some() => None,
         ("sm90mx" | "sm90w4", _) | (_, None) => None,
         (_, Some(t)) => Some(fp8_tile(t)?),
     };
@@ -485,7 +620,9 @@ fn run(args: &Args) -> Result<bool, String> {
             ));
         }
     };
-    let recipes: Vec<Recipe> = if let Some(ab) = &args.ab_dtype {
+    let recipes: Vec<Recipe> = if half.is_some() {
+        Vec::new()
+    } else if let Some(ab) = &args.ab_dtype {
         vec![recipe_from_dtypes(
             ab,
             args.sf_dtype.as_deref(),
@@ -521,6 +658,9 @@ fn run(args: &Args) -> Result<bool, String> {
     println!("{gpu:?}; seed {seed}");
     if let Some(why) = blockscaled_benches::timing::profiler_attached() {
         println!("CUDA tool attached ({why}): timed without the stream gate");
+    }
+    if let Some(elem) = half {
+        return run_half(args, &gpu, &mnkl, seed, elem, (tiler_mn, cluster, out));
     }
     if args.bsr.is_some() {
         let tile = tiler_mn.map(fp8_tile).transpose()?;

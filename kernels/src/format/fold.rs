@@ -105,7 +105,7 @@ pub fn fold(elem: ElemType, code: u32, shift: u32) -> u32 {
             };
             (code & 0x80, sig, exp)
         }
-        ElemType::BF16 => return 0,
+        ElemType::BF16 | ElemType::F16 => return 0,
     };
     if sig == 0 {
         return sign;

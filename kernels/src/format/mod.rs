@@ -43,6 +43,7 @@ pub mod e2m1;
 pub mod e4m3;
 pub mod e5m2;
 pub mod e8m0;
+pub mod f16;
 pub mod fold;
 pub mod ue4m3;
 
@@ -200,8 +201,11 @@ pub enum ElemType {
     E5M2 = 1,
     /// MX FP4 E2M1, [`e2m1`] (two codes per byte, low nibble first).
     E2M1 = 2,
-    /// bfloat16, [`bf16`] (two bytes per code, little-endian): W4A16's activations.
+    /// bfloat16, [`bf16`] (two bytes per code, little-endian): W4A16's activations and the
+    /// 16-bit GEMMs' operands.
     BF16 = 3,
+    /// IEEE binary16, [`f16`] (two bytes per code, little-endian): the 16-bit GEMMs' operands.
+    F16 = 4,
 }
 
 impl ElemType {
@@ -213,7 +217,14 @@ impl ElemType {
             ElemType::E5M2 => e5m2::BITS,
             ElemType::E2M1 => e2m1::BITS,
             ElemType::BF16 => bf16::BITS,
+            ElemType::F16 => f16::BITS,
         }
+    }
+
+    /// The unscaled 16-bit types (bf16, fp16): one fp32 scale per tensor, two bytes per code.
+    #[inline]
+    pub const fn is_16bit(self) -> bool {
+        matches!(self, ElemType::BF16 | ElemType::F16)
     }
 
     /// Largest finite value.
@@ -224,6 +235,7 @@ impl ElemType {
             ElemType::E5M2 => e5m2::MAX,
             ElemType::E2M1 => e2m1::MAX,
             ElemType::BF16 => bf16::MAX,
+            ElemType::F16 => f16::MAX,
         }
     }
 
@@ -235,6 +247,7 @@ impl ElemType {
             ElemType::E5M2 => e5m2::EMAX,
             ElemType::E2M1 => e2m1::EMAX,
             ElemType::BF16 => bf16::EMAX,
+            ElemType::F16 => f16::EMAX,
         }
     }
 
@@ -246,6 +259,7 @@ impl ElemType {
             ElemType::E5M2 => e5m2::EMIN,
             ElemType::E2M1 => e2m1::EMIN,
             ElemType::BF16 => bf16::EMIN,
+            ElemType::F16 => f16::EMIN,
         }
     }
 
@@ -257,6 +271,7 @@ impl ElemType {
             ElemType::E5M2 => e5m2::MANTISSA_BITS,
             ElemType::E2M1 => e2m1::MANTISSA_BITS,
             ElemType::BF16 => bf16::MANTISSA_BITS,
+            ElemType::F16 => f16::MANTISSA_BITS,
         }
     }
 
@@ -269,6 +284,7 @@ impl ElemType {
             ElemType::E5M2 => e5m2::decode(code as u8),
             ElemType::E2M1 => e2m1::decode(code as u8),
             ElemType::BF16 => bf16::decode(code as u16),
+            ElemType::F16 => f16::decode(code as u16),
         }
     }
 
@@ -280,6 +296,7 @@ impl ElemType {
             ElemType::E5M2 => e5m2::encode_sat(x) as u32,
             ElemType::E2M1 => e2m1::encode_sat(x) as u32,
             ElemType::BF16 => bf16::encode_sat(x) as u32,
+            ElemType::F16 => f16::encode_sat(x) as u32,
         }
     }
 
@@ -291,10 +308,11 @@ impl ElemType {
             ElemType::E5M2 => e5m2::ulp(v),
             ElemType::E2M1 => e2m1::ulp(v),
             ElemType::BF16 => bf16::ulp(v),
+            ElemType::F16 => f16::ulp(v),
         }
     }
 
-    /// Short lower-case name: `"e4m3"`, `"e5m2"`, `"e2m1"`, `"bf16"`.
+    /// Short lower-case name: `"e4m3"`, `"e5m2"`, `"e2m1"`, `"bf16"`, `"f16"`.
     #[inline]
     pub const fn name(self) -> &'static str {
         match self {
@@ -302,6 +320,7 @@ impl ElemType {
             ElemType::E5M2 => "e5m2",
             ElemType::E2M1 => "e2m1",
             ElemType::BF16 => "bf16",
+            ElemType::F16 => "f16",
         }
     }
 
@@ -313,6 +332,7 @@ impl ElemType {
             1 => Some(ElemType::E5M2),
             2 => Some(ElemType::E2M1),
             3 => Some(ElemType::BF16),
+            4 => Some(ElemType::F16),
             _ => None,
         }
     }

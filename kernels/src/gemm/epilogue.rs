@@ -8,7 +8,7 @@
 //! - per-column scales multiplied in after the K loop, and one scale for all (`scale`).
 
 use super::barriers::sync_consumer;
-use super::layout::{FRAGMENT_ROWS, out_box_n, out_box_swizzle_bytes};
+use super::layout::{FRAGMENT_ROWS, OUT_RING_SLOTS, out_box_n, out_box_swizzle_bytes};
 use crate::params::OutType;
 use crate::ptx::wgmma::{self, Fragment};
 use crate::ptx::{convert, global, smem, tma};
@@ -44,12 +44,15 @@ impl Output {
 /// boxes of 64 rows × W 16-bit values (W = [`out_box_n`]`(block_n)`), each row one swizzle span
 /// of 2W bytes, swizzled as TMA reads it: the 16-byte chunk bits of an address are XORed with
 /// the bits above the span's 128 bytes (chunk j of row r at j ^ (r % 8) for W = 64, j ^ (r/2 % 4)
-/// for 32, j ^ (r/4 % 2) for 16). The base is 1024-byte aligned, and so is every box.
+/// for 32, j ^ (r/4 % 2) for 16). The base is 1024-byte aligned, and so is every box. With
+/// `ring` ([`out_staging`] says when) each consumer has [`OUT_RING_SLOTS`] boxes instead, reused
+/// in turn.
 #[derive(Clone, Copy)]
 pub struct Staging {
     pub base: u32,
     pub consumers: u32,
     pub block_n: u32,
+    pub ring: bool,
 }
 
 impl Staging {
@@ -68,11 +71,17 @@ impl Staging {
     pub const fn box_bytes(self) -> u32 {
         FRAGMENT_ROWS * self.row_bytes()
     }
-    /// Box `h` (columns `h·W..(h + 1)·W`) of consumer `c`'s rows of wave `w`.
+    /// Box `h` (columns `h·W..(h + 1)·W`) of consumer `c`'s rows of wave `w` (whole-tile
+    /// staging).
     #[inline(always)]
     pub const fn box_addr(self, w: u32, c: u32, h: u32) -> u32 {
         self.base
             + ((w * self.consumers + c) * (self.block_n / self.box_n()) + h) * self.box_bytes()
+    }
+    /// Slot `s` of consumer `c`'s ring.
+    #[inline(always)]
+    pub const fn slot_addr(self, c: u32, s: u32) -> u32 {
+        self.base + (c * OUT_RING_SLOTS + s) * self.box_bytes()
     }
 }
 
@@ -137,13 +146,16 @@ pub unsafe fn store_tma<const WAVES: usize, F: Fragment>(
     }
     sync_consumer(c);
     let bf16 = out.out_type == OutType::Bf16 as u32;
-    // This thread's first row in the boxes. The swizzle's XOR term, bits 7.. of the row's offset
-    // masked to the span's chunk count, is the same for every row this thread writes (rows
-    // r + 16·warp + 8·h differ in bits the mask drops), and it occupies the chunk bits, which the
-    // row's offset leaves 0.
-    let (r, span) = (16 * warp + lane / 4, staging.row_bytes());
-    let xor = 16 * (((r * span) >> 7) & (span / 16 - 1));
-    let base = smem::opaque(staging.box_addr(0, c, 0) + r * span + xor + 4 * (lane % 4));
+    if staging.ring {
+        // One conversion per path, as below.
+        if bf16 {
+            store_ring::<true, WAVES, F>(out, staging, c, local, acc, (m0, n0, l), wave_m);
+        } else {
+            store_ring::<false, WAVES, F>(out, staging, c, local, acc, (m0, n0, l), wave_m);
+        }
+        return;
+    }
+    let base = thread_base(staging, staging.box_addr(0, c, 0), local);
     for (w, acc) in acc.iter().enumerate() {
         // One conversion per path (a run-time choice per value doubles the live registers).
         if bf16 {
@@ -175,6 +187,90 @@ pub unsafe fn store_tma<const WAVES: usize, F: Fragment>(
             }
         }
         tma::commit();
+    }
+}
+
+/// [`store_tma`] through consumer `c`'s ring of [`OUT_RING_SLOTS`] boxes: box by box (wave by
+/// wave, left to right), each written, fenced and stored as its own bulk group; a slot is
+/// rewritten once the store that last read it has (`wait_read` leaves the newer box's store in
+/// flight). The caller has waited for the previous tile's stores and synchronized the warpgroup.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn store_ring<const BF16: bool, const WAVES: usize, F: Fragment>(
+    out: &Output,
+    staging: Staging,
+    c: u32,
+    local: u32,
+    acc: &[F; WAVES],
+    (m0, n0, l): (u32, u32, u32),
+    wave_m: u32,
+) {
+    let box_n = staging.box_n();
+    let base = thread_base(staging, staging.slot_addr(c, 0), local);
+    let per_wave = F::N / box_n;
+    for (w, acc) in acc.iter().enumerate() {
+        for h in 0..per_wave {
+            let i = w as u32 * per_wave + h;
+            let slot = i % OUT_RING_SLOTS;
+            if i >= OUT_RING_SLOTS {
+                if local == 0 {
+                    tma::wait_read::<{ OUT_RING_SLOTS - 1 }>();
+                }
+                sync_consumer(c);
+            }
+            stage_box::<BF16, F>(base + slot * staging.box_bytes(), staging, h, acc);
+            smem::fence_async_proxy();
+            sync_consumer(c);
+            if local == 0 {
+                let (x, y) = (n0 + h * box_n, m0 + w as u32 * wave_m + c * FRAGMENT_ROWS);
+                // SAFETY: the box was written and fenced by the whole warpgroup (the barrier
+                // above); the map covers the output, TMA clips rows past M and columns past N.
+                unsafe {
+                    tma::store_3d(
+                        out.tmap,
+                        x as i32,
+                        y as i32,
+                        l as i32,
+                        staging.slot_addr(c, slot),
+                    )
+                };
+                tma::commit();
+            }
+        }
+    }
+}
+
+/// Thread `local`'s address of chunk 0 of its first row in the box at `box0`, with the swizzle's
+/// XOR term added. That term, bits 7.. of the row's offset masked to the span's chunk count, is
+/// the same for every row this thread writes (rows r + 16·warp + 8·h differ in bits the mask
+/// drops), and it occupies the chunk bits, which the row's offset leaves 0.
+#[inline(always)]
+fn thread_base(staging: Staging, box0: u32, local: u32) -> u32 {
+    let (warp, lane) = (local / 32, local % 32);
+    let (r, span) = (16 * warp + lane / 4, staging.row_bytes());
+    let xor = 16 * (((r * span) >> 7) & (span / 16 - 1));
+    smem::opaque(box0 + r * span + xor + 4 * (lane % 4))
+}
+
+/// Writes the values of box `h` of one thread's fragment (columns `h·W..(h + 1)·W`) as 16-bit
+/// values into the box at `base` (the thread's address of chunk 0 of its first row, with the
+/// swizzle's XOR term, as in [`stage_fragment`]).
+#[inline(always)]
+fn stage_box<const BF16: bool, F: Fragment>(base: u32, staging: Staging, h: u32, acc: &F) {
+    let (box_n, span) = (staging.box_n(), staging.row_bytes());
+    let acc = acc.as_ref();
+    for jj in 0..box_n / 4 {
+        let j = h * (box_n / 4) + jj;
+        let i = 2 * j as usize;
+        let chunk = jj / 2;
+        let addr = (base ^ (16 * chunk)) + 8 * (j % 2) * span;
+        let pair = if BF16 {
+            convert::f32x2_to_bf16x2(acc[i], acc[i + 1])
+        } else {
+            convert::f32x2_to_f16x2(acc[i], acc[i + 1])
+        };
+        // SAFETY: inside this warpgroup's slot (row < 64, chunk < W / 8, lane % 4 < 4).
+        unsafe { smem::store_u32(addr, pair) };
     }
 }
 

@@ -36,6 +36,25 @@ pub const fn out_box_swizzle_bytes(block_n: u32) -> u32 {
     2 * out_box_n(block_n)
 }
 
+/// Box buffers per consumer warpgroup of a ring-staged output ([`out_staging`]): two, so that one
+/// box is written while the TMA store of the other reads it.
+pub const OUT_RING_SLOTS: u32 = 2;
+
+/// The output staging of a tile of `consumers` × `waves` fragments of 64 rows × `block_n` 16-bit
+/// columns: (bytes, whether it is a ring). The whole tile, one box per slot, unless that is more
+/// than [`OUT_RING_SLOTS`] boxes per consumer: then a ring of that many boxes per consumer, which
+/// the epilogue refills as the stores drain (a 128 × 256 or 256 × 128 tile stages 32 KiB instead
+/// of 64 KiB: one more 48 KiB stage of the pipeline fits).
+pub const fn out_staging(consumers: u32, waves: u32, block_n: u32) -> (u32, bool) {
+    let box_bytes = FRAGMENT_ROWS * out_box_swizzle_bytes(block_n);
+    let boxes = waves * block_n / out_box_n(block_n);
+    if boxes > OUT_RING_SLOTS {
+        (consumers * OUT_RING_SLOTS * box_bytes, true)
+    } else {
+        (consumers * boxes * box_bytes, false)
+    }
+}
+
 /// Every output box width [`out_box_n`] gives (the host encodes a map for each).
 pub const OUT_BOX_WIDTHS: [u32; 3] = [64, 32, 16];
 

@@ -308,6 +308,7 @@ impl<const CONS: u32, const WAVES: usize, F: Fp8Fragment, T: Fp8Pair, const MODE
             base: ctx.layout.out(),
             consumers: CONS,
             block_n: F::N,
+            ring: false,
         };
         let at = (own.first_row(own.m, tile.block_m()), own.n * F::N, out_l);
         // SAFETY: `tmap_c`, when set, maps the 16-bit output (the entry's contract); the staging

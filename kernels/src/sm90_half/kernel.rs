@@ -256,6 +256,7 @@ impl<const WAVES: usize, F: Fp16Fragment, T: Fp16, const MODE: u32> GemmKernel
             base: ctx.layout.out(),
             consumers: CONSUMERS,
             block_n: F::N,
+            ring: Self::TILE.out_ring(),
         };
         let at = (own.first_row(own.m, tile.block_m()), own.n * F::N, out_l);
         // SAFETY: `tmap_c`, when set, maps the 16-bit output (the entry's contract); the staging

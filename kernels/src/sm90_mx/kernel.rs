@@ -351,6 +351,7 @@ impl<F: Fp16Fragment, EA: Dequant, EB: Dequant, S: ScaleDecode> GemmKernel
             base: 0,
             consumers: CONSUMERS,
             block_n: F::N,
+            ring: false,
         };
         let at = (own.first_row(own.m, BLOCK_M), own.n * F::N, out_l);
         // SAFETY: `out.tmap` is 0, so nothing is staged.

@@ -1,16 +1,16 @@
-//! GPU tests of the sm90 16-bit kernel: block-sparse GEMM with bf16 blocks of 64 × 64 and
-//! 128 × 128 (random patterns with empty block rows, a single block, every block; either operand
-//! sparse; ragged extents; every tile; runs cut into parts; every output type) and dense bf16
+//! GPU tests of the sm90 16-bit kernel, bf16 and fp16: block-sparse GEMM with blocks of 64 × 64
+//! and 128 × 128 (random patterns with empty block rows, a single block, every block; either
+//! operand sparse; ragged extents; every tile; runs cut into parts; every output type) and dense
 //! GEMM (batched, split K); fresh random inputs, a random per-tensor scale on the dense operand
 //! (the kernel's alpha), outputs poisoned with NaN, every element compared with the CPU reference
-//! within the bf16 tensor-core bound (exact products, fp32 accumulation). Run on a machine with an
-//! H100: `cargo test -p blockscaled-tests --test gpu_bsr_bf16 -- --include-ignored`.
+//! within the 16-bit tensor-core bound (exact products, fp32 accumulation). Run on a machine with
+//! an H100: `cargo test -p blockscaled-tests --test gpu_half -- --include-ignored`.
 
 use std::sync::OnceLock;
 
 use blockscaled::{
-    BsrMatrix, Error, Fp4Weights, Gpu, HostOutput, OutType, Plan, Recipe, ScaledMatrix,
-    Sm90HalfConfig, Sm90HalfTile, SparseSide, reference,
+    BsrMatrix, ElemType, Error, Fp4Weights, Gpu, HostOutput, OperandFormat, OutType, Plan, Recipe,
+    ScaledMatrix, Sm90HalfConfig, Sm90HalfTile, SparseSide, reference,
 };
 use blockscaled_tests::{bf16_mma_rel, compare_outputs, random_matrix, with_scales};
 use proptest::prelude::*;
@@ -22,13 +22,26 @@ fn gpu() -> &'static Gpu {
     GPU.get_or_init(|| Gpu::new(0).expect("a CUDA device (these tests are ignored without one)"))
 }
 
-/// A random bf16 matrix (values of several binades), with per-tensor scale `scale`.
-fn bf16_matrix(seed: u64, rows: usize, k: usize, batch: usize, scale: f32) -> ScaledMatrix {
-    let (_, m) = random_matrix(seed, rows, k, batch, Recipe::W4A16(Fp4Weights::Nvfp4).a());
+/// The two types the kernel takes.
+const TYPES: [ElemType; 2] = [ElemType::BF16, ElemType::F16];
+
+/// A random `elem` (bf16 or fp16) matrix (values of several binades, within fp16's normal range),
+/// with per-tensor scale `scale`.
+fn half_matrix(
+    elem: ElemType,
+    seed: u64,
+    (rows, k, batch): (usize, usize, usize),
+    scale: f32,
+) -> ScaledMatrix {
+    let format = OperandFormat {
+        elem,
+        ..Recipe::W4A16(Fp4Weights::Nvfp4).a()
+    };
+    let (_, m) = random_matrix(seed, rows, k, batch, format);
     with_scales(&m, scale.to_le_bytes().repeat(batch))
 }
 
-/// The bf16 bits of `m` (one batch entry).
+/// The 16-bit codes of `m` (one batch entry).
 fn bits(m: &ScaledMatrix) -> Vec<u16> {
     m.data()
         .chunks_exact(2)
@@ -47,9 +60,10 @@ enum Keep {
     One(usize, usize),
 }
 
-/// The dense operand (bf16, per-tensor scale from the seed) and the sparse one (`block` ×
-/// `block` bf16 blocks of a random matrix), both fresh from `seed`.
+/// The dense operand (`elem`, per-tensor scale from the seed) and the sparse one (`block` ×
+/// `block` `elem` blocks of a random matrix), both fresh from `seed`.
 fn operands(
+    elem: ElemType,
     seed: u64,
     (dense_rows, sparse_rows, k): (usize, usize, usize),
     block: usize,
@@ -58,17 +72,17 @@ fn operands(
     let mut rng = StdRng::seed_from_u64(seed.wrapping_mul(7919));
     // Powers of two and others: the scale is the kernel's alpha.
     let scale = [1.0, 0.375, 4.0, 1.0 / 3.0][rng.random_range(0..4)];
-    let dense = bf16_matrix(seed, dense_rows, k, 1, scale);
-    let full = bf16_matrix(seed ^ 0xB5B5_0F0F, sparse_rows, k, 1, 1.0);
+    let dense = half_matrix(elem, seed, (dense_rows, k, 1), scale);
+    let full = half_matrix(elem, seed ^ 0xB5B5_0F0F, (sparse_rows, k, 1), 1.0);
     let (brs, bcs) = (sparse_rows.div_ceil(block), k / block);
     let empty_row = rng.random_range(0..brs);
-    let sparse =
-        BsrMatrix::from_dense_bf16(&bits(&full), (sparse_rows, k), block, |br, bc| match keep {
-            Keep::Random(p) => br != empty_row && rng.random_bool(p),
-            Keep::None => false,
-            Keep::All => true,
-            Keep::One(r, c) => (br, bc) == (r % brs, c % bcs),
-        })
+    let keep = |br, bc| match keep {
+        Keep::Random(p) => br != empty_row && rng.random_bool(p),
+        Keep::None => false,
+        Keep::All => true,
+        Keep::One(r, c) => (br, bc) == (r % brs, c % bcs),
+    };
+    let sparse = BsrMatrix::from_dense_16bit(elem, &bits(&full), (sparse_rows, k), block, keep)
         .expect("valid BSR");
     (dense, sparse)
 }
@@ -100,13 +114,15 @@ fn bsr_on(
     c.to_host().map_err(e)
 }
 
-/// The bf16 tensor-core bound for each element (Σ|ab| of the reference).
+/// The 16-bit tensor-core bound for each element (Σ|ab| of the reference): products of two
+/// fp16 or two bf16 values are exact in fp32, so both types share it.
 fn slack(abs: &[f64], k: usize) -> Vec<f64> {
     abs.iter().map(|&s| s * bf16_mma_rel(k)).collect()
 }
 
 #[allow(clippy::too_many_arguments)]
 fn check(
+    elem: ElemType,
     side: SparseSide,
     dims: (usize, usize, usize),
     block: usize,
@@ -115,14 +131,15 @@ fn check(
     cfg: Option<Sm90HalfConfig>,
     seed: u64,
 ) -> Result<(), String> {
-    let (dense, sparse) = operands(seed, dims, block, keep);
+    let (dense, sparse) = operands(elem, seed, dims, block, keep);
     let (want, abs) =
         reference::bsr_gemm(&dense, &sparse, side, dtype).map_err(|e| e.to_string())?;
     let got = bsr_on(&dense, &sparse, side, dtype, cfg)?;
     compare_outputs(&got, &want, 1.0, &slack(&abs, dims.2)).map_err(|e| {
         format!(
-            "{side:?} sparse, {dims:?} (dense rows, sparse rows, K), blocks of {block} ({} \
+            "{} {side:?} sparse, {dims:?} (dense rows, sparse rows, K), blocks of {block} ({} \
              stored), {keep:?} {dtype:?} {cfg:?} seed {seed}: {e}",
+            elem.name(),
             sparse.nnz()
         )
     })
@@ -159,11 +176,12 @@ fn config(which: usize, dense_rows: usize, block: usize) -> Sm90HalfConfig {
 const CONFIGS: usize = 11;
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(48))]
+    #![proptest_config(ProptestConfig::with_cases(64))]
 
     #[test]
     #[ignore = "needs a CUDA device"]
-    fn bf16_bsr_gemm_matches_cpu_reference_on_random_patterns_and_ragged_shapes(
+    fn bsr_gemm_matches_cpu_reference_on_random_patterns_and_ragged_shapes(
+        f16 in any::<bool>(),
         side_b in any::<bool>(),
         dense_rows in 1usize..600,
         sparse_rows in 1usize..600,
@@ -178,7 +196,7 @@ proptest! {
         let dtype = [OutType::Bf16, OutType::F32, OutType::F16][dtype_i];
         let block = if wide { 128 } else { 64 };
         let cfg = config(which, dense_rows, block);
-        let r = check(side, (dense_rows, sparse_rows, block * k_blocks), block,
+        let r = check(TYPES[f16 as usize], side, (dense_rows, sparse_rows, block * k_blocks), block,
             Keep::Random(density), dtype, Some(cfg), seed);
         prop_assert!(r.is_ok(), "{}", r.unwrap_err());
     }
@@ -191,12 +209,13 @@ fn no_blocks_a_single_block_and_every_block_give_the_reference() {
         .into_iter()
         .enumerate()
     {
-        for block in [64, 128] {
+        for (elem, block) in TYPES.into_iter().flat_map(|t| [(t, 64), (t, 128)]) {
             for side in [SparseSide::A, SparseSide::B] {
                 for which in 0..CONFIGS {
                     let seed = 1000 + 10 * i as u64 + which as u64;
                     let cfg = config(which, 300, block);
                     check(
+                        elem,
                         side,
                         (300, 260, 512),
                         block,
@@ -209,6 +228,7 @@ fn no_blocks_a_single_block_and_every_block_give_the_reference() {
                 }
                 // The chosen plan, at a size with 256-row tiles and several bands.
                 check(
+                    elem,
                     side,
                     (1100, 640, 1024),
                     block,
@@ -229,9 +249,10 @@ fn a_long_run_cut_into_parts_is_bitwise_reproducible_and_matches_the_reference()
     // One block row holds every block (K = 2048: 16 blocks of 128, 32 stages), the others one
     // or none: with one M tile and 132 CTAs the long run is cut into parts that meet in split-K's
     // fixed order.
-    let dense = bf16_matrix(77, 128, 2048, 1, 0.375);
-    let full = bf16_matrix(78, 512, 2048, 1, 1.0);
-    let sparse = BsrMatrix::from_dense_bf16(&bits(&full), (512, 2048), 128, |br, bc| {
+    let f16 = ElemType::F16;
+    let dense = half_matrix(f16, 77, (128, 2048, 1), 0.375);
+    let full = half_matrix(f16, 78, (512, 2048, 1), 1.0);
+    let sparse = BsrMatrix::from_dense_16bit(f16, &bits(&full), (512, 2048), 128, |br, bc| {
         br == 2 || (br == 0 && bc == 3)
     })
     .expect("valid BSR");
@@ -258,12 +279,14 @@ fn a_long_run_cut_into_parts_is_bitwise_reproducible_and_matches_the_reference()
 fn every_block_stored_gives_bitwise_the_dense_kernels_result() {
     // The same products in the same K order from zero sums: the dense 16-bit kernel and the
     // block-sparse one with every block stored agree bit for bit.
-    let dense = bf16_matrix(91, 384, 1024, 1, 0.375);
-    let full = bf16_matrix(92, 256, 1024, 1, 1.0);
     let g = gpu();
-    for (block, which) in [(128, 0), (128, 1), (64, 2), (64, 3), (128, 7), (64, 8)] {
+    let cases = [(128, 0), (128, 1), (64, 2), (64, 3), (128, 7), (64, 8)];
+    for (elem, (block, which)) in TYPES.into_iter().flat_map(|t| cases.map(|c| (t, c))) {
+        let dense = half_matrix(elem, 91, (384, 1024, 1), 0.375);
+        let full = half_matrix(elem, 92, (256, 1024, 1), 1.0);
         let sparse =
-            BsrMatrix::from_dense_bf16(&bits(&full), (256, 1024), block, |_, _| true).unwrap();
+            BsrMatrix::from_dense_16bit(elem, &bits(&full), (256, 1024), block, |_, _| true)
+                .unwrap();
         let cfg = Sm90HalfConfig {
             split_k: 1,
             ..config(which, 384, block)
@@ -278,7 +301,8 @@ fn every_block_stored_gives_bitwise_the_dense_kernels_result() {
                 .iter()
                 .zip(&want.values)
                 .all(|(a, b)| a.to_bits() == b.to_bits()),
-            "{cfg:?}"
+            "{} {cfg:?}",
+            elem.name()
         );
     }
 }
@@ -286,16 +310,17 @@ fn every_block_stored_gives_bitwise_the_dense_kernels_result() {
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(24))]
 
-    /// Dense bf16 GEMM (now on the 16-bit kernel, no longer the reference kernel): batched,
+    /// Dense bf16 and fp16 GEMM (on the 16-bit kernel, not the reference kernel): batched,
     /// ragged, split K, every tile and output type.
     #[test]
     #[ignore = "needs a CUDA device"]
-    fn dense_bf16_gemm_matches_cpu_reference(
+    fn dense_gemm_matches_cpu_reference(
+        f16 in any::<bool>(),
         m in 1usize..400,
         n in 1usize..400,
         k8 in 1usize..100,
         l in 1usize..3,
-        tile_i in 0usize..4,
+        tile_i in 0usize..5,
         pair in any::<bool>(),
         split_k in 1u32..4,
         dtype_i in 0usize..3,
@@ -303,7 +328,11 @@ proptest! {
     ) {
         let k = 8 * k8;
         let dtype = [OutType::Bf16, OutType::F32, OutType::F16][dtype_i];
-        let (a, b) = (bf16_matrix(seed, m, k, l, 0.375), bf16_matrix(seed ^ 1, n, k, l, 4.0));
+        let elem = TYPES[f16 as usize];
+        let (a, b) = (
+            half_matrix(elem, seed, (m, k, l), 0.375),
+            half_matrix(elem, seed ^ 1, (n, k, l), 4.0),
+        );
         let g = gpu();
         let (da, db) = (g.upload(&a).unwrap(), g.upload(&b).unwrap());
         let tile = Sm90HalfTile::ALL[tile_i];
@@ -322,8 +351,45 @@ proptest! {
         let (want, _) = reference::gemm(&a, &b, dtype).unwrap();
         let (_, abs) = reference::gemm_f64(&a, &b).unwrap();
         let r = compare_outputs(&got, &want, 1.0, &slack(&abs, k));
-        prop_assert!(r.is_ok(), "{cfg:?} {m}×{n}×{k}×{l} {dtype:?}: {}", r.unwrap_err());
+        prop_assert!(r.is_ok(), "{} {cfg:?} {m}×{n}×{k}×{l} {dtype:?}: {}", elem.name(), r.unwrap_err());
         prop_assert!(matches!(g.plan(&da, &db).unwrap(), Plan::Sm90Half(_)));
+    }
+}
+
+/// The TMA-store epilogue (16-bit output, N a multiple of 8) of every tile, alone and in pairs,
+/// with few CTAs (each stores several tiles, so a ring of boxes is reused across tiles) and ragged
+/// M: the 256 × 128 and 128 × 256 tiles stage their output through a ring of two boxes per
+/// consumer, the others the whole tile.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn every_tile_stores_16_bit_output_through_tma_like_the_reference() {
+    let g = gpu();
+    for (i, tile) in Sm90HalfTile::ALL.into_iter().enumerate() {
+        for (elem, dtype) in TYPES.into_iter().zip([OutType::Bf16, OutType::F16]) {
+            for (cluster_m, ctas) in [(1, 3), (2, 4), (1, 132)] {
+                let (m, n, k) = (1000 - 37 * i, 648, 512);
+                let seed = 500 + i as u64 + 10 * cluster_m as u64 + ctas as u64;
+                let (a, b) = (
+                    half_matrix(elem, seed, (m, k, 1), 0.375),
+                    half_matrix(elem, seed ^ 3, (n, k, 1), 1.0),
+                );
+                let cfg = Sm90HalfConfig {
+                    tile,
+                    cluster_m,
+                    group_m: 2,
+                    ctas,
+                    split_k: 1,
+                };
+                let (da, db) = (g.upload(&a).unwrap(), g.upload(&b).unwrap());
+                let mut c = g.output(m, n, 1, dtype).unwrap();
+                g.gemm_with(&da, &db, &mut c, Plan::Sm90Half(cfg)).unwrap();
+                let got = c.to_host().unwrap();
+                let (want, _) = reference::gemm(&a, &b, dtype).unwrap();
+                let (_, abs) = reference::gemm_f64(&a, &b).unwrap();
+                compare_outputs(&got, &want, 1.0, &slack(&abs, k))
+                    .unwrap_or_else(|e| panic!("{} {cfg:?} {m}×{n}×{k}: {e}", elem.name()));
+            }
+        }
     }
 }
 
@@ -331,7 +397,7 @@ proptest! {
 #[ignore = "needs a CUDA device"]
 fn mismatched_types_shapes_and_plans_are_typed_errors() {
     let g = gpu();
-    let (dense, sparse) = operands(5, (256, 256, 512), 64, Keep::Random(0.5));
+    let (dense, sparse) = operands(ElemType::BF16, 5, (256, 256, 512), 64, Keep::Random(0.5));
     let (dd, ds) = (g.upload(&dense).unwrap(), g.upload_bsr(&sparse).unwrap());
     let mut c = g.output(256, 256, 1, OutType::Bf16).unwrap();
     // A tile wider than the 64-row blocks, parts out of range, the FP8 family's plan.
@@ -356,8 +422,20 @@ fn mismatched_types_shapes_and_plans_are_typed_errors() {
     let d8 = g.upload(&fp8).unwrap();
     let r = g.bsr_gemm(&d8, &ds, SparseSide::B, &mut c);
     assert!(matches!(r, Err(Error::Format(_))), "{r:?}");
+    // A bf16 dense operand with fp16 blocks, and a dense bf16 × fp16 pair on the 16-bit kernel
+    // (the chosen plan for that pair is the reference kernel, which takes any two types).
+    let (_, f16_sparse) = operands(ElemType::F16, 5, (256, 256, 512), 64, Keep::All);
+    let ds16 = g.upload_bsr(&f16_sparse).unwrap();
+    let r = g.bsr_gemm(&dd, &ds16, SparseSide::B, &mut c);
+    assert!(matches!(r, Err(Error::Format(_))), "{r:?}");
+    let f16_dense = half_matrix(ElemType::F16, 8, (256, 512, 1), 1.0);
+    let d16 = g.upload(&f16_dense).unwrap();
+    assert_eq!(g.plan(&dd, &d16).unwrap(), Plan::Reference);
+    let dense_plan = Plan::Sm90Half(blockscaled::plan::sm90_half_default(256, 256, 132));
+    let r = g.gemm_with(&dd, &d16, &mut c, dense_plan);
+    assert!(matches!(r, Err(Error::Format(_))), "{r:?}");
     // K differs.
-    let other = bf16_matrix(6, 256, 384, 1, 1.0);
+    let other = half_matrix(ElemType::BF16, 6, (256, 384, 1), 1.0);
     let d_other = g.upload(&other).unwrap();
     assert!(matches!(
         g.bsr_gemm(&d_other, &ds, SparseSide::B, &mut c),
