@@ -24,7 +24,7 @@ use cudarc::driver::{CudaSlice, CudaStream};
 use crate::buffers::{GpuId, Prepared};
 use crate::error::{Error, Result, shape};
 use crate::format::{ElemType, ScaleType};
-use crate::matrix::ScaledMatrix;
+use crate::matrix::{GemmShape, ScaledMatrix};
 use blockscaled_kernels::gemm::scheduler::Segment;
 
 /// Which operand of C = A · Bᵀ is block-sparse.
@@ -41,6 +41,24 @@ pub const FP8_BLOCK: usize = 128;
 /// The block sizes of 16-bit BSR matrices (the seed's and torch's common ones; the 16-bit
 /// kernel's tiles are 64 or 128 columns wide).
 pub const HALF_BLOCKS: [usize; 2] = [64, 128];
+
+/// What every block-sparse configuration shares: `split_k`, the most parts a run of stored
+/// blocks is cut into, is 1 to [`MAX_PARTS`]; the product has one batch entry.
+pub(crate) fn validate_parts(split_k: u32, s: &GemmShape) -> Result<()> {
+    if !(1..=MAX_PARTS).contains(&split_k) {
+        return Err(Error::Config(format!(
+            "split_k = {split_k}: a block-sparse GEMM cuts a run of stored blocks into 1 to \
+             {MAX_PARTS} parts"
+        )));
+    }
+    if s.l != 1 {
+        return Err(shape(format!(
+            "L = {}: block-sparse GEMM has one batch entry",
+            s.l
+        )));
+    }
+    Ok(())
+}
 
 /// A block-sparse matrix of `rows` × `cols` (K = `cols`): block row `r` (rows
 /// `r·bs..(r+1)·bs`) stores blocks `crow[r]..crow[r+1]`; stored block `i` is block column

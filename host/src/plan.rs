@@ -326,7 +326,7 @@ fn half_config(tile: HalfTile, cluster_m: u32, m: usize, sm_count: u32) -> Sm90H
     }
 }
 
-/// Smallest M for the 16-bit kernel's 256-row tiles.
+/// Smallest M for the 16-bit kernel's 256-row units (256-row tiles, or 128 × 256 tiles in pairs).
 pub const HALF_M256_MIN_M: usize = 1024;
 
 /// The block-sparse configuration for `m` dense rows and `n` sparse rows: 128 × 64 tiles at

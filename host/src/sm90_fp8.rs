@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr};
 
-use crate::bsr::{BsrMatrix, DeviceBsr, FP8_BLOCK, MAX_PARTS, SparseSide};
+use crate::bsr::{BsrMatrix, DeviceBsr, FP8_BLOCK, SparseSide};
 use crate::buffers::{DeviceMatrix, DeviceOutput, PreparedValue};
 use crate::error::{Error, Result, config, shape};
 use crate::family::{Family, Gemm};
@@ -164,7 +164,7 @@ impl Sm90Config {
     /// operand's rows, N: the sparse operand's): a tile with a block-sparse kernel (at most one
     /// 128-row block wide: a tile's columns share one run of stored blocks), clusters along M
     /// only (a pair along N would need two runs), and `split_k` the most parts a run is cut into
-    /// (1 to [`MAX_PARTS`]).
+    /// (1 to [`crate::bsr::MAX_PARTS`]).
     pub fn validate_sparse(&self, s: &GemmShape) -> Result<()> {
         Sm90Config {
             split_k: 1,
@@ -185,20 +185,7 @@ impl Sm90Config {
                 self.cluster.m, self.cluster.n
             )));
         }
-        if !(1..=MAX_PARTS).contains(&self.split_k) {
-            return Err(config(format!(
-                "split_k = {}: a block-sparse GEMM cuts a run of stored blocks into 1 to \
-                 {MAX_PARTS} parts",
-                self.split_k
-            )));
-        }
-        if s.l != 1 {
-            return Err(shape(format!(
-                "L = {}: block-sparse GEMM has one batch entry",
-                s.l
-            )));
-        }
-        Ok(())
+        crate::bsr::validate_parts(self.split_k, s)
     }
 
     /// This configuration with `tile` in place of its own: the cluster kept if the tile is the

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr};
 
-use crate::bsr::{BsrMatrix, DeviceBsr, MAX_PARTS, SparseSide};
+use crate::bsr::{BsrMatrix, DeviceBsr, SparseSide};
 use crate::buffers::{DeviceMatrix, DeviceOutput, PreparedValue};
 use crate::error::{Error, Result, config, shape};
 use crate::family::{Family, Gemm};
@@ -100,7 +100,7 @@ impl Sm90HalfConfig {
     /// [`Sm90HalfConfig::validate`] for a block-sparse GEMM of kernel shape `s` (M the dense
     /// operand's rows, N the sparse operand's) with blocks of `block`: a tile no wider than a
     /// block (a tile's columns share one run of stored blocks), one batch entry, and `split_k`
-    /// the most parts a run is cut into (1 to [`MAX_PARTS`]).
+    /// the most parts a run is cut into (1 to [`crate::bsr::MAX_PARTS`]).
     pub fn validate_sparse(&self, s: &GemmShape, block: usize) -> Result<()> {
         Sm90HalfConfig {
             split_k: 1,
@@ -114,20 +114,7 @@ impl Sm90HalfConfig {
                 self.tile.block_n
             )));
         }
-        if !(1..=MAX_PARTS).contains(&self.split_k) {
-            return Err(config(format!(
-                "split_k = {}: a block-sparse GEMM cuts a run of stored blocks into 1 to \
-                 {MAX_PARTS} parts",
-                self.split_k
-            )));
-        }
-        if s.l != 1 {
-            return Err(shape(format!(
-                "L = {}: block-sparse GEMM has one batch entry",
-                s.l
-            )));
-        }
-        Ok(())
+        crate::bsr::validate_parts(self.split_k, s)
     }
 
     /// The cluster shape (pairs along M only).
@@ -671,7 +658,7 @@ mod tests {
             ..sp
         };
         assert!(n64.validate_sparse(&s(300, 256, 256, 1), 64).is_ok());
-        for bad in [0, MAX_PARTS + 1] {
+        for bad in [0, crate::bsr::MAX_PARTS + 1] {
             let c = Sm90HalfConfig { split_k: bad, ..sp };
             assert!(matches!(
                 c.validate_sparse(&s(300, 256, 256, 1), 128),

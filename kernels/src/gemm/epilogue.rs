@@ -9,7 +9,9 @@
 
 use super::barriers::sync_consumer;
 use super::layout::{FRAGMENT_ROWS, OUT_RING_SLOTS, out_box_n, out_box_swizzle_bytes};
-use crate::params::OutType;
+use super::scheduler::{ClusterShape, Schedule, WorkUnit};
+use super::splitk;
+use crate::params::{OutType, SplitKParams};
 use crate::ptx::wgmma::{self, Fragment};
 use crate::ptx::{convert, global, smem, tma};
 
@@ -394,6 +396,56 @@ pub fn store_transposed_tile<const WAVES: usize, F: Fragment>(
             acc,
         );
     }
+}
+
+/// Where a CTA's tiles go: the output (`out.row_end` set per unit), its TMA staging, whether
+/// the tiles are Cᵀ (a block-sparse GEMM whose sparse operand is A: stored directly, transposed
+/// into C's shape), and the tile's rows and wave height.
+#[derive(Clone, Copy)]
+pub struct TileStore {
+    pub out: Output,
+    pub staging: Staging,
+    pub transposed: bool,
+    pub block_m: u32,
+    pub wave_m: u32,
+}
+
+/// The end of a unit for consumer warpgroup `c` of `consumers` (thread `local`): its fragments
+/// `acc` meet the unit's other K ranges ([`splitk::meet`]); the warpgroup that holds the sum
+/// then stores it as `dst` says ([`store`], or [`store_transposed_tile`] for Cᵀ).
+/// # Safety
+/// As [`splitk::meet`] for `sk`, `sched`, `cluster`, `own` and the warpgroup; as [`store_tma`]
+/// when `dst.out.tmap` is set and the tile is not transposed.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+pub unsafe fn finish_unit<const WAVES: usize, F: Fragment>(
+    sk: &SplitKParams,
+    sched: &Schedule,
+    cluster: ClusterShape,
+    own: &WorkUnit,
+    (c, consumers, local): (u32, u32, u32),
+    acc: &mut [F; WAVES],
+    dst: &TileStore,
+) {
+    // SAFETY: the caller's contract.
+    let meet = unsafe { splitk::meet(sk, sched, cluster, own, (c, consumers, local), acc) };
+    let Some(out_l) = meet else { return };
+    if dst.transposed {
+        // The tile's rows are columns of C.
+        let out = Output {
+            tmap: 0,
+            m: dst.out.n,
+            n: dst.out.m,
+            row_end: u32::MAX,
+            ..dst.out
+        };
+        let at = (own.m * dst.block_m, own.n * F::N);
+        store_transposed_tile(&out, out_l, (c, local), acc, at, dst.wave_m);
+        return;
+    }
+    let at = (own.first_row(own.m, dst.block_m), own.n * F::N, out_l);
+    // SAFETY: the caller's contract.
+    unsafe { store(&dst.out, dst.staging, c, local, acc, at, dst.wave_m) };
 }
 
 /// Writes one thread's fragment of a transposed product (the MMA computed Cᵀ: its rows are

@@ -22,12 +22,11 @@ use core::marker::PhantomData;
 
 use super::{BLOCK_K, BLOCK_N, Mode, ROW_BYTES, SFA_BOX, Sm90Fp8Params, Tile, WG_ROWS};
 use crate::gemm::driver::{Ctx, GemmKernel};
-use crate::gemm::epilogue::{self, Output, Staging};
+use crate::gemm::epilogue::{self, Output, Staging, TileStore};
 use crate::gemm::layout::StageLayout;
 use crate::gemm::pipeline::{PipelineState, Turn};
 use crate::gemm::promote::{promote, promote_split};
 use crate::gemm::scheduler::{ClusterShape, MAX_CLUSTER, Schedule, WorkUnit};
-use crate::gemm::splitk;
 use crate::ptx::wgmma::{self, Descriptor, Fp8Fragment, Fp8Pair, Fragment, Swizzle};
 use crate::ptx::{global, smem, thread, tma};
 
@@ -266,54 +265,41 @@ impl<const CONS: u32, const WAVES: usize, F: Fp8Fragment, T: Fp8Pair, const MODE
             let lane = cons.local % 32;
             unsafe { epilogue::scale_columns(&mut acc, p.sfb_col, batch, own.n * F::N, p.n, lane) };
         }
+        let dst = TileStore {
+            out: Output {
+                ptr: p.out,
+                tmap: p.tmap_c,
+                m: p.m,
+                n: p.n,
+                out_type: p.out_type,
+                row_end: own.row_end,
+            },
+            staging: Staging {
+                base: ctx.layout.out(),
+                consumers: CONS,
+                block_n: F::N,
+                ring: false,
+            },
+            // A sparse A: the tile is Cᵀ.
+            transposed: Self::SPARSE && p.sparse.transposed != 0,
+            block_m: tile.block_m(),
+            wave_m: tile.wave_m(),
+        };
         let who = (cons.c, CONS, cons.local);
         // SAFETY: the host sizes `splitk` for this schedule and cluster (the entry's contract);
-        // the tile is CONS · WAVES fragments of 64 rows.
-        let meet = unsafe {
-            splitk::meet(
+        // the tile is CONS · WAVES fragments of 64 rows; `tmap_c`, when set, maps the 16-bit
+        // output; the staging boxes are this warpgroup's.
+        unsafe {
+            epilogue::finish_unit(
                 &p.splitk,
                 &self.schedule(),
                 self.cluster(),
                 own,
                 who,
                 &mut acc,
+                &dst,
             )
         };
-        let Some(out_l) = meet else { return };
-        if Self::SPARSE && p.sparse.transposed != 0 {
-            // The sparse operand is A: the tile is Cᵀ (its rows are columns of C), stored
-            // directly, transposed.
-            let out = Output {
-                ptr: p.out,
-                tmap: 0,
-                m: p.n,
-                n: p.m,
-                out_type: p.out_type,
-                row_end: u32::MAX,
-            };
-            let at = (own.m * tile.block_m(), own.n * F::N);
-            let who = (cons.c, cons.local);
-            epilogue::store_transposed_tile(&out, out_l, who, &acc, at, tile.wave_m());
-            return;
-        }
-        let out = Output {
-            ptr: p.out,
-            tmap: p.tmap_c,
-            m: p.m,
-            n: p.n,
-            out_type: p.out_type,
-            row_end: own.row_end,
-        };
-        let staging = Staging {
-            base: ctx.layout.out(),
-            consumers: CONS,
-            block_n: F::N,
-            ring: false,
-        };
-        let at = (own.first_row(own.m, tile.block_m()), own.n * F::N, out_l);
-        // SAFETY: `tmap_c`, when set, maps the 16-bit output (the entry's contract); the staging
-        // boxes are this warpgroup's.
-        unsafe { epilogue::store(&out, staging, cons.c, cons.local, &acc, at, tile.wave_m()) };
     }
 
     #[inline(always)]

@@ -19,11 +19,10 @@ use core::marker::PhantomData;
 
 use super::{BLOCK_K, CONSUMERS, HalfTile, ROW_BYTES, Sm90HalfParams, WG_ROWS};
 use crate::gemm::driver::{Ctx, GemmKernel};
-use crate::gemm::epilogue::{self, Output, Staging};
+use crate::gemm::epilogue::{self, Output, Staging, TileStore};
 use crate::gemm::layout::StageLayout;
 use crate::gemm::pipeline::PipelineState;
 use crate::gemm::scheduler::{ClusterShape, MAX_CLUSTER, Schedule, WorkUnit};
-use crate::gemm::splitk;
 use crate::ptx::wgmma::{self, Descriptor, Fp16, Fp16Fragment, Fragment, Swizzle};
 use crate::ptx::{global, thread, tma};
 use crate::sm90::Mode;
@@ -214,54 +213,41 @@ impl<const WAVES: usize, F: Fp16Fragment, T: Fp16, const MODE: u32> GemmKernel
                 epilogue::scale(a, p.alpha);
             }
         }
+        let dst = TileStore {
+            out: Output {
+                ptr: p.out,
+                tmap: p.tmap_c,
+                m: p.m,
+                n: p.n,
+                out_type: p.out_type,
+                row_end: own.row_end,
+            },
+            staging: Staging {
+                base: ctx.layout.out(),
+                consumers: CONSUMERS,
+                block_n: F::N,
+                ring: tile.out_ring(),
+            },
+            // A sparse A: the tile is Cᵀ.
+            transposed: Self::SPARSE && p.sparse.transposed != 0,
+            block_m: tile.block_m(),
+            wave_m: tile.wave_m(),
+        };
         let who = (cons.c, CONSUMERS, cons.local);
         // SAFETY: the host sizes `splitk` for this schedule (the entry's contract); the tile is
-        // CONSUMERS · WAVES fragments of 64 rows.
-        let meet = unsafe {
-            splitk::meet(
+        // CONSUMERS · WAVES fragments of 64 rows; `tmap_c`, when set, maps the 16-bit output; the
+        // staging boxes are this warpgroup's.
+        unsafe {
+            epilogue::finish_unit(
                 &p.splitk,
                 &self.schedule(),
                 self.cluster(),
                 own,
                 who,
                 &mut acc,
+                &dst,
             )
         };
-        let Some(out_l) = meet else { return };
-        if Self::SPARSE && p.sparse.transposed != 0 {
-            // The sparse operand is A: the tile is Cᵀ (its rows are columns of C), stored
-            // directly, transposed.
-            let out = Output {
-                ptr: p.out,
-                tmap: 0,
-                m: p.n,
-                n: p.m,
-                out_type: p.out_type,
-                row_end: u32::MAX,
-            };
-            let at = (own.m * tile.block_m(), own.n * F::N);
-            let who = (cons.c, cons.local);
-            epilogue::store_transposed_tile(&out, out_l, who, &acc, at, tile.wave_m());
-            return;
-        }
-        let out = Output {
-            ptr: p.out,
-            tmap: p.tmap_c,
-            m: p.m,
-            n: p.n,
-            out_type: p.out_type,
-            row_end: own.row_end,
-        };
-        let staging = Staging {
-            base: ctx.layout.out(),
-            consumers: CONSUMERS,
-            block_n: F::N,
-            ring: Self::TILE.out_ring(),
-        };
-        let at = (own.first_row(own.m, tile.block_m()), own.n * F::N, out_l);
-        // SAFETY: `tmap_c`, when set, maps the 16-bit output (the entry's contract); the staging
-        // boxes are this warpgroup's.
-        unsafe { epilogue::store(&out, staging, cons.c, cons.local, &acc, at, tile.wave_m()) };
     }
 
     #[inline(always)]

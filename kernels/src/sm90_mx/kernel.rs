@@ -15,11 +15,10 @@ use super::dequant::{self, Dequant, ScaleDecode};
 use super::{BF16_ROW_BYTES, BLOCK_K, BLOCK_M, CONSUMERS, MxTile, Sm90MxParams, UNIT};
 use crate::gemm::barriers;
 use crate::gemm::driver::{Ctx, GemmKernel};
-use crate::gemm::epilogue::{self, Output, Staging};
+use crate::gemm::epilogue::{self, Output, Staging, TileStore};
 use crate::gemm::layout::{FRAGMENT_ROWS, ScaleBox, StageLayout};
 use crate::gemm::pipeline::PipelineState;
 use crate::gemm::scheduler::{ClusterShape, Schedule, WorkUnit};
-use crate::gemm::splitk;
 use crate::ptx::wgmma::{self, Bf16, Descriptor, Fp16Fragment, Fragment, Swizzle};
 use crate::ptx::{smem, tma};
 
@@ -329,33 +328,43 @@ impl<F: Fp16Fragment, EA: Dequant, EB: Dequant, S: ScaleDecode> GemmKernel
         if p.alpha != 1.0 {
             epilogue::scale(&mut acc, p.alpha);
         }
+        // No TMA-store staging (its shared memory holds the bf16 buffers): direct stores.
+        let dst = TileStore {
+            out: Output {
+                ptr: p.out,
+                tmap: 0,
+                m: p.m,
+                n: p.n,
+                out_type: p.out_type,
+                row_end: own.row_end,
+            },
+            staging: Staging {
+                base: 0,
+                consumers: CONSUMERS,
+                block_n: F::N,
+                ring: false,
+            },
+            transposed: false,
+            block_m: BLOCK_M,
+            wave_m: BLOCK_M,
+        };
         let (who, acc) = (
             (cons.c, CONSUMERS, cons.local),
             core::array::from_mut(&mut acc),
         );
         // SAFETY: the host sizes `splitk` for this schedule (the entry's contract); the tile is
-        // CONSUMERS fragments of 64 rows.
-        let meet =
-            unsafe { splitk::meet(&p.splitk, &self.schedule(), self.cluster(), own, who, acc) };
-        let Some(out_l) = meet else { return };
-        let out = Output {
-            ptr: p.out,
-            tmap: 0,
-            m: p.m,
-            n: p.n,
-            out_type: p.out_type,
-            row_end: own.row_end,
+        // CONSUMERS fragments of 64 rows; `out.tmap` is 0, so nothing is staged.
+        unsafe {
+            epilogue::finish_unit(
+                &p.splitk,
+                &self.schedule(),
+                self.cluster(),
+                own,
+                who,
+                acc,
+                &dst,
+            )
         };
-        // No TMA-store staging (its shared memory holds the bf16 buffers): direct stores.
-        let staging = Staging {
-            base: 0,
-            consumers: CONSUMERS,
-            block_n: F::N,
-            ring: false,
-        };
-        let at = (own.first_row(own.m, BLOCK_M), own.n * F::N, out_l);
-        // SAFETY: `out.tmap` is 0, so nothing is staged.
-        unsafe { epilogue::store(&out, staging, cons.c, cons.local, acc, at, BLOCK_M) };
     }
 
     #[inline(always)]
