@@ -21,10 +21,15 @@ for line in sys.stdin:
         shutil.copy(m["executable"], os.path.join("stage/tests", name))
 '
 cp target/release/blockscaled-run stage/
+# The examples, as this workspace builds them and as a stable-Rust user's project does (from the
+# shipped kernel images): stage/examples/{quickstart,gemm_check} and stage/user/{…}.
+cargo build --release -p blockscaled --examples 2>&1 | grep -E "^error" || true
+mkdir -p stage/examples && cp target/release/examples/quickstart target/release/examples/gemm_check stage/examples/
+BLOCKSCALED_USER_BUILD_OUT="$PWD/stage/user" scripts/check-user-build.sh >/dev/null
 bench=$(ls -t target/release/deps/gemm-* 2>/dev/null | grep -v '\.d$' | head -1 || true)
 [ -n "$bench" ] && cp "$bench" stage/bench-gemm
 cp scripts/run-gpu.sh scripts/profile-gpu.sh scripts/ncu-compare.sh scripts/ncu-source.sh scripts/tile-sweep.sh scripts/decode-sweep.sh scripts/ab-gpu.sh stage/
-strip stage/tests/* stage/blockscaled-run stage/bench-gemm 2>/dev/null || true
+strip stage/tests/* stage/blockscaled-run stage/bench-gemm stage/examples/* stage/user/* 2>/dev/null || true
 cp target/release/ptx/*.ptx target/release/ptx/*.cubin target/release/ptx/*.ptxas.txt stage/ 2>/dev/null || true
 du -sh stage
 ls stage stage/tests

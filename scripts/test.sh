@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
-# The test command (README): sets up, builds the kernels for sm_90a and sm_100a (ptxas must
-# accept both), and runs every test that needs no GPU. GPU tests are reported as ignored here;
-# run them on a GPU machine with scripts/stage-gpu.sh.
+# The test command (README): sets up, builds the kernels for sm_90a and sm_100a from source (ptxas
+# must accept both) and fails if they differ from the shipped images in host/kernel-images, runs
+# every test that needs no GPU, packages every published crate (size checked), and builds a
+# throwaway project that depends on blockscaled with stable Rust. GPU tests are reported as
+# ignored here; run them on a GPU machine with scripts/stage-gpu.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 eval "$(scripts/setup.sh)"
-export BLOCKSCALED_REQUIRE_PTXAS=1
+export BLOCKSCALED_REQUIRE_PTXAS=1 BLOCKSCALED_CHECK_IMAGES=1 BLOCKSCALED_BUILD_KERNELS=1
 cargo fmt --all --check
 cargo clippy --workspace --all-targets -- -D warnings
 cargo test --workspace --all-targets
+scripts/check-package.sh
+scripts/check-user-build.sh

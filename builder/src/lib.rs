@@ -14,7 +14,9 @@
 //!
 //! What `build` does for each target, and why:
 //! 1. `cargo rustc --crate-type cdylib --target nvptx64-nvidia-cuda -Zbuild-std=core` on the kernel
-//!    crate, in its own target folder under `OUT_DIR` (sharing the outer one would wait on its lock),
+//!    crate, with the cargo and rustc of [`PINNED_TOOLCHAIN`] found through rustup (whatever
+//!    toolchain runs the outer build; a missing toolchain or component is an error that prints the
+//!    `rustup` command to run), in its own target folder under `OUT_DIR` (sharing the outer one would wait on its lock),
 //!    with the outer build's `CARGO_*` / `RUSTFLAGS` variables removed. No `rust-std` for nvptx64
 //!    can be downloaded, hence `build-std`. Fat LTO leaves one LLVM bitcode object.
 //! 2. rustc's linker for nvptx64 is `llvm-bitcode-linker`, a rustup component that cannot be
@@ -43,6 +45,16 @@ use std::process::Command;
 /// 13.0 is the JIT compiler of the r580 drivers, so the cubin's SASS is what those drivers make of
 /// the PTX.
 pub const PINNED_PTXAS_VERSION: &str = "13.0.88";
+
+/// The toolchain that compiles the kernels, named explicitly whatever toolchain runs the outer
+/// build: nvptx64 needs nightly (`-Zbuild-std=core`, `asm!` for nvptx, the `ptx-kernel` ABI), and
+/// one pinned nightly keeps the PTX byte-identical from build to build (CI compares it with the
+/// shipped images). `rust-toolchain.toml` pins the same one for the workspace.
+pub const PINNED_TOOLCHAIN: &str = "nightly-2026-05-20";
+
+/// The components the kernel build needs from [`PINNED_TOOLCHAIN`]: `rust-src` for
+/// `-Zbuild-std=core`, `llvm-tools` for `llvm-link` / `opt` / `llc`.
+pub const TOOLCHAIN_COMPONENTS: &[&str] = &["rust-src", "llvm-tools"];
 
 /// The ptxas command line besides `-arch`, the input and the output: `-O3` is ptxas' default and
 /// what the driver's JIT uses for PTX (so cubin and JIT give the same SASS); `-v` for the resource
@@ -247,7 +259,7 @@ impl Builder {
 
         println!("cargo:rerun-if-env-changed=BLOCKSCALED_TOOLS");
 
-        let tools = Toolchain::find()?;
+        let tools = Toolchain::find(PINNED_TOOLCHAIN)?;
         let ptxas = find_ptxas();
         let ptxas_version = match &ptxas {
             Some(p) => {
@@ -372,6 +384,9 @@ impl Builder {
         ];
         cmd.env("CARGO_ENCODED_RUSTFLAGS", flags.join("\u{1f}"))
             .env("RUSTC", &tools.rustc)
+            // Any rustup proxy the nested build reaches resolves to the pinned toolchain, not to
+            // the outer build's (`cargo +stable` sets RUSTUP_TOOLCHAIN for its children).
+            .env("RUSTUP_TOOLCHAIN", PINNED_TOOLCHAIN)
             // The kernel profile, whatever the workspace's release profile says for host code.
             .env("CARGO_PROFILE_RELEASE_LTO", "fat")
             .env("CARGO_PROFILE_RELEASE_CODEGEN_UNITS", "1")
@@ -411,7 +426,8 @@ impl Builder {
     }
 }
 
-/// The toolchain pieces: cargo, rustc, and the LLVM tools shipped in the sysroot (`llvm-tools`).
+/// The toolchain pieces: the pinned toolchain's cargo and rustc, and the LLVM tools shipped in its
+/// sysroot (`llvm-tools`).
 struct Toolchain {
     cargo: PathBuf,
     rustc: PathBuf,
@@ -419,27 +435,37 @@ struct Toolchain {
 }
 
 impl Toolchain {
-    fn find() -> Result<Self, BuildError> {
-        let cargo = PathBuf::from(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
-        let rustc = PathBuf::from(std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into()));
-        let out = Command::new(&rustc).args(["--print", "sysroot"]).output()?;
-        if !out.status.success() {
-            return Err(BuildError::Command {
-                what: "rustc --print sysroot".into(),
-                output: String::from_utf8_lossy(&out.stderr).into_owned(),
-            });
-        }
-        let sysroot = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
-        let host = std::env::var("HOST").unwrap_or_else(|_| "x86_64-unknown-linux-gnu".into());
+    /// Finds toolchain `name` through rustup, whatever toolchain runs the outer build (a stable
+    /// `cargo build` of a dependent project included), and checks its two components.
+    fn find(name: &str) -> Result<Self, BuildError> {
+        let cargo = rustup_which(name, "cargo")?;
+        let rustc = rustup_which(name, "rustc")?;
+        let sysroot =
+            PathBuf::from(output_of(Command::new(&rustc).args(["--print", "sysroot"]))?.trim());
+        let host = output_of(Command::new(&rustc).arg("-vV"))?
+            .lines()
+            .find_map(|l| l.strip_prefix("host: ").map(str::to_string))
+            .ok_or_else(|| {
+                BuildError::Environment(format!("`{} -vV` names no host", rustc.display()))
+            })?;
         let llvm_bin = sysroot.join("lib/rustlib").join(host).join("bin");
-        for tool in ["llvm-link", "opt", "llc"] {
-            if !llvm_bin.join(tool).exists() {
-                return Err(BuildError::Environment(format!(
-                    "{} missing in {}: install the `llvm-tools` component (rust-toolchain.toml lists it)",
-                    tool,
-                    llvm_bin.display()
-                )));
-            }
+        let rust_src = sysroot.join("lib/rustlib/src/rust/library/core/Cargo.toml");
+        let mut missing = Vec::new();
+        if !rust_src.is_file() {
+            missing.push("rust-src");
+        }
+        if ["llvm-link", "opt", "llc"]
+            .iter()
+            .any(|t| !llvm_bin.join(t).is_file())
+        {
+            missing.push("llvm-tools");
+        }
+        if !missing.is_empty() {
+            return Err(BuildError::Environment(format!(
+                "the kernel toolchain {name} lacks {}: run\n\n    rustup component add --toolchain {name} {}\n",
+                missing.join(" and "),
+                missing.join(" ")
+            )));
         }
         Ok(Toolchain {
             cargo,
@@ -447,6 +473,60 @@ impl Toolchain {
             llvm_bin,
         })
     }
+}
+
+/// The command that installs the pinned kernel toolchain with what the kernel build needs.
+pub fn toolchain_install_command() -> String {
+    install_command(PINNED_TOOLCHAIN)
+}
+
+fn install_command(name: &str) -> String {
+    format!(
+        "rustup toolchain install {name} --profile minimal --component {}",
+        TOOLCHAIN_COMPONENTS.join(",")
+    )
+}
+
+/// `rustup which --toolchain NAME TOOL`, never installing anything (a build script that downloads
+/// a toolchain would surprise); a missing rustup or toolchain is an error with the command to run.
+fn rustup_which(name: &str, tool: &str) -> Result<PathBuf, BuildError> {
+    let out = Command::new("rustup")
+        .args(["which", "--toolchain", name, tool])
+        .env("RUSTUP_AUTO_INSTALL", "0")
+        .env_remove("RUSTUP_TOOLCHAIN")
+        .output();
+    let out = match out {
+        Ok(o) => o,
+        Err(e) => {
+            return Err(BuildError::Environment(format!(
+                "building the kernels from source needs rustup and the toolchain {name} \
+                 (running `rustup`: {e}); install rustup (https://rustup.rs), then run\n\n    {}\n",
+                install_command(name)
+            )));
+        }
+    };
+    let path = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    if !out.status.success() || !path.is_file() {
+        return Err(BuildError::Environment(format!(
+            "the kernels are compiled with the pinned toolchain {name}, which is not installed \
+             (rustup: {}); run\n\n    {}\n",
+            String::from_utf8_lossy(&out.stderr).trim(),
+            install_command(name)
+        )));
+    }
+    Ok(path)
+}
+
+/// A command's stdout, or its failure as an error.
+fn output_of(cmd: &mut Command) -> Result<String, BuildError> {
+    let out = cmd.output()?;
+    if !out.status.success() {
+        return Err(BuildError::Command {
+            what: format!("{cmd:?}"),
+            output: String::from_utf8_lossy(&out.stderr).into_owned(),
+        });
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 /// The linker rustc calls for nvptx64: it receives `--export-symbol K …  <crate>.o  *.rlib  -o
@@ -779,6 +859,42 @@ mod tests {
             .find_map(|l| l.strip_prefix("PTXAS_VERSION="))
             .expect("scripts/setup.sh sets PTXAS_VERSION");
         assert_eq!(pinned.trim(), PINNED_PTXAS_VERSION);
+    }
+
+    /// The kernel toolchain and the workspace's `rust-toolchain.toml` name one nightly.
+    #[test]
+    fn pinned_toolchain_matches_rust_toolchain_toml() {
+        let toml = Path::new(env!("CARGO_MANIFEST_DIR")).join("../rust-toolchain.toml");
+        let text = std::fs::read_to_string(toml).unwrap();
+        let channel = text
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("channel"))
+            .and_then(|v| v.trim().strip_prefix('='))
+            .expect("rust-toolchain.toml names a channel");
+        assert_eq!(channel.trim().trim_matches('"'), PINNED_TOOLCHAIN);
+        for c in TOOLCHAIN_COMPONENTS {
+            assert!(
+                text.contains(&format!("\"{c}\"")),
+                "rust-toolchain.toml lacks {c}"
+            );
+        }
+    }
+
+    /// A toolchain that is not installed is an error that prints the exact rustup command.
+    #[test]
+    fn missing_toolchain_names_the_rustup_command() {
+        let Err(BuildError::Environment(msg)) = Toolchain::find("nightly-1999-01-01") else {
+            panic!("a toolchain from 1999 was found");
+        };
+        assert!(msg.contains("nightly-1999-01-01"), "{msg}");
+        assert!(
+            msg.contains("rustup toolchain install nightly-1999-01-01 --profile minimal --component rust-src,llvm-tools"),
+            "{msg}"
+        );
+        assert!(
+            toolchain_install_command()
+                .starts_with(&format!("rustup toolchain install {PINNED_TOOLCHAIN} "))
+        );
     }
 
     #[test]

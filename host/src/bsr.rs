@@ -415,7 +415,7 @@ pub struct WorkList {
 /// tiles of `tile_rows` rows (a tile is a block row or half of one: `block` a multiple of
 /// `tile_rows`) over `rows` rows, for `m_units` units along the dense axis and `ctas` units that
 /// run at once (persistent CTAs over the cluster size). A tile's run longer than the average
-/// work per CTA (and at least [`MIN_PART_BLOCKS`] per part) is cut into near-equal parts, at
+/// work per CTA (and at least `MIN_PART_BLOCKS` (4) per part) is cut into near-equal parts, at
 /// most `max_parts`; an empty run stays one empty segment (its zero output is still written).
 /// Longest first (ties: in tile order), so that the last units to start are the shortest.
 pub fn work_list(

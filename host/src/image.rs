@@ -1,6 +1,11 @@
 //! Kernel images: the module `Gpu::new` loads.
 //!
-//! Each GPU target is embedded twice (see `build.rs`): as the PTX, which the driver compiles when
+//! The images are the ones shipped in `kernel-images/` (so a dependent project builds on stable
+//! Rust with no toolchain for the GPU), or a build of `kernels/` from source with
+//! `BLOCKSCALED_BUILD_KERNELS=1`, as inside this repository; `build.rs` chooses, and CI checks
+//! that the two are byte-identical.
+//!
+//! Each GPU target is embedded twice: as the PTX, which the driver compiles when
 //! the module is loaded (JIT), and as the cubin that the pinned ptxas made of that same PTX at build
 //! time (`blockscaled_builder::PINNED_PTXAS_VERSION`, flags `blockscaled_builder::PTXAS_FLAGS`).
 //! The cubin is loaded when the GPU's compute capability is the one it was assembled for (an
@@ -54,14 +59,14 @@ pub(crate) struct TargetImages {
 
 pub(crate) const SM90A: TargetImages = TargetImages {
     cc: (9, 0),
-    ptx: include_str!(concat!(env!("OUT_DIR"), "/sm_90a.ptx")),
-    cubin: include_bytes!(concat!(env!("OUT_DIR"), "/sm_90a.cubin")),
+    ptx: include_str!(concat!(env!("BLOCKSCALED_IMAGE_DIR"), "/sm_90a.ptx")),
+    cubin: include_bytes!(concat!(env!("BLOCKSCALED_IMAGE_DIR"), "/sm_90a.cubin")),
 };
 
 pub(crate) const SM100A: TargetImages = TargetImages {
     cc: (10, 0),
-    ptx: include_str!(concat!(env!("OUT_DIR"), "/sm_100a.ptx")),
-    cubin: include_bytes!(concat!(env!("OUT_DIR"), "/sm_100a.cubin")),
+    ptx: include_str!(concat!(env!("BLOCKSCALED_IMAGE_DIR"), "/sm_100a.ptx")),
+    cubin: include_bytes!(concat!(env!("BLOCKSCALED_IMAGE_DIR"), "/sm_100a.cubin")),
 };
 
 /// The errors of loading a cubin that mean "this driver or GPU cannot run it" (a cubin for another
@@ -159,6 +164,29 @@ mod tests {
             Choice::Force(KernelImage::Ptx)
         );
         assert!(matches!(choice(Some("sass")), Err(Error::Architecture(_))));
+    }
+
+    /// Every kernel the host can launch is an entry point of the module of each target the
+    /// registry lists it for: the shipped images and the kernel table agree.
+    #[test]
+    fn every_registered_kernel_is_in_its_images() {
+        use blockscaled_kernels::registry::KERNELS;
+        for (t, arch) in [(SM90A, "sm_90a"), (SM100A, "sm_100a")] {
+            let entries: Vec<&str> = t
+                .ptx
+                .lines()
+                .filter_map(|l| l.trim_start().strip_prefix(".visible .entry "))
+                .filter_map(|l| l.split('(').next())
+                .collect();
+            for k in KERNELS.iter().filter(|k| k.targets.contains(&arch)) {
+                assert!(
+                    entries.contains(&k.name),
+                    "{} is not in the {arch} PTX",
+                    k.name
+                );
+            }
+            assert!(t.ptx.contains(&format!(".target {arch}")), "{arch}");
+        }
     }
 
     /// A build with ptxas (CI's) embeds an ELF cubin for each target next to the PTX.

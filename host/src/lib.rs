@@ -1,8 +1,12 @@
 //! # blockscaled
 //!
 //! Block-scaled low-precision matrix multiplication (MXFP8, MXFP4, NVFP4, DeepSeek-style FP8,
-//! per-tensor and per-row FP8) on NVIDIA GPUs, with kernels written in `no_std` Rust and compiled to
-//! PTX by this crate's build script.
+//! per-tensor and per-row FP8) on NVIDIA GPUs, with kernels written in `no_std` Rust
+//! (`blockscaled-kernels`). The package ships them compiled (PTX and cubins for sm_90a and
+//! sm_100a, [`image`]), so a dependent project builds on stable Rust with no CUDA toolkit;
+//! `BLOCKSCALED_BUILD_KERNELS=1` builds them from the repository's sources instead. Runnable:
+//! `examples/quickstart.rs` (this snippet) and `examples/gemm_check.rs` (GEMMs checked against the
+//! CPU reference).
 //!
 //! ```no_run
 //! use blockscaled::{Gpu, OutType, Recipe, ScaledMatrix};
@@ -24,7 +28,7 @@
 //! Layouts are documented on [`ScaledMatrix`] (data, packing, scales) and [`HostOutput`] (C).
 //!
 //! Modules, each importing only those above it: `error`; `format`; `matrix`, `quantize`,
-//! `output`, `bsr` (block-sparse operands), [`reference`] (CPU); [`image`] (the kernels' cubin or PTX); `buffers` (device
+//! `output`, `bsr` (block-sparse operands), [`reference`](mod@reference) (CPU); [`image`] (the kernels' cubin or PTX); `buffers` (device
 //! matrices and outputs), `grouped` (a grouped GEMM's groups); `launch` (the one
 //! launch path); `family` (what a kernel family provides); one file per family
 //! (`reference_kernel`, `sm90_fp8`, `sm90_half`, `sm90_mx`, `sm90_mx_fp8`, `sm90_w4`), with what they share (`splitk`, `tensor_map`); [`plan`] (the family list and the choice of kernel);

@@ -1,7 +1,7 @@
 //! Which kernel runs a GEMM, and with what configuration: one function, rules stated as data.
 //! This file is also the list of kernel families: each has its host file (`reference_kernel`,
-//! `sm90_fp8`), a [`Plan`] variant, a rule in [`choose`], and an entry in [`load_families`] and
-//! [`Plan::launch`]; nothing of a family lives on [`Gpu`](crate::Gpu) or the device buffers.
+//! `sm90_fp8`), a [`Plan`] variant, a rule in [`choose`], and an entry in `load_families` and
+//! `Plan::launch`; nothing of a family lives on [`Gpu`](crate::Gpu) or the device buffers.
 
 use std::sync::Arc;
 
@@ -275,7 +275,7 @@ pub fn choose_bsr(
 /// run); 256 rows from [`HALF_M256_MIN_M`] rows when runs average at least [`HALF_M256_MIN_RUN`]
 /// blocks (each stage feeds twice the MMAs), else 128 (twice the tiles to balance short runs:
 /// 4096³ at 10%, 40 µs against 48; at 100%, 243 against 211; docs/PERF.md v38); runs cut into
-/// up to [`crate::bsr::MAX_PARTS`] parts where they are longer than a CTA's share of the work.
+/// up to 16 parts (`bsr::MAX_PARTS`) where they are longer than a CTA's share of the work.
 pub fn sm90_half_bsr_default(m: usize, block: usize, runs: f64, sm_count: u32) -> Sm90HalfConfig {
     let tall = m >= HALF_M256_MIN_M && runs >= HALF_M256_MIN_RUN;
     let tile = match (tall, block >= 128) {
@@ -332,7 +332,7 @@ pub const HALF_M256_MIN_M: usize = 1024;
 /// The block-sparse configuration for `m` dense rows and `n` sparse rows: 128 × 64 tiles at
 /// M ≤ [`N64_MAX_M`] (twice the tiles), else 128 × 128, in pairs along M (sharing each stored
 /// block by multicast) from [`BSR_PAIR_MIN_M`] rows; runs cut into up to
-/// [`crate::bsr::MAX_PARTS`] parts where they are longer than a CTA's share of the work.
+/// 16 parts (`bsr::MAX_PARTS`) where they are longer than a CTA's share of the work.
 pub fn sm90_bsr_default(m: usize, n: usize, sm_count: u32) -> Sm90Config {
     let _ = n;
     let tile = if m <= N64_MAX_M {
@@ -620,7 +620,7 @@ pub fn sm90_decode_default(m: usize, n: usize, k: usize, l: usize, sm_count: u32
 ///   trips after the last range's K loop ([`DECODE_REDUCE_US`]), and the f32 partials written
 ///   and read back, `2 · 4 · s · outputs` bytes.
 ///
-/// Splits range over 1..=16 with at least [`MIN_SPLIT_K_BLOCKS`] K blocks each; ties go to the
+/// Splits range over 1..=16 with at least `MIN_SPLIT_K_BLOCKS` K blocks each; ties go to the
 /// smaller split. Checked against a sweep of splits 1–8 on the decode set (docs/PERF.md, v34).
 pub fn decode_split(
     tile: Tile,

@@ -224,8 +224,8 @@ const FOLD_GROUP_K: usize = 128;
 impl MatrixDesc {
     /// The description of this MX or NVFP4 matrix folded to FP8 ([`ScaledMatrix::fold_to_fp8`]):
     /// e4m3 (e5m2 from e5m2) with fp32 scales per 1×128 (A role) or per row (B role, `as_b`),
-    /// scales packed K-major, no tensor scale (it is folded into the scales). [`Error::Format`]
-    /// (crate::Error::Format) for a matrix that does not fold, [`Error::Shape`](crate::Error::Shape)
+    /// scales packed K-major, no tensor scale (it is folded into the scales).
+    /// [`Error::Format`](crate::Error::Format) for a matrix that does not fold, [`Error::Shape`](crate::Error::Shape)
     /// for K not a multiple of 128.
     pub fn folded(&self, as_b: bool) -> Result<MatrixDesc> {
         let d = self;

@@ -164,7 +164,7 @@ impl Sm90Config {
     /// operand's rows, N: the sparse operand's): a tile with a block-sparse kernel (at most one
     /// 128-row block wide: a tile's columns share one run of stored blocks), clusters along M
     /// only (a pair along N would need two runs), and `split_k` the most parts a run is cut into
-    /// (1 to [`crate::bsr::MAX_PARTS`]).
+    /// (1 to 16, `bsr::MAX_PARTS`).
     pub fn validate_sparse(&self, s: &GemmShape) -> Result<()> {
         Sm90Config {
             split_k: 1,

@@ -100,7 +100,7 @@ impl Sm90HalfConfig {
     /// [`Sm90HalfConfig::validate`] for a block-sparse GEMM of kernel shape `s` (M the dense
     /// operand's rows, N the sparse operand's) with blocks of `block`: a tile no wider than a
     /// block (a tile's columns share one run of stored blocks), one batch entry, and `split_k`
-    /// the most parts a run is cut into (1 to [`crate::bsr::MAX_PARTS`]).
+    /// the most parts a run is cut into (1 to 16, `bsr::MAX_PARTS`).
     pub fn validate_sparse(&self, s: &GemmShape, block: usize) -> Result<()> {
         Sm90HalfConfig {
             split_k: 1,
