@@ -217,7 +217,7 @@ impl Quantizers {
             None
         };
         // The FP8 kernel's A-role layout, zero in its padding rows (its last tiles read them).
-        let fp8_a = format.scale == ScaleType::F32 && block_k == 128;
+        let fp8_a = format.scale == ScaleType::F32 && block_k == 128 && k.is_multiple_of(128);
         let m_pad = blockscaled_kernels::sm90::m_pad(rows as u32);
         let mut sfa = if fp8_a {
             Some(stream.alloc_zeros::<f32>(l * (k / 128) * m_pad as usize)?)
