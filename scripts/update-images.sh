@@ -11,6 +11,4 @@ cargo build -p blockscaled
 for f in sm_90a.ptx sm_90a.cubin sm_100a.ptx sm_100a.cubin MANIFEST; do
   cp target/debug/ptx/$f host/kernel-images/$f
 done
-cargo build -p blockscaled 2>&1 | grep -q 'shipped kernel images differ' && {
-  echo "update-images.sh: the images still differ after the update" >&2; exit 1; }
 ls -l host/kernel-images
