@@ -203,8 +203,12 @@ impl Quantizers {
             tensor_scale: given.unwrap_or(1.0),
         };
         let (data_bytes, scale_bytes) = desc.validate()?;
-        let mut data = stream.alloc_zeros::<u8>(data_bytes)?;
-        let mut scales = stream.alloc_zeros::<u8>(scale_bytes)?;
+        // SAFETY: u8 has no invalid bit patterns, and the quantizer writes every byte of both
+        // before anything reads them: each thread's 8 elements (K % 8 == 0: whole rows of codes),
+        // and the scale of every block, row or entry of the packed layout (no gaps). Not zeroed:
+        // a memset would add a second write of the codes to every call.
+        let mut data = unsafe { stream.alloc::<u8>(data_bytes) }?;
+        let mut scales = unsafe { stream.alloc::<u8>(scale_bytes) }?;
         let swz_entry = if opts.swizzled_scales {
             swizzled_128x4_len(layout.row_blocks, layout.k_blocks)
                 .ok_or_else(|| shape("the swizzled scales' size overflows"))?
@@ -230,8 +234,18 @@ impl Quantizers {
             ScaleSpan::Block => 0,
         };
         let needs_tensor = nv && given.is_none();
-        let mut amax = stream.alloc_zeros::<u32>(amax_slots.max(1))?;
-        let mut tensor_amax = stream.alloc_zeros::<u32>(1)?;
+        // The maxima start at 0 (`red.max` raises them); allocated only where a pass writes them
+        // (a memset per call is a launch of its own).
+        let mut amax = if amax_slots > 0 {
+            Some(stream.alloc_zeros::<u32>(amax_slots)?)
+        } else {
+            None
+        };
+        let mut tensor_amax = if needs_tensor {
+            Some(stream.alloc_zeros::<u32>(1)?)
+        } else {
+            None
+        };
 
         let mut p = QuantizeParams {
             src: 0,
@@ -260,16 +274,8 @@ impl Quantizers {
                 .block(QUANTIZE_THREADS, 1, 1);
             let mut q = p;
             q.src = launch.ptr(&t.buf);
-            q.amax = if amax_slots > 0 {
-                launch.ptr_mut(&mut amax)
-            } else {
-                0
-            };
-            q.tensor_amax = if needs_tensor {
-                launch.ptr_mut(&mut tensor_amax)
-            } else {
-                0
-            };
+            q.amax = amax.as_mut().map_or(0, |a| launch.ptr_mut(a));
+            q.tensor_amax = tensor_amax.as_mut().map_or(0, |a| launch.ptr_mut(a));
             // SAFETY: `t.buf` holds l·rows·k elements of `t.input` (its constructor), k % 8 == 0;
             // the maxima are zeroed, `[l][rows]` or `[l]` by the span, one for the tensor; the
             // grid is rows × l blocks (rows < 2^32, l ≤ 65535).
@@ -288,15 +294,15 @@ impl Quantizers {
         p.scales = launch.ptr_mut(&mut scales);
         p.swizzled = launch.opt_ptr(swizzled.as_ref());
         p.sfa = launch.opt_ptr(sfa.as_ref());
-        p.amax = launch.ptr(&amax);
-        p.tensor_amax = launch.ptr(&tensor_amax);
+        p.amax = launch.opt_ptr(amax.as_ref());
+        p.tensor_amax = launch.opt_ptr(tensor_amax.as_ref());
         // SAFETY: as the maximum pass for `src`; `dst` holds the format's data bytes and `scales`
         // its packed layout (`desc.validate`), `swizzled` l whole-tile entries, `sfa`
         // l·(k/128)·m_pad f32 (rows ≤ m_pad); the maxima were written by the pass above where
         // the span or NVFP4 needs them. Any grid is valid (grid-stride loop).
         unsafe { launch.launch(&p) }?;
-        if needs_tensor {
-            let m = stream.clone_dtoh(&tensor_amax)?;
+        if let Some(tensor_amax) = &tensor_amax {
+            let m = stream.clone_dtoh(tensor_amax)?;
             stream.synchronize()?;
             desc.tensor_scale = if m[0] == kq::NON_FINITE {
                 f32::NAN

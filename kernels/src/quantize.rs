@@ -195,22 +195,14 @@ pub const fn lanes(p: &QuantizeParams) -> (u32, u32) {
     (per_block, blocks)
 }
 
-/// The maximum of magnitudes' bits that stands for "NaN or ±Inf here".
-pub const NON_FINITE: u32 = 0x7FFF_FFFF;
-
-/// `|x|`'s bits, or [`NON_FINITE`].
-#[inline(always)]
-pub fn magnitude_bits(x: f32) -> u32 {
-    let b = x.to_bits() & 0x7FFF_FFFF;
-    if b >= 0x7F80_0000 { NON_FINITE } else { b }
-}
+pub use crate::format::quantize::{NON_FINITE, magnitude_bits};
 
 #[cfg(target_arch = "nvptx64")]
 mod device {
     use super::{
         ELEMS_PER_THREAD, NON_FINITE, QUANTIZE_THREADS, QuantizeParams, lanes, magnitude_bits,
     };
-    use crate::format::quantize::{Divisor, block_scale, nvfp4_tensor_scale, quantize_element};
+    use crate::format::quantize::{block_scale_of_bits, nvfp4_tensor_scale, quantize_element};
     use crate::format::swizzle::swizzled_128x4_index;
     use crate::format::{ElemType, ScaleType, f16};
     use crate::ptx::{global, thread};
@@ -351,16 +343,7 @@ mod device {
                 },
                 _ => unsafe { global::load_u32_nc(p.amax + 4 * l as u64) },
             };
-            let (sbits, d) = if m == NON_FINITE || tensor_scale.is_nan() {
-                let nan = match scale {
-                    ScaleType::E8M0 => 0xFF,
-                    ScaleType::UE4M3 => 0x7F,
-                    ScaleType::F32 => f32::NAN.to_bits(),
-                };
-                (nan, Divisor::F32(f32::NAN))
-            } else {
-                block_scale(scale, elem, f32::from_bits(m), tensor_scale)
-            };
+            let (sbits, d) = block_scale_of_bits(scale, elem, m, tensor_scale);
             let mut codes = [0u32; 8];
             for (c, &xv) in codes.iter_mut().zip(&x) {
                 *c = quantize_element(elem, xv, d);
@@ -386,13 +369,8 @@ mod device {
                     1 => v == 0,
                     _ => v == 0 && r == 0,
                 };
-            let rb = if p.span == 1 {
-                r
-            } else if p.span == 0 {
-                r
-            } else {
-                0
-            };
+            // A scale per entry has one row block; the others one per row.
+            let rb = if p.span == 2 { 0 } else { r };
             let si = l as u64 * p.scale_stride_l
                 + rb as u64 * p.scale_stride_r
                 + kb as u64 * p.scale_stride_k;

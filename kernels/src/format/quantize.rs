@@ -72,6 +72,40 @@ pub fn block_scale(
     }
 }
 
+/// The maximum of magnitudes' bits that stands for "NaN or ±Inf here" (above every finite
+/// magnitude's bits and +Inf's).
+pub const NON_FINITE: u32 = 0x7FFF_FFFF;
+
+/// `|x|`'s bits, or [`NON_FINITE`]: non-negative f32 bits order as the values, so maxima of
+/// magnitudes are integer maxima (`red.max`, shuffles).
+#[inline(always)]
+pub fn magnitude_bits(x: f32) -> u32 {
+    let b = x.to_bits() & 0x7FFF_FFFF;
+    if b >= 0x7F80_0000 { NON_FINITE } else { b }
+}
+
+/// [`block_scale`] of a block whose largest magnitude's bits are `m` (from [`magnitude_bits`]):
+/// a block that holds a NaN or ±Inf, or a NaN tensor scale, gets the NaN scale (e8m0 `0xFF`,
+/// ue4m3 `0x7F`, fp32 NaN) and a NaN divisor, so every product with the block is NaN.
+#[inline(always)]
+pub fn block_scale_of_bits(
+    scale: ScaleType,
+    elem: ElemType,
+    m: u32,
+    tensor_scale: f32,
+) -> (u32, Divisor) {
+    if m == NON_FINITE || tensor_scale.is_nan() {
+        let nan = match scale {
+            ScaleType::E8M0 => 0xFF,
+            ScaleType::UE4M3 => 0x7F,
+            ScaleType::F32 => f32::NAN.to_bits(),
+        };
+        (nan, Divisor::F32(f32::NAN))
+    } else {
+        block_scale(scale, elem, f32::from_bits(m), tensor_scale)
+    }
+}
+
 /// NVFP4's fp32 tensor scale for a tensor whose largest magnitude is `amax`: `amax / (448 · 6)`
 /// by [`ratio_scale`]'s rule, 1 for an all-zero tensor.
 #[inline]
