@@ -48,6 +48,10 @@ impl Prepared {
         self.0.push(value);
     }
 
+    pub(crate) fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
     pub(crate) fn get<T: Any>(&self) -> Option<&T> {
         self.0.iter().find_map(|v| v.downcast_ref::<T>())
     }
@@ -65,6 +69,26 @@ pub struct DeviceMatrix {
 impl DeviceMatrix {
     pub fn desc(&self) -> &MatrixDesc {
         &self.desc
+    }
+
+    /// Waits for the stream and copies the matrix back (codes and scales in its layout), checked
+    /// as [`ScaledMatrix::from_parts`](crate::ScaledMatrix::from_parts) checks any matrix.
+    pub fn to_host(&self) -> Result<crate::ScaledMatrix> {
+        let stream = self.data.stream();
+        let data = stream.clone_dtoh(&self.data)?;
+        let scales = stream.clone_dtoh(&self.scales)?;
+        stream.synchronize()?;
+        crate::ScaledMatrix::from_device_parts(self.desc, data, scales)
+    }
+
+    /// The codes on the GPU (`[batch][rows][k]`, e2m1 two per byte), for a caller's own kernels.
+    pub fn data(&self) -> &CudaSlice<u8> {
+        &self.data
+    }
+
+    /// The scales on the GPU, in [`MatrixDesc::scale_layout`](crate::MatrixDesc).
+    pub fn scales(&self) -> &CudaSlice<u8> {
+        &self.scales
     }
 }
 

@@ -13,13 +13,16 @@ use crate::bsr::{self, BsrMatrix, DeviceBsr, SparseSide};
 use crate::buffers::{DeviceMatrix, DeviceOutput, GpuId, Prepared};
 use crate::error::{Error, Result, shape};
 use crate::family::{Families, Gemm};
-use crate::format::{ElemType, OutType};
+use crate::format::{ElemType, OperandFormat, OutType};
 use crate::grouped::{self, DeviceGroups, GroupLayout};
 use crate::matrix::{GemmShape, ScaledMatrix};
 use crate::plan::{self, GpuArch, Plan};
-use crate::sm90_fp8::Sm90Fp8;
+use crate::quantizer::TensorElement;
+use crate::quantizer::{DeviceQuantized, DeviceTensor, QuantizeOptions, Quantizers};
+use crate::sm90_fp8::{Sm90Fp8, Sm90Operand};
 use crate::sm90_half::Sm90Half;
 use crate::sm90_mx_fp8::Sm90MxFp8;
+use blockscaled_kernels::quantize::InputType;
 
 use crate::image::{self, KernelImage};
 
@@ -31,6 +34,7 @@ pub struct Gpu {
     stream: Arc<CudaStream>,
     _module: Arc<CudaModule>,
     families: Families,
+    quantizers: Quantizers,
     arch: GpuArch,
     /// The kernels' image: ptxas' cubin, or the PTX (JIT) where the cubin does not fit.
     image: KernelImage,
@@ -84,12 +88,14 @@ impl Gpu {
         let (module, image) = image::load(&ctx, (major, minor), images)?;
         let stream = ctx.new_stream()?;
         let families = plan::load_families(&module, &stream, arch, sm_count)?;
+        let quantizers = Quantizers::load(&module)?;
         Ok(Gpu {
             id: GpuId::next(),
             ctx,
             stream,
             _module: module,
             families,
+            quantizers,
             arch,
             image,
             name,
@@ -135,6 +141,115 @@ impl Gpu {
             data,
             scales,
             prepared,
+        })
+    }
+
+    /// Copies a bf16, fp16 or fp32 tensor `[batch][rows][k]` (row-major) to the GPU, as a
+    /// quantizer's input. Its length must be `batch·rows·k`.
+    pub fn upload_tensor<T: TensorElement>(
+        &self,
+        values: &[T],
+        rows: usize,
+        k: usize,
+        batch: usize,
+    ) -> Result<DeviceTensor> {
+        let n = rows
+            .checked_mul(k)
+            .and_then(|x| x.checked_mul(batch))
+            .ok_or_else(|| shape("rows × k × batch overflows"))?;
+        if values.len() != n {
+            return Err(shape(format!(
+                "{batch}×{rows}×{k} values expected, got {}",
+                values.len()
+            )));
+        }
+        let bytes: Vec<u8> = values.iter().flat_map(|v| v.le_bytes()).collect();
+        Ok(DeviceTensor {
+            gpu: self.id,
+            input: T::INPUT,
+            rows,
+            k,
+            batch,
+            buf: self.stream.clone_htod(&bytes)?,
+        })
+    }
+
+    /// A GEMM output as a quantizer's input (`[l][m][n]`: rows m, K n, batch l), without a copy:
+    /// the next layer's activations.
+    pub fn output_as_tensor(&self, c: DeviceOutput) -> Result<DeviceTensor> {
+        self.id.check(c.gpu, "the output")?;
+        Ok(DeviceTensor {
+            gpu: self.id,
+            input: match c.dtype {
+                OutType::F32 => InputType::F32,
+                OutType::Bf16 => InputType::Bf16,
+                OutType::F16 => InputType::F16,
+            },
+            rows: c.m,
+            k: c.n,
+            batch: c.l,
+            buf: c.buf,
+        })
+    }
+
+    /// Quantizes `t` on the GPU into `format`, with the scale layout its users pass by default;
+    /// bit-identical to [`ScaledMatrix::quantize`] on the same values. See
+    /// [`quantize_with`](Self::quantize_with).
+    pub fn quantize(&self, t: &DeviceTensor, format: OperandFormat) -> Result<DeviceMatrix> {
+        Ok(self
+            .quantize_with(t, format, &QuantizeOptions::default())?
+            .matrix)
+    }
+
+    /// Quantizes `t` on the GPU: FP8 (e4m3, e5m2) with fp32 scales per 1×128 / 1×32 / 1×16, per
+    /// row or per tensor, or e8m0 scales per 1×32 / 1×16 (MXFP8); e2m1 with e8m0 (MXFP4) or ue4m3
+    /// scales and a tensor scale (NVFP4, computed or given). `opts` chooses the scale layout's
+    /// major order, NVFP4's tensor scale, and a second copy of one-byte scales in the 128×4
+    /// swizzled layout. [`Error::Format`] for another format, [`Error::Alignment`] for K not a
+    /// multiple of 8. Non-finite input gives NaN scales (the host quantizer's `Error::Format`
+    /// would need a wait). FP8 with fp32 scales per 1×128 (DeepSeek activations) is written
+    /// straight into the FP8 kernel's A-role layout; the other formats are prepared for their
+    /// GEMM kernels through one copy back to the host (`DeviceMatrix::to_host`) for now.
+    pub fn quantize_with(
+        &self,
+        t: &DeviceTensor,
+        format: OperandFormat,
+        opts: &QuantizeOptions,
+    ) -> Result<DeviceQuantized> {
+        self.id.check(t.gpu, "the tensor")?;
+        let q = self
+            .quantizers
+            .quantize(&self.stream, self.sm_count, t, format, opts)?;
+        let (rows, k, l) = (q.desc.rows, q.desc.k, q.desc.batch);
+        let mut prepared = Prepared::default();
+        if let Some(sfa) = q.sfa {
+            prepared.insert(Box::new(Sm90Operand::over(
+                &self.stream,
+                &q.data,
+                (rows, k, l),
+                Some(sfa),
+                None,
+                None,
+            )?));
+        }
+        let mut matrix = DeviceMatrix {
+            gpu: self.id,
+            desc: q.desc,
+            data: q.data,
+            scales: q.scales,
+            prepared,
+        };
+        if matrix.prepared.is_empty() && matrix.desc.tensor_scale.is_finite() {
+            let host = matrix.to_host()?;
+            for family in self.families.iter() {
+                if let Some(p) = family.prepare_operand(&self.stream, &host, &matrix.data)? {
+                    matrix.prepared.insert(p);
+                }
+            }
+        }
+        Ok(DeviceQuantized {
+            matrix,
+            swizzled_scales: q.swizzled,
         })
     }
 

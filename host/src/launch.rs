@@ -69,6 +69,8 @@ unsafe impl KernelParams for blockscaled_kernels::fold::FoldParams {}
 // SAFETY: as above (`#[repr(C)]`, six u64, eight 4-byte fields, then two u64 and six u32: no
 // padding).
 unsafe impl KernelParams for blockscaled_kernels::sm90_half::Sm90HalfParams {}
+// SAFETY: as above (`#[repr(C)]`, eleven u64 then eight 4-byte fields: no padding).
+unsafe impl KernelParams for blockscaled_kernels::quantize::QuantizeParams {}
 
 /// One launch of `func` on `stream`: its configuration and the buffers it uses. Each buffer's
 /// device address is taken through [`Launch::ptr`] / [`Launch::ptr_mut`], whose guards live until

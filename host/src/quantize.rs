@@ -15,9 +15,10 @@
 //! and never so low that the block maximum saturates. (A block this small is still a block of
 //! numbers; giving it scale 1 would flush all of it to zero.)
 //!
-//! Each element is divided by its scale (times the tensor scale) in f64 and the quotient rounded
-//! once to f32 before encoding: exactly `x / scale` rounded to f32 for one scale, and no underflow
-//! of the product of two small scales for NVFP4.
+//! Each element is divided by its scale (times the tensor scale) and the quotient rounded once to
+//! f32 before encoding: one f32 division for one scale, an f64 one for NVFP4's two (no underflow
+//! of their product). The per-block rules are `blockscaled_kernels::format::quantize`, which the
+//! device quantizers run too.
 //!
 //! Encoding rounds to nearest even and saturates ([`ElemType::encode_sat`]). NaN or infinite input
 //! is rejected with [`Error::Format`]: no format here can carry it through a block scale honestly.
@@ -25,7 +26,7 @@
 use crate::error::{Result, shape};
 use crate::format::{ElemType, OperandFormat, ScaleMajor, ScaleType};
 use crate::matrix::{MatrixDesc, ScaleLayout, ScaledMatrix};
-use blockscaled_kernels::format::{e4m3, e8m0, ue4m3};
+use blockscaled_kernels::format::quantize::{block_scale, nvfp4_tensor_scale, quantize_element};
 use rayon::prelude::*;
 
 impl ScaledMatrix {
@@ -97,11 +98,7 @@ impl ScaledMatrix {
                 .fold(|| 0.0f32, |m, v| m.max(v.abs()))
                 .reduce(|| 0.0, f32::max);
             // A zero tensor keeps the neutral scale.
-            desc.tensor_scale = if amax == 0.0 {
-                1.0
-            } else {
-                ratio_scale(amax, e4m3::MAX * format.elem.max())
-            };
+            desc.tensor_scale = nvfp4_tensor_scale(amax, format.elem);
         }
 
         let elem = format.elem;
@@ -136,11 +133,7 @@ impl ScaledMatrix {
                     sc.push((layout.index(l, rb, kb), sbits));
                     for r in r0..r1 {
                         for (j, &x) in row(r).iter().enumerate() {
-                            let q = if divisor == 0.0 {
-                                elem.encode_sat(0.0)
-                            } else {
-                                elem.encode_sat((x as f64 / divisor) as f32)
-                            };
+                            let q = quantize_element(elem, x, divisor);
                             let i = (r - r0) * k + k0 + j;
                             match bits {
                                 4 => out[i / 2] |= ((q & 0x0F) as u8) << (4 * (i % 2)),
@@ -161,61 +154,6 @@ impl ScaledMatrix {
         }
         Ok(ScaledMatrix::from_validated(desc, data, scales))
     }
-}
-
-/// The scale code for a block whose largest magnitude is `amax`, and the divisor applied to its
-/// elements before encoding, exact in f64 (0: the block is all zeros and encodes to zeros).
-fn block_scale(scale: ScaleType, elem: ElemType, amax: f32, tensor_scale: f32) -> (u32, f64) {
-    if elem.is_16bit() {
-        // bf16 and fp16 are rounded as they are, with the neutral scale (bf16 holds every f32
-        // magnitude; fp16 saturates past ±65504, as its encoder documents).
-        return (1f32.to_bits(), 1.0);
-    }
-    match scale {
-        ScaleType::E8M0 => {
-            let code = e8m0::mx_scale_for_amax(amax, elem.emax());
-            (code as u32, e8m0::decode(code) as f64)
-        }
-        ScaleType::UE4M3 => {
-            // A block far below the tensor's largest one can round its scale to the code 0; that
-            // would flush every element of the block to zero. Its smallest non-zero scale (2^-9,
-            // code 1) keeps the elements representable, each within the element format's bound.
-            // The ratio is taken in f64: `amax / elem.max()` alone can underflow when the tensor
-            // scale is subnormal.
-            let ratio = amax as f64 / (elem.max() as f64 * tensor_scale as f64);
-            let code = match ue4m3::encode_sat(ratio as f32) {
-                0 if amax > 0.0 => 1,
-                c => c,
-            };
-            (
-                code as u32,
-                ue4m3::decode(code) as f64 * tensor_scale as f64,
-            )
-        }
-        ScaleType::F32 => {
-            let s = if amax == 0.0 {
-                1.0
-            } else {
-                ratio_scale(amax, elem.max())
-            };
-            (s.to_bits(), s as f64)
-        }
-    }
-}
-
-/// `amax / max` (both positive, finite) as an f32 scale: the nearest f32 where that is normal;
-/// below f32's normal range rounded up to a multiple of 2^-149 (the subnormal spacing), so that it
-/// is not zero and `amax / scale <= max` (a subnormal rounded to nearest can lose a third of the
-/// value, and the block maximum would saturate by as much).
-fn ratio_scale(amax: f32, max: f32) -> f32 {
-    let s = amax / max;
-    if s >= f32::MIN_POSITIVE {
-        return s;
-    }
-    // amax · 2^149 is an integer below 2^23 · max (amax is a multiple of 2^-149), exact in f64, and
-    // so is its quotient by max whenever that is an integer: the ceiling is exact.
-    let units = (amax as f64 * 2f64.powi(149) / max as f64).ceil();
-    f32::from_bits(units as u32)
 }
 
 /// K of one fp32 scale group of a folded A (the FP8 kernel's 1×128).

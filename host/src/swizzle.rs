@@ -11,29 +11,7 @@ use crate::error::{Result, shape};
 use crate::format::{OperandFormat, ScaleBlock, ScaleMajor, ScaleType};
 use crate::matrix::{ScaleLayout, ScaledMatrix};
 
-/// Rows of one swizzled tile.
-const TILE_ROWS: usize = 128;
-/// K blocks of one swizzled tile.
-const TILE_COLS: usize = 4;
-/// Scales of one swizzled tile.
-const TILE: usize = TILE_ROWS * TILE_COLS;
-
-/// Scale elements of one batch entry of a `row_blocks` × `k_blocks` grid in the swizzled layout
-/// (whole tiles), or `None` on overflow.
-pub fn swizzled_128x4_len(row_blocks: usize, k_blocks: usize) -> Option<usize> {
-    row_blocks
-        .div_ceil(TILE_ROWS)
-        .checked_mul(k_blocks.div_ceil(TILE_COLS))?
-        .checked_mul(TILE)
-}
-
-/// Where scale `(r, c)` of a grid with `k_blocks` columns sits in one batch entry's swizzled
-/// buffer.
-pub fn swizzled_128x4_index(r: usize, c: usize, k_blocks: usize) -> usize {
-    let tile = (r / TILE_ROWS) * k_blocks.div_ceil(TILE_COLS) + c / TILE_COLS;
-    let (rr, cc) = (r % TILE_ROWS, c % TILE_COLS);
-    tile * TILE + (rr % 32) * 16 + (rr / 32) * 4 + cc
-}
+pub use blockscaled_kernels::format::swizzle::{swizzled_128x4_index, swizzled_128x4_len};
 
 /// The scale grid of an operand: (row blocks, K blocks).
 fn grid(format: &OperandFormat, rows: usize, k: usize) -> (usize, usize) {

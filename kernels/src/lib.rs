@@ -26,6 +26,7 @@ pub mod fold;
 pub mod format;
 pub mod gemm;
 pub mod params;
+pub mod quantize;
 pub mod registry;
 pub mod sm90;
 pub mod sm90_half;

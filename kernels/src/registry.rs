@@ -55,7 +55,9 @@ pub const KERNELS: &[KernelInfo] = &gather!(
     crate::fold::KERNELS,
     crate::sm90::GROUPED_KERNELS,
     crate::sm90::SPARSE_KERNELS,
-    crate::sm90_half::KERNELS
+    crate::sm90_half::KERNELS,
+    crate::quantize::KERNELS,
+    crate::quantize::AMAX
 );
 
 /// The dynamic shared-memory array's name as a literal, so `asm!` templates can `concat!` it.

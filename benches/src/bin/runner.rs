@@ -122,6 +122,12 @@ struct Args {
     /// Block-sparse GEMM: random, banded or block-diagonal.
     #[arg(long, default_value = "random")]
     pattern: String,
+    /// Time the device quantizers instead of a GEMM: a tensor of --mnkl's M rows × K columns × L
+    /// of this type (bf16, f16 or f32) into each --recipe's A format (NVFP4 with its tensor scale
+    /// given, as a serving stack passes it), checked bit for bit against the host quantizer.
+    /// Reports GB/s of bytes read + written and the fraction of the 3.0 TB/s copy ceiling.
+    #[arg(long)]
+    quantize: Option<String>,
 }
 
 /// The 16-bit element type `--ab_dtype` names, if it names one.
@@ -659,6 +665,9 @@ fn run(args: &Args) -> Result<bool, String> {
     if let Some(why) = blockscaled_benches::timing::profiler_attached() {
         println!("CUDA tool attached ({why}): timed without the stream gate");
     }
+    if let Some(input) = &args.quantize {
+        return run_quantize(args, &gpu, &mnkl, seed, input, &recipes);
+    }
     if let Some(elem) = half {
         return run_half(args, &gpu, &mnkl, seed, elem, (tiler_mn, cluster, out));
     }
@@ -810,4 +819,116 @@ fn run(args: &Args) -> Result<bool, String> {
     }
     print_table(&rows);
     Ok(all_ok)
+}
+
+/// `--quantize`: the device quantizers timed (CUDA events, warm-up, medians, inputs rotated past
+/// L2) and checked against the host's.
+fn run_quantize(
+    args: &Args,
+    gpu: &Gpu,
+    mnkl: &[usize],
+    seed: u64,
+    input: &str,
+    recipes: &[Recipe],
+) -> Result<bool, String> {
+    use blockscaled::{QuantizeOptions, ScaleType};
+    use blockscaled_benches::cases::L2_BYTES;
+    use blockscaled_benches::timing::{rotation_count, time_on_stream};
+    /// The copy ceiling measured on the H100 (docs/PERF.md).
+    const CEILING_GBS: f64 = 3000.0;
+    let e = |x: blockscaled::Error| x.to_string();
+    let (rows, k, l) = (mnkl[0], mnkl[2], mnkl[3]);
+    let v = blockscaled_tests::random_values(seed, rows * k * l, k);
+    let in_bytes = match input {
+        "bf16" => 2,
+        "f16" => 2,
+        "f32" => 4,
+        o => return Err(format!("--quantize `{o}`: want bf16, f16 or f32")),
+    } * rows
+        * k
+        * l;
+    let sets = rotation_count(in_bytes, L2_BYTES);
+    let upload = |vals: &[f32]| -> Result<(blockscaled::DeviceTensor, Vec<f32>), String> {
+        Ok(match input {
+            "bf16" => {
+                let h: Vec<half::bf16> = vals.iter().map(|&x| half::bf16::from_f32(x)).collect();
+                let hv = h.iter().map(|x| x.to_f32()).collect();
+                (gpu.upload_tensor(&h, rows, k, l).map_err(e)?, hv)
+            }
+            "f16" => {
+                let h: Vec<half::f16> = vals.iter().map(|&x| half::f16::from_f32(x)).collect();
+                let hv = h.iter().map(|x| x.to_f32()).collect();
+                (gpu.upload_tensor(&h, rows, k, l).map_err(e)?, hv)
+            }
+            _ => (
+                gpu.upload_tensor(vals, rows, k, l).map_err(e)?,
+                vals.to_vec(),
+            ),
+        })
+    };
+    let mut tensors = Vec::with_capacity(sets);
+    let mut first_values = Vec::new();
+    for i in 0..sets {
+        let vals: Vec<f32> = v.iter().map(|&x| x * (1.0 + i as f32 / 64.0)).collect();
+        let (t, hv) = upload(&vals)?;
+        if i == 0 {
+            first_values = hv;
+        }
+        tensors.push(t);
+    }
+    println!("quantize {l}×{rows}×{k} {input} ({sets} input sets)");
+    let mut ok = true;
+    println!(
+        "{:<16} {:>9} {:>7} {:>11}  check",
+        "format", "time µs", "GB/s", "of 3.0 TB/s"
+    );
+    for r in recipes {
+        let format = r.a();
+        let host = blockscaled::ScaledMatrix::quantize(&first_values, rows, k, l, format);
+        let opts = QuantizeOptions {
+            tensor_scale: if format.scale == ScaleType::UE4M3 {
+                Some(host.as_ref().map(|h| h.tensor_scale()).unwrap_or(1.0))
+            } else {
+                None
+            },
+            ..Default::default()
+        };
+        let got = match gpu.quantize_with(&tensors[0], format, &opts) {
+            Ok(q) => q.matrix,
+            Err(err) => {
+                println!("{:<16} {err}", r.name());
+                continue;
+            }
+        };
+        let check = match (&host, got.to_host()) {
+            (Ok(h), Ok(g)) if h.data() == g.data() && h.scales() == g.scales() => {
+                "bit-identical".to_string()
+            }
+            (Ok(_), Ok(_)) => {
+                ok = false;
+                "DIFFERS".to_string()
+            }
+            (Err(x), _) => format!("host: {x}"),
+            (_, Err(x)) => {
+                ok = false;
+                x.to_string()
+            }
+        };
+        let (data_bytes, scale_bytes) = got.desc().validate().map_err(e)?;
+        let bytes = in_bytes + data_bytes + scale_bytes;
+        let t = time_on_stream(gpu.stream(), args.warmup_iterations, args.iterations, |i| {
+            gpu.quantize_with(&tensors[i % sets], format, &opts)
+                .map(|_| ())
+        })
+        .map_err(e)?;
+        let gbs = bytes as f64 / (t.median_ms * 1e-3) / 1e9;
+        println!(
+            "{:<16} {:>9.2} {:>7.0} {:>11.2}  {check}",
+            r.name(),
+            t.median_ms * 1e3,
+            gbs,
+            gbs / CEILING_GBS
+        );
+    }
+    Ok(ok)
 }

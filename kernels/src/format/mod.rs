@@ -45,6 +45,8 @@ pub mod e5m2;
 pub mod e8m0;
 pub mod f16;
 pub mod fold;
+pub mod quantize;
+pub mod swizzle;
 pub mod ue4m3;
 
 /// `2^e` as an `f32`, exact for `-149 <= e <= 127` (subnormal results included);

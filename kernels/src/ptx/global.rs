@@ -19,6 +19,18 @@ pub unsafe fn store_u32_if(addr: u64, v: u32, pred: bool) {
     };
 }
 
+/// `*addr = v` if `pred` (1-byte store).
+/// # Safety
+/// When `pred`, `addr` is a valid global address nobody else accesses.
+#[inline(always)]
+pub unsafe fn store_u8_if(addr: u64, v: u32, pred: bool) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        asm!("{{ .reg .pred p;", "setp.ne.b32 p, {c}, 0;", "@p st.global.b8 [{a}], {v}; }}",
+             a = in(reg64) addr, v = in(reg32) v, c = in(reg32) pred as u32, options(nostack))
+    };
+}
+
 /// `*addr = v` if `pred` (2-byte store).
 /// # Safety
 /// When `pred`, `addr` is a valid, 2-byte-aligned global address nobody else accesses.
@@ -135,6 +147,20 @@ pub unsafe fn atomic_add_u32(addr: u64, v: u32) -> u32 {
              o = out(reg32) old, a = in(reg64) addr, v = in(reg32) v, options(nostack))
     };
     old
+}
+
+/// `red.relaxed.gpu.global.max.u32`: `*addr = max(*addr, v)` as unsigned integers, no result
+/// (PTX ISA "Parallel Synchronization and Communication Instructions: red"). The bits of
+/// non-negative f32 values order as the values do, so this takes the maximum of magnitudes.
+/// # Safety
+/// `addr` is a valid, 4-byte-aligned global address.
+#[inline(always)]
+pub unsafe fn reduce_max_u32(addr: u64, v: u32) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        asm!("red.relaxed.gpu.global.max.u32 [{a}], {v};", a = in(reg64) addr, v = in(reg32) v,
+             options(nostack))
+    };
 }
 
 /// `st.relaxed.gpu.global.u32`: sets the counter at `addr` (visible to every later kernel).

@@ -54,6 +54,26 @@ pub fn warp_uniform(value: u32) -> u32 {
     r
 }
 
+/// The largest `value` (as an unsigned integer) over each aligned group of `lanes` lanes
+/// (`lanes` a power of two ≤ 32), by `shfl.sync.bfly.b32` steps (PTX ISA "Data Movement and
+/// Conversion Instructions: shfl.sync"). Every lane of the warp must execute it.
+#[inline(always)]
+pub fn group_max_u32(value: u32, lanes: u32) -> u32 {
+    let mut v = value;
+    let mut step = 1;
+    while step < lanes {
+        let other: u32;
+        // SAFETY: all 32 lanes execute it (full mask); no memory is touched.
+        unsafe {
+            asm!("shfl.sync.bfly.b32 {r}, {v}, {s}, 31, -1;", r = out(reg32) other,
+                 v = in(reg32) v, s = in(reg32) step, options(nomem, nostack))
+        };
+        v = v.max(other);
+        step *= 2;
+    }
+    v
+}
+
 /// `bar.sync 0`: every thread of the block (the `__syncthreads` of CUDA).
 #[inline(always)]
 pub fn sync_block() {

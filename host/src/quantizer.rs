@@ -1,0 +1,345 @@
+//! The device quantizers, host side: a bf16, fp16 or fp32 tensor on the GPU ([`DeviceTensor`])
+//! to a [`DeviceMatrix`] of any FP8 or FP4 input format of the GEMMs, with the kernels of
+//! `blockscaled_kernels::quantize`. Bit-identical to [`ScaledMatrix::quantize`] on the same
+//! values (one source of the per-block rules: `blockscaled_kernels::format::quantize`).
+//!
+//! What runs: one launch per call, plus a maximum pass first when a scale spans more than one
+//! 1×k block (per row, per tensor) or NVFP4's tensor scale is computed; a computed NVFP4 tensor
+//! scale is read back (4 bytes, a wait on the stream), since the matrix's description holds it:
+//! pass [`QuantizeOptions::tensor_scale`] to keep the stream asynchronous.
+//!
+//! Non-finite input gives NaN scales (see the kernels' documentation), not an error: the kernels
+//! cannot report one without a wait.
+
+use std::sync::Arc;
+
+use cudarc::driver::{CudaFunction, CudaModule, CudaSlice, CudaStream};
+
+use crate::buffers::GpuId;
+use crate::error::{Error, Result, shape};
+use crate::format::{OperandFormat, ScaleBlock, ScaleMajor, ScaleType};
+use crate::launch::Launch;
+use crate::matrix::{MatrixDesc, ScaleLayout, ScaledMatrix};
+use blockscaled_kernels::format::swizzle::swizzled_128x4_len;
+use blockscaled_kernels::quantize::{
+    self as kq, AMAX_KERNEL, InputType, QUANTIZE_THREADS, QuantizeKernel, QuantizeParams, ScaleSpan,
+};
+
+/// A bf16, fp16 or fp32 tensor `[batch][rows][k]` (row-major) on the GPU: a quantizer's input.
+pub struct DeviceTensor {
+    pub(crate) gpu: GpuId,
+    pub(crate) input: InputType,
+    pub(crate) rows: usize,
+    pub(crate) k: usize,
+    pub(crate) batch: usize,
+    pub(crate) buf: CudaSlice<u8>,
+}
+
+impl DeviceTensor {
+    /// (rows, k, batch).
+    pub fn dims(&self) -> (usize, usize, usize) {
+        (self.rows, self.k, self.batch)
+    }
+
+    /// The element type.
+    pub fn input_type(&self) -> InputType {
+        self.input
+    }
+}
+
+/// An element type a [`DeviceTensor`] holds: f32, `half::bf16`, `half::f16`.
+pub trait TensorElement: Copy + sealed::Sealed {
+    const INPUT: InputType;
+    fn le_bytes(self) -> impl Iterator<Item = u8>;
+}
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for f32 {}
+    impl Sealed for half::bf16 {}
+    impl Sealed for half::f16 {}
+}
+
+impl TensorElement for f32 {
+    const INPUT: InputType = InputType::F32;
+    fn le_bytes(self) -> impl Iterator<Item = u8> {
+        self.to_le_bytes().into_iter()
+    }
+}
+
+impl TensorElement for half::bf16 {
+    const INPUT: InputType = InputType::Bf16;
+    fn le_bytes(self) -> impl Iterator<Item = u8> {
+        self.to_bits().to_le_bytes().into_iter()
+    }
+}
+
+impl TensorElement for half::f16 {
+    const INPUT: InputType = InputType::F16;
+    fn le_bytes(self) -> impl Iterator<Item = u8> {
+        self.to_bits().to_le_bytes().into_iter()
+    }
+}
+
+/// How [`Gpu::quantize_with`](crate::Gpu::quantize_with) writes its scales.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct QuantizeOptions {
+    /// The scale tensor's major order; `None`: what the format's users pass by default
+    /// ([`ScaleMajor::default_for`]: M-major for DeepSeek activations, K-major for MX / NVFP4).
+    pub major: Option<ScaleMajor>,
+    /// NVFP4's fp32 tensor scale, when known (finite, > 0); `None`: computed from the tensor's
+    /// largest magnitude, as the host quantizer does (one 4-byte read-back).
+    pub tensor_scale: Option<f32>,
+    /// Also write the one-byte scales in the 128×4 swizzled layout (cuBLAS, CUTLASS, torch
+    /// `to_blocked`), zero-padded to whole tiles.
+    pub swizzled_scales: bool,
+}
+
+/// A device quantizer's result: the matrix, and its scales in the 128×4 swizzled layout when
+/// asked for (`batch` entries of whole tiles).
+pub struct DeviceQuantized {
+    pub matrix: crate::DeviceMatrix,
+    pub swizzled_scales: Option<CudaSlice<u8>>,
+}
+
+/// The loaded quantizer kernels.
+pub(crate) struct Quantizers {
+    amax: CudaFunction,
+    kernels: Vec<(&'static QuantizeKernel, CudaFunction)>,
+}
+
+/// What one quantization produced, before the GPU wraps it into a `DeviceMatrix`.
+pub(crate) struct Quantized {
+    pub desc: MatrixDesc,
+    pub data: CudaSlice<u8>,
+    pub scales: CudaSlice<u8>,
+    /// The FP8 kernel's A-role scales `[l][k/128][m_pad]` and `m_pad` (FP8 with fp32 per 1×128).
+    pub sfa: Option<(CudaSlice<f32>, u32)>,
+    pub swizzled: Option<CudaSlice<u8>>,
+}
+
+impl Quantizers {
+    pub(crate) fn load(module: &Arc<CudaModule>) -> Result<Self> {
+        Ok(Quantizers {
+            amax: module.load_function(AMAX_KERNEL.name)?,
+            kernels: kq::KERNELS
+                .iter()
+                .map(|k| Ok((k, module.load_function(k.info.name)?)))
+                .collect::<Result<_>>()?,
+        })
+    }
+
+    pub(crate) fn quantize(
+        &self,
+        stream: &Arc<CudaStream>,
+        sm_count: u32,
+        t: &DeviceTensor,
+        format: OperandFormat,
+        opts: &QuantizeOptions,
+    ) -> Result<Quantized> {
+        format.validate()?;
+        let (rows, k, l) = (t.rows, t.k, t.batch);
+        let func = self
+            .kernels
+            .iter()
+            .find(|(d, _)| d.elem == format.elem && d.scale == format.scale)
+            .map(|(_, f)| f)
+            .ok_or_else(|| {
+                format.error(
+                    "the device quantizers write e4m3 / e5m2 with fp32 or e8m0 scales and e2m1 \
+                     with e8m0 or ue4m3 scales",
+                )
+            })?;
+        let (span, block_k) = match format.block {
+            ScaleBlock::Tile { rows: 1, k: bk } if matches!(bk, 16 | 32 | 128) => {
+                (ScaleSpan::Block, bk)
+            }
+            ScaleBlock::PerRow => (ScaleSpan::Row, 0),
+            ScaleBlock::PerTensor => (ScaleSpan::Entry, 0),
+            _ => {
+                return Err(format.error(
+                    "the device quantizers take scale blocks of 1×16, 1×32 or 1×128, per row or \
+                     per tensor (quantize 128×128-block weights with ScaledMatrix::quantize)",
+                ));
+            }
+        };
+        if !k.is_multiple_of(8) {
+            return Err(Error::Alignment(format!(
+                "the device quantizers take K a multiple of 8 (8 elements per thread), not {k}"
+            )));
+        }
+        if rows == 0 || k == 0 || l == 0 || rows > u32::MAX as usize || l > 65535 {
+            return Err(shape(format!(
+                "{l}×{rows}×{k}: rows, K and batch must be non-zero, batch at most 65535"
+            )));
+        }
+        let nv = format.scale == ScaleType::UE4M3;
+        let given = match opts.tensor_scale {
+            Some(s) if !nv => {
+                return Err(Error::Config(format!(
+                    "a tensor scale ({s}) was given for {}, which has none",
+                    format.scale.name()
+                )));
+            }
+            Some(s) if !(s.is_finite() && s > 0.0) => {
+                return Err(Error::Config(format!(
+                    "NVFP4 tensor scale {s}: must be finite and positive"
+                )));
+            }
+            s => s,
+        };
+        if opts.swizzled_scales && format.scale == ScaleType::F32 {
+            return Err(format.error("the 128×4 swizzled layout holds one-byte scales (MX, NVFP4)"));
+        }
+        let major = opts.major.unwrap_or(ScaleMajor::default_for(&format));
+        let (br, bk) = format.block.extent(rows, k);
+        let layout = ScaleLayout::packed(major, rows.div_ceil(br), k.div_ceil(bk));
+        let mut desc = MatrixDesc {
+            format,
+            rows,
+            k,
+            batch: l,
+            scale_layout: layout,
+            tensor_scale: given.unwrap_or(1.0),
+        };
+        let (data_bytes, scale_bytes) = desc.validate()?;
+        // SAFETY: u8 has no invalid bit patterns, and the quantizer writes every byte of both
+        // before anything reads them: each thread's 8 elements (K % 8 == 0: whole rows of codes),
+        // and the scale of every block, row or entry of the packed layout (no gaps). Not zeroed:
+        // a memset would add a second write of the codes to every call.
+        let mut data = unsafe { stream.alloc::<u8>(data_bytes) }?;
+        let mut scales = unsafe { stream.alloc::<u8>(scale_bytes) }?;
+        let swz_entry = if opts.swizzled_scales {
+            swizzled_128x4_len(layout.row_blocks, layout.k_blocks)
+                .ok_or_else(|| shape("the swizzled scales' size overflows"))?
+        } else {
+            0
+        };
+        let mut swizzled = if opts.swizzled_scales {
+            Some(stream.alloc_zeros::<u8>(swz_entry * l)?)
+        } else {
+            None
+        };
+        // The FP8 kernel's A-role layout, zero in its padding rows (its last tiles read them).
+        let fp8_a = format.scale == ScaleType::F32 && block_k == 128 && k.is_multiple_of(128);
+        let m_pad = blockscaled_kernels::sm90::m_pad(rows as u32);
+        let mut sfa = if fp8_a {
+            Some(stream.alloc_zeros::<f32>(l * (k / 128) * m_pad as usize)?)
+        } else {
+            None
+        };
+        let amax_slots = match span {
+            ScaleSpan::Row => l * rows,
+            ScaleSpan::Entry => l,
+            ScaleSpan::Block => 0,
+        };
+        let needs_tensor = nv && given.is_none();
+        // The maxima start at 0 (`red.max` raises them); allocated only where a pass writes them
+        // (a memset per call is a launch of its own).
+        let mut amax = if amax_slots > 0 {
+            Some(stream.alloc_zeros::<u32>(amax_slots)?)
+        } else {
+            None
+        };
+        let mut tensor_amax = if needs_tensor {
+            Some(stream.alloc_zeros::<u32>(1)?)
+        } else {
+            None
+        };
+
+        let mut p = QuantizeParams {
+            src: 0,
+            dst: 0,
+            scales: 0,
+            scale_stride_l: layout.batch_stride as u64,
+            scale_stride_r: layout.row_stride as u64,
+            scale_stride_k: layout.k_stride as u64,
+            swizzled: 0,
+            swizzled_entry: swz_entry as u64,
+            sfa: 0,
+            amax: 0,
+            tensor_amax: 0,
+            rows: rows as u32,
+            k: k as u32,
+            batch: l as u32,
+            m_pad,
+            input: t.input as u32,
+            span: span as u32,
+            block_k,
+            tensor_scale: given.unwrap_or(0.0),
+        };
+        if amax_slots > 0 || needs_tensor {
+            let mut launch = Launch::new(stream, &self.amax)
+                .grid(rows as u32, l as u32, 1)
+                .block(QUANTIZE_THREADS, 1, 1);
+            let mut q = p;
+            q.src = launch.ptr(&t.buf);
+            q.amax = amax.as_mut().map_or(0, |a| launch.ptr_mut(a));
+            q.tensor_amax = tensor_amax.as_mut().map_or(0, |a| launch.ptr_mut(a));
+            // SAFETY: `t.buf` holds l·rows·k elements of `t.input` (its constructor), k % 8 == 0;
+            // the maxima are zeroed, `[l][rows]` or `[l]` by the span, one for the tensor; the
+            // grid is rows × l blocks (rows < 2^32, l ≤ 65535).
+            unsafe { launch.launch(&q) }?;
+        }
+        let (per_block, blocks) = kq::lanes(&p);
+        let lanes_total = (l * rows) as u64 * (per_block * blocks) as u64;
+        let blocks_wanted = lanes_total.div_ceil(QUANTIZE_THREADS as u64);
+        // A few waves of resident blocks; each thread loops over the rest.
+        let grid = blocks_wanted.clamp(1, sm_count as u64 * 16) as u32;
+        let mut launch = Launch::new(stream, func)
+            .grid(grid, 1, 1)
+            .block(QUANTIZE_THREADS, 1, 1);
+        p.src = launch.ptr(&t.buf);
+        p.dst = launch.ptr_mut(&mut data);
+        p.scales = launch.ptr_mut(&mut scales);
+        p.swizzled = launch.opt_ptr(swizzled.as_ref());
+        p.sfa = launch.opt_ptr(sfa.as_ref());
+        p.amax = launch.opt_ptr(amax.as_ref());
+        p.tensor_amax = launch.opt_ptr(tensor_amax.as_ref());
+        // SAFETY: as the maximum pass for `src`; `dst` holds the format's data bytes and `scales`
+        // its packed layout (`desc.validate`), `swizzled` l whole-tile entries, `sfa`
+        // l·(k/128)·m_pad f32 (rows ≤ m_pad); the maxima were written by the pass above where
+        // the span or NVFP4 needs them. Any grid is valid (grid-stride loop).
+        unsafe { launch.launch(&p) }?;
+        if let Some(tensor_amax) = &tensor_amax {
+            let m = stream.clone_dtoh(tensor_amax)?;
+            stream.synchronize()?;
+            desc.tensor_scale = if m[0] == kq::NON_FINITE {
+                f32::NAN
+            } else {
+                blockscaled_kernels::format::quantize::nvfp4_tensor_scale(
+                    f32::from_bits(m[0]),
+                    format.elem,
+                )
+            };
+        }
+        Ok(Quantized {
+            desc,
+            data,
+            scales,
+            sfa: sfa.take().map(|s| (s, m_pad)),
+            swizzled: swizzled.take(),
+        })
+    }
+}
+
+impl ScaledMatrix {
+    /// The matrix a device quantizer would write for this description, read back: used by
+    /// [`DeviceMatrix::to_host`](crate::DeviceMatrix::to_host).
+    pub(crate) fn from_device_parts(
+        desc: MatrixDesc,
+        data: Vec<u8>,
+        scales: Vec<u8>,
+    ) -> Result<Self> {
+        ScaledMatrix::from_parts(
+            desc.format,
+            desc.rows,
+            desc.k,
+            desc.batch,
+            data,
+            scales,
+            desc.scale_layout,
+            desc.tensor_scale,
+        )
+    }
+}
