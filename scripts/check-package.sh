@@ -11,6 +11,10 @@ crates=(blockscaled-kernels blockscaled-builder blockscaled)
 # repository's kernels/ (which a package does not contain).
 export BLOCKSCALED_BUILD_KERNELS=0
 args=(); for c in "${crates[@]}"; do args+=(-p "$c"); done
+# Verification builds the packaged crates as registry crates in this target dir, and cargo never
+# rebuilds a registry crate it has built at the same version: drop those artifacts, or a second
+# run verifies against the first run's sources.
+find target/debug/.fingerprint -maxdepth 1 \( -name 'blockscaled-kernels-*' -o -name 'blockscaled-builder-*' \) -exec rm -rf {} + 2>/dev/null || true
 # --allow-dirty: CI packages a clean clone; a developer may run this before committing.
 cargo package "${args[@]}" --allow-dirty 2>&1 | grep -E '^ *(Packaged|Packaging|Verifying|error)' >&2
 version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
