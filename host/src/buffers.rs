@@ -78,7 +78,17 @@ impl DeviceMatrix {
         let data = stream.clone_dtoh(&self.data)?;
         let scales = stream.clone_dtoh(&self.scales)?;
         stream.synchronize()?;
-        crate::ScaledMatrix::from_device_parts(self.desc, data, scales)
+        let d = self.desc;
+        crate::ScaledMatrix::from_parts(
+            d.format,
+            d.rows,
+            d.k,
+            d.batch,
+            data,
+            scales,
+            d.scale_layout,
+            d.tensor_scale,
+        )
     }
 
     /// The codes on the GPU (`[batch][rows][k]`, e2m1 two per byte), for a caller's own kernels.

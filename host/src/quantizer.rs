@@ -1,6 +1,6 @@
 //! The device quantizers, host side: a bf16, fp16 or fp32 tensor on the GPU ([`DeviceTensor`])
 //! to a [`DeviceMatrix`] of any FP8 or FP4 input format of the GEMMs, with the kernels of
-//! `blockscaled_kernels::quantize`. Bit-identical to [`ScaledMatrix::quantize`] on the same
+//! `blockscaled_kernels::quantize`. Bit-identical to [`ScaledMatrix::quantize`](crate::ScaledMatrix::quantize) on the same
 //! values (one source of the per-block rules: `blockscaled_kernels::format::quantize`).
 //!
 //! What runs: one launch per call, plus a maximum pass first when a scale spans more than one
@@ -19,7 +19,7 @@ use crate::buffers::GpuId;
 use crate::error::{Error, Result, shape};
 use crate::format::{OperandFormat, ScaleBlock, ScaleMajor, ScaleType};
 use crate::launch::Launch;
-use crate::matrix::{MatrixDesc, ScaleLayout, ScaledMatrix};
+use crate::matrix::{MatrixDesc, ScaleLayout};
 use blockscaled_kernels::format::swizzle::swizzled_128x4_len;
 use blockscaled_kernels::quantize::{
     self as kq, AMAX_KERNEL, InputType, QUANTIZE_THREADS, QuantizeKernel, QuantizeParams, ScaleSpan,
@@ -320,26 +320,5 @@ impl Quantizers {
             sfa: sfa.take().map(|s| (s, m_pad)),
             swizzled: swizzled.take(),
         })
-    }
-}
-
-impl ScaledMatrix {
-    /// The matrix a device quantizer would write for this description, read back: used by
-    /// [`DeviceMatrix::to_host`](crate::DeviceMatrix::to_host).
-    pub(crate) fn from_device_parts(
-        desc: MatrixDesc,
-        data: Vec<u8>,
-        scales: Vec<u8>,
-    ) -> Result<Self> {
-        ScaledMatrix::from_parts(
-            desc.format,
-            desc.rows,
-            desc.k,
-            desc.batch,
-            data,
-            scales,
-            desc.scale_layout,
-            desc.tensor_scale,
-        )
     }
 }

@@ -178,21 +178,12 @@ pub fn kernel(elem: ElemType, scale: ScaleType) -> Option<&'static QuantizeKerne
 
 /// Lanes of one scale block, and scale blocks per row (a row's lanes: their product).
 pub const fn lanes(p: &QuantizeParams) -> (u32, u32) {
-    let bk = match p.span {
-        0 => p.block_k,
-        _ => p.k,
-    };
-    let per_block = if p.span == 0 {
-        bk / ELEMS_PER_THREAD
+    if p.span == ScaleSpan::Block as u32 {
+        (p.block_k / ELEMS_PER_THREAD, p.k.div_ceil(p.block_k))
     } else {
-        1
-    };
-    let blocks = if p.span == 0 {
-        p.k.div_ceil(bk)
-    } else {
-        p.k.div_ceil(ELEMS_PER_THREAD)
-    };
-    (per_block, blocks)
+        // One scale over the whole row (or entry): the row's lanes share no maximum.
+        (1, p.k.div_ceil(ELEMS_PER_THREAD))
+    }
 }
 
 pub use crate::format::quantize::{NON_FINITE, magnitude_bits};

@@ -461,3 +461,27 @@ mod tests {
     }
 }
 pub mod layouts;
+
+/// `values` uploaded as a `batch × rows × k` tensor of `input`, and the values the GPU then holds
+/// (rounded to bf16 / fp16: what a host quantizer must be given to agree with the device's).
+pub fn upload_tensor_as(
+    gpu: &Gpu,
+    input: blockscaled::InputType,
+    values: &[f32],
+    (rows, k, batch): (usize, usize, usize),
+) -> blockscaled::Result<(blockscaled::DeviceTensor, Vec<f32>)> {
+    use blockscaled::InputType;
+    Ok(match input {
+        InputType::F32 => (gpu.upload_tensor(values, rows, k, batch)?, values.to_vec()),
+        InputType::Bf16 => {
+            let h: Vec<half::bf16> = values.iter().map(|&x| half::bf16::from_f32(x)).collect();
+            let held = h.iter().map(|x| x.to_f32()).collect();
+            (gpu.upload_tensor(&h, rows, k, batch)?, held)
+        }
+        InputType::F16 => {
+            let h: Vec<half::f16> = values.iter().map(|&x| half::f16::from_f32(x)).collect();
+            let held = h.iter().map(|x| x.to_f32()).collect();
+            (gpu.upload_tensor(&h, rows, k, batch)?, held)
+        }
+    })
+}

@@ -2,8 +2,9 @@
 //! bf16 and fp16 tensors, ragged shapes, both scale layouts (and the swizzled copy), and a GEMM
 //! on a device-quantized DeepSeek A.
 
+use blockscaled::InputType;
 use blockscaled::{Fp8, Gpu, OutType, QuantizeOptions, Recipe, ScaleMajor, ScaledMatrix};
-use blockscaled_tests::random_values;
+use blockscaled_tests::{random_values, upload_tensor_as};
 
 fn formats() -> Vec<(&'static str, blockscaled::OperandFormat)> {
     vec![
@@ -29,20 +30,8 @@ fn device_quantizers_are_bit_identical_to_the_host_ones() {
                 seed += 1;
                 let v = random_values(seed, rows * k * batch, k);
                 // The host quantizes the values the device reads (bf16 / fp16 rounded).
-                let (t, hv): (_, Vec<f32>) = match input {
-                    0 => (gpu.upload_tensor(&v, rows, k, batch).unwrap(), v.clone()),
-                    1 => {
-                        let h: Vec<half::bf16> =
-                            v.iter().map(|&x| half::bf16::from_f32(x)).collect();
-                        let hv = h.iter().map(|x| x.to_f32()).collect();
-                        (gpu.upload_tensor(&h, rows, k, batch).unwrap(), hv)
-                    }
-                    _ => {
-                        let h: Vec<half::f16> = v.iter().map(|&x| half::f16::from_f32(x)).collect();
-                        let hv = h.iter().map(|x| x.to_f32()).collect();
-                        (gpu.upload_tensor(&h, rows, k, batch).unwrap(), hv)
-                    }
-                };
+                let ty = [InputType::F32, InputType::Bf16, InputType::F16][input];
+                let (t, hv) = upload_tensor_as(&gpu, ty, &v, (rows, k, batch)).unwrap();
                 for major in [ScaleMajor::K, ScaleMajor::Mn] {
                     let one_byte = !matches!(format.scale, blockscaled::ScaleType::F32);
                     let opts = QuantizeOptions {

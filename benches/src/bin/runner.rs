@@ -839,33 +839,16 @@ fn run_quantize(
     let e = |x: blockscaled::Error| x.to_string();
     let (rows, k, l) = (mnkl[0], mnkl[2], mnkl[3]);
     let v = blockscaled_tests::random_values(seed, rows * k * l, k);
-    let in_bytes = match input {
-        "bf16" => 2,
-        "f16" => 2,
-        "f32" => 4,
+    let ty = match input {
+        "bf16" => blockscaled::InputType::Bf16,
+        "f16" => blockscaled::InputType::F16,
+        "f32" => blockscaled::InputType::F32,
         o => return Err(format!("--quantize `{o}`: want bf16, f16 or f32")),
-    } * rows
-        * k
-        * l;
-    let sets = rotation_count(in_bytes, L2_BYTES);
-    let upload = |vals: &[f32]| -> Result<(blockscaled::DeviceTensor, Vec<f32>), String> {
-        Ok(match input {
-            "bf16" => {
-                let h: Vec<half::bf16> = vals.iter().map(|&x| half::bf16::from_f32(x)).collect();
-                let hv = h.iter().map(|x| x.to_f32()).collect();
-                (gpu.upload_tensor(&h, rows, k, l).map_err(e)?, hv)
-            }
-            "f16" => {
-                let h: Vec<half::f16> = vals.iter().map(|&x| half::f16::from_f32(x)).collect();
-                let hv = h.iter().map(|x| x.to_f32()).collect();
-                (gpu.upload_tensor(&h, rows, k, l).map_err(e)?, hv)
-            }
-            _ => (
-                gpu.upload_tensor(vals, rows, k, l).map_err(e)?,
-                vals.to_vec(),
-            ),
-        })
     };
+    let in_bytes = ty.bytes() * rows * k * l;
+    let sets = rotation_count(in_bytes, L2_BYTES);
+    let upload =
+        |vals: &[f32]| blockscaled_tests::upload_tensor_as(gpu, ty, vals, (rows, k, l)).map_err(e);
     let mut tensors = Vec::with_capacity(sets);
     let mut first_values = Vec::new();
     for i in 0..sets {
