@@ -15,6 +15,12 @@ args=(); for c in "${crates[@]}"; do args+=(-p "$c"); done
 # rebuilds a registry crate it has built at the same version: drop those artifacts, or a second
 # run verifies against the first run's sources.
 find target/debug/.fingerprint -maxdepth 1 \( -name 'blockscaled-kernels-*' -o -name 'blockscaled-builder-*' \) -exec rm -rf {} + 2>/dev/null || true
+# Cargo also keeps a registry crate's extracted sources (and its .crate) in CARGO_HOME and never
+# extracts the same version again: drop those of the packaged crates' local registry too.
+home=${CARGO_HOME:-$HOME/.cargo}
+rm -rf "$home"/registry/src/*/blockscaled-kernels-* "$home"/registry/src/*/blockscaled-builder-* \
+  "$home"/registry/cache/*/blockscaled-kernels-* "$home"/registry/cache/*/blockscaled-builder-* \
+  2>/dev/null || true
 # --allow-dirty: CI packages a clean clone; a developer may run this before committing.
 cargo package "${args[@]}" --allow-dirty 2>&1 | grep -E '^ *(Packaged|Packaging|Verifying|error)' >&2
 version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)

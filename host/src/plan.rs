@@ -146,6 +146,96 @@ impl Plan {
     }
 }
 
+/// What a fused epilogue needs of a plan's kernel: `block_cols`, a quantized output's scale
+/// block in product columns (doubled by SwiGLU; 0: not quantized), which must lie in one warp's
+/// pass over a staged row (128 columns: see `blockscaled_kernels::gemm::fuse`) and divide the
+/// tile's columns, so that no block straddles two tiles.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct FusedNeeds {
+    pub block_cols: u32,
+}
+
+impl Plan {
+    /// [`Error::Config`] when the plan's kernel cannot run a fused epilogue that `needs` this.
+    pub(crate) fn check_fused(&self, needs: FusedNeeds) -> Result<()> {
+        let cols = match self {
+            Plan::Reference => {
+                return Err(config(
+                    "the reference kernel has no fused epilogue (the sm90 kernels have)",
+                ));
+            }
+            Plan::Sm90Fp8(c) | Plan::Sm90MxFp8(c) => {
+                (!c.tile.is_swapped()).then_some(c.tile.block_n)
+            }
+            Plan::Sm90Half(c) => Some(c.tile.block_n),
+            Plan::Sm90Mx(c) => Some(c.tile.block_n),
+            Plan::Sm90W4(_) => None,
+        };
+        let Some(n) = cols else {
+            return Err(config(format!(
+                "{self:?} computes Cᵀ and stores it transposed: a fused epilogue needs a kernel \
+                 that computes C"
+            )));
+        };
+        let b = needs.block_cols;
+        if b > 128 {
+            return Err(config(format!(
+                "a quantized output's scale block of {b} product columns (SwiGLU doubles the \
+                 output's) is wider than one warp's pass of 128 columns: SwiGLU with 1×128 \
+                 output scales is not fused (quantize the SwiGLU output with Gpu::quantize_with)"
+            )));
+        }
+        if b != 0 && n % b != 0 {
+            return Err(config(format!(
+                "{self:?}: a quantized output's scale block of {b} product columns must divide \
+                 the tile's {n} columns"
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// [`choose_for`] for a GEMM with a fused epilogue that `needs` this: the usual plan where it
+/// can run the epilogue, else the nearest one that can (a tile of 128 or 256 columns that
+/// computes C; the MX kernel for FP4 pairs the 4-bit-weights kernel would take).
+pub(crate) fn choose_fused(
+    arch: GpuArch,
+    sm_count: u32,
+    shape: &GemmShape,
+    (a, b): (&MatrixDesc, &MatrixDesc),
+    needs: FusedNeeds,
+) -> Result<Plan> {
+    let plan = choose_for(arch, sm_count, shape, a, b)?;
+    if plan.check_fused(needs).is_ok() {
+        return Ok(plan);
+    }
+    let GemmShape { m, n, k, l } = *shape;
+    let alt = match plan {
+        Plan::Sm90Fp8(c) | Plan::Sm90MxFp8(c) => {
+            let cfg = c.with_tile(Tile::M128, shape);
+            match plan {
+                Plan::Sm90Fp8(_) => Plan::Sm90Fp8(cfg),
+                _ => Plan::Sm90MxFp8(cfg),
+            }
+        }
+        Plan::Sm90Half(c) => Plan::Sm90Half(Sm90HalfConfig {
+            tile: HalfTile::M128,
+            ..c
+        }),
+        Plan::Sm90Mx(c) => Plan::Sm90Mx(Sm90MxConfig {
+            tile: MxTile::N256,
+            ..c
+        }),
+        Plan::Sm90W4(_) if sm90_mx::unsupported_pair(a, b).is_none() => {
+            Plan::Sm90Mx(sm90_mx_default(m, n, k, l, sm_count))
+        }
+        other => other,
+    };
+    alt.check_fused(needs)?;
+    alt.validate(shape)?;
+    Ok(alt)
+}
+
 /// Loads every kernel family the module built for `arch` contains.
 pub(crate) fn load_families(
     module: &Arc<CudaModule>,
@@ -816,6 +906,44 @@ pub const GROUP_ROWS: u32 = 2048;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fused_epilogues_need_a_kernel_that_computes_c_and_scale_blocks_inside_a_pass() {
+        let big = sm90_default(4096, 7168, 2048, 1, 132);
+        let none = FusedNeeds { block_cols: 0 };
+        assert!(Plan::Sm90Fp8(big).check_fused(none).is_ok());
+        assert!(Plan::Reference.check_fused(none).is_err());
+        // Decode tiles compute Cᵀ.
+        let decode = sm90_default(16, 7168, 2048, 1, 132);
+        assert!(decode.tile.is_swapped());
+        assert!(Plan::Sm90Fp8(decode).check_fused(none).is_err());
+        // FP8 1×128 output (128 columns) on a 128-column tile; with SwiGLU (256) refused.
+        assert!(
+            Plan::Sm90Fp8(big)
+                .check_fused(FusedNeeds { block_cols: 128 })
+                .is_ok()
+        );
+        assert!(
+            Plan::Sm90Fp8(big)
+                .check_fused(FusedNeeds { block_cols: 256 })
+                .is_err()
+        );
+        // A 144-column tile holds whole 16-column blocks, not 128-column ones.
+        let wide = Sm90Config {
+            tile: Tile::M128N144,
+            ..big
+        };
+        assert!(
+            Plan::Sm90Fp8(wide)
+                .check_fused(FusedNeeds { block_cols: 16 })
+                .is_ok()
+        );
+        assert!(
+            Plan::Sm90Fp8(wide)
+                .check_fused(FusedNeeds { block_cols: 128 })
+                .is_err()
+        );
+    }
 
     #[test]
     fn tall_tiles_for_large_m_short_tiles_where_they_would_idle_sms() {

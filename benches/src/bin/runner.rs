@@ -128,6 +128,15 @@ struct Args {
     /// Reports GB/s of bytes read + written and the fraction of the 3.0 TB/s copy ceiling.
     #[arg(long)]
     quantize: Option<String>,
+    /// A fused epilogue, comma-separated: alpha=X, beta (β·C with β = 0.5), bias, relu, gelu,
+    /// gelu-tanh, silu, swiglu, residual. Times the GEMM with it beside the plain GEMM with
+    /// bf16 output (and, with --out_quant, beside the GEMM + the standalone quantizer).
+    #[arg(long)]
+    epilogue: Option<String>,
+    /// The fused epilogue's output quantized: fp8-1x128, mxfp8, mxfp4 or nvfp4 (its tensor scale
+    /// given).
+    #[arg(long = "out_quant")]
+    out_quant: Option<String>,
 }
 
 /// The 16-bit element type `--ab_dtype` names, if it names one.
@@ -668,6 +677,9 @@ fn run(args: &Args) -> Result<bool, String> {
     if let Some(input) = &args.quantize {
         return run_quantize(args, &gpu, &mnkl, seed, input, &recipes);
     }
+    if args.epilogue.is_some() || args.out_quant.is_some() {
+        return run_fused(args, &gpu, &mnkl, seed, recipes.first().copied());
+    }
     if let Some(elem) = half {
         return run_half(args, &gpu, &mnkl, seed, elem, (tiler_mn, cluster, out));
     }
@@ -912,6 +924,200 @@ fn run_quantize(
             gbs,
             gbs / CEILING_GBS
         );
+    }
+    Ok(ok)
+}
+
+/// `--epilogue` / `--out_quant`: the GEMM with a fused epilogue timed beside the plain GEMM with
+/// bf16 output and, for a quantized output, beside the plain GEMM followed by the device
+/// quantizer (CUDA events, warm-up, medians); a quantized output is checked bit for bit against
+/// the quantizer of the same epilogue's f32 output.
+fn run_fused(
+    args: &Args,
+    gpu: &Gpu,
+    mnkl: &[usize],
+    seed: u64,
+    recipe: Option<Recipe>,
+) -> Result<bool, String> {
+    use blockscaled::{Activation, Epilogue, InputType, QuantizeOptions, ScaledMatrix};
+    use blockscaled_benches::timing::time_on_stream;
+    let e = |x: blockscaled::Error| x.to_string();
+    let recipe = recipe.ok_or("--epilogue: name one --recipe")?;
+    let (m, n, k, l) = (mnkl[0], mnkl[1], mnkl[2], mnkl[3]);
+    let a = ScaledMatrix::quantize(
+        &blockscaled_tests::random_values(seed, m * k * l, k),
+        m,
+        k,
+        l,
+        recipe.a(),
+    )
+    .map_err(e)?;
+    let b = ScaledMatrix::quantize(
+        &blockscaled_tests::random_values(seed ^ 0x9E37, n * k * l, k),
+        n,
+        k,
+        l,
+        recipe.b(),
+    )
+    .map_err(e)?;
+    let (da, db) = (gpu.upload(&a).map_err(e)?, gpu.upload(&b).map_err(e)?);
+    let spec = args.epilogue.clone().unwrap_or_default();
+    let (mut alpha, mut beta, mut bias, mut residual, mut act) =
+        (1.0f32, false, false, false, Activation::None);
+    for tok in spec.split(',').map(str::trim).filter(|t| !t.is_empty()) {
+        match tok {
+            "beta" => beta = true,
+            "bias" => bias = true,
+            "residual" => residual = true,
+            t if t.starts_with("alpha=") => {
+                alpha = t[6..].parse().map_err(|_| format!("--epilogue: `{t}`"))?
+            }
+            t => {
+                act = Activation::ALL
+                    .into_iter()
+                    .find(|a| a.name() == t)
+                    .ok_or_else(|| format!("--epilogue: unknown step `{t}`"))?
+            }
+        }
+    }
+    let n_out = if act == Activation::SwiGlu { n / 2 } else { n };
+    let tensor = |rows: usize, cols: usize, batch: usize, s: u64| {
+        let v = blockscaled_tests::random_values(seed ^ s, rows * cols * batch, cols);
+        blockscaled_tests::upload_tensor_as(gpu, InputType::Bf16, &v, (rows, cols, batch))
+            .map(|t| t.0)
+            .map_err(e)
+    };
+    let c_t = tensor(m, n, l, 11)?;
+    let bias_t = tensor(1, n, 1, 12)?;
+    let res_t = tensor(m, n_out, l, 13)?;
+    let mut epi = Epilogue::new().alpha(alpha).activation(act);
+    if beta {
+        epi = epi.beta_c(0.5, &c_t);
+    }
+    if bias {
+        epi = epi.bias(&bias_t);
+    }
+    if residual {
+        epi = epi.residual(&res_t);
+    }
+    let quant = match args.out_quant.as_deref() {
+        None => None,
+        Some("fp8-1x128") => Some((Recipe::DeepSeekFp8.a(), None)),
+        Some("mxfp8") => Some((Recipe::Mxfp8(blockscaled::Fp8::E4M3).a(), None)),
+        Some("mxfp4") => Some((Recipe::Mxfp4.a(), None)),
+        Some("nvfp4") => Some((Recipe::Nvfp4.a(), Some(0.01f32))),
+        Some(o) => {
+            return Err(format!(
+                "--out_quant `{o}`: want fp8-1x128, mxfp8, mxfp4 or nvfp4"
+            ));
+        }
+    };
+    let (it, wu) = (args.iterations, args.warmup_iterations);
+    let flops = 2.0 * (m * n * k * l) as f64;
+    let plain_plan = gpu.plan(&da, &db).map_err(e)?;
+    let plan = gpu
+        .fused_plan(&da, &db, &epi, quant.map(|q| q.0))
+        .map_err(e)?;
+    println!(
+        "fused epilogue `{spec}` on {} {l}×{m}×{n}×{k}",
+        recipe.name()
+    );
+    println!("  plain plan {plain_plan:?}");
+    println!("  fused plan {plan:?}");
+    let mut c = gpu.output(m, n, l, OutType::Bf16).map_err(e)?;
+    let plain = time_on_stream(gpu.stream(), wu, it, |_| {
+        gpu.gemm_with(&da, &db, &mut c, plain_plan)
+    })
+    .map_err(e)?;
+    let same = time_on_stream(gpu.stream(), wu, it, |_| {
+        gpu.gemm_with(&da, &db, &mut c, plan)
+    })
+    .map_err(e)?;
+    let row = |what: &str, ms: f64, base: f64| {
+        println!(
+            "  {what:<44} {:>9.2} µs {:>7.1} TFLOP/s {:>6.3}× plain",
+            ms * 1e3,
+            flops / (ms * 1e-3) / 1e12,
+            ms / base
+        )
+    };
+    row("plain GEMM, bf16 output", plain.median_ms, plain.median_ms);
+    row(
+        "plain GEMM on the fused plan, bf16",
+        same.median_ms,
+        plain.median_ms,
+    );
+    let mut ok = true;
+    match quant {
+        None => {
+            let mut o = gpu.output(m, n_out, l, OutType::Bf16).map_err(e)?;
+            let t = time_on_stream(gpu.stream(), wu, it, |_| {
+                gpu.gemm_fused_with(&da, &db, &epi, &mut o, plan)
+            })
+            .map_err(e)?;
+            row("fused epilogue, bf16 output", t.median_ms, plain.median_ms);
+        }
+        Some((format, ts)) => {
+            let opts = QuantizeOptions {
+                tensor_scale: ts,
+                ..Default::default()
+            };
+            let mut f = gpu.output(m, n_out, l, OutType::F32).map_err(e)?;
+            gpu.gemm_fused_with(&da, &db, &epi, &mut f, plan)
+                .map_err(e)?;
+            let ft = gpu.output_as_tensor(f).map_err(e)?;
+            let want = gpu.quantize_with(&ft, format, &opts).map_err(e)?.matrix;
+            let got = gpu
+                .gemm_quantized_with(&da, &db, &epi, format, &opts, plan)
+                .map_err(e)?;
+            let (g, w) = (got.to_host().map_err(e)?, want.to_host().map_err(e)?);
+            let same_bits = g.data() == w.data() && g.scales() == w.scales();
+            ok &= same_bits;
+            let t = time_on_stream(gpu.stream(), wu, it, |_| {
+                gpu.gemm_quantized_with(&da, &db, &epi, format, &opts, plan)
+                    .map(|_| ())
+            })
+            .map_err(e)?;
+            // The unfused path: the same epilogue to bf16, then the standalone quantizer.
+            let mut o = gpu.output(m, n_out, l, OutType::Bf16).map_err(e)?;
+            gpu.gemm_fused_with(&da, &db, &epi, &mut o, plan)
+                .map_err(e)?;
+            let ot = gpu.output_as_tensor(o).map_err(e)?;
+            let q = time_on_stream(gpu.stream(), wu, it, |_| {
+                gpu.quantize_with(&ot, format, &opts).map(|_| ())
+            })
+            .map_err(e)?;
+            let mut o2 = gpu.output(m, n_out, l, OutType::Bf16).map_err(e)?;
+            let g2 = time_on_stream(gpu.stream(), wu, it, |_| {
+                gpu.gemm_fused_with(&da, &db, &epi, &mut o2, plan)
+            })
+            .map_err(e)?;
+            row("fused epilogue, bf16 output", g2.median_ms, plain.median_ms);
+            row(
+                "standalone quantizer of that output (call)",
+                q.median_ms,
+                plain.median_ms,
+            );
+            row(
+                &format!(
+                    "fused epilogue + {} output",
+                    args.out_quant.as_deref().unwrap_or("")
+                ),
+                t.median_ms,
+                plain.median_ms,
+            );
+            let saved = g2.median_ms + q.median_ms - t.median_ms;
+            println!(
+                "  fused quantized output saves {:.2} µs = {:.2} of the quantizer's time; {}",
+                saved * 1e3,
+                saved / q.median_ms,
+                if same_bits {
+                    "bit-identical to the quantizer of the fused f32 output"
+                } else {
+                    "DIFFERS from the quantizer of the fused f32 output"
+                }
+            );
+        }
     }
     Ok(ok)
 }
