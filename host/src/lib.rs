@@ -40,7 +40,6 @@ mod device;
 mod error;
 mod family;
 pub mod format;
-mod fused;
 mod grouped;
 pub mod image;
 mod launch;
@@ -68,7 +67,6 @@ pub use error::{Error, Result};
 pub use format::{
     ElemType, Fp4Weights, Fp8, OperandFormat, OutType, Recipe, ScaleBlock, ScaleMajor, ScaleType,
 };
-pub use fused::{Activation, Epilogue, interleave_gate_up};
 pub use grouped::{DeviceGroups, GroupLayout};
 pub use image::KernelImage;
 pub use matrix::{GemmShape, MatrixDesc, ScaleLayout, ScaledMatrix};

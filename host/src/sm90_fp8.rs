@@ -12,7 +12,6 @@ use crate::buffers::{DeviceMatrix, DeviceOutput, PreparedValue};
 use crate::error::{Error, Result, config, shape};
 use crate::family::{Family, Gemm};
 use crate::format::{ElemType, OutType, ScaleType};
-use crate::fused::Fused;
 use crate::grouped::DeviceGroups;
 use crate::launch::{Launch, persistent_ctas};
 use crate::matrix::{GemmShape, MatrixDesc, ScaledMatrix};
@@ -20,7 +19,7 @@ use crate::splitk::{self, SplitK};
 use crate::tensor_map::{DataType, Swizzle, encode_3d, encode_scale_rows};
 use blockscaled_kernels::gemm::layout::{FRAGMENT_ROWS, OUT_BOX_WIDTHS, out_box_n};
 use blockscaled_kernels::gemm::scheduler::{ClusterShape, MAX_CLUSTER, Schedule};
-use blockscaled_kernels::params::{EpilogueParams, SparseParams};
+use blockscaled_kernels::params::SparseParams;
 use blockscaled_kernels::sm90::{
     self as family, BLOCK_K, BLOCK_N, Mode, ROW_BYTES, Sm90Fp8Params, Tile, WG_ROWS, m_pad,
 };
@@ -521,12 +520,6 @@ struct Kernel {
 }
 
 /// The sm90 FP8 family on one GPU: a kernel per tile shape and element types, and the split-K
-/// Whether `tile` cannot run `epi`: swapped tiles compute Cᵀ and store it transposed, without
-/// the fused epilogue's row staging.
-pub(crate) fn tile_refuses(tile: Tile, epi: Option<&Fused<'_>>) -> bool {
-    tile.is_swapped() && epi.is_some()
-}
-
 /// workspace (grown on demand, reused in stream order).
 pub(crate) struct Sm90Fp8 {
     kernels: Vec<Kernel>,
@@ -655,11 +648,10 @@ impl Sm90Fp8 {
             b,
             c,
             groups,
-            epi,
         } = g;
         let (ao, bo) = operands(a, b)?;
         let types = (a.desc.format.elem, b.desc.format.elem);
-        self.run(stream, shape, (ao, bo), types, c, cfg, groups, epi)
+        self.run(stream, shape, (ao, bo), types, c, cfg, groups)
     }
 
     /// [`Self::gemm`] on prepared operands `ao`, `bo` of element types `(ea, eb)` that form
@@ -674,15 +666,8 @@ impl Sm90Fp8 {
         c: &mut DeviceOutput,
         cfg: Sm90Config,
         groups: Option<&DeviceGroups>,
-        epi: Option<Fused<'_>>,
     ) -> Result<()> {
         let GemmShape { m, n, k, l } = shape;
-        if tile_refuses(cfg.tile, epi.as_ref()) {
-            return Err(config(format!(
-                "{:?} computes Cᵀ: it has no fused epilogue (the tiles of 128 rows or more have)",
-                cfg.tile
-            )));
-        }
         let mode = if groups.is_some() {
             Mode::Grouped
         } else {
@@ -739,8 +724,6 @@ impl Sm90Fp8 {
         };
         let resident = kernel.resident[cluster as usize - 1];
         let ctas = persistent_ctas(schedule, cfg.ctas, resident, cluster)?;
-        // (The whole-tile staging of every tile that is not swapped holds the fused rows.)
-        let mut scratch = Fused::scratch(&epi, stream, true, (ctas, tile.consumers, tile.block_n))?;
         let mut launch = gemm_launch(stream, &kernel.func, tile, ctas, cluster);
         let group_params = DeviceGroups::params(groups, &mut launch);
         // A in boxes of `Tile::a_box_rows`; B in boxes of block_n / cluster_m rows (each CTA's
@@ -751,8 +734,7 @@ impl Sm90Fp8 {
         // (kept in the workspace) and stores C as without a split.
         let splitk = SplitK::params(&mut launch, slot.as_mut(), stream, &schedule, cl)?;
         // Swapped tiles hold Cᵀ fragments: stored directly.
-        // Swapped tiles and fused epilogues store directly.
-        let tmap_c = if tile.is_swapped() || epi.is_some() {
+        let tmap_c = if tile.is_swapped() {
             0
         } else {
             launch.opt_ptr(
@@ -761,7 +743,6 @@ impl Sm90Fp8 {
                     .and_then(|o| o.tmap(out_box_n(tile.block_n))),
             )
         };
-        let out_ptr = launch.ptr_mut(out);
         let params = Sm90Fp8Params {
             tmap_a,
             tmap_b,
@@ -769,7 +750,7 @@ impl Sm90Fp8 {
             tmap_sfa: launch.ptr(sfa_map),
             sfb: launch.ptr(sfb),
             sfb_col: launch.opt_ptr(bo.sfb_col.as_ref()),
-            out: out_ptr,
+            out: launch.ptr_mut(out),
             splitk,
             m: m as u32,
             n: n as u32,
@@ -783,7 +764,6 @@ impl Sm90Fp8 {
             _pad: 0,
             groups: group_params,
             sparse: SparseParams::default(),
-            epi: Fused::params(epi, &mut launch, out_ptr, scratch.as_mut()),
         };
         // SAFETY: `cfg` was validated for this shape (tile, cluster, band, split and the 32-bit
         // indexing; grouped: no split, and `groups` holds `count` int32 values on this GPU); the tensor maps cover the live data buffers of the prepared operands, the
@@ -914,7 +894,6 @@ impl Sm90Fp8 {
                 sub_log2: 0,
                 _pad: 0,
             },
-            epi: EpilogueParams::plain(),
         };
         // SAFETY: `cfg` was validated for the kernel's shape (`validate_sparse`: a block-sparse
         // tile, pairs along M only, 32-bit indexing); the dense operand's maps and A-role scales

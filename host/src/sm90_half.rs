@@ -11,7 +11,6 @@ use crate::buffers::{DeviceMatrix, DeviceOutput, PreparedValue};
 use crate::error::{Error, Result, config, shape};
 use crate::family::{Family, Gemm};
 use crate::format::{ElemType, ScaleBlock, ScaleType};
-use crate::fused::Fused;
 use crate::launch::{Launch, persistent_ctas};
 use crate::matrix::{GemmShape, MatrixDesc, ScaledMatrix};
 use crate::sm90_fp8::Sm90Output;
@@ -19,7 +18,7 @@ use crate::splitk::{self, SplitK};
 use crate::tensor_map::{DataType, Swizzle, encode_3d};
 use blockscaled_kernels::gemm::layout::out_box_n;
 use blockscaled_kernels::gemm::scheduler::{ClusterShape, MAX_CLUSTER, Schedule};
-use blockscaled_kernels::params::{EpilogueParams, SparseParams};
+use blockscaled_kernels::params::SparseParams;
 use blockscaled_kernels::sm90::Mode;
 use blockscaled_kernels::sm90_half::{
     self as family, BLOCK_K, HalfTile, HalfType, Sm90HalfKernel, Sm90HalfParams,
@@ -363,7 +362,6 @@ impl Sm90Half {
             a,
             b,
             c,
-            epi,
             ..
         } = g;
         let (Some(ao), Some(bo)) = (
@@ -399,21 +397,14 @@ impl Sm90Half {
         let resident = kernel.resident[cl.m as usize - 1];
         let ctas = persistent_ctas(schedule, cfg.ctas, resident, cl.m)?;
         let mut slot = self.splitk.slot(cfg.split_k);
-        let geometry = (ctas, family::CONSUMERS, tile.block_n);
-        let mut scratch = Fused::scratch(&epi, stream, !tile.out_ring(), geometry)?;
         let mut launch = half_launch(stream, &kernel.func, tile, ctas, cl.m);
         let splitk = SplitK::params(&mut launch, slot.as_mut(), stream, &schedule, cl)?;
         let (tmap_a, tmap_b) = (
             launch.ptr(box_map(&ao.tmaps, 128)?),
             launch.ptr(box_map(&bo.tmaps, tile.block_n / cl.m)?),
         );
-        // A fused epilogue stores directly: no output map. Its rows are staged in the whole-tile
-        // output staging, or in global memory for the ring-staged tiles.
-        let staged = epi.is_none();
-        let params = output_params(&mut launch, c, tile, staged, (tmap_a, tmap_b, splitk));
-        let epi = Fused::params(epi, &mut launch, params.out, scratch.as_mut());
+        let params = output_params(&mut launch, c, tile, true, (tmap_a, tmap_b, splitk));
         let params = Sm90HalfParams {
-            epi,
             m: m as u32,
             n: n as u32,
             k: k as u32,
@@ -580,7 +571,6 @@ fn output_params<'a>(
         cluster_m: 1,
         _pad: 0,
         sparse: SparseParams::default(),
-        epi: EpilogueParams::plain(),
     }
 }
 

@@ -10,7 +10,6 @@ use crate::buffers::{DeviceMatrix, DeviceOutput, PreparedValue};
 use crate::error::{Error, Result, config, shape};
 use crate::family::{Family, Gemm};
 use crate::format::{ElemType, ScaleBlock, ScaleType};
-use crate::fused::Fused;
 use crate::grouped::DeviceGroups;
 use crate::launch::{Launch, persistent_ctas};
 use crate::matrix::{GemmShape, MatrixDesc, ScaledMatrix};
@@ -354,7 +353,6 @@ impl Sm90Mx {
             b,
             c,
             groups,
-            epi,
         } = g;
         let GemmShape { m, n, k, l } = shape;
         if let Some(e) = unsupported_pair(&a.desc, &b.desc) {
@@ -392,9 +390,6 @@ impl Sm90Mx {
         // One CTA per SM at most (the stages fill its shared memory).
         let ctas = persistent_ctas(schedule, cfg.ctas, self.sm_count, 1)?;
         let smem = kernel.def.layout().bytes();
-        // The MX kernel has no output staging: a fused epilogue stages its rows in global memory.
-        let geometry = (ctas, blockscaled_kernels::sm90_mx::CONSUMERS, tile.block_n);
-        let mut scratch = Fused::scratch(&epi, stream, false, geometry)?;
         let mut launch = Launch::persistent(stream, &kernel.func, ctas, tile.threads(), smem, 1);
         let group_params = DeviceGroups::params(groups, &mut launch);
         let splitk = SplitK::params(
@@ -404,13 +399,12 @@ impl Sm90Mx {
             &schedule,
             ClusterShape::ONE,
         )?;
-        let out_ptr = launch.ptr_mut(out);
         let params = Sm90MxParams {
             tmap_a: launch.ptr(ao.tmap(BLOCK_M)),
             tmap_b: launch.ptr(bo.tmap(tile.block_n)),
             tmap_sfa: launch.ptr(&ao.scale_map),
             sfb: launch.ptr(&bo.scales),
-            out: out_ptr,
+            out: launch.ptr_mut(out),
             splitk,
             m: m as u32,
             n: n as u32,
@@ -423,7 +417,6 @@ impl Sm90Mx {
             split_k: cfg.split_k,
             alpha: a.desc.tensor_scale * b.desc.tensor_scale,
             groups: group_params,
-            epi: Fused::params(epi, &mut launch, out_ptr, scratch.as_mut()),
         };
         // SAFETY: `cfg` was validated for this shape (grouped: no split, `groups` holds `count`
         // int32 values on this GPU); the tensor maps cover the live data of the

@@ -17,7 +17,6 @@ use crate::sm90_mx::{kernel_scales, scale_format};
 use crate::splitk::SplitK;
 use crate::tensor_map::{DataType, Swizzle, encode_3d, encode_scale_rows};
 use blockscaled_kernels::gemm::scheduler::{ClusterShape, Schedule};
-use blockscaled_kernels::params::EpilogueParams;
 use blockscaled_kernels::sm90_w4::{
     self as family, A8_SCALE_K, Activation, BLOCK_K, SCALE_ROWS_PAD, Sm90W4Params, W4Tile,
     WEIGHT_ROW_BYTES, WEIGHT_ROWS, weight_k,
@@ -344,17 +343,10 @@ impl Sm90W4 {
             b,
             c,
             groups,
-            epi,
         } = g;
         let GemmShape { m, n, k, l } = shape;
         if let Some(e) = unsupported_pair(&a.desc, &b.desc) {
             return Err(Error::Format(e));
-        }
-        if epi.is_some() {
-            return Err(config(
-                "the 4-bit-weights kernel computes Cᵀ: it has no fused epilogue (the sm90 MX \
-                 kernel has)",
-            ));
         }
         let act = activation(&a.desc, &b.desc).expect("checked by `unsupported_pair`");
         let scale = scale_format(&b.desc).expect("checked by `unsupported_pair`");
@@ -418,7 +410,6 @@ impl Sm90W4 {
         } else {
             &ao.tmap_128
         };
-        let out_ptr = launch.ptr_mut(out);
         let params = Sm90W4Params {
             tmap_w: launch.ptr(&w.tmap),
             tmap_x: launch.ptr(tmap_x),
@@ -431,7 +422,7 @@ impl Sm90W4 {
                 }
                 _ => 0,
             },
-            out: out_ptr,
+            out: launch.ptr_mut(out),
             splitk,
             m: m as u32,
             n: n as u32,
@@ -444,7 +435,6 @@ impl Sm90W4 {
             split_k: cfg.split_k,
             alpha: a_scale * a.desc.tensor_scale * b.desc.tensor_scale,
             groups: group_params,
-            epi: EpilogueParams::plain(),
         };
         // Keep the reordered weights alive and ordered with the launch.
         let _ = launch.ptr(&w.data);

@@ -10,8 +10,8 @@
 use super::barriers::sync_consumer;
 use super::layout::{FRAGMENT_ROWS, OUT_RING_SLOTS, out_box_n, out_box_swizzle_bytes};
 use super::scheduler::{ClusterShape, Schedule, WorkUnit};
-use super::{fuse, splitk};
-use crate::params::{EpilogueParams, OutType, SplitKParams};
+use super::splitk;
+use crate::params::{OutType, SplitKParams};
 use crate::ptx::wgmma::{self, Fragment};
 use crate::ptx::{convert, global, smem, tma};
 
@@ -79,12 +79,6 @@ impl Staging {
     pub const fn box_addr(self, w: u32, c: u32, h: u32) -> u32 {
         self.base
             + ((w * self.consumers + c) * (self.block_n / self.box_n()) + h) * self.box_bytes()
-    }
-    /// Whether this is the whole tile's staging (not a ring, not absent: `base` 0), which holds
-    /// the fused epilogue's rows (`gemm::fuse`): `128 · block_n` bytes per consumer in wave 0.
-    #[inline(always)]
-    pub const fn holds_fused(self) -> bool {
-        self.base != 0 && !self.ring
     }
     /// Slot `s` of consumer `c`'s ring.
     #[inline(always)]
@@ -404,14 +398,12 @@ pub fn store_transposed_tile<const WAVES: usize, F: Fragment>(
     }
 }
 
-/// Where a CTA's tiles go: the output (`out.row_end` set per unit), the fused epilogue, its TMA
-/// staging, whether the tiles are Cᵀ (a block-sparse GEMM whose sparse operand is A: stored
-/// directly, transposed into C's shape), and the tile's rows and wave height.
+/// Where a CTA's tiles go: the output (`out.row_end` set per unit), its TMA staging, whether
+/// the tiles are Cᵀ (a block-sparse GEMM whose sparse operand is A: stored directly, transposed
+/// into C's shape), and the tile's rows and wave height.
 #[derive(Clone, Copy)]
-pub struct TileStore<'a> {
+pub struct TileStore {
     pub out: Output,
-    /// Run by [`fuse::store`] when active (the host passes no fused epilogue with Cᵀ tiles).
-    pub epi: &'a EpilogueParams,
     pub staging: Staging,
     pub transposed: bool,
     pub block_m: u32,
@@ -420,12 +412,10 @@ pub struct TileStore<'a> {
 
 /// The end of a unit for consumer warpgroup `c` of `consumers` (thread `local`): its fragments
 /// `acc` meet the unit's other K ranges ([`splitk::meet`]); the warpgroup that holds the sum
-/// then stores it as `dst` says ([`fuse::store`] for a fused epilogue, [`store`], or
-/// [`store_transposed_tile`] for Cᵀ).
+/// then stores it as `dst` says ([`store`], or [`store_transposed_tile`] for Cᵀ).
 /// # Safety
 /// As [`splitk::meet`] for `sk`, `sched`, `cluster`, `own` and the warpgroup; as [`store_tma`]
-/// when `dst.out.tmap` is set and the tile is not transposed; as [`fuse::store`] when `dst.epi`
-/// is active.
+/// when `dst.out.tmap` is set and the tile is not transposed.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 pub unsafe fn finish_unit<const WAVES: usize, F: Fragment>(
@@ -454,22 +444,6 @@ pub unsafe fn finish_unit<const WAVES: usize, F: Fragment>(
         return;
     }
     let at = (own.first_row(own.m, dst.block_m), own.n * F::N, out_l);
-    if dst.epi.active() {
-        // SAFETY: the caller's contract.
-        unsafe {
-            fuse::store(
-                dst.epi,
-                &dst.out,
-                dst.staging,
-                c,
-                local,
-                acc,
-                at,
-                dst.wave_m,
-            )
-        };
-        return;
-    }
     // SAFETY: the caller's contract.
     unsafe { store(&dst.out, dst.staging, c, local, acc, at, dst.wave_m) };
 }

@@ -55,18 +55,6 @@ pub const fn out_staging(consumers: u32, waves: u32, block_n: u32) -> (u32, bool
     }
 }
 
-/// Rows a warp stages at once in the fused epilogue (`gemm::fuse`): one of the two 8-row halves
-/// of its 16 rows of a fragment.
-pub const FUSED_PASS_ROWS: u32 = 8;
-
-/// Bytes a warp stages in the fused epilogue for tiles of `block_n` columns: [`FUSED_PASS_ROWS`]
-/// rows of f32. A consumer's four warps need `128 · block_n` bytes, what the whole-tile output
-/// staging holds per consumer and wave; kernels without it (a ring, or no staging) stage in
-/// global memory, `EpilogueParams::scratch`.
-pub const fn fused_warp_bytes(block_n: u32) -> u32 {
-    FUSED_PASS_ROWS * block_n * 4
-}
-
 /// Every output box width [`out_box_n`] gives (the host encodes a map for each).
 pub const OUT_BOX_WIDTHS: [u32; 3] = [64, 32, 16];
 

@@ -74,41 +74,6 @@ pub fn group_max_u32(value: u32, lanes: u32) -> u32 {
     v
 }
 
-/// The `value` of lane `lane ^ mask` (`shfl.sync.bfly.b32`, PTX ISA "Data Movement and
-/// Conversion Instructions: shfl.sync"). Every lane of the warp must execute it.
-#[inline(always)]
-pub fn shfl_xor_u32(value: u32, mask: u32) -> u32 {
-    let r: u32;
-    // SAFETY: all 32 lanes execute it (full mask); no memory is touched.
-    unsafe {
-        asm!("shfl.sync.bfly.b32 {r}, {v}, {s}, 31, -1;", r = out(reg32) r,
-             v = in(reg32) value, s = in(reg32) mask, options(nomem, nostack))
-    };
-    r
-}
-
-/// `value`, unknown to the compiler (an `asm` move it cannot see through, pure: PTX ISA "mov").
-/// A loop bounded by it is not unrolled: a large body stays one copy in the instruction cache.
-#[inline(always)]
-pub fn opaque_u32(value: u32) -> u32 {
-    let r: u32;
-    // SAFETY: moves a register; touches no memory.
-    unsafe {
-        asm!("mov.u32 {r}, {v};", r = out(reg32) r, v = in(reg32) value,
-             options(pure, nomem, nostack))
-    };
-    r
-}
-
-/// `bar.warp.sync -1`: every lane of the warp, and their memory accesses before it ordered before
-/// their accesses after it (PTX ISA "Parallel Synchronization and Communication Instructions:
-/// bar.warp.sync"): lanes exchange data through shared or global memory with it.
-#[inline(always)]
-pub fn sync_warp() {
-    // SAFETY: no operands; every lane executes it (full mask).
-    unsafe { asm!("bar.warp.sync -1;", options(nostack)) };
-}
-
 /// `bar.sync 0`: every thread of the block (the `__syncthreads` of CUDA).
 #[inline(always)]
 pub fn sync_block() {

@@ -274,7 +274,6 @@ impl<const CONS: u32, const WAVES: usize, F: Fp8Fragment, T: Fp8Pair, const MODE
                 out_type: p.out_type,
                 row_end: own.row_end,
             },
-            epi: &p.epi,
             staging: Staging {
                 base: ctx.layout.out(),
                 consumers: CONS,

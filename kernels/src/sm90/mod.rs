@@ -272,8 +272,6 @@ pub struct Sm90Fp8Params {
     /// boxes of `block_n / cluster_m` rows), `sfb` holds one f32 scale per stored block, and a
     /// unit's K blocks are the positions of its segment.
     pub sparse: crate::params::SparseParams,
-    /// The fused epilogue ([`crate::gemm::fuse`]); [`crate::params::EpilogueParams::plain`]: none.
-    pub epi: crate::params::EpilogueParams,
 }
 
 /// What a kernel of the family runs; each a kernel of its own (a const parameter), as each walks

@@ -222,7 +222,6 @@ impl<const WAVES: usize, F: Fp16Fragment, T: Fp16, const MODE: u32> GemmKernel
                 out_type: p.out_type,
                 row_end: own.row_end,
             },
-            epi: &p.epi,
             staging: Staging {
                 base: ctx.layout.out(),
                 consumers: CONSUMERS,

@@ -194,8 +194,6 @@ pub struct Sm90HalfParams {
     /// Block-sparse GEMM ([`Mode::Sparse`] kernels; l = 1): a unit's K stages are positions of
     /// its segment (`sub_log2` stages per stored block).
     pub sparse: crate::params::SparseParams,
-    /// The fused epilogue ([`crate::gemm::fuse`]); [`crate::params::EpilogueParams::plain`]: none.
-    pub epi: crate::params::EpilogueParams,
 }
 
 /// One kernel of the family.

@@ -338,7 +338,6 @@ impl<F: Fp16Fragment, EA: Dequant, EB: Dequant, S: ScaleDecode> GemmKernel
                 out_type: p.out_type,
                 row_end: own.row_end,
             },
-            epi: &p.epi,
             staging: Staging {
                 base: 0,
                 consumers: CONSUMERS,

@@ -122,8 +122,6 @@ pub struct Sm90MxParams {
     pub alpha: f32,
     /// Grouped GEMM (split_k = 1): A (and C) rows per group, B's batch entry per group.
     pub groups: crate::params::GroupParams,
-    /// The fused epilogue ([`crate::gemm::fuse`]); [`crate::params::EpilogueParams::plain`]: none.
-    pub epi: crate::params::EpilogueParams,
 }
 
 /// The scale format of a kernel: type and elements per scale.

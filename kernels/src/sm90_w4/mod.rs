@@ -219,8 +219,6 @@ pub struct Sm90W4Params {
     /// Grouped GEMM (split_k = 1): activation (and C) rows per group, the weights' batch entry
     /// per group. The grouped rows are the schedule's N (the kernel computes Cᵀ).
     pub groups: crate::params::GroupParams,
-    /// The fused epilogue ([`crate::gemm::fuse`]); [`crate::params::EpilogueParams::plain`]: none.
-    pub epi: crate::params::EpilogueParams,
 }
 
 /// An exported kernel.
