@@ -78,17 +78,7 @@ impl DeviceMatrix {
         let data = stream.clone_dtoh(&self.data)?;
         let scales = stream.clone_dtoh(&self.scales)?;
         stream.synchronize()?;
-        let d = self.desc;
-        crate::ScaledMatrix::from_parts(
-            d.format,
-            d.rows,
-            d.k,
-            d.batch,
-            data,
-            scales,
-            d.scale_layout,
-            d.tensor_scale,
-        )
+        crate::ScaledMatrix::from_desc(self.desc, data, scales)
     }
 
     /// The codes on the GPU (`[batch][rows][k]`, e2m1 two per byte), for a caller's own kernels.

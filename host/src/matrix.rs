@@ -267,6 +267,19 @@ impl ScaledMatrix {
             scale_layout,
             tensor_scale,
         };
+        Self::from_desc(desc, data, scales)
+    }
+
+    /// [`ScaledMatrix::from_parts`] with the format, shape, scale layout and tensor scale of
+    /// `desc` (another matrix's, or a device matrix's): the same checks.
+    pub fn from_desc(desc: MatrixDesc, data: Vec<u8>, scales: Vec<u8>) -> Result<Self> {
+        let MatrixDesc {
+            format,
+            rows,
+            k,
+            batch,
+            ..
+        } = desc;
         let (data_bytes, scale_bytes) = desc.validate()?;
         if data.len() != data_bytes {
             return Err(shape(format!(

@@ -12,7 +12,7 @@
 //! [`layout_variants`] (or [`random_layout`] from a test's seed) of A and B, and require the same
 //! result.
 
-use blockscaled::{ScaleLayout, ScaleMajor, ScaleType, ScaledMatrix};
+use blockscaled::{MatrixDesc, ScaleLayout, ScaleMajor, ScaleType, ScaledMatrix};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -164,17 +164,12 @@ pub fn with_scale_layout(m: &ScaledMatrix, layout: ScaleLayout, tail: usize) -> 
             }
         }
     }
-    ScaledMatrix::from_parts(
-        d.format,
-        d.rows,
-        d.k,
-        d.batch,
-        m.data().to_vec(),
-        scales,
-        layout,
-        d.tensor_scale,
-    )
-    .expect("the same matrix with a complete scale layout")
+    let desc = MatrixDesc {
+        scale_layout: layout,
+        ..d
+    };
+    ScaledMatrix::from_desc(desc, m.data().to_vec(), scales)
+        .expect("the same matrix with a complete scale layout")
 }
 
 /// `m` with its scales in the layout `spec` describes (see [`ScaleSpec::layout`]), poisoned gaps.

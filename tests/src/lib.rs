@@ -50,18 +50,7 @@ pub fn with_scales(m: &ScaledMatrix, scales: Vec<u8>) -> ScaledMatrix {
 
 /// `m` with its codes and scale bytes replaced (same format, shape, layout and tensor scale).
 pub fn with_parts(m: &ScaledMatrix, data: Vec<u8>, scales: Vec<u8>) -> ScaledMatrix {
-    let d = *m.desc();
-    ScaledMatrix::from_parts(
-        d.format,
-        d.rows,
-        d.k,
-        d.batch,
-        data,
-        scales,
-        d.scale_layout,
-        d.tensor_scale,
-    )
-    .expect("same layout as a valid matrix")
+    ScaledMatrix::from_desc(*m.desc(), data, scales).expect("same layout as a valid matrix")
 }
 
 /// A (`m` × `k`, format `fa`) and B (`n` × `k`, format `fb`) of fresh random values, `l` batch
