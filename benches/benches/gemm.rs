@@ -6,7 +6,9 @@
 //! M = 1, 8, 16, 32, 64 on the DeepSeek-V3 (N, K) pairs; `BLOCKSCALED_BENCH=grouped`: grouped
 //! GEMM (the seed's MoE cases, masked decode); `BLOCKSCALED_BENCH=bsr`: block-sparse GEMM at
 //! 4096³ and 8192³, random and banded, densities 5–100 % (peers: our dense kernel and cuBLASLt
-//! dense); `all` (default): every set.
+//! dense); `BLOCKSCALED_BENCH=fused`: the device quantizers (bf16 input, 4096 × 7168 and
+//! 16 × 7168) and the fused epilogue (bias + SiLU to bf16 and to FP8 1×128 against the plain GEMM
+//! and the GEMM + standalone quantizer) on issue 16's shapes; `all` (default): every set.
 //! `BLOCKSCALED_SUSTAINED=1`: 1,000 launches of each before timing (sustained load). After the
 //! table: our result against cuBLASLt's on every shape where it computes the same product; a
 //! difference beyond the derived bound fails the run.
@@ -165,6 +167,9 @@ fn main() {
             }
         }
     }
+    if which == "fused" || which == "all" {
+        mismatch |= !bench_fused(&gpu, warmup.max(3));
+    }
     // Every shape where cuBLASLt computed the same product: its result against ours.
     println!("\nagreement with the peer (same quantized inputs):");
     for line in &agreement {
@@ -173,4 +178,72 @@ fn main() {
     if mismatch {
         std::process::exit(1);
     }
+}
+
+/// The device quantizers and the fused epilogue (issue 16's targets); false if a check failed.
+fn bench_fused(gpu: &Gpu, warmup: usize) -> bool {
+    use blockscaled::{Fp8, InputType};
+    use blockscaled_benches::fused::{
+        EpilogueSpec, FusedCase, fused_lines, quantizer_lines, run_fused, run_quantizers,
+    };
+    let mut ok = true;
+    let formats = [
+        Recipe::DeepSeekFp8,
+        Recipe::Mxfp8(Fp8::E4M3),
+        Recipe::Mxfp4,
+        Recipe::Nvfp4,
+    ];
+    for rows in [4096, 16] {
+        println!("\ndevice quantizers, {rows} × 7168 bf16 (target ≥ 0.8 of the copy ceiling):");
+        match run_quantizers(
+            gpu,
+            (rows, 7168, 1),
+            InputType::Bf16,
+            &formats,
+            (warmup, 20, 7),
+        ) {
+            Ok(r) => {
+                let (lines, good) = quantizer_lines(&r);
+                lines.iter().for_each(|l| println!("{l}"));
+                ok &= good;
+            }
+            Err(e) => println!("{e}"),
+        }
+    }
+    println!("\nfused epilogue (target: bias + SiLU + FP8 1×128 ≤ 1.05 × plain bf16):");
+    let bias_silu = EpilogueSpec::parse("bias,silu").expect("a valid spec");
+    let cases = [
+        (Recipe::DeepSeekFp8, [4096, 7168, 2048, 1], None),
+        (
+            Recipe::DeepSeekFp8,
+            [4096, 7168, 2048, 1],
+            Some("fp8-1x128"),
+        ),
+        (Recipe::DeepSeekFp8, [4096, 2112, 7168, 1], None),
+        (
+            Recipe::Mxfp8(Fp8::E4M3),
+            [4096, 7168, 2048, 1],
+            Some("mxfp8"),
+        ),
+    ];
+    for (i, (recipe, mnkl, quant)) in cases.into_iter().enumerate() {
+        let case = FusedCase {
+            recipe,
+            mnkl,
+            epilogue: bias_silu.clone(),
+            quant: quant.map(str::to_string),
+            warmup,
+            iters: 20,
+            seed: 1600 + i as u64,
+        };
+        match run_fused(gpu, &case) {
+            Ok(o) => {
+                let (lines, good) = fused_lines(&case, &o);
+                lines.iter().for_each(|l| println!("{l}"));
+                ok &= good;
+            }
+            Err(e) => println!("{recipe} {mnkl:?}: {e}"),
+        }
+    }
+    ok
 }

@@ -13,12 +13,13 @@ use crate::bsr::{self, BsrMatrix, DeviceBsr, SparseSide};
 use crate::buffers::{DeviceMatrix, DeviceOutput, GpuId, Prepared};
 use crate::error::{Error, Result, shape};
 use crate::family::{Families, Gemm};
-use crate::format::{ElemType, OperandFormat, OutType};
+use crate::format::{ElemType, OperandFormat, OutType, ScaleType};
+use crate::fused::{self, Epilogue, Fused};
 use crate::grouped::{self, DeviceGroups, GroupLayout};
 use crate::matrix::{GemmShape, ScaledMatrix};
 use crate::plan::{self, GpuArch, Plan};
 use crate::quantizer::TensorElement;
-use crate::quantizer::{DeviceQuantized, DeviceTensor, QuantizeOptions, Quantizers};
+use crate::quantizer::{DeviceQuantized, DeviceTensor, QuantTarget, QuantizeOptions, Quantizers};
 use crate::sm90_fp8::{Sm90Fp8, Sm90Operand};
 use crate::sm90_half::Sm90Half;
 use crate::sm90_mx_fp8::Sm90MxFp8;
@@ -220,6 +221,13 @@ impl Gpu {
         let q = self
             .quantizers
             .quantize(&self.stream, self.sm_count, t, format, opts)?;
+        self.finish_quantized(q)
+    }
+
+    /// A quantized matrix's buffers as a [`DeviceQuantized`], prepared for the GEMM kernels: FP8
+    /// with fp32 scales per 1×128 in the FP8 kernel's A-role layout the writer filled; the other
+    /// formats through one copy back to the host (`DeviceMatrix::to_host`) for now.
+    fn finish_quantized(&self, q: crate::quantizer::Quantized) -> Result<DeviceQuantized> {
         let (rows, k, l) = (q.desc.rows, q.desc.k, q.desc.batch);
         let mut prepared = Prepared::default();
         if let Some(sfa) = q.sfa {
@@ -341,6 +349,156 @@ impl Gpu {
         self.run(shape, a, b, c, plan)
     }
 
+    /// `c` = the epilogue `epi` of A · Bᵀ (α, β·C, bias, activation or SwiGLU, residual: see
+    /// [`Epilogue`]), fused into the GEMM's kernel. `c` is the output's shape (`n / 2` columns
+    /// with SwiGLU). The plan is [`Gpu::fused_plan`]'s.
+    pub fn gemm_fused(
+        &self,
+        a: &DeviceMatrix,
+        b: &DeviceMatrix,
+        epi: &Epilogue<'_>,
+        c: &mut DeviceOutput,
+    ) -> Result<()> {
+        let plan = self.fused_plan(a, b, epi, None)?;
+        self.gemm_fused_with(a, b, epi, c, plan)
+    }
+
+    /// [`Gpu::gemm_fused`] with a given plan ([`Error::Config`] where its kernel cannot run the
+    /// epilogue: the reference kernel; the kernels that compute Cᵀ; a tile or pair of element
+    /// types without a fused kernel, see [`Gpu::fused_plan`]).
+    pub fn gemm_fused_with(
+        &self,
+        a: &DeviceMatrix,
+        b: &DeviceMatrix,
+        epi: &Epilogue<'_>,
+        c: &mut DeviceOutput,
+        plan: Plan,
+    ) -> Result<()> {
+        let s = self.check_operands(a, b)?;
+        epi.check(self.id, &s)?;
+        self.id.check(c.gpu, "the output")?;
+        let n_out = epi.out_cols(s.n);
+        if (c.m, c.n, c.l) != (s.m, n_out, s.l) {
+            return Err(shape(format!(
+                "output is {}×{}×{} but the epilogue of A·Bᵀ is {}×{}×{}",
+                c.l, c.m, c.n, s.l, s.m, n_out
+            )));
+        }
+        plan.validate(&s)?;
+        plan.check_fused(fused_needs((a, b), epi, None))?;
+        let g = Gemm {
+            stream: &self.stream,
+            shape: s,
+            a,
+            b,
+            c,
+            groups: None,
+            epi: (!epi.is_plain()).then_some(Fused { epi, quant: None }),
+        };
+        plan.launch(&self.families, g)
+    }
+
+    /// The epilogue `epi` of A · Bᵀ quantized into `format` by the GEMM's kernel: the next
+    /// GEMM's A, without an output in memory in between or a quantizer launch. The formats:
+    /// FP8 (e4m3, e5m2) with fp32 scales per 1×128 (written in the FP8 kernel's A-role layout
+    /// too), MXFP8 / MXFP4 (e8m0 per 1×32 or 1×16), NVFP4 (ue4m3 per 1×16 with
+    /// `opts.tensor_scale` given: the output's largest magnitude is not known before it is
+    /// written). Bit-identical to [`Gpu::quantize_with`] of the same epilogue's f32 output.
+    /// `opts.major` chooses the scales' order; swizzled scales are not written here.
+    pub fn gemm_quantized(
+        &self,
+        a: &DeviceMatrix,
+        b: &DeviceMatrix,
+        epi: &Epilogue<'_>,
+        format: OperandFormat,
+        opts: &QuantizeOptions,
+    ) -> Result<DeviceMatrix> {
+        let plan = self.fused_plan(a, b, epi, Some(format))?;
+        self.gemm_quantized_with(a, b, epi, format, opts, plan)
+    }
+
+    /// [`Gpu::gemm_quantized`] with a given plan.
+    pub fn gemm_quantized_with(
+        &self,
+        a: &DeviceMatrix,
+        b: &DeviceMatrix,
+        epi: &Epilogue<'_>,
+        format: OperandFormat,
+        opts: &QuantizeOptions,
+        plan: Plan,
+    ) -> Result<DeviceMatrix> {
+        let s = self.check_operands(a, b)?;
+        epi.check(self.id, &s)?;
+        let block = fused::quant_block(&format)? as usize;
+        if opts.swizzled_scales {
+            return Err(format.error(
+                "a GEMM's quantized output has no swizzled copy of its scales (quantize the \
+                 output with Gpu::quantize_with for one)",
+            ));
+        }
+        if format.scale == ScaleType::UE4M3 && opts.tensor_scale.is_none() {
+            return Err(Error::Config(
+                "NVFP4 output needs QuantizeOptions::tensor_scale: the output's largest \
+                 magnitude is not known before the GEMM writes it"
+                    .into(),
+            ));
+        }
+        let n_out = epi.out_cols(s.n);
+        if !n_out.is_multiple_of(block) {
+            return Err(Error::Alignment(format!(
+                "a quantized output's columns must be a multiple of its scale block ({block}), \
+                 not {n_out}: a block is quantized by the lanes that hold it"
+            )));
+        }
+        plan.validate(&s)?;
+        plan.check_fused(fused_needs((a, b), epi, Some(&format)))?;
+        let mut target = QuantTarget::alloc(&self.stream, format, (s.m, n_out, s.l), opts)?;
+        // The codes are the launch's output buffer (a 1-byte placeholder stays in the target).
+        let data = std::mem::replace(&mut target.data, self.stream.alloc_zeros::<u8>(1)?);
+        let mut shell = fused::codes_shell(self.id, data, (s.m, n_out, s.l));
+        let g = Gemm {
+            stream: &self.stream,
+            shape: s,
+            a,
+            b,
+            c: &mut shell,
+            groups: None,
+            epi: Some(Fused {
+                epi,
+                quant: Some(&mut target),
+            }),
+        };
+        plan.launch(&self.families, g)?;
+        let m_pad = target.m_pad;
+        let q = crate::quantizer::Quantized {
+            desc: target.desc,
+            data: shell.buf,
+            scales: target.scales,
+            sfa: target.sfa.map(|s| (s, m_pad)),
+            swizzled: None,
+        };
+        Ok(self.finish_quantized(q)?.matrix)
+    }
+
+    /// The plan [`Gpu::gemm_fused`] (`quantized` `None`) or [`Gpu::gemm_quantized`] would run:
+    /// the plain plan where its kernel has a fused variant, else the nearest that has (the FP8
+    /// 128 × 128 tile, e4m3 × e4m3; the 16-bit 128 × 128 tile; the MX 256-column tile, which
+    /// also takes MX / NVFP4 pairs whose FP8 fold would be e5m2).
+    pub fn fused_plan(
+        &self,
+        a: &DeviceMatrix,
+        b: &DeviceMatrix,
+        epi: &Epilogue<'_>,
+        quantized: Option<OperandFormat>,
+    ) -> Result<Plan> {
+        let s = self.check_operands(a, b)?;
+        if let Some(f) = &quantized {
+            fused::quant_block(f)?;
+        }
+        let needs = fused_needs((a, b), epi, quantized.as_ref());
+        plan::choose_fused(self.arch, self.sm_count, &s, (&a.desc, &b.desc), needs)
+    }
+
     /// C = A · Bᵀ with the SIMT reference kernel (float64 accumulation; for checking).
     pub fn reference_gemm(
         &self,
@@ -368,6 +526,7 @@ impl Gpu {
             b,
             c,
             groups: None,
+            epi: None,
         };
         plan.launch(&self.families, g)
     }
@@ -615,6 +774,7 @@ impl Gpu {
             b,
             c,
             groups: Some(groups),
+            epi: None,
         };
         plan.launch(&self.families, g)
     }
@@ -650,5 +810,19 @@ impl Gpu {
             )));
         }
         Ok(s)
+    }
+}
+
+/// What `epi` with a quantized output of `format` (if any) needs of a plan.
+fn fused_needs(
+    (a, b): (&DeviceMatrix, &DeviceMatrix),
+    epi: &Epilogue<'_>,
+    format: Option<&OperandFormat>,
+) -> plan::FusedNeeds {
+    let paired = epi.activation == crate::fused::Activation::SwiGlu;
+    let block = format.map_or(0, |f| fused::quant_block(f).unwrap_or(0));
+    plan::FusedNeeds {
+        block_cols: block * if paired { 2 } else { 1 },
+        elems: (a.desc.format.elem, b.desc.format.elem),
     }
 }

@@ -96,10 +96,23 @@ pub(crate) struct Gemm<'a> {
     pub b: &'a DeviceMatrix,
     pub c: &'a mut DeviceOutput,
     pub groups: Option<&'a DeviceGroups>,
+    /// The fused epilogue, if any (its output shape was checked against `c`).
+    pub epi: Option<crate::fused::Fused<'a>>,
 }
 
 impl Gemm<'_> {
     /// [`Error::Config`](crate::Error::Config) for a grouped GEMM on `family`, which has none.
+    /// [`Error::Config`](crate::Error::Config) for a fused epilogue on `family`, which has none.
+    pub(crate) fn plain_only(&self, family: &str) -> Result<()> {
+        match self.epi {
+            Some(_) => Err(crate::error::config(format!(
+                "{family} has no fused epilogue (fused: the sm90 FP8, 16-bit, MX, \
+                 4-bit-weights and fold kernels)"
+            ))),
+            None => Ok(()),
+        }
+    }
+
     pub(crate) fn dense_only(&self, family: &str) -> Result<()> {
         match self.groups {
             Some(_) => Err(crate::error::config(format!(

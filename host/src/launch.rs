@@ -9,7 +9,7 @@ use cudarc::driver::{
 
 use crate::error::Result;
 use blockscaled_kernels::gemm::scheduler::Schedule;
-use blockscaled_kernels::params::GemmParams;
+use blockscaled_kernels::params::{EpilogueParams, FusedParams, GemmParams};
 use blockscaled_kernels::sm90::Sm90Fp8Params;
 use blockscaled_kernels::sm90_mx::Sm90MxParams;
 
@@ -71,6 +71,10 @@ unsafe impl KernelParams for blockscaled_kernels::fold::FoldParams {}
 unsafe impl KernelParams for blockscaled_kernels::sm90_half::Sm90HalfParams {}
 // SAFETY: as above (`#[repr(C)]`, eleven u64 then eight 4-byte fields: no padding).
 unsafe impl KernelParams for blockscaled_kernels::quantize::QuantizeParams {}
+// SAFETY: as above: `#[repr(C)]`, a family's parameters (8-byte aligned, so a multiple of 8
+// bytes) then the epilogue's (ten u64 then twelve 4-byte fields: no padding), what the
+// families' fused kernels declare.
+unsafe impl<P: KernelParams> KernelParams for FusedParams<P> {}
 
 /// One launch of `func` on `stream`: its configuration and the buffers it uses. Each buffer's
 /// device address is taken through [`Launch::ptr`] / [`Launch::ptr_mut`], whose guards live until
@@ -196,6 +200,26 @@ impl<'a> Launch<'a> {
         unsafe { sys::cuOccupancyMaxActiveClusters(&mut clusters, self.func.cu_function(), &cfg) }
             .result()?;
         Ok(clusters.max(0) as u32)
+    }
+
+    /// [`Launch::launch`] of a family's plain kernel with its parameters `p`, or, with a fused
+    /// epilogue `epi`, of the family's fused kernel with [`FusedParams`].
+    ///
+    /// # Safety
+    /// As [`Launch::launch`] for `p` and, when set, `epi` (its addresses from this launch too),
+    /// and `func` the fused kernel exactly when `epi` is set.
+    pub(crate) unsafe fn launch_fused<P: KernelParams>(
+        self,
+        p: P,
+        epi: Option<EpilogueParams>,
+    ) -> Result<Enqueued<'a>> {
+        // SAFETY: the caller's contract.
+        unsafe {
+            match epi {
+                Some(epi) => self.launch(&FusedParams { p, epi }),
+                None => self.launch(&p),
+            }
+        }
     }
 
     /// Enqueues the kernel with `params` as its single parameter. The buffers' guards come back:

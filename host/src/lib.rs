@@ -40,6 +40,7 @@ mod device;
 mod error;
 mod family;
 pub mod format;
+mod fused;
 mod grouped;
 pub mod image;
 mod launch;
@@ -67,6 +68,7 @@ pub use error::{Error, Result};
 pub use format::{
     ElemType, Fp4Weights, Fp8, OperandFormat, OutType, Recipe, ScaleBlock, ScaleMajor, ScaleType,
 };
+pub use fused::{Activation, Epilogue, interleave_gate_up};
 pub use grouped::{DeviceGroups, GroupLayout};
 pub use image::KernelImage;
 pub use matrix::{GemmShape, MatrixDesc, ScaleLayout, ScaledMatrix};

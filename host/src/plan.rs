@@ -17,9 +17,10 @@ use crate::sm90_half::{self, Sm90Half, Sm90HalfConfig};
 use crate::sm90_mx::{self, Sm90Mx, Sm90MxConfig};
 use crate::sm90_mx_fp8::{self, Sm90MxFp8};
 use crate::sm90_w4::{self, Sm90W4, Sm90W4Config};
+use blockscaled_kernels::format::fold::target as fold_target;
 use blockscaled_kernels::gemm::scheduler::{ClusterShape, MAX_CLUSTER};
-use blockscaled_kernels::sm90::{BLOCK_K, Tile};
-use blockscaled_kernels::sm90_half::HalfTile;
+use blockscaled_kernels::sm90::{self, BLOCK_K, Mode, Tile};
+use blockscaled_kernels::sm90_half::{self as half, HalfTile, HalfType};
 use blockscaled_kernels::sm90_mx::{self as mx, MxTile};
 use blockscaled_kernels::sm90_w4::{self as w4, W4Tile};
 
@@ -144,6 +145,135 @@ impl Plan {
                 .gemm(g, cfg),
         }
     }
+}
+
+/// What a fused epilogue needs of a plan's kernel: `block_cols`, a quantized output's scale
+/// block in product columns (doubled by SwiGLU; 0: not quantized), which must lie in one warp's
+/// pass over a staged row (128 columns: see `blockscaled_kernels::gemm::fuse`) and divide the
+/// tile's columns, so that no block straddles two tiles; and a fused kernel for the operands'
+/// element types `elems` (A, B) on the plan's tile.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct FusedNeeds {
+    pub block_cols: u32,
+    pub elems: (ElemType, ElemType),
+}
+
+impl Plan {
+    /// [`Error::Config`] when the plan's kernel cannot run a fused epilogue that `needs` this.
+    pub(crate) fn check_fused(&self, needs: FusedNeeds) -> Result<()> {
+        let cols = match self {
+            Plan::Reference => {
+                return Err(config(
+                    "the reference kernel has no fused epilogue (the sm90 kernels have)",
+                ));
+            }
+            Plan::Sm90Fp8(c) | Plan::Sm90MxFp8(c) => {
+                (!c.tile.is_swapped()).then_some(c.tile.block_n)
+            }
+            Plan::Sm90Half(c) => Some(c.tile.block_n),
+            Plan::Sm90Mx(c) => Some(c.tile.block_n),
+            Plan::Sm90W4(_) => None,
+        };
+        let Some(n) = cols else {
+            return Err(config(format!(
+                "{self:?} computes Cᵀ and stores it transposed: a fused epilogue needs a kernel \
+                 that computes C"
+            )));
+        };
+        // The fused epilogue runs in kernels of its own (the plain ones carry none of its code):
+        // is there one for this tile and these types (the families' kernel lists say)?
+        let (ea, eb) = needs.elems;
+        let fused_kernel = match self {
+            Plan::Sm90Fp8(c) => sm90::kernel(c.tile, ea, eb, Mode::Fused).is_some(),
+            // The fold's FP8 types.
+            Plan::Sm90MxFp8(c) => {
+                sm90::kernel(c.tile, fold_target(ea), fold_target(eb), Mode::Fused).is_some()
+            }
+            Plan::Sm90Half(c) => [HalfType::Bf16, HalfType::F16]
+                .into_iter()
+                .any(|ty| half::kernel(c.tile, ty, Mode::Fused).is_some()),
+            Plan::Sm90Mx(c) => mx::KERNELS.iter().any(|k| k.fused && k.tile == c.tile),
+            _ => false,
+        };
+        if !fused_kernel {
+            return Err(config(format!(
+                "{self:?}: no fused-epilogue kernel for this tile and {} · {} (they are: FP8 \
+                 128 × 128 e4m3 · e4m3, the 16-bit 128 × 128 tile, the MX 256-column tile)",
+                ea.name(),
+                eb.name()
+            )));
+        }
+        let b = needs.block_cols;
+        if b > 128 {
+            return Err(config(format!(
+                "a quantized output's scale block of {b} product columns (SwiGLU doubles the \
+                 output's) is wider than one warp's pass of 128 columns: SwiGLU with 1×128 \
+                 output scales is not fused (quantize the SwiGLU output with Gpu::quantize_with)"
+            )));
+        }
+        if b != 0 && n % b != 0 {
+            return Err(config(format!(
+                "{self:?}: a quantized output's scale block of {b} product columns must divide \
+                 the tile's {n} columns"
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// [`choose_for`] for a GEMM with a fused epilogue that `needs` this: the usual plan where it
+/// can run the epilogue, else the nearest one that can (a tile that has a fused kernel; the MX
+/// kernel for FP4 pairs the 4-bit-weights kernel would take).
+pub(crate) fn choose_fused(
+    arch: GpuArch,
+    sm_count: u32,
+    shape: &GemmShape,
+    (a, b): (&MatrixDesc, &MatrixDesc),
+    needs: FusedNeeds,
+) -> Result<Plan> {
+    let plan = choose_for(arch, sm_count, shape, a, b)?;
+    if plan.check_fused(needs).is_ok() {
+        return Ok(plan);
+    }
+    let GemmShape { m, n, k, l } = *shape;
+    let alt = match plan {
+        // Folded MX / NVFP4 operands whose FP8 types have no fused kernel (e5m2): the exact MX
+        // kernel, which fuses every pair.
+        Plan::Sm90MxFp8(_)
+            if sm90::kernel(
+                Tile::M128,
+                fold_target(a.format.elem),
+                fold_target(b.format.elem),
+                Mode::Fused,
+            )
+            .is_none() =>
+        {
+            Plan::Sm90Mx(sm90_mx_default(m, n, k, l, sm_count))
+        }
+        Plan::Sm90Fp8(c) | Plan::Sm90MxFp8(c) => {
+            // The one fused FP8 tile.
+            let cfg = c.with_tile(Tile::M128, shape);
+            match plan {
+                Plan::Sm90Fp8(_) => Plan::Sm90Fp8(cfg),
+                _ => Plan::Sm90MxFp8(cfg),
+            }
+        }
+        Plan::Sm90Half(c) => Plan::Sm90Half(Sm90HalfConfig {
+            tile: HalfTile::M128,
+            ..c
+        }),
+        Plan::Sm90Mx(c) => Plan::Sm90Mx(Sm90MxConfig {
+            tile: MxTile::N256,
+            ..c
+        }),
+        Plan::Sm90W4(_) if sm90_mx::unsupported_pair(a, b).is_none() => {
+            Plan::Sm90Mx(sm90_mx_default(m, n, k, l, sm_count))
+        }
+        other => other,
+    };
+    alt.check_fused(needs)?;
+    alt.validate(shape)?;
+    Ok(alt)
 }
 
 /// Loads every kernel family the module built for `arch` contains.
@@ -816,6 +946,121 @@ pub const GROUP_ROWS: u32 = 2048;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fused_epilogues_need_a_fused_kernel_that_computes_c_and_scale_blocks_inside_a_pass() {
+        let big = sm90_default(4096, 7168, 2048, 1, 132);
+        let s = GemmShape {
+            m: 4096,
+            n: 7168,
+            k: 2048,
+            l: 1,
+        };
+        let with = |tile| Plan::Sm90Fp8(big.with_tile(tile, &s));
+        let (e4m3, e5m2) = (ElemType::E4M3, ElemType::E5M2);
+        let needs = |block_cols| FusedNeeds {
+            block_cols,
+            elems: (e4m3, e4m3),
+        };
+        assert!(with(Tile::M128).check_fused(needs(0)).is_ok());
+        assert!(Plan::Reference.check_fused(needs(0)).is_err());
+        // Decode tiles compute Cᵀ.
+        let decode = sm90_default(16, 7168, 2048, 1, 132);
+        assert!(decode.tile.is_swapped());
+        assert!(Plan::Sm90Fp8(decode).check_fused(needs(0)).is_err());
+        // FP8 1×128 output (128 columns) on a 128-column tile; with SwiGLU (256) refused.
+        assert!(with(Tile::M128).check_fused(needs(128)).is_ok());
+        assert!(with(Tile::M128).check_fused(needs(256)).is_err());
+        // Tiles and types without a fused kernel: refused whatever the output.
+        for t in [
+            Tile::M256,
+            Tile::M192,
+            Tile::M128N64,
+            Tile::M128N144,
+            Tile::M128N192,
+        ] {
+            assert!(with(t).check_fused(needs(0)).is_err(), "{t:?}");
+        }
+        let e5 = FusedNeeds {
+            block_cols: 0,
+            elems: (e4m3, e5m2),
+        };
+        assert!(with(Tile::M128).check_fused(e5).is_err());
+        // MXFP8 folds to FP8 of its own element types: e4m3 fuses there, e5m2 does not.
+        let folded = Plan::Sm90MxFp8(big.with_tile(Tile::M128, &s));
+        assert!(folded.check_fused(needs(0)).is_ok());
+        assert!(folded.check_fused(e5).is_err());
+        let half = Sm90HalfConfig {
+            tile: HalfTile::M128N256,
+            ..sm90_half_default(4096, 4096, 132)
+        };
+        let bf16 = FusedNeeds {
+            block_cols: 0,
+            elems: (ElemType::BF16, ElemType::BF16),
+        };
+        assert!(Plan::Sm90Half(half).check_fused(bf16).is_err());
+        let half = Sm90HalfConfig {
+            tile: HalfTile::M128,
+            ..half
+        };
+        assert!(Plan::Sm90Half(half).check_fused(bf16).is_ok());
+        let mx = sm90_mx_default(128, 4096, 4096, 1, 132);
+        let mx = |tile| Plan::Sm90Mx(Sm90MxConfig { tile, ..mx });
+        assert!(mx(MxTile::N256).check_fused(e5).is_ok());
+        assert!(mx(MxTile::N128).check_fused(e5).is_err());
+    }
+
+    #[test]
+    fn fused_plans_move_to_the_tiles_and_kernels_that_fuse() {
+        use crate::format::{Fp8, Recipe};
+        let h100 = 132;
+        let s = GemmShape {
+            m: 4096,
+            n: 7168,
+            k: 2048,
+            l: 1,
+        };
+        let desc = |r: Recipe, rows, b| MatrixDesc::of_recipe(r, rows, 2048, b);
+        let fused = |r: Recipe| {
+            let (a, b) = (desc(r, 4096, false), desc(r, 7168, true));
+            let needs = FusedNeeds {
+                block_cols: 0,
+                elems: (a.format.elem, b.format.elem),
+            };
+            choose_fused(GpuArch::Hopper, h100, &s, (&a, &b), needs)
+        };
+        // DeepSeek FP8: the plain plan's tall tile moves to the fused 128 × 128 tile.
+        let plain = choose_for(
+            GpuArch::Hopper,
+            h100,
+            &s,
+            &desc(Recipe::DeepSeekFp8, 4096, false),
+            &desc(Recipe::DeepSeekFp8, 7168, true),
+        )
+        .unwrap();
+        assert!(
+            plain
+                .check_fused(FusedNeeds {
+                    block_cols: 0,
+                    elems: (ElemType::E4M3, ElemType::E4M3)
+                })
+                .is_err()
+        );
+        assert!(matches!(fused(Recipe::DeepSeekFp8), Ok(Plan::Sm90Fp8(c)) if c.tile == Tile::M128));
+        // MXFP8 e4m3 stays folded onto FP8; e5m2 moves to the exact MX kernel's fused tile.
+        assert!(matches!(
+            fused(Recipe::Mxfp8(Fp8::E4M3)),
+            Ok(Plan::Sm90MxFp8(_))
+        ));
+        assert!(
+            matches!(fused(Recipe::Mxfp8(Fp8::E5M2)), Ok(Plan::Sm90Mx(c)) if c.tile == MxTile::N256)
+        );
+        // e5m2 DeepSeek-style FP8 has no fused kernel: a typed error.
+        assert!(matches!(
+            fused(Recipe::Fp8PerRow(Fp8::E5M2)),
+            Err(Error::Config(_))
+        ));
+    }
 
     #[test]
     fn tall_tiles_for_large_m_short_tiles_where_they_would_idle_sms() {

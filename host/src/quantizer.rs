@@ -118,38 +118,34 @@ pub(crate) struct Quantized {
     pub swizzled: Option<CudaSlice<u8>>,
 }
 
-impl Quantizers {
-    pub(crate) fn load(module: &Arc<CudaModule>) -> Result<Self> {
-        Ok(Quantizers {
-            amax: module.load_function(AMAX_KERNEL.name)?,
-            kernels: kq::KERNELS
-                .iter()
-                .map(|k| Ok((k, module.load_function(k.info.name)?)))
-                .collect::<Result<_>>()?,
-        })
-    }
+/// A quantized matrix's buffers before they are written: what the quantizer kernels and a GEMM's
+/// quantized output write into, checked and allocated by one function.
+pub(crate) struct QuantTarget {
+    pub desc: MatrixDesc,
+    pub data: CudaSlice<u8>,
+    pub scales: CudaSlice<u8>,
+    pub swizzled: Option<CudaSlice<u8>>,
+    /// The FP8 kernel's A-role scales `[l][k/128][m_pad]` (FP8 with fp32 scales per 1×128 and K
+    /// a multiple of 128), zero in the padding rows (the kernel's last tiles read them).
+    pub sfa: Option<CudaSlice<f32>>,
+    pub span: ScaleSpan,
+    /// Elements of a 1×k block ([`ScaleSpan::Block`]).
+    pub block_k: u32,
+    pub m_pad: u32,
+    pub swizzled_entry: usize,
+    /// NVFP4's tensor scale when given.
+    pub given: Option<f32>,
+}
 
-    pub(crate) fn quantize(
-        &self,
+impl QuantTarget {
+    /// Checks `format` and `opts` for a `[l][rows][k]` matrix and allocates its buffers (zeroed).
+    pub(crate) fn alloc(
         stream: &Arc<CudaStream>,
-        sm_count: u32,
-        t: &DeviceTensor,
         format: OperandFormat,
+        (rows, k, l): (usize, usize, usize),
         opts: &QuantizeOptions,
-    ) -> Result<Quantized> {
+    ) -> Result<Self> {
         format.validate()?;
-        let (rows, k, l) = (t.rows, t.k, t.batch);
-        let func = self
-            .kernels
-            .iter()
-            .find(|(d, _)| d.elem == format.elem && d.scale == format.scale)
-            .map(|(_, f)| f)
-            .ok_or_else(|| {
-                format.error(
-                    "the device quantizers write e4m3 / e5m2 with fp32 or e8m0 scales and e2m1 \
-                     with e8m0 or ue4m3 scales",
-                )
-            })?;
         let (span, block_k) = match format.block {
             ScaleBlock::Tile { rows: 1, k: bk } if matches!(bk, 16 | 32 | 128) => {
                 (ScaleSpan::Block, bk)
@@ -194,7 +190,7 @@ impl Quantizers {
         let major = opts.major.unwrap_or(ScaleMajor::default_for(&format));
         let (br, bk) = format.block.extent(rows, k);
         let layout = ScaleLayout::packed(major, rows.div_ceil(br), k.div_ceil(bk));
-        let mut desc = MatrixDesc {
+        let desc = MatrixDesc {
             format,
             rows,
             k,
@@ -205,29 +201,91 @@ impl Quantizers {
         let (data_bytes, scale_bytes) = desc.validate()?;
         // SAFETY: u8 has no invalid bit patterns, and the quantizer writes every byte of both
         // before anything reads them: each thread's 8 elements (K % 8 == 0: whole rows of codes),
-        // and the scale of every block, row or entry of the packed layout (no gaps). Not zeroed:
-        // a memset would add a second write of the codes to every call.
-        let mut data = unsafe { stream.alloc::<u8>(data_bytes) }?;
-        let mut scales = unsafe { stream.alloc::<u8>(scale_bytes) }?;
-        let swz_entry = if opts.swizzled_scales {
+        // and the scale of every block, row or entry of the packed layout (no gaps); so does a
+        // GEMM's fused quantized output (every row below M, whole scale blocks: N_out a multiple
+        // of the block). Not zeroed: a memset would add a second write of the codes to every
+        // call.
+        let data = unsafe { stream.alloc::<u8>(data_bytes) }?;
+        let scales = unsafe { stream.alloc::<u8>(scale_bytes) }?;
+        let swizzled_entry = if opts.swizzled_scales {
             swizzled_128x4_len(layout.row_blocks, layout.k_blocks)
                 .ok_or_else(|| shape("the swizzled scales' size overflows"))?
         } else {
             0
         };
-        let mut swizzled = if opts.swizzled_scales {
-            Some(stream.alloc_zeros::<u8>(swz_entry * l)?)
+        let swizzled = if opts.swizzled_scales {
+            Some(stream.alloc_zeros::<u8>(swizzled_entry * l)?)
         } else {
             None
         };
-        // The FP8 kernel's A-role layout, zero in its padding rows (its last tiles read them).
         let fp8_a = format.scale == ScaleType::F32 && block_k == 128 && k.is_multiple_of(128);
         let m_pad = blockscaled_kernels::sm90::m_pad(rows as u32);
-        let mut sfa = if fp8_a {
+        let sfa = if fp8_a {
             Some(stream.alloc_zeros::<f32>(l * (k / 128) * m_pad as usize)?)
         } else {
             None
         };
+        Ok(QuantTarget {
+            desc,
+            data,
+            scales,
+            swizzled,
+            sfa,
+            span,
+            block_k,
+            m_pad,
+            swizzled_entry,
+            given,
+        })
+    }
+}
+
+impl Quantizers {
+    pub(crate) fn load(module: &Arc<CudaModule>) -> Result<Self> {
+        Ok(Quantizers {
+            amax: module.load_function(AMAX_KERNEL.name)?,
+            kernels: kq::KERNELS
+                .iter()
+                .map(|k| Ok((k, module.load_function(k.info.name)?)))
+                .collect::<Result<_>>()?,
+        })
+    }
+
+    pub(crate) fn quantize(
+        &self,
+        stream: &Arc<CudaStream>,
+        sm_count: u32,
+        t: &DeviceTensor,
+        format: OperandFormat,
+        opts: &QuantizeOptions,
+    ) -> Result<Quantized> {
+        let (rows, k, l) = (t.rows, t.k, t.batch);
+        let func = self
+            .kernels
+            .iter()
+            .find(|(d, _)| d.elem == format.elem && d.scale == format.scale)
+            .map(|(_, f)| f)
+            .ok_or_else(|| {
+                format.error(
+                    "the device quantizers write e4m3 / e5m2 with fp32 or e8m0 scales and e2m1 \
+                     with e8m0 or ue4m3 scales",
+                )
+            })?;
+        let target = QuantTarget::alloc(stream, format, (rows, k, l), opts)?;
+        let QuantTarget {
+            mut desc,
+            mut data,
+            mut scales,
+            mut swizzled,
+            mut sfa,
+            span,
+            block_k,
+            m_pad,
+            swizzled_entry: swz_entry,
+            given,
+        } = target;
+        let layout = desc.scale_layout;
+        let nv = format.scale == ScaleType::UE4M3;
         let amax_slots = match span {
             ScaleSpan::Row => l * rows,
             ScaleSpan::Entry => l,

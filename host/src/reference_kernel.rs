@@ -44,6 +44,7 @@ impl ReferenceKernel {
     /// C = A · Bᵀ, one thread per element of C.
     pub(crate) fn gemm(&self, g: Gemm<'_>) -> Result<()> {
         g.dense_only("the reference kernel")?;
+        g.plain_only("the reference kernel")?;
         let Gemm {
             stream,
             shape: GemmShape { m, n, k, l },

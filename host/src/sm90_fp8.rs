@@ -12,6 +12,7 @@ use crate::buffers::{DeviceMatrix, DeviceOutput, PreparedValue};
 use crate::error::{Error, Result, config, shape};
 use crate::family::{Family, Gemm};
 use crate::format::{ElemType, OutType, ScaleType};
+use crate::fused::Fused;
 use crate::grouped::DeviceGroups;
 use crate::launch::{Launch, persistent_ctas};
 use crate::matrix::{GemmShape, MatrixDesc, ScaledMatrix};
@@ -520,6 +521,12 @@ struct Kernel {
 }
 
 /// The sm90 FP8 family on one GPU: a kernel per tile shape and element types, and the split-K
+/// Whether `tile` cannot run `epi`: swapped tiles compute Cᵀ and store it transposed, without
+/// the fused epilogue's row staging.
+pub(crate) fn tile_refuses(tile: Tile, epi: Option<&Fused<'_>>) -> bool {
+    tile.is_swapped() && epi.is_some()
+}
+
 /// workspace (grown on demand, reused in stream order).
 pub(crate) struct Sm90Fp8 {
     kernels: Vec<Kernel>,
@@ -623,10 +630,11 @@ impl Sm90Fp8 {
             family::KERNELS,
             family::GROUPED_KERNELS,
             family::SPARSE_KERNELS,
+            family::FUSED_KERNELS,
         ];
         for def in lists.into_iter().flatten() {
             let func = module.load_function(def.info.name)?;
-            let resident = configure(&func, stream, sm_count, def.tile)?;
+            let resident = configure(&func, stream, sm_count, def)?;
             kernels.push(Kernel {
                 def,
                 func,
@@ -648,10 +656,11 @@ impl Sm90Fp8 {
             b,
             c,
             groups,
+            epi,
         } = g;
         let (ao, bo) = operands(a, b)?;
         let types = (a.desc.format.elem, b.desc.format.elem);
-        self.run(stream, shape, (ao, bo), types, c, cfg, groups)
+        self.run(stream, shape, (ao, bo), types, c, cfg, groups, epi)
     }
 
     /// [`Self::gemm`] on prepared operands `ao`, `bo` of element types `(ea, eb)` that form
@@ -666,12 +675,24 @@ impl Sm90Fp8 {
         c: &mut DeviceOutput,
         cfg: Sm90Config,
         groups: Option<&DeviceGroups>,
+        epi: Option<Fused<'_>>,
     ) -> Result<()> {
         let GemmShape { m, n, k, l } = shape;
-        let mode = if groups.is_some() {
-            Mode::Grouped
-        } else {
-            Mode::Dense
+        if tile_refuses(cfg.tile, epi.as_ref()) {
+            return Err(config(format!(
+                "{:?} computes Cᵀ: it has no fused epilogue (the tiles of 128 rows or more have)",
+                cfg.tile
+            )));
+        }
+        let mode = match (groups.is_some(), epi.is_some()) {
+            (true, true) => {
+                return Err(config(
+                    "grouped GEMM has no fused epilogue (the dense sm90 kernels have)",
+                ));
+            }
+            (true, false) => Mode::Grouped,
+            (false, true) => Mode::Fused,
+            (false, false) => Mode::Dense,
         };
         let def = family::kernel(cfg.tile, ea, eb, mode);
         let kernel = self
@@ -679,12 +700,21 @@ impl Sm90Fp8 {
             .iter()
             .find(|kr| Some(kr.def) == def)
             .ok_or_else(|| {
+                let what = match mode {
+                    Mode::Grouped => "grouped ",
+                    Mode::Fused => "fused-epilogue ",
+                    _ => "",
+                };
                 config(format!(
-                    "no sm90 {}kernel for {:?}, {} · {}",
-                    if groups.is_some() { "grouped " } else { "" },
+                    "no sm90 {what}kernel for {:?}, {} · {}{}",
                     cfg.tile,
                     ea.name(),
-                    eb.name()
+                    eb.name(),
+                    if mode == Mode::Fused {
+                        " (fused: e4m3 · e4m3 on the 128 × 128 tile)"
+                    } else {
+                        ""
+                    }
                 ))
             })?;
         let (Some(sfa_map), Some(sfb)) = (&ao.sfa_map, &bo.sfb) else {
@@ -724,7 +754,9 @@ impl Sm90Fp8 {
         };
         let resident = kernel.resident[cluster as usize - 1];
         let ctas = persistent_ctas(schedule, cfg.ctas, resident, cluster)?;
-        let mut launch = gemm_launch(stream, &kernel.func, tile, ctas, cluster);
+        // (The fused kernels stage their rows in shared memory: `Tile::fused_layout`.)
+        let mut scratch = Fused::scratch(&epi, stream, true, (ctas, tile.consumers, tile.block_n))?;
+        let mut launch = gemm_launch(stream, &kernel.func, kernel.def, ctas, cluster);
         let group_params = DeviceGroups::params(groups, &mut launch);
         // A in boxes of `Tile::a_box_rows`; B in boxes of block_n / cluster_m rows (each CTA's
         // share of a pair along M; validated).
@@ -734,7 +766,8 @@ impl Sm90Fp8 {
         // (kept in the workspace) and stores C as without a split.
         let splitk = SplitK::params(&mut launch, slot.as_mut(), stream, &schedule, cl)?;
         // Swapped tiles hold Cᵀ fragments: stored directly.
-        let tmap_c = if tile.is_swapped() {
+        // Swapped tiles and fused epilogues store directly.
+        let tmap_c = if tile.is_swapped() || epi.is_some() {
             0
         } else {
             launch.opt_ptr(
@@ -743,6 +776,7 @@ impl Sm90Fp8 {
                     .and_then(|o| o.tmap(out_box_n(tile.block_n))),
             )
         };
+        let out_ptr = launch.ptr_mut(out);
         let params = Sm90Fp8Params {
             tmap_a,
             tmap_b,
@@ -750,7 +784,7 @@ impl Sm90Fp8 {
             tmap_sfa: launch.ptr(sfa_map),
             sfb: launch.ptr(sfb),
             sfb_col: launch.opt_ptr(bo.sfb_col.as_ref()),
-            out: launch.ptr_mut(out),
+            out: out_ptr,
             splitk,
             m: m as u32,
             n: n as u32,
@@ -765,12 +799,14 @@ impl Sm90Fp8 {
             groups: group_params,
             sparse: SparseParams::default(),
         };
+        let epi = Fused::params(epi, &mut launch, out_ptr, scratch.as_mut());
         // SAFETY: `cfg` was validated for this shape (tile, cluster, band, split and the 32-bit
         // indexing; grouped: no split, and `groups` holds `count` int32 values on this GPU); the tensor maps cover the live data buffers of the prepared operands, the
         // scale buffers have the documented sizes (A scales padded to whole clusters), the output
         // holds l·m·n elements of `out_type`, `splitk` is sized for the schedule, and the grid is
-        // a whole number of clusters.
-        let _gemm = unsafe { launch.launch(&params) }?;
+        // a whole number of clusters; the kernel is the fused one exactly when `epi` is set,
+        // whose buffers `Epilogue::check` and the output check sized for the product.
+        let _gemm = unsafe { launch.launch_fused(params, epi) }?;
         Ok(())
     }
 }
@@ -851,7 +887,7 @@ impl Sm90Fp8 {
             dtype,
             ..
         } = c;
-        let mut launch = gemm_launch(stream, &kernel.func, tile, ctas, cl.size());
+        let mut launch = gemm_launch(stream, &kernel.func, kernel.def, ctas, cl.size());
         let splitk = SplitK::params(&mut launch, slot.as_mut(), stream, &schedule, cl)?;
         let b_rows = b_box_rows(tile, cl).unwrap_or(BLOCK_N);
         // With A sparse the tile is Cᵀ: stored directly.
@@ -924,12 +960,12 @@ fn operands<'a>(
     }
 }
 
-/// The GEMM kernel's launch: `ctas` blocks of the tile's threads with the tile's shared memory,
+/// The GEMM kernel's launch: `ctas` blocks of the tile's threads with the kernel's shared memory,
 /// in clusters of `cluster`.
 fn gemm_launch<'a>(
     stream: &'a CudaStream,
     func: &'a CudaFunction,
-    tile: Tile,
+    def: &family::Sm90Fp8Kernel,
     ctas: u32,
     cluster: u32,
 ) -> Launch<'a> {
@@ -937,8 +973,8 @@ fn gemm_launch<'a>(
         stream,
         func,
         ctas,
-        tile.threads(),
-        tile.smem_bytes(),
+        def.tile.threads(),
+        def.layout().bytes(),
         cluster,
     )
 }
@@ -949,12 +985,12 @@ fn configure(
     func: &CudaFunction,
     stream: &CudaStream,
     sm_count: u32,
-    tile: Tile,
+    def: &family::Sm90Fp8Kernel,
 ) -> Result<[u32; MAX_CLUSTER as usize]> {
-    crate::launch::set_smem_limit(func, tile.smem_bytes())?;
+    crate::launch::set_smem_limit(func, def.layout().bytes())?;
     let mut resident = [sm_count; MAX_CLUSTER as usize];
     for cluster in 2..=MAX_CLUSTER {
-        let clusters = gemm_launch(stream, func, tile, sm_count / cluster * cluster, cluster)
+        let clusters = gemm_launch(stream, func, def, sm_count / cluster * cluster, cluster)
             .max_active_clusters()?;
         resident[cluster as usize - 1] = clusters.saturating_mul(cluster).min(sm_count);
     }

@@ -11,6 +11,7 @@ use crate::buffers::{DeviceMatrix, DeviceOutput, PreparedValue};
 use crate::error::{Error, Result, config, shape};
 use crate::family::{Family, Gemm};
 use crate::format::{ElemType, ScaleBlock, ScaleType};
+use crate::fused::Fused;
 use crate::launch::{Launch, persistent_ctas};
 use crate::matrix::{GemmShape, MatrixDesc, ScaledMatrix};
 use crate::sm90_fp8::Sm90Output;
@@ -316,14 +317,14 @@ impl Sm90Half {
         }
         let mut kernels = Vec::with_capacity(family::KERNELS.len());
         for def in family::KERNELS {
-            let func = crate::launch::load_kernel(module, def.info.name, def.tile.smem_bytes())?;
+            let func = crate::launch::load_kernel(module, def.info.name, def.layout().bytes())?;
             // One CTA per SM (the tile's shared memory allows no second); pairs as the driver
             // finds room for them.
             let mut resident = [sm_count; MAX_CLUSTER as usize];
             for cluster in 2..=MAX_CLUSTER {
                 let ctas = sm_count / cluster * cluster;
                 let clusters =
-                    half_launch(stream, &func, def.tile, ctas, cluster).max_active_clusters()?;
+                    half_launch(stream, &func, def, ctas, cluster).max_active_clusters()?;
                 resident[cluster as usize - 1] = clusters.saturating_mul(cluster).min(sm_count);
             }
             kernels.push(Kernel {
@@ -345,7 +346,7 @@ impl Sm90Half {
             .find(|k| Some(k.def) == def)
             .ok_or_else(|| {
                 config(format!(
-                    "no sm90 16-bit {} kernel for tile {} × {}",
+                    "no sm90 16-bit {} {mode:?} kernel for tile {} × {}",
                     ty.name(),
                     tile.block_m(),
                     tile.block_n
@@ -362,6 +363,7 @@ impl Sm90Half {
             a,
             b,
             c,
+            epi,
             ..
         } = g;
         let (Some(ao), Some(bo)) = (
@@ -379,7 +381,12 @@ impl Sm90Half {
             return Err(Error::Format(why));
         }
         let ty = half_type(a.desc.format.elem).expect("prepared operands are 16-bit");
-        let kernel = self.kernel(cfg.tile, ty, Mode::Dense)?;
+        let mode = if epi.is_some() {
+            Mode::Fused
+        } else {
+            Mode::Dense
+        };
+        let kernel = self.kernel(cfg.tile, ty, mode)?;
         let GemmShape { m, n, k, l } = shape;
         let (tile, cl) = (cfg.tile, cfg.cluster());
         let schedule = Schedule {
@@ -397,13 +404,19 @@ impl Sm90Half {
         let resident = kernel.resident[cl.m as usize - 1];
         let ctas = persistent_ctas(schedule, cfg.ctas, resident, cl.m)?;
         let mut slot = self.splitk.slot(cfg.split_k);
-        let mut launch = half_launch(stream, &kernel.func, tile, ctas, cl.m);
+        let geometry = (ctas, family::CONSUMERS, tile.block_n);
+        // (The fused kernels stage their rows in shared memory: `HalfTile::fused_layout`.)
+        let mut scratch = Fused::scratch(&epi, stream, true, geometry)?;
+        let mut launch = half_launch(stream, &kernel.func, kernel.def, ctas, cl.m);
         let splitk = SplitK::params(&mut launch, slot.as_mut(), stream, &schedule, cl)?;
         let (tmap_a, tmap_b) = (
             launch.ptr(box_map(&ao.tmaps, 128)?),
             launch.ptr(box_map(&bo.tmaps, tile.block_n / cl.m)?),
         );
-        let params = output_params(&mut launch, c, tile, true, (tmap_a, tmap_b, splitk));
+        // A fused epilogue stores directly: no output map.
+        let staged = epi.is_none();
+        let params = output_params(&mut launch, c, tile, staged, (tmap_a, tmap_b, splitk));
+        let epi = Fused::params(epi, &mut launch, params.out, scratch.as_mut());
         let params = Sm90HalfParams {
             m: m as u32,
             n: n as u32,
@@ -418,8 +431,9 @@ impl Sm90Half {
         };
         // SAFETY: `cfg` was validated for this shape (tile, band, split, 32-bit coordinates);
         // the maps cover the operands' live data (K, rows, L); the output holds l·m·n elements
-        // of `out_type` and its map (if any) covers them; `splitk` is sized for the schedule.
-        let _gemm = unsafe { launch.launch(&params) }?;
+        // of `out_type` and its map (if any) covers them; `splitk` is sized for the schedule;
+        // the kernel is the fused one exactly when `epi` is set.
+        let _gemm = unsafe { launch.launch_fused(params, epi) }?;
         Ok(())
     }
 
@@ -482,7 +496,7 @@ impl Sm90Half {
         };
         let ctas = persistent_ctas(schedule, cfg.ctas, resident, cl.m)?;
         let mut slot = self.splitk.slot(if work.slots > 0 { 2 } else { 1 });
-        let mut launch = half_launch(stream, &kernel.func, tile, ctas, cl.m);
+        let mut launch = half_launch(stream, &kernel.func, kernel.def, ctas, cl.m);
         let splitk = SplitK::params(&mut launch, slot.as_mut(), stream, &schedule, cl)?;
         let (tmap_a, tmap_b) = (
             launch.ptr(box_map(&ao.tmaps, 128)?),
@@ -574,12 +588,12 @@ fn output_params<'a>(
     }
 }
 
-/// The kernel's launch: `ctas` blocks of the tile's threads with the tile's shared memory, in
+/// The kernel's launch: `ctas` blocks of the tile's threads with the kernel's shared memory, in
 /// clusters of `cluster`.
 fn half_launch<'a>(
     stream: &'a CudaStream,
     func: &'a CudaFunction,
-    tile: HalfTile,
+    def: &family::Sm90HalfKernel,
     ctas: u32,
     cluster: u32,
 ) -> Launch<'a> {
@@ -587,8 +601,8 @@ fn half_launch<'a>(
         stream,
         func,
         ctas,
-        tile.threads(),
-        tile.smem_bytes(),
+        def.tile.threads(),
+        def.layout().bytes(),
         cluster,
     )
 }

@@ -10,6 +10,7 @@ use crate::buffers::{DeviceMatrix, DeviceOutput, PreparedValue};
 use crate::error::{Error, Result, config, shape};
 use crate::family::{Family, Gemm};
 use crate::format::{ElemType, ScaleBlock, ScaleType};
+use crate::fused::Fused;
 use crate::grouped::DeviceGroups;
 use crate::launch::{Launch, persistent_ctas};
 use crate::matrix::{GemmShape, MatrixDesc, ScaledMatrix};
@@ -147,7 +148,7 @@ pub(crate) fn unsupported_pair(a: &MatrixDesc, b: &MatrixDesc) -> Option<String>
         return Some(e);
     }
     let (sa, sb) = (scale_format(a), scale_format(b));
-    if sa != sb || family_kernel(MxTile::N256, a, b).is_none() {
+    if sa != sb || family_kernel(MxTile::N256, a, b, false).is_none() {
         return Some(format!(
             "{} · {}: the sm90 MX kernel takes FP8 pairs with e8m0 / 32 scales and e2m1 pairs \
              with the same scales on both sides",
@@ -161,8 +162,9 @@ fn family_kernel(
     tile: MxTile,
     a: &MatrixDesc,
     b: &MatrixDesc,
+    fused: bool,
 ) -> Option<&'static family::Sm90MxKernel> {
-    family::kernel(tile, a.format.elem, b.format.elem, scale_format(a)?)
+    family::kernel(tile, a.format.elem, b.format.elem, scale_format(a)?, fused)
 }
 
 /// The scale bytes of `m` (scale format `scale`) in the layout the sm90 MX and 4-bit-weights
@@ -353,17 +355,24 @@ impl Sm90Mx {
             b,
             c,
             groups,
+            epi,
         } = g;
         let GemmShape { m, n, k, l } = shape;
         if let Some(e) = unsupported_pair(&a.desc, &b.desc) {
             return Err(Error::Format(e));
         }
-        let def = family_kernel(cfg.tile, &a.desc, &b.desc);
+        let def = family_kernel(cfg.tile, &a.desc, &b.desc, epi.is_some());
         let kernel = self
             .kernels
             .iter()
             .find(|kr| Some(kr.def) == def)
-            .ok_or_else(|| config(format!("no sm90 MX kernel for {:?}", cfg.tile)))?;
+            .ok_or_else(|| {
+                config(format!(
+                    "no sm90 MX {}kernel for {:?} (fused: the 256-column tile)",
+                    if epi.is_some() { "fused-epilogue " } else { "" },
+                    cfg.tile
+                ))
+            })?;
         let (Some(ao), Some(bo)) = (a.prepared.get::<MxOperand>(), b.prepared.get::<MxOperand>())
         else {
             return Err(Error::Format(
@@ -390,6 +399,9 @@ impl Sm90Mx {
         // One CTA per SM at most (the stages fill its shared memory).
         let ctas = persistent_ctas(schedule, cfg.ctas, self.sm_count, 1)?;
         let smem = kernel.def.layout().bytes();
+        // The MX kernel has no output staging: a fused epilogue stages its rows in global memory.
+        let geometry = (ctas, blockscaled_kernels::sm90_mx::CONSUMERS, tile.block_n);
+        let mut scratch = Fused::scratch(&epi, stream, false, geometry)?;
         let mut launch = Launch::persistent(stream, &kernel.func, ctas, tile.threads(), smem, 1);
         let group_params = DeviceGroups::params(groups, &mut launch);
         let splitk = SplitK::params(
@@ -399,12 +411,13 @@ impl Sm90Mx {
             &schedule,
             ClusterShape::ONE,
         )?;
+        let out_ptr = launch.ptr_mut(out);
         let params = Sm90MxParams {
             tmap_a: launch.ptr(ao.tmap(BLOCK_M)),
             tmap_b: launch.ptr(bo.tmap(tile.block_n)),
             tmap_sfa: launch.ptr(&ao.scale_map),
             sfb: launch.ptr(&bo.scales),
-            out: launch.ptr_mut(out),
+            out: out_ptr,
             splitk,
             m: m as u32,
             n: n as u32,
@@ -418,12 +431,14 @@ impl Sm90Mx {
             alpha: a.desc.tensor_scale * b.desc.tensor_scale,
             groups: group_params,
         };
+        let epi = Fused::params(epi, &mut launch, out_ptr, scratch.as_mut());
         // SAFETY: `cfg` was validated for this shape (grouped: no split, `groups` holds `count`
         // int32 values on this GPU); the tensor maps cover the live data of the
         // prepared operands with boxes of the tile's rows; the scale buffers hold
         // l·⌈k/64⌉·rows_pad·(64/block) bytes with rows_pad a multiple of 256 ≥ every tile's rows;
-        // the output holds l·m·n elements of `out_type` (and `splitk` is sized for the schedule).
-        let _gemm = unsafe { launch.launch(&params) }?;
+        // the output holds l·m·n elements of `out_type` (and `splitk` is sized for the schedule);
+        // the kernel is the fused one exactly when `epi` is set (its scratch sized for the grid).
+        let _gemm = unsafe { launch.launch_fused(params, epi) }?;
         Ok(())
     }
 }

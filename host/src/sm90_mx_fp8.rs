@@ -136,6 +136,7 @@ impl Sm90MxFp8 {
             b,
             c,
             groups,
+            epi,
         } = g;
         if let Some(e) = unsupported_pair(&a.desc, &b.desc) {
             return Err(Error::Format(e));
@@ -145,7 +146,7 @@ impl Sm90MxFp8 {
         let ao = self.operand(stream, a, wa, false)?;
         let bo = self.operand(stream, b, wb, true)?;
         let types = kernel_types(&a.desc, &b.desc);
-        fp8.run(stream, shape, (ao, bo), types, c, cfg, groups)
+        fp8.run(stream, shape, (ao, bo), types, c, cfg, groups, epi)
     }
 
     /// `src` as the FP8 kernel's operand in its role: its own prepared operand when it is FP8

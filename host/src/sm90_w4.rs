@@ -343,10 +343,17 @@ impl Sm90W4 {
             b,
             c,
             groups,
+            epi,
         } = g;
         let GemmShape { m, n, k, l } = shape;
         if let Some(e) = unsupported_pair(&a.desc, &b.desc) {
             return Err(Error::Format(e));
+        }
+        if epi.is_some() {
+            return Err(config(
+                "the 4-bit-weights kernel computes Cᵀ: it has no fused epilogue (the sm90 MX \
+                 kernel has)",
+            ));
         }
         let act = activation(&a.desc, &b.desc).expect("checked by `unsupported_pair`");
         let scale = scale_format(&b.desc).expect("checked by `unsupported_pair`");

@@ -208,6 +208,9 @@ mod tests {
             2 * size_of::<OperandParams>() + 3 * 8 + 6 * 4
         );
         assert_eq!(align_of::<GemmParams>(), 8);
+        // Ten addresses and strides, then twelve 4-byte fields.
+        assert_eq!(size_of::<EpilogueParams>(), 10 * 8 + 12 * 4);
+        assert_eq!(align_of::<EpilogueParams>(), 8);
     }
 }
 
@@ -220,4 +223,152 @@ mod tests {
 pub struct SplitKParams {
     pub ws: u64,
     pub counters: u64,
+}
+
+/// The activation of a fused epilogue (stable values, passed to the kernels).
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum Activation {
+    #[default]
+    None = 0,
+    /// max(x, 0) (NaN stays NaN).
+    Relu = 1,
+    /// x · Φ(x) with the Gauss error function: `0.5·x·(1 + erf(x/√2))`.
+    GeluErf = 2,
+    /// The tanh approximation: `0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))`.
+    GeluTanh = 3,
+    /// x · sigmoid(x).
+    Silu = 4,
+    /// Over paired columns: output column j = silu(t[2j]) · t[2j + 1], where t is the product
+    /// after α, β·C and the bias. The gate and up projections' weights are interleaved row by row
+    /// (B row 2j the gate's row j, 2j + 1 the up's): the output has N / 2 columns.
+    SwiGlu = 5,
+}
+
+impl Activation {
+    pub const ALL: [Activation; 6] = [
+        Activation::None,
+        Activation::Relu,
+        Activation::GeluErf,
+        Activation::GeluTanh,
+        Activation::Silu,
+        Activation::SwiGlu,
+    ];
+
+    pub const fn name(self) -> &'static str {
+        match self {
+            Activation::None => "none",
+            Activation::Relu => "relu",
+            Activation::GeluErf => "gelu",
+            Activation::GeluTanh => "gelu-tanh",
+            Activation::Silu => "silu",
+            Activation::SwiGlu => "swiglu",
+        }
+    }
+}
+
+/// A GEMM's fused epilogue as kernel parameters (the families' fused kernels take them beside
+/// their own: [`FusedParams`]). With `t` the product's value at (l, m, n):
+///
+/// `t ← α·t`, `t ← t + β·C[l][m][n]` (`c` set), `t ← t + bias[l?][n]` (`bias` set),
+/// `y ← act(t)` (SwiGLU: `y[j] = silu(t[2j])·t[2j+1]`), `y ← y + R[l][m][j]` (`residual` set),
+/// then `y` is stored as the output type, or quantized (`q_elem` set) into codes and scales the
+/// next GEMM reads as its A. Every step is one f32 operation rounded to nearest, in this order.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct EpilogueParams {
+    /// β·C's C: `[l][m][n]` row-major (the product's shape) of `c_type`; 0: none.
+    pub c: u64,
+    /// The bias: `n` values per batch entry (`bias_batch` 1) or one row for all (0), of
+    /// `bias_type`; 0: none.
+    pub bias: u64,
+    /// The residual: `[l][m][n_out]` row-major (the output's shape) of `residual_type`; 0: none.
+    pub residual: u64,
+    /// Quantized output: codes `[l][m][n_out]` (e2m1 two per byte, the even column in the low
+    /// nibble).
+    pub q_data: u64,
+    /// Its scales, `(l, m, kb)` at `l·q_stride_l + m·q_stride_r + kb·q_stride_k` (in scales).
+    pub q_scales: u64,
+    pub q_stride_l: u64,
+    pub q_stride_r: u64,
+    pub q_stride_k: u64,
+    /// 0, or the fp32 scales again in the FP8 kernel's A-role layout `[l][n_out/128][q_m_pad]`.
+    pub q_sfa: u64,
+    /// Global memory a warp stages its rows in where the kernel's shared memory has no room
+    /// ([`crate::gemm::fuse`]): `grid ·` [`crate::gemm::layout::fused_staging`] bytes; 0 where
+    /// shared memory is used.
+    pub scratch: u64,
+    pub alpha: f32,
+    pub beta: f32,
+    /// NVFP4's fp32 tensor scale (given: the output's largest magnitude is not known before it
+    /// is written).
+    pub q_tensor_scale: f32,
+    /// [`OutType`] of `c`, of `residual`; the bias's: [`OutType::Bf16`] or [`OutType::F32`].
+    pub c_type: u32,
+    pub residual_type: u32,
+    pub bias_type: u32,
+    pub bias_batch: u32,
+    /// [`Activation`] as u32.
+    pub activation: u32,
+    /// [`ElemType`] of the quantized output's codes as u32, [`EPI_NO_QUANT`] for none.
+    pub q_elem: u32,
+    /// [`ScaleType`] as u32, and the columns per scale (16, 32 or 128).
+    pub q_scale: u32,
+    pub q_block: u32,
+    pub q_m_pad: u32,
+}
+
+/// The parameter of a family's fused-epilogue kernels: the family's own parameters `p`, as its
+/// plain kernels take them, and the epilogue's. (The plain kernels' parameters carry nothing of
+/// the epilogue, so their code is the same as without fused kernels in the crate.)
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct FusedParams<P> {
+    pub p: P,
+    pub epi: EpilogueParams,
+}
+
+/// [`EpilogueParams::q_elem`] of an epilogue without quantized output.
+pub const EPI_NO_QUANT: u32 = u32::MAX;
+
+impl EpilogueParams {
+    /// The plain store: nothing fused.
+    pub const fn plain() -> Self {
+        EpilogueParams {
+            c: 0,
+            bias: 0,
+            residual: 0,
+            q_data: 0,
+            q_scales: 0,
+            q_stride_l: 0,
+            q_stride_r: 0,
+            q_stride_k: 0,
+            q_sfa: 0,
+            scratch: 0,
+            alpha: 1.0,
+            beta: 0.0,
+            q_tensor_scale: 1.0,
+            c_type: 0,
+            residual_type: 0,
+            bias_type: 0,
+            bias_batch: 0,
+            activation: 0,
+            q_elem: EPI_NO_QUANT,
+            q_scale: 0,
+            q_block: 0,
+            q_m_pad: 0,
+        }
+    }
+
+    /// Whether the output is quantized.
+    #[inline(always)]
+    pub const fn quantized(&self) -> bool {
+        self.q_elem != EPI_NO_QUANT
+    }
+
+    /// Whether pairs of product columns make one output column (SwiGLU).
+    #[inline(always)]
+    pub const fn paired(&self) -> bool {
+        self.activation == Activation::SwiGlu as u32
+    }
 }

@@ -55,6 +55,7 @@ pub const KERNELS: &[KernelInfo] = &gather!(
     crate::fold::KERNELS,
     crate::sm90::GROUPED_KERNELS,
     crate::sm90::SPARSE_KERNELS,
+    crate::sm90::FUSED_KERNELS,
     crate::sm90_half::KERNELS,
     crate::quantize::KERNELS,
     crate::quantize::AMAX

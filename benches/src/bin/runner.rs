@@ -128,6 +128,15 @@ struct Args {
     /// Reports GB/s of bytes read + written and the fraction of the 3.0 TB/s copy ceiling.
     #[arg(long)]
     quantize: Option<String>,
+    /// A fused epilogue, comma-separated: alpha=X, beta (β·C with β = 0.5), bias, relu, gelu,
+    /// gelu-tanh, silu, swiglu, residual. Times the GEMM with it beside the plain GEMM with
+    /// bf16 output (and, with --out_quant, beside the GEMM + the standalone quantizer).
+    #[arg(long)]
+    epilogue: Option<String>,
+    /// The fused epilogue's output quantized: fp8-1x128, mxfp8, mxfp4 or nvfp4 (its tensor scale
+    /// given).
+    #[arg(long = "out_quant")]
+    out_quant: Option<String>,
 }
 
 /// The 16-bit element type `--ab_dtype` names, if it names one.
@@ -668,6 +677,9 @@ fn run(args: &Args) -> Result<bool, String> {
     if let Some(input) = &args.quantize {
         return run_quantize(args, &gpu, &mnkl, seed, input, &recipes);
     }
+    if args.epilogue.is_some() || args.out_quant.is_some() {
+        return run_fused(args, &gpu, &mnkl, seed, recipes.first().copied());
+    }
     if let Some(elem) = half {
         return run_half(args, &gpu, &mnkl, seed, elem, (tiler_mn, cluster, out));
     }
@@ -831,87 +843,49 @@ fn run_quantize(
     input: &str,
     recipes: &[Recipe],
 ) -> Result<bool, String> {
-    use blockscaled::{QuantizeOptions, ScaleType};
-    use blockscaled_benches::cases::L2_BYTES;
-    use blockscaled_benches::timing::{rotation_count, time_on_stream};
-    /// The copy ceiling measured on the H100 (docs/PERF.md).
-    const CEILING_GBS: f64 = 3000.0;
-    let e = |x: blockscaled::Error| x.to_string();
+    use blockscaled_benches::fused::{quantizer_lines, run_quantizers};
     let (rows, k, l) = (mnkl[0], mnkl[2], mnkl[3]);
-    let v = blockscaled_tests::random_values(seed, rows * k * l, k);
     let ty = match input {
         "bf16" => blockscaled::InputType::Bf16,
         "f16" => blockscaled::InputType::F16,
         "f32" => blockscaled::InputType::F32,
         o => return Err(format!("--quantize `{o}`: want bf16, f16 or f32")),
     };
-    let in_bytes = ty.bytes() * rows * k * l;
-    let sets = rotation_count(in_bytes, L2_BYTES);
-    let upload =
-        |vals: &[f32]| blockscaled_tests::upload_tensor_as(gpu, ty, vals, (rows, k, l)).map_err(e);
-    let mut tensors = Vec::with_capacity(sets);
-    let mut first_values = Vec::new();
-    for i in 0..sets {
-        let vals: Vec<f32> = v.iter().map(|&x| x * (1.0 + i as f32 / 64.0)).collect();
-        let (t, hv) = upload(&vals)?;
-        if i == 0 {
-            first_values = hv;
-        }
-        tensors.push(t);
+    println!("quantize {l}×{rows}×{k} {input}");
+    let timing = (args.warmup_iterations, args.iterations, seed);
+    let rows = run_quantizers(gpu, (rows, k, l), ty, recipes, timing)?;
+    let (lines, ok) = quantizer_lines(&rows);
+    for line in lines {
+        println!("{line}");
     }
-    println!("quantize {l}×{rows}×{k} {input} ({sets} input sets)");
-    let mut ok = true;
-    println!(
-        "{:<16} {:>9} {:>7} {:>11}  check",
-        "format", "time µs", "GB/s", "of 3.0 TB/s"
-    );
-    for r in recipes {
-        let format = r.a();
-        let host = blockscaled::ScaledMatrix::quantize(&first_values, rows, k, l, format);
-        let opts = QuantizeOptions {
-            tensor_scale: if format.scale == ScaleType::UE4M3 {
-                Some(host.as_ref().map(|h| h.tensor_scale()).unwrap_or(1.0))
-            } else {
-                None
-            },
-            ..Default::default()
-        };
-        let got = match gpu.quantize_with(&tensors[0], format, &opts) {
-            Ok(q) => q.matrix,
-            Err(err) => {
-                println!("{:<16} {err}", r.name());
-                continue;
-            }
-        };
-        let check = match (&host, got.to_host()) {
-            (Ok(h), Ok(g)) if h.data() == g.data() && h.scales() == g.scales() => {
-                "bit-identical".to_string()
-            }
-            (Ok(_), Ok(_)) => {
-                ok = false;
-                "DIFFERS".to_string()
-            }
-            (Err(x), _) => format!("host: {x}"),
-            (_, Err(x)) => {
-                ok = false;
-                x.to_string()
-            }
-        };
-        let (data_bytes, scale_bytes) = got.desc().validate().map_err(e)?;
-        let bytes = in_bytes + data_bytes + scale_bytes;
-        let t = time_on_stream(gpu.stream(), args.warmup_iterations, args.iterations, |i| {
-            gpu.quantize_with(&tensors[i % sets], format, &opts)
-                .map(|_| ())
-        })
-        .map_err(e)?;
-        let gbs = bytes as f64 / (t.median_ms * 1e-3) / 1e9;
-        println!(
-            "{:<16} {:>9.2} {:>7.0} {:>11.2}  {check}",
-            r.name(),
-            t.median_ms * 1e3,
-            gbs,
-            gbs / CEILING_GBS
-        );
+    Ok(ok)
+}
+
+/// `--epilogue` / `--out_quant`: the GEMM with a fused epilogue timed beside the plain GEMM with
+/// bf16 output and, for a quantized output, beside the same epilogue to bf16 followed by the
+/// device quantizer (CUDA events, warm-up, medians); a quantized output is checked bit for bit
+/// against the quantizer of the same epilogue's f32 output.
+fn run_fused(
+    args: &Args,
+    gpu: &Gpu,
+    mnkl: &[usize],
+    seed: u64,
+    recipe: Option<Recipe>,
+) -> Result<bool, String> {
+    use blockscaled_benches::fused::{EpilogueSpec, FusedCase, fused_lines};
+    let case = FusedCase {
+        recipe: recipe.ok_or("--epilogue: name one --recipe")?,
+        mnkl: [mnkl[0], mnkl[1], mnkl[2], mnkl[3]],
+        epilogue: EpilogueSpec::parse(args.epilogue.as_deref().unwrap_or(""))?,
+        quant: args.out_quant.clone(),
+        warmup: args.warmup_iterations,
+        iters: args.iterations,
+        seed,
+    };
+    let o = blockscaled_benches::fused::run_fused(gpu, &case)?;
+    let (lines, ok) = fused_lines(&case, &o);
+    for line in lines {
+        println!("{line}");
     }
     Ok(ok)
 }

@@ -10,8 +10,8 @@
 use super::barriers::sync_consumer;
 use super::layout::{FRAGMENT_ROWS, OUT_RING_SLOTS, out_box_n, out_box_swizzle_bytes};
 use super::scheduler::{ClusterShape, Schedule, WorkUnit};
-use super::splitk;
-use crate::params::{OutType, SplitKParams};
+use super::{fuse, splitk};
+use crate::params::{EpilogueParams, OutType, SplitKParams};
 use crate::ptx::wgmma::{self, Fragment};
 use crate::ptx::{convert, global, smem, tma};
 
@@ -398,12 +398,18 @@ pub fn store_transposed_tile<const WAVES: usize, F: Fragment>(
     }
 }
 
-/// Where a CTA's tiles go: the output (`out.row_end` set per unit), its TMA staging, whether
-/// the tiles are Cᵀ (a block-sparse GEMM whose sparse operand is A: stored directly, transposed
-/// into C's shape), and the tile's rows and wave height.
+/// Where a CTA's tiles go: the output (`out.row_end` set per unit), the fused epilogue, its TMA
+/// staging, whether the tiles are Cᵀ (a block-sparse GEMM whose sparse operand is A: stored
+/// directly, transposed into C's shape), and the tile's rows and wave height.
 #[derive(Clone, Copy)]
-pub struct TileStore {
+pub struct TileStore<'a> {
     pub out: Output,
+    /// The fused epilogue, run by [`fuse::store`] instead of the plain stores: `Some` only in a
+    /// family's fused kernels (a constant of the kernel, so the plain kernels carry none of its
+    /// code: in the same kernel, its registers made ptxas spill in the FP8 K loop, docs/PERF.md
+    /// v42). The host launches a fused kernel only with an active epilogue and never with Cᵀ
+    /// tiles.
+    pub epi: Option<&'a EpilogueParams>,
     pub staging: Staging,
     pub transposed: bool,
     pub block_m: u32,
@@ -412,10 +418,12 @@ pub struct TileStore {
 
 /// The end of a unit for consumer warpgroup `c` of `consumers` (thread `local`): its fragments
 /// `acc` meet the unit's other K ranges ([`splitk::meet`]); the warpgroup that holds the sum
-/// then stores it as `dst` says ([`store`], or [`store_transposed_tile`] for Cᵀ).
+/// then stores it as `dst` says ([`fuse::store`] for a fused epilogue, [`store`], or
+/// [`store_transposed_tile`] for Cᵀ).
 /// # Safety
 /// As [`splitk::meet`] for `sk`, `sched`, `cluster`, `own` and the warpgroup; as [`store_tma`]
-/// when `dst.out.tmap` is set and the tile is not transposed.
+/// when `dst.out.tmap` is set and the tile is not transposed; as [`fuse::store`] when `dst.epi`
+/// is set.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 pub unsafe fn finish_unit<const WAVES: usize, F: Fragment>(
@@ -444,6 +452,11 @@ pub unsafe fn finish_unit<const WAVES: usize, F: Fragment>(
         return;
     }
     let at = (own.first_row(own.m, dst.block_m), own.n * F::N, out_l);
+    if let Some(epi) = dst.epi {
+        // SAFETY: the caller's contract.
+        unsafe { fuse::store(epi, &dst.out, dst.staging, c, local, acc, at, dst.wave_m) };
+        return;
+    }
     // SAFETY: the caller's contract.
     unsafe { store(&dst.out, dst.staging, c, local, acc, at, dst.wave_m) };
 }

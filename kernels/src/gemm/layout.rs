@@ -55,6 +55,49 @@ pub const fn out_staging(consumers: u32, waves: u32, block_n: u32) -> (u32, bool
     }
 }
 
+/// Rows a warp stages in the fused epilogue (`gemm::fuse`): its 16 rows of a fragment, all at
+/// once, so that the fragment's registers are free while the rows are finished.
+pub const FUSED_WARP_ROWS: u32 = 16;
+
+/// Bytes of one staged row of `block_n` f32 in the fused epilogue, padded by 16 bytes: the row
+/// reads (512 contiguous bytes per pass) are conflict-free, and the fragment's 8-byte writes
+/// (rows `lane/4` and `+ 8`, column pairs `2·(lane % 4)`) of each half-warp fall on rows 4 words
+/// apart, so at most two share a bank — once per tile. 32 bytes would make the writes
+/// conflict-free but cost the 16-bit 128 × 128 fused kernel one of its 5 stages.
+pub const fn fused_row_bytes(block_n: u32) -> u32 {
+    4 * block_n + 16
+}
+
+/// Where lane `lane`'s fragment values go in its warp's staged rows: value pair `(i, i + 1)`,
+/// `i = 4g + 2h` (the `wgmma` accumulator's order: row `lane/4 + 8h`, columns `8g + 2·(lane % 4)`
+/// and `+ 1`), is at byte `fused_lane_offset(lane) + fused_pair_offset(g, h)`. Two parts: the
+/// lane's, and a constant per pair that the stores take as an immediate.
+pub const fn fused_lane_offset(lane: u32, block_n: u32) -> u32 {
+    (lane / 4) * fused_row_bytes(block_n) + 8 * (lane % 4)
+}
+
+/// See [`fused_lane_offset`].
+pub const fn fused_pair_offset(g: u32, h: u32, block_n: u32) -> u32 {
+    8 * h * fused_row_bytes(block_n) + 32 * g
+}
+
+/// Byte offset of staged row `r`'s columns `4q..4q + 4` (what lane `q` of a row pass reads).
+pub const fn fused_chunk_offset(r: u32, q: u32, block_n: u32) -> u32 {
+    r * fused_row_bytes(block_n) + 16 * q
+}
+
+/// Bytes one warp stages in the fused epilogue: [`FUSED_WARP_ROWS`] rows.
+pub const fn fused_warp_bytes(block_n: u32) -> u32 {
+    FUSED_WARP_ROWS * fused_row_bytes(block_n)
+}
+
+/// The fused epilogue's staging of a tile of `consumers` warpgroups (four warps each) by
+/// `block_n` columns: what a fused kernel's layout has in place of the output staging (or, for
+/// kernels without room in shared memory, global memory per CTA: `EpilogueParams::scratch`).
+pub const fn fused_staging(consumers: u32, block_n: u32) -> u32 {
+    consumers * 4 * fused_warp_bytes(block_n)
+}
+
 /// Every output box width [`out_box_n`] gives (the host encodes a map for each).
 pub const OUT_BOX_WIDTHS: [u32; 3] = [64, 32, 16];
 
@@ -178,6 +221,54 @@ impl StageLayout {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn fused_staging_puts_every_fragment_value_at_its_row_and_column_without_bank_conflicts() {
+        for n in [64u32, 128, 256] {
+            const SLOTS: usize = (fused_warp_bytes(256) / 4) as usize;
+            // Each f32 slot of the warp's rows: which (row, column) was written there, once.
+            let mut slot: [Option<(u32, u32)>; SLOTS] = [None; SLOTS];
+            let slots = (fused_warp_bytes(n) / 4) as usize;
+            for lane in 0..32 {
+                for g in 0..n / 8 {
+                    for h in 0..2 {
+                        let at = fused_lane_offset(lane, n) + fused_pair_offset(g, h, n);
+                        assert_eq!(at % 8, 0, "8-byte stores are aligned");
+                        for e in 0..2 {
+                            let (row, col) = (lane / 4 + 8 * h, 8 * g + 2 * (lane % 4) + e);
+                            let s = (at / 4 + e) as usize;
+                            assert!(s < slots && slot[s].is_none(), "n {n} lane {lane}");
+                            slot[s] = Some((row, col));
+                        }
+                    }
+                }
+            }
+            // A row pass reads back every row's columns in order.
+            for r in 0..FUSED_WARP_ROWS {
+                for q in 0..n / 4 {
+                    let at = fused_chunk_offset(r, q, n);
+                    assert_eq!(at % 16, 0, "16-byte loads are aligned");
+                    for k in 0..4 {
+                        assert_eq!(slot[(at / 4 + k) as usize], Some((r, 4 * q + k)));
+                    }
+                }
+            }
+            // Each half-warp's 8-byte stores of one pair: at most two on a bank.
+            for g in 0..n / 8 {
+                for h in 0..2 {
+                    for half in 0..2 {
+                        let mut banks = [0u32; 32];
+                        for lane in 16 * half..16 * half + 16 {
+                            let w = (fused_lane_offset(lane, n) + fused_pair_offset(g, h, n)) / 4;
+                            banks[(w % 32) as usize] += 1;
+                            banks[((w + 1) % 32) as usize] += 1;
+                        }
+                        assert!(banks.iter().all(|&b| b <= 2), "n {n}: {banks:?}");
+                    }
+                }
+            }
+        }
+    }
+
     use super::*;
 
     #[test]

@@ -9,6 +9,7 @@
 //! - [`driver`]: the warp-specialized persistent kernel every family plugs into;
 //! - [`promote`]: fp32 promotion of FP8 tensor-core partial sums;
 //! - [`epilogue`]: TMA stores of 16-bit output, direct stores, per-column scales;
+//! - [`fuse`]: the fused epilogue (α, β·C, bias, activations, residual, quantized output);
 //! - [`splitk`]: split-K's meeting of K ranges in the last CTA of each tile.
 //!
 //! [`scheduler`], [`layout`] and [`barriers`]' ids are plain arithmetic, built for the host too (grid and
@@ -28,6 +29,11 @@ pub mod driver;
     any(target_feature = "sm_90a", target_feature = "sm_100a")
 ))]
 pub mod epilogue;
+#[cfg(all(
+    target_arch = "nvptx64",
+    any(target_feature = "sm_90a", target_feature = "sm_100a")
+))]
+pub mod fuse;
 #[cfg(target_arch = "nvptx64")]
 pub mod pipeline;
 #[cfg(all(

@@ -72,6 +72,34 @@ pub unsafe fn load_u32_nc(addr: u64) -> u32 {
     v
 }
 
+/// `ld.global.nc.b16`: 2 bytes through the read-only path.
+/// # Safety
+/// As [`load_u32_nc`], for 2 bytes at a 2-byte-aligned address.
+#[inline(always)]
+pub unsafe fn load_u16_nc(addr: u64) -> u16 {
+    let v: u16;
+    // SAFETY: the caller's contract.
+    unsafe {
+        asm!("ld.global.nc.b16 {v}, [{p}];", v = out(reg16) v, p = in(reg64) addr,
+             options(nostack, readonly, preserves_flags))
+    };
+    v
+}
+
+/// `ld.global.nc.v2.u32`: 8 bytes through the read-only path.
+/// # Safety
+/// As [`load_u32_nc`], for 8 bytes at an 8-byte-aligned address.
+#[inline(always)]
+pub unsafe fn load_u32x2_nc(addr: u64) -> [u32; 2] {
+    let (x, y): (u32, u32);
+    // SAFETY: the caller's contract.
+    unsafe {
+        asm!("ld.global.nc.v2.u32 {{{x}, {y}}}, [{p}];", x = out(reg32) x, y = out(reg32) y,
+             p = in(reg64) addr, options(nostack, readonly, preserves_flags))
+    };
+    [x, y]
+}
+
 /// [`load_u32_nc`] of an f32.
 /// # Safety
 /// As [`load_u32_nc`].

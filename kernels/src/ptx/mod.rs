@@ -9,6 +9,7 @@ pub mod bits;
 pub mod convert;
 pub mod global;
 pub mod half;
+pub mod math;
 pub mod mbarrier;
 pub mod smem;
 #[cfg(target_feature = "sm_100a")]

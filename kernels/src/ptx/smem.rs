@@ -115,3 +115,16 @@ pub unsafe fn store_u32x4(addr: u32, v: [u32; 4]) {
              y = in(reg32) v[1], z = in(reg32) v[2], w = in(reg32) v[3], options(nostack))
     };
 }
+
+/// 8 bytes from two words (`v[0]` at the low address).
+/// # Safety
+/// `addr` is an 8-byte-aligned address inside this block's shared memory, not accessed
+/// concurrently.
+#[inline(always)]
+pub unsafe fn store_u32x2(addr: u32, v: [u32; 2]) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        asm!("st.shared.v2.u32 [{a}], {{{x}, {y}}};", a = in(reg32) addr, x = in(reg32) v[0],
+             y = in(reg32) v[1], options(nostack))
+    };
+}

@@ -74,6 +74,43 @@ pub fn group_max_u32(value: u32, lanes: u32) -> u32 {
     v
 }
 
+/// `value`, unknown to the compiler (an `asm` move it cannot see through, pure: PTX ISA "mov").
+/// A loop bounded by it is not unrolled: a large body stays one copy in the instruction cache.
+#[inline(always)]
+pub fn opaque_u32(value: u32) -> u32 {
+    let r: u32;
+    // SAFETY: moves a register; touches no memory.
+    unsafe {
+        asm!("mov.u32 {r}, {v};", r = out(reg32) r, v = in(reg32) value,
+             options(pure, nomem, nostack))
+    };
+    r
+}
+
+/// `value`, defined anew where this runs (an `asm` move that is not pure, so the compiler neither
+/// hoists it out of a loop nor merges it with another): addresses computed from it stay inside
+/// the loop that uses them, instead of being computed once before the loop and kept in registers
+/// (or spilled) across it.
+#[inline(always)]
+pub fn unhoisted_u64(value: u64) -> u64 {
+    let r: u64;
+    // SAFETY: moves a register; touches no memory.
+    unsafe {
+        asm!("mov.b64 {r}, {v};", r = out(reg64) r, v = in(reg64) value,
+             options(nomem, nostack, preserves_flags))
+    };
+    r
+}
+
+/// `bar.warp.sync -1`: every lane of the warp, and their memory accesses before it ordered before
+/// their accesses after it (PTX ISA "Parallel Synchronization and Communication Instructions:
+/// bar.warp.sync"): lanes exchange data through shared or global memory with it.
+#[inline(always)]
+pub fn sync_warp() {
+    // SAFETY: no operands; every lane executes it (full mask).
+    unsafe { asm!("bar.warp.sync -1;", options(nostack)) };
+}
+
 /// `bar.sync 0`: every thread of the block (the `__syncthreads` of CUDA).
 #[inline(always)]
 pub fn sync_block() {

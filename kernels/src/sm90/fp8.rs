@@ -27,6 +27,7 @@ use crate::gemm::layout::StageLayout;
 use crate::gemm::pipeline::{PipelineState, Turn};
 use crate::gemm::promote::{promote, promote_split};
 use crate::gemm::scheduler::{ClusterShape, MAX_CLUSTER, Schedule, WorkUnit};
+use crate::params::EpilogueParams;
 use crate::ptx::wgmma::{self, Descriptor, Fp8Fragment, Fp8Pair, Fragment, Swizzle};
 use crate::ptx::{global, smem, thread, tma};
 
@@ -36,10 +37,13 @@ const MMA_K: u32 = 32;
 const SWIZZLE_SBO: u32 = 8 * ROW_BYTES;
 
 /// The kernel for a tile of `CONS` consumers × `WAVES` waves × `F::N` columns, element types `T`,
-/// running `MODE` ([`Mode`] as u32): dense, grouped (`Sm90Fp8Params::groups`) or block-sparse
-/// (`Sm90Fp8Params::sparse`); the dense kernels have no group or segment walk at all.
+/// running `MODE` ([`Mode`] as u32): dense, grouped (`Sm90Fp8Params::groups`), block-sparse
+/// (`Sm90Fp8Params::sparse`) or dense with the fused epilogue (`Fp8Gemm::epi`); the dense
+/// kernels have no group or segment walk and no fused epilogue at all.
 pub(crate) struct Fp8Gemm<const CONS: u32, const WAVES: usize, F, T, const MODE: u32> {
     pub(crate) p: Sm90Fp8Params,
+    /// The fused epilogue (read by [`Mode::Fused`] kernels only).
+    pub(crate) epi: EpilogueParams,
     pub(crate) types: PhantomData<(F, T)>,
 }
 
@@ -51,6 +55,9 @@ impl<const CONS: u32, const WAVES: usize, F: Fp8Fragment, T: Fp8Pair, const MODE
     /// Block-sparse: B's tiles are the stored blocks (or halves of them for 64-column tiles) of
     /// the sparse operand, a unit's K blocks are positions in them, and each has one B scale.
     const SPARSE: bool = MODE == Mode::Sparse as u32;
+    /// Whether the tile ends in the fused epilogue (`Fp8Gemm::epi`) instead of the plain
+    /// stores.
+    const FUSED: bool = MODE == Mode::Fused as u32;
 }
 
 /// One consumer warpgroup's constants.
@@ -74,7 +81,11 @@ impl<const CONS: u32, const WAVES: usize, F: Fp8Fragment, T: Fp8Pair, const MODE
 
     #[inline(always)]
     fn layout(&self) -> StageLayout {
-        Self::TILE.layout()
+        if Self::FUSED {
+            Self::TILE.fused_layout()
+        } else {
+            Self::TILE.layout()
+        }
     }
 
     #[inline(always)]
@@ -274,6 +285,7 @@ impl<const CONS: u32, const WAVES: usize, F: Fp8Fragment, T: Fp8Pair, const MODE
                 out_type: p.out_type,
                 row_end: own.row_end,
             },
+            epi: if Self::FUSED { Some(&self.epi) } else { None },
             staging: Staging {
                 base: ctx.layout.out(),
                 consumers: CONS,

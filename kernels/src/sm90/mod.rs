@@ -16,7 +16,7 @@ pub mod fp8;
 pub mod fp8_swapped;
 
 use crate::format::ElemType;
-use crate::gemm::layout::{ScaleBox, StageContents, StageLayout};
+use crate::gemm::layout::{ScaleBox, StageContents, StageLayout, fused_staging};
 use crate::gemm::scheduler::MAX_CLUSTER;
 use crate::registry::KernelInfo;
 
@@ -178,6 +178,15 @@ impl Tile {
             },
         })
     }
+    /// The layout of the tile's fused-epilogue kernel ([`Mode::Fused`]): the stages, with the
+    /// fused epilogue's f32 rows ([`fused_staging`]) in place of the 16-bit output staging:
+    /// 4 stages for the 128 × 128 tile.
+    pub const fn fused_layout(self) -> StageLayout {
+        StageLayout::fit(StageContents {
+            out: fused_staging(self.consumers, self.block_n),
+            ..self.layout().contents
+        })
+    }
     /// A-scale boxes per stage ([`SFA_BOX`]): one per 128 rows.
     pub const fn sfa_boxes(self) -> u32 {
         self.block_m().div_ceil(SFA_BOX.tile_rows)
@@ -195,6 +204,7 @@ const _: () = {
     assert!(Tile::M128N64.stages() == 8);
     assert!(Tile::M128N144.stages() == 5 && Tile::M128N160.stages() == 5);
     assert!(Tile::M128N192.stages() == 4);
+    assert!(Tile::M128.fused_layout().stages == 4);
     assert!(Tile::S16.stages() == 12 && Tile::S32.stages() == 10 && Tile::S64.stages() == 9);
     let mut i = 0;
     while i < Tile::ALL.len() {
@@ -284,6 +294,9 @@ pub enum Mode {
     Grouped = 1,
     /// Block-sparse GEMM, one operand in 128 × 128 blocks (`Sm90Fp8Params::sparse`).
     Sparse = 2,
+    /// Dense GEMM that ends in the fused epilogue ([`crate::params::FusedParams`],
+    /// [`crate::gemm::fuse`]).
+    Fused = 3,
 }
 
 /// One kernel of the family: its tile, its element types, whether it runs grouped GEMM, and its
@@ -297,24 +310,37 @@ pub struct Sm90Fp8Kernel {
     pub info: KernelInfo,
 }
 
-/// An exported kernel: `$gemm…` the kernel's type for the tile `$tile` (a [`Tile`] constant),
-/// written with `Tile` and `ElemType` in scope; the driver runs it with the tile's register
-/// budgets.
+impl Sm90Fp8Kernel {
+    /// The kernel's shared memory: its tile's layout ([`Tile::fused_layout`] for a fused kernel).
+    pub const fn layout(&self) -> StageLayout {
+        match self.mode {
+            Mode::Fused => self.tile.fused_layout(),
+            _ => self.tile.layout(),
+        }
+    }
+}
+
+/// An exported kernel taking `$arg: $param` (the family's parameters, or for a fused kernel
+/// those and the epilogue's): `$gemm` the kernel's type for the tile `$tile` (a [`Tile`]
+/// constant), written with `Tile` and `ElemType` in scope, made of the fields `$field…` and its
+/// types; the driver runs it with the tile's register budgets.
 #[cfg(all(target_arch = "nvptx64", target_feature = "sm_90a"))]
 macro_rules! export {
-    ($name:expr, $tile:ident, $($gemm:tt)*) => {
+    ($name:expr, $tile:ident, $arg:ident: $param:ty => { $($field:tt)* }, $gemm:ty) => {
         const _: () = {
             /// # Safety
             /// Launched as [`crate::gemm::driver::run`] says for the tile, with parameters made
             /// from validated operands as [`Sm90Fp8Params`] describes (`k % 128 == 0`, `out` sized
             /// for the output or the split-K workspace; swapped tiles: `tmap_a`'s box `Tile::rows`
-            /// rows, `tmap_c` 0, no groups).
+            /// rows, `tmap_c` 0, no groups; fused: the epilogue's buffers as
+            /// [`crate::params::EpilogueParams`] describes).
             #[unsafe(export_name = $name)]
-            unsafe extern "ptx-kernel" fn kernel(p: $crate::sm90::Sm90Fp8Params) {
+            unsafe extern "ptx-kernel" fn kernel($arg: $param) {
                 use $crate::format::ElemType;
                 use $crate::sm90::Tile;
-                let k = $($gemm)* {
-                    p,
+                type Gemm = $gemm;
+                let k = Gemm {
+                    $($field)*
                     types: core::marker::PhantomData,
                 };
                 // SAFETY: the caller's contract.
@@ -330,24 +356,43 @@ macro_rules! export {
     };
 }
 
-/// An exported kernel of an unswapped tile: `$tile` a [`Tile`] constant, `$a`, `$b` the FP8
+/// The kernel type of an unswapped tile: `$tile` a [`Tile`] constant, `$a`, `$b` the FP8
 /// `ElemType`s, `$mode` a [`Mode`] variant.
+#[cfg(all(target_arch = "nvptx64", target_feature = "sm_90a"))]
+macro_rules! fp8_gemm {
+    ($tile:ident, $a:ident, $b:ident, $mode:ident) => {
+        $crate::sm90::fp8::Fp8Gemm::<
+            { Tile::$tile.consumers },
+            { Tile::$tile.waves as usize },
+            [f32; { (Tile::$tile.block_n / 2) as usize }],
+            $crate::ptx::wgmma::Fp8<{ ElemType::$a as u32 }, { ElemType::$b as u32 }>,
+            { $crate::sm90::Mode::$mode as u32 },
+        >
+    };
+}
+
+/// An exported kernel of an unswapped tile: `$tile` a [`Tile`] constant, `$a`, `$b` the FP8
+/// `ElemType`s, `$mode` a [`Mode`] variant; a fused kernel takes the epilogue's parameters beside
+/// the family's ([`crate::params::FusedParams`]).
 #[cfg(all(target_arch = "nvptx64", target_feature = "sm_90a"))]
 macro_rules! entry {
     ($name:expr, $tile:ident, $a:ident, $b:ident) => {
         entry!($name, $tile, $a, $b, Dense);
     };
+    ($name:expr, $tile:ident, $a:ident, $b:ident, Fused) => {
+        export!(
+            $name,
+            $tile,
+            q: $crate::params::FusedParams<$crate::sm90::Sm90Fp8Params> => { p: q.p, epi: q.epi, },
+            fp8_gemm!($tile, $a, $b, Fused)
+        );
+    };
     ($name:expr, $tile:ident, $a:ident, $b:ident, $mode:ident) => {
         export!(
             $name,
             $tile,
-            $crate::sm90::fp8::Fp8Gemm::<
-                { Tile::$tile.consumers },
-                { Tile::$tile.waves as usize },
-                [f32; { (Tile::$tile.block_n / 2) as usize }],
-                $crate::ptx::wgmma::Fp8<{ ElemType::$a as u32 }, { ElemType::$b as u32 }>,
-                { $crate::sm90::Mode::$mode as u32 },
-            >
+            p: $crate::sm90::Sm90Fp8Params => { p, epi: $crate::params::EpilogueParams::plain(), },
+            fp8_gemm!($tile, $a, $b, $mode)
         );
     };
 }
@@ -360,6 +405,7 @@ macro_rules! swapped_entry {
         export!(
             $name,
             $tile,
+            p: $crate::sm90::Sm90Fp8Params => { p, },
             $crate::sm90::fp8_swapped::Fp8SwappedGemm::<
                 [f32; { (Tile::$tile.rows / 2) as usize }],
                 $crate::ptx::wgmma::Fp8<{ ElemType::$b as u32 }, { ElemType::$a as u32 }>,
@@ -474,12 +520,25 @@ mode_list!(
     (M128N64, "_n64")
 );
 
+// The fused-epilogue kernels (`gemm::fuse`): the 128 × 128 tile, its f32 rows staged in shared
+// memory ([`Tile::fused_layout`]); one wave (with two, the second wave's fragment would be live
+// while the first is finished); e4m3 × e4m3, what DeepSeek-style inference and the MX / NVFP4
+// operands folded onto FP8 run. Kernels of their own: in the dense kernels the epilogue's code
+// made ptxas spill in the K loop (docs/PERF.md v42).
+mode_list!(
+    FUSED_KERNELS,
+    Fused,
+    "sm90_fp8_blockscaled_fused_gemm",
+    (M128, "")
+);
+
 /// The kernel for a tile, a pair of element types and a mode (swapped tiles: dense).
 pub fn kernel(tile: Tile, a: ElemType, b: ElemType, mode: Mode) -> Option<&'static Sm90Fp8Kernel> {
     let list = match mode {
         Mode::Dense => KERNELS,
         Mode::Grouped => GROUPED_KERNELS,
         Mode::Sparse => SPARSE_KERNELS,
+        Mode::Fused => FUSED_KERNELS,
     };
     list.iter().find(|k| k.tile == tile && k.a == a && k.b == b)
 }
@@ -516,8 +575,12 @@ mod tests {
                 "{t:?}"
             );
             assert!(sparse.is_none_or(|k| k.mode == Mode::Sparse && t.block_n <= BLOCK_N));
+            // Fused: the 128 × 128 tile.
+            let fused = kernel(t, e4m3, e4m3, Mode::Fused);
+            assert_eq!(fused.is_some(), t == Tile::M128, "{t:?}");
+            assert!(fused.is_none_or(|k| k.mode == Mode::Fused));
         }
-        let all: [&[Sm90Fp8Kernel]; 3] = [KERNELS, GROUPED_KERNELS, SPARSE_KERNELS];
+        let all: [&[Sm90Fp8Kernel]; 4] = [KERNELS, GROUPED_KERNELS, SPARSE_KERNELS, FUSED_KERNELS];
         let all = all.concat();
         for (i, k) in all.iter().enumerate() {
             assert!(all[i + 1..].iter().all(|o| o.info.name != k.info.name));

@@ -37,6 +37,8 @@ const A_BOX_ROWS: u32 = 128;
 /// ([`Mode`] as u32): dense or block-sparse (`Sm90HalfParams::sparse`).
 pub(crate) struct HalfGemm<const WAVES: usize, F, T, const MODE: u32> {
     pub(crate) p: Sm90HalfParams,
+    /// The fused epilogue (read by [`Mode::Fused`] kernels only).
+    pub(crate) epi: crate::params::EpilogueParams,
     pub(crate) types: PhantomData<(F, T)>,
 }
 
@@ -54,6 +56,8 @@ impl<const WAVES: usize, F: Fp16Fragment, T: Fp16, const MODE: u32> HalfGemm<WAV
         block_n: F::N,
     };
     const SPARSE: bool = MODE == Mode::Sparse as u32;
+    /// Whether the tile ends in the fused epilogue (`HalfGemm::epi`).
+    const FUSED: bool = MODE == Mode::Fused as u32;
 }
 
 impl<const WAVES: usize, F: Fp16Fragment, T: Fp16, const MODE: u32> GemmKernel
@@ -65,7 +69,11 @@ impl<const WAVES: usize, F: Fp16Fragment, T: Fp16, const MODE: u32> GemmKernel
 
     #[inline(always)]
     fn layout(&self) -> StageLayout {
-        Self::TILE.layout()
+        if Self::FUSED {
+            Self::TILE.fused_layout()
+        } else {
+            Self::TILE.layout()
+        }
     }
 
     #[inline(always)]
@@ -222,6 +230,7 @@ impl<const WAVES: usize, F: Fp16Fragment, T: Fp16, const MODE: u32> GemmKernel
                 out_type: p.out_type,
                 row_end: own.row_end,
             },
+            epi: if Self::FUSED { Some(&self.epi) } else { None },
             staging: Staging {
                 base: ctx.layout.out(),
                 consumers: CONSUMERS,

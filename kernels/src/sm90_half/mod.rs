@@ -14,7 +14,7 @@
 #[cfg(all(target_arch = "nvptx64", target_feature = "sm_90a"))]
 pub mod kernel;
 
-use crate::gemm::layout::{StageContents, StageLayout, out_staging};
+use crate::gemm::layout::{StageContents, StageLayout, fused_staging, out_staging};
 use crate::registry::KernelInfo;
 use crate::sm90::Mode;
 
@@ -128,6 +128,14 @@ impl HalfTile {
             out: out_staging(CONSUMERS, self.waves, self.block_n).0,
         })
     }
+    /// The layout of the tile's fused-epilogue kernel ([`Mode::Fused`]): the fused epilogue's f32
+    /// rows ([`fused_staging`]) in place of the output staging: 5 stages for 128 × 128.
+    pub const fn fused_layout(self) -> StageLayout {
+        StageLayout::fit(StageContents {
+            out: fused_staging(CONSUMERS, self.block_n),
+            ..self.layout().contents
+        })
+    }
     /// Whether the output goes through a ring of boxes ([`out_staging`]).
     pub const fn out_ring(self) -> bool {
         out_staging(CONSUMERS, self.waves, self.block_n).1
@@ -144,6 +152,7 @@ const _: () = {
     assert!(HalfTile::M128.stages() == 6 && HalfTile::M256.stages() == 4);
     assert!(HalfTile::M128N256.stages() == 4 && HalfTile::M128N256.out_ring());
     assert!(HalfTile::M128N64.stages() == 8 && HalfTile::M256N64.stages() == 4);
+    assert!(HalfTile::M128.fused_layout().stages == 5);
     let mut i = 0;
     while i < HalfTile::ALL.len() {
         let t = HalfTile::ALL[i];
@@ -205,19 +214,33 @@ pub struct Sm90HalfKernel {
     pub info: KernelInfo,
 }
 
+impl Sm90HalfKernel {
+    /// The kernel's shared memory: its tile's layout ([`HalfTile::fused_layout`] for a fused
+    /// kernel).
+    pub const fn layout(&self) -> StageLayout {
+        match self.mode {
+            Mode::Fused => self.tile.fused_layout(),
+            _ => self.tile.layout(),
+        }
+    }
+}
+
 /// One exported kernel: `$name` its entry point, `$tile` a [`HalfTile`] constant, `$ty` the
-/// `wgmma` input type (`Bf16` or `F16`), `$mode` a [`Mode`] variant.
+/// `wgmma` input type (`Bf16` or `F16`), `$mode` a [`Mode`] variant; it takes `$arg: $param`
+/// (the family's parameters, or for a fused kernel those and the epilogue's), from which the
+/// kernel's fields `$field…` are made.
 #[cfg(all(target_arch = "nvptx64", target_feature = "sm_90a"))]
-macro_rules! entry {
-    ($name:expr, $tile:ident, $ty:ident, $mode:ident) => {
+macro_rules! export {
+    ($name:expr, $tile:ident, $ty:ident, $mode:ident, $arg:ident: $param:ty => { $($field:tt)* }) => {
         const _: () = {
             /// # Safety
             /// Launched as [`crate::gemm::driver::run`] says for the tile, with parameters made
             /// from validated operands as [`Sm90HalfParams`] describes (`out` sized for the
             /// output, `splitk` for the schedule; sparse: every segment's positions are stored
-            /// blocks of its tile's block row and `cols` their in-range K blocks).
+            /// blocks of its tile's block row and `cols` their in-range K blocks; fused: the
+            /// epilogue's buffers as [`crate::params::EpilogueParams`] describes).
             #[unsafe(export_name = $name)]
-            unsafe extern "ptx-kernel" fn kernel(p: $crate::sm90_half::Sm90HalfParams) {
+            unsafe extern "ptx-kernel" fn kernel($arg: $param) {
                 use $crate::sm90_half::HalfTile;
                 let k = $crate::sm90_half::kernel::HalfGemm::<
                     { HalfTile::$tile.waves as usize },
@@ -225,7 +248,7 @@ macro_rules! entry {
                     $crate::ptx::wgmma::$ty,
                     { $crate::sm90::Mode::$mode as u32 },
                 > {
-                    p,
+                    $($field)*
                     types: core::marker::PhantomData,
                 };
                 // SAFETY: the caller's contract.
@@ -241,11 +264,28 @@ macro_rules! entry {
     };
 }
 
-/// The kernel list, written once: every tile × type × mode (dense-only tiles: dense); the entry
-/// point is `sm90_<type>_gemm` (dense) or `sm90_<type>_bsr_gemm` (block-sparse) followed by the
-/// tile's suffix.
+/// [`export`] of a kernel taking the family's parameters (dense, sparse) or, fused, those and the
+/// epilogue's ([`crate::params::FusedParams`]).
+#[cfg(all(target_arch = "nvptx64", target_feature = "sm_90a"))]
+macro_rules! entry {
+    ($name:expr, $tile:ident, $ty:ident, Fused) => {
+        export!($name, $tile, $ty, Fused,
+            q: $crate::params::FusedParams<$crate::sm90_half::Sm90HalfParams> =>
+                { p: q.p, epi: q.epi, });
+    };
+    ($name:expr, $tile:ident, $ty:ident, $mode:ident) => {
+        export!($name, $tile, $ty, $mode,
+            p: $crate::sm90_half::Sm90HalfParams =>
+                { p, epi: $crate::params::EpilogueParams::plain(), });
+    };
+}
+
+/// The kernel list, written once: every tile × type × mode (dense-only tiles: dense; fused tiles:
+/// dense and fused too); the entry point is `sm90_<type>_gemm` (dense), `sm90_<type>_bsr_gemm`
+/// (block-sparse) or `sm90_<type>_fused_gemm` (the fused epilogue) followed by the tile's suffix.
 macro_rules! kernel_list {
-    ($(($tile:ident, $tn:literal)),*; dense only: $(($dtile:ident, $dtn:literal)),*) => {
+    ($(($tile:ident, $tn:literal)),*; dense only: $(($dtile:ident, $dtn:literal)),*;
+     fused: $(($ftile:ident, $ftn:literal)),*) => {
         /// Every kernel of the family (the registry's rows).
         pub const KERNELS: &[Sm90HalfKernel] = &[
             $(kernel_list!(@row $tile, Bf16, Dense, concat!("sm90_bf16_gemm", $tn)),
@@ -254,6 +294,8 @@ macro_rules! kernel_list {
               kernel_list!(@row $tile, F16, Sparse, concat!("sm90_f16_bsr_gemm", $tn)),)*
             $(kernel_list!(@row $dtile, Bf16, Dense, concat!("sm90_bf16_gemm", $dtn)),
               kernel_list!(@row $dtile, F16, Dense, concat!("sm90_f16_gemm", $dtn)),)*
+            $(kernel_list!(@row $ftile, Bf16, Fused, concat!("sm90_bf16_fused_gemm", $ftn)),
+              kernel_list!(@row $ftile, F16, Fused, concat!("sm90_f16_fused_gemm", $ftn)),)*
         ];
         #[cfg(all(target_arch = "nvptx64", target_feature = "sm_90a"))]
         const _: () = {
@@ -263,6 +305,8 @@ macro_rules! kernel_list {
               entry!(concat!("sm90_f16_bsr_gemm", $tn), $tile, F16, Sparse);)*
             $(entry!(concat!("sm90_bf16_gemm", $dtn), $dtile, Bf16, Dense);
               entry!(concat!("sm90_f16_gemm", $dtn), $dtile, F16, Dense);)*
+            $(entry!(concat!("sm90_bf16_fused_gemm", $ftn), $ftile, Bf16, Fused);
+              entry!(concat!("sm90_f16_fused_gemm", $ftn), $ftile, F16, Fused);)*
         };
     };
     (@row $tile:ident, $ty:ident, $mode:ident, $name:expr) => {
@@ -281,15 +325,17 @@ macro_rules! kernel_list {
     };
 }
 
+// Fused (`gemm::fuse`): the 128 × 128 tile (one wave: see the FP8 family's fused list).
 kernel_list!(
     (M128, ""),
     (M256, "_m256"),
     (M128N64, "_n64"),
     (M256N64, "_m256_n64");
-    dense only: (M128N256, "_n256")
+    dense only: (M128N256, "_n256");
+    fused: (M128, "")
 );
 
-/// The kernel for a tile, a type and a mode (dense or sparse).
+/// The kernel for a tile, a type and a mode (dense, sparse or fused).
 pub fn kernel(tile: HalfTile, ty: HalfType, mode: Mode) -> Option<&'static Sm90HalfKernel> {
     KERNELS
         .iter()
@@ -304,13 +350,14 @@ mod tests {
     fn every_tile_type_and_mode_has_one_kernel_with_a_unique_name() {
         for t in HalfTile::ALL {
             for ty in [HalfType::Bf16, HalfType::F16] {
-                for mode in [Mode::Dense, Mode::Sparse] {
+                for mode in [Mode::Dense, Mode::Sparse, Mode::Fused] {
                     let k = kernel(t, ty, mode);
-                    assert_eq!(
-                        k.is_some(),
-                        mode == Mode::Dense || t.sparse(),
-                        "{t:?} {mode:?}"
-                    );
+                    let want = match mode {
+                        Mode::Dense => true,
+                        Mode::Sparse => t.sparse(),
+                        _ => t == HalfTile::M128,
+                    };
+                    assert_eq!(k.is_some(), want, "{t:?} {mode:?}");
                     if let Some(k) = k {
                         assert_eq!(k.info.max_threads, Some(t.threads()));
                     }
@@ -319,7 +366,7 @@ mod tests {
             }
         }
         let sparse = HalfTile::ALL.iter().filter(|t| t.sparse()).count();
-        assert_eq!(KERNELS.len(), HalfTile::ALL.len() * 2 + sparse * 2);
+        assert_eq!(KERNELS.len(), HalfTile::ALL.len() * 2 + sparse * 2 + 2);
         for (i, k) in KERNELS.iter().enumerate() {
             assert!(KERNELS[i + 1..].iter().all(|o| o.info.name != k.info.name));
         }

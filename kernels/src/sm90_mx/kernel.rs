@@ -31,9 +31,13 @@ const THREADS: u32 = 128 * CONSUMERS;
 /// Most units one consumer thread converts per stage (128 + 256 rows × 4 units / 256 threads).
 const MAX_ROUNDS: usize = 6;
 
-/// The kernel for `F::N` columns, element types `EA`, `EB` (of one width) and scales `S`.
-pub(crate) struct MxGemm<F, EA, EB, S> {
+/// The kernel for `F::N` columns, element types `EA`, `EB` (of one width) and scales `S`; with
+/// `FUSED`, each tile ends in the fused epilogue (`MxGemm::epi`) instead of the plain
+/// stores (a kernel of its own: the plain kernels carry none of its code).
+pub(crate) struct MxGemm<F, EA, EB, S, const FUSED: bool> {
     pub(crate) p: Sm90MxParams,
+    /// The fused epilogue (read by the `FUSED` kernels only).
+    pub(crate) epi: crate::params::EpilogueParams,
     pub(crate) types: PhantomData<(F, EA, EB, S)>,
 }
 
@@ -45,7 +49,9 @@ pub(crate) struct Consumer {
     local: u32,
 }
 
-impl<F: Fp16Fragment, EA: Dequant, EB: Dequant, S: ScaleDecode> MxGemm<F, EA, EB, S> {
+impl<F: Fp16Fragment, EA: Dequant, EB: Dequant, S: ScaleDecode, const FUSED: bool>
+    MxGemm<F, EA, EB, S, FUSED>
+{
     const TILE: MxTile = MxTile { block_n: F::N };
     /// Bytes of one raw row of a stage.
     const RAW_ROW: u32 = BLOCK_K * EA::BITS / 8;
@@ -205,8 +211,8 @@ pub(crate) fn bf16_desc(tile: u32, row: u32, kk: u32) -> Descriptor {
     .advance(kk * MMA_K * 2)
 }
 
-impl<F: Fp16Fragment, EA: Dequant, EB: Dequant, S: ScaleDecode> GemmKernel
-    for MxGemm<F, EA, EB, S>
+impl<F: Fp16Fragment, EA: Dequant, EB: Dequant, S: ScaleDecode, const FUSED: bool> GemmKernel
+    for MxGemm<F, EA, EB, S, FUSED>
 {
     const CONSUMERS: u32 = CONSUMERS;
     type Consumer = Consumer;
@@ -338,6 +344,7 @@ impl<F: Fp16Fragment, EA: Dequant, EB: Dequant, S: ScaleDecode> GemmKernel
                 out_type: p.out_type,
                 row_end: own.row_end,
             },
+            epi: if FUSED { Some(&self.epi) } else { None },
             staging: Staging {
                 base: 0,
                 consumers: CONSUMERS,

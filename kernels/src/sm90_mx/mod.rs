@@ -153,6 +153,9 @@ pub struct Sm90MxKernel {
     pub a: ElemType,
     pub b: ElemType,
     pub scale: MxScale,
+    /// Whether each tile ends in the fused epilogue (its parameter a
+    /// [`crate::params::FusedParams`]).
+    pub fused: bool,
     pub info: KernelInfo,
 }
 
@@ -162,24 +165,28 @@ impl Sm90MxKernel {
     }
 }
 
-/// An exported kernel.
+/// An exported kernel taking `$arg: $param` (the family's parameters, or for a fused kernel
+/// those and the epilogue's), from which the kernel's fields `$field…` are made.
 #[cfg(all(target_arch = "nvptx64", target_feature = "sm_90a"))]
-macro_rules! mx_entry {
-    ($name:expr, $n:literal, $a:ident, $b:ident, $s:ident) => {
+macro_rules! mx_export {
+    ($name:expr, $n:literal, $a:ident, $b:ident, $s:ident, $fused:literal,
+     $arg:ident: $param:ty => { $($field:tt)* }) => {
         const _: () = {
             /// # Safety
             /// Launched as [`crate::gemm::driver::run`] says, with parameters made from validated
-            /// operands as [`Sm90MxParams`] describes.
+            /// operands as [`Sm90MxParams`] describes (fused: the epilogue's buffers and scratch
+            /// as [`crate::params::EpilogueParams`] describes).
             #[unsafe(export_name = $name)]
-            unsafe extern "ptx-kernel" fn kernel(p: $crate::sm90_mx::Sm90MxParams) {
+            unsafe extern "ptx-kernel" fn kernel($arg: $param) {
                 use $crate::sm90_mx::dequant;
                 let k = $crate::sm90_mx::kernel::MxGemm::<
                     [f32; $n / 2],
                     dequant::$a,
                     dequant::$b,
                     dequant::$s,
+                    $fused,
                 > {
-                    p,
+                    $($field)*
                     types: core::marker::PhantomData,
                 };
                 const TILE: $crate::sm90_mx::MxTile = $crate::sm90_mx::MxTile { block_n: $n };
@@ -192,17 +199,34 @@ macro_rules! mx_entry {
     };
 }
 
-/// The kernel list, written once: tiles × (A, B, scale) combinations. Expands to [`KERNELS`]
-/// and, on sm_90a, the entry points `sm90_mx_gemm_n<N>_<a>_<b>_<scale>`.
+/// [`mx_export`] of a plain kernel (the family's parameters) or a fused one (those and the
+/// epilogue's: [`crate::params::FusedParams`]).
+#[cfg(all(target_arch = "nvptx64", target_feature = "sm_90a"))]
+macro_rules! mx_entry {
+    ($name:expr, $n:literal, $a:ident, $b:ident, $s:ident, true) => {
+        mx_export!($name, $n, $a, $b, $s, true,
+            q: $crate::params::FusedParams<$crate::sm90_mx::Sm90MxParams> =>
+                { p: q.p, epi: q.epi, });
+    };
+    ($name:expr, $n:literal, $a:ident, $b:ident, $s:ident, false) => {
+        mx_export!($name, $n, $a, $b, $s, false,
+            p: $crate::sm90_mx::Sm90MxParams =>
+                { p, epi: $crate::params::EpilogueParams::plain(), });
+    };
+}
+
+/// The kernel list, written once: tiles (columns, whether fused, entry-point prefix) × (A, B,
+/// scale) combinations. Expands to [`KERNELS`] and, on sm_90a, the entry points
+/// `<prefix>_<a>_<b>_<scale>`.
 macro_rules! mx_kernel_list {
-    (tiles: [$($n:literal),*], types: $types:tt) => {
+    (tiles: [$($tile:tt),*], types: $types:tt) => {
         /// Every kernel of the family (the registry's rows).
-        pub const KERNELS: &[Sm90MxKernel] = &mx_kernel_list!(@rows [] [$($n),*] $types);
+        pub const KERNELS: &[Sm90MxKernel] = &mx_kernel_list!(@rows [] [$($tile),*] $types);
         #[cfg(all(target_arch = "nvptx64", target_feature = "sm_90a"))]
-        mx_kernel_list!(@entries [$($n),*] $types);
+        mx_kernel_list!(@entries [$($tile),*] $types);
     };
     (@rows [$($out:tt)*] [] $types:tt) => { [$($out)*] };
-    (@rows [$($out:tt)*] [$n:literal $(, $rest:literal)*]
+    (@rows [$($out:tt)*] [($n:literal, $fused:tt, $pre:literal) $(, $rest:tt)*]
         [$(($a:ident, $b:ident, $s:ident, $ea:ident, $eb:ident, $ms:ident, $yn:literal)),*]) => {
         mx_kernel_list!(@rows
             [$($out)* $(Sm90MxKernel {
@@ -210,8 +234,9 @@ macro_rules! mx_kernel_list {
                 a: ElemType::$ea,
                 b: ElemType::$eb,
                 scale: MxScale::$ms,
+                fused: $fused,
                 info: KernelInfo {
-                    name: concat!("sm90_mx_gemm_n", stringify!($n), $yn),
+                    name: concat!($pre, $yn),
                     max_threads: Some(MxTile { block_n: $n }.threads()),
                     min_blocks_per_sm: 1,
                     targets: &["sm_90a"],
@@ -220,15 +245,22 @@ macro_rules! mx_kernel_list {
             [$($rest),*] [$(($a, $b, $s, $ea, $eb, $ms, $yn)),*])
     };
     (@entries [] $types:tt) => {};
-    (@entries [$n:literal $(, $rest:literal)*]
+    (@entries [($n:literal, $fused:tt, $pre:literal) $(, $rest:tt)*]
         [$(($a:ident, $b:ident, $s:ident, $ea:ident, $eb:ident, $ms:ident, $yn:literal)),*]) => {
-        $(mx_entry!(concat!("sm90_mx_gemm_n", stringify!($n), $yn), $n, $a, $b, $s);)*
+        $(mx_entry!(concat!($pre, $yn), $n, $a, $b, $s, $fused);)*
         mx_kernel_list!(@entries [$($rest),*] [$(($a, $b, $s, $ea, $eb, $ms, $yn)),*]);
     };
 }
 
+// The fused-epilogue kernels (`gemm::fuse`) on the 256-column tile: the MX kernel has no output
+// staging (its shared memory holds the converted bf16 buffers), so a warp stages its rows in a
+// global scratch the host gives (`EpilogueParams::scratch`, L2-resident).
 mx_kernel_list! {
-    tiles: [256, 128],
+    tiles: [
+        (256, false, "sm90_mx_gemm_n256"),
+        (128, false, "sm90_mx_gemm_n128"),
+        (256, true, "sm90_mx_fused_gemm_n256")
+    ],
     types: [
         (E4m3, E4m3, E8m0x32, E4M3, E4M3, E8M0X32, "_e4m3_e4m3_e8m0x32"),
         (E5m2, E5m2, E8m0x32, E5M2, E5M2, E8M0X32, "_e5m2_e5m2_e8m0x32"),
@@ -240,16 +272,17 @@ mx_kernel_list! {
     ]
 }
 
-/// The kernel for a tile, element types and scale format.
+/// The kernel for a tile, element types and scale format, plain or `fused`.
 pub fn kernel(
     tile: MxTile,
     a: ElemType,
     b: ElemType,
     scale: MxScale,
+    fused: bool,
 ) -> Option<&'static Sm90MxKernel> {
     KERNELS
         .iter()
-        .find(|k| k.tile == tile && k.a == a && k.b == b && k.scale == scale)
+        .find(|k| k.tile == tile && k.a == a && k.b == b && k.scale == scale && k.fused == fused)
 }
 
 const _: () = {
@@ -284,10 +317,16 @@ mod tests {
                 MxTile::N256,
                 ElemType::E2M1,
                 ElemType::E2M1,
-                MxScale::UE4M3X16
+                MxScale::UE4M3X16,
+                false
             )
             .map(|k| k.info.name),
             Some("sm90_mx_gemm_n256_e2m1_e2m1_ue4m3x16")
         );
+        // Fused: the 256-column tile, every combination.
+        for k in KERNELS.iter().filter(|k| !k.fused) {
+            let fused = kernel(k.tile, k.a, k.b, k.scale, true);
+            assert_eq!(fused.is_some(), k.tile == MxTile::N256, "{}", k.info.name);
+        }
     }
 }

@@ -1,0 +1,412 @@
+//! Timing of the fused epilogue and of the device quantizers (CUDA events, warm-up, medians),
+//! shared by the runner (`--epilogue`, `--out_quant`, `--quantize`) and `cargo bench`
+//! (`BLOCKSCALED_BENCH=fused`): a GEMM with a fused epilogue beside the plain GEMM with bf16
+//! output and, for a quantized output, beside the same epilogue to bf16 followed by the
+//! standalone quantizer; each quantized output checked bit for bit against the quantizer of the
+//! same epilogue's f32 output, each quantizer against the host's.
+
+use blockscaled::{
+    Activation, DeviceTensor, Epilogue, Error, Fp8, Gpu, InputType, OperandFormat, OutType, Plan,
+    QuantizeOptions, Recipe, ScaleType, ScaledMatrix,
+};
+use blockscaled_tests::{random_values, upload_tensor_as};
+
+use crate::cases::L2_BYTES;
+use crate::timing::{rotation_count, time_on_stream};
+
+/// The copy ceiling measured on the H100 (read + write, docs/PERF.md).
+pub const COPY_CEILING_GBS: f64 = 3000.0;
+
+fn err(e: Error) -> String {
+    e.to_string()
+}
+
+/// A fused epilogue as the runner's `--epilogue` spells it: `alpha=X`, `beta` (β·C with β =
+/// 0.5), `bias`, `residual`, and one activation (`relu`, `gelu`, `gelu-tanh`, `silu`, `swiglu`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct EpilogueSpec {
+    pub alpha: f32,
+    pub beta: bool,
+    pub bias: bool,
+    pub residual: bool,
+    pub activation: Activation,
+}
+
+impl EpilogueSpec {
+    pub fn parse(spec: &str) -> Result<Self, String> {
+        let mut s = EpilogueSpec {
+            alpha: 1.0,
+            beta: false,
+            bias: false,
+            residual: false,
+            activation: Activation::None,
+        };
+        for tok in spec.split(',').map(str::trim).filter(|t| !t.is_empty()) {
+            match tok {
+                "beta" => s.beta = true,
+                "bias" => s.bias = true,
+                "residual" => s.residual = true,
+                t if t.starts_with("alpha=") => {
+                    s.alpha = t[6..].parse().map_err(|_| format!("--epilogue: `{t}`"))?
+                }
+                t => {
+                    s.activation = Activation::ALL
+                        .into_iter()
+                        .find(|a| a.name() == t)
+                        .ok_or_else(|| format!("--epilogue: unknown step `{t}`"))?
+                }
+            }
+        }
+        Ok(s)
+    }
+}
+
+/// A quantized output as `--out_quant` names it: its format and, for NVFP4, the tensor scale
+/// the caller gives (the output's largest magnitude is not known before it is written).
+pub fn out_quant(name: &str) -> Result<(OperandFormat, Option<f32>), String> {
+    Ok(match name {
+        "fp8-1x128" => (Recipe::DeepSeekFp8.a(), None),
+        "mxfp8" => (Recipe::Mxfp8(Fp8::E4M3).a(), None),
+        "mxfp4" => (Recipe::Mxfp4.a(), None),
+        "nvfp4" => (Recipe::Nvfp4.a(), Some(0.01f32)),
+        o => {
+            return Err(format!(
+                "--out_quant `{o}`: want fp8-1x128, mxfp8, mxfp4 or nvfp4"
+            ));
+        }
+    })
+}
+
+/// One fused-epilogue measurement.
+#[derive(Clone, Debug)]
+pub struct FusedCase {
+    pub recipe: Recipe,
+    pub mnkl: [usize; 4],
+    pub epilogue: EpilogueSpec,
+    /// `--out_quant`'s name, or `None` for bf16 output.
+    pub quant: Option<String>,
+    pub warmup: usize,
+    pub iters: usize,
+    pub seed: u64,
+}
+
+/// What [`run_fused`] measured (medians in ms).
+#[derive(Clone, Debug)]
+pub struct FusedOutcome {
+    pub plain_plan: Plan,
+    pub fused_plan: Plan,
+    pub flops: f64,
+    /// The plain GEMM with bf16 output on its own plan.
+    pub plain_ms: f64,
+    /// The plain GEMM with bf16 output on the fused plan's configuration.
+    pub plain_on_fused_plan_ms: f64,
+    /// The fused epilogue with bf16 output.
+    pub fused_bf16_ms: f64,
+    /// With a quantized output: the standalone quantizer of the fused bf16 output, the GEMM
+    /// with the fused quantized output, and whether that output is bit-identical to the
+    /// quantizer of the same epilogue's f32 output.
+    pub quantized: Option<(f64, f64, bool)>,
+}
+
+/// Times `case` on `gpu` (random operands and epilogue tensors from `case.seed`).
+pub fn run_fused(gpu: &Gpu, case: &FusedCase) -> Result<FusedOutcome, String> {
+    let [m, n, k, l] = case.mnkl;
+    let (recipe, spec, seed) = (case.recipe, &case.epilogue, case.seed);
+    let a = ScaledMatrix::quantize(&random_values(seed, m * k * l, k), m, k, l, recipe.a())
+        .map_err(err)?;
+    let b_values = random_values(seed ^ 0x9E37, n * k * l, k);
+    let b = ScaledMatrix::quantize(&b_values, n, k, l, recipe.b()).map_err(err)?;
+    let (da, db) = (gpu.upload(&a).map_err(err)?, gpu.upload(&b).map_err(err)?);
+    let n_out = if spec.activation == Activation::SwiGlu {
+        n / 2
+    } else {
+        n
+    };
+    let tensor = |rows: usize, cols: usize, batch: usize, s: u64| -> Result<DeviceTensor, String> {
+        let v = random_values(seed ^ s, rows * cols * batch, cols);
+        upload_tensor_as(gpu, InputType::Bf16, &v, (rows, cols, batch))
+            .map(|t| t.0)
+            .map_err(err)
+    };
+    let c_t = tensor(m, n, l, 11)?;
+    let bias_t = tensor(1, n, 1, 12)?;
+    let res_t = tensor(m, n_out, l, 13)?;
+    let mut epi = Epilogue::new()
+        .alpha(spec.alpha)
+        .activation(spec.activation);
+    if spec.beta {
+        epi = epi.beta_c(0.5, &c_t);
+    }
+    if spec.bias {
+        epi = epi.bias(&bias_t);
+    }
+    if spec.residual {
+        epi = epi.residual(&res_t);
+    }
+    let quant = case.quant.as_deref().map(out_quant).transpose()?;
+    let (wu, it) = (case.warmup, case.iters);
+    let plain_plan = gpu.plan(&da, &db).map_err(err)?;
+    let fused_plan = gpu
+        .fused_plan(&da, &db, &epi, quant.map(|q| q.0))
+        .map_err(err)?;
+    let mut c = gpu.output(m, n, l, OutType::Bf16).map_err(err)?;
+    let plain = time_on_stream(gpu.stream(), wu, it, |_| {
+        gpu.gemm_with(&da, &db, &mut c, plain_plan)
+    })
+    .map_err(err)?;
+    let same = time_on_stream(gpu.stream(), wu, it, |_| {
+        gpu.gemm_with(&da, &db, &mut c, fused_plan)
+    })
+    .map_err(err)?;
+    let mut o = gpu.output(m, n_out, l, OutType::Bf16).map_err(err)?;
+    let fused = time_on_stream(gpu.stream(), wu, it, |_| {
+        gpu.gemm_fused_with(&da, &db, &epi, &mut o, fused_plan)
+    })
+    .map_err(err)?;
+    let quantized = match quant {
+        None => None,
+        Some((format, tensor_scale)) => {
+            let opts = QuantizeOptions {
+                tensor_scale,
+                ..Default::default()
+            };
+            let mut f = gpu.output(m, n_out, l, OutType::F32).map_err(err)?;
+            gpu.gemm_fused_with(&da, &db, &epi, &mut f, fused_plan)
+                .map_err(err)?;
+            let ft = gpu.output_as_tensor(f).map_err(err)?;
+            let want = gpu.quantize_with(&ft, format, &opts).map_err(err)?.matrix;
+            let got = gpu
+                .gemm_quantized_with(&da, &db, &epi, format, &opts, fused_plan)
+                .map_err(err)?;
+            let (g, w) = (got.to_host().map_err(err)?, want.to_host().map_err(err)?);
+            let same_bits = g.data() == w.data() && g.scales() == w.scales();
+            let t = time_on_stream(gpu.stream(), wu, it, |_| {
+                gpu.gemm_quantized_with(&da, &db, &epi, format, &opts, fused_plan)
+                    .map(|_| ())
+            })
+            .map_err(err)?;
+            // The unfused path's second half: the standalone quantizer of the bf16 output.
+            let ot = gpu.output_as_tensor(o).map_err(err)?;
+            let q = time_on_stream(gpu.stream(), wu, it, |_| {
+                gpu.quantize_with(&ot, format, &opts).map(|_| ())
+            })
+            .map_err(err)?;
+            Some((q.median_ms, t.median_ms, same_bits))
+        }
+    };
+    Ok(FusedOutcome {
+        plain_plan,
+        fused_plan,
+        flops: 2.0 * (m * n * k * l) as f64,
+        plain_ms: plain.median_ms,
+        plain_on_fused_plan_ms: same.median_ms,
+        fused_bf16_ms: fused.median_ms,
+        quantized,
+    })
+}
+
+/// The lines that report `o` for `case`; the second value says whether every check passed.
+pub fn fused_lines(case: &FusedCase, o: &FusedOutcome) -> (Vec<String>, bool) {
+    let [m, n, k, l] = case.mnkl;
+    let row = |what: &str, ms: f64| {
+        format!(
+            "  {what:<44} {:>9.2} µs {:>7.1} TFLOP/s {:>6.3}× plain",
+            ms * 1e3,
+            o.flops / (ms * 1e-3) / 1e12,
+            ms / o.plain_ms
+        )
+    };
+    let e = &case.epilogue;
+    let mut spec = vec![format!("alpha={}", e.alpha)];
+    spec.extend(e.beta.then(|| "beta".to_string()));
+    spec.extend(e.bias.then(|| "bias".to_string()));
+    spec.push(e.activation.name().to_string());
+    spec.extend(e.residual.then(|| "residual".to_string()));
+    let mut lines = vec![
+        format!(
+            "fused epilogue `{}`{} on {} {l}×{m}×{n}×{k}",
+            spec.join(","),
+            case.quant
+                .as_deref()
+                .map(|q| format!(" → {q}"))
+                .unwrap_or_default(),
+            case.recipe.name()
+        ),
+        format!("  plain plan {:?}", o.plain_plan),
+        format!("  fused plan {:?}", o.fused_plan),
+        row("plain GEMM, bf16 output", o.plain_ms),
+        row(
+            "plain GEMM on the fused plan, bf16",
+            o.plain_on_fused_plan_ms,
+        ),
+        row("fused epilogue, bf16 output", o.fused_bf16_ms),
+    ];
+    let mut ok = true;
+    if let Some((q, t, same_bits)) = o.quantized {
+        let name = case.quant.as_deref().unwrap_or("");
+        lines.push(row("standalone quantizer of that output (call)", q));
+        lines.push(row(&format!("fused epilogue + {name} output"), t));
+        let saved = o.fused_bf16_ms + q - t;
+        lines.push(format!(
+            "  fused quantized output saves {:.2} µs = {:.2} of the quantizer's time; {}",
+            saved * 1e3,
+            saved / q,
+            if same_bits {
+                "bit-identical to the quantizer of the fused f32 output"
+            } else {
+                "DIFFERS from the quantizer of the fused f32 output"
+            }
+        ));
+        ok &= same_bits;
+    }
+    (lines, ok)
+}
+
+/// One device quantizer's measurement: its median time, its bytes read and written, and how it
+/// compares with the host quantizer (`Ok` with "bit-identical", or what differs).
+#[derive(Clone, Debug)]
+pub struct QuantizerRow {
+    pub name: String,
+    pub ms: f64,
+    pub bytes: usize,
+    pub check: Result<String, String>,
+}
+
+impl QuantizerRow {
+    pub fn gbs(&self) -> f64 {
+        self.bytes as f64 / (self.ms * 1e-3) / 1e9
+    }
+}
+
+/// The device quantizers of `recipes`' A formats on a `batch × rows × k` tensor of `input`
+/// values (inputs rotated past L2), each checked against the host quantizer; a format the device
+/// quantizers do not take is a row whose check is the error.
+pub fn run_quantizers(
+    gpu: &Gpu,
+    (rows, k, batch): (usize, usize, usize),
+    input: InputType,
+    recipes: &[Recipe],
+    (warmup, iters, seed): (usize, usize, u64),
+) -> Result<Vec<QuantizerRow>, String> {
+    let v = random_values(seed, rows * k * batch, k);
+    let in_bytes = input.bytes() * rows * k * batch;
+    let sets = rotation_count(in_bytes, L2_BYTES);
+    let mut tensors = Vec::with_capacity(sets);
+    let mut first_values = Vec::new();
+    for i in 0..sets {
+        let vals: Vec<f32> = v.iter().map(|&x| x * (1.0 + i as f32 / 64.0)).collect();
+        let (t, hv) = upload_tensor_as(gpu, input, &vals, (rows, k, batch)).map_err(err)?;
+        if i == 0 {
+            first_values = hv;
+        }
+        tensors.push(t);
+    }
+    let mut out = Vec::new();
+    for r in recipes {
+        let format = r.a();
+        let host = ScaledMatrix::quantize(&first_values, rows, k, batch, format);
+        let opts = QuantizeOptions {
+            tensor_scale: if format.scale == ScaleType::UE4M3 {
+                Some(host.as_ref().map(|h| h.tensor_scale()).unwrap_or(1.0))
+            } else {
+                None
+            },
+            ..Default::default()
+        };
+        let got = match gpu.quantize_with(&tensors[0], format, &opts) {
+            Ok(q) => q.matrix,
+            Err(e) => {
+                out.push(QuantizerRow {
+                    name: r.name().to_string(),
+                    ms: f64::NAN,
+                    bytes: 0,
+                    check: Err(e.to_string()),
+                });
+                continue;
+            }
+        };
+        let check = match (&host, got.to_host()) {
+            (Ok(h), Ok(g)) if h.data() == g.data() && h.scales() == g.scales() => {
+                Ok("bit-identical".to_string())
+            }
+            (Ok(_), Ok(_)) => Err("DIFFERS from the host quantizer".to_string()),
+            (Err(x), _) => Ok(format!("host: {x}")),
+            (_, Err(x)) => Err(x.to_string()),
+        };
+        let (data_bytes, scale_bytes) = got.desc().validate().map_err(err)?;
+        let t = time_on_stream(gpu.stream(), warmup, iters, |i| {
+            gpu.quantize_with(&tensors[i % sets], format, &opts)
+                .map(|_| ())
+        })
+        .map_err(err)?;
+        out.push(QuantizerRow {
+            name: r.name().to_string(),
+            ms: t.median_ms,
+            bytes: in_bytes + data_bytes + scale_bytes,
+            check,
+        });
+    }
+    Ok(out)
+}
+
+/// The header and lines of a quantizer table; the second value says whether every check passed.
+pub fn quantizer_lines(rows: &[QuantizerRow]) -> (Vec<String>, bool) {
+    let mut lines = vec![format!(
+        "{:<16} {:>9} {:>7} {:>11}  check",
+        "format", "time µs", "GB/s", "of 3.0 TB/s"
+    )];
+    let mut ok = true;
+    for r in rows {
+        let check = match &r.check {
+            Ok(s) => s.clone(),
+            Err(s) => {
+                ok = false;
+                s.clone()
+            }
+        };
+        if r.ms.is_nan() {
+            lines.push(format!("{:<16} {check}", r.name));
+            continue;
+        }
+        lines.push(format!(
+            "{:<16} {:>9.2} {:>7.0} {:>11.2}  {check}",
+            r.name,
+            r.ms * 1e3,
+            r.gbs(),
+            r.gbs() / COPY_CEILING_GBS
+        ));
+    }
+    (lines, ok)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn epilogue_specs_and_output_formats_parse_or_say_what_is_wrong() {
+        let s = EpilogueSpec::parse("alpha=2,bias,silu,residual").unwrap();
+        assert_eq!(
+            s,
+            EpilogueSpec {
+                alpha: 2.0,
+                beta: false,
+                bias: true,
+                residual: true,
+                activation: Activation::Silu
+            }
+        );
+        assert_eq!(
+            EpilogueSpec::parse("").unwrap().activation,
+            Activation::None
+        );
+        assert!(
+            EpilogueSpec::parse("bias,tanh")
+                .unwrap_err()
+                .contains("tanh")
+        );
+        assert!(EpilogueSpec::parse("alpha=x").is_err());
+        assert_eq!(out_quant("nvfp4").unwrap().1, Some(0.01));
+        assert!(out_quant("fp8").unwrap_err().contains("fp8-1x128"));
+    }
+}

@@ -1,0 +1,333 @@
+//! Fused epilogues, host side: what a GEMM does to its product before it stores it
+//! ([`Epilogue`]: α, β·C, a per-column bias, an activation or SwiGLU, a residual) and where it
+//! stores it (an output of bf16 / fp16 / f32, or quantized codes and scales ready to be the next
+//! GEMM's A). The steps run in the kernels' one epilogue (`blockscaled_kernels::gemm::fuse`),
+//! chosen by data in the launch's parameters ([`EpilogueParams`]).
+
+use std::sync::Arc;
+
+use cudarc::driver::{CudaSlice, CudaStream};
+
+use crate::buffers::GpuId;
+use crate::error::{Error, Result, shape};
+use crate::format::{ElemType, OperandFormat, OutType, ScaleBlock, ScaleType};
+use crate::launch::Launch;
+use crate::matrix::GemmShape;
+use crate::quantizer::{DeviceTensor, QuantTarget};
+use blockscaled_kernels::gemm::layout::fused_staging;
+pub use blockscaled_kernels::params::Activation;
+use blockscaled_kernels::params::EpilogueParams;
+use blockscaled_kernels::quantize::InputType;
+
+/// What a GEMM does to its product `t = A·Bᵀ` before storing it, in this order (each step one
+/// f32 operation rounded to nearest):
+///
+/// `t ← α·t`; `t ← t + β·C`; `t ← t + bias`; `y ← act(t)` (SwiGLU: `y[j] = silu(t[2j])·t[2j+1]`);
+/// `y ← y + R`; then `y` is stored (converted to the output type, or quantized).
+///
+/// - C: `batch × m × n` (the product's shape); the residual R: the output's shape (`n / 2`
+///   columns with SwiGLU); the bias: `1 × n` (one for every batch entry) or `batch` rows of
+///   `1 × n` — all [`DeviceTensor`]s of f32, bf16 or fp16.
+/// - SwiGLU pairs adjacent columns: B's rows interleave the gate and up projections, row `2j`
+///   the gate's row `j` and `2j + 1` the up's ([`interleave_gate_up`] makes that order from the
+///   two stacked halves, as MoE checkpoints store them).
+/// - The activations run on the SFU (`ex2`, `rcp`): SiLU and GELU-tanh within a few 2^-22
+///   relative of `x·sigmoid(·)` beyond their argument's rounding, GELU-erf within 1.5·10^-7·|x|
+///   absolute (Abramowitz–Stegun 7.1.26 for erf).
+#[derive(Clone, Copy)]
+pub struct Epilogue<'a> {
+    pub alpha: f32,
+    /// β and C.
+    pub c: Option<(f32, &'a DeviceTensor)>,
+    pub bias: Option<&'a DeviceTensor>,
+    pub activation: Activation,
+    pub residual: Option<&'a DeviceTensor>,
+}
+
+impl Default for Epilogue<'_> {
+    fn default() -> Self {
+        Epilogue {
+            alpha: 1.0,
+            c: None,
+            bias: None,
+            activation: Activation::None,
+            residual: None,
+        }
+    }
+}
+
+impl<'a> Epilogue<'a> {
+    /// Nothing fused: the plain product.
+    pub fn new() -> Self {
+        Self::default()
+    }
+    pub fn alpha(self, alpha: f32) -> Self {
+        Epilogue { alpha, ..self }
+    }
+    /// `+ β·C`.
+    pub fn beta_c(self, beta: f32, c: &'a DeviceTensor) -> Self {
+        Epilogue {
+            c: Some((beta, c)),
+            ..self
+        }
+    }
+    pub fn bias(self, bias: &'a DeviceTensor) -> Self {
+        Epilogue {
+            bias: Some(bias),
+            ..self
+        }
+    }
+    pub fn activation(self, activation: Activation) -> Self {
+        Epilogue { activation, ..self }
+    }
+    pub fn residual(self, residual: &'a DeviceTensor) -> Self {
+        Epilogue {
+            residual: Some(residual),
+            ..self
+        }
+    }
+
+    /// Output columns for a product of `n` columns.
+    pub fn out_cols(&self, n: usize) -> usize {
+        if self.activation == Activation::SwiGlu {
+            n / 2
+        } else {
+            n
+        }
+    }
+
+    /// Whether any step is asked for.
+    pub fn is_plain(&self) -> bool {
+        self.alpha == 1.0
+            && self.c.is_none()
+            && self.bias.is_none()
+            && self.activation == Activation::None
+            && self.residual.is_none()
+    }
+
+    /// Checks the tensors against the product's `shape` on GPU `gpu`.
+    pub(crate) fn check(&self, gpu: GpuId, s: &GemmShape) -> Result<()> {
+        let (m, n, l) = (s.m, s.n, s.l);
+        if !self.alpha.is_finite() {
+            return Err(Error::Config(format!("α = {}: must be finite", self.alpha)));
+        }
+        if self.activation == Activation::SwiGlu && !n.is_multiple_of(2) {
+            return Err(shape(format!("SwiGLU pairs columns: N = {n} must be even")));
+        }
+        let dims = |t: &DeviceTensor, what: &str, want: (usize, usize, usize)| -> Result<()> {
+            gpu.check(t.gpu, what)?;
+            if t.dims() != want && !(what == "the bias" && t.dims() == (want.0, want.1, 1)) {
+                return Err(shape(format!(
+                    "{what} is {:?} (rows, columns, batch) but must be {want:?}{}",
+                    t.dims(),
+                    if what == "the bias" {
+                        " or one row for every batch entry"
+                    } else {
+                        ""
+                    }
+                )));
+            }
+            Ok(())
+        };
+        if let Some((beta, c)) = self.c {
+            if !beta.is_finite() {
+                return Err(Error::Config(format!("β = {beta}: must be finite")));
+            }
+            dims(c, "C", (m, n, l))?;
+        }
+        if let Some(b) = self.bias {
+            dims(b, "the bias", (1, n, l))?;
+        }
+        if let Some(r) = self.residual {
+            dims(r, "the residual", (m, self.out_cols(n), l))?;
+        }
+        Ok(())
+    }
+
+    /// The kernels' parameters, the tensors' addresses taken through `launch`.
+    fn params<'l>(&'l self, launch: &mut Launch<'l>) -> EpilogueParams {
+        let ty = |t: &DeviceTensor| out_type(t.input_type()) as u32;
+        let mut p = EpilogueParams::plain();
+        if self.is_plain() {
+            return p;
+        }
+        p.alpha = self.alpha;
+        if let Some((beta, c)) = self.c {
+            p.beta = beta;
+            p.c = launch.ptr(&c.buf);
+            p.c_type = ty(c);
+        }
+        if let Some(b) = self.bias {
+            p.bias = launch.ptr(&b.buf);
+            p.bias_type = ty(b);
+            p.bias_batch = (b.dims().2 > 1) as u32;
+        }
+        if let Some(r) = self.residual {
+            p.residual = launch.ptr(&r.buf);
+            p.residual_type = ty(r);
+        }
+        p.activation = self.activation as u32;
+        p
+    }
+}
+
+fn out_type(t: InputType) -> OutType {
+    match t {
+        InputType::F32 => OutType::F32,
+        InputType::Bf16 => OutType::Bf16,
+        InputType::F16 => OutType::F16,
+    }
+}
+
+/// Reorders SwiGLU weights stored as two stacked halves (`rows` rows of the gate projection, then
+/// `rows` of the up projection, each `k` values) into the interleaved order the fused SwiGLU
+/// reads (gate row j at 2j, up row j at 2j + 1). Any element type; `values.len()` = 2·rows·k.
+pub fn interleave_gate_up<T: Copy>(values: &[T], rows: usize, k: usize) -> Result<Vec<T>> {
+    if values.len() != 2 * rows * k {
+        return Err(shape(format!(
+            "{} values for two stacked {rows} × {k} halves ({} expected)",
+            values.len(),
+            2 * rows * k
+        )));
+    }
+    let (gate, up) = values.split_at(rows * k);
+    Ok(gate
+        .chunks(k)
+        .zip(up.chunks(k))
+        .flat_map(|(g, u)| g.iter().chain(u).copied())
+        .collect())
+}
+
+/// The quantized output formats of a fused epilogue, and their scale blocks in output columns.
+pub(crate) fn quant_block(format: &OperandFormat) -> Result<u32> {
+    let block = match format.block {
+        ScaleBlock::Tile { rows: 1, k } => k,
+        _ => 0,
+    };
+    let ok = matches!(
+        (format.elem, format.scale, block),
+        (ElemType::E4M3 | ElemType::E5M2, ScaleType::F32, 128)
+            | (
+                ElemType::E4M3 | ElemType::E5M2 | ElemType::E2M1,
+                ScaleType::E8M0,
+                16 | 32
+            )
+            | (ElemType::E2M1, ScaleType::UE4M3, 16)
+    );
+    if ok {
+        Ok(block)
+    } else {
+        Err(format.error(
+            "a GEMM's quantized output is FP8 with fp32 scales per 1×128 (DeepSeek activations), \
+             MXFP8 / MXFP4 (e8m0 per 1×32 or 1×16) or NVFP4 (ue4m3 per 1×16 with a given tensor \
+             scale)",
+        ))
+    }
+}
+
+/// A fused epilogue bound to one launch's output: the steps, and the quantized output's
+/// buffers (the codes are the launch's output buffer).
+pub(crate) struct Fused<'a> {
+    pub epi: &'a Epilogue<'a>,
+    pub quant: Option<&'a mut QuantTarget>,
+}
+
+impl<'a> Fused<'a> {
+    /// The global scratch a fused epilogue stages its rows in when the kernel's shared memory
+    /// has no room (`holds` false: `blockscaled_kernels::gemm::fuse`): `ctas` CTAs of
+    /// `consumers` warpgroups, tiles of `block_n` columns. Uninitialized: each warp writes its
+    /// rows before it reads them.
+    pub(crate) fn scratch(
+        fused: &Option<Fused<'_>>,
+        stream: &Arc<CudaStream>,
+        holds: bool,
+        (ctas, consumers, block_n): (u32, u32, u32),
+    ) -> Result<Option<CudaSlice<u8>>> {
+        if fused.is_none() || holds {
+            return Ok(None);
+        }
+        let bytes = ctas as usize * fused_staging(consumers, block_n) as usize;
+        // SAFETY: u8 has no invalid bit patterns, and the kernel reads no byte it has not written
+        // (each warp stages its rows, then reads them).
+        Ok(Some(unsafe { stream.alloc::<u8>(bytes) }?))
+    }
+
+    /// The fused kernels' [`EpilogueParams`] for `fused` (`None` without: the plain kernel runs),
+    /// its buffers' addresses taken through `launch`; the quantized codes are the output at
+    /// `out`; `scratch` from [`Fused::scratch`].
+    pub(crate) fn params(
+        fused: Option<Fused<'a>>,
+        launch: &mut Launch<'a>,
+        out: u64,
+        scratch: Option<&'a mut CudaSlice<u8>>,
+    ) -> Option<EpilogueParams> {
+        let f = fused?;
+        let mut p = f.epi.params(launch);
+        if let Some(s) = scratch {
+            p.scratch = launch.ptr_mut(s);
+        }
+        if let Some(q) = f.quant {
+            let d = q.desc;
+            p.q_data = out;
+            p.q_elem = d.format.elem as u32;
+            p.q_scale = d.format.scale as u32;
+            p.q_block = q.block_k;
+            p.q_tensor_scale = q.given.unwrap_or(1.0);
+            p.q_stride_l = d.scale_layout.batch_stride as u64;
+            p.q_stride_r = d.scale_layout.row_stride as u64;
+            p.q_stride_k = d.scale_layout.k_stride as u64;
+            p.q_m_pad = q.m_pad;
+            p.q_scales = launch.ptr_mut(&mut q.scales);
+            p.q_sfa = match q.sfa.as_mut() {
+                Some(s) => launch.ptr_mut(s),
+                None => 0,
+            };
+        }
+        Some(p)
+    }
+}
+
+/// The quantized output's codes as an output buffer the families write through (a shell whose
+/// `buf` is the codes; `n` the output's columns).
+pub(crate) fn codes_shell(
+    gpu: GpuId,
+    data: CudaSlice<u8>,
+    (m, n, l): (usize, usize, usize),
+) -> crate::buffers::DeviceOutput {
+    crate::buffers::DeviceOutput {
+        gpu,
+        dtype: OutType::Bf16,
+        m,
+        n,
+        l,
+        buf: data,
+        prepared: Default::default(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gate_and_up_rows_interleave_and_wrong_lengths_are_shape_errors() {
+        // Two stacked halves of 2 rows × 3: gate rows 0, 1 then up rows 0, 1.
+        let v: Vec<u32> = (0..12).collect();
+        let got = interleave_gate_up(&v, 2, 3).unwrap();
+        assert_eq!(got, vec![0, 1, 2, 6, 7, 8, 3, 4, 5, 9, 10, 11]);
+        assert!(matches!(
+            interleave_gate_up(&v, 3, 3),
+            Err(crate::Error::Shape(_))
+        ));
+    }
+
+    #[test]
+    fn quantized_outputs_are_the_formats_a_next_gemm_reads() {
+        use crate::{Fp8, Recipe};
+        assert_eq!(quant_block(&Recipe::DeepSeekFp8.a()).unwrap(), 128);
+        assert_eq!(quant_block(&Recipe::Mxfp8(Fp8::E4M3).a()).unwrap(), 32);
+        assert_eq!(quant_block(&Recipe::Nvfp4.a()).unwrap(), 16);
+        // 128×128 weight blocks are not an activation format.
+        assert!(quant_block(&Recipe::DeepSeekFp8.b()).is_err());
+    }
+}

@@ -1,0 +1,67 @@
+//! Floating-point arithmetic the epilogue's activations are built from. PTX ISA "Floating-Point
+//! Instructions": `ex2` and `rcp` (`.approx.ftz.f32`: the SFU's fast forms; subnormal inputs and
+//! results flush to zero, ex2's relative error is at most 2^-22 and rcp's 1 ulp), and `fma`
+//! (`fma.rn.f32`: one rounding of `a·b + c`).
+
+use core::arch::asm;
+
+/// 2^x (`ex2.approx.ftz.f32`): +Inf above 128, +0 below −126, NaN stays NaN.
+#[inline(always)]
+pub fn exp2_approx(x: f32) -> f32 {
+    let r: f32;
+    // SAFETY: register-only arithmetic.
+    unsafe {
+        asm!("ex2.approx.ftz.f32 {r}, {x};", r = out(reg32) r, x = in(reg32) x,
+             options(pure, nomem, nostack))
+    };
+    r
+}
+
+/// 1/x (`rcp.approx.ftz.f32`): 1/±Inf = ±0, 1/±0 = ±Inf.
+#[inline(always)]
+pub fn recip_approx(x: f32) -> f32 {
+    let r: f32;
+    // SAFETY: register-only arithmetic.
+    unsafe {
+        asm!("rcp.approx.ftz.f32 {r}, {x};", r = out(reg32) r, x = in(reg32) x,
+             options(pure, nomem, nostack))
+    };
+    r
+}
+
+/// a·b + c rounded once to nearest even (`fma.rn.f32`).
+#[inline(always)]
+pub fn fma(a: f32, b: f32, c: f32) -> f32 {
+    let r: f32;
+    // SAFETY: register-only arithmetic.
+    unsafe {
+        asm!("fma.rn.f32 {r}, {a}, {b}, {c};", r = out(reg32) r, a = in(reg32) a, b = in(reg32) b,
+             c = in(reg32) c, options(pure, nomem, nostack))
+    };
+    r
+}
+
+/// a·b rounded to nearest even (`mul.rn.f32`: the rounding modifier keeps ptxas from contracting
+/// it with an add into an `fma`, so a host doing the same two operations agrees bit for bit).
+#[inline(always)]
+pub fn mul_rn(a: f32, b: f32) -> f32 {
+    let r: f32;
+    // SAFETY: register-only arithmetic.
+    unsafe {
+        asm!("mul.rn.f32 {r}, {a}, {b};", r = out(reg32) r, a = in(reg32) a, b = in(reg32) b,
+             options(pure, nomem, nostack))
+    };
+    r
+}
+
+/// a + b rounded to nearest even (`add.rn.f32`, not contracted: see [`mul_rn`]).
+#[inline(always)]
+pub fn add_rn(a: f32, b: f32) -> f32 {
+    let r: f32;
+    // SAFETY: register-only arithmetic.
+    unsafe {
+        asm!("add.rn.f32 {r}, {a}, {b};", r = out(reg32) r, a = in(reg32) a, b = in(reg32) b,
+             options(pure, nomem, nostack))
+    };
+    r
+}

@@ -1,0 +1,379 @@
+//! The fused epilogue on the GPU: every activation, α, β·C, bias (f32 and bf16, per batch entry
+//! or shared), residual and output type against the host's steps on the same GEMM's plain f32
+//! product (bit for bit where the steps are single roundings, within the SFU's error for the
+//! activations), on ragged shapes and every kernel family that fuses; and quantized output bit
+//! for bit against the device quantizer of the same epilogue's f32 output.
+
+use blockscaled::{
+    Activation, DeviceTensor, Epilogue, Fp8, Gpu, InputType, OperandFormat, OutType,
+    QuantizeOptions, Recipe,
+};
+use blockscaled_tests::{random_pair, random_values, upload_tensor_as};
+
+/// The recipes whose GEMMs fuse (FP8 DeepSeek, MXFP8, NVFP4, MXFP4: the FP8 and MX kernels).
+fn recipes() -> Vec<(&'static str, Recipe)> {
+    vec![
+        ("deepseek", Recipe::DeepSeekFp8),
+        ("mxfp8", Recipe::Mxfp8(Fp8::E4M3)),
+        ("nvfp4", Recipe::Nvfp4),
+        ("mxfp4", Recipe::Mxfp4),
+    ]
+}
+
+/// Host activation in f64 of an f32 argument.
+fn act(a: Activation, x: f32) -> f64 {
+    let x64 = x as f64;
+    let sigmoid = |z: f64| 1.0 / (1.0 + (-z).exp());
+    match a {
+        Activation::None => x64,
+        Activation::Relu => {
+            if x < 0.0 {
+                0.0
+            } else {
+                x64
+            }
+        }
+        Activation::GeluErf => 0.5 * x64 * (1.0 + libm::erf(x64 / std::f64::consts::SQRT_2)),
+        Activation::GeluTanh => {
+            let u = (2.0 / std::f64::consts::PI).sqrt() * (x64 + 0.044715 * x64 * x64 * x64);
+            0.5 * x64 * (1.0 + u.tanh())
+        }
+        Activation::Silu | Activation::SwiGlu => x64 * sigmoid(x64),
+    }
+}
+
+/// What the device holds of an uploaded tensor (its values as f32).
+struct Held {
+    t: DeviceTensor,
+    v: Vec<f32>,
+}
+
+fn held(gpu: &Gpu, seed: u64, ty: InputType, (rows, k, batch): (usize, usize, usize)) -> Held {
+    let v = random_values(seed, rows * k * batch, k);
+    let (t, v) = upload_tensor_as(gpu, ty, &v, (rows, k, batch)).unwrap();
+    Held { t, v }
+}
+
+/// Rounds `x` to `dtype` as the kernels' stores do (round to nearest even).
+fn round_to(dtype: OutType, x: f32) -> f32 {
+    match dtype {
+        OutType::F32 => x,
+        OutType::Bf16 => half::bf16::from_f32(x).to_f32(),
+        OutType::F16 => half::f16::from_f32(x).to_f32(),
+    }
+}
+
+/// The output's relative rounding (half an ulp) and its absolute rounding among subnormals (half
+/// the subnormal spacing: fp16's 2^-24; bf16's and f32's are below every value here).
+fn out_eps(dtype: OutType) -> (f64, f64) {
+    match dtype {
+        OutType::F32 => (2f64.powi(-24), 2f64.powi(-150)),
+        OutType::Bf16 => (2f64.powi(-8), 2f64.powi(-134)),
+        OutType::F16 => (2f64.powi(-11), 2f64.powi(-25)),
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn fused_epilogues_match_the_host_steps_on_the_plain_product() {
+    let gpu = Gpu::new(0).expect("a GPU");
+    let mut seed = 900u64;
+    for (rname, recipe) in recipes() {
+        // Ragged M and N, two batch entries; N even (SwiGLU pairs columns).
+        for (m, n, k, l) in [(200usize, 392usize, 512usize, 2usize), (77, 136, 256, 1)] {
+            seed += 10;
+            let (a, b) = random_pair(seed, (m, n, k, l), recipe.a(), recipe.b());
+            let (da, db) = (gpu.upload(&a).unwrap(), gpu.upload(&b).unwrap());
+            let c = held(&gpu, seed + 1, InputType::Bf16, (m, n, l));
+            let bias32 = held(&gpu, seed + 2, InputType::F32, (1, n, l));
+            let bias16 = held(&gpu, seed + 3, InputType::Bf16, (1, n, 1));
+            let res = held(&gpu, seed + 4, InputType::F16, (m, n, l));
+            let res_half = held(&gpu, seed + 5, InputType::F32, (m, n / 2, l));
+            for activation in Activation::ALL {
+                let paired = activation == Activation::SwiGlu;
+                let n_out = if paired { n / 2 } else { n };
+                let residual = if paired { &res_half } else { &res };
+                // Three option sets: α alone; α, β·C, a per-batch f32 bias and the residual; a
+                // shared bf16 bias.
+                let sets: [(f32, bool, u8, bool); 3] = [
+                    (0.75, false, 0, false),
+                    (1.5, true, 1, true),
+                    (1.0, false, 2, false),
+                ];
+                for (alpha, with_c, bias, with_r) in sets {
+                    let mut epi = Epilogue::new().alpha(alpha).activation(activation);
+                    if with_c {
+                        epi = epi.beta_c(-0.5, &c.t);
+                    }
+                    epi = match bias {
+                        1 => epi.bias(&bias32.t),
+                        2 => epi.bias(&bias16.t),
+                        _ => epi,
+                    };
+                    if with_r {
+                        epi = epi.residual(&residual.t);
+                    }
+                    let plan = gpu.fused_plan(&da, &db, &epi, None).unwrap();
+                    // The plain product on the same plan: the fused kernel's t, bit for bit.
+                    let mut p = gpu.output(m, n, l, OutType::F32).unwrap();
+                    gpu.gemm_with(&da, &db, &mut p, plan).unwrap();
+                    let t = p.to_host().unwrap().values;
+                    for dtype in [OutType::Bf16, OutType::F16, OutType::F32] {
+                        let what = format!(
+                            "{rname} {m}×{n}×{k}×{l} {activation:?} α {alpha} C {with_c} bias \
+                             {bias} residual {with_r} {dtype:?} on {plan:?}"
+                        );
+                        let mut out = gpu.output(m, n_out, l, dtype).unwrap(); // NaN-poisoned
+                        gpu.gemm_fused_with(&da, &db, &epi, &mut out, plan)
+                            .unwrap_or_else(|e| panic!("{what}: {e}"));
+                        let got = out.to_host().unwrap().values;
+                        let mut worst = 0f64;
+                        for ll in 0..l {
+                            for r in 0..m {
+                                let pre = |col: usize| {
+                                    let i = (ll * m + r) * n + col;
+                                    let mut x = alpha * t[i];
+                                    if with_c {
+                                        x += -0.5f32 * c.v[i];
+                                    }
+                                    match bias {
+                                        1 => x += bias32.v[ll * n + col],
+                                        2 => x += bias16.v[col],
+                                        _ => {}
+                                    }
+                                    x
+                                };
+                                for j in 0..n_out {
+                                    let (y, arg) = if paired {
+                                        let (g, u) = (pre(2 * j), pre(2 * j + 1));
+                                        (act(Activation::Silu, g) * u as f64, g.abs() + u.abs())
+                                    } else {
+                                        let x = pre(j);
+                                        (act(activation, x), x.abs())
+                                    };
+                                    let oi = (ll * m + r) * n_out + j;
+                                    let exact =
+                                        matches!(activation, Activation::None | Activation::Relu);
+                                    let mut y32 = y as f32;
+                                    if with_r {
+                                        y32 += residual.v[oi];
+                                    }
+                                    let g = got[oi];
+                                    if exact {
+                                        let want = round_to(dtype, y32);
+                                        assert!(
+                                            g.to_bits() == want.to_bits()
+                                                || (g.is_nan() && want.is_nan()),
+                                            "{what}: ({ll}, {r}, {j}) = {g}, host {want}"
+                                        );
+                                        continue;
+                                    }
+                                    // The SFU's ex2 / rcp (a few 2^-22 relative), A–S erf
+                                    // (1.5e-7 absolute in erf), and the output's rounding.
+                                    let resid = if with_r {
+                                        residual.v[oi].abs() as f64
+                                    } else {
+                                        0.0
+                                    };
+                                    let (rel, sub) = out_eps(dtype);
+                                    let tol = (rel + 2f64.powi(-19)) * (y32.abs() as f64 + resid)
+                                        + 2f64.powi(-20) * arg as f64 * (1.0 + arg as f64)
+                                        + sub;
+                                    let rounded = round_to(dtype, y32);
+                                    if rounded.is_infinite() {
+                                        // Past the output type's range: its rounding (fp16's
+                                        // ±Inf), or its largest value where the error bound
+                                        // straddles the overflow threshold.
+                                        assert!(
+                                            g == rounded || g.abs() == 65504.0,
+                                            "{what}: ({ll}, {r}, {j}) = {g}, host {y32}"
+                                        );
+                                        continue;
+                                    }
+                                    let err = (g as f64 - y32 as f64).abs();
+                                    assert!(
+                                        g.is_finite() && err <= tol,
+                                        "{what}: ({ll}, {r}, {j}) = {g}, host {y32} (tolerance {tol:e})"
+                                    );
+                                    worst = worst.max(err / tol);
+                                }
+                            }
+                        }
+                        assert!(worst <= 1.0, "{what}");
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Quantized output: the fused kernel's codes and scales equal the device quantizer's of the
+/// same epilogue's f32 output, bit for bit; a fused FP8 1×128 output runs the next FP8 GEMM as
+/// that quantizer's does.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn quantized_output_is_the_quantizer_of_the_fused_f32_output() {
+    let gpu = Gpu::new(0).expect("a GPU");
+    let outs: Vec<(&str, OperandFormat, Option<f32>)> = vec![
+        ("fp8-1x128", Recipe::DeepSeekFp8.a(), None),
+        ("mxfp8", Recipe::Mxfp8(Fp8::E4M3).a(), None),
+        ("mxfp4", Recipe::Mxfp4.a(), None),
+        ("nvfp4", Recipe::Nvfp4.a(), Some(0.01)),
+    ];
+    let mut seed = 5000u64;
+    for (rname, recipe) in recipes() {
+        for (m, n, k, l) in [(200usize, 512usize, 512usize, 2usize), (64, 256, 256, 1)] {
+            seed += 10;
+            let (a, b) = random_pair(seed, (m, n, k, l), recipe.a(), recipe.b());
+            let (da, db) = (gpu.upload(&a).unwrap(), gpu.upload(&b).unwrap());
+            let bias = held(&gpu, seed + 1, InputType::Bf16, (1, n, 1));
+            for activation in [Activation::Silu, Activation::SwiGlu, Activation::GeluTanh] {
+                let epi = Epilogue::new()
+                    .alpha(2.0)
+                    .bias(&bias.t)
+                    .activation(activation);
+                let n_out = if activation == Activation::SwiGlu {
+                    n / 2
+                } else {
+                    n
+                };
+                for (qname, format, ts) in &outs {
+                    let what = format!("{rname} {m}×{n}×{k}×{l} {activation:?} → {qname}");
+                    let opts = QuantizeOptions {
+                        major: None,
+                        tensor_scale: *ts,
+                        swizzled_scales: false,
+                    };
+                    let plan = match gpu.fused_plan(&da, &db, &epi, Some(*format)) {
+                        Ok(p) => p,
+                        Err(e) => {
+                            // SwiGLU with 1×128 scales is refused (a typed error, said in docs).
+                            assert!(
+                                activation == Activation::SwiGlu && *qname == "fp8-1x128",
+                                "{what}: {e}"
+                            );
+                            continue;
+                        }
+                    };
+                    let mut f = gpu.output(m, n_out, l, OutType::F32).unwrap();
+                    gpu.gemm_fused_with(&da, &db, &epi, &mut f, plan)
+                        .unwrap_or_else(|e| panic!("{what}: {e}"));
+                    let ft = gpu.output_as_tensor(f).unwrap();
+                    let want = gpu.quantize_with(&ft, *format, &opts).unwrap();
+                    let got = gpu
+                        .gemm_quantized_with(&da, &db, &epi, *format, &opts, plan)
+                        .unwrap_or_else(|e| panic!("{what}: {e}"));
+                    let (g, w) = (got.to_host().unwrap(), want.matrix.to_host().unwrap());
+                    assert!(g.data() == w.data(), "{what} on {plan:?}: codes differ");
+                    assert!(
+                        g.scales() == w.scales(),
+                        "{what} on {plan:?}: scales differ"
+                    );
+                    if *qname == "fp8-1x128" {
+                        // The next GEMM on the fused output (its A-role scale copy included).
+                        let b2 = random_pair(
+                            seed + 7,
+                            (8, 256, n_out, l),
+                            recipe.a(),
+                            Recipe::DeepSeekFp8.b(),
+                        )
+                        .1;
+                        let db2 = gpu.upload(&b2).unwrap();
+                        let mut c1 = gpu.output(m, 256, l, OutType::Bf16).unwrap();
+                        let mut c2 = gpu.output(m, 256, l, OutType::Bf16).unwrap();
+                        gpu.gemm(&got, &db2, &mut c1).unwrap();
+                        gpu.gemm(&want.matrix, &db2, &mut c2).unwrap();
+                        let (c1, c2) = (c1.to_host().unwrap().values, c2.to_host().unwrap().values);
+                        assert!(c1.iter().all(|v| v.is_finite()), "{what}: next GEMM");
+                        assert!(
+                            c1.iter().zip(&c2).all(|(x, y)| x.to_bits() == y.to_bits()),
+                            "{what}: the next GEMM differs"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Every configuration a fused kernel runs in: the FP8 128 × 128 tile alone, in pairs along M
+/// and along N, and with K split in two and three ranges (the fused epilogue runs after the
+/// ranges meet); the 16-bit 128 × 128 tile (bf16 and fp16); the MX 256-column tile. Each against
+/// the host's steps on the plain product of the same plan, bit for bit (α, a per-batch f32
+/// bias, ReLU, a residual: single roundings), on a ragged shape.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn every_fused_configuration_matches_the_host_steps_bit_for_bit() {
+    use blockscaled::{ClusterShape, ElemType, Fp4Weights, Plan, Sm90Tile};
+    let gpu = Gpu::new(0).expect("a GPU");
+    let (m, n, k, l) = (328usize, 392usize, 1024usize, 2usize);
+    let half = |elem| OperandFormat {
+        elem,
+        ..Recipe::W4A16(Fp4Weights::Nvfp4).a()
+    };
+    let cases: Vec<(&str, OperandFormat, OperandFormat)> = vec![
+        ("deepseek", Recipe::DeepSeekFp8.a(), Recipe::DeepSeekFp8.b()),
+        ("bf16", half(ElemType::BF16), half(ElemType::BF16)),
+        ("f16", half(ElemType::F16), half(ElemType::F16)),
+        (
+            "mxfp8",
+            Recipe::Mxfp8(Fp8::E4M3).a(),
+            Recipe::Mxfp8(Fp8::E4M3).b(),
+        ),
+    ];
+    let mut seed = 7100u64;
+    for (name, fa, fb) in cases {
+        seed += 10;
+        let (a, b) = random_pair(seed, (m, n, k, l), fa, fb);
+        let (da, db) = (gpu.upload(&a).unwrap(), gpu.upload(&b).unwrap());
+        let bias = held(&gpu, seed + 1, InputType::F32, (1, n, l));
+        let res = held(&gpu, seed + 2, InputType::Bf16, (m, n, l));
+        let epi = Epilogue::new()
+            .alpha(1.25)
+            .bias(&bias.t)
+            .activation(Activation::Relu)
+            .residual(&res.t);
+        let base = gpu.fused_plan(&da, &db, &epi, None).unwrap();
+        let mut plans = vec![base];
+        if let Plan::Sm90Fp8(c) = base {
+            assert_eq!(c.tile, Sm90Tile::M128, "{name}: {base:?}");
+            for (cluster, split_k) in [
+                (ClusterShape { m: 2, n: 1 }, 1),
+                (ClusterShape { m: 1, n: 2 }, 1),
+                (ClusterShape::ONE, 2),
+                (ClusterShape::ONE, 3),
+            ] {
+                plans.push(Plan::Sm90Fp8(blockscaled::Sm90Config {
+                    cluster,
+                    split_k,
+                    group_m: 1,
+                    ..c
+                }));
+            }
+        }
+        for plan in plans {
+            let mut p = gpu.output(m, n, l, OutType::F32).unwrap();
+            gpu.gemm_with(&da, &db, &mut p, plan).unwrap();
+            let t = p.to_host().unwrap().values;
+            let mut out = gpu.output(m, n, l, OutType::Bf16).unwrap(); // NaN-poisoned
+            gpu.gemm_fused_with(&da, &db, &epi, &mut out, plan)
+                .unwrap_or_else(|e| panic!("{name} on {plan:?}: {e}"));
+            let got = out.to_host().unwrap().values;
+            for ll in 0..l {
+                for r in 0..m {
+                    for j in 0..n {
+                        let i = (ll * m + r) * n + j;
+                        let x = 1.25f32 * t[i] + bias.v[ll * n + j];
+                        let y = if x < 0.0 { 0.0 } else { x } + res.v[i];
+                        let want = half::bf16::from_f32(y).to_f32();
+                        assert!(
+                            got[i].to_bits() == want.to_bits(),
+                            "{name} on {plan:?}: ({ll}, {r}, {j}) = {}, host {want}",
+                            got[i]
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
