@@ -101,18 +101,17 @@ pub(crate) struct Gemm<'a> {
 }
 
 impl Gemm<'_> {
-    /// [`Error::Config`](crate::Error::Config) for a grouped GEMM on `family`, which has none.
     /// [`Error::Config`](crate::Error::Config) for a fused epilogue on `family`, which has none.
     pub(crate) fn plain_only(&self, family: &str) -> Result<()> {
         match self.epi {
             Some(_) => Err(crate::error::config(format!(
-                "{family} has no fused epilogue (fused: the sm90 FP8, 16-bit, MX, \
-                 4-bit-weights and fold kernels)"
+                "{family} has no fused epilogue (fused: the sm90 FP8, 16-bit and MX kernels)"
             ))),
             None => Ok(()),
         }
     }
 
+    /// [`Error::Config`](crate::Error::Config) for a grouped GEMM on `family`, which has none.
     pub(crate) fn dense_only(&self, family: &str) -> Result<()> {
         match self.groups {
             Some(_) => Err(crate::error::config(format!(

@@ -233,17 +233,16 @@ pub(crate) struct Fused<'a> {
 }
 
 impl<'a> Fused<'a> {
-    /// The global scratch a fused epilogue stages its rows in when the kernel's shared memory
-    /// has no room (`holds` false: `blockscaled_kernels::gemm::fuse`): `ctas` CTAs of
-    /// `consumers` warpgroups, tiles of `block_n` columns. Uninitialized: each warp writes its
-    /// rows before it reads them.
+    /// The global scratch a fused epilogue stages its rows in for a kernel whose shared memory
+    /// has no room for them (the MX kernel: `blockscaled_kernels::gemm::fuse`): `ctas` CTAs of
+    /// `consumers` warpgroups, tiles of `block_n` columns; `None` without a fused epilogue.
+    /// Uninitialized: each warp writes its rows before it reads them.
     pub(crate) fn scratch(
         fused: &Option<Fused<'_>>,
         stream: &Arc<CudaStream>,
-        holds: bool,
         (ctas, consumers, block_n): (u32, u32, u32),
     ) -> Result<Option<CudaSlice<u8>>> {
-        if fused.is_none() || holds {
+        if fused.is_none() {
             return Ok(None);
         }
         let bytes = ctas as usize * fused_staging(consumers, block_n) as usize;

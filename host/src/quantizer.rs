@@ -138,7 +138,9 @@ pub(crate) struct QuantTarget {
 }
 
 impl QuantTarget {
-    /// Checks `format` and `opts` for a `[l][rows][k]` matrix and allocates its buffers (zeroed).
+    /// Checks `format` and `opts` for a `[l][rows][k]` matrix and allocates its buffers: the codes
+    /// and scales uninitialized (every byte is written, see below), the swizzled copy and the
+    /// A-role scales zeroed.
     pub(crate) fn alloc(
         stream: &Arc<CudaStream>,
         format: OperandFormat,

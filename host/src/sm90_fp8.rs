@@ -754,8 +754,6 @@ impl Sm90Fp8 {
         };
         let resident = kernel.resident[cluster as usize - 1];
         let ctas = persistent_ctas(schedule, cfg.ctas, resident, cluster)?;
-        // (The fused kernels stage their rows in shared memory: `Tile::fused_layout`.)
-        let mut scratch = Fused::scratch(&epi, stream, true, (ctas, tile.consumers, tile.block_n))?;
         let mut launch = gemm_launch(stream, &kernel.func, kernel.def, ctas, cluster);
         let group_params = DeviceGroups::params(groups, &mut launch);
         // A in boxes of `Tile::a_box_rows`; B in boxes of block_n / cluster_m rows (each CTA's
@@ -799,7 +797,8 @@ impl Sm90Fp8 {
             groups: group_params,
             sparse: SparseParams::default(),
         };
-        let epi = Fused::params(epi, &mut launch, out_ptr, scratch.as_mut());
+        // (The fused kernel stages its rows in shared memory, `Tile::fused_layout`: no scratch.)
+        let epi = Fused::params(epi, &mut launch, out_ptr, None);
         // SAFETY: `cfg` was validated for this shape (tile, cluster, band, split and the 32-bit
         // indexing; grouped: no split, and `groups` holds `count` int32 values on this GPU); the tensor maps cover the live data buffers of the prepared operands, the
         // scale buffers have the documented sizes (A scales padded to whole clusters), the output

@@ -404,9 +404,6 @@ impl Sm90Half {
         let resident = kernel.resident[cl.m as usize - 1];
         let ctas = persistent_ctas(schedule, cfg.ctas, resident, cl.m)?;
         let mut slot = self.splitk.slot(cfg.split_k);
-        let geometry = (ctas, family::CONSUMERS, tile.block_n);
-        // (The fused kernels stage their rows in shared memory: `HalfTile::fused_layout`.)
-        let mut scratch = Fused::scratch(&epi, stream, true, geometry)?;
         let mut launch = half_launch(stream, &kernel.func, kernel.def, ctas, cl.m);
         let splitk = SplitK::params(&mut launch, slot.as_mut(), stream, &schedule, cl)?;
         let (tmap_a, tmap_b) = (
@@ -416,7 +413,8 @@ impl Sm90Half {
         // A fused epilogue stores directly: no output map.
         let staged = epi.is_none();
         let params = output_params(&mut launch, c, tile, staged, (tmap_a, tmap_b, splitk));
-        let epi = Fused::params(epi, &mut launch, params.out, scratch.as_mut());
+        // (The fused kernels stage their rows in shared memory, `HalfTile::fused_layout`.)
+        let epi = Fused::params(epi, &mut launch, params.out, None);
         let params = Sm90HalfParams {
             m: m as u32,
             n: n as u32,

@@ -401,7 +401,7 @@ impl Sm90Mx {
         let smem = kernel.def.layout().bytes();
         // The MX kernel has no output staging: a fused epilogue stages its rows in global memory.
         let geometry = (ctas, blockscaled_kernels::sm90_mx::CONSUMERS, tile.block_n);
-        let mut scratch = Fused::scratch(&epi, stream, false, geometry)?;
+        let mut scratch = Fused::scratch(&epi, stream, geometry)?;
         let mut launch = Launch::persistent(stream, &kernel.func, ctas, tile.threads(), smem, 1);
         let group_params = DeviceGroups::params(groups, &mut launch);
         let splitk = SplitK::params(

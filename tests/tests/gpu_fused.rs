@@ -298,7 +298,8 @@ fn quantized_output_is_the_quantizer_of_the_fused_f32_output() {
 
 /// Every configuration a fused kernel runs in: the FP8 128 × 128 tile alone, in pairs along M
 /// and along N, and with K split in two and three ranges (the fused epilogue runs after the
-/// ranges meet); the 16-bit 128 × 128 tile (bf16 and fp16); the MX 256-column tile. Each against
+/// ranges meet); the 16-bit 128 × 128 tile (bf16 and fp16); MXFP8 folded onto the FP8 fused tile
+/// (the MX 256-column fused tile runs in the tests above, at M < 256). Each against
 /// the host's steps on the plain product of the same plan, bit for bit (α, a per-batch f32
 /// bias, ReLU, a residual: single roundings), on a ragged shape.
 #[test]
