@@ -7,6 +7,8 @@
 # stall reasons. Samples count warps, so an idle warp parked at a barrier shows up too.
 #   bash stage/ncu-source.sh [runner args]          (default: 4096,7168,16384 deepseek-fp8)
 #   bash scripts/ncu-source.sh --summarize FILE.csv (the summary of an exported CSV, anywhere)
+# NCU_KERNEL (a regex, default sm90_) picks the kernel, NCU_SKIP (default 0) how many of its
+# launches to pass over first, NCU_TAG (default ncu-source) names the files.
 set -uo pipefail
 summarize() {
   python3 - "$1" <<'EOF'
@@ -49,15 +51,16 @@ OUT=${OUT:-/tmp}
 lt=$(find / -name 'libcublasLt.so.1[0-9]*' -not -path '/proc/*' 2>/dev/null | head -1)
 [ -n "$lt" ] && export LD_LIBRARY_PATH="$(dirname "$lt"):${LD_LIBRARY_PATH:-}"
 args=("$@"); [ ${#args[@]} -gt 0 ] || args=(--mnkl 4096,7168,16384,1 --recipe deepseek-fp8)
-timeout 300 ncu --clock-control none -k regex:sm90_ -c 1 --section SourceCounters --section WarpStateStats \
-  --section SpeedOfLight --import-source no -f -o "$OUT/ncu-source" \
+tag=${NCU_TAG:-ncu-source}
+timeout 300 ncu --clock-control none -k "regex:${NCU_KERNEL:-sm90_}" --launch-skip "${NCU_SKIP:-0}" -c 1 --section SourceCounters --section WarpStateStats \
+  --section SpeedOfLight --import-source no -f -o "$OUT/$tag" \
   ./blockscaled-run "${args[@]}" --skip_ref_check --no_peer --iterations 1 --warmup_iterations 0 2>&1 | tail -2
-ncu -i "$OUT/ncu-source.ncu-rep" --page source --csv --print-source sass > "$OUT/ncu-source.csv" || exit 1
-ncu -i "$OUT/ncu-source.ncu-rep" --page details --csv > "$OUT/ncu-details.csv"
-python3 - "$OUT/ncu-details.csv" <<'EOF'
+ncu -i "$OUT/$tag.ncu-rep" --page source --csv --print-source sass > "$OUT/$tag.csv" || exit 1
+ncu -i "$OUT/$tag.ncu-rep" --page details --csv > "$OUT/$tag-details.csv"
+python3 - "$OUT/$tag-details.csv" <<'EOF'
 import csv, sys
 for r in csv.DictReader(open(sys.argv[1])):
     if r.get("Metric Name") in ("Duration", "SM Frequency", "Compute (SM) Throughput"):
         print(f'{r["Kernel Name"]}: {r["Metric Name"]} {r["Metric Value"]} {r["Metric Unit"]}')
 EOF
-summarize "$OUT/ncu-source.csv"
+summarize "$OUT/$tag.csv"

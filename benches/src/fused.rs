@@ -180,15 +180,17 @@ pub fn run_fused(gpu: &Gpu, case: &FusedCase) -> Result<FusedOutcome, String> {
                 .map_err(err)?;
             let (g, w) = (got.to_host().map_err(err)?, want.to_host().map_err(err)?);
             let same_bits = g.data() == w.data() && g.scales() == w.scales();
+            // Both paths write into matrices made once (`_into`), as a serving loop does.
+            let mut dst = got;
             let t = time_on_stream(gpu.stream(), wu, it, |_| {
-                gpu.gemm_quantized_with(&da, &db, &epi, format, &opts, fused_plan)
-                    .map(|_| ())
+                gpu.gemm_quantized_into(&da, &db, &epi, &mut dst, fused_plan)
             })
             .map_err(err)?;
             // The unfused path's second half: the standalone quantizer of the bf16 output.
             let ot = gpu.output_as_tensor(o).map_err(err)?;
+            let mut qdst = want;
             let q = time_on_stream(gpu.stream(), wu, it, |_| {
-                gpu.quantize_with(&ot, format, &opts).map(|_| ())
+                gpu.quantize_into(&ot, &mut qdst, &opts)
             })
             .map_err(err)?;
             Some((q.median_ms, t.median_ms, same_bits))
@@ -244,7 +246,7 @@ pub fn fused_lines(case: &FusedCase, o: &FusedOutcome) -> (Vec<String>, bool) {
     let mut ok = true;
     if let Some((q, t, same_bits)) = o.quantized {
         let name = case.quant.as_deref().unwrap_or("");
-        lines.push(row("standalone quantizer of that output (call)", q));
+        lines.push(row("standalone quantizer of that output (into)", q));
         lines.push(row(&format!("fused epilogue + {name} output"), t));
         let saved = o.fused_bf16_ms + q - t;
         lines.push(format!(
@@ -267,7 +269,11 @@ pub fn fused_lines(case: &FusedCase, o: &FusedOutcome) -> (Vec<String>, bool) {
 #[derive(Clone, Debug)]
 pub struct QuantizerRow {
     pub name: String,
+    /// `Gpu::quantize_into` a matrix made once (what a serving loop calls).
     pub ms: f64,
+    /// `Gpu::quantize_with` (a new matrix each call: allocation, tensor maps, and for the formats
+    /// prepared through the host, a round trip).
+    pub call_ms: f64,
     pub bytes: usize,
     pub check: Result<String, String>,
 }
@@ -319,6 +325,7 @@ pub fn run_quantizers(
                 out.push(QuantizerRow {
                     name: r.name().to_string(),
                     ms: f64::NAN,
+                    call_ms: f64::NAN,
                     bytes: 0,
                     check: Err(e.to_string()),
                 });
@@ -334,14 +341,20 @@ pub fn run_quantizers(
             (_, Err(x)) => Err(x.to_string()),
         };
         let (data_bytes, scale_bytes) = got.desc().validate().map_err(err)?;
-        let t = time_on_stream(gpu.stream(), warmup, iters, |i| {
+        let call = time_on_stream(gpu.stream(), warmup, iters, |i| {
             gpu.quantize_with(&tensors[i % sets], format, &opts)
                 .map(|_| ())
+        })
+        .map_err(err)?;
+        let mut dst = got;
+        let t = time_on_stream(gpu.stream(), warmup, iters, |i| {
+            gpu.quantize_into(&tensors[i % sets], &mut dst, &opts)
         })
         .map_err(err)?;
         out.push(QuantizerRow {
             name: r.name().to_string(),
             ms: t.median_ms,
+            call_ms: call.median_ms,
             bytes: in_bytes + data_bytes + scale_bytes,
             check,
         });
@@ -352,8 +365,8 @@ pub fn run_quantizers(
 /// The header and lines of a quantizer table; the second value says whether every check passed.
 pub fn quantizer_lines(rows: &[QuantizerRow]) -> (Vec<String>, bool) {
     let mut lines = vec![format!(
-        "{:<16} {:>9} {:>7} {:>11}  check",
-        "format", "time µs", "GB/s", "of 3.0 TB/s"
+        "{:<16} {:>9} {:>7} {:>11} {:>10}  check",
+        "format", "into µs", "GB/s", "of 3.0 TB/s", "call µs"
     )];
     let mut ok = true;
     for r in rows {
@@ -369,11 +382,12 @@ pub fn quantizer_lines(rows: &[QuantizerRow]) -> (Vec<String>, bool) {
             continue;
         }
         lines.push(format!(
-            "{:<16} {:>9.2} {:>7.0} {:>11.2}  {check}",
+            "{:<16} {:>9.2} {:>7.0} {:>11.2} {:>10.2}  {check}",
             r.name,
             r.ms * 1e3,
             r.gbs(),
-            r.gbs() / COPY_CEILING_GBS
+            r.gbs() / COPY_CEILING_GBS,
+            r.call_ms * 1e3
         ));
     }
     (lines, ok)

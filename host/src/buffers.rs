@@ -55,6 +55,10 @@ impl Prepared {
     pub(crate) fn get<T: Any>(&self) -> Option<&T> {
         self.0.iter().find_map(|v| v.downcast_ref::<T>())
     }
+
+    pub(crate) fn get_mut<T: Any>(&mut self) -> Option<&mut T> {
+        self.0.iter_mut().find_map(|v| v.downcast_mut::<T>())
+    }
 }
 
 /// A block-scaled matrix on the GPU.

@@ -7,19 +7,21 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaContext, CudaModule, CudaStream, sys};
+use cudarc::driver::{CudaContext, CudaModule, CudaSlice, CudaStream, sys};
 
 use crate::bsr::{self, BsrMatrix, DeviceBsr, SparseSide};
 use crate::buffers::{DeviceMatrix, DeviceOutput, GpuId, Prepared};
 use crate::error::{Error, Result, shape};
 use crate::family::{Families, Gemm};
 use crate::format::{ElemType, OperandFormat, OutType, ScaleType};
-use crate::fused::{self, Epilogue, Fused};
+use crate::fused::{self, Epilogue, Fused, QuantOut};
 use crate::grouped::{self, DeviceGroups, GroupLayout};
 use crate::matrix::{GemmShape, ScaledMatrix};
 use crate::plan::{self, GpuArch, Plan};
 use crate::quantizer::TensorElement;
-use crate::quantizer::{DeviceQuantized, DeviceTensor, QuantTarget, QuantizeOptions, Quantizers};
+use crate::quantizer::{
+    DeviceQuantized, DeviceTensor, QuantBufs, QuantSpec, QuantTarget, QuantizeOptions, Quantizers,
+};
 use crate::sm90_fp8::{Sm90Fp8, Sm90Operand};
 use crate::sm90_half::Sm90Half;
 use crate::sm90_mx_fp8::Sm90MxFp8;
@@ -41,6 +43,9 @@ pub struct Gpu {
     image: KernelImage,
     name: String,
     sm_count: u32,
+    /// A one-byte buffer that stands in a matrix for its codes while a GEMM writes them as its
+    /// output (`gemm_quantized_into`), made once.
+    placeholder: std::sync::Mutex<Option<CudaSlice<u8>>>,
 }
 
 impl std::fmt::Debug for Gpu {
@@ -89,7 +94,7 @@ impl Gpu {
         let (module, image) = image::load(&ctx, (major, minor), images)?;
         let stream = ctx.new_stream()?;
         let families = plan::load_families(&module, &stream, arch, sm_count)?;
-        let quantizers = Quantizers::load(&module)?;
+        let quantizers = Quantizers::load(&module, sm_count)?;
         Ok(Gpu {
             id: GpuId::next(),
             ctx,
@@ -101,6 +106,7 @@ impl Gpu {
             image,
             name,
             sm_count,
+            placeholder: std::sync::Mutex::new(None),
         })
     }
 
@@ -218,10 +224,75 @@ impl Gpu {
         opts: &QuantizeOptions,
     ) -> Result<DeviceQuantized> {
         self.id.check(t.gpu, "the tensor")?;
-        let q = self
-            .quantizers
-            .quantize(&self.stream, self.sm_count, t, format, opts)?;
+        let q = self.quantizers.quantize(&self.stream, t, format, opts)?;
         self.finish_quantized(q)
+    }
+
+    /// Quantizes `t` into `dst`, a matrix of `t`'s dimensions made by [`Gpu::quantize_with`] (or
+    /// [`Gpu::gemm_quantized`]) with the same options, reusing its buffers: no allocation, and for
+    /// FP8 with fp32 scales per 1×128 nothing but the kernel (its tensor maps stay valid), so a
+    /// serving loop quantizes each step's activations into the same matrix. `opts` as for
+    /// `quantize_with`, but no swizzled copy (`Error::Config`), and `opts.major` `None` keeps
+    /// `dst`'s order. The other formats are prepared for their GEMM kernels again through the
+    /// host, as `quantize_with` does. [`Error::Shape`] or [`Error::Format`] where `dst` is not a
+    /// matrix of this shape and format.
+    pub fn quantize_into(
+        &self,
+        t: &DeviceTensor,
+        dst: &mut DeviceMatrix,
+        opts: &QuantizeOptions,
+    ) -> Result<()> {
+        self.id.check(t.gpu, "the tensor")?;
+        self.id.check(dst.gpu, "the destination")?;
+        if opts.swizzled_scales {
+            return Err(Error::Config(
+                "quantize_into writes no swizzled copy of the scales (quantize_with makes one)"
+                    .into(),
+            ));
+        }
+        let opts = QuantizeOptions {
+            major: opts.major.or_else(|| major_of(&dst.desc)),
+            ..*opts
+        };
+        let mut spec = QuantSpec::new(dst.desc.format, (t.rows, t.k, t.batch), &opts)?;
+        self.check_target(&spec, &dst.desc)?;
+        let sfa = match dst.prepared.get_mut::<Sm90Operand>() {
+            Some(op) if spec.fp8_a => op.sfa.as_mut().map(|s| &mut s.0),
+            _ => None,
+        };
+        let in_place = sfa.is_some();
+        let bufs = QuantBufs {
+            data: &mut dst.data,
+            scales: &mut dst.scales,
+            swizzled: None,
+            sfa,
+        };
+        self.quantizers.write(&self.stream, t, &mut spec, bufs)?;
+        dst.desc.tensor_scale = spec.desc.tensor_scale;
+        if !in_place {
+            dst.prepared = Prepared::default();
+            self.prepare_via_host(dst)?;
+        }
+        Ok(())
+    }
+
+    /// `Error::Shape` / `Error::Format` unless `dst` is the matrix `spec` describes (its tensor
+    /// scale aside).
+    fn check_target(&self, spec: &QuantSpec, dst: &crate::MatrixDesc) -> Result<()> {
+        let want = spec.desc;
+        if (want.rows, want.k, want.batch) != (dst.rows, dst.k, dst.batch) {
+            return Err(shape(format!(
+                "the destination is {}×{}×{}, the values {}×{}×{}",
+                dst.batch, dst.rows, dst.k, want.batch, want.rows, want.k
+            )));
+        }
+        if want.format != dst.format || want.scale_layout != dst.scale_layout {
+            return Err(Error::Format(format!(
+                "the destination holds {:?} with scales {:?}, not the quantizer's {:?} with {:?}",
+                dst.format, dst.scale_layout, want.format, want.scale_layout
+            )));
+        }
+        Ok(())
     }
 
     /// A quantized matrix's buffers as a [`DeviceQuantized`], prepared for the GEMM kernels: FP8
@@ -247,18 +318,29 @@ impl Gpu {
             scales: q.scales,
             prepared,
         };
-        if matrix.prepared.is_empty() && matrix.desc.tensor_scale.is_finite() {
-            let host = matrix.to_host()?;
-            for family in self.families.iter() {
-                if let Some(p) = family.prepare_operand(&self.stream, &host, &matrix.data)? {
-                    matrix.prepared.insert(p);
-                }
-            }
+        if matrix.prepared.is_empty() {
+            self.prepare_via_host(&mut matrix)?;
         }
         Ok(DeviceQuantized {
             matrix,
             swizzled_scales: q.swizzled,
         })
+    }
+
+    /// `m` prepared for the GEMM kernels that take it through one copy back to the host (the
+    /// MX, NVFP4 and per-row FP8 layouts are not written on the device yet); nothing for a NaN
+    /// tensor scale (non-finite input), which no kernel takes.
+    fn prepare_via_host(&self, m: &mut DeviceMatrix) -> Result<()> {
+        if !m.desc.tensor_scale.is_finite() {
+            return Ok(());
+        }
+        let host = m.to_host()?;
+        for family in self.families.iter() {
+            if let Some(p) = family.prepare_operand(&self.stream, &host, &m.data)? {
+                m.prepared.insert(p);
+            }
+        }
+        Ok(())
     }
 
     /// This MX or NVFP4 matrix folded to FP8 on the GPU, once, as the fold pre-pass does per
@@ -444,18 +526,113 @@ impl Gpu {
             ));
         }
         let n_out = epi.out_cols(s.n);
-        if !n_out.is_multiple_of(block) {
-            return Err(Error::Alignment(format!(
-                "a quantized output's columns must be a multiple of its scale block ({block}), \
-                 not {n_out}: a block is quantized by the lanes that hold it"
-            )));
-        }
+        whole_blocks(n_out, block)?;
         plan.validate(&s)?;
         plan.check_fused(fused_needs((a, b), epi, Some(&format)))?;
         let mut target = QuantTarget::alloc(&self.stream, format, (s.m, n_out, s.l), opts)?;
-        // The codes are the launch's output buffer (a 1-byte placeholder stays in the target).
-        let data = std::mem::replace(&mut target.data, self.stream.alloc_zeros::<u8>(1)?);
-        let mut shell = fused::codes_shell(self.id, data, (s.m, n_out, s.l));
+        let QuantTarget {
+            spec,
+            mut data,
+            mut scales,
+            sfa: mut sfa_buf,
+            ..
+        } = target;
+        self.launch_quantized(
+            s,
+            (a, b, epi, plan),
+            &mut data,
+            QuantOut {
+                spec,
+                scales: &mut scales,
+                sfa: sfa_buf.as_mut(),
+            },
+        )?;
+        target = QuantTarget {
+            spec,
+            data,
+            scales,
+            swizzled: None,
+            sfa: sfa_buf,
+        };
+        let q = crate::quantizer::Quantized {
+            desc: target.spec.desc,
+            data: target.data,
+            scales: target.scales,
+            sfa: target.sfa.map(|s| (s, spec.m_pad)),
+            swizzled: None,
+        };
+        Ok(self.finish_quantized(q)?.matrix)
+    }
+
+    /// [`Gpu::gemm_quantized_with`] into `dst`, a matrix of the output's shape and format made by
+    /// [`Gpu::gemm_quantized`] or [`Gpu::quantize_with`] (the same checks as
+    /// [`Gpu::quantize_into`]; an NVFP4 `dst`'s tensor scale is the one the output is quantized
+    /// with), reusing its buffers: for FP8 with fp32 scales per 1×128 nothing but the GEMM's
+    /// launch.
+    pub fn gemm_quantized_into(
+        &self,
+        a: &DeviceMatrix,
+        b: &DeviceMatrix,
+        epi: &Epilogue<'_>,
+        dst: &mut DeviceMatrix,
+        plan: Plan,
+    ) -> Result<()> {
+        let s = self.check_operands(a, b)?;
+        epi.check(self.id, &s)?;
+        self.id.check(dst.gpu, "the destination")?;
+        let format = dst.desc.format;
+        let block = fused::quant_block(&format)? as usize;
+        let n_out = epi.out_cols(s.n);
+        whole_blocks(n_out, block)?;
+        let opts = QuantizeOptions {
+            major: major_of(&dst.desc),
+            tensor_scale: (format.scale == ScaleType::UE4M3).then_some(dst.desc.tensor_scale),
+            swizzled_scales: false,
+        };
+        let spec = QuantSpec::new(format, (s.m, n_out, s.l), &opts)?;
+        self.check_target(&spec, &dst.desc)?;
+        plan.validate(&s)?;
+        plan.check_fused(fused_needs((a, b), epi, Some(&format)))?;
+        let sfa = match dst.prepared.get_mut::<Sm90Operand>() {
+            Some(op) if spec.fp8_a => op.sfa.as_mut().map(|s| &mut s.0),
+            _ => None,
+        };
+        let in_place = sfa.is_some();
+        let q = QuantOut {
+            spec,
+            scales: &mut dst.scales,
+            sfa,
+        };
+        self.launch_quantized(s, (a, b, epi, plan), &mut dst.data, q)?;
+        if !in_place {
+            dst.prepared = Prepared::default();
+            self.prepare_via_host(dst)?;
+        }
+        Ok(())
+    }
+
+    /// One launch of `plan` whose fused epilogue quantizes into `data` and `q`'s scales (checked
+    /// by the caller). While it runs, `data` lends its buffer to the launch's output and holds
+    /// a one-byte placeholder.
+    fn launch_quantized(
+        &self,
+        s: GemmShape,
+        (a, b, epi, plan): (&DeviceMatrix, &DeviceMatrix, &Epilogue<'_>, Plan),
+        data: &mut CudaSlice<u8>,
+        q: QuantOut<'_>,
+    ) -> Result<()> {
+        let n_out = epi.out_cols(s.n);
+        let held = self
+            .placeholder
+            .lock()
+            .map_err(|_| Error::Config("a thread panicked while holding the placeholder".into()))?
+            .take();
+        let placeholder = match held {
+            Some(p) => p,
+            None => self.stream.alloc_zeros::<u8>(1)?,
+        };
+        let codes = std::mem::replace(data, placeholder);
+        let mut shell = fused::codes_shell(self.id, codes, (s.m, n_out, s.l));
         let g = Gemm {
             stream: &self.stream,
             shape: s,
@@ -465,19 +642,15 @@ impl Gpu {
             groups: None,
             epi: Some(Fused {
                 epi,
-                quant: Some(&mut target),
+                quant: Some(q),
             }),
         };
-        plan.launch(&self.families, g)?;
-        let m_pad = target.m_pad;
-        let q = crate::quantizer::Quantized {
-            desc: target.desc,
-            data: shell.buf,
-            scales: target.scales,
-            sfa: target.sfa.map(|s| (s, m_pad)),
-            swizzled: None,
-        };
-        Ok(self.finish_quantized(q)?.matrix)
+        let r = plan.launch(&self.families, g);
+        let placeholder = std::mem::replace(data, shell.buf);
+        if let Ok(mut slot) = self.placeholder.lock() {
+            *slot = Some(placeholder);
+        }
+        r
     }
 
     /// The plan [`Gpu::gemm_fused`] (`quantized` `None`) or [`Gpu::gemm_quantized`] would run:
@@ -824,5 +997,29 @@ fn fused_needs(
     plan::FusedNeeds {
         block_cols: block * if paired { 2 } else { 1 },
         elems: (a.desc.format.elem, b.desc.format.elem),
+    }
+}
+
+/// The major order of `d`'s scales where they are packed (the quantizers' layouts); `None`
+/// otherwise (the check that follows then names the difference).
+fn major_of(d: &crate::MatrixDesc) -> Option<crate::format::ScaleMajor> {
+    use crate::format::ScaleMajor;
+    use crate::matrix::ScaleLayout;
+    let l = d.scale_layout;
+    [ScaleMajor::K, ScaleMajor::Mn]
+        .into_iter()
+        .find(|&m| ScaleLayout::packed(m, l.row_blocks, l.k_blocks) == l)
+}
+
+/// `Error::Alignment` unless a quantized output's `n_out` columns are whole scale blocks of
+/// `block`: a block is quantized by the lanes that hold it.
+fn whole_blocks(n_out: usize, block: usize) -> Result<()> {
+    if n_out.is_multiple_of(block) {
+        Ok(())
+    } else {
+        Err(Error::Alignment(format!(
+            "a quantized output's columns must be a multiple of its scale block ({block}), not \
+             {n_out}: a block is quantized by the lanes that hold it"
+        )))
     }
 }

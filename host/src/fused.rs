@@ -13,7 +13,7 @@ use crate::error::{Error, Result, shape};
 use crate::format::{ElemType, OperandFormat, OutType, ScaleBlock, ScaleType};
 use crate::launch::Launch;
 use crate::matrix::GemmShape;
-use crate::quantizer::{DeviceTensor, QuantTarget};
+use crate::quantizer::{DeviceTensor, QuantSpec};
 use blockscaled_kernels::gemm::layout::fused_staging;
 pub use blockscaled_kernels::params::Activation;
 use blockscaled_kernels::params::EpilogueParams;
@@ -225,11 +225,19 @@ pub(crate) fn quant_block(format: &OperandFormat) -> Result<u32> {
     }
 }
 
+/// A quantized output's description and scale buffers (its codes are the launch's output).
+pub(crate) struct QuantOut<'a> {
+    pub spec: QuantSpec,
+    pub scales: &'a mut CudaSlice<u8>,
+    /// The FP8 kernel's A-role scales, when `spec.fp8_a`.
+    pub sfa: Option<&'a mut CudaSlice<f32>>,
+}
+
 /// A fused epilogue bound to one launch's output: the steps, and the quantized output's
 /// buffers (the codes are the launch's output buffer).
 pub(crate) struct Fused<'a> {
     pub epi: &'a Epilogue<'a>,
-    pub quant: Option<&'a mut QuantTarget>,
+    pub quant: Option<QuantOut<'a>>,
 }
 
 impl<'a> Fused<'a> {
@@ -266,18 +274,18 @@ impl<'a> Fused<'a> {
             p.scratch = launch.ptr_mut(s);
         }
         if let Some(q) = f.quant {
-            let d = q.desc;
+            let d = q.spec.desc;
             p.q_data = out;
             p.q_elem = d.format.elem as u32;
             p.q_scale = d.format.scale as u32;
-            p.q_block = q.block_k;
-            p.q_tensor_scale = q.given.unwrap_or(1.0);
+            p.q_block = q.spec.block_k;
+            p.q_tensor_scale = q.spec.given.unwrap_or(1.0);
             p.q_stride_l = d.scale_layout.batch_stride as u64;
             p.q_stride_r = d.scale_layout.row_stride as u64;
             p.q_stride_k = d.scale_layout.k_stride as u64;
-            p.q_m_pad = q.m_pad;
-            p.q_scales = launch.ptr_mut(&mut q.scales);
-            p.q_sfa = match q.sfa.as_mut() {
+            p.q_m_pad = q.spec.m_pad;
+            p.q_scales = launch.ptr_mut(q.scales);
+            p.q_sfa = match q.sfa {
                 Some(s) => launch.ptr_mut(s),
                 None => 0,
             };

@@ -104,6 +104,7 @@ pub struct DeviceQuantized {
 
 /// The loaded quantizer kernels.
 pub(crate) struct Quantizers {
+    sm_count: u32,
     amax: CudaFunction,
     kernels: Vec<(&'static QuantizeKernel, CudaFunction)>,
 }
@@ -118,31 +119,47 @@ pub(crate) struct Quantized {
     pub swizzled: Option<CudaSlice<u8>>,
 }
 
-/// A quantized matrix's buffers before they are written: what the quantizer kernels and a GEMM's
-/// quantized output write into, checked and allocated by one function.
-pub(crate) struct QuantTarget {
+/// What a quantizer or a GEMM's quantized output writes, apart from its buffers: the matrix's
+/// description and the kernels' view of its scales. Made (and checked) by [`QuantSpec::new`].
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct QuantSpec {
     pub desc: MatrixDesc,
-    pub data: CudaSlice<u8>,
-    pub scales: CudaSlice<u8>,
-    pub swizzled: Option<CudaSlice<u8>>,
-    /// The FP8 kernel's A-role scales `[l][k/128][m_pad]` (FP8 with fp32 scales per 1×128 and K
-    /// a multiple of 128), zero in the padding rows (the kernel's last tiles read them).
-    pub sfa: Option<CudaSlice<f32>>,
     pub span: ScaleSpan,
     /// Elements of a 1×k block ([`ScaleSpan::Block`]).
     pub block_k: u32,
+    /// Rows of the FP8 kernel's A-role scales `[l][k/128][m_pad]`, when the format has them.
     pub m_pad: u32,
+    /// Whether the format has them (FP8 with fp32 scales per 1×128, K a multiple of 128).
+    pub fp8_a: bool,
+    /// Bytes of one batch entry of the 128×4 swizzled copy (0: none).
     pub swizzled_entry: usize,
     /// NVFP4's tensor scale when given.
     pub given: Option<f32>,
 }
 
-impl QuantTarget {
-    /// Checks `format` and `opts` for a `[l][rows][k]` matrix and allocates its buffers: the codes
-    /// and scales uninitialized (every byte is written, see below), the swizzled copy and the
-    /// A-role scales zeroed.
-    pub(crate) fn alloc(
-        stream: &Arc<CudaStream>,
+/// The buffers a quantizer writes (borrowed: a new matrix's, or one being rewritten).
+pub(crate) struct QuantBufs<'a> {
+    pub data: &'a mut CudaSlice<u8>,
+    pub scales: &'a mut CudaSlice<u8>,
+    pub swizzled: Option<&'a mut CudaSlice<u8>>,
+    /// The FP8 kernel's A-role scales, zero in the padding rows (the kernel's last tiles read
+    /// them), when `QuantSpec::fp8_a`.
+    pub sfa: Option<&'a mut CudaSlice<f32>>,
+}
+
+/// A quantized matrix's buffers before they are written: what the quantizer kernels and a GEMM's
+/// quantized output write into, checked and allocated by one function.
+pub(crate) struct QuantTarget {
+    pub spec: QuantSpec,
+    pub data: CudaSlice<u8>,
+    pub scales: CudaSlice<u8>,
+    pub swizzled: Option<CudaSlice<u8>>,
+    pub sfa: Option<CudaSlice<f32>>,
+}
+
+impl QuantSpec {
+    /// Checks `format` and `opts` for a `[l][rows][k]` matrix.
+    pub(crate) fn new(
         format: OperandFormat,
         (rows, k, l): (usize, usize, usize),
         opts: &QuantizeOptions,
@@ -166,9 +183,11 @@ impl QuantTarget {
                 "the device quantizers take K a multiple of 8 (8 elements per thread), not {k}"
             )));
         }
-        if rows == 0 || k == 0 || l == 0 || rows > u32::MAX as usize || l > 65535 {
+        // (Rows below 2^32 - 65536: the kernel's row index plus the grid's y stays a u32.)
+        if rows == 0 || k == 0 || l == 0 || rows > (u32::MAX - 65536) as usize || l > 65535 {
             return Err(shape(format!(
-                "{l}×{rows}×{k}: rows, K and batch must be non-zero, batch at most 65535"
+                "{l}×{rows}×{k}: rows, K and batch must be non-zero, rows below 2^32 - 65536, batch \
+                 at most 65535"
             )));
         }
         let nv = format.scale == ScaleType::UE4M3;
@@ -200,7 +219,38 @@ impl QuantTarget {
             scale_layout: layout,
             tensor_scale: given.unwrap_or(1.0),
         };
-        let (data_bytes, scale_bytes) = desc.validate()?;
+        desc.validate()?;
+        let swizzled_entry = if opts.swizzled_scales {
+            swizzled_128x4_len(layout.row_blocks, layout.k_blocks)
+                .ok_or_else(|| shape("the swizzled scales' size overflows"))?
+        } else {
+            0
+        };
+        Ok(QuantSpec {
+            desc,
+            span,
+            block_k,
+            m_pad: blockscaled_kernels::sm90::m_pad(rows as u32),
+            fp8_a: format.scale == ScaleType::F32 && block_k == 128 && k.is_multiple_of(128),
+            swizzled_entry,
+            given,
+        })
+    }
+}
+
+impl QuantTarget {
+    /// Checks `format` and `opts` for a `[l][rows][k]` matrix ([`QuantSpec::new`]) and allocates
+    /// its buffers: the codes and scales uninitialized (every byte is written, see below), the
+    /// swizzled copy and the A-role scales zeroed.
+    pub(crate) fn alloc(
+        stream: &Arc<CudaStream>,
+        format: OperandFormat,
+        dims: (usize, usize, usize),
+        opts: &QuantizeOptions,
+    ) -> Result<Self> {
+        let spec = QuantSpec::new(format, dims, opts)?;
+        let (data_bytes, scale_bytes) = spec.desc.validate()?;
+        let l = spec.desc.batch;
         // SAFETY: u8 has no invalid bit patterns, and the quantizer writes every byte of both
         // before anything reads them: each thread's 8 elements (K % 8 == 0: whole rows of codes),
         // and the scale of every block, row or entry of the packed layout (no gaps); so does a
@@ -209,42 +259,43 @@ impl QuantTarget {
         // call.
         let data = unsafe { stream.alloc::<u8>(data_bytes) }?;
         let scales = unsafe { stream.alloc::<u8>(scale_bytes) }?;
-        let swizzled_entry = if opts.swizzled_scales {
-            swizzled_128x4_len(layout.row_blocks, layout.k_blocks)
-                .ok_or_else(|| shape("the swizzled scales' size overflows"))?
-        } else {
-            0
-        };
-        let swizzled = if opts.swizzled_scales {
-            Some(stream.alloc_zeros::<u8>(swizzled_entry * l)?)
+        let swizzled = if spec.swizzled_entry > 0 {
+            Some(stream.alloc_zeros::<u8>(spec.swizzled_entry * l)?)
         } else {
             None
         };
-        let fp8_a = format.scale == ScaleType::F32 && block_k == 128 && k.is_multiple_of(128);
-        let m_pad = blockscaled_kernels::sm90::m_pad(rows as u32);
-        let sfa = if fp8_a {
-            Some(stream.alloc_zeros::<f32>(l * (k / 128) * m_pad as usize)?)
+        let sfa = if spec.fp8_a {
+            Some(stream.alloc_zeros::<f32>(l * (spec.desc.k / 128) * spec.m_pad as usize)?)
         } else {
             None
         };
         Ok(QuantTarget {
-            desc,
+            spec,
             data,
             scales,
             swizzled,
             sfa,
-            span,
-            block_k,
-            m_pad,
-            swizzled_entry,
-            given,
         })
+    }
+
+    /// The spec and the buffers, borrowed.
+    pub(crate) fn parts(&mut self) -> (&mut QuantSpec, QuantBufs<'_>) {
+        (
+            &mut self.spec,
+            QuantBufs {
+                data: &mut self.data,
+                scales: &mut self.scales,
+                swizzled: self.swizzled.as_mut(),
+                sfa: self.sfa.as_mut(),
+            },
+        )
     }
 }
 
 impl Quantizers {
-    pub(crate) fn load(module: &Arc<CudaModule>) -> Result<Self> {
+    pub(crate) fn load(module: &Arc<CudaModule>, sm_count: u32) -> Result<Self> {
         Ok(Quantizers {
+            sm_count,
             amax: module.load_function(AMAX_KERNEL.name)?,
             kernels: kq::KERNELS
                 .iter()
@@ -253,15 +304,38 @@ impl Quantizers {
         })
     }
 
+    /// Quantizes `t` into a new matrix of `format`.
     pub(crate) fn quantize(
         &self,
         stream: &Arc<CudaStream>,
-        sm_count: u32,
         t: &DeviceTensor,
         format: OperandFormat,
         opts: &QuantizeOptions,
     ) -> Result<Quantized> {
+        let mut target = QuantTarget::alloc(stream, format, (t.rows, t.k, t.batch), opts)?;
+        let (spec, bufs) = target.parts();
+        self.write(stream, t, spec, bufs)?;
+        let m_pad = target.spec.m_pad;
+        Ok(Quantized {
+            desc: target.spec.desc,
+            data: target.data,
+            scales: target.scales,
+            sfa: target.sfa.map(|s| (s, m_pad)),
+            swizzled: target.swizzled,
+        })
+    }
+
+    /// Quantizes `t` (of `spec`'s dimensions: the caller's check) into `bufs` (of `spec`'s
+    /// sizes), and sets a computed NVFP4 tensor scale in `spec.desc`.
+    pub(crate) fn write(
+        &self,
+        stream: &Arc<CudaStream>,
+        t: &DeviceTensor,
+        spec: &mut QuantSpec,
+        bufs: QuantBufs<'_>,
+    ) -> Result<()> {
         let (rows, k, l) = (t.rows, t.k, t.batch);
+        let format = spec.desc.format;
         let func = self
             .kernels
             .iter()
@@ -273,27 +347,14 @@ impl Quantizers {
                      with e8m0 or ue4m3 scales",
                 )
             })?;
-        let target = QuantTarget::alloc(stream, format, (rows, k, l), opts)?;
-        let QuantTarget {
-            mut desc,
-            mut data,
-            mut scales,
-            mut swizzled,
-            mut sfa,
-            span,
-            block_k,
-            m_pad,
-            swizzled_entry: swz_entry,
-            given,
-        } = target;
-        let layout = desc.scale_layout;
+        let layout = spec.desc.scale_layout;
         let nv = format.scale == ScaleType::UE4M3;
-        let amax_slots = match span {
+        let amax_slots = match spec.span {
             ScaleSpan::Row => l * rows,
             ScaleSpan::Entry => l,
             ScaleSpan::Block => 0,
         };
-        let needs_tensor = nv && given.is_none();
+        let needs_tensor = nv && spec.given.is_none();
         // The maxima start at 0 (`red.max` raises them); allocated only where a pass writes them
         // (a memset per call is a launch of its own).
         let mut amax = if amax_slots > 0 {
@@ -315,18 +376,18 @@ impl Quantizers {
             scale_stride_r: layout.row_stride as u64,
             scale_stride_k: layout.k_stride as u64,
             swizzled: 0,
-            swizzled_entry: swz_entry as u64,
+            swizzled_entry: spec.swizzled_entry as u64,
             sfa: 0,
             amax: 0,
             tensor_amax: 0,
             rows: rows as u32,
             k: k as u32,
             batch: l as u32,
-            m_pad,
+            m_pad: spec.m_pad,
             input: t.input as u32,
-            span: span as u32,
-            block_k,
-            tensor_scale: given.unwrap_or(0.0),
+            span: spec.span as u32,
+            block_k: spec.block_k,
+            tensor_scale: spec.given.unwrap_or(0.0),
         };
         if amax_slots > 0 || needs_tensor {
             let mut launch = Launch::new(stream, &self.amax)
@@ -342,29 +403,40 @@ impl Quantizers {
             unsafe { launch.launch(&q) }?;
         }
         let (per_block, blocks) = kq::lanes(&p);
-        let lanes_total = (l * rows) as u64 * (per_block * blocks) as u64;
-        let blocks_wanted = lanes_total.div_ceil(QUANTIZE_THREADS as u64);
-        // A few waves of resident blocks; each thread loops over the rest.
-        let grid = blocks_wanted.clamp(1, sm_count as u64 * 16) as u32;
+        // x: a row's lanes; y: rows (each block goes round them, y at most the grid's limit);
+        // z: the batch (≤ 65535, checked by `QuantSpec::new`).
+        let grid_x = (per_block * blocks).div_ceil(QUANTIZE_THREADS);
+        // About eight blocks per SM in all (two waves at the kernels' occupancy): each thread
+        // then goes round several rows, its next row's load in flight during this row's work.
+        let grid_y = (self.sm_count * 8)
+            .div_ceil(grid_x)
+            .clamp(1, rows.min(65535) as u32);
         let mut launch = Launch::new(stream, func)
-            .grid(grid, 1, 1)
+            .grid(grid_x, grid_y, l as u32)
             .block(QUANTIZE_THREADS, 1, 1);
         p.src = launch.ptr(&t.buf);
-        p.dst = launch.ptr_mut(&mut data);
-        p.scales = launch.ptr_mut(&mut scales);
-        p.swizzled = launch.opt_ptr(swizzled.as_ref());
-        p.sfa = launch.opt_ptr(sfa.as_ref());
+        p.dst = launch.ptr_mut(bufs.data);
+        p.scales = launch.ptr_mut(bufs.scales);
+        p.swizzled = match bufs.swizzled {
+            Some(b) => launch.ptr_mut(b),
+            None => 0,
+        };
+        p.sfa = match bufs.sfa {
+            Some(b) => launch.ptr_mut(b),
+            None => 0,
+        };
         p.amax = launch.opt_ptr(amax.as_ref());
         p.tensor_amax = launch.opt_ptr(tensor_amax.as_ref());
         // SAFETY: as the maximum pass for `src`; `dst` holds the format's data bytes and `scales`
-        // its packed layout (`desc.validate`), `swizzled` l whole-tile entries, `sfa`
-        // l·(k/128)·m_pad f32 (rows ≤ m_pad); the maxima were written by the pass above where
-        // the span or NVFP4 needs them. Any grid is valid (grid-stride loop).
+        // its packed layout (`spec.desc`, the buffers' sizes: the caller's), `swizzled` l
+        // whole-tile entries, `sfa` l·(k/128)·m_pad f32 (rows ≤ m_pad); the maxima were written by
+        // the pass above where the span or NVFP4 needs them. The grid covers a row's lanes in x
+        // and the batch in z; rows + y < 2^32 (`QuantSpec::new`).
         unsafe { launch.launch(&p) }?;
         if let Some(tensor_amax) = &tensor_amax {
             let m = stream.clone_dtoh(tensor_amax)?;
             stream.synchronize()?;
-            desc.tensor_scale = if m[0] == kq::NON_FINITE {
+            spec.desc.tensor_scale = if m[0] == kq::NON_FINITE {
                 f32::NAN
             } else {
                 blockscaled_kernels::format::quantize::nvfp4_tensor_scale(
@@ -373,12 +445,6 @@ impl Quantizers {
                 )
             };
         }
-        Ok(Quantized {
-            desc,
-            data,
-            scales,
-            sfa: sfa.take().map(|s| (s, m_pad)),
-            swizzled: swizzled.take(),
-        })
+        Ok(())
     }
 }

@@ -13,7 +13,11 @@
 //!   or 16) share its maximum by butterfly shuffles, every lane derives the same scale and encodes
 //!   its 8 elements (8 bytes of FP8 or 4 of e2m1 per store), and the block's first lane stores the
 //!   scale: in the matrix's affine scale layout, and optionally in the 128×4 swizzled layout and
-//!   in the FP8 kernel's A-role layout `[l][k/128][m_pad]`.
+//!   in the FP8 kernel's A-role layout `[l][k/128][m_pad]`. The grid's x covers a row's lanes,
+//!   its z the batch, and rows go round its y: a thread's row, block and column come from its
+//!   indices with 32-bit arithmetic (a flat index split by 64-bit divisions cost more than the
+//!   encoding). FP8 codes come from the hardware conversion (`encode4`), the quotients by
+//!   e8m0 scales from exact reciprocals.
 //!
 //! A row's lanes are padded to whole scale blocks (rows of K not a multiple of the block end in
 //! masked lanes), so the lanes of a block are always one aligned group of a warp.
@@ -189,14 +193,15 @@ pub const fn lanes(p: &QuantizeParams) -> (u32, u32) {
 pub use crate::format::quantize::{NON_FINITE, magnitude_bits};
 
 #[cfg(target_arch = "nvptx64")]
-mod device {
+pub(crate) mod device {
     use super::{
-        ELEMS_PER_THREAD, NON_FINITE, QUANTIZE_THREADS, QuantizeParams, lanes, magnitude_bits,
+        ELEMS_PER_THREAD, NON_FINITE, QUANTIZE_THREADS, QuantizeParams, ScaleSpan, lanes,
+        magnitude_bits,
     };
-    use crate::format::quantize::{block_scale_of_bits, nvfp4_tensor_scale, quantize_element};
+    use crate::format::quantize::{Divisor, block_scale_of_bits, nvfp4_tensor_scale};
     use crate::format::swizzle::swizzled_128x4_index;
     use crate::format::{ElemType, ScaleType, f16};
-    use crate::ptx::{global, thread};
+    use crate::ptx::{convert, global, thread};
 
     /// Eight input elements from `at` (an element index, a multiple of 8).
     /// # Safety
@@ -213,15 +218,15 @@ mod device {
                 x[4..].copy_from_slice(&b);
             } else {
                 let w = global::load_f32x4(p.src + 2 * at);
-                for (i, v) in w.iter().enumerate() {
-                    let bits = v.to_bits();
-                    for (j, h) in [bits & 0xFFFF, bits >> 16].into_iter().enumerate() {
-                        x[2 * i + j] = if p.input == 1 {
-                            f32::from_bits(h << 16)
-                        } else {
-                            f16::decode(h as u16)
-                        };
-                    }
+                // (Index loops: an array's by-value iterator kept these loops rolled, and the
+                // eight values in a register array indexed by a run-time counter.)
+                for i in 0..8 {
+                    let h = (w[i / 2].to_bits() >> (16 * (i % 2))) & 0xFFFF;
+                    x[i] = if p.input == 1 {
+                        f32::from_bits(h << 16)
+                    } else {
+                        f16::decode(h as u16)
+                    };
                 }
             }
         }
@@ -239,9 +244,9 @@ mod device {
         let mut e = ELEMS_PER_THREAD * t;
         while e < p.k {
             // SAFETY: elements e..e+8 of the row (k % 8 == 0).
-            for x in unsafe { load8(p, row + e as u64) } {
-                m = m.max(magnitude_bits(x));
-            }
+            let x = unsafe { load8(p, row + e as u64) };
+            // (By reference: an array's by-value iterator stays a rolled loop.)
+            m = x.iter().fold(m, |m, &v| m.max(magnitude_bits(v)));
             e += ELEMS_PER_THREAD * QUANTIZE_THREADS;
         }
         let m = thread::group_max_u32(m, 32);
@@ -263,9 +268,52 @@ mod device {
         }
     }
 
+    /// `x / d`'s f32 quotient as the host's `quantize_element` takes it: a divisor that is a
+    /// normal power of two (every e8m0 scale but 2^-127) by a multiplication with its reciprocal,
+    /// which is exact, so the one rounding is the quotient's (the same f32); another fp32 divisor
+    /// by the correctly rounded division; NVFP4's two-level divisor in f64, rounded once.
+    #[inline(always)]
+    fn quotient(x: f32, d: Divisor) -> f32 {
+        match d {
+            Divisor::Zero => 0.0,
+            // 2^(e - 127) for a biased exponent e in 1..=253: the reciprocal 2^(127 - e) is
+            // normal too (2^127 = e 254 has a subnormal reciprocal, left to the division).
+            Divisor::F32(s)
+                if s.to_bits() & 0x007F_FFFF == 0 && (1..=253).contains(&(s.to_bits() >> 23)) =>
+            {
+                x * f32::from_bits((254 << 23) - s.to_bits())
+            }
+            Divisor::F32(s) => x / s,
+            Divisor::F64(s) => (x as f64 / s) as f32,
+        }
+    }
+
+    /// The codes of four elements of one block with divisor `d`, packed from the low bits (8
+    /// bits each, or 4 for e2m1): `format::quantize::quantize_element` of each, with the FP8
+    /// encodings in hardware (`cvt.rn.satfinite.{e4m3,e5m2}x2.f32`, the rule of their software
+    /// encoders: round to nearest even, saturating, subnormals kept).
+    #[inline(always)]
+    pub(crate) fn encode4(elem: ElemType, x: [f32; 4], d: Divisor) -> u32 {
+        let q = x.map(|v| quotient(v, d));
+        match elem {
+            ElemType::E4M3 => {
+                convert::f32x2_to_e4m3x2(q[0], q[1]) | convert::f32x2_to_e4m3x2(q[2], q[3]) << 16
+            }
+            ElemType::E5M2 => {
+                convert::f32x2_to_e5m2x2(q[0], q[1]) | convert::f32x2_to_e5m2x2(q[2], q[3]) << 16
+            }
+            _ => {
+                let c = q.map(|v| elem.encode_sat(v) & 0xF);
+                c[0] | c[1] << 4 | c[2] << 8 | c[3] << 12
+            }
+        }
+    }
+
     /// # Safety
     /// `p` describes live buffers (see [`QuantizeParams`]), `k % 8 == 0`, the maxima written by
-    /// [`amax`] where the span or NVFP4 needs them; any grid of [`QUANTIZE_THREADS`]-thread blocks.
+    /// [`amax`] where the span or NVFP4 needs them; a grid of [`QUANTIZE_THREADS`]-thread blocks,
+    /// x: at least ⌈row lanes / [`QUANTIZE_THREADS`]⌉ ([`lanes`]), y: any (rows are strided by
+    /// it; rows + y < 2^32), z: the batch.
     #[inline(always)]
     pub(crate) unsafe fn quantize<const E: u32, const S: u32>(p: &QuantizeParams) {
         let elem = match E {
@@ -280,7 +328,6 @@ mod device {
         };
         let (per_block, blocks) = lanes(p);
         let row_lanes = per_block * blocks;
-        let total = p.batch as u64 * p.rows as u64 * row_lanes as u64;
         let tensor_scale = if scale == ScaleType::UE4M3 {
             if p.tensor_scale > 0.0 {
                 p.tensor_scale
@@ -296,65 +343,64 @@ mod device {
         } else {
             1.0
         };
-        let stride = thread::grid_dim_x() as u64 * QUANTIZE_THREADS as u64;
-        let mut base =
-            thread::block_x() as u64 * QUANTIZE_THREADS as u64 + (thread::thread_x() & !31) as u64;
-        let lane = thread::thread_x() % 32;
-        // Whole warps go round together (the shuffles need every lane); lanes past the end mask.
-        while base < total {
-            let i = base + lane as u64;
-            let live = i < total;
-            let lr = i / row_lanes as u64;
-            let v = (i % row_lanes as u64) as u32;
-            let (l, r) = ((lr / p.rows as u64) as u32, (lr % p.rows as u64) as u32);
-            let (kb, e0) = if p.span == 0 {
-                (
-                    v / per_block,
-                    v / per_block * p.block_k + v % per_block * ELEMS_PER_THREAD,
-                )
-            } else {
-                (0, v * ELEMS_PER_THREAD)
-            };
-            let valid = live && e0 < p.k;
-            let at = (l as u64 * p.rows as u64 + r as u64) * p.k as u64 + e0 as u64;
-            // SAFETY: elements at..at+8 exist when valid.
-            let x = if valid {
-                unsafe { load8(p, at) }
+        // This thread's lane of a row: x blocks cover a row's lanes (a block starts at a whole
+        // warp, so a scale block's lanes, 2, 4 or 16 aligned ones, are in one warp); the batch
+        // entry is z, rows go round y. No division by a run-time value but the one below.
+        let v = thread::block_x() * QUANTIZE_THREADS + thread::thread_x();
+        let l = thread::block_z();
+        // (Whole warps stay in the loop: the shuffles need every lane.)
+        if v - thread::thread_x() % 32 >= row_lanes {
+            return;
+        }
+        let lane_live = v < row_lanes;
+        let (kb, e0) = if p.span == ScaleSpan::Block as u32 {
+            let kb = v / per_block.max(1);
+            (kb, kb * p.block_k + (v - kb * per_block) * ELEMS_PER_THREAD)
+        } else {
+            (0, v * ELEMS_PER_THREAD)
+        };
+        let valid = lane_live && e0 < p.k;
+        let row_at = |r: u32| (l as u64 * p.rows as u64 + r as u64) * p.k as u64 + e0 as u64;
+        // SAFETY: elements at..at+8 of row r exist when valid and r < rows.
+        let load = |r: u32| {
+            if valid && r < p.rows {
+                unsafe { load8(p, row_at(r)) }
             } else {
                 [0f32; 8]
-            };
+            }
+        };
+        // Each thread goes round several rows (the grid's y is a few waves of blocks), the next
+        // row's load issued before this row's arithmetic: two loads in flight per thread.
+        let mut r = thread::block_y();
+        let mut next = load(r);
+        while r < p.rows {
+            let lr = l as u64 * p.rows as u64 + r as u64;
+            let at = row_at(r);
+            let x = next;
+            next = load(r + thread::grid_dim_y());
             let m = match p.span {
                 0 => thread::group_max_u32(
                     x.iter().fold(0, |m, &v| m.max(magnitude_bits(v))),
                     per_block,
                 ),
                 // SAFETY: written by the maximum pass for this span.
-                1 => unsafe {
-                    global::load_u32_nc(p.amax + 4 * (l as u64 * p.rows as u64 + r as u64))
-                },
+                1 => unsafe { global::load_u32_nc(p.amax + 4 * lr) },
                 _ => unsafe { global::load_u32_nc(p.amax + 4 * l as u64) },
             };
             let (sbits, d) = block_scale_of_bits(scale, elem, m, tensor_scale);
-            let mut codes = [0u32; 8];
-            for (c, &xv) in codes.iter_mut().zip(&x) {
-                *c = quantize_element(elem, xv, d);
-            }
+            let lo = encode4(elem, [x[0], x[1], x[2], x[3]], d);
+            let hi = encode4(elem, [x[4], x[5], x[6], x[7]], d);
             // SAFETY: bytes of element at..at+8 of dst (8-byte aligned, 4 for e2m1) when valid.
             unsafe {
                 if elem == ElemType::E2M1 {
-                    let mut w = 0u32;
-                    for (j, c) in codes.iter().enumerate() {
-                        w |= (c & 0xF) << (4 * j);
-                    }
-                    global::store_u32_if(p.dst + at / 2, w, valid);
+                    global::store_u32_if(p.dst + at / 2, lo | hi << 16, valid);
                 } else {
-                    let pack = |c: &[u32]| c[0] | c[1] << 8 | c[2] << 16 | c[3] << 24;
-                    global::store_u32x2_if(p.dst + at, pack(&codes[..4]), pack(&codes[4..]), valid);
+                    global::store_u32x2_if(p.dst + at, lo, hi, valid);
                 }
             }
             // The block's first lane stores its scale (per row: the row's first lane; per entry:
             // the entry's first lane).
-            let first = live
+            let first = lane_live
                 && match p.span {
                     0 => v % per_block == 0 && e0 < p.k,
                     1 => v == 0,
@@ -383,7 +429,7 @@ mod device {
                     }
                 }
             }
-            base += stride;
+            r += thread::grid_dim_y();
         }
     }
 }

@@ -269,6 +269,22 @@ fn quantized_output_is_the_quantizer_of_the_fused_f32_output() {
                         g.scales() == w.scales(),
                         "{what} on {plan:?}: scales differ"
                     );
+                    // Into a matrix that held other values (another tensor's quantization):
+                    // the same codes and scales.
+                    let mut reused = gpu.quantize_with(&ft, *format, &opts).unwrap().matrix;
+                    let other = held(&gpu, seed + 3, InputType::F32, (m, n_out, l));
+                    gpu.quantize_into(&other.t, &mut reused, &opts).unwrap();
+                    gpu.gemm_quantized_into(&da, &db, &epi, &mut reused, plan)
+                        .unwrap_or_else(|e| panic!("{what}: into: {e}"));
+                    let r = reused.to_host().unwrap();
+                    assert!(
+                        r.data() == w.data(),
+                        "{what} on {plan:?}: into: codes differ"
+                    );
+                    assert!(
+                        r.scales() == w.scales(),
+                        "{what} on {plan:?}: into: scales differ"
+                    );
                     if *qname == "fp8-1x128" {
                         // The next GEMM on the fused output (its A-role scale copy included).
                         let b2 = random_pair(

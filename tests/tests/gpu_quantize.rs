@@ -213,3 +213,175 @@ fn non_finite_input_gives_nan_scales_and_leaves_other_blocks_exact() {
         }
     }
 }
+
+/// The FP8 codes (written by the hardware conversion) at every rounding boundary, against the
+/// host's software encoder: each block's largest magnitude is the format's largest value, so the
+/// scale is 1 (DeepSeek's amax / 448 and MX's e8m0 2^0) and the quotients are the values
+/// themselves: every code's value, the midpoints between neighbours (ties to even) and the f32
+/// values either side of them, in the subnormal range and below it, both signs, ±0.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn fp8_codes_match_the_host_at_every_rounding_boundary() {
+    let gpu = Gpu::new(0).expect("a GPU");
+    // (format, mantissa bits, exponent bias, largest code, largest value)
+    let cases = [
+        (
+            "deepseek-a e4m3",
+            Recipe::DeepSeekFp8.a(),
+            3u32,
+            7,
+            0x7E,
+            448.0f32,
+        ),
+        (
+            "mxfp8 e4m3",
+            Recipe::Mxfp8(Fp8::E4M3).a(),
+            3,
+            7,
+            0x7E,
+            448.0,
+        ),
+        (
+            "mxfp8 e5m2",
+            Recipe::Mxfp8(Fp8::E5M2).a(),
+            2,
+            15,
+            0x7B,
+            57344.0,
+        ),
+        (
+            "fp8-row e5m2",
+            Recipe::Fp8PerRow(Fp8::E5M2).a(),
+            2,
+            15,
+            0x7B,
+            57344.0,
+        ),
+    ];
+    for (name, format, mbits, bias, max_code, max) in cases {
+        let value = |c: u32| -> f32 {
+            let (e, f) = (c >> mbits, c & ((1 << mbits) - 1));
+            if e == 0 {
+                f as f32 * 2f32.powi(1 - bias - mbits as i32)
+            } else {
+                (1.0 + f as f32 / (1 << mbits) as f32) * 2f32.powi(e as i32 - bias)
+            }
+        };
+        let mut probes = vec![0.0f32, 1e-30, f32::from_bits(1)];
+        for c in 0..max_code {
+            let (a, b) = (value(c), value(c + 1));
+            let mid = (a + b) / 2.0; // exact: one more bit than the format's
+            probes.extend([
+                a,
+                mid,
+                f32::from_bits(mid.to_bits() - 1),
+                f32::from_bits(mid.to_bits() + 1),
+            ]);
+        }
+        probes.push(max);
+        let mut v: Vec<f32> = probes.iter().flat_map(|&x| [x, -x]).collect();
+        // Rows of 128 with the largest value first in every 32-element block (every format's
+        // block divides 32 or is the row), the probes in the other 31 of each 32.
+        let k = 128;
+        let mut rows = Vec::new();
+        while !v.is_empty() {
+            let mut row = Vec::with_capacity(k);
+            for _ in 0..k / 32 {
+                row.push(max);
+                for _ in 0..31 {
+                    row.push(v.pop().unwrap_or(-0.0));
+                }
+            }
+            rows.extend(row);
+        }
+        let m = rows.len() / k;
+        let t = gpu.upload_tensor(&rows, m, k, 1).unwrap();
+        let want = ScaledMatrix::quantize(&rows, m, k, 1, format).unwrap();
+        let got = gpu.quantize(&t, format).unwrap().to_host().unwrap();
+        assert!(got.scales() == want.scales(), "{name}: scales differ");
+        let bad: Vec<_> = (0..rows.len())
+            .filter(|&i| got.data()[i] != want.data()[i])
+            .map(|i| (rows[i], got.data()[i], want.data()[i]))
+            .take(8)
+            .collect();
+        assert!(
+            bad.is_empty(),
+            "{name}: (value, device, host) codes differ: {bad:?}"
+        );
+    }
+}
+
+/// `quantize_into` rewrites a matrix in place with another tensor's codes and scales, equal to a
+/// new quantization of that tensor; a destination of another shape or format is a typed error.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn quantize_into_rewrites_a_matrix_as_a_new_quantization() {
+    let gpu = Gpu::new(0).expect("a GPU");
+    let (rows, k, batch) = (300, 1024, 2);
+    for (name, format) in formats() {
+        let opts = QuantizeOptions::default();
+        let t1 = gpu
+            .upload_tensor(&random_values(5, rows * k * batch, k), rows, k, batch)
+            .unwrap();
+        let v2 = random_values(6, rows * k * batch, k);
+        let t2 = gpu.upload_tensor(&v2, rows, k, batch).unwrap();
+        let mut m = gpu.quantize_with(&t1, format, &opts).unwrap().matrix;
+        gpu.quantize_into(&t2, &mut m, &opts)
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let want = ScaledMatrix::quantize(&v2, rows, k, batch, format).unwrap();
+        let got = m.to_host().unwrap();
+        assert_eq!(
+            got.tensor_scale().to_bits(),
+            want.tensor_scale().to_bits(),
+            "{name}"
+        );
+        assert!(got.data() == want.data(), "{name}: codes differ");
+        assert!(got.scales() == want.scales(), "{name}: scales differ");
+        let short = gpu
+            .upload_tensor(&random_values(7, (rows - 1) * k, k), rows - 1, k, 1)
+            .unwrap();
+        assert!(
+            matches!(
+                gpu.quantize_into(&short, &mut m, &opts),
+                Err(blockscaled::Error::Shape(_))
+            ),
+            "{name}: another shape"
+        );
+    }
+    // A GEMM on the rewritten DeepSeek A equals one on a new quantization of the same values.
+    let (m, n) = (rows, 256);
+    let b = gpu
+        .upload(
+            &ScaledMatrix::quantize(
+                &random_values(8, n * k, k),
+                n,
+                k,
+                1,
+                Recipe::DeepSeekFp8.b(),
+            )
+            .unwrap(),
+        )
+        .unwrap();
+    let v = random_values(9, m * k, k);
+    let t = gpu.upload_tensor(&v, m, k, 1).unwrap();
+    let mut a = gpu
+        .quantize(
+            &gpu.upload_tensor(&random_values(10, m * k, k), m, k, 1)
+                .unwrap(),
+            Recipe::DeepSeekFp8.a(),
+        )
+        .unwrap();
+    gpu.quantize_into(&t, &mut a, &QuantizeOptions::default())
+        .unwrap();
+    let fresh = gpu.quantize(&t, Recipe::DeepSeekFp8.a()).unwrap();
+    let mut c1 = gpu.output(m, n, 1, OutType::Bf16).unwrap();
+    let mut c2 = gpu.output(m, n, 1, OutType::Bf16).unwrap();
+    gpu.gemm(&a, &b, &mut c1).unwrap();
+    gpu.gemm(&fresh, &b, &mut c2).unwrap();
+    let (c1, c2) = (c1.to_host().unwrap().values, c2.to_host().unwrap().values);
+    assert!(c1.iter().all(|v| v.is_finite()));
+    assert!(
+        c1.iter().zip(&c2).all(|(x, y)| x.to_bits() == y.to_bits()),
+        "the GEMMs differ"
+    );
+}

@@ -30,11 +30,12 @@ use super::layout::{
     FRAGMENT_ROWS, FUSED_WARP_ROWS, fused_chunk_offset, fused_lane_offset, fused_pair_offset,
     fused_warp_bytes,
 };
-use crate::format::quantize::{block_scale_of_bits, magnitude_bits, quantize_element};
+use crate::format::quantize::{block_scale_of_bits, magnitude_bits};
 use crate::format::{ElemType, ScaleType, f16};
 use crate::params::{Activation, EpilogueParams, OutType};
 use crate::ptx::wgmma::Fragment;
 use crate::ptx::{convert, global, math, smem, thread};
+use crate::quantize::device::encode4;
 
 const LOG2_E: f32 = core::f32::consts::LOG2_E;
 
@@ -84,6 +85,23 @@ pub fn activate(act: u32, x: f32) -> f32 {
         x * sigmoid(2.0 * u)
     } else if act == Activation::Silu as u32 || act == Activation::SwiGlu as u32 {
         x * sigmoid(x)
+    } else {
+        x
+    }
+}
+
+/// [`activate`] of four values, the activation tested once for the four (one branch per row
+/// rather than per element).
+#[inline(always)]
+fn activate4(act: u32, x: [f32; 4]) -> [f32; 4] {
+    if act == Activation::Relu as u32 {
+        x.map(|v| activate(Activation::Relu as u32, v))
+    } else if act == Activation::GeluErf as u32 {
+        x.map(gelu_erf)
+    } else if act == Activation::GeluTanh as u32 {
+        x.map(|v| activate(Activation::GeluTanh as u32, v))
+    } else if act == Activation::Silu as u32 || act == Activation::SwiGlu as u32 {
+        x.map(|v| v * sigmoid(v))
     } else {
         x
     }
@@ -231,8 +249,8 @@ unsafe fn finish4(
     out: &Output,
     (l, row, col): (u32, u32, u32),
     v: [f32; 4],
-    live: bool,
-    lane: u32,
+    bias: Option<[f32; 4]>,
+    (live, lane): (bool, u32),
 ) {
     let n = out.n;
     let paired = e.paired();
@@ -247,13 +265,7 @@ unsafe fn finish4(
             t[k] = math::add_rn(t[k], math::mul_rn(e.beta, c[k]));
         }
     }
-    if e.bias != 0 {
-        let at = if e.bias_batch != 0 {
-            l as u64 * n as u64
-        } else {
-            0
-        };
-        let b = unsafe { load4(e.bias, e.bias_type, at, col, n) };
+    if let Some(b) = bias {
         for k in 0..4 {
             t[k] = math::add_rn(t[k], b[k]);
         }
@@ -272,7 +284,7 @@ unsafe fn finish4(
             col / 2,
         )
     } else {
-        (t.map(|x| activate(e.activation, x)), 4, col)
+        (activate4(e.activation, t), 4, col)
     };
     if e.residual != 0 {
         let r = unsafe {
@@ -372,18 +384,17 @@ unsafe fn quantize(
         1.0
     };
     let (sbits, d) = block_scale_of_bits(scale, elem, m, tensor_scale);
-    let c = y.map(|x| quantize_element(elem, x, d));
+    // The codes packed from the low bits (the quantizer's encoding: one source).
+    let w = encode4(elem, y, d);
     // SAFETY: the codes and scales hold the L·M·N_out output's (the host's); `live` says the
     // lane's columns are inside it, each store is aligned to its size (`ocol` a multiple of nv).
     unsafe {
         if elem == ElemType::E2M1 {
             let a = e.q_data + idx / 2;
-            let w = (c[0] & 0xF) | (c[1] & 0xF) << 4 | (c[2] & 0xF) << 8 | (c[3] & 0xF) << 12;
             global::store_u16_if(a, w as u16, live && nv == 4);
             global::store_u8_if(a, w, live && nv == 2);
         } else {
             let a = e.q_data + idx;
-            let w = (c[0] & 0xFF) | (c[1] & 0xFF) << 8 | (c[2] & 0xFF) << 16 | (c[3] & 0xFF) << 24;
             global::store_u32_if(a, w, live && nv == 4);
             global::store_u16_if(a, w as u16, live && nv == 2);
         }
@@ -403,8 +414,10 @@ unsafe fn quantize(
     }
 }
 
-/// The staged rows `row0..row0 + 16` of a tile whose first column is `n0`: each row below the
-/// rows written, pass by pass ([`PASS_COLS`] columns), through [`finish4`].
+/// The staged rows `row0..row0 + 16` of a tile whose first column is `n0`: pass by pass
+/// ([`PASS_COLS`] columns), each row below the rows written through [`finish4`]. (The bias is
+/// loaded for each row, from L1 after the first: held in registers across the rows, its four
+/// values made ptxas spill in the FP8 kernel's K loop.)
 /// # Safety
 /// As [`store`]; the rows were staged in `s` and the warp synchronized since.
 #[inline(always)]
@@ -416,21 +429,32 @@ unsafe fn finish_rows(
     block_n: u32,
     lane: u32,
 ) {
-    // One copy of the row's code (an unrolled loop would copy it sixteen times over).
-    for r in 0..thread::opaque_u32(FUSED_WARP_ROWS) {
-        let row = row0 + r;
-        // (Warp-uniform: the shuffles of a quantized store need every lane.)
-        if row >= out.rows() {
-            break;
-        }
-        for p in 0..block_n.div_ceil(PASS_COLS) {
-            let q = p * (PASS_COLS / 4) + lane;
-            let live = 4 * q < block_n;
-            // SAFETY: a chunk of the row (clamped for the lanes past the tile, whose values are
-            // not stored).
-            let v = unsafe { s.load4(r, q.min(block_n / 4 - 1)) };
+    let rows = out.rows();
+    for p in 0..block_n.div_ceil(PASS_COLS) {
+        let q = p * (PASS_COLS / 4) + lane;
+        let live = 4 * q < block_n;
+        let col = n0 + 4 * q;
+        // (Clamped for the lanes past the tile, whose values are not stored.)
+        let chunk = q.min(block_n / 4 - 1);
+        let bias_at = if e.bias_batch != 0 {
+            l as u64 * out.n as u64
+        } else {
+            0
+        };
+        // One copy of the row's code (an unrolled loop would copy it sixteen times over).
+        for r in 0..thread::opaque_u32(FUSED_WARP_ROWS) {
+            let row = row0 + r;
+            // (Warp-uniform: the shuffles of a quantized store need every lane.)
+            if row >= rows {
+                break;
+            }
+            // SAFETY: a chunk of this warp's staged rows.
+            let v = unsafe { s.load4(r, chunk) };
+            // SAFETY: the bias holds one row of N (or L of them): the host's check.
+            let bias =
+                (e.bias != 0).then(|| unsafe { load4(e.bias, e.bias_type, bias_at, col, out.n) });
             // SAFETY: the caller's contract.
-            unsafe { finish4(e, out, (l, row, n0 + 4 * q), v, live, lane) };
+            unsafe { finish4(e, out, (l, row, col), v, bias, (live, lane)) };
         }
     }
 }

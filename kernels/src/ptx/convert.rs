@@ -64,3 +64,17 @@ pub fn f32x2_to_e4m3x2(lo: f32, hi: f32) -> u32 {
     };
     r as u32
 }
+
+/// Two f32 → two e5m2 codes `lo | hi << 8` (`cvt.rn.satfinite.e5m2x2.f32`, sm_89+: the first
+/// source goes to the upper byte). Round to nearest even, subnormals kept, finite values above
+/// 57344 and ±Inf to ±57344, NaN to NaN: the rule of `format::e5m2::encode_sat`.
+#[inline(always)]
+pub fn f32x2_to_e5m2x2(lo: f32, hi: f32) -> u32 {
+    let r: u16;
+    // SAFETY: register-only conversion.
+    unsafe {
+        asm!("cvt.rn.satfinite.e5m2x2.f32 {r}, {hi}, {lo};", r = out(reg16) r, hi = in(reg32) hi, lo = in(reg32) lo,
+             options(pure, nomem, nostack))
+    };
+    r as u32
+}

@@ -35,6 +35,11 @@ pub fn grid_dim_x() -> u32 {
     // SAFETY: as above.
     unsafe { nvptx::_grid_dim_x() as u32 }
 }
+#[inline(always)]
+pub fn grid_dim_y() -> u32 {
+    // SAFETY: as above.
+    unsafe { nvptx::_grid_dim_y() as u32 }
+}
 
 /// `value` as lane 0 of this warp holds it (`shfl.sync.idx.b32`, PTX ISA "Data Movement and
 /// Conversion Instructions: shfl.sync"). For a value that is the same in every lane (a thread's
@@ -56,20 +61,26 @@ pub fn warp_uniform(value: u32) -> u32 {
 
 /// The largest `value` (as an unsigned integer) over each aligned group of `lanes` lanes
 /// (`lanes` a power of two ≤ 32), by `shfl.sync.bfly.b32` steps (PTX ISA "Data Movement and
-/// Conversion Instructions: shfl.sync"). Every lane of the warp must execute it.
+/// Conversion Instructions: shfl.sync"). Every lane of the warp must execute it. The five steps
+/// are unrolled, each taken where `step < lanes` (a uniform test): a loop on a run-time bound
+/// would branch back after every shuffle.
 #[inline(always)]
 pub fn group_max_u32(value: u32, lanes: u32) -> u32 {
     let mut v = value;
-    let mut step = 1;
-    while step < lanes {
-        let other: u32;
-        // SAFETY: all 32 lanes execute it (full mask); no memory is touched.
-        unsafe {
-            asm!("shfl.sync.bfly.b32 {r}, {v}, {s}, 31, -1;", r = out(reg32) other,
-                 v = in(reg32) v, s = in(reg32) step, options(nomem, nostack))
-        };
-        v = v.max(other);
-        step *= 2;
+    // (An index loop: an array's by-value iterator stayed a loop, the steps picked from a
+    // register array by a run-time counter.)
+    for i in 0..5 {
+        let step = 1u32 << i;
+        if step < lanes {
+            let other: u32;
+            // SAFETY: all 32 lanes execute it (full mask; `lanes` is the same in every lane);
+            // no memory is touched.
+            unsafe {
+                asm!("shfl.sync.bfly.b32 {r}, {v}, {s}, 31, -1;", r = out(reg32) other,
+                     v = in(reg32) v, s = in(reg32) step, options(nomem, nostack))
+            };
+            v = v.max(other);
+        }
     }
     v
 }
