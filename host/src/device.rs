@@ -256,10 +256,7 @@ impl Gpu {
         };
         let mut spec = QuantSpec::new(dst.desc.format, (t.rows, t.k, t.batch), &opts)?;
         self.check_target(&spec, &dst.desc)?;
-        let sfa = match dst.prepared.get_mut::<Sm90Operand>() {
-            Some(op) if spec.fp8_a => op.sfa.as_mut().map(|s| &mut s.0),
-            _ => None,
-        };
+        let sfa = a_role_scales(&mut dst.prepared, &spec);
         let in_place = sfa.is_some();
         let bufs = QuantBufs {
             data: &mut dst.data,
@@ -269,11 +266,7 @@ impl Gpu {
         };
         self.quantizers.write(&self.stream, t, &mut spec, bufs)?;
         dst.desc.tensor_scale = spec.desc.tensor_scale;
-        if !in_place {
-            dst.prepared = Prepared::default();
-            self.prepare_via_host(dst)?;
-        }
-        Ok(())
+        self.after_rewrite(dst, in_place)
     }
 
     /// `Error::Shape` / `Error::Format` unless `dst` is the matrix `spec` describes (its tensor
@@ -325,6 +318,17 @@ impl Gpu {
             matrix,
             swizzled_scales: q.swizzled,
         })
+    }
+
+    /// `dst` after its codes and scales were rewritten: nothing more where they were written in
+    /// place for its kernels (`in_place`: FP8 1×128, whose tensor maps and A-role scale copy
+    /// stay valid); else its preparation, made from the old values, is made again.
+    fn after_rewrite(&self, dst: &mut DeviceMatrix, in_place: bool) -> Result<()> {
+        if !in_place {
+            dst.prepared = Prepared::default();
+            self.prepare_via_host(dst)?;
+        }
+        Ok(())
     }
 
     /// `m` prepared for the GEMM kernels that take it through one copy back to the host (the
@@ -529,36 +533,19 @@ impl Gpu {
         whole_blocks(n_out, block)?;
         plan.validate(&s)?;
         plan.check_fused(fused_needs((a, b), epi, Some(&format)))?;
-        let mut target = QuantTarget::alloc(&self.stream, format, (s.m, n_out, s.l), opts)?;
-        let QuantTarget {
+        let mut t = QuantTarget::alloc(&self.stream, format, (s.m, n_out, s.l), opts)?;
+        let spec = t.spec;
+        let q = QuantOut {
             spec,
-            mut data,
-            mut scales,
-            sfa: mut sfa_buf,
-            ..
-        } = target;
-        self.launch_quantized(
-            s,
-            (a, b, epi, plan),
-            &mut data,
-            QuantOut {
-                spec,
-                scales: &mut scales,
-                sfa: sfa_buf.as_mut(),
-            },
-        )?;
-        target = QuantTarget {
-            spec,
-            data,
-            scales,
-            swizzled: None,
-            sfa: sfa_buf,
+            scales: &mut t.scales,
+            sfa: t.sfa.as_mut(),
         };
+        self.launch_quantized(s, (a, b, epi, plan), &mut t.data, q)?;
         let q = crate::quantizer::Quantized {
-            desc: target.spec.desc,
-            data: target.data,
-            scales: target.scales,
-            sfa: target.sfa.map(|s| (s, spec.m_pad)),
+            desc: spec.desc,
+            data: t.data,
+            scales: t.scales,
+            sfa: t.sfa.map(|s| (s, spec.m_pad)),
             swizzled: None,
         };
         Ok(self.finish_quantized(q)?.matrix)
@@ -593,10 +580,7 @@ impl Gpu {
         self.check_target(&spec, &dst.desc)?;
         plan.validate(&s)?;
         plan.check_fused(fused_needs((a, b), epi, Some(&format)))?;
-        let sfa = match dst.prepared.get_mut::<Sm90Operand>() {
-            Some(op) if spec.fp8_a => op.sfa.as_mut().map(|s| &mut s.0),
-            _ => None,
-        };
+        let sfa = a_role_scales(&mut dst.prepared, &spec);
         let in_place = sfa.is_some();
         let q = QuantOut {
             spec,
@@ -604,11 +588,7 @@ impl Gpu {
             sfa,
         };
         self.launch_quantized(s, (a, b, epi, plan), &mut dst.data, q)?;
-        if !in_place {
-            dst.prepared = Prepared::default();
-            self.prepare_via_host(dst)?;
-        }
-        Ok(())
+        self.after_rewrite(dst, in_place)
     }
 
     /// One launch of `plan` whose fused epilogue quantizes into `data` and `q`'s scales (checked
@@ -1021,5 +1001,17 @@ fn whole_blocks(n_out: usize, block: usize) -> Result<()> {
             "a quantized output's columns must be a multiple of its scale block ({block}), not \
              {n_out}: a block is quantized by the lanes that hold it"
         )))
+    }
+}
+
+/// The FP8 kernel's A-role scale copy among a matrix's prepared data, where `spec`'s format has
+/// one (FP8 with fp32 scales per 1×128): a rewrite of the matrix writes it in place.
+fn a_role_scales<'a>(
+    prepared: &'a mut Prepared,
+    spec: &QuantSpec,
+) -> Option<&'a mut CudaSlice<f32>> {
+    match prepared.get_mut::<Sm90Operand>() {
+        Some(op) if spec.fp8_a => op.sfa.as_mut().map(|s| &mut s.0),
+        _ => None,
     }
 }
