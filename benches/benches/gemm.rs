@@ -221,6 +221,11 @@ fn bench_fused(gpu: &Gpu, warmup: usize) -> bool {
         ),
         (Recipe::DeepSeekFp8, [4096, 2112, 7168, 1], None),
         (
+            Recipe::DeepSeekFp8,
+            [4096, 2112, 7168, 1],
+            Some("fp8-1x128"),
+        ),
+        (
             Recipe::Mxfp8(Fp8::E4M3),
             [4096, 7168, 2048, 1],
             Some("mxfp8"),

@@ -16,8 +16,9 @@
 //!   in the FP8 kernel's A-role layout `[l][k/128][m_pad]`. The grid's x covers a row's lanes,
 //!   its z the batch, and rows go round its y: a thread's row, block and column come from its
 //!   indices with 32-bit arithmetic (a flat index split by 64-bit divisions cost more than the
-//!   encoding). FP8 codes come from the hardware conversion (`encode4`), the quotients by
-//!   e8m0 scales from exact reciprocals.
+//!   encoding). FP8 codes come from the hardware conversion (`encode4`), the quotients from
+//!   each block's reciprocal with one correction (`format::quantize::Reciprocal`: the
+//!   division's quotient without its cost).
 //!
 //! A row's lanes are padded to whole scale blocks (rows of K not a multiple of the block end in
 //! masked lanes), so the lanes of a block are always one aligned group of a warp.
@@ -198,10 +199,10 @@ pub(crate) mod device {
         ELEMS_PER_THREAD, NON_FINITE, QUANTIZE_THREADS, QuantizeParams, ScaleSpan, lanes,
         magnitude_bits,
     };
-    use crate::format::quantize::{Divisor, block_scale_of_bits, nvfp4_tensor_scale};
+    use crate::format::quantize::{Divisor, Reciprocal, block_scale_of_bits, nvfp4_tensor_scale};
     use crate::format::swizzle::swizzled_128x4_index;
     use crate::format::{ElemType, ScaleType, f16};
-    use crate::ptx::{convert, global, thread};
+    use crate::ptx::{convert, global, math, thread};
 
     /// Eight input elements from `at` (an element index, a multiple of 8).
     /// # Safety
@@ -268,33 +269,67 @@ pub(crate) mod device {
         }
     }
 
-    /// `x / d`'s f32 quotient as the host's `quantize_element` takes it: a divisor that is a
-    /// normal power of two (every e8m0 scale but 2^-127) by a multiplication with its reciprocal,
-    /// which is exact, so the one rounding is the quotient's (the same f32); another fp32 divisor
-    /// by the correctly rounded division; NVFP4's two-level divisor in f64, rounded once.
-    #[inline(always)]
-    fn quotient(x: f32, d: Divisor) -> f32 {
-        match d {
-            Divisor::Zero => 0.0,
-            // 2^(e - 127) for a biased exponent e in 1..=253: the reciprocal 2^(127 - e) is
-            // normal too (2^127 = e 254 has a subnormal reciprocal, left to the division).
-            Divisor::F32(s)
-                if s.to_bits() & 0x007F_FFFF == 0 && (1..=253).contains(&(s.to_bits() >> 23)) =>
-            {
-                x * f32::from_bits((254 << 23) - s.to_bits())
+    /// A block's divisor, prepared once for its elements' quotients: `x / d` as the host's
+    /// `quantize_element` takes it, correctly rounded. An f32 divisor through its reciprocal
+    /// ([`Reciprocal`]: a product and two `fma` per element instead of a division, the same
+    /// quotient wherever it can reach a code); NVFP4's two-level divisor in f64, rounded once.
+    #[derive(Clone, Copy)]
+    pub(crate) struct Quotient {
+        zero: bool,
+        wide: Option<f64>,
+        rec: Reciprocal,
+    }
+
+    impl Quotient {
+        #[inline(always)]
+        pub(crate) fn of(d: Divisor) -> Self {
+            let (zero, wide, s) = match d {
+                Divisor::Zero => (true, None, 1.0),
+                Divisor::F32(s) => (false, None, s),
+                Divisor::F64(s) => (false, Some(s), 1.0),
+            };
+            Quotient {
+                zero,
+                wide,
+                rec: Reciprocal::new(s, math::recip_rn),
             }
-            Divisor::F32(s) => x / s,
-            Divisor::F64(s) => (x as f64 / s) as f32,
+        }
+
+        /// [`Self::of`] of a divisor known to be [`Divisor::Zero`] or [`Divisor::F32`] (an
+        /// fp32 or e8m0 scale): no code for the f64 quotient.
+        #[inline(always)]
+        pub(crate) fn of_f32(d: Divisor) -> Self {
+            let (zero, s) = match d {
+                Divisor::F32(s) => (false, s),
+                Divisor::Zero => (true, 1.0),
+                Divisor::F64(_) => (false, f32::NAN),
+            };
+            Quotient {
+                zero,
+                wide: None,
+                rec: Reciprocal::new(s, math::recip_rn),
+            }
+        }
+
+        #[inline(always)]
+        fn of_elem(self, x: f32) -> f32 {
+            if let Some(s) = self.wide {
+                (x as f64 / s) as f32
+            } else if self.zero {
+                0.0
+            } else {
+                self.rec.quotient(x, math::mul_rn, math::fma)
+            }
         }
     }
 
-    /// The codes of four elements of one block with divisor `d`, packed from the low bits (8
+    /// The codes of four elements of one block with divisor `d` ([`Quotient::of`]), packed from the low bits (8
     /// bits each, or 4 for e2m1): `format::quantize::quantize_element` of each, with the FP8
     /// encodings in hardware (`cvt.rn.satfinite.{e4m3,e5m2}x2.f32`, the rule of their software
     /// encoders: round to nearest even, saturating, subnormals kept).
     #[inline(always)]
-    pub(crate) fn encode4(elem: ElemType, x: [f32; 4], d: Divisor) -> u32 {
-        let q = x.map(|v| quotient(v, d));
+    pub(crate) fn encode4(elem: ElemType, x: [f32; 4], d: Quotient) -> u32 {
+        let q = x.map(|v| d.of_elem(v));
         match elem {
             ElemType::E4M3 => {
                 convert::f32x2_to_e4m3x2(q[0], q[1]) | convert::f32x2_to_e4m3x2(q[2], q[3]) << 16
@@ -388,6 +423,7 @@ pub(crate) mod device {
                 _ => unsafe { global::load_u32_nc(p.amax + 4 * l as u64) },
             };
             let (sbits, d) = block_scale_of_bits(scale, elem, m, tensor_scale);
+            let d = Quotient::of(d);
             let lo = encode4(elem, [x[0], x[1], x[2], x[3]], d);
             let hi = encode4(elem, [x[4], x[5], x[6], x[7]], d);
             // SAFETY: bytes of element at..at+8 of dst (8-byte aligned, 4 for e2m1) when valid.

@@ -147,9 +147,132 @@ pub fn ratio_scale(amax: f32, max: f32) -> f32 {
     f32::from_bits(units as u32)
 }
 
+/// A block's f32 divisor `s`, prepared so that each element's quotient `x / s` costs a product
+/// and two fused multiply-adds instead of a division (the device quantizers' and the fused
+/// output's [`Divisor::F32`] quotients): with `r` the correctly rounded `1/s`, `q = x·r` is
+/// within an ulp of `x / s`, the remainder `x − q·s` is exact in one `fma`, and `q + rem·r`
+/// rounds to the correctly rounded quotient (Markstein's theorem: Muller et al., *Handbook of
+/// Floating-Point Arithmetic*, §5.? "Newton–Raphson-based division with an FMA", for `r`
+/// within half an ulp of `1/s` and `q` within an ulp of `x / s`, without underflow or overflow).
+/// The theorem's conditions are kept by a power-of-two prescaling `k` of both operands (exact):
+/// `s·k` is in [2^-85, 2^120], so `r` is normal, and the remainder of every quotient of
+/// magnitude ≥ 2^-18 is a multiple of at least 2^-149 (representable: no underflow). Smaller
+/// quotients may be off by an ulp, which no code sees: they round to ±0 in every element type
+/// (the smallest nonzero FP8 magnitude is 2^-16; FP4's blocks divide by e8m0 powers of two,
+/// where `r` is exact and so is every quotient). The operations are the caller's (the device's
+/// `mul.rn` / `fma.rn` / `rcp.rn`; the host's, to test it): one rounding each.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Reciprocal {
+    /// The prescaling of both operands (1, 2^64 or 2^-64).
+    pub k: f32,
+    /// `s · k`.
+    pub s: f32,
+    /// `1 / (s · k)`, correctly rounded.
+    pub r: f32,
+}
+
+impl Reciprocal {
+    /// The divisor `s` (positive, or NaN: every quotient is then NaN), `recip` the correctly
+    /// rounded reciprocal.
+    #[inline(always)]
+    pub fn new(s: f32, recip: impl Fn(f32) -> f32) -> Self {
+        const LOW: f32 = f32::from_bits((127 - 85) << 23);
+        const HIGH: f32 = f32::from_bits((127 + 120) << 23);
+        let k = if s < LOW {
+            f32::from_bits((127 + 64) << 23)
+        } else if s > HIGH {
+            f32::from_bits((127 - 64) << 23)
+        } else {
+            1.0
+        };
+        let s = s * k;
+        Reciprocal { k, s, r: recip(s) }
+    }
+
+    /// `x / s` correctly rounded (for quotients of magnitude ≥ 2^-18: see the type), by `mul` and
+    /// `fma` (each rounded once to nearest even).
+    #[inline(always)]
+    pub fn quotient(
+        self,
+        x: f32,
+        mul: impl Fn(f32, f32) -> f32,
+        fma: impl Fn(f32, f32, f32) -> f32,
+    ) -> f32 {
+        let y = mul(x, self.k);
+        let q = mul(y, self.r);
+        let rem = fma(-q, self.s, y);
+        // The sign is `x`'s (`s` is positive): a zero quotient of a negative `x` whose prescaled
+        // value underflowed would otherwise come out +0 (+0 + −0 rounds to +0).
+        let q = fma(rem, self.r, q);
+        f32::from_bits(q.to_bits() & 0x7FFF_FFFF | x.to_bits() & 0x8000_0000)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The host's quotient by [`Reciprocal`] (`f32::mul_add` is one rounding, as `fma.rn`).
+    fn by_reciprocal(x: f32, s: f32) -> f32 {
+        Reciprocal::new(s, |s| 1.0 / s).quotient(x, |a, b| a * b, f32::mul_add)
+    }
+
+    #[test]
+    fn reciprocal_quotients_are_the_division_wherever_a_code_can_see_them() {
+        let mut z = 0x9E37_79B9u32;
+        let mut next = || {
+            z ^= z << 13;
+            z ^= z >> 17;
+            z ^= z << 5;
+            z
+        };
+        // Divisors over the whole positive range (subnormal ones too, as `ratio_scale` makes for
+        // tiny blocks), powers of two, and all-ones significands; for each, elements of every
+        // exponent up to the block's maximum (448·s, the largest FP8 divisor ratio being 57344).
+        let mut check = |s: f32| {
+            for _ in 0..400 {
+                let bits = next();
+                // |x| ≤ 57344·s (the block's maximum), any sign.
+                let x = f32::from_bits(bits & 0x807F_FFFF | (bits >> 8 & 0xFF) << 23);
+                if !x.is_finite() || (x.abs() as f64) > 57344.0 * s as f64 {
+                    continue;
+                }
+                let (want, got) = (x / s, by_reciprocal(x, s));
+                if want.abs() >= f32::from_bits((127 - 18) << 23) {
+                    assert_eq!(got.to_bits(), want.to_bits(), "{x:e} / {s:e}");
+                } else {
+                    assert!(
+                        got.abs() < f32::from_bits((127 - 17) << 23),
+                        "{x:e} / {s:e}"
+                    );
+                    assert_eq!(
+                        got.is_sign_negative(),
+                        want.is_sign_negative(),
+                        "{x:e} / {s:e}"
+                    );
+                }
+            }
+        };
+        for s in [
+            f32::from_bits(1),
+            f32::MIN_POSITIVE,
+            1.0,
+            448.0,
+            f32::MAX / 57344.0,
+        ] {
+            check(s);
+        }
+        for e in 1..254u32 {
+            check(f32::from_bits(e << 23));
+            check(f32::from_bits(e << 23 | 0x7F_FFFF));
+        }
+        let mut w = 0x2545_F491u32;
+        for _ in 0..2000 {
+            w = w.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            check(f32::from_bits(w % 0x7F00_0000 + 1));
+        }
+        assert!(by_reciprocal(1.0, f32::NAN).is_nan());
+    }
 
     #[test]
     fn ratio_scale_rounds_subnormal_ratios_up() {

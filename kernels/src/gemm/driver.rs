@@ -9,9 +9,17 @@
 //! every consumer of every CTA of the cluster to have released it) and issues the kernel's copies
 //! into it; each consumer warpgroup runs the kernel's mainloop over the same K blocks (waiting for
 //! each stage to fill, releasing it after its last read), then its epilogue.
+//!
+//! Fused kernels ([`GemmKernel::FINISHERS`] > 0) split the epilogue: the consumers only stage
+//! their fragments in shared memory (or the kernel's global scratch) and go on to the next
+//! unit's MMAs, while warps 1.. of the producer's warpgroup (idle otherwise: one thread issues
+//! the copies) finish the staged unit — α, bias, activation, quantization, stores — through the
+//! [`Handoff`]. The epilogue then costs the MMAs only its staging, as long as the finishers keep
+//! up with the tensor cores.
 
+use super::launch_regs;
 use super::layout::StageLayout;
-use super::pipeline::{Pipeline, PipelineState};
+use super::pipeline::{Handoff, Pipeline, PipelineState};
 use super::scheduler::{ClusterShape, Schedule, TileScheduler, WorkUnit};
 use crate::ptx::{smem, thread};
 
@@ -29,6 +37,11 @@ pub struct Ctx {
 pub trait GemmKernel {
     /// Consumer warpgroups (after the producer's warpgroup 0).
     const CONSUMERS: u32;
+    /// Warps after the producer's in its warpgroup that finish the staged units: 0 (each
+    /// consumer stores its own) or 3. With finishers, [`Self::epilogue`] stages the unit and its
+    /// words ([`Handoff`], at [`StageLayout::handoff`]) and [`Self::finish_staged`] finishes
+    /// it.
+    const FINISHERS: u32 = 0;
     /// A consumer warpgroup's own state, made once after its registers are raised.
     type Consumer;
     /// One unit's result, from the mainloop to the epilogue.
@@ -64,6 +77,9 @@ pub trait GemmKernel {
     ) -> Self::Acc;
     /// Stores one unit's result.
     fn epilogue(&self, ctx: &Ctx, cons: &Self::Consumer, own: &WorkUnit, acc: Self::Acc);
+    /// Finishing warp `warp` (of [`Self::FINISHERS`], thread `lane`) finishes its part of unit
+    /// `own`, which the consumers staged (with its words in the [`Handoff`]).
+    fn finish_staged(&self, _ctx: &Ctx, _own: &WorkUnit, _warp: u32, _lane: u32) {}
     /// After the warpgroup's last unit (`st`: its uses of the ring so far).
     fn finish(&self, cons: &Self::Consumer, st: PipelineState);
 }
@@ -93,10 +109,21 @@ pub unsafe fn run<K: GemmKernel, const PREGS: u32, const CREGS: u32>(k: &K) {
         cluster,
         rank,
     };
+    const {
+        assert!(K::FINISHERS == 0 || K::FINISHERS == 3);
+        let groups = 1 + K::CONSUMERS;
+        assert!(PREGS + K::CONSUMERS * CREGS <= groups * launch_regs(groups));
+    };
+    let handoff = Handoff::new(layout.handoff());
     if tid == 0 {
         // SAFETY: the barrier memory is the layout's; the block / cluster barrier below precedes
         // every use.
-        unsafe { pipe.init(128 * K::CONSUMERS) };
+        unsafe {
+            if K::FINISHERS > 0 {
+                handoff.init(128 * K::CONSUMERS, 32 * K::FINISHERS);
+            }
+            pipe.init(128 * K::CONSUMERS)
+        };
         k.prologue();
     }
     // With a cluster, the peer's barriers must be initialized before we multicast into its stages
@@ -136,22 +163,62 @@ pub unsafe fn run<K: GemmKernel, const PREGS: u32, const CREGS: u32>(k: &K) {
                     st.advance();
                 }
             }
+        } else if K::FINISHERS > 0 && tid >= 32 {
+            let warp = thread::warp_uniform(tid / 32 - 1);
+            // SAFETY: a finishing warp, `units` the consumers' schedule.
+            unsafe { finish_units(k, &ctx, handoff, units, warp, tid % 32) };
         }
     } else {
         thread::raise_registers::<CREGS>();
         let units = units();
         let cons = k.consumer(&ctx, wg - 1, tid % 128);
         let mut st = pipe.state();
-        for unit in units {
+        for (t, unit) in units.enumerate() {
             let own = cluster.own(unit, rank);
             // SAFETY: `st` counts this warpgroup's uses in order, as the producer counts fills.
             let acc = unsafe { k.mainloop(&ctx, &cons, &own, &mut st) };
+            if K::FINISHERS > 0 {
+                // SAFETY: `t` counts this warpgroup's units, as the finishers count theirs.
+                unsafe { handoff.consumer_acquire(t as u32) };
+            }
             k.epilogue(&ctx, &cons, &own, acc);
+            if K::FINISHERS > 0 {
+                // SAFETY: after the acquire of this unit; the epilogue staged it.
+                unsafe { handoff.consumer_commit() };
+            }
         }
         k.finish(&cons, st);
     }
     // No CTA may leave while a peer can still multicast into it or arrive on its barriers.
     if size > 1 {
         thread::sync_cluster();
+    }
+}
+
+/// A finishing warp's loop (`warp` of `K::FINISHERS`, thread `lane`): each unit of `units` once
+/// the consumers have staged it. Inlined in the producer's warpgroup's branch (code after the
+/// roles' branches join is held by ptxas to the smallest of their budgets).
+/// # Safety
+/// Called by a finishing warp only, with the schedule the consumers run; `handoff` is the
+/// initialized hand-over.
+#[inline(always)]
+unsafe fn finish_units<K: GemmKernel>(
+    k: &K,
+    ctx: &Ctx,
+    handoff: Handoff,
+    units: TileScheduler,
+    warp: u32,
+    lane: u32,
+) {
+    for (t, unit) in units.enumerate() {
+        let own = ctx.cluster.own(unit, ctx.rank);
+        // SAFETY: `t` counts this warp's units as the consumers count theirs (the same
+        // schedule); the consumers staged unit `t` before the wait completes, and read nothing
+        // of it after their commit.
+        unsafe {
+            handoff.finisher_wait(t as u32);
+            k.finish_staged(ctx, &own, warp, lane);
+            handoff.finisher_release();
+        }
     }
 }

@@ -9,6 +9,7 @@
 
 use super::barriers::sync_consumer;
 use super::layout::{FRAGMENT_ROWS, OUT_RING_SLOTS, out_box_n, out_box_swizzle_bytes};
+use super::pipeline::Handoff;
 use super::scheduler::{ClusterShape, Schedule, WorkUnit};
 use super::{fuse, splitk};
 use crate::params::{EpilogueParams, OutType, SplitKParams};
@@ -404,12 +405,12 @@ pub fn store_transposed_tile<const WAVES: usize, F: Fragment>(
 #[derive(Clone, Copy)]
 pub struct TileStore<'a> {
     pub out: Output,
-    /// The fused epilogue, run by [`fuse::store`] instead of the plain stores: `Some` only in a
-    /// family's fused kernels (a constant of the kernel, so the plain kernels carry none of its
-    /// code: in the same kernel, its registers made ptxas spill in the FP8 K loop, docs/PERF.md
-    /// v42). The host launches a fused kernel only with an active epilogue and never with Cᵀ
-    /// tiles.
-    pub epi: Option<&'a EpilogueParams>,
+    /// The fused epilogue and the kernel's hand-over to its finishing warps: the unit is staged
+    /// for them ([`fuse::stage_unit`]) instead of stored. `Some` only in a family's fused kernels
+    /// (a constant of the kernel, so the plain kernels carry none of its code: in the same
+    /// kernel, its registers made ptxas spill in the FP8 K loop, docs/PERF.md v42). The host
+    /// launches a fused kernel only with an active epilogue and never with Cᵀ tiles.
+    pub epi: Option<(&'a EpilogueParams, Handoff)>,
     pub staging: Staging,
     pub transposed: bool,
     pub block_m: u32,
@@ -418,12 +419,12 @@ pub struct TileStore<'a> {
 
 /// The end of a unit for consumer warpgroup `c` of `consumers` (thread `local`): its fragments
 /// `acc` meet the unit's other K ranges ([`splitk::meet`]); the warpgroup that holds the sum
-/// then stores it as `dst` says ([`fuse::store`] for a fused epilogue, [`store`], or
-/// [`store_transposed_tile`] for Cᵀ).
+/// then stores it as `dst` says ([`store`], or [`store_transposed_tile`] for Cᵀ); with a fused
+/// epilogue every warpgroup stages its part for the finishing warps ([`fuse::stage_unit`]).
 /// # Safety
 /// As [`splitk::meet`] for `sk`, `sched`, `cluster`, `own` and the warpgroup; as [`store_tma`]
-/// when `dst.out.tmap` is set and the tile is not transposed; as [`fuse::store`] when `dst.epi`
-/// is set.
+/// when `dst.out.tmap` is set and the tile is not transposed; as [`fuse::stage_unit`] when
+/// `dst.epi` is set.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 pub unsafe fn finish_unit<const WAVES: usize, F: Fragment>(
@@ -437,6 +438,12 @@ pub unsafe fn finish_unit<const WAVES: usize, F: Fragment>(
 ) {
     // SAFETY: the caller's contract.
     let meet = unsafe { splitk::meet(sk, sched, cluster, own, (c, consumers, local), acc) };
+    if let Some((epi, handoff)) = dst.epi {
+        // SAFETY: the caller's contract (the hand-over is between this unit's acquire and
+        // commit).
+        unsafe { fuse::stage_unit(epi, dst.staging, handoff, (c, local), acc, meet) };
+        return;
+    }
     let Some(out_l) = meet else { return };
     if dst.transposed {
         // The tile's rows are columns of C.
@@ -452,11 +459,6 @@ pub unsafe fn finish_unit<const WAVES: usize, F: Fragment>(
         return;
     }
     let at = (own.first_row(own.m, dst.block_m), own.n * F::N, out_l);
-    if let Some(epi) = dst.epi {
-        // SAFETY: the caller's contract.
-        unsafe { fuse::store(epi, &dst.out, dst.staging, c, local, acc, at, dst.wave_m) };
-        return;
-    }
     // SAFETY: the caller's contract.
     unsafe { store(&dst.out, dst.staging, c, local, acc, at, dst.wave_m) };
 }

@@ -5,15 +5,18 @@
 //! kernels carry none of this code), the steps chosen by data in the parameters, not a kernel per
 //! combination.
 //!
-//! The steps run on rows, not on fragments: each warp first writes its whole fragment (16 rows)
-//! as f32 into its own staging rows, and then reads them back a row at a time, lane `q` holding
-//! the row's columns `4q..4q + 4` of each 128. Once written, the fragment's registers are free
-//! for the row code, which is one loop with constant bounds and no fragment index (one copy of
-//! it, in registers); the lanes' stores of a row are contiguous (coalesced), and a scale block
-//! of 16, 32 or 128 output columns is 4, 8 or 32 adjacent lanes (16 or 32 with SwiGLU), whose
-//! largest magnitude is a shuffle reduction. The staging is the fused kernels' shared memory in
-//! place of the output staging ([`fused_staging`](super::layout::fused_staging)), else global
-//! memory the host gives ([`EpilogueParams::scratch`], L2-resident). Rows are padded by 16 bytes
+//! The steps run on rows, not on fragments, and not in the consumers: each consumer warp writes
+//! its whole fragment (16 rows) as f32 into its staging rows ([`stage_unit`]) and goes on to the
+//! next unit's MMAs, while the kernel's finishing warps (the driver's
+//! [`FINISHERS`](super::driver::GemmKernel::FINISHERS), handed the unit through
+//! [`Handoff`]) read the rows back several at a time, lane `q` holding a row's columns `4q..4q + 4`
+//! of each 128 ([`finish_staged`]): the epilogue overlaps the tensor cores' work instead of
+//! following it. The row code is one loop of run-time bounds (one copy of it); the lanes'
+//! stores of a row are contiguous (coalesced), and a scale block of 16, 32 or 128 output columns
+//! is 4, 8 or 32 adjacent lanes (16 or 32 with SwiGLU), whose largest magnitude is a shuffle
+//! reduction. The staging is the fused kernels' shared memory in place of the output staging
+//! ([`fused_out`](super::layout::fused_out)), else global memory the host gives
+//! ([`EpilogueParams::scratch`], L2-resident). Rows are padded by 16 bytes
 //! ([`fused_row_bytes`](super::layout::fused_row_bytes)): the row reads use every bank, the
 //! fragment's writes at most two per bank (`gemm::layout`'s offsets, tested on the host).
 //!
@@ -25,17 +28,18 @@
 //! (`format::quantize`), so quantized output equals the device quantizer applied to the same
 //! epilogue's f32 output.
 
-use super::epilogue::{Output, Staging};
+use super::epilogue::{Output, Staging, TileStore};
 use super::layout::{
-    FRAGMENT_ROWS, FUSED_WARP_ROWS, fused_chunk_offset, fused_lane_offset, fused_pair_offset,
-    fused_warp_bytes,
+    FRAGMENT_ROWS, fused_chunk_offset, fused_lane_offset, fused_pair_offset, fused_warp_bytes,
 };
+use super::pipeline::Handoff;
+use super::scheduler::WorkUnit;
 use crate::format::quantize::{block_scale_of_bits, magnitude_bits};
 use crate::format::{ElemType, ScaleType, f16};
 use crate::params::{Activation, EpilogueParams, OutType};
 use crate::ptx::wgmma::Fragment;
 use crate::ptx::{convert, global, math, smem, thread};
-use crate::quantize::device::encode4;
+use crate::quantize::device::{Quotient, encode4};
 
 const LOG2_E: f32 = core::f32::consts::LOG2_E;
 
@@ -114,7 +118,7 @@ fn activate4(act: u32, x: [f32; 4]) -> [f32; 4] {
     }
 }
 
-/// Where one warp stages its rows: [`FUSED_WARP_ROWS`] rows of
+/// Where one warp stages its rows: [`FUSED_WARP_ROWS`](super::layout::FUSED_WARP_ROWS) rows of
 /// [`fused_row_bytes`](super::layout::fused_row_bytes), in shared memory or in global memory.
 #[derive(Clone, Copy)]
 struct Scratch {
@@ -175,7 +179,7 @@ impl Scratch {
 #[inline(always)]
 unsafe fn stage<F: Fragment>(s: Scratch, lane: u32, acc: &F) {
     let acc = acc.as_ref();
-    // This thread's first value's address (made from `s.addr`, which [`store`] makes anew for
+    // This thread's first value's address (made from `s.addr`, which [`stage_unit`] makes anew for
     // each tile, so that none of the addresses below is computed before the persistent loop),
     // and each pair's constant offset from it.
     let first = s.addr + fused_lane_offset(lane, F::N) as u64;
@@ -249,7 +253,7 @@ fn quant_types(e: &EpilogueParams) -> (ElemType, ScaleType) {
 /// batch entry `l`): the steps up to the residual, then the store (`live`: the lane's columns
 /// are inside the tile; stores are masked at N as well).
 /// # Safety
-/// As [`store`].
+/// As [`finish_staged`].
 #[inline(always)]
 unsafe fn finish4(
     e: &EpilogueParams,
@@ -311,7 +315,7 @@ unsafe fn finish4(
     let live = live && ocol < n_out;
     if e.quantized() {
         // SAFETY: the caller's contract.
-        unsafe { quantize(e, (l, row, ocol), idx, y, (nv, n_out), (live, lane)) };
+        unsafe { quantize::<false>(e, (l, row, ocol), idx, y, (nv, n_out), (live, lane)) };
         return;
     }
     // The output's `nv` values at `idx`: one vector store where the row's length keeps it
@@ -360,11 +364,13 @@ unsafe fn finish4(
 /// The quantized store of one lane's `nv` output values `y` (element `idx` of the codes, output
 /// column `ocol` of row `row`): the block's largest magnitude over its lanes (`q_block / nv`
 /// adjacent lanes, a whole block: N_out and the tile's columns are multiples of it), its scale
-/// by the host's rule, the codes, and the scale from the block's first lane.
+/// by the host's rule, the codes, and the scale from the block's first lane. `FP8_ROWS`: the
+/// caller knows the format is FP8 with fp32 scales per 128 columns and `nv` 4 (a block is the
+/// warp's 32 lanes), and this copy has no code for the others.
 /// # Safety
-/// As [`store`].
+/// As [`finish_staged`].
 #[inline(always)]
-unsafe fn quantize(
+unsafe fn quantize<const FP8_ROWS: bool>(
     e: &EpilogueParams,
     (l, row, ocol): (u32, u32, u32),
     idx: u64,
@@ -373,6 +379,16 @@ unsafe fn quantize(
     (live, lane): (bool, u32),
 ) {
     let (elem, scale) = quant_types(e);
+    let (elem, scale, nv) = if FP8_ROWS {
+        let elem = if elem == ElemType::E5M2 {
+            ElemType::E5M2
+        } else {
+            ElemType::E4M3
+        };
+        (elem, ScaleType::F32, 4)
+    } else {
+        (elem, scale, nv)
+    };
     let mut m = 0u32;
     for k in 0..4 {
         if k < nv as usize {
@@ -382,9 +398,13 @@ unsafe fn quantize(
     // (Blocks are 16, 32 or 128 columns; the bounds show the compiler that neither divisor below
     // is zero, so the kernel carries no panic path, whose call would make ptxas save every live
     // register around it.)
-    let block = e.q_block.max(16);
+    let block = if FP8_ROWS { 128 } else { e.q_block.max(16) };
     let lanes = (block / nv).max(1);
-    let m = thread::group_max_u32(m, lanes);
+    let m = if lanes >= 32 {
+        thread::warp_max_u32(m)
+    } else {
+        thread::group_max_u32(m, lanes)
+    };
     let tensor_scale = if scale == ScaleType::UE4M3 {
         e.q_tensor_scale
     } else {
@@ -392,6 +412,11 @@ unsafe fn quantize(
     };
     let (sbits, d) = block_scale_of_bits(scale, elem, m, tensor_scale);
     // The codes packed from the low bits (the quantizer's encoding: one source).
+    let d = if FP8_ROWS {
+        Quotient::of_f32(d)
+    } else {
+        Quotient::of(d)
+    };
     let w = encode4(elem, y, d);
     // SAFETY: the codes and scales hold the L·M·N_out output's (the host's); `live` says the
     // lane's columns are inside it, each store is aligned to its size (`ocol` a multiple of nv).
@@ -421,72 +446,33 @@ unsafe fn quantize(
     }
 }
 
-/// The staged rows `row0..row0 + 16` of a tile whose first column is `n0`: pass by pass
-/// ([`PASS_COLS`] columns), each row below the rows written through [`finish4`]. (The bias is
-/// loaded for each row, from L1 after the first: held in registers across the rows, its four
-/// values made ptxas spill in the FP8 kernel's K loop.)
+/// The consumers' half of the fused epilogue: consumer warpgroup `c` (thread `local` of 128)
+/// writes its tile's batch entry (`out_l`; `None` where split-K leaves the tile to another CTA)
+/// into its word of the hand-over and, with one, each warp its 16 rows of the fragment `acc`
+/// into its staging rows, for the finishing warps ([`finish_staged`]).
 /// # Safety
-/// As [`store`]; the rows were staged in `s` and the warp synchronized since.
+/// Between the hand-over's `consumer_acquire` and `consumer_commit` of this unit (the staging and
+/// the word are this warpgroup's); `staging.base` is the fused kernel's staging
+/// ([`fused_staging`](super::layout::fused_staging) bytes), or 0 and `e.scratch` holds this
+/// grid's warps' staging; every thread of the warpgroup calls this with the same tile.
 #[inline(always)]
-unsafe fn finish_rows(
+pub unsafe fn stage_unit<const WAVES: usize, F: Fragment>(
     e: &EpilogueParams,
-    out: &Output,
-    s: Scratch,
-    (l, row0, n0): (u32, u32, u32),
-    block_n: u32,
-    lane: u32,
-) {
-    let rows = out.rows();
-    for p in 0..block_n.div_ceil(PASS_COLS) {
-        let q = p * (PASS_COLS / 4) + lane;
-        let live = 4 * q < block_n;
-        let col = n0 + 4 * q;
-        // (Clamped for the lanes past the tile, whose values are not stored.)
-        let chunk = q.min(block_n / 4 - 1);
-        let bias_at = if e.bias_batch != 0 {
-            l as u64 * out.n as u64
-        } else {
-            0
-        };
-        // One copy of the row's code (an unrolled loop would copy it sixteen times over).
-        for r in 0..thread::opaque_u32(FUSED_WARP_ROWS) {
-            let row = row0 + r;
-            // (Warp-uniform: the shuffles of a quantized store need every lane.)
-            if row >= rows {
-                break;
-            }
-            // SAFETY: a chunk of this warp's staged rows.
-            let v = unsafe { s.load4(r, chunk) };
-            // SAFETY: the bias holds one row of N (or L of them): the host's check.
-            let bias =
-                (e.bias != 0).then(|| unsafe { load4(e.bias, e.bias_type, bias_at, col, out.n) });
-            // SAFETY: the caller's contract.
-            unsafe { finish4(e, out, (l, row, col), v, bias, (live, lane)) };
-        }
-    }
-}
-
-/// The fused epilogue of consumer warpgroup `c` (thread `local` of 128) for its fragments `acc`
-/// (one per wave, `wave_m` rows apart) of the tile whose first row, first column and batch entry
-/// are `at`: each warp stages its rows of a fragment and finishes them row by row. Rows at or
-/// past `out.rows()` and columns past N are not written.
-/// # Safety
-/// `e` describes live buffers of the output's shape (the host's checks); `staging.base` is the
-/// fused kernel's staging ([`fused_staging`](super::layout::fused_staging) bytes), or 0 and
-/// `e.scratch` holds this grid's warps' staging; the staging is this warpgroup's and no other
-/// role uses it; every thread of the warpgroup calls this with the same tile.
-#[allow(clippy::too_many_arguments)]
-#[inline(always)]
-pub unsafe fn store<const WAVES: usize, F: Fragment>(
-    e: &EpilogueParams,
-    out: &Output,
     staging: Staging,
-    c: u32,
-    local: u32,
+    handoff: Handoff,
+    (c, local): (u32, u32),
     acc: &[F; WAVES],
-    (m0, n0, l): (u32, u32, u32),
-    wave_m: u32,
+    out_l: Option<u32>,
 ) {
+    // (The fused kernels' tiles have one wave, `acc[0]`: each family's list has fused kernels of
+    // one-wave tiles only. The plain kernels instantiate this too, never calling it.)
+    // SAFETY: the word is this warpgroup's (the caller's contract).
+    if local == 0 {
+        unsafe { smem::store_u32(handoff.header(c), out_l.unwrap_or(Handoff::SKIP)) };
+    }
+    if out_l.is_none() {
+        return;
+    }
     let (warp, lane) = (local / 32, local % 32);
     let s = Scratch::of(e, staging, c, warp);
     // The staging's addresses are made here, for each tile: computed once before the persistent
@@ -495,17 +481,275 @@ pub unsafe fn store<const WAVES: usize, F: Fragment>(
         addr: thread::unhoisted_u64(s.addr),
         ..s
     };
-    let row0 = m0 + c * FRAGMENT_ROWS + 16 * warp;
-    // (The fused kernels' tiles have one wave: with two, the second fragment would be live while
-    // the first is finished.)
-    for (w, a) in acc.iter().enumerate() {
-        // SAFETY: the staging is this warp's (the caller's contract); the rows are written after
-        // every lane has read the previous wave's and read after every lane has written them.
-        unsafe {
-            thread::sync_warp();
-            stage::<F>(s, lane, a);
-            thread::sync_warp();
-            finish_rows(e, out, s, (l, row0 + w as u32 * wave_m, n0), F::N, lane);
+    // SAFETY: the staging is this warp's (the caller's contract).
+    unsafe { stage::<F>(s, lane, &acc[0]) };
+}
+
+/// [`finish_staged`] of unit `own` of a fused kernel whose tiles go where `dst` says (its
+/// `epi` set; nothing otherwise): the kernels' `GemmKernel::finish_staged`, with the tile store
+/// their epilogue staged for.
+/// # Safety
+/// As [`finish_staged`].
+#[inline(always)]
+pub unsafe fn finish_unit_staged<F: Fragment>(
+    dst: &TileStore,
+    own: &WorkUnit,
+    (warp, finishers): (u32, u32),
+    lane: u32,
+) {
+    let Some((e, handoff)) = dst.epi else { return };
+    let at = (own.first_row(own.m, dst.block_m), own.n * F::N);
+    // SAFETY: the caller's contract.
+    unsafe {
+        finish_staged::<F>(
+            e,
+            &dst.out,
+            dst.staging,
+            handoff,
+            at,
+            (warp, finishers),
+            lane,
+        )
+    };
+}
+
+/// The finishing warps' half of the fused epilogue: warp `warp` of `finishers` (thread `lane`)
+/// finishes rows `warp`, `warp + finishers`, … of each consumer warpgroup's staged fragment of the
+/// unit whose first row and column are `(m0, n0)`, several rows at a time (independent chains: a
+/// warp alone on its scheduler hides their latencies only with each other), the bias loaded once
+/// per unit. The common epilogues (no C, residual or column pairs; bf16 or FP8 1×128 output) run
+/// in copies of their own per activation ([`rows_fast`]), the others in one general loop of
+/// [`finish4`]. Rows at or past `out.rows()` and columns past N are not written.
+/// # Safety
+/// After the hand-over's `finisher_wait` of this unit; `e`, `staging` as [`stage_unit`] says, for
+/// tiles of `consumers` warpgroups × `F::N` columns; `e` describes live buffers of the output's
+/// shape (the host's checks); every lane of the warp calls this with the same unit.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+pub unsafe fn finish_staged<F: Fragment>(
+    e: &EpilogueParams,
+    out: &Output,
+    staging: Staging,
+    handoff: Handoff,
+    (m0, n0): (u32, u32),
+    (warp, finishers): (u32, u32),
+    lane: u32,
+) {
+    let rows = out.rows();
+    // (At least 1 as the compiler can see.)
+    let step = finishers.max(1);
+    for c in 0..staging.consumers {
+        // SAFETY: the consumers wrote the word before their commit (the caller's contract).
+        let out_l = unsafe { smem::load_u32(handoff.header(c)) };
+        if out_l == Handoff::SKIP {
+            continue;
         }
+        // Consumer c's warps' rows are contiguous: its row i is staged row i % 16 of warp i / 16.
+        let s = Scratch::of(e, staging, c, 0);
+        let bias_at = if e.bias_batch != 0 {
+            out_l as u64 * out.n as u64
+        } else {
+            0
+        };
+        let first = m0 + c * FRAGMENT_ROWS;
+        for p in 0..F::N.div_ceil(PASS_COLS) {
+            let q = p * (PASS_COLS / 4) + lane;
+            let live = 4 * q < F::N;
+            let col = n0 + 4 * q;
+            // (Clamped for the lanes past the tile, whose values are not stored.)
+            let chunk = q.min(F::N / 4 - 1);
+            // SAFETY: the bias holds one row of N (or L of them): the host's check.
+            let bias =
+                (e.bias != 0).then(|| unsafe { load4(e.bias, e.bias_type, bias_at, col, out.n) });
+            let rows_at = Rows {
+                s,
+                l: out_l,
+                first,
+                col,
+                chunk,
+                live,
+                lane,
+                start: warp,
+                step,
+            };
+            // The common epilogues (no C, no residual, no column pairs, whole vectors) in code
+            // of their own per activation and output: no branch in their rows, so the rows
+            // of an iteration interleave.
+            let fast = e.c == 0 && e.residual == 0 && !e.paired() && out.n.is_multiple_of(4);
+            let fp8_rows = matches!(
+                quant_types(e),
+                (ElemType::E4M3 | ElemType::E5M2, ScaleType::F32)
+            ) && e.q_block == 128;
+            let kind = if e.quantized() {
+                fp8_rows.then_some(FAST_FP8_ROWS)
+            } else if out.out_type == OutType::Bf16 as u32 {
+                Some(FAST_BF16)
+            } else {
+                None
+            };
+            if let (true, Some(kind)) = (fast, kind) {
+                // SAFETY: the caller's contract.
+                unsafe {
+                    if kind == FAST_BF16 {
+                        rows_by_activation::<FAST_BF16>(e, out, rows_at, bias)
+                    } else {
+                        rows_by_activation::<FAST_FP8_ROWS>(e, out, rows_at, bias)
+                    }
+                }
+                continue;
+            }
+            // One copy of the rows' code (a loop of run-time bounds).
+            let mut i = thread::opaque_u32(warp);
+            while i < FRAGMENT_ROWS && first + i < rows {
+                let j = i + step;
+                // (Warp-uniform: the shuffles of a quantized store need every lane.)
+                let second = j < FRAGMENT_ROWS && first + j < rows;
+                // SAFETY: chunks of consumer c's staged rows (a row past the fragment's is read
+                // from its last row, not stored).
+                let (v, w) =
+                    unsafe { (s.load4(i, chunk), s.load4(j.min(FRAGMENT_ROWS - 1), chunk)) };
+                // (A second row past the rows is finished as the first's, and not stored: its C and
+                // residual reads stay inside their buffers.)
+                let row_j = if second { first + j } else { first + i };
+                // SAFETY: the caller's contract.
+                unsafe {
+                    finish4(e, out, (out_l, first + i, col), v, bias, (live, lane));
+                    finish4(e, out, (out_l, row_j, col), w, bias, (live && second, lane));
+                }
+                i += 2 * step;
+            }
+        }
+    }
+}
+
+/// Rows [`rows_fast`] finishes per iteration.
+const FAST_ROWS: usize = 4;
+
+/// [`rows_fast`]'s output kinds: bf16, or FP8 with fp32 scales per 1×128 (DeepSeek-style
+/// activations for the next GEMM).
+const FAST_BF16: u32 = 0;
+const FAST_FP8_ROWS: u32 = 1;
+
+/// One finishing warp's rows of one consumer's staged fragment, for one pass of columns.
+#[derive(Clone, Copy)]
+struct Rows {
+    s: Scratch,
+    /// Batch entry, the fragment's first row, the lane's first column and staged chunk.
+    l: u32,
+    first: u32,
+    col: u32,
+    chunk: u32,
+    /// The lane's columns are inside the tile.
+    live: bool,
+    lane: u32,
+    /// The warp's first row in the fragment, and the step between its rows.
+    start: u32,
+    step: u32,
+}
+
+/// [`rows_fast`] for the epilogue's activation, a constant in each copy.
+/// # Safety
+/// As [`rows_fast`].
+#[inline(always)]
+unsafe fn rows_by_activation<const OUT: u32>(
+    e: &EpilogueParams,
+    out: &Output,
+    r: Rows,
+    bias: Option<[f32; 4]>,
+) {
+    const RELU: u32 = Activation::Relu as u32;
+    const ERF: u32 = Activation::GeluErf as u32;
+    const TANH: u32 = Activation::GeluTanh as u32;
+    const SILU: u32 = Activation::Silu as u32;
+    const NONE: u32 = Activation::None as u32;
+    // SAFETY: the caller's contract.
+    unsafe {
+        match e.activation {
+            RELU => rows_fast::<RELU, OUT>(e, out, r, bias),
+            ERF => rows_fast::<ERF, OUT>(e, out, r, bias),
+            TANH => rows_fast::<TANH, OUT>(e, out, r, bias),
+            SILU => rows_fast::<SILU, OUT>(e, out, r, bias),
+            _ => rows_fast::<NONE, OUT>(e, out, r, bias),
+        }
+    }
+}
+
+/// The rows of `r` without C, residual or column pairs, N a multiple of 4 (one vector per lane
+/// and row), [`FAST_ROWS`] rows per iteration: α, the bias, activation `ACT`, and bf16 output or the
+/// FP8 1×128 store ([`quantize`]). The same steps, in the same order, as [`finish4`].
+/// # Safety
+/// As [`finish_staged`], for such an epilogue.
+#[inline(always)]
+unsafe fn rows_fast<const ACT: u32, const OUT: u32>(
+    e: &EpilogueParams,
+    out: &Output,
+    r: Rows,
+    bias: Option<[f32; 4]>,
+) {
+    let (rows, n) = (out.rows(), out.n);
+    // The lane's four columns are inside the tile and inside N (`n % 4 == 0`: all or none).
+    let r = Rows {
+        live: r.live && r.col < n,
+        ..r
+    };
+    let last = FRAGMENT_ROWS - 1;
+    // The lane's element of the fragment's first row; a row is `n` further.
+    let base = (r.l as u64 * out.m as u64 + r.first as u64) * n as u64 + r.col as u64;
+    let apply = |v: [f32; 4]| {
+        let mut t = v.map(|x| math::mul_rn(e.alpha, x));
+        if let Some(b) = bias {
+            for k in 0..4 {
+                t[k] = math::add_rn(t[k], b[k]);
+            }
+        }
+        t.map(|x| activate(ACT, x))
+    };
+    // [`FAST_ROWS`] rows per iteration (`i`, `i + step`, …), the next iteration's read from the
+    // staging before this one's are finished: independent chains for a warp that is alone on
+    // its scheduler, and the staging's latency behind the arithmetic.
+    let inside = |i: u32| i < FRAGMENT_ROWS && r.first + i < rows;
+    // SAFETY: chunks of the fragment's staged rows (indices clamped into them).
+    let load = |i: u32| unsafe { r.s.load4(i.min(last), r.chunk) };
+    let mut i = thread::opaque_u32(r.start);
+    if !inside(i) {
+        return;
+    }
+    let mut now = [[0f32; 4]; FAST_ROWS];
+    for k in 0..FAST_ROWS {
+        now[k] = load(i + k as u32 * r.step);
+    }
+    loop {
+        let next = i + FAST_ROWS as u32 * r.step;
+        let mut upcoming = [[0f32; 4]; FAST_ROWS];
+        for k in 0..FAST_ROWS {
+            upcoming[k] = load(next + k as u32 * r.step);
+        }
+        for k in 0..FAST_ROWS {
+            // (Warp-uniform: the shuffles of a quantized store need every lane. A row past the
+            // fragment's is finished as row `i`, and not stored.)
+            let row = i + k as u32 * r.step;
+            let ok = k == 0 || inside(row);
+            let row = if ok { row } else { i };
+            let y = apply(now[k]);
+            let at = base + row as u64 * n as u64;
+            // SAFETY: the lane's four elements of row `first + row` of the output (inside it
+            // where `live` and `ok` say so; `n % 4 == 0`, so aligned).
+            unsafe {
+                if OUT == FAST_BF16 {
+                    let (a, b) = (
+                        convert::f32x2_to_bf16x2(y[0], y[1]),
+                        convert::f32x2_to_bf16x2(y[2], y[3]),
+                    );
+                    global::store_u32x2_if(out.ptr + 2 * at, a, b, r.live && ok);
+                } else {
+                    let live = (r.live && ok, r.lane);
+                    quantize::<true>(e, (r.l, r.first + row, r.col), at, y, (4, n), live);
+                }
+            }
+        }
+        if !inside(next) {
+            break;
+        }
+        (i, now) = (next, upcoming);
     }
 }

@@ -98,6 +98,17 @@ pub const fn fused_staging(consumers: u32, block_n: u32) -> u32 {
     consumers * 4 * fused_warp_bytes(block_n)
 }
 
+/// Bytes at the end of a fused kernel's output region for the hand-over of staged tiles to the
+/// finishing warps ([`super::handoff`]): its two barriers and a word per consumer warpgroup.
+/// 128, so what follows (the A-scale boxes) stays aligned for its copies.
+pub const HANDOFF_BYTES: u32 = 128;
+
+/// A fused kernel's output region for a tile of `consumers` × `block_n` staged in shared memory:
+/// the staging ([`fused_staging`]), then the hand-over.
+pub const fn fused_out(consumers: u32, block_n: u32) -> u32 {
+    fused_staging(consumers, block_n) + HANDOFF_BYTES
+}
+
 /// Every output box width [`out_box_n`] gives (the host encodes a map for each).
 pub const OUT_BOX_WIDTHS: [u32; 3] = [64, 32, 16];
 
@@ -152,7 +163,8 @@ pub struct StageContents {
     /// The tile's scales (multiples of 128: the boxes of [`ScaleBox`] and bulk copies).
     pub sfa: u32,
     /// The output tile staged for its TMA store, or whatever else the kernel keeps once rather
-    /// than per stage (`sm90_mx`: its two bf16 buffers); a multiple of [`SWIZZLE_ALIGN`], 0 for
+    /// than per stage (`sm90_mx`: its two bf16 buffers; a fused kernel: its staging and hand-over,
+    /// [`fused_out`]); a multiple of [`SWIZZLE_ALIGN`] where TMA stores read it, of 128 always, 0 for
     /// none.
     pub out: u32,
 }
@@ -211,6 +223,11 @@ impl StageLayout {
     #[inline(always)]
     pub const fn sfa(&self, s: u32) -> u32 {
         self.out() + self.contents.out + s * self.contents.sfa
+    }
+    /// A fused kernel's hand-over ([`HANDOFF_BYTES`] at the end of the output region).
+    #[inline(always)]
+    pub const fn handoff(&self) -> u32 {
+        self.out() + self.contents.out - HANDOFF_BYTES
     }
     /// The pipeline's barriers (`stages` full, then `stages` empty).
     #[inline(always)]

@@ -18,6 +18,37 @@
 pub mod layout;
 pub mod scheduler;
 
+/// Registers per thread of a CTA of `warpgroups` warpgroups at launch: the register file's 65 536
+/// over its threads, in whole multiples of 8 (168 for 384 threads). `setmaxnreg` only moves
+/// registers between the CTA's warps, so the budgets after it must add up to no more than this
+/// (a `setmaxnreg.inc` beyond what the others released would wait for ever).
+pub const fn launch_regs(warpgroups: u32) -> u32 {
+    65_536 / (128 * warpgroups) / 8 * 8
+}
+
+/// The producer warpgroup's register budget: `producer` where its warpgroup has no finishing
+/// warps; with them (fused kernels, `driver::GemmKernel::FINISHERS`), every register the
+/// `consumers` consumer warpgroups of `consumer_regs` leave of the launch's — the finishers' row
+/// code needs more than the producer thread's address arithmetic. (A fourth warpgroup of
+/// finishers was tried: 512 threads leave 128 registers per thread at launch, and ptxas then
+/// kept the FP8 consumers' K loop within about 132 registers, spilling, though `setmaxnreg`
+/// raised their budget to 184 or 200; docs/PERF.md v45.)
+pub const fn producer_budget(
+    producer: u32,
+    consumers: u32,
+    consumer_regs: u32,
+    finishers: u32,
+) -> u32 {
+    if finishers == 0 {
+        producer
+    } else {
+        let left = launch_regs(1 + consumers) * (1 + consumers) - consumers * consumer_regs;
+        // (setmaxnreg takes 24..=256, in multiples of 8.)
+        let left = left / 8 * 8;
+        if left > 256 { 256 } else { left }
+    }
+}
+
 pub mod barriers;
 #[cfg(all(
     target_arch = "nvptx64",

@@ -268,3 +268,95 @@ impl<const PARTIES: u32> Turn<PARTIES> {
         }
     }
 }
+
+/// The hand-over of finished tiles from the consumer warpgroups to the finishing warps (fused
+/// kernels, [`super::driver::GemmKernel::FINISHERS`]): a one-slot ring. The consumers of a unit
+/// wait until the finishers have read the previous unit's staging (*free*), stage their
+/// fragments and a word each ([`Handoff::header`]: the batch entry to store into, or
+/// [`Handoff::SKIP`] where split-K leaves the tile to another CTA), and arrive (*staged*); the
+/// finishers wait for that, finish the rows from the staging and arrive on *free*. So one
+/// unit's epilogue runs while the consumers compute the next unit's MMAs (CUTLASS's ping-pong
+/// overlaps the same way with a warpgroup per tile; here the accumulators of the FP8 kernel's
+/// promotion leave no room for a second tile per warpgroup). Every thread arrives itself: its
+/// own accesses are then ordered before the other side's by its release (as the stage ring's
+/// releases, for racecheck's sake). Unit `t` of a role is phase `t` of each barrier.
+#[derive(Clone, Copy)]
+pub struct Handoff {
+    /// Shared address of [`crate::gemm::layout::HANDOFF_BYTES`]: *staged*, *free*, the words.
+    at: u32,
+}
+
+impl Handoff {
+    /// The header word of a consumer warpgroup whose tile another CTA stores (split-K).
+    pub const SKIP: u32 = u32::MAX;
+
+    #[inline(always)]
+    pub const fn new(at: u32) -> Self {
+        Handoff { at }
+    }
+
+    #[inline(always)]
+    const fn staged(&self) -> u32 {
+        self.at
+    }
+
+    #[inline(always)]
+    const fn free(&self) -> u32 {
+        self.at + 8
+    }
+
+    /// Consumer warpgroup `c`'s word: its tile's batch entry, or [`Self::SKIP`].
+    #[inline(always)]
+    pub const fn header(&self, c: u32) -> u32 {
+        self.at + 16 + 4 * c
+    }
+
+    /// One thread, before any use (and before the pipeline's `init`, whose fence covers these).
+    /// # Safety
+    /// The memory is the layout's hand-over; a block barrier follows before first use.
+    #[inline(always)]
+    pub unsafe fn init(&self, consumer_threads: u32, finisher_threads: u32) {
+        // SAFETY: the caller's contract.
+        unsafe {
+            mbarrier::init(self.staged(), consumer_threads);
+            mbarrier::init(self.free(), finisher_threads);
+        }
+    }
+
+    /// Consumer: waits until the staging is free for unit `t` (the finishers are done with unit
+    /// `t − 1`; unit 0 waits for nothing: the parity before the first phase).
+    /// # Safety
+    /// Initialized; `t` counts this warpgroup's units.
+    #[inline(always)]
+    pub unsafe fn consumer_acquire(&self, t: u32) {
+        // SAFETY: the caller's contract.
+        unsafe { mbarrier::wait(self.free(), (t & 1) ^ 1) };
+    }
+
+    /// Consumer: this thread's staging and words of the unit are written.
+    /// # Safety
+    /// After [`Self::consumer_acquire`] of the same unit.
+    #[inline(always)]
+    pub unsafe fn consumer_commit(&self) {
+        // SAFETY: the caller's contract.
+        unsafe { mbarrier::arrive(self.staged()) };
+    }
+
+    /// Finisher: waits until every consumer has staged unit `t`.
+    /// # Safety
+    /// Initialized; `t` counts this warp's units.
+    #[inline(always)]
+    pub unsafe fn finisher_wait(&self, t: u32) {
+        // SAFETY: the caller's contract.
+        unsafe { mbarrier::wait(self.staged(), t & 1) };
+    }
+
+    /// Finisher: this thread has read the staging and the words of its unit.
+    /// # Safety
+    /// After [`Self::finisher_wait`] of the same unit.
+    #[inline(always)]
+    pub unsafe fn finisher_release(&self) {
+        // SAFETY: the caller's contract.
+        unsafe { mbarrier::arrive(self.free()) };
+    }
+}

@@ -1,7 +1,8 @@
 //! Floating-point arithmetic the epilogue's activations are built from. PTX ISA "Floating-Point
 //! Instructions": `ex2` and `rcp` (`.approx.ftz.f32`: the SFU's fast forms; subnormal inputs and
 //! results flush to zero, ex2's relative error is at most 2^-22 and rcp's 1 ulp), and `fma`
-//! (`fma.rn.f32`: one rounding of `a·b + c`).
+//! (`fma.rn.f32`: one rounding of `a·b + c`); `rcp.rn`, `mul.rn` and `add.rn` where a result must
+//! be the correctly rounded one.
 
 use core::arch::asm;
 
@@ -61,6 +62,19 @@ pub fn add_rn(a: f32, b: f32) -> f32 {
     // SAFETY: register-only arithmetic.
     unsafe {
         asm!("add.rn.f32 {r}, {a}, {b};", r = out(reg32) r, a = in(reg32) a, b = in(reg32) b,
+             options(pure, nomem, nostack))
+    };
+    r
+}
+
+/// 1/x correctly rounded to nearest even (`rcp.rn.f32`: subnormals kept; several instructions,
+/// for a value used many times, such as a block's divisor).
+#[inline(always)]
+pub fn recip_rn(x: f32) -> f32 {
+    let r: f32;
+    // SAFETY: register-only arithmetic.
+    unsafe {
+        asm!("rcp.rn.f32 {r}, {x};", r = out(reg32) r, x = in(reg32) x,
              options(pure, nomem, nostack))
     };
     r

@@ -85,6 +85,20 @@ pub fn group_max_u32(value: u32, lanes: u32) -> u32 {
     v
 }
 
+/// The largest of `value` over the warp's 32 lanes, in one instruction (`redux.sync.max.u32`,
+/// PTX ISA "Parallel Synchronization and Communication Instructions: redux.sync", sm_80+): what
+/// [`group_max_u32`]'s five shuffles give for 32 lanes.
+#[inline(always)]
+pub fn warp_max_u32(value: u32) -> u32 {
+    let r: u32;
+    // SAFETY: all 32 lanes execute it (full mask); no memory is touched.
+    unsafe {
+        asm!("redux.sync.max.u32 {r}, {v}, -1;", r = out(reg32) r, v = in(reg32) value,
+             options(nomem, nostack))
+    };
+    r
+}
+
 /// `value`, unknown to the compiler (an `asm` move it cannot see through, pure: PTX ISA "mov").
 /// A loop bounded by it is not unrolled: a large body stays one copy in the instruction cache.
 #[inline(always)]

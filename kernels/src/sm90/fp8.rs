@@ -23,8 +23,9 @@ use core::marker::PhantomData;
 use super::{BLOCK_K, BLOCK_N, Mode, ROW_BYTES, SFA_BOX, Sm90Fp8Params, Tile, WG_ROWS};
 use crate::gemm::driver::{Ctx, GemmKernel};
 use crate::gemm::epilogue::{self, Output, Staging, TileStore};
+use crate::gemm::fuse;
 use crate::gemm::layout::StageLayout;
-use crate::gemm::pipeline::{PipelineState, Turn};
+use crate::gemm::pipeline::{Handoff, PipelineState, Turn};
 use crate::gemm::promote::{promote, promote_split};
 use crate::gemm::scheduler::{ClusterShape, MAX_CLUSTER, Schedule, WorkUnit};
 use crate::params::EpilogueParams;
@@ -76,6 +77,8 @@ impl<const CONS: u32, const WAVES: usize, F: Fp8Fragment, T: Fp8Pair, const MODE
     for Fp8Gemm<CONS, WAVES, F, T, MODE>
 {
     const CONSUMERS: u32 = CONS;
+    /// The fused kernels' epilogue runs in three finishing warps (`gemm::fuse`).
+    const FINISHERS: u32 = if MODE == Mode::Fused as u32 { 3 } else { 0 };
     type Consumer = Consumer<CONS>;
     type Acc = [F; WAVES];
 
@@ -225,7 +228,9 @@ impl<const CONS: u32, const WAVES: usize, F: Fp8Fragment, T: Fp8Pair, const MODE
         // SAFETY (every call below): `st` counts this warpgroup's uses in order; each is waited
         // for, used by every wave and released before the next; `kb + 1 < end` for a pair; the
         // B scales are read at K blocks of the problem (`kb + 1` clamped to the last).
-        if CONS == 2 && WAVES == 1 && F::N <= BLOCK_N {
+        // (Not in the fused kernel: its consumers leave the registers of the second scratch
+        // fragment to the finishing warps, `Tile::consumer_regs_with`.)
+        if CONS == 2 && WAVES == 1 && F::N <= BLOCK_N && !Self::FUSED {
             while kb < end {
                 unsafe {
                     if kb + 1 < end {
@@ -268,7 +273,7 @@ impl<const CONS: u32, const WAVES: usize, F: Fp8Fragment, T: Fp8Pair, const MODE
 
     #[inline(always)]
     fn epilogue(&self, ctx: &Ctx, cons: &Consumer<CONS>, own: &WorkUnit, mut acc: [F; WAVES]) {
-        let (p, tile) = (&self.p, Self::TILE);
+        let p = &self.p;
         if p.sfb_col != 0 {
             // SAFETY: `sfb_col` holds `l · n` scales; columns are clamped to n − 1 (past N the
             // values are never stored).
@@ -276,27 +281,7 @@ impl<const CONS: u32, const WAVES: usize, F: Fp8Fragment, T: Fp8Pair, const MODE
             let lane = cons.local % 32;
             unsafe { epilogue::scale_columns(&mut acc, p.sfb_col, batch, own.n * F::N, p.n, lane) };
         }
-        let dst = TileStore {
-            out: Output {
-                ptr: p.out,
-                tmap: p.tmap_c,
-                m: p.m,
-                n: p.n,
-                out_type: p.out_type,
-                row_end: own.row_end,
-            },
-            epi: if Self::FUSED { Some(&self.epi) } else { None },
-            staging: Staging {
-                base: ctx.layout.out(),
-                consumers: CONS,
-                block_n: F::N,
-                ring: false,
-            },
-            // A sparse A: the tile is Cᵀ.
-            transposed: Self::SPARSE && p.sparse.transposed != 0,
-            block_m: tile.block_m(),
-            wave_m: tile.wave_m(),
-        };
+        let dst = self.tile_store(ctx, own);
         let who = (cons.c, CONS, cons.local);
         // SAFETY: the host sizes `splitk` for this schedule and cluster (the entry's contract);
         // the tile is CONS · WAVES fragments of 64 rows; `tmap_c`, when set, maps the 16-bit
@@ -315,6 +300,14 @@ impl<const CONS: u32, const WAVES: usize, F: Fp8Fragment, T: Fp8Pair, const MODE
     }
 
     #[inline(always)]
+    fn finish_staged(&self, ctx: &Ctx, own: &WorkUnit, warp: u32, lane: u32) {
+        let who = (warp, Self::FINISHERS);
+        // SAFETY: the driver's hand-over (the unit is staged); the entry's contract for the
+        // epilogue's buffers.
+        unsafe { fuse::finish_unit_staged::<F>(&self.tile_store(ctx, own), own, who, lane) };
+    }
+
+    #[inline(always)]
     fn finish(&self, cons: &Consumer<CONS>, st: PipelineState) {
         if WAVES == 1 && !st.is_first() {
             // (All consumers ran the same units, so they agree on whether there was a batch.)
@@ -329,6 +322,39 @@ impl<const CONS: u32, const WAVES: usize, F: Fp8Fragment, T: Fp8Pair, const MODE
 impl<const CONS: u32, const WAVES: usize, F: Fp8Fragment, T: Fp8Pair, const MODE: u32>
     Fp8Gemm<CONS, WAVES, F, T, MODE>
 {
+    /// Where unit `own`'s tile goes: the output, the fused epilogue and its hand-over (fused
+    /// kernels), the staging in shared memory (16-bit boxes for TMA stores, or the fused kernels'
+    /// f32 rows).
+    #[inline(always)]
+    fn tile_store(&self, ctx: &Ctx, own: &WorkUnit) -> TileStore<'_> {
+        let (p, tile) = (&self.p, Self::TILE);
+        TileStore {
+            out: Output {
+                ptr: p.out,
+                tmap: p.tmap_c,
+                m: p.m,
+                n: p.n,
+                out_type: p.out_type,
+                row_end: own.row_end,
+            },
+            epi: if Self::FUSED {
+                Some((&self.epi, Handoff::new(ctx.layout.handoff())))
+            } else {
+                None
+            },
+            staging: Staging {
+                base: ctx.layout.out(),
+                consumers: CONS,
+                block_n: F::N,
+                ring: false,
+            },
+            // A sparse A: the tile is Cᵀ.
+            transposed: Self::SPARSE && p.sparse.transposed != 0,
+            block_m: tile.block_m(),
+            wave_m: tile.wave_m(),
+        }
+    }
+
     /// Waits for use `st`; for each wave issues its four `wgmma` into the scratch fragment, waits
     /// for them and promotes the partial sums into the wave's sums with `scale_b` (`.1`: the next
     /// B-scale block's, for the columns from `split` on in wide tiles); releases the stage.

@@ -16,7 +16,7 @@ pub mod fp8;
 pub mod fp8_swapped;
 
 use crate::format::ElemType;
-use crate::gemm::layout::{ScaleBox, StageContents, StageLayout, fused_staging};
+use crate::gemm::layout::{ScaleBox, StageContents, StageLayout, fused_out};
 use crate::gemm::scheduler::MAX_CLUSTER;
 use crate::registry::KernelInfo;
 
@@ -179,13 +179,34 @@ impl Tile {
         })
     }
     /// The layout of the tile's fused-epilogue kernel ([`Mode::Fused`]): the stages, with the
-    /// fused epilogue's f32 rows ([`fused_staging`]) in place of the 16-bit output staging:
+    /// fused epilogue's f32 rows and hand-over ([`fused_out`]) in place of the 16-bit output staging:
     /// 4 stages for the 128 × 128 tile.
     pub const fn fused_layout(self) -> StageLayout {
         StageLayout::fit(StageContents {
-            out: fused_staging(self.consumers, self.block_n),
+            out: fused_out(self.consumers, self.block_n),
             ..self.layout().contents
         })
+    }
+    /// The consumers' budget in a kernel with `finishers` finishing warps (`gemm::fuse`): 184
+    /// for its one-wave tile, whose consumers then hold 64 sums and one 64-value scratch
+    /// fragment (the fused kernel runs one K block at a time, not the two-fragment pairs), so
+    /// that the producer's warpgroup, whose warps 1–3 finish, gets the rest (136).
+    pub const fn consumer_regs_with(self, finishers: u32) -> u32 {
+        if finishers > 0 && self.waves == 1 {
+            184
+        } else {
+            self.consumer_regs()
+        }
+    }
+    /// The producer warpgroup's budget beside [`Self::consumer_regs_with`]: with finishers, all
+    /// the consumers leave ([`crate::gemm::producer_budget`]).
+    pub const fn producer_regs_with(self, finishers: u32) -> u32 {
+        crate::gemm::producer_budget(
+            self.producer_regs(),
+            self.consumers,
+            self.consumer_regs_with(finishers),
+            finishers,
+        )
     }
     /// A-scale boxes per stage ([`SFA_BOX`]): one per 128 rows.
     pub const fn sfa_boxes(self) -> u32 {
@@ -347,8 +368,16 @@ macro_rules! export {
                 unsafe {
                     $crate::gemm::driver::run::<
                         _,
-                        { Tile::$tile.producer_regs() },
-                        { Tile::$tile.consumer_regs() },
+                        {
+                            Tile::$tile.producer_regs_with(
+                                <Gemm as $crate::gemm::driver::GemmKernel>::FINISHERS,
+                            )
+                        },
+                        {
+                            Tile::$tile.consumer_regs_with(
+                                <Gemm as $crate::gemm::driver::GemmKernel>::FINISHERS,
+                            )
+                        },
                     >(&k)
                 }
             }

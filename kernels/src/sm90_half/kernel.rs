@@ -20,8 +20,9 @@ use core::marker::PhantomData;
 use super::{BLOCK_K, CONSUMERS, HalfTile, ROW_BYTES, Sm90HalfParams, WG_ROWS};
 use crate::gemm::driver::{Ctx, GemmKernel};
 use crate::gemm::epilogue::{self, Output, Staging, TileStore};
+use crate::gemm::fuse;
 use crate::gemm::layout::StageLayout;
-use crate::gemm::pipeline::PipelineState;
+use crate::gemm::pipeline::{Handoff, PipelineState};
 use crate::gemm::scheduler::{ClusterShape, MAX_CLUSTER, Schedule, WorkUnit};
 use crate::ptx::wgmma::{self, Descriptor, Fp16, Fp16Fragment, Fragment, Swizzle};
 use crate::ptx::{global, thread, tma};
@@ -58,12 +59,47 @@ impl<const WAVES: usize, F: Fp16Fragment, T: Fp16, const MODE: u32> HalfGemm<WAV
     const SPARSE: bool = MODE == Mode::Sparse as u32;
     /// Whether the tile ends in the fused epilogue (`HalfGemm::epi`).
     const FUSED: bool = MODE == Mode::Fused as u32;
+
+    /// Where unit `own`'s tile goes: the output, the fused epilogue and its hand-over (fused
+    /// kernels), the staging in shared memory (boxes for TMA stores, or the fused kernels' f32
+    /// rows).
+    #[inline(always)]
+    fn tile_store(&self, ctx: &Ctx, own: &WorkUnit) -> TileStore<'_> {
+        let (p, tile) = (&self.p, Self::TILE);
+        TileStore {
+            out: Output {
+                ptr: p.out,
+                tmap: p.tmap_c,
+                m: p.m,
+                n: p.n,
+                out_type: p.out_type,
+                row_end: own.row_end,
+            },
+            epi: if Self::FUSED {
+                Some((&self.epi, Handoff::new(ctx.layout.handoff())))
+            } else {
+                None
+            },
+            staging: Staging {
+                base: ctx.layout.out(),
+                consumers: CONSUMERS,
+                block_n: F::N,
+                ring: tile.out_ring(),
+            },
+            // A sparse A: the tile is Cᵀ.
+            transposed: Self::SPARSE && p.sparse.transposed != 0,
+            block_m: tile.block_m(),
+            wave_m: tile.wave_m(),
+        }
+    }
 }
 
 impl<const WAVES: usize, F: Fp16Fragment, T: Fp16, const MODE: u32> GemmKernel
     for HalfGemm<WAVES, F, T, MODE>
 {
     const CONSUMERS: u32 = CONSUMERS;
+    /// The fused kernels' epilogue runs in three finishing warps (`gemm::fuse`).
+    const FINISHERS: u32 = if MODE == Mode::Fused as u32 { 3 } else { 0 };
     type Consumer = Consumer;
     type Acc = [F; WAVES];
 
@@ -215,33 +251,13 @@ impl<const WAVES: usize, F: Fp16Fragment, T: Fp16, const MODE: u32> GemmKernel
 
     #[inline(always)]
     fn epilogue(&self, ctx: &Ctx, cons: &Consumer, own: &WorkUnit, mut acc: [F; WAVES]) {
-        let (p, tile) = (&self.p, Self::TILE);
+        let p = &self.p;
         if p.alpha != 1.0 {
             for a in acc.iter_mut() {
                 epilogue::scale(a, p.alpha);
             }
         }
-        let dst = TileStore {
-            out: Output {
-                ptr: p.out,
-                tmap: p.tmap_c,
-                m: p.m,
-                n: p.n,
-                out_type: p.out_type,
-                row_end: own.row_end,
-            },
-            epi: if Self::FUSED { Some(&self.epi) } else { None },
-            staging: Staging {
-                base: ctx.layout.out(),
-                consumers: CONSUMERS,
-                block_n: F::N,
-                ring: tile.out_ring(),
-            },
-            // A sparse A: the tile is Cᵀ.
-            transposed: Self::SPARSE && p.sparse.transposed != 0,
-            block_m: tile.block_m(),
-            wave_m: tile.wave_m(),
-        };
+        let dst = self.tile_store(ctx, own);
         let who = (cons.c, CONSUMERS, cons.local);
         // SAFETY: the host sizes `splitk` for this schedule (the entry's contract); the tile is
         // CONSUMERS · WAVES fragments of 64 rows; `tmap_c`, when set, maps the 16-bit output; the
@@ -257,6 +273,14 @@ impl<const WAVES: usize, F: Fp16Fragment, T: Fp16, const MODE: u32> GemmKernel
                 &dst,
             )
         };
+    }
+
+    #[inline(always)]
+    fn finish_staged(&self, ctx: &Ctx, own: &WorkUnit, warp: u32, lane: u32) {
+        let who = (warp, Self::FINISHERS);
+        // SAFETY: the driver's hand-over (the unit is staged); the entry's contract for the
+        // epilogue's buffers.
+        unsafe { fuse::finish_unit_staged::<F>(&self.tile_store(ctx, own), own, who, lane) };
     }
 
     #[inline(always)]

@@ -14,7 +14,7 @@
 #[cfg(all(target_arch = "nvptx64", target_feature = "sm_90a"))]
 pub mod kernel;
 
-use crate::gemm::layout::{StageContents, StageLayout, fused_staging, out_staging};
+use crate::gemm::layout::{StageContents, StageLayout, fused_out, out_staging};
 use crate::registry::KernelInfo;
 use crate::sm90::Mode;
 
@@ -104,15 +104,19 @@ impl HalfTile {
     /// columns) beside its addressing and epilogue: dense 40 + 2·232; block-sparse 24 + 2·240,
     /// as its consumers spilled at 232 (the segment's meeting) and its producer walks no bands.
     /// Both are the splits at which ptxas spills nothing in any role.
+    /// Fused: 136 + 2·184, the producer's warpgroup also running the finishing warps' row code
+    /// (`gemm::fuse`); the consumers hold one wave's 64 sums.
     pub const fn producer_regs(self, mode: Mode) -> u32 {
         match mode {
             Mode::Sparse => 24,
+            Mode::Fused => crate::gemm::producer_budget(40, CONSUMERS, 184, 3),
             _ => 40,
         }
     }
     pub const fn consumer_regs(self, mode: Mode) -> u32 {
         match mode {
             Mode::Sparse => 240,
+            Mode::Fused => 184,
             _ => 232,
         }
     }
@@ -129,10 +133,10 @@ impl HalfTile {
         })
     }
     /// The layout of the tile's fused-epilogue kernel ([`Mode::Fused`]): the fused epilogue's f32
-    /// rows ([`fused_staging`]) in place of the output staging: 5 stages for 128 × 128.
+    /// rows and hand-over ([`fused_out`]) in place of the output staging: 5 stages for 128 × 128.
     pub const fn fused_layout(self) -> StageLayout {
         StageLayout::fit(StageContents {
-            out: fused_staging(CONSUMERS, self.block_n),
+            out: fused_out(CONSUMERS, self.block_n),
             ..self.layout().contents
         })
     }

@@ -16,8 +16,9 @@ use super::{BF16_ROW_BYTES, BLOCK_K, BLOCK_M, CONSUMERS, MxTile, Sm90MxParams, U
 use crate::gemm::barriers;
 use crate::gemm::driver::{Ctx, GemmKernel};
 use crate::gemm::epilogue::{self, Output, Staging, TileStore};
+use crate::gemm::fuse;
 use crate::gemm::layout::{FRAGMENT_ROWS, ScaleBox, StageLayout};
-use crate::gemm::pipeline::PipelineState;
+use crate::gemm::pipeline::{Handoff, PipelineState};
 use crate::gemm::scheduler::{ClusterShape, Schedule, WorkUnit};
 use crate::ptx::wgmma::{self, Bf16, Descriptor, Fp16Fragment, Fragment, Swizzle};
 use crate::ptx::{smem, tma};
@@ -53,6 +54,37 @@ impl<F: Fp16Fragment, EA: Dequant, EB: Dequant, S: ScaleDecode, const FUSED: boo
     MxGemm<F, EA, EB, S, FUSED>
 {
     const TILE: MxTile = MxTile { block_n: F::N };
+    /// Where unit `own`'s tile goes: no TMA-store staging (its shared memory holds the bf16
+    /// buffers), so direct stores, and the fused epilogue's rows in the global scratch (its
+    /// hand-over in shared memory).
+    #[inline(always)]
+    fn tile_store(&self, ctx: &Ctx, own: &WorkUnit) -> TileStore<'_> {
+        let p = &self.p;
+        TileStore {
+            out: Output {
+                ptr: p.out,
+                tmap: 0,
+                m: p.m,
+                n: p.n,
+                out_type: p.out_type,
+                row_end: own.row_end,
+            },
+            epi: if FUSED {
+                Some((&self.epi, Handoff::new(ctx.layout.handoff())))
+            } else {
+                None
+            },
+            staging: Staging {
+                base: 0,
+                consumers: CONSUMERS,
+                block_n: F::N,
+                ring: false,
+            },
+            transposed: false,
+            block_m: BLOCK_M,
+            wave_m: BLOCK_M,
+        }
+    }
     /// Bytes of one raw row of a stage.
     const RAW_ROW: u32 = BLOCK_K * EA::BITS / 8;
     /// Scale bytes per row of a stage.
@@ -215,12 +247,14 @@ impl<F: Fp16Fragment, EA: Dequant, EB: Dequant, S: ScaleDecode, const FUSED: boo
     for MxGemm<F, EA, EB, S, FUSED>
 {
     const CONSUMERS: u32 = CONSUMERS;
+    /// The fused kernels' epilogue runs in three finishing warps (`gemm::fuse`).
+    const FINISHERS: u32 = if FUSED { 3 } else { 0 };
     type Consumer = Consumer;
     type Acc = F;
 
     #[inline(always)]
     fn layout(&self) -> StageLayout {
-        Self::TILE.layout(EA::BITS, S::BLOCK)
+        Self::TILE.layout(EA::BITS, S::BLOCK, FUSED)
     }
 
     #[inline(always)]
@@ -329,32 +363,12 @@ impl<F: Fp16Fragment, EA: Dequant, EB: Dequant, S: ScaleDecode, const FUSED: boo
     }
 
     #[inline(always)]
-    fn epilogue(&self, _ctx: &Ctx, cons: &Consumer, own: &WorkUnit, mut acc: F) {
+    fn epilogue(&self, ctx: &Ctx, cons: &Consumer, own: &WorkUnit, mut acc: F) {
         let p = &self.p;
         if p.alpha != 1.0 {
             epilogue::scale(&mut acc, p.alpha);
         }
-        // No TMA-store staging (its shared memory holds the bf16 buffers): direct stores.
-        let dst = TileStore {
-            out: Output {
-                ptr: p.out,
-                tmap: 0,
-                m: p.m,
-                n: p.n,
-                out_type: p.out_type,
-                row_end: own.row_end,
-            },
-            epi: if FUSED { Some(&self.epi) } else { None },
-            staging: Staging {
-                base: 0,
-                consumers: CONSUMERS,
-                block_n: F::N,
-                ring: false,
-            },
-            transposed: false,
-            block_m: BLOCK_M,
-            wave_m: BLOCK_M,
-        };
+        let dst = self.tile_store(ctx, own);
         let (who, acc) = (
             (cons.c, CONSUMERS, cons.local),
             core::array::from_mut(&mut acc),
@@ -372,6 +386,14 @@ impl<F: Fp16Fragment, EA: Dequant, EB: Dequant, S: ScaleDecode, const FUSED: boo
                 &dst,
             )
         };
+    }
+
+    #[inline(always)]
+    fn finish_staged(&self, ctx: &Ctx, own: &WorkUnit, warp: u32, lane: u32) {
+        let who = (warp, Self::FINISHERS);
+        // SAFETY: the driver's hand-over (the unit is staged); the entry's contract for the
+        // epilogue's buffers.
+        unsafe { fuse::finish_unit_staged::<F>(&self.tile_store(ctx, own), own, who, lane) };
     }
 
     #[inline(always)]

@@ -16,7 +16,7 @@ pub mod dequant;
 pub mod kernel;
 
 use crate::format::{ElemType, ScaleType};
-use crate::gemm::layout::{StageContents, StageLayout};
+use crate::gemm::layout::{HANDOFF_BYTES, StageContents, StageLayout};
 use crate::registry::KernelInfo;
 
 /// K of one stage: 64 bf16 = one 128-byte swizzled row of the converted tiles.
@@ -62,15 +62,16 @@ impl MxTile {
 
     /// The shared memory for codes of `bits` bits with one scale byte per `scale_block`
     /// elements: per stage the raw A and B tiles and their scales; once, the two bf16 buffers
-    /// (in the layout's output region).
-    pub const fn layout(self, bits: u32, scale_block: u32) -> StageLayout {
+    /// (in the layout's output region), and for a `fused` kernel after them the hand-over to its
+    /// finishing warps (it stages its rows in global memory).
+    pub const fn layout(self, bits: u32, scale_block: u32, fused: bool) -> StageLayout {
         let raw_row = BLOCK_K * bits / 8;
         let scales_per_row = BLOCK_K / scale_block;
         StageLayout::fit(StageContents {
             a: BLOCK_M * raw_row,
             b: self.block_n * raw_row,
             sfa: sfa_box(scale_block).bytes() + self.block_n * scales_per_row,
-            out: 2 * self.converted_bytes(),
+            out: 2 * self.converted_bytes() + if fused { HANDOFF_BYTES } else { 0 },
         })
     }
 
@@ -161,7 +162,8 @@ pub struct Sm90MxKernel {
 
 impl Sm90MxKernel {
     pub const fn layout(&self) -> StageLayout {
-        self.tile.layout(self.a.bits(), self.scale.block)
+        self.tile
+            .layout(self.a.bits(), self.scale.block, self.fused)
     }
 }
 
@@ -192,7 +194,18 @@ macro_rules! mx_export {
                 const TILE: $crate::sm90_mx::MxTile = $crate::sm90_mx::MxTile { block_n: $n };
                 // SAFETY: the caller's contract.
                 unsafe {
-                    $crate::gemm::driver::run::<_, { TILE.producer_regs() }, { TILE.consumer_regs() }>(&k)
+                    $crate::gemm::driver::run::<
+                        _,
+                        {
+                            $crate::gemm::producer_budget(
+                                TILE.producer_regs(),
+                                $crate::sm90_mx::CONSUMERS,
+                                TILE.consumer_regs(),
+                                if $fused { 3 } else { 0 },
+                            )
+                        },
+                        { TILE.consumer_regs() },
+                    >(&k)
                 }
             }
         };
