@@ -219,12 +219,9 @@ fn bench_fused(gpu: &Gpu, warmup: usize) -> bool {
             [4096, 7168, 2048, 1],
             Some("fp8-1x128"),
         ),
+        // (4096×2112×7168 cannot take FP8 1×128 output: 2112 columns are not whole blocks of
+        // 128, a typed error.)
         (Recipe::DeepSeekFp8, [4096, 2112, 7168, 1], None),
-        (
-            Recipe::DeepSeekFp8,
-            [4096, 2112, 7168, 1],
-            Some("fp8-1x128"),
-        ),
         (
             Recipe::Mxfp8(Fp8::E4M3),
             [4096, 7168, 2048, 1],

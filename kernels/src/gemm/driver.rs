@@ -38,7 +38,7 @@ pub trait GemmKernel {
     /// Consumer warpgroups (after the producer's warpgroup 0).
     const CONSUMERS: u32;
     /// Warps after the producer's in its warpgroup that finish the staged units: 0 (each
-    /// consumer stores its own) or 3. With finishers, [`Self::epilogue`] stages the unit and its
+    /// consumer stores its own) or [`super::FINISHERS`]. With finishers, [`Self::epilogue`] stages the unit and its
     /// words ([`Handoff`], at [`StageLayout::handoff`]) and [`Self::finish_staged`] finishes
     /// it.
     const FINISHERS: u32 = 0;
@@ -110,7 +110,7 @@ pub unsafe fn run<K: GemmKernel, const PREGS: u32, const CREGS: u32>(k: &K) {
         rank,
     };
     const {
-        assert!(K::FINISHERS == 0 || K::FINISHERS == 3);
+        assert!(K::FINISHERS == 0 || K::FINISHERS == super::FINISHERS);
         let groups = 1 + K::CONSUMERS;
         assert!(PREGS + K::CONSUMERS * CREGS <= groups * launch_regs(groups));
     };

@@ -99,7 +99,7 @@ pub const fn fused_staging(consumers: u32, block_n: u32) -> u32 {
 }
 
 /// Bytes at the end of a fused kernel's output region for the hand-over of staged tiles to the
-/// finishing warps ([`super::handoff`]): its two barriers and a word per consumer warpgroup.
+/// finishing warps ([`super::pipeline::Handoff`]): its two barriers and a word per consumer warpgroup.
 /// 128, so what follows (the A-scale boxes) stays aligned for its copies.
 pub const HANDOFF_BYTES: u32 = 128;
 

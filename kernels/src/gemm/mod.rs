@@ -18,6 +18,10 @@
 pub mod layout;
 pub mod scheduler;
 
+/// Finishing warps of a fused kernel (`driver::GemmKernel::FINISHERS`): warps 1–3 of the
+/// producer's warpgroup, whose warp 0 issues the copies.
+pub const FINISHERS: u32 = 3;
+
 /// Registers per thread of a CTA of `warpgroups` warpgroups at launch: the register file's 65 536
 /// over its threads, in whole multiples of 8 (168 for 384 threads). `setmaxnreg` only moves
 /// registers between the CTA's warps, so the budgets after it must add up to no more than this

@@ -78,7 +78,11 @@ impl<const CONS: u32, const WAVES: usize, F: Fp8Fragment, T: Fp8Pair, const MODE
 {
     const CONSUMERS: u32 = CONS;
     /// The fused kernels' epilogue runs in three finishing warps (`gemm::fuse`).
-    const FINISHERS: u32 = if MODE == Mode::Fused as u32 { 3 } else { 0 };
+    const FINISHERS: u32 = if MODE == Mode::Fused as u32 {
+        crate::gemm::FINISHERS
+    } else {
+        0
+    };
     type Consumer = Consumer<CONS>;
     type Acc = [F; WAVES];
 

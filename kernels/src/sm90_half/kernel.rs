@@ -99,7 +99,11 @@ impl<const WAVES: usize, F: Fp16Fragment, T: Fp16, const MODE: u32> GemmKernel
 {
     const CONSUMERS: u32 = CONSUMERS;
     /// The fused kernels' epilogue runs in three finishing warps (`gemm::fuse`).
-    const FINISHERS: u32 = if MODE == Mode::Fused as u32 { 3 } else { 0 };
+    const FINISHERS: u32 = if MODE == Mode::Fused as u32 {
+        crate::gemm::FINISHERS
+    } else {
+        0
+    };
     type Consumer = Consumer;
     type Acc = [F; WAVES];
 

@@ -109,7 +109,7 @@ impl HalfTile {
     pub const fn producer_regs(self, mode: Mode) -> u32 {
         match mode {
             Mode::Sparse => 24,
-            Mode::Fused => crate::gemm::producer_budget(40, CONSUMERS, 184, 3),
+            Mode::Fused => crate::gemm::producer_budget(40, CONSUMERS, 184, crate::gemm::FINISHERS),
             _ => 40,
         }
     }

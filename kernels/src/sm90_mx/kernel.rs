@@ -248,7 +248,7 @@ impl<F: Fp16Fragment, EA: Dequant, EB: Dequant, S: ScaleDecode, const FUSED: boo
 {
     const CONSUMERS: u32 = CONSUMERS;
     /// The fused kernels' epilogue runs in three finishing warps (`gemm::fuse`).
-    const FINISHERS: u32 = if FUSED { 3 } else { 0 };
+    const FINISHERS: u32 = if FUSED { crate::gemm::FINISHERS } else { 0 };
     type Consumer = Consumer;
     type Acc = F;
 

@@ -201,7 +201,7 @@ macro_rules! mx_export {
                                 TILE.producer_regs(),
                                 $crate::sm90_mx::CONSUMERS,
                                 TILE.consumer_regs(),
-                                if $fused { 3 } else { 0 },
+                                if $fused { $crate::gemm::FINISHERS } else { 0 },
                             )
                         },
                         { TILE.consumer_regs() },
