@@ -311,6 +311,22 @@ pub(crate) mod device {
             }
         }
 
+        /// Lane `lane`'s [`Self::of_f32`] quotient, in every lane (shuffles: every lane of the
+        /// warp calls it).
+        #[inline(always)]
+        pub(crate) fn from_lane(self, lane: u32) -> Self {
+            let f = |x: f32| f32::from_bits(thread::shfl_idx_u32(x.to_bits(), lane));
+            Quotient {
+                zero: thread::shfl_idx_u32(self.zero as u32, lane) != 0,
+                wide: None,
+                rec: Reciprocal {
+                    k: f(self.rec.k),
+                    s: f(self.rec.s),
+                    r: f(self.rec.r),
+                },
+            }
+        }
+
         #[inline(always)]
         fn of_elem(self, x: f32) -> f32 {
             if let Some(s) = self.wide {

@@ -315,7 +315,7 @@ unsafe fn finish4(
     let live = live && ocol < n_out;
     if e.quantized() {
         // SAFETY: the caller's contract.
-        unsafe { quantize::<false>(e, (l, row, ocol), idx, y, (nv, n_out), (live, lane)) };
+        unsafe { quantize(e, (l, row, ocol), idx, y, (nv, n_out), (live, lane)) };
         return;
     }
     // The output's `nv` values at `idx`: one vector store where the row's length keeps it
@@ -364,13 +364,11 @@ unsafe fn finish4(
 /// The quantized store of one lane's `nv` output values `y` (element `idx` of the codes, output
 /// column `ocol` of row `row`): the block's largest magnitude over its lanes (`q_block / nv`
 /// adjacent lanes, a whole block: N_out and the tile's columns are multiples of it), its scale
-/// by the host's rule, the codes, and the scale from the block's first lane. `FP8_ROWS`: the
-/// caller knows the format is FP8 with fp32 scales per 128 columns and `nv` 4 (a block is the
-/// warp's 32 lanes), and this copy has no code for the others.
+/// by the host's rule, the codes, and the scale from the block's first lane.
 /// # Safety
 /// As [`finish_staged`].
 #[inline(always)]
-unsafe fn quantize<const FP8_ROWS: bool>(
+unsafe fn quantize(
     e: &EpilogueParams,
     (l, row, ocol): (u32, u32, u32),
     idx: u64,
@@ -379,16 +377,6 @@ unsafe fn quantize<const FP8_ROWS: bool>(
     (live, lane): (bool, u32),
 ) {
     let (elem, scale) = quant_types(e);
-    let (elem, scale, nv) = if FP8_ROWS {
-        let elem = if elem == ElemType::E5M2 {
-            ElemType::E5M2
-        } else {
-            ElemType::E4M3
-        };
-        (elem, ScaleType::F32, 4)
-    } else {
-        (elem, scale, nv)
-    };
     let mut m = 0u32;
     for k in 0..4 {
         if k < nv as usize {
@@ -398,7 +386,7 @@ unsafe fn quantize<const FP8_ROWS: bool>(
     // (Blocks are 16, 32 or 128 columns; the bounds show the compiler that neither divisor below
     // is zero, so the kernel carries no panic path, whose call would make ptxas save every live
     // register around it.)
-    let block = if FP8_ROWS { 128 } else { e.q_block.max(16) };
+    let block = e.q_block.max(16);
     let lanes = (block / nv).max(1);
     let m = if lanes >= 32 {
         thread::warp_max_u32(m)
@@ -412,12 +400,7 @@ unsafe fn quantize<const FP8_ROWS: bool>(
     };
     let (sbits, d) = block_scale_of_bits(scale, elem, m, tensor_scale);
     // The codes packed from the low bits (the quantizer's encoding: one source).
-    let d = if FP8_ROWS {
-        Quotient::of_f32(d)
-    } else {
-        Quotient::of(d)
-    };
-    let w = encode4(elem, y, d);
+    let w = encode4(elem, y, Quotient::of(d));
     // SAFETY: the codes and scales hold the L·M·N_out output's (the host's); `live` says the
     // lane's columns are inside it, each store is aligned to its size (`ocol` a multiple of nv).
     unsafe {
@@ -676,7 +659,7 @@ unsafe fn rows_by_activation<const OUT: u32>(
 
 /// The rows of `r` without C, residual or column pairs, N a multiple of 4 (one vector per lane
 /// and row), [`FAST_ROWS`] rows per iteration: α, the bias, activation `ACT`, and bf16 output or the
-/// FP8 1×128 store ([`quantize`]). The same steps, in the same order, as [`finish4`].
+/// FP8 1×128 store ([`quantize_rows`]). The same steps, in the same order, as [`finish4`].
 /// # Safety
 /// As [`finish_staged`], for such an epilogue.
 #[inline(always)]
@@ -724,32 +707,99 @@ unsafe fn rows_fast<const ACT: u32, const OUT: u32>(
         for k in 0..FAST_ROWS {
             upcoming[k] = load(next + k as u32 * r.step);
         }
+        // This iteration's rows (warp-uniform: the shuffles of a quantized store need every
+        // lane; a row past the fragment's is finished as row `i`, and not stored).
+        let mut rows_at = [(0u32, false); FAST_ROWS];
+        let mut ys = [[0f32; 4]; FAST_ROWS];
         for k in 0..FAST_ROWS {
-            // (Warp-uniform: the shuffles of a quantized store need every lane. A row past the
-            // fragment's is finished as row `i`, and not stored.)
             let row = i + k as u32 * r.step;
             let ok = k == 0 || inside(row);
-            let row = if ok { row } else { i };
-            let y = apply(now[k]);
-            let at = base + row as u64 * n as u64;
-            // SAFETY: the lane's four elements of row `first + row` of the output (inside it
-            // where `live` and `ok` say so; `n % 4 == 0`, so aligned).
-            unsafe {
-                if OUT == FAST_BF16 {
+            rows_at[k] = (if ok { row } else { i }, ok);
+            ys[k] = apply(now[k]);
+        }
+        // SAFETY: the lane's four elements of each row of the output (inside it where `live`
+        // and the row's `ok` say so; `n % 4 == 0`, so aligned).
+        unsafe {
+            if OUT == FAST_BF16 {
+                for k in 0..FAST_ROWS {
+                    let ((row, ok), y) = (rows_at[k], ys[k]);
                     let (a, b) = (
                         convert::f32x2_to_bf16x2(y[0], y[1]),
                         convert::f32x2_to_bf16x2(y[2], y[3]),
                     );
+                    let at = base + row as u64 * n as u64;
                     global::store_u32x2_if(out.ptr + 2 * at, a, b, r.live && ok);
-                } else {
-                    let live = (r.live && ok, r.lane);
-                    quantize::<true>(e, (r.l, r.first + row, r.col), at, y, (4, n), live);
                 }
+            } else {
+                quantize_rows(e, &r, (base, n), rows_at, ys);
             }
         }
         if !inside(next) {
             break;
         }
         (i, now) = (next, upcoming);
+    }
+}
+
+/// FP8 1×128 output of one iteration's rows (of `r`'s pass, the row's 128 columns one block:
+/// the warp's 32 lanes × 4; `rows[k]`: the row in the fragment and whether it is stored; `ys[k]`
+/// the lane's four values): each row's block maximum by one `redux`, the rows' scales and
+/// reciprocals derived at once — lane `k` for row `k` — and handed to every lane by shuffles,
+/// then each row's codes, and from lane 0 its scale (and the A-role copy). The same codes and
+/// scales as [`quantize`], with the scale work once per warp and row instead of in every lane.
+/// # Safety
+/// As [`rows_fast`]; the output is FP8 with fp32 scales per 128 columns; `base` is the lane's
+/// element of the fragment's first row, `n` the row length (a multiple of 128).
+#[inline(always)]
+unsafe fn quantize_rows(
+    e: &EpilogueParams,
+    r: &Rows,
+    (base, n): (u64, u32),
+    rows: [(u32, bool); FAST_ROWS],
+    ys: [[f32; 4]; FAST_ROWS],
+) {
+    const { assert!(FAST_ROWS <= 32) };
+    let elem = if quant_types(e).0 == ElemType::E5M2 {
+        ElemType::E5M2
+    } else {
+        ElemType::E4M3
+    };
+    let mut maxima = [0u32; FAST_ROWS];
+    for k in 0..FAST_ROWS {
+        let mut m = 0u32;
+        for x in 0..4 {
+            m = m.max(magnitude_bits(ys[k][x]));
+        }
+        maxima[k] = thread::warp_max_u32(m);
+    }
+    // Lane k derives row k's scale (the other lanes row 0's, unused).
+    let mut mine = maxima[0];
+    for k in 1..FAST_ROWS {
+        if r.lane == k as u32 {
+            mine = maxima[k];
+        }
+    }
+    let (sbits, d) = block_scale_of_bits(ScaleType::F32, elem, mine, 1.0);
+    let q = Quotient::of_f32(d);
+    let kb = r.col / 128;
+    for k in 0..FAST_ROWS {
+        let (qk, sk) = (q.from_lane(k as u32), thread::shfl_idx_u32(sbits, k as u32));
+        let w = encode4(elem, ys[k], qk);
+        let (row, ok) = rows[k];
+        let live = r.live && ok;
+        let row_l = r.first + row;
+        let first = live && r.lane == 0;
+        let si = r.l as u64 * e.q_stride_l + row_l as u64 * e.q_stride_r + kb as u64 * e.q_stride_k;
+        // SAFETY: the codes and scales hold the L·M·N output's (the host's); `live` says the
+        // lane's columns and the row are inside it; the stores are aligned to their sizes.
+        unsafe {
+            global::store_u32_if(e.q_data + base + row as u64 * n as u64, w, live);
+            global::store_u32_if(e.q_scales + 4 * si, sk, first);
+            if e.q_sfa != 0 {
+                let a =
+                    (r.l as u64 * (n / 128) as u64 + kb as u64) * e.q_m_pad as u64 + row_l as u64;
+                global::store_u32_if(e.q_sfa + 4 * a, sk, first);
+            }
+        }
     }
 }

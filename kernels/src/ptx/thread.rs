@@ -99,6 +99,19 @@ pub fn warp_max_u32(value: u32) -> u32 {
     r
 }
 
+/// Lane `lane`'s `value`, in every lane (`shfl.sync.idx.b32`, PTX ISA "Data Movement and
+/// Conversion Instructions: shfl.sync"; `lane` < 32).
+#[inline(always)]
+pub fn shfl_idx_u32(value: u32, lane: u32) -> u32 {
+    let r: u32;
+    // SAFETY: all 32 lanes execute it (full mask); no memory is touched.
+    unsafe {
+        asm!("shfl.sync.idx.b32 {r}, {v}, {l}, 31, -1;", r = out(reg32) r, v = in(reg32) value,
+             l = in(reg32) lane, options(nomem, nostack))
+    };
+    r
+}
+
 /// `value`, unknown to the compiler (an `asm` move it cannot see through, pure: PTX ISA "mov").
 /// A loop bounded by it is not unrolled: a large body stays one copy in the instruction cache.
 #[inline(always)]
