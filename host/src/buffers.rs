@@ -48,10 +48,6 @@ impl Prepared {
         self.0.push(value);
     }
 
-    pub(crate) fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
-
     pub(crate) fn get<T: Any>(&self) -> Option<&T> {
         self.0.iter().find_map(|v| v.downcast_ref::<T>())
     }

@@ -18,6 +18,7 @@ use crate::fused::{self, Epilogue, Fused, QuantOut};
 use crate::grouped::{self, DeviceGroups, GroupLayout};
 use crate::matrix::{GemmShape, ScaledMatrix};
 use crate::plan::{self, GpuArch, Plan};
+use crate::prepare::{Preparers, Source};
 use crate::quantizer::TensorElement;
 use crate::quantizer::{
     DeviceQuantized, DeviceTensor, QuantBufs, QuantSpec, QuantTarget, QuantizeOptions, Quantizers,
@@ -38,6 +39,8 @@ pub struct Gpu {
     _module: Arc<CudaModule>,
     families: Families,
     quantizers: Quantizers,
+    /// The kernels that prepare a device-quantized matrix for the GEMM families.
+    preparers: Preparers,
     arch: GpuArch,
     /// The kernels' image: ptxas' cubin, or the PTX (JIT) where the cubin does not fit.
     image: KernelImage,
@@ -95,6 +98,7 @@ impl Gpu {
         let stream = ctx.new_stream()?;
         let families = plan::load_families(&module, &stream, arch, sm_count)?;
         let quantizers = Quantizers::load(&module, sm_count)?;
+        let preparers = Preparers::load(&module, sm_count)?;
         Ok(Gpu {
             id: GpuId::next(),
             ctx,
@@ -102,6 +106,7 @@ impl Gpu {
             _module: module,
             families,
             quantizers,
+            preparers,
             arch,
             image,
             name,
@@ -138,7 +143,9 @@ impl Gpu {
         let scales = self.stream.clone_htod(m.scales())?;
         let mut prepared = Prepared::default();
         for family in self.families.iter() {
-            if let Some(p) = family.prepare_operand(&self.stream, m, &data)? {
+            if let Some(p) =
+                family.prepare_operand(&self.stream, &Source::Host(m), &data, &prepared)?
+            {
                 prepared.insert(p);
             }
         }
@@ -215,8 +222,9 @@ impl Gpu {
     /// swizzled layout. [`Error::Format`] for another format, [`Error::Alignment`] for K not a
     /// multiple of 8. Non-finite input gives NaN scales (the host quantizer's `Error::Format`
     /// would need a wait). FP8 with fp32 scales per 1×128 (DeepSeek activations) is written
-    /// straight into the FP8 kernel's A-role layout; the other formats are prepared for their
-    /// GEMM kernels through one copy back to the host (`DeviceMatrix::to_host`) for now.
+    /// straight into the FP8 kernel's A-role layout; every other copy a GEMM kernel reads (the
+    /// MX kernel's scale layout, each row's largest scale code, 4-bit weights reordered, fp32
+    /// scale layouts) is made on the device from the quantizer's buffers, with no copy back.
     pub fn quantize_with(
         &self,
         t: &DeviceTensor,
@@ -233,8 +241,8 @@ impl Gpu {
     /// FP8 with fp32 scales per 1×128 nothing but the kernel (its tensor maps stay valid), so a
     /// serving loop quantizes each step's activations into the same matrix. `opts` as for
     /// `quantize_with`, but no swizzled copy (`Error::Config`), and `opts.major` `None` keeps
-    /// `dst`'s order. The other formats are prepared for their GEMM kernels again through the
-    /// host, as `quantize_with` does. [`Error::Shape`] or [`Error::Format`] where `dst` is not a
+    /// `dst`'s order. The copies the GEMM kernels read beside the codes and scales are made
+    /// again on the device, in their buffers. [`Error::Shape`] or [`Error::Format`] where `dst` is not a
     /// matrix of this shape and format.
     pub fn quantize_into(
         &self,
@@ -264,9 +272,10 @@ impl Gpu {
             swizzled: None,
             sfa,
         };
+        let was_finite = dst.desc.tensor_scale.is_finite();
         self.quantizers.write(&self.stream, t, &mut spec, bufs)?;
         dst.desc.tensor_scale = spec.desc.tensor_scale;
-        self.after_rewrite(dst, in_place)
+        self.after_rewrite(dst, in_place, was_finite)
     }
 
     /// `Error::Shape` / `Error::Format` unless `dst` is the matrix `spec` describes (its tensor
@@ -289,8 +298,8 @@ impl Gpu {
     }
 
     /// A quantized matrix's buffers as a [`DeviceQuantized`], prepared for the GEMM kernels: FP8
-    /// with fp32 scales per 1×128 in the FP8 kernel's A-role layout the writer filled; the other
-    /// formats through one copy back to the host (`DeviceMatrix::to_host`) for now.
+    /// with fp32 scales per 1×128 in the FP8 kernel's A-role layout the writer filled; the rest
+    /// on the device ([`Gpu::prepare_on_device`]).
     fn finish_quantized(&self, q: crate::quantizer::Quantized) -> Result<DeviceQuantized> {
         let (rows, k, l) = (q.desc.rows, q.desc.k, q.desc.batch);
         let mut prepared = Prepared::default();
@@ -311,36 +320,63 @@ impl Gpu {
             scales: q.scales,
             prepared,
         };
-        if matrix.prepared.is_empty() {
-            self.prepare_via_host(&mut matrix)?;
-        }
+        self.prepare_on_device(&mut matrix)?;
         Ok(DeviceQuantized {
             matrix,
             swizzled_scales: q.swizzled,
         })
     }
 
-    /// `dst` after its codes and scales were rewritten: nothing more where they were written in
-    /// place for its kernels (`in_place`: FP8 1×128, whose tensor maps and A-role scale copy
-    /// stay valid); else its preparation, made from the old values, is made again.
-    fn after_rewrite(&self, dst: &mut DeviceMatrix, in_place: bool) -> Result<()> {
-        if !in_place {
-            dst.prepared = Prepared::default();
-            self.prepare_via_host(dst)?;
+    /// `dst` after its codes and scales were rewritten in its buffers: each family's copies
+    /// made again in place (their tensor maps stay valid; `sfa_written`: the writer rewrote the
+    /// FP8 kernel's A-role scales itself), or, where a family cannot or `dst` had none (a NaN
+    /// tensor scale before: `was_finite` false), its preparation made anew.
+    fn after_rewrite(
+        &self,
+        dst: &mut DeviceMatrix,
+        sfa_written: bool,
+        was_finite: bool,
+    ) -> Result<()> {
+        if was_finite && dst.desc.tensor_scale.is_finite() {
+            let src = Source::Device {
+                desc: dst.desc,
+                data: &dst.data,
+                scales: &dst.scales,
+                kernels: &self.preparers,
+            };
+            let mut all = true;
+            for family in self.families.iter() {
+                all &=
+                    family.refresh_operand(&self.stream, &src, &mut dst.prepared, sfa_written)?;
+            }
+            if all {
+                return Ok(());
+            }
         }
-        Ok(())
+        dst.prepared = Prepared::default();
+        self.prepare_on_device(dst)
     }
 
-    /// `m` prepared for the GEMM kernels that take it through one copy back to the host (the
-    /// MX, NVFP4 and per-row FP8 layouts are not written on the device yet); nothing for a NaN
-    /// tensor scale (non-finite input), which no kernel takes.
-    fn prepare_via_host(&self, m: &mut DeviceMatrix) -> Result<()> {
+    /// `m`, a matrix written on the device, prepared for the GEMM kernels that take it from its
+    /// device buffers (`crate::prepare`: no copy back, no wait); the FP8 family skipped where
+    /// the quantizer wrote its A-role scales (`m` holds them); nothing for a NaN tensor scale
+    /// (non-finite input), which no kernel takes.
+    fn prepare_on_device(&self, m: &mut DeviceMatrix) -> Result<()> {
         if !m.desc.tensor_scale.is_finite() {
             return Ok(());
         }
-        let host = m.to_host()?;
+        let has_fp8 = m.prepared.get::<Sm90Operand>().is_some();
+        let src = Source::Device {
+            desc: m.desc,
+            data: &m.data,
+            scales: &m.scales,
+            kernels: &self.preparers,
+        };
         for family in self.families.iter() {
-            if let Some(p) = family.prepare_operand(&self.stream, &host, &m.data)? {
+            if has_fp8 && (family as &dyn std::any::Any).is::<Sm90Fp8>() {
+                continue;
+            }
+            if let Some(p) = family.prepare_operand(&self.stream, &src, &m.data, &m.prepared)? {
                 m.prepared.insert(p);
             }
         }
@@ -588,7 +624,9 @@ impl Gpu {
             sfa,
         };
         self.launch_quantized(s, (a, b, epi, plan), &mut dst.data, q)?;
-        self.after_rewrite(dst, in_place)
+        // (The tensor scale is the destination's own: a rewrite keeps it.)
+        let finite = dst.desc.tensor_scale.is_finite();
+        self.after_rewrite(dst, in_place, finite)
     }
 
     /// One launch of `plan` whose fused epilogue quantizes into `data` and `q`'s scales (checked

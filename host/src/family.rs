@@ -9,11 +9,12 @@ use std::sync::Arc;
 use cudarc::driver::{CudaSlice, CudaStream};
 
 use crate::bsr::BsrMatrix;
-use crate::buffers::{DeviceMatrix, DeviceOutput, PreparedValue};
+use crate::buffers::{DeviceMatrix, DeviceOutput, Prepared, PreparedValue};
 use crate::error::Result;
 use crate::format::OutType;
 use crate::grouped::DeviceGroups;
-use crate::matrix::{GemmShape, ScaledMatrix};
+use crate::matrix::GemmShape;
+use crate::prepare::Source;
 
 /// One kernel family's host side, loaded on one GPU.
 pub(crate) trait Family: Any + Send + Sync {
@@ -22,15 +23,33 @@ pub(crate) trait Family: Any + Send + Sync {
         None
     }
 
-    /// What the family needs of an uploaded matrix beside its data and scales (tensor maps,
-    /// scales in the kernel's layout); `None` when the matrix cannot run on it or it needs nothing.
+    /// What the family needs of a matrix beside its data and scales (tensor maps, scales in the
+    /// kernel's layout), read from the host's copy or the device's ([`Source`]); `None` when the
+    /// matrix cannot run on it or it needs nothing. `made`: what the families before it
+    /// prepared of the same matrix (a family may read another's copy rather than make its own).
     fn prepare_operand(
         &self,
         _stream: &Arc<CudaStream>,
-        _matrix: &ScaledMatrix,
+        _matrix: &Source<'_>,
         _data: &CudaSlice<u8>,
+        _made: &Prepared,
     ) -> Result<Option<PreparedValue>> {
         Ok(None)
+    }
+
+    /// Rewrites, in its own buffers, what `prepared` holds of this family for a matrix whose codes
+    /// and scales were rewritten in place (same description and buffers, so its tensor maps stay
+    /// valid), reading `matrix`; `sfa_written`: the writer also rewrote the FP8 kernel's A-role
+    /// scales. `Ok(false)` where it cannot (the matrix is then prepared anew); `Ok(true)` where
+    /// the family holds nothing of it.
+    fn refresh_operand(
+        &self,
+        _stream: &Arc<CudaStream>,
+        _matrix: &Source<'_>,
+        _prepared: &mut Prepared,
+        _sfa_written: bool,
+    ) -> Result<bool> {
+        Ok(true)
     }
 
     /// What the family needs of an uploaded block-sparse matrix's stored blocks (`values`, at

@@ -71,6 +71,11 @@ unsafe impl KernelParams for blockscaled_kernels::fold::FoldParams {}
 unsafe impl KernelParams for blockscaled_kernels::sm90_half::Sm90HalfParams {}
 // SAFETY: as above (`#[repr(C)]`, eleven u64 then eight 4-byte fields: no padding).
 unsafe impl KernelParams for blockscaled_kernels::quantize::QuantizeParams {}
+// SAFETY: as above (`#[repr(C)]`: five u64 then twelve 4-byte fields; five u64 then six u32; two
+// u64 then four u32: no padding).
+unsafe impl KernelParams for blockscaled_kernels::prepare::Gather {}
+unsafe impl KernelParams for blockscaled_kernels::prepare::RowTops {}
+unsafe impl KernelParams for blockscaled_kernels::prepare::W4Reorder {}
 // SAFETY: as above: `#[repr(C)]`, a family's parameters (8-byte aligned, so a multiple of 8
 // bytes) then the epilogue's (ten u64 then twelve 4-byte fields: no padding), what the
 // families' fused kernels declare.

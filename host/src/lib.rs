@@ -47,6 +47,7 @@ mod launch;
 mod matrix;
 mod output;
 pub mod plan;
+mod prepare;
 mod quantize;
 mod quantizer;
 pub mod reference;

@@ -8,14 +8,15 @@ use std::sync::Arc;
 use cudarc::driver::{CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr};
 
 use crate::bsr::{BsrMatrix, DeviceBsr, FP8_BLOCK, SparseSide};
-use crate::buffers::{DeviceMatrix, DeviceOutput, PreparedValue};
+use crate::buffers::{DeviceMatrix, DeviceOutput, Prepared, PreparedValue};
 use crate::error::{Error, Result, config, shape};
 use crate::family::{Family, Gemm};
 use crate::format::{ElemType, OutType, ScaleType};
 use crate::fused::Fused;
 use crate::grouped::DeviceGroups;
 use crate::launch::{Launch, persistent_ctas};
-use crate::matrix::{GemmShape, MatrixDesc, ScaledMatrix};
+use crate::matrix::{GemmShape, MatrixDesc};
+use crate::prepare::{GatherTo, Source};
 use crate::splitk::{self, SplitK};
 use crate::tensor_map::{DataType, Swizzle, encode_3d, encode_scale_rows};
 use blockscaled_kernels::gemm::layout::{FRAGMENT_ROWS, OUT_BOX_WIDTHS, out_box_n};
@@ -290,67 +291,102 @@ impl Sm90Operand {
     /// `None` when the matrix can take neither role.
     fn prepare(
         stream: &Arc<CudaStream>,
-        m: &ScaledMatrix,
+        m: &Source<'_>,
         data: &CudaSlice<u8>,
     ) -> Result<Option<Self>> {
-        let d = m.desc();
+        let d = *m.desc();
         let (as_a, as_b) = (
-            unsupported(d, false).is_none(),
-            unsupported(d, true).is_none(),
+            unsupported(&d, false).is_none(),
+            unsupported(&d, true).is_none(),
         );
         if !as_a && !as_b {
             return Ok(None);
         }
         let (rows, k, l) = (d.rows, d.k, d.batch);
-        let kb = k / BLOCK_K as usize;
         let sfa = if as_a {
-            // Whole clusters of the tallest tiles: a cluster's last CTA may sit past M and still
-            // loads scales.
-            let m_pad = m_pad(rows as u32) as usize;
-            let mut v = vec![0f32; l * kb * m_pad];
-            for li in 0..l {
-                for j in 0..kb {
-                    for r in 0..rows {
-                        v[(li * kb + j) * m_pad + r] =
-                            m.scale_value(li, r, j * BLOCK_K as usize) as f32;
-                    }
-                }
-            }
-            Some((stream.clone_htod(&v)?, m_pad as u32))
+            let m_pad = m_pad(rows as u32);
+            Some((m.gather(stream, scales_to(&d, Scales::A(m_pad)))?, m_pad))
         } else {
             None
         };
-        // Per-row B scales (not constant over a 128-row tile) go to the epilogue's column scales.
-        let (br, _) = d.block_extent();
-        let columns = as_b && per_row(d) && br < rows;
-        let sfb = if as_b {
-            let nb = rows.div_ceil(BLOCK_N as usize);
-            let mut v = vec![1f32; l * nb * kb];
-            if !columns {
-                for li in 0..l {
-                    for b in 0..nb {
-                        for j in 0..kb {
-                            v[(li * nb + b) * kb + j] =
-                                m.scale_value(li, b * BLOCK_N as usize, j * BLOCK_K as usize)
-                                    as f32;
-                        }
-                    }
-                }
+        let columns = column_scales(&d);
+        let sfb = match (as_b, columns) {
+            (true, false) => Some(m.gather(stream, scales_to(&d, Scales::B))?),
+            (true, true) => {
+                let nb = rows.div_ceil(BLOCK_N as usize);
+                Some(stream.clone_htod(&vec![1f32; l * nb * (k / BLOCK_K as usize)])?)
             }
-            Some(stream.clone_htod(&v)?)
-        } else {
-            None
+            (false, _) => None,
         };
         let sfb_col = if columns {
-            let v: Vec<f32> = (0..l)
-                .flat_map(|li| (0..rows).map(move |r| (li, r)))
-                .map(|(li, r)| m.scale_value(li, r, 0) as f32)
-                .collect();
-            Some(stream.clone_htod(&v)?)
+            Some(m.gather(stream, scales_to(&d, Scales::Columns))?)
         } else {
             None
         };
         Sm90Operand::over(stream, data, (rows, k, l), sfa, sfb, sfb_col).map(Some)
+    }
+}
+
+/// The fp32 scale copies of the FP8 kernel's operands.
+#[derive(Clone, Copy)]
+enum Scales {
+    /// A role, `[l][k/128][m_pad]`, zero in the padding rows (whole clusters of the tallest
+    /// tiles: a cluster's last CTA may sit past M and still loads scales).
+    A(u32),
+    /// B role, `[l][⌈rows/128⌉][k/128]`: each 128 × 128 tile's scale (its first row's).
+    B,
+    /// B role per row (not constant over a 128-row tile: the epilogue's column scales),
+    /// `[l][rows]`.
+    Columns,
+}
+
+/// The re-layout of `d`'s scale values (times the tensor scale) into `s`.
+fn scales_to(d: &MatrixDesc, s: Scales) -> GatherTo {
+    let kb = d.k / BLOCK_K as usize;
+    let (planes, rows_out, per, row_step) = match s {
+        Scales::A(m_pad) => (kb, m_pad as usize, 1, 1),
+        Scales::B => (1, d.rows.div_ceil(BLOCK_N as usize), kb, BLOCK_N as usize),
+        Scales::Columns => (1, d.rows, 1, 1),
+    };
+    GatherTo {
+        planes,
+        rows_out,
+        per,
+        row_step,
+        k_step: BLOCK_K as usize,
+        values: true,
+    }
+}
+
+/// Whether `d`'s B-role scales are per row (the epilogue's column scales; the tiles' all 1).
+fn column_scales(d: &MatrixDesc) -> bool {
+    unsupported(d, true).is_none() && per_row(d) && d.block_extent().0 < d.rows
+}
+
+impl Sm90Operand {
+    /// Its scale copies made again from `m` (rewritten in place), in the same buffers; the A
+    /// role's not where the writer rewrote them (`sfa_written`).
+    fn refresh(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        m: &Source<'_>,
+        sfa_written: bool,
+    ) -> Result<()> {
+        let d = *m.desc();
+        if let Some((sfa, m_pad)) = &mut self.sfa
+            && !sfa_written
+        {
+            m.gather_into(stream, scales_to(&d, Scales::A(*m_pad)), sfa)?;
+        }
+        if let Some(sfb) = &mut self.sfb
+            && !column_scales(&d)
+        {
+            m.gather_into(stream, scales_to(&d, Scales::B), sfb)?;
+        }
+        if let Some(col) = &mut self.sfb_col {
+            m.gather_into(stream, scales_to(&d, Scales::Columns), col)?;
+        }
+        Ok(())
     }
 }
 
@@ -545,10 +581,24 @@ impl Family for Sm90Fp8 {
     fn prepare_operand(
         &self,
         stream: &Arc<CudaStream>,
-        matrix: &ScaledMatrix,
+        matrix: &Source<'_>,
         data: &CudaSlice<u8>,
+        _made: &Prepared,
     ) -> Result<Option<PreparedValue>> {
         Ok(Sm90Operand::prepare(stream, matrix, data)?.map(|p| Box::new(p) as PreparedValue))
+    }
+
+    fn refresh_operand(
+        &self,
+        stream: &Arc<CudaStream>,
+        matrix: &Source<'_>,
+        prepared: &mut Prepared,
+        sfa_written: bool,
+    ) -> Result<bool> {
+        if let Some(op) = prepared.get_mut::<Sm90Operand>() {
+            op.refresh(stream, matrix, sfa_written)?;
+        }
+        Ok(true)
     }
 
     fn prepare_output(

@@ -7,13 +7,14 @@ use std::sync::Arc;
 use cudarc::driver::{CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr};
 
 use crate::bsr::{BsrMatrix, DeviceBsr, SparseSide};
-use crate::buffers::{DeviceMatrix, DeviceOutput, PreparedValue};
+use crate::buffers::{DeviceMatrix, DeviceOutput, Prepared, PreparedValue};
 use crate::error::{Error, Result, config, shape};
 use crate::family::{Family, Gemm};
 use crate::format::{ElemType, ScaleBlock, ScaleType};
 use crate::fused::Fused;
 use crate::launch::{Launch, persistent_ctas};
 use crate::matrix::{GemmShape, MatrixDesc, ScaledMatrix};
+use crate::prepare::Source;
 use crate::sm90_fp8::Sm90Output;
 use crate::splitk::{self, SplitK};
 use crate::tensor_map::{DataType, Swizzle, encode_3d};
@@ -285,9 +286,14 @@ impl Family for Sm90Half {
     fn prepare_operand(
         &self,
         stream: &Arc<CudaStream>,
-        matrix: &ScaledMatrix,
+        matrix: &Source<'_>,
         data: &CudaSlice<u8>,
+        _made: &Prepared,
     ) -> Result<Option<PreparedValue>> {
+        // (bf16 / fp16 matrices are uploads: no device quantizer writes them.)
+        let Some(matrix) = matrix.host() else {
+            return Ok(None);
+        };
         Ok(HalfOperand::prepare(stream, matrix, data)?.map(|p| Box::new(p) as PreparedValue))
     }
 

@@ -6,14 +6,15 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr};
 
-use crate::buffers::{DeviceMatrix, DeviceOutput, PreparedValue};
+use crate::buffers::{DeviceMatrix, DeviceOutput, Prepared, PreparedValue};
 use crate::error::{Error, Result, config, shape};
 use crate::family::{Family, Gemm};
 use crate::format::{ElemType, ScaleBlock, ScaleType};
 use crate::fused::Fused;
 use crate::grouped::DeviceGroups;
 use crate::launch::{Launch, persistent_ctas};
-use crate::matrix::{GemmShape, MatrixDesc, ScaledMatrix};
+use crate::matrix::{GemmShape, MatrixDesc};
+use crate::prepare::{GatherTo, Source};
 use crate::splitk::{self, SplitK};
 use crate::tensor_map::{DataType, Swizzle, encode_3d, encode_scale_rows};
 use blockscaled_kernels::gemm::scheduler::{ClusterShape, Schedule};
@@ -167,59 +168,29 @@ fn family_kernel(
     family::kernel(tile, a.format.elem, b.format.elem, scale_format(a)?, fused)
 }
 
-/// The scale bytes of `m` (scale format `scale`) in the layout the sm90 MX and 4-bit-weights
-/// kernels read, `[l][⌈k/64⌉][rows_pad][64 / block]` (one row's scales of one stage adjacent, zero
-/// past the rows and past K), and `rows_pad`, the rows rounded up to [`SCALE_ROWS_PAD`].
-pub(crate) fn kernel_scales(m: &ScaledMatrix, scale: MxScale) -> Result<(Vec<u8>, usize)> {
-    let d = m.desc();
-    let (rows, k, l) = (d.rows, d.k, d.batch);
-    let rows_pad = rows.next_multiple_of(SCALE_ROWS_PAD as usize);
-    let (stages, per_row) = (
-        k.div_ceil(BLOCK_K as usize),
-        (BLOCK_K / scale.block) as usize,
-    );
-    let k_blocks = k / scale.block as usize;
-    let len = [stages, rows_pad, per_row]
-        .iter()
-        .try_fold(l, |acc, &x| acc.checked_mul(x))
-        .ok_or_else(|| shape("scale buffer size overflows"))?;
-    let mut v = vec![0u8; len];
-    let src = m.scales();
-    let layout = m.scale_layout();
-    for li in 0..l {
-        for j in 0..stages {
-            for r in 0..rows {
-                for c in 0..per_row {
-                    let kb = j * per_row + c;
-                    if kb < k_blocks {
-                        v[((li * stages + j) * rows_pad + r) * per_row + c] =
-                            src[layout.index(li, r, kb)];
-                    }
-                }
-            }
-        }
-    }
-    Ok((v, rows_pad))
+/// The scale bytes of `m` in the kernel layout `[l][⌈k/64⌉][rows_pad][64 / block]` (zero past
+/// the rows and past K), and `rows_pad`.
+pub(crate) fn kernel_scales(
+    stream: &Arc<CudaStream>,
+    m: &Source<'_>,
+    scale: MxScale,
+) -> Result<(CudaSlice<u8>, usize)> {
+    let (to, rows_pad) = kernel_scales_to(m.desc(), scale);
+    Ok((m.gather(stream, to)?, rows_pad))
 }
 
-/// Each row's largest non-NaN scale code over all of K, `[l][rows_pad]` (ue4m3: sign bit
-/// cleared, as its decoder ignores it), the B-role group of the fold pre-pass.
-fn row_tops(m: &ScaledMatrix, scale: MxScale, rows_pad: usize) -> Vec<u8> {
-    let d = m.desc();
-    let (src, layout) = (m.scales(), m.scale_layout());
-    let nv = scale.ty == ScaleType::UE4M3;
-    let mut tops = vec![0u8; d.batch * rows_pad];
-    for li in 0..d.batch {
-        for r in 0..d.rows {
-            tops[li * rows_pad + r] = (0..d.k / scale.block as usize)
-                .map(|kb| src[layout.index(li, r, kb)])
-                .map(|c| if nv { c & 0x7F } else { c })
-                .filter(|&c| c != if nv { 0x7F } else { 0xFF })
-                .max()
-                .unwrap_or(0);
-        }
-    }
-    tops
+/// [`kernel_scales`]' re-layout, and `rows_pad`.
+pub(crate) fn kernel_scales_to(d: &MatrixDesc, scale: MxScale) -> (GatherTo, usize) {
+    let rows_pad = d.rows.next_multiple_of(SCALE_ROWS_PAD as usize);
+    let to = GatherTo {
+        planes: d.k.div_ceil(BLOCK_K as usize),
+        rows_out: rows_pad,
+        per: (BLOCK_K / scale.block) as usize,
+        row_step: 1,
+        k_step: scale.block as usize,
+        values: false,
+    };
+    (to, rows_pad)
 }
 
 /// What the kernel needs of one uploaded matrix, made at upload time.
@@ -242,7 +213,7 @@ pub(crate) struct MxOperand {
 impl MxOperand {
     fn prepare(
         stream: &Arc<CudaStream>,
-        m: &ScaledMatrix,
+        m: &Source<'_>,
         data: &CudaSlice<u8>,
     ) -> Result<Option<Self>> {
         let d = m.desc();
@@ -250,7 +221,7 @@ impl MxOperand {
             return Ok(None);
         }
         let scale = scale_format(d).expect("checked by `unsupported`");
-        let (v, rows_pad) = kernel_scales(m, scale)?;
+        let (scales, rows_pad) = kernel_scales(stream, m, scale)?;
         let (rows, k, l) = (d.rows, d.k, d.batch);
         let (ptr, _g) = data.device_ptr(stream);
         let row_bytes = k * d.format.elem.bits() as usize / 8;
@@ -266,8 +237,8 @@ impl MxOperand {
                 Swizzle::CU_TENSOR_MAP_SWIZZLE_NONE,
             )
         };
-        let row_tops = stream.clone_htod(&row_tops(m, scale, rows_pad))?;
-        let scales = stream.clone_htod(&v)?;
+        // Each row's largest non-NaN scale code over all of K (the fold pre-pass's B role).
+        let row_tops = m.row_tops(stream, rows_pad)?;
         let scale_map = {
             let (sp, _g) = scales.device_ptr(stream);
             let entry = (BLOCK_K / scale.block) as usize;
@@ -282,6 +253,17 @@ impl MxOperand {
             scale_map,
             row_tops,
         }))
+    }
+
+    /// Its scale copies made again from `m` (rewritten in place), in the same buffers.
+    fn refresh(&mut self, stream: &Arc<CudaStream>, m: &Source<'_>) -> Result<()> {
+        let scale = scale_format(m.desc()).expect("prepared, so supported");
+        m.gather_into(
+            stream,
+            kernel_scales_to(m.desc(), scale).0,
+            &mut self.scales,
+        )?;
+        m.row_tops_into(stream, self.rows_pad as usize, &mut self.row_tops)
     }
 
     /// The scale bytes of `m` in the kernel layout, their `rows_pad` and each row's largest
@@ -317,10 +299,24 @@ impl Family for Sm90Mx {
     fn prepare_operand(
         &self,
         stream: &Arc<CudaStream>,
-        matrix: &ScaledMatrix,
+        matrix: &Source<'_>,
         data: &CudaSlice<u8>,
+        _made: &Prepared,
     ) -> Result<Option<PreparedValue>> {
         Ok(MxOperand::prepare(stream, matrix, data)?.map(|p| Box::new(p) as PreparedValue))
+    }
+
+    fn refresh_operand(
+        &self,
+        stream: &Arc<CudaStream>,
+        matrix: &Source<'_>,
+        prepared: &mut Prepared,
+        _sfa_written: bool,
+    ) -> Result<bool> {
+        if let Some(op) = prepared.get_mut::<MxOperand>() {
+            op.refresh(stream, matrix)?;
+        }
+        Ok(true)
     }
 }
 

@@ -6,20 +6,22 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr};
 
-use crate::buffers::{DeviceOutput, PreparedValue};
+use crate::buffers::{DeviceOutput, Prepared, PreparedValue};
 use crate::error::{Error, Result, config};
 use crate::family::{Family, Gemm};
 use crate::format::{ElemType, ScaleBlock, ScaleType};
 use crate::grouped::DeviceGroups;
 use crate::launch::{Launch, persistent_ctas};
-use crate::matrix::{GemmShape, MatrixDesc, ScaledMatrix};
-use crate::sm90_mx::{kernel_scales, scale_format};
+use crate::matrix::{GemmShape, MatrixDesc};
+use crate::prepare::{GatherTo, Source};
+use crate::sm90_fp8::Sm90Operand;
+use crate::sm90_mx::{kernel_scales, kernel_scales_to, scale_format};
 use crate::splitk::SplitK;
 use crate::tensor_map::{DataType, Swizzle, encode_3d, encode_scale_rows};
 use blockscaled_kernels::gemm::scheduler::{ClusterShape, Schedule};
 use blockscaled_kernels::sm90_w4::{
     self as family, A8_SCALE_K, Activation, BLOCK_K, SCALE_ROWS_PAD, Sm90W4Params, W4Tile,
-    WEIGHT_ROW_BYTES, WEIGHT_ROWS, weight_k,
+    WEIGHT_ROW_BYTES, WEIGHT_ROWS,
 };
 
 /// Configuration of one launch (chosen by `plan::choose`, or forced through `Gpu::gemm_with`).
@@ -114,27 +116,27 @@ pub(crate) fn unsupported_pair(a: &MatrixDesc, b: &MatrixDesc) -> Option<String>
     None
 }
 
-/// Weights as the kernel reads them: each row's 64-K chunks reordered ([`weight_k`]), K padded
-/// with zeros to a multiple of 64.
-fn reorder_weights(m: &ScaledMatrix) -> Vec<u8> {
-    let d = m.desc();
-    let chunks = d.k.div_ceil(BLOCK_K as usize);
-    let row_bytes = chunks * WEIGHT_ROW_BYTES as usize;
-    let mut out = vec![0u8; d.batch * d.rows * row_bytes];
-    for l in 0..d.batch {
-        for r in 0..d.rows {
-            let dst = &mut out[(l * d.rows + r) * row_bytes..][..row_bytes];
-            for c in 0..chunks {
-                for p in 0..BLOCK_K as usize {
-                    let k = c * BLOCK_K as usize + weight_k(p as u32) as usize;
-                    if k < d.k {
-                        dst[c * 32 + p / 2] |= (m.code(l, r, k) as u8) << (4 * (p % 2));
-                    }
-                }
-            }
-        }
+/// The FP8 family's A-role scales of the same matrix, where this family can read them as its
+/// W4A8 activation scales: the raw fp32 scales (a tensor scale of 1, which the FP8 layout's values
+/// would otherwise include), per 1×128.
+fn fp8_a_role<'p>(made: &'p Prepared, d: &MatrixDesc) -> Option<(&'p CudaSlice<f32>, u32)> {
+    if d.tensor_scale != 1.0 {
+        return None;
     }
-    out
+    let (sfa, m_pad) = made.get::<Sm90Operand>()?.sfa.as_ref()?;
+    Some((sfa, *m_pad))
+}
+
+/// W4A8 activations' scales: fp32 `[l][⌈k/128⌉][rows_pad]`, zero past the rows.
+fn a8_scales_to(d: &MatrixDesc) -> GatherTo {
+    GatherTo {
+        planes: d.k.div_ceil(A8_SCALE_K as usize),
+        rows_out: d.rows.next_multiple_of(SCALE_ROWS_PAD as usize),
+        per: 1,
+        row_step: 1,
+        k_step: A8_SCALE_K as usize,
+        values: false,
+    }
 }
 
 /// What the kernel keeps of an uploaded e2m1 matrix in the weights' role.
@@ -156,6 +158,10 @@ struct W4Operand {
     /// The scales' tensor maps in the activation role, for tiles of 16 and of 128 rows (boxes
     /// of [`family::act_scale_rows`]; a tile may start at any row); none for bf16.
     scale_maps: Option<[CudaSlice<u8>; 2]>,
+    /// W4A8 activations whose scale maps read the FP8 family's A-role scales of the same
+    /// matrix (`Sm90Operand::sfa`, `[l][k/128][m_pad]`: this layout with `m_pad` rows) rather
+    /// than `scales`. Both live in the matrix's one `Prepared`, so the buffer outlives the maps.
+    fp8_scales: bool,
     /// bf16: the per-tensor scale every batch entry shares (else the kernel does not take it).
     uniform_scale: Option<f32>,
 }
@@ -163,10 +169,11 @@ struct W4Operand {
 impl W4Operand {
     fn prepare(
         stream: &Arc<CudaStream>,
-        m: &ScaledMatrix,
+        m: &Source<'_>,
         data: &CudaSlice<u8>,
+        made: &Prepared,
     ) -> Result<Option<Self>> {
-        let d = m.desc();
+        let d = *m.desc();
         let f = &d.format;
         let (rows, k, l) = (d.rows, d.k, d.batch);
         let rows_pad = rows.next_multiple_of(SCALE_ROWS_PAD as usize);
@@ -187,28 +194,37 @@ impl W4Operand {
             )
         };
         let (mut weights, mut scales, mut uniform_scale) = (None, None, None);
-        // The activation role's scale maps: entries of `entry` bytes, `planes` per batch entry.
-        let scale_maps = |buf: &CudaSlice<u8>, act: Activation, block: u32, planes: usize| {
-            let (sp, _g) = buf.device_ptr(stream);
+        let mut fp8_scales = false;
+        // The activation role's scale maps: entries of `entry` bytes, `rows` per plane, `planes`
+        // per batch entry.
+        let scale_maps = |sp: u64, act: Activation, block: u32, (rows, planes): (usize, usize)| {
             let entry = act.scale_bytes(block) as usize;
             let map = |tile| {
                 let box_rows = family::act_scale_rows(tile, act, block);
-                encode_scale_rows(stream, sp, entry, (rows_pad, planes, l), box_rows)
+                encode_scale_rows(stream, sp, entry, (rows, planes, l), box_rows)
             };
             Ok::<_, crate::Error>([map(W4Tile::N16)?, map(W4Tile::N128)?])
         };
         let mut maps = None;
         let (tmap_16, tmap_128) = match (f.elem, f.scale, f.block) {
             (ElemType::E2M1, _, _) => {
-                let Some(scale) = scale_format(d) else {
+                let Some(scale) = scale_format(&d) else {
                     return Ok(None);
                 };
-                let (v, _) = kernel_scales(m, scale)?;
-                let buf = stream.clone_htod(&v)?;
+                let (buf, _) = kernel_scales(stream, m, scale)?;
                 let stages = k.div_ceil(BLOCK_K as usize);
-                maps = Some(scale_maps(&buf, Activation::Fp4, scale.block, stages)?);
+                let (sp, _g) = buf.device_ptr(stream);
+                maps = Some(scale_maps(
+                    sp,
+                    Activation::Fp4,
+                    scale.block,
+                    (rows_pad, stages),
+                )?);
+                drop(_g);
                 scales = Some(buf);
-                let reordered = stream.clone_htod(&reorder_weights(m))?;
+                // The weights' role: each row's 64-K chunks reordered (`weight_k`), K padded
+                // with zeros to a multiple of 64.
+                let reordered = m.w4_reorder(stream, k.div_ceil(BLOCK_K as usize))?;
                 let (wptr, _wg) = reordered.device_ptr(stream);
                 let wrow = k.div_ceil(BLOCK_K as usize) * WEIGHT_ROW_BYTES as usize;
                 let tmap = encode_3d(
@@ -236,25 +252,32 @@ impl W4Operand {
                     k: A8_SCALE_K,
                 },
             ) => {
+                // fp32 `[l][⌈k/128⌉][rows_pad]`, zero past the rows.
                 let chunks = k.div_ceil(A8_SCALE_K as usize);
-                let layout = m.scale_layout();
-                let mut v = vec![0f32; l * chunks * rows_pad];
-                for li in 0..l {
-                    for c in 0..chunks {
-                        for r in 0..rows {
-                            let i = layout.index(li, r, c);
-                            let bytes = m.scales()[4 * i..4 * i + 4].try_into().expect("4 bytes");
-                            v[(li * chunks + c) * rows_pad + r] = f32::from_le_bytes(bytes);
-                        }
+                let act = Activation::E4m3Row128;
+                match fp8_a_role(made, &d) {
+                    // The FP8 family's A-role scales are this layout with `m_pad` rows (what
+                    // the device quantizers write in place): read them, no copy of our own.
+                    Some((sfa, m_pad)) => {
+                        let (sp, _g) = sfa.device_ptr(stream);
+                        maps = Some(scale_maps(sp, act, 0, (m_pad as usize, chunks))?);
+                        fp8_scales = true;
+                    }
+                    None => {
+                        let buf = m.gather(stream, a8_scales_to(&d))?;
+                        let (sp, _g) = buf.device_ptr(stream);
+                        maps = Some(scale_maps(sp, act, 0, (rows_pad, chunks))?);
+                        drop(_g);
+                        scales = Some(buf);
                     }
                 }
-                let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
-                let buf = stream.clone_htod(&bytes)?;
-                maps = Some(scale_maps(&buf, Activation::E4m3Row128, 0, chunks)?);
-                scales = Some(buf);
                 (code_map(16)?, code_map(128)?)
             }
             (ElemType::BF16, ScaleType::F32, ScaleBlock::PerTensor) => {
+                // (bf16 matrices are uploads: no device quantizer writes them.)
+                let Some(m) = m.host() else {
+                    return Ok(None);
+                };
                 let s: Vec<f32> = (0..l).map(|li| m.scale_value(li, 0, 0) as f32).collect();
                 if s.iter().any(|&x| x != s[0]) {
                     return Ok(None);
@@ -276,6 +299,7 @@ impl W4Operand {
             _ => return Ok(None),
         };
         Ok(Some(W4Operand {
+            fp8_scales,
             weights,
             tmap_16,
             tmap_128,
@@ -304,10 +328,42 @@ impl Family for Sm90W4 {
     fn prepare_operand(
         &self,
         stream: &Arc<CudaStream>,
-        matrix: &ScaledMatrix,
+        matrix: &Source<'_>,
         data: &CudaSlice<u8>,
+        made: &Prepared,
     ) -> Result<Option<PreparedValue>> {
-        Ok(W4Operand::prepare(stream, matrix, data)?.map(|p| Box::new(p) as PreparedValue))
+        Ok(W4Operand::prepare(stream, matrix, data, made)?.map(|p| Box::new(p) as PreparedValue))
+    }
+
+    fn refresh_operand(
+        &self,
+        stream: &Arc<CudaStream>,
+        m: &Source<'_>,
+        prepared: &mut Prepared,
+        _sfa_written: bool,
+    ) -> Result<bool> {
+        let Some(op) = prepared.get_mut::<W4Operand>() else {
+            return Ok(true);
+        };
+        let d = *m.desc();
+        match (d.format.elem, &mut op.scales) {
+            (ElemType::E2M1, Some(scales)) => {
+                let scale = scale_format(&d).expect("prepared, so supported");
+                m.gather_into(stream, kernel_scales_to(&d, scale).0, scales)?;
+                if let Some(w) = &mut op.weights {
+                    m.w4_reorder_into(stream, d.k.div_ceil(BLOCK_K as usize), &mut w.data)?;
+                }
+                Ok(true)
+            }
+            (ElemType::E4M3, Some(scales)) => {
+                m.gather_into(stream, a8_scales_to(&d), scales)?;
+                Ok(true)
+            }
+            // (Reading the FP8 family's A-role scales, which it or the writer refreshed.)
+            (ElemType::E4M3, None) if op.fp8_scales => Ok(true),
+            // bf16: a per-tensor scale read on the host (uploads only).
+            _ => Ok(false),
+        }
     }
 }
 
@@ -412,6 +468,17 @@ impl Sm90W4 {
             &schedule,
             ClusterShape::ONE,
         )?;
+        // The FP8 family's A-role scales, where the maps read them (`W4Operand::fp8_scales`).
+        let a8_shared = match ao.fp8_scales {
+            true => Some(
+                fp8_a_role(&a.prepared, &a.desc)
+                    .map(|s| s.0)
+                    .ok_or_else(|| {
+                        Error::Format("the activations' FP8 scales were not prepared".into())
+                    })?,
+            ),
+            false => None,
+        };
         let tmap_x = if cfg.tile.n == 16 {
             &ao.tmap_16
         } else {
@@ -421,10 +488,14 @@ impl Sm90W4 {
             tmap_w: launch.ptr(&w.tmap),
             tmap_x: launch.ptr(tmap_x),
             sfw: launch.ptr(wscales),
-            tmap_sx: match (&ao.scale_maps, &ao.scales) {
-                (Some([m16, m128]), Some(sx)) => {
+            tmap_sx: match (&ao.scale_maps, &ao.scales, a8_shared) {
+                (Some([m16, m128]), Some(sx), _) => {
                     // The maps' buffer is read too.
                     let _ = launch.ptr(sx);
+                    launch.ptr(if cfg.tile.n == 16 { m16 } else { m128 })
+                }
+                (Some([m16, m128]), None, Some(sfa)) => {
+                    let _ = launch.ptr(sfa);
                     launch.ptr(if cfg.tile.n == 16 { m16 } else { m128 })
                 }
                 _ => 0,
@@ -459,6 +530,8 @@ impl Sm90W4 {
 mod tests {
     use super::*;
     use crate::format::{Fp4Weights, Recipe};
+    use crate::matrix::ScaledMatrix;
+    use blockscaled_kernels::sm90_w4::weight_k;
 
     fn desc(recipe: Recipe, rows: usize, k: usize, b: bool) -> MatrixDesc {
         MatrixDesc::of_recipe(recipe, rows, k, b)
@@ -500,7 +573,18 @@ mod tests {
         let (rows, k) = (3, 96);
         let v: Vec<f32> = (0..rows * k).map(|i| ((i * 7) % 13) as f32 - 6.0).collect();
         let m = ScaledMatrix::quantize(&v, rows, k, 1, Recipe::Mxfp4.b()).unwrap();
-        let out = reorder_weights(&m);
+        let w = blockscaled_kernels::prepare::W4Reorder {
+            src: 0,
+            dst: 0,
+            rows: rows as u32,
+            k: k as u32,
+            batch: 1,
+            chunks: 2,
+        };
+        let mut out = Vec::new();
+        for q in 0..w.entries() {
+            out.extend(w.chunk_of(m.data(), q).iter().flat_map(|x| x.to_le_bytes()));
+        }
         let row_bytes = 2 * 32;
         assert_eq!(out.len(), rows * row_bytes);
         for r in 0..rows {

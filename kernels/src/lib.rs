@@ -15,7 +15,9 @@
 //! FP8 kernel; [`sm90_half`]: Hopper bf16 / fp16, dense and block-sparse; [`sm90_w4`]: Hopper 4-bit
 //! weights dequantized into
 //! registers, with bf16, FP8 or FP4 activations; [`reference`]: the SIMT
-//! reference for every format).
+//! reference for every format); [`quantize`] holds the device quantizers and [`prepare`] the
+//! copies of a quantized matrix the families read beside it (scale layouts, 4-bit weights
+//! reordered), described once for the host's and the device's preparation.
 #![no_std]
 #![cfg_attr(
     target_arch = "nvptx64",
@@ -26,6 +28,7 @@ pub mod fold;
 pub mod format;
 pub mod gemm;
 pub mod params;
+pub mod prepare;
 pub mod quantize;
 pub mod registry;
 pub mod sm90;

@@ -32,6 +32,10 @@ use crate::registry::KernelInfo;
 
 /// Threads per block of both kernels.
 pub const QUANTIZE_THREADS: u32 = 256;
+/// Blocks of the quantizer that must fit on one SM (`.minnctapersm`): ptxas keeps it within
+/// 65536 / (4 · 256) = 64 registers a thread, so that 1024 threads an SM, each with the loads of
+/// three rows ahead in flight, keep the memory busy.
+pub const QUANTIZE_MIN_BLOCKS: u32 = 4;
 /// Elements each thread of the quantizer takes (one 16-byte load of bf16 / fp16, two of f32).
 pub const ELEMS_PER_THREAD: u32 = 8;
 
@@ -137,7 +141,7 @@ macro_rules! quantize_kernels {
             info: KernelInfo {
                 name: $name,
                 max_threads: Some(QUANTIZE_THREADS),
-                min_blocks_per_sm: 1,
+                min_blocks_per_sm: QUANTIZE_MIN_BLOCKS,
                 targets: TARGETS,
             },
         }),*];
@@ -209,27 +213,45 @@ pub(crate) mod device {
     /// `p.src` holds element `at + 7` and is 16-byte aligned.
     #[inline(always)]
     unsafe fn load8(p: &QuantizeParams, at: u64) -> [f32; 8] {
+        // SAFETY: the caller's contract.
+        decode8(p, unsafe { load8_raw(p, at) })
+    }
+
+    /// [`load8`]'s bytes as loaded (f32: eight words; bf16 / fp16: the first four, two
+    /// elements each), decoded later by [`decode8`]: a load in flight holds 4 registers, not 8.
+    /// # Safety
+    /// As [`load8`].
+    #[inline(always)]
+    unsafe fn load8_raw(p: &QuantizeParams, at: u64) -> [f32; 8] {
         let mut x = [0f32; 8];
         // SAFETY: the caller's contract; 8 elements are 16 (bf16 / fp16) or 32 (f32) bytes.
         unsafe {
             if p.input == 0 {
-                let a = global::load_f32x4(p.src + 4 * at);
-                let b = global::load_f32x4(p.src + 4 * at + 16);
-                x[..4].copy_from_slice(&a);
-                x[4..].copy_from_slice(&b);
+                x[..4].copy_from_slice(&global::load_f32x4(p.src + 4 * at));
+                x[4..].copy_from_slice(&global::load_f32x4(p.src + 4 * at + 16));
             } else {
-                let w = global::load_f32x4(p.src + 2 * at);
-                // (Index loops: an array's by-value iterator kept these loops rolled, and the
-                // eight values in a register array indexed by a run-time counter.)
-                for i in 0..8 {
-                    let h = (w[i / 2].to_bits() >> (16 * (i % 2))) & 0xFFFF;
-                    x[i] = if p.input == 1 {
-                        f32::from_bits(h << 16)
-                    } else {
-                        f16::decode(h as u16)
-                    };
-                }
+                x[..4].copy_from_slice(&global::load_f32x4(p.src + 2 * at));
             }
+        }
+        x
+    }
+
+    /// The eight elements of [`load8_raw`]'s words.
+    #[inline(always)]
+    fn decode8(p: &QuantizeParams, w: [f32; 8]) -> [f32; 8] {
+        if p.input == 0 {
+            return w;
+        }
+        let mut x = [0f32; 8];
+        // (Index loops: an array's by-value iterator kept these loops rolled, and the eight
+        // values in a register array indexed by a run-time counter.)
+        for i in 0..8 {
+            let h = (w[i / 2].to_bits() >> (16 * (i % 2))) & 0xFFFF;
+            x[i] = if p.input == 1 {
+                f32::from_bits(h << 16)
+            } else {
+                f16::decode(h as u16)
+            };
         }
         x
     }
@@ -415,20 +437,16 @@ pub(crate) mod device {
         // SAFETY: elements at..at+8 of row r exist when valid and r < rows.
         let load = |r: u32| {
             if valid && r < p.rows {
-                unsafe { load8(p, row_at(r)) }
+                unsafe { load8_raw(p, row_at(r)) }
             } else {
                 [0f32; 8]
             }
         };
-        // Each thread goes round several rows (the grid's y is a few waves of blocks), the next
-        // row's load issued before this row's arithmetic: two loads in flight per thread.
-        let mut r = thread::block_y();
-        let mut next = load(r);
-        while r < p.rows {
+        // One row's quantization: codes, and the scale from the block's first lane.
+        // SAFETY (the caller's, per row): `r < rows`; `x` its lane's eight elements.
+        let row = |r: u32, x: [f32; 8]| {
             let lr = l as u64 * p.rows as u64 + r as u64;
             let at = row_at(r);
-            let x = next;
-            next = load(r + thread::grid_dim_y());
             let m = match p.span {
                 0 => thread::group_max_u32(
                     x.iter().fold(0, |m, &v| m.max(magnitude_bits(v))),
@@ -481,7 +499,20 @@ pub(crate) mod device {
                     }
                 }
             }
-            r += thread::grid_dim_y();
+        };
+        // Each thread goes round several rows (the grid's y is a few waves of blocks), the
+        // loads of the next three rows issued before this row's arithmetic (raw words: 4
+        // registers each for 16-bit input). ncu showed one row ahead too few: a third of the
+        // warps' samples waited at the first use of a load, DRAM 24 % busy. (One call of `row`:
+        // a closure called twice was outlined, its arrays in local memory.)
+        let stride = thread::grid_dim_y();
+        let mut r = thread::block_y();
+        let mut ahead = [load(r), load(r + stride), load(r + 2 * stride)];
+        while r < p.rows {
+            let now = ahead[0];
+            ahead = [ahead[1], ahead[2], load(r + 3 * stride)];
+            row(r, decode8(p, now));
+            r += stride;
         }
     }
 }

@@ -58,7 +58,8 @@ pub const KERNELS: &[KernelInfo] = &gather!(
     crate::sm90::FUSED_KERNELS,
     crate::sm90_half::KERNELS,
     crate::quantize::KERNELS,
-    crate::quantize::AMAX
+    crate::quantize::AMAX,
+    crate::prepare::KERNELS
 );
 
 /// The dynamic shared-memory array's name as a literal, so `asm!` templates can `concat!` it.

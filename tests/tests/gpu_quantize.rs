@@ -385,3 +385,108 @@ fn quantize_into_rewrites_a_matrix_as_a_new_quantization() {
         "the GEMMs differ"
     );
 }
+
+/// A GEMM on device-quantized operands — prepared for the kernels on the device, from the
+/// quantizer's buffers — gives bit for bit what the same codes and scales copied to the host and
+/// uploaded (prepared on the host) give: every recipe whose A the device quantizers write (B
+/// too where they write it: not DeepSeek's 128 × 128 weights), at M = 300 and at decode size
+/// M = 8, on the plan `gemm` chooses (the fold onto the FP8 kernel, the 4-bit-weights kernel,
+/// the FP8 kernel), the MX kernel forced, and each operand folded once (`fold_to_fp8`); both as
+/// new matrices and rewritten in place (`quantize_into` over a quantization of other values:
+/// the copies made again in their buffers).
+#[test]
+#[ignore = "needs a CUDA device"]
+fn device_prepared_operands_run_every_gemm_as_uploaded_ones() {
+    use blockscaled::{DeviceMatrix, Plan};
+    let gpu = Gpu::new(0).expect("a GPU");
+    let (n, k) = (256, 512);
+    let run = |a: &DeviceMatrix, b: &DeviceMatrix, plan: Plan| {
+        let mut c = gpu.output(a.desc().rows, n, 1, OutType::F32).unwrap();
+        gpu.gemm_with(a, b, &mut c, plan)
+            .map(|()| c.to_host().unwrap().values)
+    };
+    let same = |what: &str, x: Vec<f32>, y: Vec<f32>| {
+        assert!(x.iter().all(|v| v.is_finite()), "{what}: non-finite output");
+        let bad = x
+            .iter()
+            .zip(&y)
+            .filter(|(a, b)| a.to_bits() != b.to_bits())
+            .count();
+        assert_eq!(bad, 0, "{what}: {bad} of {} outputs differ", x.len());
+    };
+    let mut seed = 500u64;
+    for recipe in Recipe::ALL {
+        if matches!(recipe, Recipe::W4A16(_)) {
+            continue; // bf16 activations: no quantizer writes them
+        }
+        for (m, rewrite) in [(300usize, false), (8, false), (300, true), (8, true)] {
+            seed += 4;
+            let what = format!("{recipe:?} M = {m} rewritten {rewrite}");
+            let tensor = |s: u64, rows: usize| {
+                gpu.upload_tensor(&random_values(s, rows * k, k), rows, k, 1)
+                    .unwrap()
+            };
+            // A device quantization of the values of seed `s`: made so, or written into one of
+            // other values.
+            let quantized = |s: u64, rows: usize, format| {
+                let mut q = gpu.quantize(&tensor(s + rewrite as u64 * 2, rows), format)?;
+                if rewrite {
+                    gpu.quantize_into(&tensor(s, rows), &mut q, &QuantizeOptions::default())?;
+                }
+                Ok::<_, blockscaled::Error>(q)
+            };
+            let a_dev = quantized(seed, m, recipe.a()).unwrap_or_else(|e| panic!("{what}: {e}"));
+            let b_dev = match quantized(seed + 1, n, recipe.b()) {
+                Ok(b) => b,
+                Err(_) => gpu
+                    .upload(
+                        &ScaledMatrix::quantize(
+                            &random_values(seed + 1, n * k, k),
+                            n,
+                            k,
+                            1,
+                            recipe.b(),
+                        )
+                        .unwrap(),
+                    )
+                    .unwrap(),
+            };
+            let a_up = gpu.upload(&a_dev.to_host().unwrap()).unwrap();
+            let b_up = gpu.upload(&b_dev.to_host().unwrap()).unwrap();
+            let plan = gpu.plan(&a_dev, &b_dev).unwrap();
+            assert_eq!(plan, gpu.plan(&a_up, &b_up).unwrap(), "{what}");
+            let mut plans = vec![plan];
+            if matches!(plan, Plan::Sm90W4(_) | Plan::Sm90MxFp8(_)) {
+                plans.push(Plan::Sm90Mx(blockscaled::plan::sm90_mx_default(
+                    m,
+                    n,
+                    k,
+                    1,
+                    gpu.sm_count(),
+                )));
+            }
+            for p in plans {
+                let (x, y) = (run(&a_dev, &b_dev, p), run(&a_up, &b_up, p));
+                match (x, y) {
+                    (Ok(x), Ok(y)) => same(&format!("{what} {p:?}"), x, y),
+                    (Err(e), Err(f)) => assert_eq!(e.to_string(), f.to_string(), "{what} {p:?}"),
+                    (x, y) => panic!("{what} {p:?}: {:?} against {:?}", x.err(), y.err()),
+                }
+            }
+            let folds = (
+                gpu.fold_to_fp8(&a_dev, false),
+                gpu.fold_to_fp8(&b_dev, true),
+            );
+            if let (Ok(fa), Ok(fb)) = folds {
+                let ua = gpu.fold_to_fp8(&a_up, false).unwrap();
+                let ub = gpu.fold_to_fp8(&b_up, true).unwrap();
+                let p = gpu.plan(&fa, &fb).unwrap();
+                same(
+                    &format!("{what} folded, {p:?}"),
+                    run(&fa, &fb, p).unwrap(),
+                    run(&ua, &ub, p).unwrap(),
+                );
+            }
+        }
+    }
+}

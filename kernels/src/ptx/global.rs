@@ -72,6 +72,20 @@ pub unsafe fn load_u32_nc(addr: u64) -> u32 {
     v
 }
 
+/// `ld.global.nc.u8`: one byte through the read-only path, zero-extended.
+/// # Safety
+/// As [`load_u32_nc`], for 1 byte at any address.
+#[inline(always)]
+pub unsafe fn load_u8_nc(addr: u64) -> u32 {
+    let v: u32;
+    // SAFETY: the caller's contract.
+    unsafe {
+        asm!("ld.global.nc.u8 {v}, [{p}];", v = out(reg32) v, p = in(reg64) addr,
+             options(nostack, readonly, preserves_flags))
+    };
+    v
+}
+
 /// `ld.global.nc.b16`: 2 bytes through the read-only path.
 /// # Safety
 /// As [`load_u32_nc`], for 2 bytes at a 2-byte-aligned address.

@@ -1,0 +1,366 @@
+//! Where a family's preparation of an operand reads the matrix ([`Source`]): the host's copy of an
+//! upload, or the device buffers a device quantizer (or a GEMM's quantized output) wrote. Both
+//! run the same descriptions of each copy (`blockscaled_kernels::prepare`): the host over its
+//! bytes, the device kernels over the GPU's, so a family prepares an operand with one function
+//! and a device-quantized matrix never goes back to the host.
+
+use std::sync::Arc;
+
+use cudarc::driver::{CudaFunction, CudaModule, CudaSlice, CudaStream};
+
+use crate::error::{Result, shape};
+use crate::launch::Launch;
+use crate::matrix::{MatrixDesc, ScaledMatrix};
+use blockscaled_kernels::prepare::{
+    self as kp, GATHER, Gather, PREPARE_THREADS, ROW_TOPS, RowTops, W4_REORDER, W4Reorder,
+};
+
+/// The loaded preparation kernels.
+pub(crate) struct Preparers {
+    sm_count: u32,
+    gather: CudaFunction,
+    row_tops: CudaFunction,
+    w4_reorder: CudaFunction,
+}
+
+impl Preparers {
+    pub(crate) fn load(module: &Arc<CudaModule>, sm_count: u32) -> Result<Self> {
+        Ok(Preparers {
+            sm_count,
+            gather: module.load_function(GATHER.name)?,
+            row_tops: module.load_function(ROW_TOPS.name)?,
+            w4_reorder: module.load_function(W4_REORDER.name)?,
+        })
+    }
+}
+
+/// The destination of a scale re-layout (see [`Gather`]): `[batch][planes][rows_out][per]`,
+/// entry `(l, p, r, c)` the scale of element (row `r·row_step`, column `(p·per + c)·k_step`).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct GatherTo {
+    pub planes: usize,
+    pub rows_out: usize,
+    pub per: usize,
+    pub row_step: usize,
+    pub k_step: usize,
+    /// fp32 scales as their values ([`ScaledMatrix::scale_value`]: times the tensor scale), not
+    /// their bytes.
+    pub values: bool,
+}
+
+/// A matrix an operand is prepared from.
+pub(crate) enum Source<'a> {
+    Host(&'a ScaledMatrix),
+    Device {
+        desc: MatrixDesc,
+        data: &'a CudaSlice<u8>,
+        scales: &'a CudaSlice<u8>,
+        kernels: &'a Preparers,
+    },
+}
+
+/// What a re-layout's buffer holds: bytes, or f32 (four-byte scales only).
+pub(crate) trait ScaleWord: cudarc::driver::DeviceRepr + Copy + Unpin {
+    fn from_le(b: &[u8]) -> Self;
+}
+
+impl ScaleWord for u8 {
+    fn from_le(b: &[u8]) -> Self {
+        b[0]
+    }
+}
+
+impl ScaleWord for f32 {
+    fn from_le(b: &[u8]) -> Self {
+        f32::from_le_bytes(b.try_into().expect("4 bytes"))
+    }
+}
+
+/// An uninitialized buffer of `bytes` bytes, as `T`s (every entry is written before anything
+/// reads it: the preparations write whole layouts).
+fn alloc<T: ScaleWord>(stream: &Arc<CudaStream>, bytes: usize) -> Result<CudaSlice<T>> {
+    // SAFETY: u8 and f32 accept any bit pattern; the callers write every entry.
+    Ok(unsafe { stream.alloc::<T>(bytes / std::mem::size_of::<T>()) }?)
+}
+
+/// A typed error unless `out` holds exactly `bytes` bytes.
+fn fits<T>(out: &CudaSlice<T>, bytes: usize) -> Result<()> {
+    let have = out.len() * std::mem::size_of::<T>();
+    if have != bytes {
+        return Err(shape(format!(
+            "a prepared buffer holds {have} bytes, the matrix's layout {bytes}"
+        )));
+    }
+    Ok(())
+}
+
+fn u32_of(x: usize, what: &str) -> Result<u32> {
+    u32::try_from(x)
+        .map_err(|_| shape(format!("{what} ({x}) does not fit the preparation kernels")))
+}
+
+impl Source<'_> {
+    pub(crate) fn desc(&self) -> &MatrixDesc {
+        match self {
+            Source::Host(m) => m.desc(),
+            Source::Device { desc, .. } => desc,
+        }
+    }
+
+    /// The host's copy, where the matrix is an upload (what only the host prepares: a bf16
+    /// matrix's per-tensor scale, read as a value).
+    pub(crate) fn host(&self) -> Option<&ScaledMatrix> {
+        match self {
+            Source::Host(m) => Some(m),
+            Source::Device { .. } => None,
+        }
+    }
+
+    /// The scales re-laid out as `to` says, as bytes or (four-byte scales) f32.
+    pub(crate) fn gather<T: ScaleWord>(
+        &self,
+        stream: &Arc<CudaStream>,
+        to: GatherTo,
+    ) -> Result<CudaSlice<T>> {
+        let g = self.gather_of::<T>(to)?;
+        let mut out = alloc::<T>(stream, g.entries() as usize * g.bytes as usize)?;
+        self.run_gather(stream, g, &mut out)?;
+        Ok(out)
+    }
+
+    /// [`Self::gather`] into `out`, a buffer it made for a matrix of this description.
+    pub(crate) fn gather_into<T: ScaleWord>(
+        &self,
+        stream: &Arc<CudaStream>,
+        to: GatherTo,
+        out: &mut CudaSlice<T>,
+    ) -> Result<()> {
+        let g = self.gather_of::<T>(to)?;
+        fits(out, g.entries() as usize * g.bytes as usize)?;
+        self.run_gather(stream, g, out)
+    }
+
+    fn gather_of<T: ScaleWord>(&self, to: GatherTo) -> Result<Gather> {
+        let d = self.desc();
+        let l = &d.scale_layout;
+        let (br, bk) = d.block_extent();
+        let bytes = d.format.scale.bytes();
+        let word = std::mem::size_of::<T>();
+        if !bytes.is_multiple_of(word) {
+            return Err(crate::Error::Config(format!(
+                "{bytes}-byte scales do not re-lay out into {word}-byte words"
+            )));
+        }
+        Ok(Gather {
+            src: 0,
+            dst: 0,
+            stride_l: l.batch_stride as u64,
+            stride_r: l.row_stride as u64,
+            stride_k: l.k_stride as u64,
+            rows: u32_of(d.rows, "rows")?,
+            k: u32_of(d.k, "K")?,
+            block_rows: u32_of(br, "a scale block's rows")?,
+            block_k: u32_of(bk, "a scale block's K")?,
+            batch: u32_of(d.batch, "the batch")?,
+            planes: u32_of(to.planes, "planes")?,
+            rows_out: u32_of(to.rows_out, "rows")?,
+            per: u32_of(to.per, "scales per row")?,
+            row_step: u32_of(to.row_step, "a row step")?,
+            k_step: u32_of(to.k_step, "a K step")?,
+            bytes: bytes as u32,
+            mul: if to.values && bytes == 4 {
+                d.tensor_scale
+            } else {
+                1.0
+            },
+        })
+    }
+
+    fn run_gather<T: ScaleWord>(
+        &self,
+        stream: &Arc<CudaStream>,
+        g: Gather,
+        out: &mut CudaSlice<T>,
+    ) -> Result<()> {
+        match self {
+            Source::Host(m) => {
+                let (src, b) = (m.scales(), g.bytes as usize);
+                let mut v = vec![0u8; g.entries() as usize * b];
+                for (o, dst) in v.chunks_exact_mut(b).enumerate() {
+                    if let Some(s) = g.source(o as u64) {
+                        let s = &src[b * s as usize..][..b];
+                        if b == 4 && g.mul != 1.0 {
+                            let x = f32::from_le_bytes(s.try_into().expect("4 bytes"));
+                            dst.copy_from_slice(&(x * g.mul).to_le_bytes());
+                        } else {
+                            dst.copy_from_slice(s);
+                        }
+                    }
+                }
+                let v: Vec<T> = v
+                    .chunks_exact(std::mem::size_of::<T>())
+                    .map(T::from_le)
+                    .collect();
+                Ok(stream.memcpy_htod(&v, out)?)
+            }
+            Source::Device {
+                scales, kernels, ..
+            } => {
+                let mut launch = Launch::new(stream, &kernels.gather)
+                    .grid(kp::blocks(g.entries(), kernels.sm_count * 8), 1, 1)
+                    .block(PREPARE_THREADS, 1, 1);
+                let mut p = g;
+                p.src = launch.ptr(scales);
+                p.dst = launch.ptr_mut(out);
+                // SAFETY: `scales` is the matrix's packed scale buffer, which holds every index
+                // the layout (its desc) gives for elements inside the matrix; `out` holds `entries()`
+                // entries of `bytes` (checked by the callers), 4-byte aligned (an allocation).
+                unsafe { launch.launch(&p) }?;
+                Ok(())
+            }
+        }
+    }
+
+    /// Each row's largest one-byte scale code other than NaN, `[batch][rows_pad]` ([`RowTops`]).
+    pub(crate) fn row_tops(
+        &self,
+        stream: &Arc<CudaStream>,
+        rows_pad: usize,
+    ) -> Result<CudaSlice<u8>> {
+        let t = self.row_tops_of(rows_pad)?;
+        let mut out = alloc::<u8>(stream, t.entries() as usize)?;
+        self.run_row_tops(stream, t, &mut out)?;
+        Ok(out)
+    }
+
+    /// [`Self::row_tops`] into `out`, a buffer it made for a matrix of this description.
+    pub(crate) fn row_tops_into(
+        &self,
+        stream: &Arc<CudaStream>,
+        rows_pad: usize,
+        out: &mut CudaSlice<u8>,
+    ) -> Result<()> {
+        let t = self.row_tops_of(rows_pad)?;
+        fits(out, t.entries() as usize)?;
+        self.run_row_tops(stream, t, out)
+    }
+
+    fn row_tops_of(&self, rows_pad: usize) -> Result<RowTops> {
+        let d = self.desc();
+        let l = &d.scale_layout;
+        Ok(RowTops {
+            src: 0,
+            dst: 0,
+            stride_l: l.batch_stride as u64,
+            stride_r: l.row_stride as u64,
+            stride_k: l.k_stride as u64,
+            rows: u32_of(d.rows, "rows")?,
+            k_blocks: u32_of(l.k_blocks, "K blocks")?,
+            batch: u32_of(d.batch, "the batch")?,
+            rows_pad: u32_of(rows_pad, "rows")?,
+            nv: (d.format.scale == crate::format::ScaleType::UE4M3) as u32,
+            pad: 0,
+        })
+    }
+
+    fn run_row_tops(
+        &self,
+        stream: &Arc<CudaStream>,
+        t: RowTops,
+        out: &mut CudaSlice<u8>,
+    ) -> Result<()> {
+        match self {
+            Source::Host(m) => {
+                let src = m.scales();
+                let v: Vec<u8> = (0..t.entries())
+                    .map(|o| t.top(o, |s| src[s as usize] as u32) as u8)
+                    .collect();
+                Ok(stream.memcpy_htod(&v, out)?)
+            }
+            Source::Device {
+                scales, kernels, ..
+            } => {
+                // (A warp per row.)
+                let mut launch = Launch::new(stream, &kernels.row_tops)
+                    .grid(kp::blocks(32 * t.entries(), kernels.sm_count * 8), 1, 1)
+                    .block(PREPARE_THREADS, 1, 1);
+                let mut p = t;
+                p.src = launch.ptr(scales);
+                p.dst = launch.ptr_mut(out);
+                // SAFETY: `scales` holds the one-byte scale of every (l, row, K block) of the
+                // layout; `out` `entries()` bytes (checked by the callers).
+                unsafe { launch.launch(&p) }?;
+                Ok(())
+            }
+        }
+    }
+
+    /// An e2m1 matrix's codes reordered for the 4-bit-weights kernel ([`W4Reorder`]), K in
+    /// `chunks` of 64.
+    pub(crate) fn w4_reorder(
+        &self,
+        stream: &Arc<CudaStream>,
+        chunks: usize,
+    ) -> Result<CudaSlice<u8>> {
+        let w = self.w4_reorder_of(chunks)?;
+        let mut out = alloc::<u8>(stream, 32 * w.entries() as usize)?;
+        self.run_w4_reorder(stream, w, &mut out)?;
+        Ok(out)
+    }
+
+    /// [`Self::w4_reorder`] into `out`, a buffer it made for a matrix of this description.
+    pub(crate) fn w4_reorder_into(
+        &self,
+        stream: &Arc<CudaStream>,
+        chunks: usize,
+        out: &mut CudaSlice<u8>,
+    ) -> Result<()> {
+        let w = self.w4_reorder_of(chunks)?;
+        fits(out, 32 * w.entries() as usize)?;
+        self.run_w4_reorder(stream, w, out)
+    }
+
+    fn w4_reorder_of(&self, chunks: usize) -> Result<W4Reorder> {
+        let d = self.desc();
+        Ok(W4Reorder {
+            src: 0,
+            dst: 0,
+            rows: u32_of(d.rows, "rows")?,
+            k: u32_of(d.k, "K")?,
+            batch: u32_of(d.batch, "the batch")?,
+            chunks: u32_of(chunks, "K chunks")?,
+        })
+    }
+
+    fn run_w4_reorder(
+        &self,
+        stream: &Arc<CudaStream>,
+        w: W4Reorder,
+        out: &mut CudaSlice<u8>,
+    ) -> Result<()> {
+        match self {
+            Source::Host(m) => {
+                let src = m.data();
+                let mut v = Vec::with_capacity(32 * w.entries() as usize);
+                for q in 0..w.entries() {
+                    v.extend(w.chunk_of(src, q).iter().flat_map(|x| x.to_le_bytes()));
+                }
+                Ok(stream.memcpy_htod(&v, out)?)
+            }
+            Source::Device { data, kernels, .. } => {
+                let mut launch = Launch::new(stream, &kernels.w4_reorder)
+                    .grid(kp::blocks(w.entries(), kernels.sm_count * 8), 1, 1)
+                    .block(PREPARE_THREADS, 1, 1);
+                let mut p = w;
+                p.src = launch.ptr(data);
+                p.dst = launch.ptr_mut(out);
+                // SAFETY: `data` holds the matrix's batch · rows · k / 2 code bytes (e2m1, its
+                // desc; K a multiple of 32: the W4 family's condition), 16-byte aligned (an
+                // allocation; rows of whole 16 bytes); `out` `32 · entries()` bytes (checked by the
+                // callers).
+                unsafe { launch.launch(&p) }?;
+                Ok(())
+            }
+        }
+    }
+}

@@ -1,0 +1,386 @@
+//! Operand preparation: the copies of a quantized matrix that the GEMM families read beside its
+//! codes and packed scales — scales re-laid out for a kernel (the MX kernel's per-stage bytes, the
+//! FP8 kernel's A- and B-role fp32 layouts, the 4-bit-weights kernel's activation scales), each
+//! row's largest scale code (the fold pre-pass), and e2m1 weights reordered for the 4-bit-weights
+//! kernel.
+//!
+//! Each copy is described as data ([`Gather`], [`RowTops`], [`W4Reorder`]) whose methods say
+//! what every destination byte or scale is. The host runs them over an uploaded matrix's bytes;
+//! the device kernels run the same methods over a device quantizer's (or a GEMM's quantized
+//! output's) buffers, one thread per destination entry. One source of every index rule, so both
+//! preparations write the same bytes, and a device-quantized matrix needs no copy back to the
+//! host before its GEMM.
+
+use crate::registry::KernelInfo;
+
+/// Threads per block of the preparation kernels.
+pub const PREPARE_THREADS: u32 = 256;
+
+/// A scale re-layout: destination `[batch][planes][rows_out][per]` of `bytes`-byte scales, entry
+/// `(l, p, r, c)` the source scale of element (row `r·row_step`, column `(p·per + c)·k_step`) of
+/// batch entry `l`, or zero where that element is past the matrix. Source scale `(l, row block,
+/// K block)` at `l·stride_l + rb·stride_r + kb·stride_k` (in scales), a scale spanning
+/// `block_rows` × `block_k` elements. Four-byte (fp32) scales are multiplied by `mul` where it is
+/// not 1 (the matrix's tensor scale: one f32 product, as the host's exact f64 product rounds).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Gather {
+    pub src: u64,
+    pub dst: u64,
+    pub stride_l: u64,
+    pub stride_r: u64,
+    pub stride_k: u64,
+    pub rows: u32,
+    pub k: u32,
+    pub block_rows: u32,
+    pub block_k: u32,
+    pub batch: u32,
+    pub planes: u32,
+    pub rows_out: u32,
+    pub per: u32,
+    pub row_step: u32,
+    pub k_step: u32,
+    /// 1 or 4.
+    pub bytes: u32,
+    pub mul: f32,
+}
+
+impl Gather {
+    /// Destination entries.
+    pub const fn entries(&self) -> u64 {
+        self.batch as u64 * self.planes as u64 * self.rows_out as u64 * self.per as u64
+    }
+
+    /// The source scale of destination entry `o` (`o < len`), `None` for a zero entry.
+    #[inline(always)]
+    pub const fn source(&self, o: u64) -> Option<u64> {
+        let (per, rows_out, planes) = (self.per as u64, self.rows_out as u64, self.planes as u64);
+        let c = o % per;
+        let r = (o / per) % rows_out;
+        let p = (o / per / rows_out) % planes;
+        let l = o / (per * rows_out * planes);
+        let row = r * self.row_step as u64;
+        let col = (p * per + c) * self.k_step as u64;
+        if row >= self.rows as u64 || col >= self.k as u64 {
+            return None;
+        }
+        Some(
+            l * self.stride_l
+                + row / self.block_rows as u64 * self.stride_r
+                + col / self.block_k as u64 * self.stride_k,
+        )
+    }
+}
+
+/// Each row's largest scale code other than NaN, `[batch][rows_pad]` bytes, zero past the rows
+/// (ue4m3, `nv`: the sign bit cleared first, as its decoder ignores it; NaN is `0x7F`; e8m0's NaN
+/// is `0xFF`). Source scales `[l][rows][k_blocks]` by the strides, as [`Gather`]'s (one-byte
+/// scales, one row per row block).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RowTops {
+    pub src: u64,
+    pub dst: u64,
+    pub stride_l: u64,
+    pub stride_r: u64,
+    pub stride_k: u64,
+    pub rows: u32,
+    pub k_blocks: u32,
+    pub batch: u32,
+    pub rows_pad: u32,
+    pub nv: u32,
+    /// (Explicit padding: the struct is a multiple of 8 bytes with no hidden bytes.)
+    pub pad: u32,
+}
+
+impl RowTops {
+    /// Destination bytes.
+    pub const fn entries(&self) -> u64 {
+        self.batch as u64 * self.rows_pad as u64
+    }
+
+    /// Destination byte `o`, reading source scale bytes with `read` (by index).
+    #[inline(always)]
+    pub fn top(&self, o: u64, read: impl Fn(u64) -> u32) -> u32 {
+        self.top_of(o, (0, 1), read)
+    }
+
+    /// The largest of the K blocks `first`, `first + step`, … of destination byte `o`'s row
+    /// (the maximum of the `step` parts is [`Self::top`]).
+    #[inline(always)]
+    pub fn top_of(&self, o: u64, (first, step): (u32, u32), read: impl Fn(u64) -> u32) -> u32 {
+        let (l, r) = (o / self.rows_pad as u64, o % self.rows_pad as u64);
+        if r >= self.rows as u64 {
+            return 0;
+        }
+        let nan = if self.nv != 0 { 0x7F } else { 0xFF };
+        let mut top = 0;
+        let row = l * self.stride_l + r * self.stride_r;
+        let mut kb = first as u64;
+        while kb < self.k_blocks as u64 {
+            let c = read(row + kb * self.stride_k);
+            let c = if self.nv != 0 { c & 0x7F } else { c };
+            if c != nan && c > top {
+                top = c;
+            }
+            kb += step as u64;
+        }
+        top
+    }
+}
+
+/// e2m1 weights reordered for the 4-bit-weights kernel: `[batch][rows][chunks · 32]` bytes, each
+/// 64-K chunk of a row with its codes at the positions [`crate::sm90_w4::weight_k`] gives, zero
+/// past K. Source codes `[batch][rows][k]`, two per byte (the even element in the low nibble), K a
+/// multiple of 32 (rows of whole 16 bytes, as the kernel's tensor maps need), so a chunk's source
+/// is 32 bytes, or 16 where K ends half-way through it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct W4Reorder {
+    pub src: u64,
+    pub dst: u64,
+    pub rows: u32,
+    pub k: u32,
+    pub batch: u32,
+    pub chunks: u32,
+}
+
+impl W4Reorder {
+    /// Destination chunks (32 bytes each, at `32 · q`).
+    pub const fn entries(&self) -> u64 {
+        self.batch as u64 * self.rows as u64 * self.chunks as u64
+    }
+
+    /// Chunk `q`'s source: its byte offset and whether it has all 32 bytes (else the first 16).
+    #[inline(always)]
+    pub const fn source(&self, q: u64) -> (u64, bool) {
+        let (lr, c) = (q / self.chunks as u64, q % self.chunks as u64);
+        (
+            lr * (self.k as u64 / 2) + 32 * c,
+            64 * c + 64 <= self.k as u64,
+        )
+    }
+
+    /// Chunk `q` read from the source codes `data` (the host's copy), reordered.
+    pub fn chunk_of(&self, data: &[u8], q: u64) -> [u32; 8] {
+        let (at, whole) = self.source(q);
+        let mut s = [0u32; 8];
+        let bytes = &data[at as usize..][..if whole { 32 } else { 16 }];
+        for (word, b) in s.iter_mut().zip(bytes.chunks_exact(4)) {
+            *word = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+        }
+        Self::chunk(s)
+    }
+
+    /// A chunk's 32 destination bytes from its 32 source bytes (zero past K), as little-endian
+    /// words: destination nibble `p` is source nibble `weight_k(p)`.
+    #[inline(always)]
+    pub fn chunk(src: [u32; 8]) -> [u32; 8] {
+        let mut d = [0u32; 8];
+        // (Constant indices once unrolled: 64 shifts and masks, no array in memory.)
+        let mut p = 0;
+        while p < 64 {
+            let s = crate::sm90_w4::weight_k(p);
+            d[(p / 8) as usize] |=
+                ((src[(s / 8) as usize] >> (4 * (s % 8))) & 0xF) << (4 * (p % 8));
+            p += 1;
+        }
+        d
+    }
+}
+
+const TARGETS: &[&str] = &["sm_90a", "sm_100a"];
+
+const fn info(name: &'static str) -> KernelInfo {
+    KernelInfo {
+        name,
+        max_threads: Some(PREPARE_THREADS),
+        min_blocks_per_sm: 1,
+        targets: TARGETS,
+    }
+}
+
+/// One preparation kernel.
+pub struct PrepareKernel {
+    pub info: KernelInfo,
+}
+
+/// [`Gather`]'s kernel.
+pub const GATHER: KernelInfo = info("prepare_gather");
+/// [`RowTops`]'s kernel.
+pub const ROW_TOPS: KernelInfo = info("prepare_row_tops");
+/// [`W4Reorder`]'s kernel.
+pub const W4_REORDER: KernelInfo = info("prepare_w4_reorder");
+
+/// Every preparation kernel (the registry's rows).
+pub const KERNELS: &[PrepareKernel] = &[
+    PrepareKernel { info: GATHER },
+    PrepareKernel { info: ROW_TOPS },
+    PrepareKernel { info: W4_REORDER },
+];
+
+/// Blocks for `len` entries: one thread each, at most `cap` blocks (the threads then go round).
+pub fn blocks(len: u64, cap: u32) -> u32 {
+    len.div_ceil(PREPARE_THREADS as u64).clamp(1, cap as u64) as u32
+}
+
+#[cfg(target_arch = "nvptx64")]
+mod entries {
+    use super::{Gather, PREPARE_THREADS, RowTops, W4Reorder};
+    use crate::ptx::{global, math, thread};
+
+    /// This thread's entries: `i`, `i + threads`, … below `len`.
+    #[inline(always)]
+    fn each(len: u64, mut f: impl FnMut(u64)) {
+        let threads = thread::grid_dim_x() as u64 * PREPARE_THREADS as u64;
+        let mut o = thread::block_x() as u64 * PREPARE_THREADS as u64 + thread::thread_x() as u64;
+        while o < len {
+            f(o);
+            o += threads;
+        }
+    }
+
+    /// # Safety
+    /// `p.src` holds every scale the layout names, `p.dst` `p.entries()` scales of `p.bytes` (1 or
+    /// 4, aligned) that nothing else accesses; blocks of [`PREPARE_THREADS`].
+    #[unsafe(export_name = "prepare_gather")]
+    unsafe extern "ptx-kernel" fn gather(p: Gather) {
+        each(p.entries(), |o| {
+            let b = p.bytes as u64;
+            // SAFETY: the launch's contract (source index in the layout, `o < len`).
+            unsafe {
+                let v = match p.source(o) {
+                    Some(s) if b == 4 && p.mul != 1.0 => {
+                        let x = global::load_f32_nc(p.src + 4 * s);
+                        math::mul_rn(x, p.mul).to_bits()
+                    }
+                    Some(s) if b == 4 => global::load_u32_nc(p.src + 4 * s),
+                    Some(s) => global::load_u8_nc(p.src + s),
+                    None => 0,
+                };
+                if b == 4 {
+                    global::store_u32_if(p.dst + 4 * o, v, true);
+                } else {
+                    global::store_u8_if(p.dst + o, v, true);
+                }
+            }
+        });
+    }
+
+    /// One warp per row: its lanes take every 32nd K block, `redux.sync` the maximum.
+    /// # Safety
+    /// As [`gather`], for one-byte scales and `p.entries()` destination bytes.
+    #[unsafe(export_name = "prepare_row_tops")]
+    unsafe extern "ptx-kernel" fn row_tops(p: RowTops) {
+        let lane = thread::thread_x() % 32;
+        let warps = thread::grid_dim_x() as u64 * (PREPARE_THREADS / 32) as u64;
+        let mut o =
+            (thread::block_x() as u64 * PREPARE_THREADS as u64 + thread::thread_x() as u64) / 32;
+        // (`o` is the same in the warp's lanes: whole warps run the loop and the reduction.)
+        while o < p.entries() {
+            // SAFETY: the launch's contract.
+            unsafe {
+                let t = p.top_of(o, (lane, 32), |s| global::load_u8_nc(p.src + s));
+                global::store_u8_if(p.dst + o, thread::warp_max_u32(t), lane == 0);
+            }
+            o += warps;
+        }
+    }
+
+    /// One thread per 64-K chunk: two 16-byte loads, the nibbles moved in registers, two stores.
+    /// # Safety
+    /// `p.src` holds `batch · rows · k / 2` code bytes (16-byte aligned, K a multiple of 32),
+    /// `p.dst` `32 · p.entries()` bytes (16-byte aligned) nothing else accesses.
+    #[unsafe(export_name = "prepare_w4_reorder")]
+    unsafe extern "ptx-kernel" fn w4_reorder(p: W4Reorder) {
+        each(p.entries(), |q| {
+            let (at, whole) = p.source(q);
+            let bits = |v: [f32; 4]| v.map(f32::to_bits);
+            // SAFETY: the launch's contract: the chunk's first 16 source bytes always exist, the
+            // next 16 where `whole`.
+            unsafe {
+                let lo = bits(global::load_f32x4(p.src + at));
+                let hi = if whole {
+                    bits(global::load_f32x4(p.src + at + 16))
+                } else {
+                    [0; 4]
+                };
+                let d = W4Reorder::chunk([lo[0], lo[1], lo[2], lo[3], hi[0], hi[1], hi[2], hi[3]]);
+                let f = |i: usize| [d[i], d[i + 1], d[i + 2], d[i + 3]].map(f32::from_bits);
+                global::store_f32x4(p.dst + 32 * q, f(0));
+                global::store_f32x4(p.dst + 32 * q + 16, f(4));
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    extern crate std;
+    use super::*;
+    use std::vec::Vec;
+
+    #[test]
+    fn a_gather_reads_each_entrys_scale_and_zeroes_what_lies_past_the_matrix() {
+        // 3 rows × 100 of K, scales per 1×32 K-major (4 per row), into [2 planes][4 rows][2].
+        let g = Gather {
+            src: 0,
+            dst: 0,
+            stride_l: 12,
+            stride_r: 4,
+            stride_k: 1,
+            rows: 3,
+            k: 100,
+            block_rows: 1,
+            block_k: 32,
+            batch: 1,
+            planes: 2,
+            rows_out: 4,
+            per: 2,
+            row_step: 1,
+            k_step: 32,
+            bytes: 1,
+            mul: 1.0,
+        };
+        let got: Vec<_> = (0..g.entries()).map(|o| g.source(o)).collect();
+        let mut want = Vec::new();
+        for p in 0..2u64 {
+            for r in 0..4u64 {
+                for c in 0..2u64 {
+                    let kb = p * 2 + c;
+                    want.push((r < 3).then_some(r * 4 + kb));
+                }
+            }
+        }
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn row_tops_skip_nan_codes_and_ue4m3_signs() {
+        let scales = [0x10u32, 0xFF, 0x20, 0x05, 0x7F, 0x83];
+        let t = |nv| RowTops {
+            src: 0,
+            dst: 0,
+            stride_l: 6,
+            stride_r: 3,
+            stride_k: 1,
+            rows: 2,
+            k_blocks: 3,
+            batch: 1,
+            rows_pad: 4,
+            nv,
+            pad: 0,
+        };
+        let read = |i: u64| scales[i as usize];
+        let e8 = t(0);
+        assert_eq!(
+            (0..4).map(|o| e8.top(o, read)).collect::<Vec<_>>(),
+            [0x20, 0x83, 0, 0]
+        );
+        let nv = t(1);
+        assert_eq!(
+            (0..4).map(|o| nv.top(o, read)).collect::<Vec<_>>(),
+            [0x7F & 0x20, 0x05, 0, 0]
+        );
+    }
+}
