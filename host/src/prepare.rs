@@ -9,7 +9,7 @@ use std::sync::Arc;
 use cudarc::driver::{CudaFunction, CudaModule, CudaSlice, CudaStream};
 
 use crate::error::{Result, shape};
-use crate::launch::Launch;
+use crate::launch::{KernelParams, Launch};
 use crate::matrix::{MatrixDesc, ScaledMatrix};
 use blockscaled_kernels::prepare::{
     self as kp, GATHER, Gather, PREPARE_THREADS, ROW_TOPS, RowTops, W4_REORDER, W4Reorder,
@@ -31,6 +31,46 @@ impl Preparers {
             row_tops: module.load_function(ROW_TOPS.name)?,
             w4_reorder: module.load_function(W4_REORDER.name)?,
         })
+    }
+}
+
+/// A preparation kernel's parameters: where it reads and writes.
+trait PrepareParams: KernelParams {
+    fn at(self, src: u64, dst: u64) -> Self;
+}
+
+macro_rules! prepare_params {
+    ($($t:ty),*) => {$(
+        impl PrepareParams for $t {
+            fn at(self, src: u64, dst: u64) -> Self {
+                Self { src, dst, ..self }
+            }
+        }
+    )*};
+}
+prepare_params!(Gather, RowTops, W4Reorder);
+
+impl Preparers {
+    /// One launch of `func` for `p` with `threads` threads in all (the grid at most eight
+    /// blocks an SM; the threads go round), reading `src` and writing `out`.
+    /// # Safety
+    /// `func` is `p`'s kernel, and `src` and `out` hold what `p` says it reads and writes.
+    unsafe fn launch<P: PrepareParams, S, T>(
+        &self,
+        stream: &Arc<CudaStream>,
+        func: &CudaFunction,
+        p: P,
+        threads: u64,
+        src: &CudaSlice<S>,
+        out: &mut CudaSlice<T>,
+    ) -> Result<()> {
+        let mut launch = Launch::new(stream, func)
+            .grid(kp::blocks(threads, self.sm_count * 8), 1, 1)
+            .block(PREPARE_THREADS, 1, 1);
+        let p = p.at(launch.ptr(src), launch.ptr_mut(out));
+        // SAFETY: the caller's contract.
+        unsafe { launch.launch(&p) }?;
+        Ok(())
     }
 }
 
@@ -124,7 +164,7 @@ impl Source<'_> {
     ) -> Result<CudaSlice<T>> {
         let g = self.gather_of::<T>(to)?;
         let mut out = alloc::<T>(stream, g.entries() as usize * g.bytes as usize)?;
-        self.run_gather(stream, g, &mut out)?;
+        self.gather_into(stream, to, &mut out)?;
         Ok(out)
     }
 
@@ -137,7 +177,34 @@ impl Source<'_> {
     ) -> Result<()> {
         let g = self.gather_of::<T>(to)?;
         fits(out, g.entries() as usize * g.bytes as usize)?;
-        self.run_gather(stream, g, out)
+        match self {
+            Source::Host(m) => {
+                let (src, b) = (m.scales(), g.bytes as usize);
+                let mut v = vec![0u8; g.entries() as usize * b];
+                for (o, dst) in v.chunks_exact_mut(b).enumerate() {
+                    if let Some(s) = g.source(o as u64) {
+                        let s = &src[b * s as usize..][..b];
+                        if b == 4 && g.mul != 1.0 {
+                            let x = f32::from_le_bytes(s.try_into().expect("4 bytes"));
+                            dst.copy_from_slice(&(x * g.mul).to_le_bytes());
+                        } else {
+                            dst.copy_from_slice(s);
+                        }
+                    }
+                }
+                let v: Vec<T> = v
+                    .chunks_exact(std::mem::size_of::<T>())
+                    .map(T::from_le)
+                    .collect();
+                Ok(stream.memcpy_htod(&v, out)?)
+            }
+            // SAFETY: `scales` is the matrix's packed scale buffer, which holds every index the
+            // layout (its desc) gives for elements inside the matrix; `out` holds `entries()`
+            // entries of `bytes` (checked above), 4-byte aligned (an allocation).
+            Source::Device {
+                scales, kernels, ..
+            } => unsafe { kernels.launch(stream, &kernels.gather, g, g.entries(), scales, out) },
+        }
     }
 
     fn gather_of<T: ScaleWord>(&self, to: GatherTo) -> Result<Gather> {
@@ -176,60 +243,14 @@ impl Source<'_> {
         })
     }
 
-    fn run_gather<T: ScaleWord>(
-        &self,
-        stream: &Arc<CudaStream>,
-        g: Gather,
-        out: &mut CudaSlice<T>,
-    ) -> Result<()> {
-        match self {
-            Source::Host(m) => {
-                let (src, b) = (m.scales(), g.bytes as usize);
-                let mut v = vec![0u8; g.entries() as usize * b];
-                for (o, dst) in v.chunks_exact_mut(b).enumerate() {
-                    if let Some(s) = g.source(o as u64) {
-                        let s = &src[b * s as usize..][..b];
-                        if b == 4 && g.mul != 1.0 {
-                            let x = f32::from_le_bytes(s.try_into().expect("4 bytes"));
-                            dst.copy_from_slice(&(x * g.mul).to_le_bytes());
-                        } else {
-                            dst.copy_from_slice(s);
-                        }
-                    }
-                }
-                let v: Vec<T> = v
-                    .chunks_exact(std::mem::size_of::<T>())
-                    .map(T::from_le)
-                    .collect();
-                Ok(stream.memcpy_htod(&v, out)?)
-            }
-            Source::Device {
-                scales, kernels, ..
-            } => {
-                let mut launch = Launch::new(stream, &kernels.gather)
-                    .grid(kp::blocks(g.entries(), kernels.sm_count * 8), 1, 1)
-                    .block(PREPARE_THREADS, 1, 1);
-                let mut p = g;
-                p.src = launch.ptr(scales);
-                p.dst = launch.ptr_mut(out);
-                // SAFETY: `scales` is the matrix's packed scale buffer, which holds every index
-                // the layout (its desc) gives for elements inside the matrix; `out` holds `entries()`
-                // entries of `bytes` (checked by the callers), 4-byte aligned (an allocation).
-                unsafe { launch.launch(&p) }?;
-                Ok(())
-            }
-        }
-    }
-
     /// Each row's largest one-byte scale code other than NaN, `[batch][rows_pad]` ([`RowTops`]).
     pub(crate) fn row_tops(
         &self,
         stream: &Arc<CudaStream>,
         rows_pad: usize,
     ) -> Result<CudaSlice<u8>> {
-        let t = self.row_tops_of(rows_pad)?;
-        let mut out = alloc::<u8>(stream, t.entries() as usize)?;
-        self.run_row_tops(stream, t, &mut out)?;
+        let mut out = alloc::<u8>(stream, self.row_tops_of(rows_pad)?.entries() as usize)?;
+        self.row_tops_into(stream, rows_pad, &mut out)?;
         Ok(out)
     }
 
@@ -242,7 +263,22 @@ impl Source<'_> {
     ) -> Result<()> {
         let t = self.row_tops_of(rows_pad)?;
         fits(out, t.entries() as usize)?;
-        self.run_row_tops(stream, t, out)
+        match self {
+            Source::Host(m) => {
+                let src = m.scales();
+                let v: Vec<u8> = (0..t.entries())
+                    .map(|o| t.top(o, |s| src[s as usize] as u32) as u8)
+                    .collect();
+                Ok(stream.memcpy_htod(&v, out)?)
+            }
+            // SAFETY: `scales` holds the one-byte scale of every (l, row, K block) of the layout;
+            // `out` `entries()` bytes (checked above). A warp per row.
+            Source::Device {
+                scales, kernels, ..
+            } => unsafe {
+                kernels.launch(stream, &kernels.row_tops, t, 32 * t.entries(), scales, out)
+            },
+        }
     }
 
     fn row_tops_of(&self, rows_pad: usize) -> Result<RowTops> {
@@ -263,38 +299,6 @@ impl Source<'_> {
         })
     }
 
-    fn run_row_tops(
-        &self,
-        stream: &Arc<CudaStream>,
-        t: RowTops,
-        out: &mut CudaSlice<u8>,
-    ) -> Result<()> {
-        match self {
-            Source::Host(m) => {
-                let src = m.scales();
-                let v: Vec<u8> = (0..t.entries())
-                    .map(|o| t.top(o, |s| src[s as usize] as u32) as u8)
-                    .collect();
-                Ok(stream.memcpy_htod(&v, out)?)
-            }
-            Source::Device {
-                scales, kernels, ..
-            } => {
-                // (A warp per row.)
-                let mut launch = Launch::new(stream, &kernels.row_tops)
-                    .grid(kp::blocks(32 * t.entries(), kernels.sm_count * 8), 1, 1)
-                    .block(PREPARE_THREADS, 1, 1);
-                let mut p = t;
-                p.src = launch.ptr(scales);
-                p.dst = launch.ptr_mut(out);
-                // SAFETY: `scales` holds the one-byte scale of every (l, row, K block) of the
-                // layout; `out` `entries()` bytes (checked by the callers).
-                unsafe { launch.launch(&p) }?;
-                Ok(())
-            }
-        }
-    }
-
     /// An e2m1 matrix's codes reordered for the 4-bit-weights kernel ([`W4Reorder`]), K in
     /// `chunks` of 64.
     pub(crate) fn w4_reorder(
@@ -302,9 +306,8 @@ impl Source<'_> {
         stream: &Arc<CudaStream>,
         chunks: usize,
     ) -> Result<CudaSlice<u8>> {
-        let w = self.w4_reorder_of(chunks)?;
-        let mut out = alloc::<u8>(stream, 32 * w.entries() as usize)?;
-        self.run_w4_reorder(stream, w, &mut out)?;
+        let mut out = alloc::<u8>(stream, 32 * self.w4_reorder_of(chunks)?.entries() as usize)?;
+        self.w4_reorder_into(stream, chunks, &mut out)?;
         Ok(out)
     }
 
@@ -317,7 +320,22 @@ impl Source<'_> {
     ) -> Result<()> {
         let w = self.w4_reorder_of(chunks)?;
         fits(out, 32 * w.entries() as usize)?;
-        self.run_w4_reorder(stream, w, out)
+        match self {
+            Source::Host(m) => {
+                let src = m.data();
+                let mut v = Vec::with_capacity(32 * w.entries() as usize);
+                for q in 0..w.entries() {
+                    v.extend(w.chunk_of(src, q).iter().flat_map(|x| x.to_le_bytes()));
+                }
+                Ok(stream.memcpy_htod(&v, out)?)
+            }
+            // SAFETY: `data` holds the matrix's batch · rows · k / 2 code bytes (e2m1, its desc; K
+            // a multiple of 32: the W4 family's condition), 16-byte aligned (an allocation; rows
+            // of whole 16 bytes); `out` `32 · entries()` bytes (checked above).
+            Source::Device { data, kernels, .. } => unsafe {
+                kernels.launch(stream, &kernels.w4_reorder, w, w.entries(), data, out)
+            },
+        }
     }
 
     fn w4_reorder_of(&self, chunks: usize) -> Result<W4Reorder> {
@@ -330,37 +348,5 @@ impl Source<'_> {
             batch: u32_of(d.batch, "the batch")?,
             chunks: u32_of(chunks, "K chunks")?,
         })
-    }
-
-    fn run_w4_reorder(
-        &self,
-        stream: &Arc<CudaStream>,
-        w: W4Reorder,
-        out: &mut CudaSlice<u8>,
-    ) -> Result<()> {
-        match self {
-            Source::Host(m) => {
-                let src = m.data();
-                let mut v = Vec::with_capacity(32 * w.entries() as usize);
-                for q in 0..w.entries() {
-                    v.extend(w.chunk_of(src, q).iter().flat_map(|x| x.to_le_bytes()));
-                }
-                Ok(stream.memcpy_htod(&v, out)?)
-            }
-            Source::Device { data, kernels, .. } => {
-                let mut launch = Launch::new(stream, &kernels.w4_reorder)
-                    .grid(kp::blocks(w.entries(), kernels.sm_count * 8), 1, 1)
-                    .block(PREPARE_THREADS, 1, 1);
-                let mut p = w;
-                p.src = launch.ptr(data);
-                p.dst = launch.ptr_mut(out);
-                // SAFETY: `data` holds the matrix's batch · rows · k / 2 code bytes (e2m1, its
-                // desc; K a multiple of 32: the W4 family's condition), 16-byte aligned (an
-                // allocation; rows of whole 16 bytes); `out` `32 · entries()` bytes (checked by the
-                // callers).
-                unsafe { launch.launch(&p) }?;
-                Ok(())
-            }
-        }
     }
 }
