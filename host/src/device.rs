@@ -358,14 +358,13 @@ impl Gpu {
     }
 
     /// `m`, a matrix written on the device, prepared for the GEMM kernels that take it from its
-    /// device buffers (`crate::prepare`: no copy back, no wait); the FP8 family skipped where
-    /// the quantizer wrote its A-role scales (`m` holds them); nothing for a NaN tensor scale
-    /// (non-finite input), which no kernel takes.
+    /// device buffers (`crate::prepare`: no copy back, no wait), each family seeing what `m`
+    /// holds already (the A-role scales the quantizer wrote in place); nothing for a NaN tensor
+    /// scale (non-finite input), which no kernel takes.
     fn prepare_on_device(&self, m: &mut DeviceMatrix) -> Result<()> {
         if !m.desc.tensor_scale.is_finite() {
             return Ok(());
         }
-        let has_fp8 = m.prepared.get::<Sm90Operand>().is_some();
         let src = Source::Device {
             desc: m.desc,
             data: &m.data,
@@ -373,9 +372,6 @@ impl Gpu {
             kernels: &self.preparers,
         };
         for family in self.families.iter() {
-            if has_fp8 && (family as &dyn std::any::Any).is::<Sm90Fp8>() {
-                continue;
-            }
             if let Some(p) = family.prepare_operand(&self.stream, &src, &m.data, &m.prepared)? {
                 m.prepared.insert(p);
             }

@@ -583,8 +583,12 @@ impl Family for Sm90Fp8 {
         stream: &Arc<CudaStream>,
         matrix: &Source<'_>,
         data: &CudaSlice<u8>,
-        _made: &Prepared,
+        made: &Prepared,
     ) -> Result<Option<PreparedValue>> {
+        // (Already made by the writer: the device quantizers' A-role scales, written in place.)
+        if made.get::<Sm90Operand>().is_some() {
+            return Ok(None);
+        }
         Ok(Sm90Operand::prepare(stream, matrix, data)?.map(|p| Box::new(p) as PreparedValue))
     }
 

@@ -8,7 +8,7 @@
 //! - per-column scales multiplied in after the K loop, and one scale for all (`scale`).
 
 use super::barriers::sync_consumer;
-use super::layout::{FRAGMENT_ROWS, OUT_RING_SLOTS, out_box_n, out_box_swizzle_bytes};
+use super::layout::{FRAGMENT_ROWS, OUT_RING_SLOTS, StageLayout, out_box_n, out_box_swizzle_bytes};
 use super::pipeline::Handoff;
 use super::scheduler::{ClusterShape, Schedule, WorkUnit};
 use super::{fuse, splitk};
@@ -415,6 +415,23 @@ pub struct TileStore<'a> {
     pub transposed: bool,
     pub block_m: u32,
     pub wave_m: u32,
+}
+
+impl<'a> TileStore<'a> {
+    /// [`TileStore::epi`] of a family's kernel: in its fused kernels (`fused`, a constant of the
+    /// kernel) the epilogue `epi` with the hand-over at `layout`'s place; none in the plain ones.
+    #[inline(always)]
+    pub fn fused_epi(
+        fused: bool,
+        epi: &'a EpilogueParams,
+        layout: &StageLayout,
+    ) -> Option<(&'a EpilogueParams, Handoff)> {
+        if fused {
+            Some((epi, Handoff::new(layout.handoff())))
+        } else {
+            None
+        }
+    }
 }
 
 /// The end of a unit for consumer warpgroup `c` of `consumers` (thread `local`): its fragments

@@ -25,7 +25,7 @@ use crate::gemm::driver::{Ctx, GemmKernel};
 use crate::gemm::epilogue::{self, Output, Staging, TileStore};
 use crate::gemm::fuse;
 use crate::gemm::layout::StageLayout;
-use crate::gemm::pipeline::{Handoff, PipelineState, Turn};
+use crate::gemm::pipeline::{PipelineState, Turn};
 use crate::gemm::promote::{promote, promote_split};
 use crate::gemm::scheduler::{ClusterShape, MAX_CLUSTER, Schedule, WorkUnit};
 use crate::params::EpilogueParams;
@@ -341,11 +341,7 @@ impl<const CONS: u32, const WAVES: usize, F: Fp8Fragment, T: Fp8Pair, const MODE
                 out_type: p.out_type,
                 row_end: own.row_end,
             },
-            epi: if Self::FUSED {
-                Some((&self.epi, Handoff::new(ctx.layout.handoff())))
-            } else {
-                None
-            },
+            epi: TileStore::fused_epi(Self::FUSED, &self.epi, &ctx.layout),
             staging: Staging {
                 base: ctx.layout.out(),
                 consumers: CONS,

@@ -22,7 +22,7 @@ use crate::gemm::driver::{Ctx, GemmKernel};
 use crate::gemm::epilogue::{self, Output, Staging, TileStore};
 use crate::gemm::fuse;
 use crate::gemm::layout::StageLayout;
-use crate::gemm::pipeline::{Handoff, PipelineState};
+use crate::gemm::pipeline::PipelineState;
 use crate::gemm::scheduler::{ClusterShape, MAX_CLUSTER, Schedule, WorkUnit};
 use crate::ptx::wgmma::{self, Descriptor, Fp16, Fp16Fragment, Fragment, Swizzle};
 use crate::ptx::{global, thread, tma};
@@ -75,11 +75,7 @@ impl<const WAVES: usize, F: Fp16Fragment, T: Fp16, const MODE: u32> HalfGemm<WAV
                 out_type: p.out_type,
                 row_end: own.row_end,
             },
-            epi: if Self::FUSED {
-                Some((&self.epi, Handoff::new(ctx.layout.handoff())))
-            } else {
-                None
-            },
+            epi: TileStore::fused_epi(Self::FUSED, &self.epi, &ctx.layout),
             staging: Staging {
                 base: ctx.layout.out(),
                 consumers: CONSUMERS,

@@ -18,7 +18,7 @@ use crate::gemm::driver::{Ctx, GemmKernel};
 use crate::gemm::epilogue::{self, Output, Staging, TileStore};
 use crate::gemm::fuse;
 use crate::gemm::layout::{FRAGMENT_ROWS, ScaleBox, StageLayout};
-use crate::gemm::pipeline::{Handoff, PipelineState};
+use crate::gemm::pipeline::PipelineState;
 use crate::gemm::scheduler::{ClusterShape, Schedule, WorkUnit};
 use crate::ptx::wgmma::{self, Bf16, Descriptor, Fp16Fragment, Fragment, Swizzle};
 use crate::ptx::{smem, tma};
@@ -69,11 +69,7 @@ impl<F: Fp16Fragment, EA: Dequant, EB: Dequant, S: ScaleDecode, const FUSED: boo
                 out_type: p.out_type,
                 row_end: own.row_end,
             },
-            epi: if FUSED {
-                Some((&self.epi, Handoff::new(ctx.layout.handoff())))
-            } else {
-                None
-            },
+            epi: TileStore::fused_epi(FUSED, &self.epi, &ctx.layout),
             staging: Staging {
                 base: 0,
                 consumers: CONSUMERS,
