@@ -7,7 +7,7 @@
 //! Each copy is described as data ([`Gather`], [`RowTops`], [`W4Reorder`]) whose methods say
 //! what every destination byte or scale is. The host runs them over an uploaded matrix's bytes;
 //! the device kernels run the same methods over a device quantizer's (or a GEMM's quantized
-//! output's) buffers, one thread per destination entry. One source of every index rule, so both
+//! output's) buffers (a thread per entry, chunk or, for the row maxima, a warp per row). One source of every index rule, so both
 //! preparations write the same bytes, and a device-quantized matrix needs no copy back to the
 //! host before its GEMM.
 
