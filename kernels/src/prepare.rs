@@ -7,9 +7,9 @@
 //! Each copy is described as data ([`Gather`], [`RowTops`], [`W4Reorder`]) whose methods say
 //! what every destination byte or scale is. The host runs them over an uploaded matrix's bytes;
 //! the device kernels run the same methods over a device quantizer's (or a GEMM's quantized
-//! output's) buffers (a thread per entry, chunk or, for the row maxima, a warp per row). One source of every index rule, so both
-//! preparations write the same bytes, and a device-quantized matrix needs no copy back to the
-//! host before its GEMM.
+//! output's) buffers (a thread per entry or chunk; a warp per row for the row maxima). One source
+//! of every index rule, so both preparations write the same bytes, and a device-quantized matrix
+//! needs no copy back to the host before its GEMM.
 
 use crate::registry::KernelInfo;
 
