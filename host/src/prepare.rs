@@ -51,26 +51,40 @@ macro_rules! prepare_params {
 prepare_params!(Gather, RowTops, W4Reorder);
 
 impl Preparers {
-    /// One launch of `func` for `p` with `threads` threads in all (the grid at most eight
-    /// blocks an SM; the threads go round), reading `src` and writing `out`.
+    /// One launch of `func` for `p` over `grid` blocks, reading `src` and writing `out`.
     /// # Safety
-    /// `func` is `p`'s kernel, and `src` and `out` hold what `p` says it reads and writes.
+    /// `func` is `p`'s kernel, the grid is one it takes, and `src` and `out` hold what `p` says
+    /// it reads and writes.
     unsafe fn launch<P: PrepareParams, S, T>(
         &self,
         stream: &Arc<CudaStream>,
-        func: &CudaFunction,
+        (func, grid): (&CudaFunction, (u32, u32)),
         p: P,
-        threads: u64,
         src: &CudaSlice<S>,
         out: &mut CudaSlice<T>,
     ) -> Result<()> {
-        let mut launch = Launch::new(stream, func)
-            .grid(kp::blocks(threads, self.sm_count * 8), 1, 1)
-            .block(PREPARE_THREADS, 1, 1);
+        let mut launch =
+            Launch::new(stream, func)
+                .grid(grid.0, grid.1, 1)
+                .block(PREPARE_THREADS, 1, 1);
         let p = p.at(launch.ptr(src), launch.ptr_mut(out));
         // SAFETY: the caller's contract.
         unsafe { launch.launch(&p) }?;
         Ok(())
+    }
+
+    /// A one-dimensional grid for `threads` threads in all: at most eight blocks an SM (the
+    /// threads go round).
+    fn grid_1d(&self, threads: u64) -> (u32, u32) {
+        (kp::blocks(threads, self.sm_count * 8), 1)
+    }
+
+    /// [`Gather`]'s grid: x covers the destination rows, y takes a plane each (about eight
+    /// blocks an SM in all; its threads go round the rest).
+    fn grid_gather(&self, g: &Gather) -> (u32, u32) {
+        let x = (g.rows_out.div_ceil(PREPARE_THREADS)).max(1);
+        let runs = (g.batch as u64 * g.planes as u64).clamp(1, 65535) as u32;
+        (x, (self.sm_count * 8).div_ceil(x).clamp(1, runs))
     }
 }
 
@@ -203,7 +217,15 @@ impl Source<'_> {
             // entries of `bytes` (checked above), 4-byte aligned (an allocation).
             Source::Device {
                 scales, kernels, ..
-            } => unsafe { kernels.launch(stream, &kernels.gather, g, g.entries(), scales, out) },
+            } => unsafe {
+                kernels.launch(
+                    stream,
+                    (&kernels.gather, kernels.grid_gather(&g)),
+                    g,
+                    scales,
+                    out,
+                )
+            },
         }
     }
 
@@ -276,7 +298,13 @@ impl Source<'_> {
             Source::Device {
                 scales, kernels, ..
             } => unsafe {
-                kernels.launch(stream, &kernels.row_tops, t, 32 * t.entries(), scales, out)
+                kernels.launch(
+                    stream,
+                    (&kernels.row_tops, kernels.grid_1d(32 * t.entries())),
+                    t,
+                    scales,
+                    out,
+                )
             },
         }
     }
@@ -333,7 +361,13 @@ impl Source<'_> {
             // a multiple of 32: the W4 family's condition), 16-byte aligned (an allocation; rows
             // of whole 16 bytes); `out` `32 · entries()` bytes (checked above).
             Source::Device { data, kernels, .. } => unsafe {
-                kernels.launch(stream, &kernels.w4_reorder, w, w.entries(), data, out)
+                kernels.launch(
+                    stream,
+                    (&kernels.w4_reorder, kernels.grid_1d(w.entries())),
+                    w,
+                    data,
+                    out,
+                )
             },
         }
     }

@@ -180,7 +180,7 @@ impl QuantSpec {
         };
         if !k.is_multiple_of(8) {
             return Err(Error::Alignment(format!(
-                "the device quantizers take K a multiple of 8 (8 elements per thread), not {k}"
+                "the device quantizers take K a multiple of 8 (whole 8-element groups, 16 bytes of bf16 / fp16), not {k}"
             )));
         }
         // (Rows below 2^32 - 65536: the kernel's row index plus the grid's y stays a u32.)
@@ -339,7 +339,7 @@ impl Quantizers {
         let func = self
             .kernels
             .iter()
-            .find(|(d, _)| d.elem == format.elem && d.scale == format.scale)
+            .find(|(d, _)| d.elem == format.elem && d.scale == format.scale && d.input == t.input)
             .map(|(_, f)| f)
             .ok_or_else(|| {
                 format.error(

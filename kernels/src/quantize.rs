@@ -8,16 +8,19 @@
 //!   entry's or the tensor's maximum magnitude with `red.max` on its f32 bits (non-negative f32
 //!   bits order as the values; a NaN or ±Inf is raised as the NaN `0x7FFF_FFFF`, above all of
 //!   them);
-//! - the quantizer proper ([`KERNELS`], one per element type and scale type): each thread takes 8
-//!   consecutive elements of a row (one or two 16-byte loads), the lanes of one scale block (2, 4
-//!   or 16) share its maximum by butterfly shuffles, every lane derives the same scale and encodes
-//!   its 8 elements (8 bytes of FP8 or 4 of e2m1 per store), and the block's first lane stores the
-//!   scale: in the matrix's affine scale layout, and optionally in the 128×4 swizzled layout and
-//!   in the FP8 kernel's A-role layout `[l][k/128][m_pad]`. The grid's x covers a row's lanes,
-//!   its z the batch, and rows go round its y: a thread's row, block and column come from its
-//!   indices with 32-bit arithmetic (a flat index split by 64-bit divisions cost more than the
-//!   encoding). FP8 codes come from the hardware conversion (`encode4`), the quotients from
-//!   each block's reciprocal with one correction (`format::quantize::Reciprocal`: the
+//! - the quantizer proper ([`KERNELS`], one per element type, scale type and input type): each
+//!   thread takes [`quantize_elems`] consecutive elements of a row (two 16-byte loads: 16 bf16 /
+//!   fp16 or 8 f32, decoded at use; an 8-element group past K is masked), the lanes of one scale
+//!   block (1 to 16) share its maximum by butterfly shuffles, every lane derives the same scale
+//!   and encodes its elements (8 bytes of FP8 or 4 of e2m1 per store and 8-element group), and
+//!   the block's first lane stores the scale: in the matrix's affine scale layout, and optionally
+//!   in the 128×4 swizzled layout and in the FP8 kernel's A-role layout `[l][k/128][m_pad]`. The
+//!   grid's x covers a row's lanes, its z the batch, and rows go round its y: a thread's row,
+//!   block and column come from its indices with 32-bit arithmetic, once per thread (a flat index
+//!   split by 64-bit divisions cost more than the encoding). FP8 codes come from the hardware
+//!   conversion, e2m1 codes from seven comparisons (`format::e2m1::encode_sat_by`), and the
+//!   quotients from each block's divisor prepared once (`Quotient`: an exact reciprocal for
+//!   e8m0, `format::quantize::Reciprocal` for fp32 scales, `Reciprocal64` for NVFP4: the
 //!   division's quotient without its cost).
 //!
 //! A row's lanes are padded to whole scale blocks (rows of K not a multiple of the block end in
@@ -36,8 +39,21 @@ pub const QUANTIZE_THREADS: u32 = 256;
 /// 65536 / (4 · 256) = 64 registers a thread, so that 1024 threads an SM, each with the loads of
 /// three rows ahead in flight, keep the memory busy.
 pub const QUANTIZE_MIN_BLOCKS: u32 = 4;
-/// Elements each thread of the quantizer takes (one 16-byte load of bf16 / fp16, two of f32).
+/// Elements each thread of the maximum pass takes per step (a 16-byte load of bf16 / fp16, two
+/// of f32), and the granularity of K (a multiple of it).
 pub const ELEMS_PER_THREAD: u32 = 8;
+
+/// Elements each thread of the quantizer takes from a row: two 16-byte loads either way (16 bf16
+/// / fp16, 8 f32). The quantizer's cost is per element and per row (the block maximum's shuffles,
+/// the scale, its reciprocal, the stores' addresses: about a hundred instructions a row), not
+/// per byte: ncu on 8 elements a thread showed bf16 as slow as f32, about 39 instructions an
+/// element; 16 halve the per-row part for 16-bit input.
+pub const fn quantize_elems(input: InputType) -> u32 {
+    match input {
+        InputType::F32 => 8,
+        InputType::Bf16 | InputType::F16 => 16,
+    }
+}
 
 /// The element type of the input tensor (stable values, passed to the kernels).
 #[repr(u32)]
@@ -49,6 +65,15 @@ pub enum InputType {
 }
 
 impl InputType {
+    /// The type of [`QuantizeParams::input`]'s value (F32 for anything unknown).
+    pub const fn of(v: u32) -> Self {
+        match v {
+            1 => InputType::Bf16,
+            2 => InputType::F16,
+            _ => InputType::F32,
+        }
+    }
+
     pub const fn bytes(self) -> usize {
         match self {
             InputType::F32 => 4,
@@ -106,11 +131,14 @@ pub struct QuantizeParams {
     pub tensor_scale: f32,
 }
 
-/// One quantizer kernel: the element type it writes and its scale type.
+/// One quantizer kernel: the element type it writes, its scale type and the input type it reads
+/// (a constant of each kernel: a run-time input type cost a branch around every element's
+/// decoding).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct QuantizeKernel {
     pub elem: ElemType,
     pub scale: ScaleType,
+    pub input: InputType,
     pub info: KernelInfo,
 }
 
@@ -134,32 +162,21 @@ pub const AMAX: &[AmaxKernel] = &[AmaxKernel { info: AMAX_KERNEL }];
 
 macro_rules! quantize_kernels {
     ($(($name:literal, $elem:ident, $scale:ident)),*) => {
-        /// Every quantizer kernel (the registry's rows).
-        pub const KERNELS: &[QuantizeKernel] = &[$(QuantizeKernel {
-            elem: ElemType::$elem,
-            scale: ScaleType::$scale,
-            info: KernelInfo {
-                name: $name,
-                max_threads: Some(QUANTIZE_THREADS),
-                min_blocks_per_sm: QUANTIZE_MIN_BLOCKS,
-                targets: TARGETS,
-            },
-        }),*];
+        /// Every quantizer kernel (the registry's rows): each format from each input type.
+        pub const KERNELS: &[QuantizeKernel] = &[$(
+            quantize_kernels!(@row concat!($name, "_from_f32"), $elem, $scale, F32),
+            quantize_kernels!(@row concat!($name, "_from_bf16"), $elem, $scale, Bf16),
+            quantize_kernels!(@row concat!($name, "_from_f16"), $elem, $scale, F16),
+        )*];
         #[cfg(target_arch = "nvptx64")]
         mod entries {
-            use super::QuantizeParams;
+            use super::{InputType, QuantizeParams, quantize_elems};
             use crate::format::{ElemType, ScaleType};
-            $(const _: () = {
-                /// # Safety
-                /// As [`super::device::quantize`].
-                #[unsafe(export_name = $name)]
-                unsafe extern "ptx-kernel" fn kernel(p: QuantizeParams) {
-                    // SAFETY: the launch's contract.
-                    unsafe {
-                        super::device::quantize::<{ ElemType::$elem as u32 }, { ScaleType::$scale as u32 }>(&p)
-                    }
-                }
-            };)*
+            $(
+                quantize_kernels!(@entry concat!($name, "_from_f32"), $elem, $scale, F32);
+                quantize_kernels!(@entry concat!($name, "_from_bf16"), $elem, $scale, Bf16);
+                quantize_kernels!(@entry concat!($name, "_from_f16"), $elem, $scale, F16);
+            )*
             /// # Safety
             /// As [`super::device::amax`].
             #[unsafe(export_name = "quantize_amax")]
@@ -168,6 +185,37 @@ macro_rules! quantize_kernels {
                 unsafe { super::device::amax(&p) }
             }
         }
+    };
+    (@row $name:expr, $elem:ident, $scale:ident, $input:ident) => {
+        QuantizeKernel {
+            elem: ElemType::$elem,
+            scale: ScaleType::$scale,
+            input: InputType::$input,
+            info: KernelInfo {
+                name: $name,
+                max_threads: Some(QUANTIZE_THREADS),
+                min_blocks_per_sm: QUANTIZE_MIN_BLOCKS,
+                targets: TARGETS,
+            },
+        }
+    };
+    (@entry $name:expr, $elem:ident, $scale:ident, $input:ident) => {
+        const _: () = {
+            /// # Safety
+            /// As [`super::device::quantize`].
+            #[unsafe(export_name = $name)]
+            unsafe extern "ptx-kernel" fn kernel(p: QuantizeParams) {
+                // SAFETY: the launch's contract (`p.input` is this kernel's input type).
+                unsafe {
+                    super::device::quantize::<
+                        { ElemType::$elem as u32 },
+                        { ScaleType::$scale as u32 },
+                        { InputType::$input as u32 },
+                        { quantize_elems(InputType::$input) as usize },
+                    >(&p)
+                }
+            }
+        };
     };
 }
 
@@ -180,18 +228,32 @@ quantize_kernels! {
     ("quantize_e2m1_ue4m3", E2M1, UE4M3)
 }
 
-/// The quantizer for `elem` codes with `scale` scales.
-pub fn kernel(elem: ElemType, scale: ScaleType) -> Option<&'static QuantizeKernel> {
-    KERNELS.iter().find(|k| k.elem == elem && k.scale == scale)
+/// The quantizer for `elem` codes with `scale` scales from `input`.
+pub fn kernel(
+    elem: ElemType,
+    scale: ScaleType,
+    input: InputType,
+) -> Option<&'static QuantizeKernel> {
+    KERNELS
+        .iter()
+        .find(|k| k.elem == elem && k.scale == scale && k.input == input)
 }
 
-/// Lanes of one scale block, and scale blocks per row (a row's lanes: their product).
+/// Lanes of one scale block, and scale blocks per row (a row's lanes: their product), for the
+/// quantizer of `p.input` ([`quantize_elems`] elements a lane).
 pub const fn lanes(p: &QuantizeParams) -> (u32, u32) {
+    lanes_of(p, quantize_elems(InputType::of(p.input)))
+}
+
+/// [`lanes`] with `n` elements a lane.
+const fn lanes_of(p: &QuantizeParams, n: u32) -> (u32, u32) {
     if p.span == ScaleSpan::Block as u32 {
-        (p.block_k / ELEMS_PER_THREAD, p.k.div_ceil(p.block_k))
+        // (A block of 16 elements and 16 elements a lane: one lane a block.)
+        let per = p.block_k / n;
+        (if per == 0 { 1 } else { per }, p.k.div_ceil(p.block_k))
     } else {
         // One scale over the whole row (or entry): the row's lanes share no maximum.
-        (1, p.k.div_ceil(ELEMS_PER_THREAD))
+        (1, p.k.div_ceil(n))
     }
 }
 
@@ -200,57 +262,59 @@ pub use crate::format::quantize::{NON_FINITE, magnitude_bits};
 #[cfg(target_arch = "nvptx64")]
 pub(crate) mod device {
     use super::{
-        ELEMS_PER_THREAD, NON_FINITE, QUANTIZE_THREADS, QuantizeParams, ScaleSpan, lanes,
-        magnitude_bits,
+        ELEMS_PER_THREAD, InputType, NON_FINITE, QUANTIZE_THREADS, QuantizeParams, ScaleSpan,
+        lanes_of,
     };
-    use crate::format::quantize::{Divisor, Reciprocal, block_scale_of_bits, nvfp4_tensor_scale};
+    use crate::format::quantize::{
+        Divisor, Reciprocal, Reciprocal64, block_scale_of_bits, max_magnitude_bits,
+        nvfp4_tensor_scale,
+    };
     use crate::format::swizzle::swizzled_128x4_index;
-    use crate::format::{ElemType, ScaleType, f16};
+    use crate::format::{ElemType, ScaleType, e2m1};
     use crate::ptx::{convert, global, math, thread};
 
-    /// Eight input elements from `at` (an element index, a multiple of 8).
-    /// # Safety
-    /// `p.src` holds element `at + 7` and is 16-byte aligned.
-    #[inline(always)]
-    unsafe fn load8(p: &QuantizeParams, at: u64) -> [f32; 8] {
-        // SAFETY: the caller's contract.
-        decode8(p, unsafe { load8_raw(p, at) })
-    }
+    /// One lane's words of a row as loaded: two 16-byte loads (8 f32, or 16 bf16 / fp16 two to
+    /// a word), decoded by [`decode`] when used: a load in flight holds 8 registers whatever the
+    /// input type.
+    type Raw = [u32; 8];
 
-    /// [`load8`]'s bytes as loaded (f32: eight words; bf16 / fp16: the first four, two
-    /// elements each), decoded later by [`decode8`]: a load in flight holds 4 registers, not 8.
+    /// The words of elements `at..` ([`Raw`]) of input type `I`, each 16-byte half where `live`
+    /// says (zeros elsewhere).
     /// # Safety
-    /// As [`load8`].
+    /// `p.src` is 16-byte aligned, `at` a multiple of 8, and holds each live half's elements.
     #[inline(always)]
-    unsafe fn load8_raw(p: &QuantizeParams, at: u64) -> [f32; 8] {
-        let mut x = [0f32; 8];
-        // SAFETY: the caller's contract; 8 elements are 16 (bf16 / fp16) or 32 (f32) bytes.
-        unsafe {
-            if p.input == 0 {
-                x[..4].copy_from_slice(&global::load_f32x4(p.src + 4 * at));
-                x[4..].copy_from_slice(&global::load_f32x4(p.src + 4 * at + 16));
-            } else {
-                x[..4].copy_from_slice(&global::load_f32x4(p.src + 2 * at));
+    unsafe fn load_raw<const I: u32>(p: &QuantizeParams, at: u64, live: [bool; 2]) -> Raw {
+        let bytes = InputType::of(I).bytes() as u64;
+        let mut w = [0u32; 8];
+        for h in 0..2 {
+            if live[h] {
+                // SAFETY: the caller's contract: 16 bytes of live elements, 16-byte aligned
+                // (`at` a multiple of 8 elements of at least 2 bytes).
+                let q = unsafe { global::load_f32x4(p.src + bytes * at + 16 * h as u64) };
+                for i in 0..4 {
+                    w[4 * h + i] = q[i].to_bits();
+                }
             }
         }
-        x
+        w
     }
 
-    /// The eight elements of [`load8_raw`]'s words.
+    /// The `N` elements (8 for f32, 16 for bf16 / fp16) of [`load_raw`]'s words.
     #[inline(always)]
-    fn decode8(p: &QuantizeParams, w: [f32; 8]) -> [f32; 8] {
-        if p.input == 0 {
-            return w;
-        }
-        let mut x = [0f32; 8];
-        // (Index loops: an array's by-value iterator kept these loops rolled, and the eight
-        // values in a register array indexed by a run-time counter.)
-        for i in 0..8 {
-            let h = (w[i / 2].to_bits() >> (16 * (i % 2))) & 0xFFFF;
-            x[i] = if p.input == 1 {
-                f32::from_bits(h << 16)
-            } else {
-                f16::decode(h as u16)
+    fn decode<const I: u32, const N: usize>(w: Raw) -> [f32; N] {
+        let mut x = [0f32; N];
+        // (Index loops: an array's by-value iterator kept these loops rolled, and the values
+        // in a register array indexed by a run-time counter.)
+        for i in 0..N {
+            x[i] = match InputType::of(I) {
+                InputType::F32 => f32::from_bits(w[i]),
+                // A bf16 is the top half of its f32.
+                InputType::Bf16 => f32::from_bits(if i % 2 == 0 {
+                    w[i / 2] << 16
+                } else {
+                    w[i / 2] & 0xFFFF_0000
+                }),
+                InputType::F16 => convert::f16_to_f32((w[i / 2] >> (16 * (i % 2))) as u16),
             };
         }
         x
@@ -261,15 +325,32 @@ pub(crate) mod device {
     /// zeroed; grid `rows` × `batch` blocks of [`QUANTIZE_THREADS`].
     #[inline(always)]
     pub(crate) unsafe fn amax(p: &QuantizeParams) {
+        // SAFETY: the caller's contract, for the input type the parameters name.
+        unsafe {
+            match InputType::of(p.input) {
+                InputType::F32 => amax_of::<{ InputType::F32 as u32 }>(p),
+                InputType::Bf16 => amax_of::<{ InputType::Bf16 as u32 }>(p),
+                InputType::F16 => amax_of::<{ InputType::F16 as u32 }>(p),
+            }
+        }
+    }
+
+    /// [`amax`] of input type `I` (8 elements a step: one 16-byte load, or two of f32).
+    /// # Safety
+    /// As [`amax`], `I == p.input`.
+    #[inline(always)]
+    unsafe fn amax_of<const I: u32>(p: &QuantizeParams) {
         let (r, l, t) = (thread::block_x(), thread::block_y(), thread::thread_x());
         let row = (l as u64 * p.rows as u64 + r as u64) * p.k as u64;
+        let f32_input = I == InputType::F32 as u32;
         let mut m = 0u32;
         let mut e = ELEMS_PER_THREAD * t;
         while e < p.k {
-            // SAFETY: elements e..e+8 of the row (k % 8 == 0).
-            let x = unsafe { load8(p, row + e as u64) };
-            // (By reference: an array's by-value iterator stays a rolled loop.)
-            m = x.iter().fold(m, |m, &v| m.max(magnitude_bits(v)));
+            // SAFETY: elements e..e+8 of the row (k % 8 == 0): the whole load for f32, its
+            // first half (8 elements) for bf16 / fp16.
+            let w = unsafe { load_raw::<I>(p, row + e as u64, [true, f32_input]) };
+            let x: [f32; 8] = decode::<I, 8>(w);
+            m = m.max(max_magnitude_bits(&x));
             e += ELEMS_PER_THREAD * QUANTIZE_THREADS;
         }
         let m = thread::group_max_u32(m, 32);
@@ -292,55 +373,75 @@ pub(crate) mod device {
     }
 
     /// A block's divisor, prepared once for its elements' quotients: `x / d` as the host's
-    /// `quantize_element` takes it, correctly rounded. An f32 divisor through its reciprocal
-    /// ([`Reciprocal`]: a product and two `fma` per element instead of a division, the same
-    /// quotient wherever it can reach a code); NVFP4's two-level divisor in f64, rounded once.
+    /// `quantize_element` takes it, correctly rounded, without a division per element:
+    /// - an e8m0 scale (a power of two): its reciprocal is exact, so `x · (1/d)` is the exact
+    ///   quotient rounded once: one product;
+    /// - an fp32 scale: [`Reciprocal`] (a product and two `fma`, the same quotient wherever it
+    ///   can reach a code);
+    /// - NVFP4's two-level divisor (f64): [`Reciprocal64`], the same step in f64, then rounded
+    ///   to f32 (a division in f64 per element took NVFP4's quantizer to 20 % of the copy
+    ///   ceiling).
     #[derive(Clone, Copy)]
     pub(crate) struct Quotient {
+        /// The kind of scale (a constant where the caller's is: the other kinds' code is left
+        /// out, and no element branches on the kind).
+        scale: ScaleType,
+        /// An all-zero NVFP4 block ([`Divisor::Zero`]): every quotient is 0 (a select, not a
+        /// branch per element).
         zero: bool,
-        wide: Option<f64>,
+        /// NVFP4's divisor (1 where `zero`).
+        wide: Reciprocal64,
+        /// An fp32 scale's divisor; an e8m0 scale's, whose `r` is exactly `1/d`.
         rec: Reciprocal,
     }
 
     impl Quotient {
+        /// The quotient by divisor `d` of a block whose scale is of type `scale`.
         #[inline(always)]
-        pub(crate) fn of(d: Divisor) -> Self {
-            let (zero, wide, s) = match d {
-                Divisor::Zero => (true, None, 1.0),
-                Divisor::F32(s) => (false, None, s),
-                Divisor::F64(s) => (false, Some(s), 1.0),
+        pub(crate) fn new(scale: ScaleType, d: Divisor) -> Self {
+            let (zero, s) = match d {
+                Divisor::Zero => (true, 1.0),
+                Divisor::F32(s) => (false, s as f64),
+                // (Only NVFP4's divisors are f64.)
+                Divisor::F64(s) => (false, s),
+            };
+            let rec = match scale {
+                // A power of two 2^e, e in -127..=127: 2^-e is an f32 (2^-127 a subnormal one),
+                // and `rcp.rn` gives it exactly; NaN stays NaN.
+                ScaleType::E8M0 => Reciprocal {
+                    k: 1.0,
+                    s: s as f32,
+                    r: math::recip_rn(s as f32),
+                },
+                ScaleType::F32 => Reciprocal::new(s as f32, math::recip_rn),
+                ScaleType::UE4M3 => Reciprocal {
+                    k: 1.0,
+                    s: 1.0,
+                    r: 1.0,
+                },
+            };
+            let wide = if scale == ScaleType::UE4M3 {
+                Reciprocal64::new(s, math::recip_rn_f64)
+            } else {
+                Reciprocal64 { s: 1.0, r: 1.0 }
             };
             Quotient {
+                scale,
                 zero,
                 wide,
-                rec: Reciprocal::new(s, math::recip_rn),
+                rec,
             }
         }
 
-        /// [`Self::of`] of a divisor known to be [`Divisor::Zero`] or [`Divisor::F32`] (an
-        /// fp32 or e8m0 scale): no code for the f64 quotient.
-        #[inline(always)]
-        pub(crate) fn of_f32(d: Divisor) -> Self {
-            let (zero, s) = match d {
-                Divisor::F32(s) => (false, s),
-                Divisor::Zero => (true, 1.0),
-                Divisor::F64(_) => (false, f32::NAN),
-            };
-            Quotient {
-                zero,
-                wide: None,
-                rec: Reciprocal::new(s, math::recip_rn),
-            }
-        }
-
-        /// Lane `lane`'s [`Self::of_f32`] quotient, in every lane (shuffles: every lane of the
+        /// Lane `lane`'s quotient of an fp32 scale, in every lane (shuffles: every lane of the
         /// warp calls it).
         #[inline(always)]
         pub(crate) fn from_lane(self, lane: u32) -> Self {
             let f = |x: f32| f32::from_bits(thread::shfl_idx_u32(x.to_bits(), lane));
             Quotient {
+                scale: ScaleType::F32,
                 zero: thread::shfl_idx_u32(self.zero as u32, lane) != 0,
-                wide: None,
+                wide: self.wide,
                 rec: Reciprocal {
                     k: f(self.rec.k),
                     s: f(self.rec.s),
@@ -351,20 +452,20 @@ pub(crate) mod device {
 
         #[inline(always)]
         fn of_elem(self, x: f32) -> f32 {
-            if let Some(s) = self.wide {
-                (x as f64 / s) as f32
-            } else if self.zero {
-                0.0
-            } else {
-                self.rec.quotient(x, math::mul_rn, math::fma)
-            }
+            let q = match self.scale {
+                ScaleType::UE4M3 => self.wide.quotient(x, math::mul_rn_f64, math::fma_f64),
+                ScaleType::E8M0 => math::mul_rn(x, self.rec.r),
+                ScaleType::F32 => self.rec.quotient(x, math::mul_rn, math::fma),
+            };
+            if self.zero { 0.0 } else { q }
         }
     }
 
-    /// The codes of four elements of one block with divisor `d` ([`Quotient::of`]), packed from the low bits (8
+    /// The codes of four elements of one block with divisor `d` ([`Quotient::new`]), packed from the low bits (8
     /// bits each, or 4 for e2m1): `format::quantize::quantize_element` of each, with the FP8
     /// encodings in hardware (`cvt.rn.satfinite.{e4m3,e5m2}x2.f32`, the rule of their software
-    /// encoders: round to nearest even, saturating, subnormals kept).
+    /// encoders: round to nearest even, saturating, subnormals kept) and e2m1's by comparisons
+    /// (`format::e2m1::encode_sat_by`).
     #[inline(always)]
     pub(crate) fn encode4(elem: ElemType, x: [f32; 4], d: Quotient) -> u32 {
         let q = x.map(|v| d.of_elem(v));
@@ -375,6 +476,10 @@ pub(crate) mod device {
             ElemType::E5M2 => {
                 convert::f32x2_to_e5m2x2(q[0], q[1]) | convert::f32x2_to_e5m2x2(q[2], q[3]) << 16
             }
+            ElemType::E2M1 => {
+                let c = q.map(|v| e2m1::encode_sat_by(v, math::past_mask) as u32);
+                c[0] | c[1] << 4 | c[2] << 8 | c[3] << 12
+            }
             _ => {
                 let c = q.map(|v| elem.encode_sat(v) & 0xF);
                 c[0] | c[1] << 4 | c[2] << 8 | c[3] << 12
@@ -383,12 +488,15 @@ pub(crate) mod device {
     }
 
     /// # Safety
-    /// `p` describes live buffers (see [`QuantizeParams`]), `k % 8 == 0`, the maxima written by
-    /// [`amax`] where the span or NVFP4 needs them; a grid of [`QUANTIZE_THREADS`]-thread blocks,
-    /// x: at least ⌈row lanes / [`QUANTIZE_THREADS`]⌉ ([`lanes`]), y: any (rows are strided by
-    /// it; rows + y < 2^32), z: the batch.
+    /// `p` describes live buffers (see [`QuantizeParams`]), `k % 8 == 0`, `p.input == I` and
+    /// `N` its [`super::quantize_elems`], the maxima written by [`amax`] where the span or NVFP4
+    /// needs them; a grid of [`QUANTIZE_THREADS`]-thread blocks, x: at least ⌈row lanes /
+    /// [`QUANTIZE_THREADS`]⌉ ([`super::lanes`]), y: any (rows are strided by it; rows + y <
+    /// 2^32), z: the batch.
     #[inline(always)]
-    pub(crate) unsafe fn quantize<const E: u32, const S: u32>(p: &QuantizeParams) {
+    pub(crate) unsafe fn quantize<const E: u32, const S: u32, const I: u32, const N: usize>(
+        p: &QuantizeParams,
+    ) {
         let elem = match E {
             0 => ElemType::E4M3,
             1 => ElemType::E5M2,
@@ -399,7 +507,8 @@ pub(crate) mod device {
             1 => ScaleType::UE4M3,
             _ => ScaleType::F32,
         };
-        let (per_block, blocks) = lanes(p);
+        let n = N as u32;
+        let (per_block, blocks) = lanes_of(p, n);
         let row_lanes = per_block * blocks;
         let tensor_scale = if scale == ScaleType::UE4M3 {
             if p.tensor_scale > 0.0 {
@@ -417,8 +526,10 @@ pub(crate) mod device {
             1.0
         };
         // This thread's lane of a row: x blocks cover a row's lanes (a block starts at a whole
-        // warp, so a scale block's lanes, 2, 4 or 16 aligned ones, are in one warp); the batch
-        // entry is z, rows go round y. No division by a run-time value but the one below.
+        // warp, so a scale block's lanes, 1, 2, 4, 8 or 16 aligned ones, are in one warp); the
+        // batch entry is z, rows go round y. Everything but the row is fixed for the thread, and
+        // worked out here once (a remainder by the run-time lanes a block, left in the row's
+        // code, cost 20 instructions a row).
         let v = thread::block_x() * QUANTIZE_THREADS + thread::thread_x();
         let l = thread::block_z();
         // (Whole warps stay in the loop: the shuffles need every lane.)
@@ -426,58 +537,78 @@ pub(crate) mod device {
             return;
         }
         let lane_live = v < row_lanes;
-        let (kb, e0) = if p.span == ScaleSpan::Block as u32 {
-            let kb = v / per_block.max(1);
-            (kb, kb * p.block_k + (v - kb * per_block) * ELEMS_PER_THREAD)
+        let block_span = p.span == ScaleSpan::Block as u32;
+        let (kb, e0) = if block_span {
+            let kb = v / per_block;
+            (kb, kb * p.block_k + (v - kb * per_block) * n)
         } else {
-            (0, v * ELEMS_PER_THREAD)
+            (0, v * n)
         };
-        let valid = lane_live && e0 < p.k;
-        let row_at = |r: u32| (l as u64 * p.rows as u64 + r as u64) * p.k as u64 + e0 as u64;
-        // SAFETY: elements at..at+8 of row r exist when valid and r < rows.
+        // The lane's 8-element groups inside the row (K % 8 == 0: a group is whole or out):
+        // f32 has one (both 16-byte loads), bf16 / fp16 two (one load each).
+        let group = |g: u32| lane_live && e0 + 8 * g < p.k;
+        let loads = if N == 8 {
+            [group(0), group(0)]
+        } else {
+            [group(0), group(1)]
+        };
+        // The block's first lane stores its scale (per row: the row's first lane; per entry:
+        // the entry's first lane, in its first row).
+        let first = group(0)
+            && match p.span {
+                0 => v % per_block == 0,
+                _ => v == 0,
+            };
+        let entry = l as u64 * p.rows as u64;
+        let row_at = |r: u32| (entry + r as u64) * p.k as u64 + e0 as u64;
         let load = |r: u32| {
-            if valid && r < p.rows {
-                unsafe { load8_raw(p, row_at(r)) }
+            // SAFETY: the live groups' elements of row r < rows exist (the launch's contract).
+            if r < p.rows {
+                unsafe { load_raw::<I>(p, row_at(r), loads) }
             } else {
-                [0f32; 8]
+                [0; 8]
             }
         };
         // One row's quantization: codes, and the scale from the block's first lane.
-        // SAFETY (the caller's, per row): `r < rows`; `x` its lane's eight elements.
-        let row = |r: u32, x: [f32; 8]| {
-            let lr = l as u64 * p.rows as u64 + r as u64;
+        // SAFETY (the caller's, per row): `r < rows`; `x` its lane's elements.
+        let row = |r: u32, x: [f32; N]| {
             let at = row_at(r);
             let m = match p.span {
-                0 => thread::group_max_u32(
-                    x.iter().fold(0, |m, &v| m.max(magnitude_bits(v))),
-                    per_block,
-                ),
+                0 => thread::group_max_u32(max_magnitude_bits(&x), per_block),
                 // SAFETY: written by the maximum pass for this span.
-                1 => unsafe { global::load_u32_nc(p.amax + 4 * lr) },
+                1 => unsafe { global::load_u32_nc(p.amax + 4 * (entry + r as u64)) },
                 _ => unsafe { global::load_u32_nc(p.amax + 4 * l as u64) },
             };
             let (sbits, d) = block_scale_of_bits(scale, elem, m, tensor_scale);
-            let d = Quotient::of(d);
-            let lo = encode4(elem, [x[0], x[1], x[2], x[3]], d);
-            let hi = encode4(elem, [x[4], x[5], x[6], x[7]], d);
-            // SAFETY: bytes of element at..at+8 of dst (8-byte aligned, 4 for e2m1) when valid.
-            unsafe {
-                if elem == ElemType::E2M1 {
-                    global::store_u32_if(p.dst + at / 2, lo | hi << 16, valid);
-                } else {
-                    global::store_u32x2_if(p.dst + at, lo, hi, valid);
+            let d = Quotient::new(scale, d);
+            for g in 0..N / 8 {
+                let lo = encode4(
+                    elem,
+                    [x[8 * g], x[8 * g + 1], x[8 * g + 2], x[8 * g + 3]],
+                    d,
+                );
+                let hi = encode4(
+                    elem,
+                    [x[8 * g + 4], x[8 * g + 5], x[8 * g + 6], x[8 * g + 7]],
+                    d,
+                );
+                let a = at + 8 * g as u64;
+                let live = group(g as u32);
+                // SAFETY: bytes of elements a..a+8 of dst (8-byte aligned, 4 for e2m1) when live.
+                unsafe {
+                    if elem == ElemType::E2M1 {
+                        global::store_u32_if(p.dst + a / 2, lo | hi << 16, live);
+                    } else {
+                        global::store_u32x2_if(p.dst + a, lo, hi, live);
+                    }
                 }
             }
-            // The block's first lane stores its scale (per row: the row's first lane; per entry:
-            // the entry's first lane).
-            let first = lane_live
-                && match p.span {
-                    0 => v % per_block == 0 && e0 < p.k,
-                    1 => v == 0,
-                    _ => v == 0 && r == 0,
-                };
             // A scale per entry has one row block; the others one per row.
-            let rb = if p.span == 2 { 0 } else { r };
+            let (rb, first) = if p.span == 2 {
+                (0, first && r == 0)
+            } else {
+                (r, first)
+            };
             let si = l as u64 * p.scale_stride_l
                 + rb as u64 * p.scale_stride_r
                 + kb as u64 * p.scale_stride_k;
@@ -501,17 +632,28 @@ pub(crate) mod device {
             }
         };
         // Each thread goes round several rows (the grid's y is a few waves of blocks), the
-        // loads of the next three rows issued before this row's arithmetic (raw words: 4
-        // registers each for 16-bit input). ncu showed one row ahead too few: a third of the
-        // warps' samples waited at the first use of a load, DRAM 24 % busy. (One call of `row`:
-        // a closure called twice was outlined, its arrays in local memory.)
+        // loads of the next rows issued before this row's arithmetic (raw words: 8 registers a
+        // row): three rows of 8 f32, two of 16 bf16 / fp16 (64 bytes a thread in flight; a
+        // third row and the 16 decoded values spilled at 64 registers). ncu on 8 elements a
+        // thread and one row ahead: a third of the warps' samples waited at the first use of a
+        // load, DRAM 24 % busy. (One call of `row`: a closure called twice was outlined, its
+        // arrays in local memory.)
         let stride = thread::grid_dim_y();
         let mut r = thread::block_y();
-        let mut ahead = [load(r), load(r + stride), load(r + 2 * stride)];
+        let three = N == 8;
+        let mut ahead = [
+            load(r),
+            load(r + stride),
+            if three { load(r + 2 * stride) } else { [0; 8] },
+        ];
         while r < p.rows {
             let now = ahead[0];
-            ahead = [ahead[1], ahead[2], load(r + 3 * stride)];
-            row(r, decode8(p, now));
+            ahead = if three {
+                [ahead[1], ahead[2], load(r + 3 * stride)]
+            } else {
+                [ahead[1], load(r + 2 * stride), [0; 8]]
+            };
+            row(r, decode::<I, N>(now));
             r += stride;
         }
     }

@@ -84,6 +84,21 @@ pub fn magnitude_bits(x: f32) -> u32 {
     if b >= 0x7F80_0000 { NON_FINITE } else { b }
 }
 
+/// The largest [`magnitude_bits`] of `xs`: the largest of the bits with the sign cleared, mapped
+/// once (the map to [`NON_FINITE`] is monotone, so it commutes with the maximum: an instruction
+/// an element less than mapping each).
+#[inline(always)]
+pub fn max_magnitude_bits(xs: &[f32]) -> u32 {
+    let mut m = 0;
+    // (An index loop: it unrolls over a fixed-size array on the device, where an iterator over
+    // an array kept some loops rolled.)
+    #[allow(clippy::needless_range_loop)]
+    for i in 0..xs.len() {
+        m = m.max(xs[i].to_bits() & 0x7FFF_FFFF);
+    }
+    if m >= 0x7F80_0000 { NON_FINITE } else { m }
+}
+
 /// [`block_scale`] of a block whose largest magnitude's bits are `m` (from [`magnitude_bits`]):
 /// a block that holds a NaN or ±Inf, or a NaN tensor scale, gets the NaN scale (e8m0 `0xFF`,
 /// ue4m3 `0x7F`, fp32 NaN) and a NaN divisor, so every product with the block is NaN.
@@ -200,10 +215,51 @@ impl Reciprocal {
     ) -> f32 {
         let y = mul(x, self.k);
         let q = mul(y, self.r);
-        let rem = fma(-q, self.s, y);
+        // (`q · −s`, not `−q · s`: the same exact product, with the negation on the block's
+        // divisor, once, instead of an instruction per element.)
+        let rem = fma(q, -self.s, y);
         // The sign is `x`'s (`s` is positive): a zero quotient of a negative `x` whose prescaled
         // value underflowed would otherwise come out +0 (+0 + −0 rounds to +0).
         let q = fma(rem, self.r, q);
+        f32::from_bits(q.to_bits() & 0x7FFF_FFFF | x.to_bits() & 0x8000_0000)
+    }
+}
+
+/// NVFP4's f64 divisor ([`Divisor::F64`]: a ue4m3 scale times the fp32 tensor scale), prepared
+/// so that each element's quotient costs a product and two `fma` in f64 instead of a division:
+/// the same Markstein step as [`Reciprocal`], in f64, where every operand stays normal (`s` is in
+/// [2^-158, 2^137], `|x|` in [2^-149, 2^128] or zero: the quotient, the remainder and `1/s` are far
+/// inside f64's range), so the f64 quotient is the correctly rounded `x / s` for every `x` and
+/// rounding it to f32 gives the host's `(x as f64 / s) as f32`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Reciprocal64 {
+    /// The divisor.
+    pub s: f64,
+    /// `1 / s`, correctly rounded.
+    pub r: f64,
+}
+
+impl Reciprocal64 {
+    /// The divisor `s` (positive), `recip` the correctly rounded reciprocal.
+    #[inline(always)]
+    pub fn new(s: f64, recip: impl Fn(f64) -> f64) -> Self {
+        Reciprocal64 { s, r: recip(s) }
+    }
+
+    /// `x / s` correctly rounded in f64, then rounded to f32, by `mul` and `fma` (each rounded
+    /// once to nearest even); the sign is `x`'s (a zero `x` gives a zero of its sign, as the
+    /// division does).
+    #[inline(always)]
+    pub fn quotient(
+        self,
+        x: f32,
+        mul: impl Fn(f64, f64) -> f64,
+        fma: impl Fn(f64, f64, f64) -> f64,
+    ) -> f32 {
+        let y = x as f64;
+        let q = mul(y, self.r);
+        let rem = fma(q, -self.s, y);
+        let q = fma(rem, self.r, q) as f32;
         f32::from_bits(q.to_bits() & 0x7FFF_FFFF | x.to_bits() & 0x8000_0000)
     }
 }
@@ -272,6 +328,40 @@ mod tests {
             check(f32::from_bits(w % 0x7F00_0000 + 1));
         }
         assert!(by_reciprocal(1.0, f32::NAN).is_nan());
+    }
+
+    #[test]
+    fn f64_reciprocal_quotients_are_the_division() {
+        let mut z = 0x2545_F491_4F6C_DD1Du64;
+        let mut next = || {
+            z ^= z << 13;
+            z ^= z >> 7;
+            z ^= z << 17;
+            z
+        };
+        // Every ue4m3 scale (codes 1..=126) times tensor scales over the whole f32 range, and
+        // elements of every exponent and sign (zeros and subnormals too).
+        for code in 1..=126u8 {
+            let c = super::ue4m3::decode(code) as f64;
+            for _ in 0..60 {
+                let t = f32::from_bits((next() as u32) % 0x7F00_0000 + 1) as f64;
+                let rec = Reciprocal64::new(c * t, |s| 1.0 / s);
+                for _ in 0..50 {
+                    let x = f32::from_bits(next() as u32);
+                    if !x.is_finite() {
+                        continue;
+                    }
+                    let want = (x as f64 / (c * t)) as f32;
+                    let got = rec.quotient(x, |a, b| a * b, f64::mul_add);
+                    assert_eq!(got.to_bits(), want.to_bits(), "{x:e} / ({c} · {t:e})");
+                }
+                for x in [0.0f32, -0.0, f32::from_bits(1), -f32::from_bits(1)] {
+                    let want = (x as f64 / (c * t)) as f32;
+                    let got = rec.quotient(x, |a, b| a * b, f64::mul_add);
+                    assert_eq!(got.to_bits(), want.to_bits(), "{x:e} / ({c} · {t:e})");
+                }
+            }
+        }
     }
 
     #[test]

@@ -400,7 +400,7 @@ unsafe fn quantize(
     };
     let (sbits, d) = block_scale_of_bits(scale, elem, m, tensor_scale);
     // The codes packed from the low bits (the quantizer's encoding: one source).
-    let w = encode4(elem, y, Quotient::of(d));
+    let w = encode4(elem, y, Quotient::new(scale, d));
     // SAFETY: the codes and scales hold the L·M·N_out output's (the host's); `live` says the
     // lane's columns are inside it, each store is aligned to its size (`ocol` a multiple of nv).
     unsafe {
@@ -780,7 +780,7 @@ unsafe fn quantize_rows(
         }
     }
     let (sbits, d) = block_scale_of_bits(ScaleType::F32, elem, mine, 1.0);
-    let q = Quotient::of_f32(d);
+    let q = Quotient::new(ScaleType::F32, d);
     let kb = r.col / 128;
     for k in 0..FAST_ROWS {
         let (qk, sk) = (q.from_lane(k as u32), thread::shfl_idx_u32(sbits, k as u32));

@@ -1,4 +1,4 @@
-//! Conversions to the output types and to FP8 codes. PTX ISA: "Data Movement and Conversion
+//! Conversions to the output types and to FP8 codes, and from fp16 input. PTX ISA: "Data Movement and Conversion
 //! Instructions: cvt" (`cvt.rn.bf16.f32` needs sm_80+, `cvt.rn.f16.f32`, `cvt…e4m3x2.f32` sm_89+). Round to nearest even, as
 //! `half::bf16::from_f32` / `half::f16::from_f32` do on the host.
 
@@ -77,4 +77,17 @@ pub fn f32x2_to_e5m2x2(lo: f32, hi: f32) -> u32 {
              options(pure, nomem, nostack))
     };
     r as u32
+}
+
+/// fp16 bits → f32 (`cvt.f32.f16`): exact (every fp16, subnormals too, is an f32), ±Inf to
+/// ±Inf, NaN to NaN.
+#[inline(always)]
+pub fn f16_to_f32(h: u16) -> f32 {
+    let r: f32;
+    // SAFETY: register-only conversion.
+    unsafe {
+        asm!("cvt.f32.f16 {r}, {h};", r = out(reg32) r, h = in(reg16) h,
+             options(pure, nomem, nostack))
+    };
+    r
 }

@@ -2,7 +2,7 @@
 //! Instructions": `ex2` and `rcp` (`.approx.ftz.f32`: the SFU's fast forms; subnormal inputs and
 //! results flush to zero, ex2's relative error is at most 2^-22 and rcp's 1 ulp), and `fma`
 //! (`fma.rn.f32`: one rounding of `a·b + c`); `rcp.rn`, `mul.rn` and `add.rn` where a result must
-//! be the correctly rounded one.
+//! be the correctly rounded one; their f64 forms for NVFP4's two-level divisor.
 
 use core::arch::asm;
 
@@ -76,6 +76,62 @@ pub fn recip_rn(x: f32) -> f32 {
     unsafe {
         asm!("rcp.rn.f32 {r}, {x};", r = out(reg32) r, x = in(reg32) x,
              options(pure, nomem, nostack))
+    };
+    r
+}
+
+/// a·b rounded to nearest even in f64 (`mul.rn.f64`).
+#[inline(always)]
+pub fn mul_rn_f64(a: f64, b: f64) -> f64 {
+    let r: f64;
+    // SAFETY: register-only arithmetic.
+    unsafe {
+        asm!("mul.rn.f64 {r}, {a}, {b};", r = out(reg64) r, a = in(reg64) a, b = in(reg64) b,
+             options(pure, nomem, nostack))
+    };
+    r
+}
+
+/// a·b + c rounded once to nearest even in f64 (`fma.rn.f64`).
+#[inline(always)]
+pub fn fma_f64(a: f64, b: f64, c: f64) -> f64 {
+    let r: f64;
+    // SAFETY: register-only arithmetic.
+    unsafe {
+        asm!("fma.rn.f64 {r}, {a}, {b}, {c};", r = out(reg64) r, a = in(reg64) a, b = in(reg64) b,
+             c = in(reg64) c, options(pure, nomem, nostack))
+    };
+    r
+}
+
+/// 1/x correctly rounded to nearest even in f64 (`rcp.rn.f64`: several instructions, for a
+/// value used many times).
+#[inline(always)]
+pub fn recip_rn_f64(x: f64) -> f64 {
+    let r: f64;
+    // SAFETY: register-only arithmetic.
+    unsafe {
+        asm!("rcp.rn.f64 {r}, {x};", r = out(reg64) r, x = in(reg64) x,
+             options(pure, nomem, nostack))
+    };
+    r
+}
+
+/// `u32::MAX` where `a >= b` (`up`) or `a > b` (not `up`), 0 elsewhere and where either is NaN
+/// (`set.{ge,gt}.u32.f32`: a comparison whose mask adds up, where a `selp` per comparison cost
+/// two instructions).
+#[inline(always)]
+pub fn past_mask(a: f32, b: f32, up: bool) -> u32 {
+    let r: u32;
+    // SAFETY: register-only arithmetic.
+    unsafe {
+        if up {
+            asm!("set.ge.u32.f32 {r}, {a}, {b};", r = out(reg32) r, a = in(reg32) a,
+                 b = in(reg32) b, options(pure, nomem, nostack))
+        } else {
+            asm!("set.gt.u32.f32 {r}, {a}, {b};", r = out(reg32) r, a = in(reg32) a,
+                 b = in(reg32) b, options(pure, nomem, nostack))
+        }
     };
     r
 }
