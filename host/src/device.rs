@@ -12,7 +12,7 @@ use cudarc::driver::{CudaContext, CudaModule, CudaSlice, CudaStream, sys};
 use crate::bsr::{self, BsrMatrix, DeviceBsr, SparseSide};
 use crate::buffers::{DeviceMatrix, DeviceOutput, GpuId, Prepared};
 use crate::error::{Error, Result, shape};
-use crate::family::{Families, Gemm};
+use crate::family::{Families, Gemm, Rewritten};
 use crate::format::{ElemType, OperandFormat, OutType, ScaleType};
 use crate::fused::{self, Epilogue, Fused, QuantOut};
 use crate::grouped::{self, DeviceGroups, GroupLayout};
@@ -25,8 +25,9 @@ use crate::quantizer::{
 };
 use crate::sm90_fp8::{Sm90Fp8, Sm90Operand};
 use crate::sm90_half::Sm90Half;
+use crate::sm90_mx::MxOperand;
 use crate::sm90_mx_fp8::Sm90MxFp8;
-use blockscaled_kernels::quantize::InputType;
+use blockscaled_kernels::quantize::{InputType, ScaleSpan};
 
 use crate::image::{self, KernelImage};
 
@@ -264,18 +265,30 @@ impl Gpu {
         };
         let mut spec = QuantSpec::new(dst.desc.format, (t.rows, t.k, t.batch), &opts)?;
         self.check_target(&spec, &dst.desc)?;
-        let sfa = a_role_scales(&mut dst.prepared, &spec);
-        let in_place = sfa.is_some();
+        // The copies the quantizer rewrites itself: the FP8 kernel's A-role scales (FP8 1×128)
+        // or the MX kernel's scale layout (one-byte scales), where `dst` holds them.
+        let (sfa, mx) = if spec.fp8_a {
+            (a_role_scales(&mut dst.prepared, &spec), None)
+        } else if spec.span == ScaleSpan::Block && matches!(spec.block_k, 16 | 32) {
+            (None, MxOperand::layout_scales_mut(&mut dst.prepared))
+        } else {
+            (None, None)
+        };
+        let written = Rewritten {
+            sfa: sfa.is_some(),
+            mx_scales: mx.is_some(),
+        };
         let bufs = QuantBufs {
             data: &mut dst.data,
             scales: &mut dst.scales,
             swizzled: None,
             sfa,
+            mx,
         };
         let was_finite = dst.desc.tensor_scale.is_finite();
         self.quantizers.write(&self.stream, t, &mut spec, bufs)?;
         dst.desc.tensor_scale = spec.desc.tensor_scale;
-        self.after_rewrite(dst, in_place, was_finite)
+        self.after_rewrite(dst, written, was_finite)
     }
 
     /// `Error::Shape` / `Error::Format` unless `dst` is the matrix `spec` describes (its tensor
@@ -328,13 +341,13 @@ impl Gpu {
     }
 
     /// `dst` after its codes and scales were rewritten in its buffers: each family's copies
-    /// made again in place (their tensor maps stay valid; `sfa_written`: the writer rewrote the
-    /// FP8 kernel's A-role scales itself), or, where a family cannot or `dst` had none (a NaN
-    /// tensor scale before: `was_finite` false), its preparation made anew.
+    /// made again in place (their tensor maps stay valid; `written`: what the writer rewrote
+    /// itself), or, where a family cannot or `dst` had none (a NaN tensor scale before:
+    /// `was_finite` false), its preparation made anew.
     fn after_rewrite(
         &self,
         dst: &mut DeviceMatrix,
-        sfa_written: bool,
+        written: Rewritten,
         was_finite: bool,
     ) -> Result<()> {
         if was_finite && dst.desc.tensor_scale.is_finite() {
@@ -346,8 +359,7 @@ impl Gpu {
             };
             let mut all = true;
             for family in self.families.iter() {
-                all &=
-                    family.refresh_operand(&self.stream, &src, &mut dst.prepared, sfa_written)?;
+                all &= family.refresh_operand(&self.stream, &src, &mut dst.prepared, written)?;
             }
             if all {
                 return Ok(());
@@ -613,7 +625,10 @@ impl Gpu {
         plan.validate(&s)?;
         plan.check_fused(fused_needs((a, b), epi, Some(&format)))?;
         let sfa = a_role_scales(&mut dst.prepared, &spec);
-        let in_place = sfa.is_some();
+        let written = Rewritten {
+            sfa: sfa.is_some(),
+            mx_scales: false,
+        };
         let q = QuantOut {
             spec,
             scales: &mut dst.scales,
@@ -622,7 +637,7 @@ impl Gpu {
         self.launch_quantized(s, (a, b, epi, plan), &mut dst.data, q)?;
         // (The tensor scale is the destination's own: a rewrite keeps it.)
         let finite = dst.desc.tensor_scale.is_finite();
-        self.after_rewrite(dst, in_place, finite)
+        self.after_rewrite(dst, written, finite)
     }
 
     /// One launch of `plan` whose fused epilogue quantizes into `data` and `q`'s scales (checked

@@ -16,6 +16,16 @@ use crate::grouped::DeviceGroups;
 use crate::matrix::GemmShape;
 use crate::prepare::Source;
 
+/// The copies of a rewritten matrix (by a device quantizer or a GEMM's quantized output) that its
+/// writer rewrote in place beside the codes and scales, so that the families skip them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Rewritten {
+    /// The FP8 kernel's A-role scales (FP8 with fp32 scales per 1×128).
+    pub sfa: bool,
+    /// The MX kernel's scale layout (one-byte scales per 1×16 or 1×32).
+    pub mx_scales: bool,
+}
+
 /// One kernel family's host side, loaded on one GPU.
 pub(crate) trait Family: Any + Send + Sync {
     /// A line for `Gpu`'s `Debug` (what was found when loading), if any.
@@ -39,15 +49,15 @@ pub(crate) trait Family: Any + Send + Sync {
 
     /// Rewrites, in its own buffers, what `prepared` holds of this family for a matrix whose codes
     /// and scales were rewritten in place (same description and buffers, so its tensor maps stay
-    /// valid), reading `matrix`; `sfa_written`: the writer also rewrote the FP8 kernel's A-role
-    /// scales. `Ok(false)` where it cannot (the matrix is then prepared anew); `Ok(true)` where
-    /// the family holds nothing of it.
+    /// valid), reading `matrix`; `written`: the copies the writer rewrote itself. `Ok(false)`
+    /// where it cannot (the matrix is then prepared anew); `Ok(true)` where the family holds
+    /// nothing of it.
     fn refresh_operand(
         &self,
         _stream: &Arc<CudaStream>,
         _matrix: &Source<'_>,
         _prepared: &mut Prepared,
-        _sfa_written: bool,
+        _written: Rewritten,
     ) -> Result<bool> {
         Ok(true)
     }

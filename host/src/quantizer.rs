@@ -145,6 +145,10 @@ pub(crate) struct QuantBufs<'a> {
     /// The FP8 kernel's A-role scales, zero in the padding rows (the kernel's last tiles read
     /// them), when `QuantSpec::fp8_a`.
     pub sfa: Option<&'a mut CudaSlice<f32>>,
+    /// The MX kernel's scale layout `[l][⌈k/64⌉][rows_pad][64 / block]` and its `rows_pad`
+    /// (one-byte scales per 1×16 or 1×32), zero past the rows and K already: a rewrite of a
+    /// matrix prepared for that kernel writes its copy in place.
+    pub mx: Option<(&'a mut CudaSlice<u8>, u32)>,
 }
 
 /// A quantized matrix's buffers before they are written: what the quantizer kernels and a GEMM's
@@ -287,6 +291,7 @@ impl QuantTarget {
                 scales: &mut self.scales,
                 swizzled: self.swizzled.as_mut(),
                 sfa: self.sfa.as_mut(),
+                mx: None,
             },
         )
     }
@@ -388,6 +393,9 @@ impl Quantizers {
             span: spec.span as u32,
             block_k: spec.block_k,
             tensor_scale: spec.given.unwrap_or(0.0),
+            mx: 0,
+            mx_rows_pad: 0,
+            mx_per: 0,
         };
         if amax_slots > 0 || needs_tensor {
             let mut launch = Launch::new(stream, &self.amax)
@@ -425,11 +433,30 @@ impl Quantizers {
             Some(b) => launch.ptr_mut(b),
             None => 0,
         };
+        if let Some((b, rows_pad)) = bufs.mx {
+            let one_byte = format.scale != ScaleType::F32;
+            if !(one_byte && spec.span == ScaleSpan::Block && matches!(spec.block_k, 16 | 32)) {
+                return Err(
+                    format.error("the MX kernel's scale layout holds 1×16 or 1×32 one-byte scales")
+                );
+            }
+            if (rows_pad as usize) < rows
+                || b.len() < l * k.div_ceil(64) * rows_pad as usize * (64 / spec.block_k as usize)
+            {
+                return Err(shape(
+                    "the MX kernel's scale layout is smaller than the matrix's".to_string(),
+                ));
+            }
+            p.mx = launch.ptr_mut(b);
+            p.mx_rows_pad = rows_pad;
+            p.mx_per = 64 / spec.block_k;
+        }
         p.amax = launch.opt_ptr(amax.as_ref());
         p.tensor_amax = launch.opt_ptr(tensor_amax.as_ref());
         // SAFETY: as the maximum pass for `src`; `dst` holds the format's data bytes and `scales`
         // its packed layout (`spec.desc`, the buffers' sizes: the caller's), `swizzled` l
-        // whole-tile entries, `sfa` l·(k/128)·m_pad f32 (rows ≤ m_pad); the maxima were written by
+        // whole-tile entries, `sfa` l·(k/128)·m_pad f32 (rows ≤ m_pad), `mx` its layout (checked
+        // above); the maxima were written by
         // the pass above where the span or NVFP4 needs them. The grid covers a row's lanes in x
         // and the batch in z; rows + y < 2^32 (`QuantSpec::new`).
         unsafe { launch.launch(&p) }?;

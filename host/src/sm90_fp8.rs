@@ -10,7 +10,7 @@ use cudarc::driver::{CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr}
 use crate::bsr::{BsrMatrix, DeviceBsr, FP8_BLOCK, SparseSide};
 use crate::buffers::{DeviceMatrix, DeviceOutput, Prepared, PreparedValue};
 use crate::error::{Error, Result, config, shape};
-use crate::family::{Family, Gemm};
+use crate::family::{Family, Gemm, Rewritten};
 use crate::format::{ElemType, OutType, ScaleType};
 use crate::fused::Fused;
 use crate::grouped::DeviceGroups;
@@ -597,10 +597,10 @@ impl Family for Sm90Fp8 {
         stream: &Arc<CudaStream>,
         matrix: &Source<'_>,
         prepared: &mut Prepared,
-        sfa_written: bool,
+        written: Rewritten,
     ) -> Result<bool> {
         if let Some(op) = prepared.get_mut::<Sm90Operand>() {
-            op.refresh(stream, matrix, sfa_written)?;
+            op.refresh(stream, matrix, written.sfa)?;
         }
         Ok(true)
     }

@@ -8,7 +8,7 @@ use cudarc::driver::{CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr}
 
 use crate::buffers::{DeviceMatrix, DeviceOutput, Prepared, PreparedValue};
 use crate::error::{Error, Result, config, shape};
-use crate::family::{Family, Gemm};
+use crate::family::{Family, Gemm, Rewritten};
 use crate::format::{ElemType, ScaleBlock, ScaleType};
 use crate::fused::Fused;
 use crate::grouped::DeviceGroups;
@@ -256,14 +256,30 @@ impl MxOperand {
     }
 
     /// Its scale copies made again from `m` (rewritten in place), in the same buffers.
-    fn refresh(&mut self, stream: &Arc<CudaStream>, m: &Source<'_>) -> Result<()> {
-        let scale = scale_format(m.desc()).expect("prepared, so supported");
-        m.gather_into(
-            stream,
-            kernel_scales_to(m.desc(), scale).0,
-            &mut self.scales,
-        )?;
+    /// The copies remade for `m`, rewritten in place; the scale layout only where the writer did
+    /// not write it (`scales_written`).
+    fn refresh(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        m: &Source<'_>,
+        scales_written: bool,
+    ) -> Result<()> {
+        if !scales_written {
+            let scale = scale_format(m.desc()).expect("prepared, so supported");
+            m.gather_into(
+                stream,
+                kernel_scales_to(m.desc(), scale).0,
+                &mut self.scales,
+            )?;
+        }
         m.row_tops_into(stream, self.rows_pad as usize, &mut self.row_tops)
+    }
+
+    /// The kernel-layout scale buffer of `prepared`'s operand and its `rows_pad`, for a writer
+    /// that rewrites it in place ([`Rewritten::mx_scales`]).
+    pub(crate) fn layout_scales_mut(prepared: &mut Prepared) -> Option<(&mut CudaSlice<u8>, u32)> {
+        let op = prepared.get_mut::<MxOperand>()?;
+        Some((&mut op.scales, op.rows_pad))
     }
 
     /// The scale bytes of `m` in the kernel layout, their `rows_pad` and each row's largest
@@ -311,10 +327,10 @@ impl Family for Sm90Mx {
         stream: &Arc<CudaStream>,
         matrix: &Source<'_>,
         prepared: &mut Prepared,
-        _sfa_written: bool,
+        written: Rewritten,
     ) -> Result<bool> {
         if let Some(op) = prepared.get_mut::<MxOperand>() {
-            op.refresh(stream, matrix)?;
+            op.refresh(stream, matrix, written.mx_scales)?;
         }
         Ok(true)
     }

@@ -8,7 +8,7 @@ use cudarc::driver::{CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr}
 
 use crate::buffers::{DeviceOutput, Prepared, PreparedValue};
 use crate::error::{Error, Result, config};
-use crate::family::{Family, Gemm};
+use crate::family::{Family, Gemm, Rewritten};
 use crate::format::{ElemType, ScaleBlock, ScaleType};
 use crate::grouped::DeviceGroups;
 use crate::launch::{Launch, persistent_ctas};
@@ -340,7 +340,7 @@ impl Family for Sm90W4 {
         stream: &Arc<CudaStream>,
         m: &Source<'_>,
         prepared: &mut Prepared,
-        _sfa_written: bool,
+        _written: Rewritten,
     ) -> Result<bool> {
         let Some(op) = prepared.get_mut::<W4Operand>() else {
             return Ok(true);

@@ -14,7 +14,8 @@
 //!   block (1 to 16) share its maximum by butterfly shuffles, every lane derives the same scale
 //!   and encodes its elements (8 bytes of FP8 or 4 of e2m1 per store and 8-element group), and
 //!   the block's first lane stores the scale: in the matrix's affine scale layout, and optionally
-//!   in the 128×4 swizzled layout and in the FP8 kernel's A-role layout `[l][k/128][m_pad]`. The
+//!   in the 128×4 swizzled layout, the MX kernel's layout `[l][⌈k/64⌉][rows_pad][64/block]` and
+//!   the FP8 kernel's A-role layout `[l][k/128][m_pad]`. The
 //!   grid's x covers a row's lanes, its z the batch, and rows go round its y: a thread's row,
 //!   block and column come from its indices with 32-bit arithmetic, once per thread (a flat index
 //!   split by 64-bit divisions cost more than the encoding). FP8 codes come from the hardware
@@ -129,6 +130,12 @@ pub struct QuantizeParams {
     pub block_k: u32,
     /// NVFP4: the tensor scale when given (> 0); 0: computed from `tensor_amax`.
     pub tensor_scale: f32,
+    /// 0, or one-byte scales also in the MX kernel's layout `[l][⌈k/64⌉][mx_rows_pad][mx_per]`
+    /// (1×16 or 1×32 blocks, `mx_per = 64 / block_k`): the copy that kernel reads, written here
+    /// instead of by a re-layout afterwards (whose zeros past the rows and K the buffer keeps).
+    pub mx: u64,
+    pub mx_rows_pad: u32,
+    pub mx_per: u32,
 }
 
 /// One quantizer kernel: the element type it writes, its scale type and the input type it reads
@@ -559,6 +566,11 @@ pub(crate) mod device {
                 0 => v % per_block == 0,
                 _ => v == 0,
             };
+        // The block's slot in the MX kernel's layout, but for the row: plane `kb / per`, entry
+        // `kb % per` (`per` 2 or 4).
+        let mx_per = p.mx_per.max(1);
+        let mx_plane =
+            (l as u64 * p.k.div_ceil(64) as u64 + (kb / mx_per) as u64) * p.mx_rows_pad as u64;
         let entry = l as u64 * p.rows as u64;
         let row_at = |r: u32| (entry + r as u64) * p.k as u64 + e0 as u64;
         let load = |r: u32| {
@@ -623,6 +635,10 @@ pub(crate) mod device {
                     }
                 } else {
                     global::store_u8_if(p.scales + si, sbits, first);
+                    if p.mx != 0 {
+                        let a = (mx_plane + r as u64) * mx_per as u64 + (kb % mx_per) as u64;
+                        global::store_u8_if(p.mx + a, sbits, first);
+                    }
                     if p.swizzled != 0 {
                         let a = l as u64 * p.swizzled_entry
                             + swizzled_128x4_index(r as usize, kb as usize, blocks as usize) as u64;
