@@ -4,7 +4,8 @@
 //! values (one source of the per-block rules: `blockscaled_kernels::format::quantize`).
 //!
 //! What runs: one launch per call, plus a maximum pass first when a scale spans more than one
-//! 1×k block (per row, per tensor) or NVFP4's tensor scale is computed; a computed NVFP4 tensor
+//! 1×k block (per tensor; per row only where a row's lanes do not fit one block of the per-row
+//! kernel) or NVFP4's tensor scale is computed; a computed NVFP4 tensor
 //! scale is read back (4 bytes, a wait on the stream), since the matrix's description holds it:
 //! pass [`QuantizeOptions::tensor_scale`] to keep the stream asynchronous.
 //!
@@ -107,6 +108,8 @@ pub(crate) struct Quantizers {
     sm_count: u32,
     amax: CudaFunction,
     kernels: Vec<(&'static QuantizeKernel, CudaFunction)>,
+    /// The per-row FP8 quantizers (a row in one block, no maximum pass).
+    rows: Vec<(&'static kq::RowKernel, CudaFunction)>,
 }
 
 /// What one quantization produced, before the GPU wraps it into a `DeviceMatrix`.
@@ -306,6 +309,10 @@ impl Quantizers {
                 .iter()
                 .map(|k| Ok((k, module.load_function(k.info.name)?)))
                 .collect::<Result<_>>()?,
+            rows: kq::ROW_KERNELS
+                .iter()
+                .map(|k| Ok((k, module.load_function(k.info.name)?)))
+                .collect::<Result<_>>()?,
         })
     }
 
@@ -354,7 +361,19 @@ impl Quantizers {
             })?;
         let layout = spec.desc.scale_layout;
         let nv = format.scale == ScaleType::UE4M3;
+        // A scale per row whose lanes fit one block: the per-row kernel, which reduces the row's
+        // maximum in the block and reads the input once (no maximum pass).
+        let row_lanes = k.div_ceil(kq::quantize_elems(t.input) as usize);
+        let row_kernel = match spec.span {
+            ScaleSpan::Row if row_lanes <= kq::ROW_THREADS_MAX as usize => self
+                .rows
+                .iter()
+                .find(|(d, _)| d.elem == format.elem && d.input == t.input)
+                .map(|(_, f)| f),
+            _ => None,
+        };
         let amax_slots = match spec.span {
+            ScaleSpan::Row if row_kernel.is_some() => 0,
             ScaleSpan::Row => l * rows,
             ScaleSpan::Entry => l,
             ScaleSpan::Block => 0,
@@ -411,17 +430,30 @@ impl Quantizers {
             unsafe { launch.launch(&q) }?;
         }
         let (per_block, blocks) = kq::lanes(&p);
-        // x: a row's lanes; y: rows (each block goes round them, y at most the grid's limit);
-        // z: the batch (≤ 65535, checked by `QuantSpec::new`).
-        let grid_x = (per_block * blocks).div_ceil(QUANTIZE_THREADS);
-        // About eight blocks per SM in all (two waves at the kernels' occupancy): each thread
-        // then goes round several rows, its next row's load in flight during this row's work.
-        let grid_y = (self.sm_count * 8)
-            .div_ceil(grid_x)
-            .clamp(1, rows.min(65535) as u32);
-        let mut launch = Launch::new(stream, func)
-            .grid(grid_x, grid_y, l as u32)
-            .block(QUANTIZE_THREADS, 1, 1);
+        let mut launch = if let Some(func) = row_kernel {
+            // One block of the row's lanes in whole warps (64 registers a thread: as many blocks
+            // an SM as the registers hold), the rows round y, a word of shared memory a warp.
+            let threads = (row_lanes as u32).div_ceil(32) * 32;
+            let per_sm = (65536 / (64 * threads)).clamp(1, 2048 / threads);
+            let grid_y = (self.sm_count * per_sm).clamp(1, rows.min(65535) as u32);
+            Launch::new(stream, func)
+                .grid(1, grid_y, l as u32)
+                .block(threads, 1, 1)
+                .shared_mem(128)
+        } else {
+            // x: a row's lanes; y: rows (each block goes round them, y at most the grid's
+            // limit); z: the batch (≤ 65535, checked by `QuantSpec::new`).
+            let grid_x = (per_block * blocks).div_ceil(QUANTIZE_THREADS);
+            // About eight blocks per SM in all (two waves at the kernels' occupancy): each
+            // thread then goes round several rows, its next rows' loads in flight during this
+            // row's work.
+            let grid_y = (self.sm_count * 8)
+                .div_ceil(grid_x)
+                .clamp(1, rows.min(65535) as u32);
+            Launch::new(stream, func)
+                .grid(grid_x, grid_y, l as u32)
+                .block(QUANTIZE_THREADS, 1, 1)
+        };
         p.src = launch.ptr(&t.buf);
         p.dst = launch.ptr_mut(bufs.data);
         p.scales = launch.ptr_mut(bufs.scales);

@@ -2,7 +2,7 @@
 //! scales of any input format of the GEMMs, bit-identical to the host's quantizers because both run
 //! the per-block rules of [`crate::format::quantize`].
 //!
-//! Two memory-bound SIMT kernels:
+//! Three memory-bound SIMT kernels:
 //! - [`AMAX_KERNEL`], only where a scale covers more than one 1×k block (a scale per row or per
 //!   tensor, and NVFP4's tensor scale): each block reduces one row and raises the row's, the batch
 //!   entry's or the tensor's maximum magnitude with `red.max` on its f32 bits (non-negative f32
@@ -23,6 +23,11 @@
 //!   quotients from each block's divisor prepared once (`Quotient`: an exact reciprocal for
 //!   e8m0, `format::quantize::Reciprocal` for fp32 scales, `Reciprocal64` for NVFP4: the
 //!   division's quotient without its cost).
+//!
+//! - the per-row quantizers ([`ROW_KERNELS`]), FP8 with one fp32 scale per row where a row's
+//!   lanes fit one block: the same code with the row's maximum reduced in the block (`redux`,
+//!   then a word per warp in shared memory), so the input is read once, without the maximum
+//!   pass.
 //!
 //! A row's lanes are padded to whole scale blocks (rows of K not a multiple of the block end in
 //! masked lanes), so the lanes of a block are always one aligned group of a warp.
@@ -55,6 +60,9 @@ pub const fn quantize_elems(input: InputType) -> u32 {
         InputType::Bf16 | InputType::F16 => 16,
     }
 }
+
+/// Threads a block of the per-row quantizers may have ([`ROW_KERNELS`]): a whole row's lanes.
+pub const ROW_THREADS_MAX: u32 = 1024;
 
 /// The element type of the input tensor (stable values, passed to the kernels).
 #[repr(u32)]
@@ -219,11 +227,69 @@ macro_rules! quantize_kernels {
                         { ScaleType::$scale as u32 },
                         { InputType::$input as u32 },
                         { quantize_elems(InputType::$input) as usize },
+                        false,
                     >(&p)
                 }
             }
         };
     };
+}
+
+/// One per-row quantizer: FP8 with one fp32 scale per row, a whole row in one block, its maximum
+/// reduced in shared memory (no maximum pass: the input is read once).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RowKernel {
+    pub elem: ElemType,
+    pub input: InputType,
+    pub info: KernelInfo,
+}
+
+macro_rules! row_kernels {
+    ($(($name:literal, $elem:ident, $input:ident)),*) => {
+        /// Every per-row quantizer (the registry's rows).
+        pub const ROW_KERNELS: &[RowKernel] = &[$(RowKernel {
+            elem: ElemType::$elem,
+            input: InputType::$input,
+            info: KernelInfo {
+                name: $name,
+                max_threads: Some(ROW_THREADS_MAX),
+                min_blocks_per_sm: 1,
+                targets: TARGETS,
+            },
+        }),*];
+        #[cfg(target_arch = "nvptx64")]
+        mod row_entries {
+            use super::{InputType, QuantizeParams, quantize_elems};
+            use crate::format::{ElemType, ScaleType};
+            $(const _: () = {
+                /// # Safety
+                /// As [`super::device::quantize`], one block per row's lanes.
+                #[unsafe(export_name = $name)]
+                unsafe extern "ptx-kernel" fn kernel(p: QuantizeParams) {
+                    // SAFETY: the launch's contract (`p.input` is this kernel's input type, the
+                    // span a row, the block a whole row's lanes).
+                    unsafe {
+                        super::device::quantize::<
+                            { ElemType::$elem as u32 },
+                            { ScaleType::F32 as u32 },
+                            { InputType::$input as u32 },
+                            { quantize_elems(InputType::$input) as usize },
+                            true,
+                        >(&p)
+                    }
+                }
+            };)*
+        }
+    };
+}
+
+row_kernels! {
+    ("quantize_rows_e4m3_from_f32", E4M3, F32),
+    ("quantize_rows_e4m3_from_bf16", E4M3, Bf16),
+    ("quantize_rows_e4m3_from_f16", E4M3, F16),
+    ("quantize_rows_e5m2_from_f32", E5M2, F32),
+    ("quantize_rows_e5m2_from_bf16", E5M2, Bf16),
+    ("quantize_rows_e5m2_from_f16", E5M2, F16)
 }
 
 quantize_kernels! {
@@ -278,7 +344,7 @@ pub(crate) mod device {
     };
     use crate::format::swizzle::swizzled_128x4_index;
     use crate::format::{ElemType, ScaleType, e2m1};
-    use crate::ptx::{convert, global, math, thread};
+    use crate::ptx::{convert, global, math, smem, thread};
 
     /// One lane's words of a row as loaded: two 16-byte loads (8 f32, or 16 bf16 / fp16 two to
     /// a word), decoded by [`decode`] when used: a load in flight holds 8 registers whatever the
@@ -468,6 +534,33 @@ pub(crate) mod device {
         }
     }
 
+    /// The largest `m` over the block's threads, in every thread: each warp's by `redux.sync`,
+    /// then the warps' through shared memory (a word each). Every thread of the block calls it
+    /// (two `bar.sync`: the second keeps the next call's stores behind this call's loads).
+    /// # Safety
+    /// The block has `lanes.div_ceil(32)` ≤ 32 warps and at least 128 bytes of dynamic shared
+    /// memory.
+    #[inline(always)]
+    unsafe fn block_max(m: u32, lanes: u32) -> u32 {
+        let (warp, lane) = (thread::thread_x() / 32, thread::thread_x() % 32);
+        let base = smem::dynamic_base();
+        let w = thread::warp_max_u32(m);
+        // SAFETY: slot `warp` < 32 of the block's shared words (the caller's contract).
+        unsafe {
+            if lane == 0 {
+                smem::store_u32(base + 4 * warp, w);
+            }
+            thread::sync_block();
+            let mine = if lane < lanes.div_ceil(32) {
+                smem::load_u32(base + 4 * lane)
+            } else {
+                0
+            };
+            thread::sync_block();
+            thread::warp_max_u32(mine)
+        }
+    }
+
     /// The codes of four elements of one block with divisor `d` ([`Quotient::new`]), packed from the low bits (8
     /// bits each, or 4 for e2m1): `format::quantize::quantize_element` of each, with the FP8
     /// encodings in hardware (`cvt.rn.satfinite.{e4m3,e5m2}x2.f32`, the rule of their software
@@ -500,8 +593,18 @@ pub(crate) mod device {
     /// needs them; a grid of [`QUANTIZE_THREADS`]-thread blocks, x: at least ⌈row lanes /
     /// [`QUANTIZE_THREADS`]⌉ ([`super::lanes`]), y: any (rows are strided by it; rows + y <
     /// 2^32), z: the batch.
+    ///
+    /// `ROWS` (the per-row quantizers): the span is a row, the grid's x one block of the row's
+    /// lanes rounded up to whole warps (at most [`super::ROW_THREADS_MAX`]), 128 bytes of
+    /// dynamic shared memory; the row maximum is reduced in the block, no maximum pass.
     #[inline(always)]
-    pub(crate) unsafe fn quantize<const E: u32, const S: u32, const I: u32, const N: usize>(
+    pub(crate) unsafe fn quantize<
+        const E: u32,
+        const S: u32,
+        const I: u32,
+        const N: usize,
+        const ROWS: bool,
+    >(
         p: &QuantizeParams,
     ) {
         let elem = match E {
@@ -537,7 +640,11 @@ pub(crate) mod device {
         // batch entry is z, rows go round y. Everything but the row is fixed for the thread, and
         // worked out here once (a remainder by the run-time lanes a block, left in the row's
         // code, cost 20 instructions a row).
-        let v = thread::block_x() * QUANTIZE_THREADS + thread::thread_x();
+        let v = if ROWS {
+            thread::thread_x()
+        } else {
+            thread::block_x() * QUANTIZE_THREADS + thread::thread_x()
+        };
         let l = thread::block_z();
         // (Whole warps stay in the loop: the shuffles need every lane.)
         if v - thread::thread_x() % 32 >= row_lanes {
@@ -587,6 +694,8 @@ pub(crate) mod device {
             let at = row_at(r);
             let m = match p.span {
                 0 => thread::group_max_u32(max_magnitude_bits(&x), per_block),
+                // SAFETY: the block's shared memory holds a word per warp (the launch's).
+                1 if ROWS => unsafe { block_max(max_magnitude_bits(&x), row_lanes) },
                 // SAFETY: written by the maximum pass for this span.
                 1 => unsafe { global::load_u32_nc(p.amax + 4 * (entry + r as u64)) },
                 _ => unsafe { global::load_u32_nc(p.amax + 4 * l as u64) },

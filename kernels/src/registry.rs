@@ -59,6 +59,7 @@ pub const KERNELS: &[KernelInfo] = &gather!(
     crate::sm90_half::KERNELS,
     crate::quantize::KERNELS,
     crate::quantize::AMAX,
+    crate::quantize::ROW_KERNELS,
     crate::prepare::KERNELS
 );
 
