@@ -188,9 +188,9 @@ macro_rules! quantize_kernels {
             use super::{InputType, QuantizeParams, quantize_elems};
             use crate::format::{ElemType, ScaleType};
             $(
-                quantize_kernels!(@entry concat!($name, "_from_f32"), $elem, $scale, F32);
-                quantize_kernels!(@entry concat!($name, "_from_bf16"), $elem, $scale, Bf16);
-                quantize_kernels!(@entry concat!($name, "_from_f16"), $elem, $scale, F16);
+                quantize_kernels!(@entry concat!($name, "_from_f32"), $elem, $scale, F32, false);
+                quantize_kernels!(@entry concat!($name, "_from_bf16"), $elem, $scale, Bf16, false);
+                quantize_kernels!(@entry concat!($name, "_from_f16"), $elem, $scale, F16, false);
             )*
             /// # Safety
             /// As [`super::device::amax`].
@@ -214,20 +214,22 @@ macro_rules! quantize_kernels {
             },
         }
     };
-    (@entry $name:expr, $elem:ident, $scale:ident, $input:ident) => {
+    // (`$rows`: a per-row kernel, `device::quantize`'s `ROWS`.)
+    (@entry $name:expr, $elem:ident, $scale:ident, $input:ident, $rows:literal) => {
         const _: () = {
             /// # Safety
             /// As [`super::device::quantize`].
             #[unsafe(export_name = $name)]
             unsafe extern "ptx-kernel" fn kernel(p: QuantizeParams) {
-                // SAFETY: the launch's contract (`p.input` is this kernel's input type).
+                // SAFETY: the launch's contract (`p.input` is this kernel's input type; for a
+                // per-row kernel the span a row and the block a whole row's lanes).
                 unsafe {
                     super::device::quantize::<
                         { ElemType::$elem as u32 },
                         { ScaleType::$scale as u32 },
                         { InputType::$input as u32 },
                         { quantize_elems(InputType::$input) as usize },
-                        false,
+                        $rows,
                     >(&p)
                 }
             }
@@ -261,24 +263,7 @@ macro_rules! row_kernels {
         mod row_entries {
             use super::{InputType, QuantizeParams, quantize_elems};
             use crate::format::{ElemType, ScaleType};
-            $(const _: () = {
-                /// # Safety
-                /// As [`super::device::quantize`], one block per row's lanes.
-                #[unsafe(export_name = $name)]
-                unsafe extern "ptx-kernel" fn kernel(p: QuantizeParams) {
-                    // SAFETY: the launch's contract (`p.input` is this kernel's input type, the
-                    // span a row, the block a whole row's lanes).
-                    unsafe {
-                        super::device::quantize::<
-                            { ElemType::$elem as u32 },
-                            { ScaleType::F32 as u32 },
-                            { InputType::$input as u32 },
-                            { quantize_elems(InputType::$input) as usize },
-                            true,
-                        >(&p)
-                    }
-                }
-            };)*
+            $(quantize_kernels!(@entry $name, $elem, F32, $input, true);)*
         }
     };
 }
