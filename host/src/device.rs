@@ -265,15 +265,7 @@ impl Gpu {
         };
         let mut spec = QuantSpec::new(dst.desc.format, (t.rows, t.k, t.batch), &opts)?;
         self.check_target(&spec, &dst.desc)?;
-        // The copies the quantizer rewrites itself: the FP8 kernel's A-role scales (FP8 1×128)
-        // or the MX kernel's scale layout (one-byte scales), where `dst` holds them.
-        let (sfa, mx) = if spec.fp8_a {
-            (a_role_scales(&mut dst.prepared, &spec), None)
-        } else if spec.span == ScaleSpan::Block && matches!(spec.block_k, 16 | 32) {
-            (None, MxOperand::layout_scales_mut(&mut dst.prepared))
-        } else {
-            (None, None)
-        };
+        let (sfa, mx) = quantizer_copies(&mut dst.prepared, &spec);
         let written = Rewritten {
             sfa: sfa.is_some(),
             mx_scales: mx.is_some(),
@@ -1050,6 +1042,26 @@ fn whole_blocks(n_out: usize, block: usize) -> Result<()> {
             "a quantized output's columns must be a multiple of its scale block ({block}), not \
              {n_out}: a block is quantized by the lanes that hold it"
         )))
+    }
+}
+
+/// The copies among a matrix's prepared data that the device quantizer rewrites itself, where
+/// `spec`'s format has one: the FP8 kernel's A-role scales (FP8 1×128, [`a_role_scales`]) or
+/// the MX kernel's scale layout and its `rows_pad` (one-byte scales per 1×16 or 1×32).
+#[allow(clippy::type_complexity)]
+fn quantizer_copies<'a>(
+    prepared: &'a mut Prepared,
+    spec: &QuantSpec,
+) -> (
+    Option<&'a mut CudaSlice<f32>>,
+    Option<(&'a mut CudaSlice<u8>, u32)>,
+) {
+    if spec.fp8_a {
+        (a_role_scales(prepared, spec), None)
+    } else if spec.span == ScaleSpan::Block && matches!(spec.block_k, 16 | 32) {
+        (None, MxOperand::layout_scales_mut(prepared))
+    } else {
+        (None, None)
     }
 }
 

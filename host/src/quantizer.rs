@@ -109,7 +109,7 @@ pub(crate) struct Quantizers {
     amax: CudaFunction,
     kernels: Vec<(&'static QuantizeKernel, CudaFunction)>,
     /// The per-row FP8 quantizers (a row in one block, no maximum pass).
-    rows: Vec<(&'static kq::RowKernel, CudaFunction)>,
+    rows: Vec<(&'static QuantizeKernel, CudaFunction)>,
 }
 
 /// What one quantization produced, before the GPU wraps it into a `DeviceMatrix`.
@@ -439,7 +439,7 @@ impl Quantizers {
             Launch::new(stream, func)
                 .grid(1, grid_y, l as u32)
                 .block(threads, 1, 1)
-                .shared_mem(128)
+                .shared_mem(kq::ROW_SHARED_BYTES)
         } else {
             // x: a row's lanes; y: rows (each block goes round them, y at most the grid's
             // limit); z: the batch (≤ 65535, checked by `QuantSpec::new`).

@@ -63,6 +63,8 @@ pub const fn quantize_elems(input: InputType) -> u32 {
 
 /// Threads a block of the per-row quantizers may have ([`ROW_KERNELS`]): a whole row's lanes.
 pub const ROW_THREADS_MAX: u32 = 1024;
+/// Dynamic shared memory of a per-row quantizer's block: a word per warp for the row maximum.
+pub const ROW_SHARED_BYTES: u32 = 4 * ROW_THREADS_MAX / 32;
 
 /// The element type of the input tensor (stable values, passed to the kernels).
 #[repr(u32)]
@@ -237,20 +239,14 @@ macro_rules! quantize_kernels {
     };
 }
 
-/// One per-row quantizer: FP8 with one fp32 scale per row, a whole row in one block, its maximum
-/// reduced in shared memory (no maximum pass: the input is read once).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct RowKernel {
-    pub elem: ElemType,
-    pub input: InputType,
-    pub info: KernelInfo,
-}
-
 macro_rules! row_kernels {
     ($(($name:literal, $elem:ident, $input:ident)),*) => {
-        /// Every per-row quantizer (the registry's rows).
-        pub const ROW_KERNELS: &[RowKernel] = &[$(RowKernel {
+        /// Every per-row quantizer (the registry's rows): FP8 with one fp32 scale per row, a whole
+        /// row in one block, its maximum reduced in shared memory (no maximum pass: the input is
+        /// read once).
+        pub const ROW_KERNELS: &[QuantizeKernel] = &[$(QuantizeKernel {
             elem: ElemType::$elem,
+            scale: ScaleType::F32,
             input: InputType::$input,
             info: KernelInfo {
                 name: $name,
@@ -523,8 +519,8 @@ pub(crate) mod device {
     /// then the warps' through shared memory (a word each). Every thread of the block calls it
     /// (two `bar.sync`: the second keeps the next call's stores behind this call's loads).
     /// # Safety
-    /// The block has `lanes.div_ceil(32)` ≤ 32 warps and at least 128 bytes of dynamic shared
-    /// memory.
+    /// The block has `lanes.div_ceil(32)` ≤ 32 warps and [`super::ROW_SHARED_BYTES`] of dynamic
+    /// shared memory.
     #[inline(always)]
     unsafe fn block_max(m: u32, lanes: u32) -> u32 {
         let (warp, lane) = (thread::thread_x() / 32, thread::thread_x() % 32);
@@ -580,8 +576,8 @@ pub(crate) mod device {
     /// 2^32), z: the batch.
     ///
     /// `ROWS` (the per-row quantizers): the span is a row, the grid's x one block of the row's
-    /// lanes rounded up to whole warps (at most [`super::ROW_THREADS_MAX`]), 128 bytes of
-    /// dynamic shared memory; the row maximum is reduced in the block, no maximum pass.
+    /// lanes rounded up to whole warps (at most [`super::ROW_THREADS_MAX`]),
+    /// [`super::ROW_SHARED_BYTES`] of dynamic shared memory; the row maximum is reduced in the block, no maximum pass.
     #[inline(always)]
     pub(crate) unsafe fn quantize<
         const E: u32,
