@@ -1018,6 +1018,7 @@ fn fused_needs(
     plan::FusedNeeds {
         block_cols: block * if paired { 2 } else { 1 },
         elems: (a.desc.format.elem, b.desc.format.elem),
+        in_registers: epi.in_registers(format.map(|f| (*f, block))),
     }
 }
 

@@ -16,7 +16,7 @@ use crate::matrix::GemmShape;
 use crate::quantizer::{DeviceTensor, QuantSpec};
 use blockscaled_kernels::gemm::layout::fused_staging;
 pub use blockscaled_kernels::params::Activation;
-use blockscaled_kernels::params::EpilogueParams;
+use blockscaled_kernels::params::{EpilogueParams, in_registers};
 use blockscaled_kernels::quantize::InputType;
 
 /// What a GEMM does to its product `t = A·Bᵀ` before storing it, in this order (each step one
@@ -57,6 +57,19 @@ impl Default for Epilogue<'_> {
 }
 
 impl<'a> Epilogue<'a> {
+    /// Whether the consumers can run this epilogue, with output quantized to `quant` (its format
+    /// and scale block; `None`: not quantized), in their own registers: the kernels' rule
+    /// ([`blockscaled_kernels::params::in_registers`]).
+    pub(crate) fn in_registers(&self, quant: Option<(OperandFormat, u32)>) -> bool {
+        let quant = quant.map(|(f, block)| (f.elem as u32, f.scale as u32, block));
+        in_registers(
+            self.c.is_some(),
+            self.residual.is_some(),
+            self.activation as u32,
+            quant,
+        )
+    }
+
     /// Nothing fused: the plain product.
     pub fn new() -> Self {
         Self::default()
@@ -241,6 +254,16 @@ pub(crate) struct Fused<'a> {
 }
 
 impl<'a> Fused<'a> {
+    /// Whether the consumers can run this epilogue in their own registers
+    /// ([`Epilogue::in_registers`]).
+    pub(crate) fn in_registers(&self) -> bool {
+        let quant = self
+            .quant
+            .as_ref()
+            .map(|q| (q.spec.desc.format, q.spec.block_k));
+        self.epi.in_registers(quant)
+    }
+
     /// The global scratch a fused epilogue stages its rows in for a kernel whose shared memory
     /// has no room for them (the MX kernel: `blockscaled_kernels::gemm::fuse`): `ctas` CTAs of
     /// `consumers` warpgroups, tiles of `block_n` columns; `None` without a fused epilogue.

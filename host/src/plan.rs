@@ -151,11 +151,13 @@ impl Plan {
 /// block in product columns (doubled by SwiGLU; 0: not quantized), which must lie in one warp's
 /// pass over a staged row (128 columns: see `blockscaled_kernels::gemm::fuse`) and divide the
 /// tile's columns, so that no block straddles two tiles; and a fused kernel for the operands'
-/// element types `elems` (A, B) on the plan's tile.
+/// element types `elems` (A, B) on the plan's tile: one with finishing warps, or, for an
+/// epilogue the consumers can run in their registers (`in_registers`), one that runs it there.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct FusedNeeds {
     pub block_cols: u32,
     pub elems: (ElemType, ElemType),
+    pub in_registers: bool,
 }
 
 impl Plan {
@@ -183,12 +185,15 @@ impl Plan {
         // The fused epilogue runs in kernels of its own (the plain ones carry none of its code):
         // is there one for this tile and these types (the families' kernel lists say)?
         let (ea, eb) = needs.elems;
+        let fp8 = |tile, (ea, eb)| {
+            sm90::kernel(tile, ea, eb, Mode::Fused).is_some()
+                || (needs.in_registers
+                    && sm90::kernel(tile, ea, eb, Mode::FusedInRegisters).is_some())
+        };
         let fused_kernel = match self {
-            Plan::Sm90Fp8(c) => sm90::kernel(c.tile, ea, eb, Mode::Fused).is_some(),
+            Plan::Sm90Fp8(c) => fp8(c.tile, (ea, eb)),
             // The fold's FP8 types.
-            Plan::Sm90MxFp8(c) => {
-                sm90::kernel(c.tile, fold_target(ea), fold_target(eb), Mode::Fused).is_some()
-            }
+            Plan::Sm90MxFp8(c) => fp8(c.tile, (fold_target(ea), fold_target(eb))),
             Plan::Sm90Half(c) => [HalfType::Bf16, HalfType::F16]
                 .into_iter()
                 .any(|ty| half::kernel(c.tile, ty, Mode::Fused).is_some()),
@@ -198,7 +203,8 @@ impl Plan {
         if !fused_kernel {
             return Err(config(format!(
                 "{self:?}: no fused-epilogue kernel for this tile and {} · {} (they are: FP8 \
-                 128 × 128 e4m3 · e4m3, the 16-bit 128 × 128 tile, the MX 256-column tile)",
+                 128 × 128 e4m3 · e4m3, and the 192-row tile for epilogues without β·C, \
+                 residual or SwiGLU; the 16-bit 128 × 128 tile; the MX 256-column tile)",
                 ea.name(),
                 eb.name()
             )));
@@ -961,6 +967,7 @@ mod tests {
         let needs = |block_cols| FusedNeeds {
             block_cols,
             elems: (e4m3, e4m3),
+            in_registers: false,
         };
         assert!(with(Tile::M128).check_fused(needs(0)).is_ok());
         assert!(Plan::Reference.check_fused(needs(0)).is_err());
@@ -971,20 +978,32 @@ mod tests {
         // FP8 1×128 output (128 columns) on a 128-column tile; with SwiGLU (256) refused.
         assert!(with(Tile::M128).check_fused(needs(128)).is_ok());
         assert!(with(Tile::M128).check_fused(needs(256)).is_err());
-        // Tiles and types without a fused kernel: refused whatever the output.
-        for t in [
-            Tile::M256,
-            Tile::M192,
-            Tile::M128N64,
-            Tile::M128N144,
-            Tile::M128N192,
-        ] {
+        // Tiles and types without a fused kernel: refused whatever the output. The 192-row tile
+        // runs the epilogues the consumers hold in registers, and only those.
+        let regs = |block_cols| FusedNeeds {
+            in_registers: true,
+            ..needs(block_cols)
+        };
+        assert!(with(Tile::M192).check_fused(needs(0)).is_err());
+        assert!(with(Tile::M192).check_fused(regs(0)).is_ok());
+        assert!(with(Tile::M192).check_fused(regs(128)).is_ok());
+        for t in [Tile::M256, Tile::M128N64, Tile::M128N144, Tile::M128N192] {
             assert!(with(t).check_fused(needs(0)).is_err(), "{t:?}");
+            assert!(with(t).check_fused(regs(0)).is_err(), "{t:?}");
         }
         let e5 = FusedNeeds {
             block_cols: 0,
             elems: (e4m3, e5m2),
+            in_registers: false,
         };
+        assert!(
+            with(Tile::M192)
+                .check_fused(FusedNeeds {
+                    in_registers: true,
+                    ..e5
+                })
+                .is_err()
+        );
         assert!(with(Tile::M128).check_fused(e5).is_err());
         // MXFP8 folds to FP8 of its own element types: e4m3 fuses there, e5m2 does not.
         let folded = Plan::Sm90MxFp8(big.with_tile(Tile::M128, &s));
@@ -997,6 +1016,7 @@ mod tests {
         let bf16 = FusedNeeds {
             block_cols: 0,
             elems: (ElemType::BF16, ElemType::BF16),
+            in_registers: true,
         };
         assert!(Plan::Sm90Half(half).check_fused(bf16).is_err());
         let half = Sm90HalfConfig {
@@ -1021,14 +1041,16 @@ mod tests {
             l: 1,
         };
         let desc = |r: Recipe, rows, b| MatrixDesc::of_recipe(r, rows, 2048, b);
-        let fused = |r: Recipe| {
+        let fused_with = |r: Recipe, in_registers| {
             let (a, b) = (desc(r, 4096, false), desc(r, 7168, true));
             let needs = FusedNeeds {
                 block_cols: 0,
                 elems: (a.format.elem, b.format.elem),
+                in_registers,
             };
             choose_fused(GpuArch::Hopper, h100, &s, (&a, &b), needs)
         };
+        let fused = |r: Recipe| fused_with(r, false);
         // DeepSeek FP8: the plain plan's tall tile moves to the fused 128 × 128 tile.
         let plain = choose_for(
             GpuArch::Hopper,
@@ -1042,11 +1064,17 @@ mod tests {
             plain
                 .check_fused(FusedNeeds {
                     block_cols: 0,
-                    elems: (ElemType::E4M3, ElemType::E4M3)
+                    elems: (ElemType::E4M3, ElemType::E4M3),
+                    in_registers: false,
                 })
                 .is_err()
         );
         assert!(matches!(fused(Recipe::DeepSeekFp8), Ok(Plan::Sm90Fp8(c)) if c.tile == Tile::M128));
+        // An epilogue the consumers hold in registers moves to the 128 × 128 tile too (the plain
+        // plan's 256-row tile has no such kernel).
+        assert!(
+            matches!(fused_with(Recipe::DeepSeekFp8, true), Ok(Plan::Sm90Fp8(c)) if c.tile == Tile::M128)
+        );
         // MXFP8 e4m3 stays folded onto FP8; e5m2 moves to the exact MX kernel's fused tile.
         assert!(matches!(
             fused(Recipe::Mxfp8(Fp8::E4M3)),

@@ -680,13 +680,7 @@ impl Sm90Fp8 {
             return Ok(None);
         }
         let mut kernels = Vec::new();
-        let lists = [
-            family::KERNELS,
-            family::GROUPED_KERNELS,
-            family::SPARSE_KERNELS,
-            family::FUSED_KERNELS,
-        ];
-        for def in lists.into_iter().flatten() {
+        for def in family::LISTS.into_iter().flatten() {
             let func = module.load_function(def.info.name)?;
             let resident = configure(&func, stream, sm_count, def)?;
             kernels.push(Kernel {
@@ -745,6 +739,15 @@ impl Sm90Fp8 {
                 ));
             }
             (true, false) => Mode::Grouped,
+            // The epilogues the consumers can run in their registers take that kernel where
+            // the tile has one (the dense kernel's layout and K loop); the others the kernel
+            // with finishing warps.
+            (false, true)
+                if epi.as_ref().is_some_and(Fused::in_registers)
+                    && family::kernel(cfg.tile, ea, eb, Mode::FusedInRegisters).is_some() =>
+            {
+                Mode::FusedInRegisters
+            }
             (false, true) => Mode::Fused,
             (false, false) => Mode::Dense,
         };
@@ -756,7 +759,7 @@ impl Sm90Fp8 {
             .ok_or_else(|| {
                 let what = match mode {
                     Mode::Grouped => "grouped ",
-                    Mode::Fused => "fused-epilogue ",
+                    Mode::Fused | Mode::FusedInRegisters => "fused-epilogue ",
                     _ => "",
                 };
                 config(format!(
@@ -765,7 +768,8 @@ impl Sm90Fp8 {
                     ea.name(),
                     eb.name(),
                     if mode == Mode::Fused {
-                        " (fused: e4m3 · e4m3 on the 128 × 128 tile)"
+                        " (fused: e4m3 · e4m3 on the 128 × 128 tile; without β·C, residual or \
+                         SwiGLU also the 192-row tile)"
                     } else {
                         ""
                     }
@@ -817,9 +821,11 @@ impl Sm90Fp8 {
         // With split-K the last CTA of each tile to finish adds the other K ranges' partial sums
         // (kept in the workspace) and stores C as without a split.
         let splitk = SplitK::params(&mut launch, slot.as_mut(), stream, &schedule, cl)?;
-        // Swapped tiles hold Cᵀ fragments: stored directly.
-        // Swapped tiles and fused epilogues store directly.
-        let tmap_c = if tile.is_swapped() || epi.is_some() {
+        // Swapped tiles hold Cᵀ fragments: stored directly; so do the finishing warps of a fused
+        // epilogue, and a quantized output is codes (the consumers' 16-bit stores of a fused
+        // epilogue in registers go through the map, as the dense kernel's).
+        let quantized = epi.as_ref().is_some_and(|f| f.quant.is_some());
+        let tmap_c = if tile.is_swapped() || mode == Mode::Fused || quantized {
             0
         } else {
             launch.opt_ptr(

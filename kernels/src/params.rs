@@ -371,4 +371,42 @@ impl EpilogueParams {
     pub const fn paired(&self) -> bool {
         self.activation == Activation::SwiGlu as u32
     }
+
+    /// Whether the consumers run this epilogue in their own registers, in the kernels without
+    /// finishing warps (`gemm::fuse::apply`): [`in_registers`] of its steps.
+    #[inline(always)]
+    pub const fn in_registers(&self) -> bool {
+        let quant = if self.quantized() {
+            Some((self.q_elem, self.q_scale, self.q_block))
+        } else {
+            None
+        };
+        in_registers(self.c != 0, self.residual != 0, self.activation, quant)
+    }
+}
+
+/// Whether an epilogue with these steps runs in the consumers' own registers, on each thread's
+/// fragment (`gemm::fuse::apply`), then stored as the plain kernels store or as FP8 1×128: no
+/// β·C, no residual, no SwiGLU (its column pairs halve the output, which then leaves a 1×128
+/// block across two tiles), and any unquantized output or FP8 with fp32 scales per 128 columns
+/// (`quant`: [`ElemType`](crate::format::ElemType), [`ScaleType`](crate::format::ScaleType) as
+/// u32 and the block; a 128-column tile then holds one block per row, in four lanes). The host
+/// chooses the kernel by it; one rule for both.
+pub const fn in_registers(
+    c: bool,
+    residual: bool,
+    activation: u32,
+    quant: Option<(u32, u32, u32)>,
+) -> bool {
+    let fp8 = crate::format::ElemType::E4M3 as u32;
+    let fp8_wide = crate::format::ElemType::E5M2 as u32;
+    let quant_ok = match quant {
+        None => true,
+        Some((elem, scale, block)) => {
+            (elem == fp8 || elem == fp8_wide)
+                && scale == crate::format::ScaleType::F32 as u32
+                && block == 128
+        }
+    };
+    !c && !residual && activation != Activation::SwiGlu as u32 && quant_ok
 }

@@ -56,6 +56,7 @@ pub const KERNELS: &[KernelInfo] = &gather!(
     crate::sm90::GROUPED_KERNELS,
     crate::sm90::SPARSE_KERNELS,
     crate::sm90::FUSED_KERNELS,
+    crate::sm90::FUSED_IN_REGISTERS_KERNELS,
     crate::sm90_half::KERNELS,
     crate::quantize::KERNELS,
     crate::quantize::AMAX,

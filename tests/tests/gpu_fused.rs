@@ -314,10 +314,12 @@ fn quantized_output_is_the_quantizer_of_the_fused_f32_output() {
 
 /// Every configuration a fused kernel runs in: the FP8 128 × 128 tile alone, in pairs along M
 /// and along N, and with K split in two and three ranges (the fused epilogue runs after the
-/// ranges meet); the 16-bit 128 × 128 tile (bf16 and fp16); MXFP8 folded onto the FP8 fused tile
-/// (the MX 256-column fused tile runs in the tests above, at M < 256). Each against
-/// the host's steps on the plain product of the same plan, bit for bit (α, a per-batch f32
-/// bias, ReLU, a residual: single roundings), on a ragged shape.
+/// ranges meet), and the FP8 192-row tile alone and in pairs; the 16-bit 128 × 128 tile (bf16
+/// and fp16); MXFP8 folded onto the FP8 fused tile (the MX 256-column fused tile runs in the
+/// tests above, at M < 256). Each against the host's steps on the plain product of the same
+/// plan, bit for bit (α, a per-batch f32 bias, ReLU, with and without a residual — the finishing
+/// warps, and the consumers' registers —, bf16 and f32 output: single roundings), on a ragged
+/// shape; on the FP8 plans also FP8 1×128 output against the quantizer of the f32 output.
 #[test]
 #[ignore = "needs a CUDA device"]
 fn every_fused_configuration_matches_the_host_steps_bit_for_bit() {
@@ -345,11 +347,11 @@ fn every_fused_configuration_matches_the_host_steps_bit_for_bit() {
         let (da, db) = (gpu.upload(&a).unwrap(), gpu.upload(&b).unwrap());
         let bias = held(&gpu, seed + 1, InputType::F32, (1, n, l));
         let res = held(&gpu, seed + 2, InputType::Bf16, (m, n, l));
-        let epi = Epilogue::new()
+        let in_regs = Epilogue::new()
             .alpha(1.25)
             .bias(&bias.t)
-            .activation(Activation::Relu)
-            .residual(&res.t);
+            .activation(Activation::Relu);
+        let epi = in_regs.residual(&res.t);
         let base = gpu.fused_plan(&da, &db, &epi, None).unwrap();
         let mut plans = vec![base];
         if let Plan::Sm90Fp8(c) = base {
@@ -367,29 +369,87 @@ fn every_fused_configuration_matches_the_host_steps_bit_for_bit() {
                     ..c
                 }));
             }
+            // The 192-row tile runs the epilogues without a residual (in registers), alone
+            // and in pairs along N.
+            for cluster in [ClusterShape::ONE, ClusterShape { m: 1, n: 2 }] {
+                plans.push(Plan::Sm90Fp8(blockscaled::Sm90Config {
+                    tile: Sm90Tile::M192,
+                    cluster,
+                    group_m: 1,
+                    ..c
+                }));
+            }
         }
         for plan in plans {
             let mut p = gpu.output(m, n, l, OutType::F32).unwrap();
             gpu.gemm_with(&da, &db, &mut p, plan).unwrap();
             let t = p.to_host().unwrap().values;
-            let mut out = gpu.output(m, n, l, OutType::Bf16).unwrap(); // NaN-poisoned
-            gpu.gemm_fused_with(&da, &db, &epi, &mut out, plan)
-                .unwrap_or_else(|e| panic!("{name} on {plan:?}: {e}"));
-            let got = out.to_host().unwrap().values;
-            for ll in 0..l {
-                for r in 0..m {
-                    for j in 0..n {
-                        let i = (ll * m + r) * n + j;
-                        let x = 1.25f32 * t[i] + bias.v[ll * n + j];
-                        let y = if x < 0.0 { 0.0 } else { x } + res.v[i];
-                        let want = half::bf16::from_f32(y).to_f32();
-                        assert!(
-                            got[i].to_bits() == want.to_bits(),
-                            "{name} on {plan:?}: ({ll}, {r}, {j}) = {}, host {want}",
-                            got[i]
-                        );
+            // With the residual (the finishing warps), and without it (the FP8 family runs that
+            // in the consumers' registers); bf16 output through the TMA stores, f32 directly.
+            for (e, with_r, dtype) in [
+                (&epi, true, OutType::Bf16),
+                (&in_regs, false, OutType::Bf16),
+                (&in_regs, false, OutType::F32),
+            ] {
+                if with_r && matches!(plan, Plan::Sm90Fp8(c) if c.tile == Sm90Tile::M192) {
+                    // (A typed error: no kernel with finishing warps for that tile.)
+                    let mut out = gpu.output(m, n, l, dtype).unwrap();
+                    assert!(gpu.gemm_fused_with(&da, &db, e, &mut out, plan).is_err());
+                    continue;
+                }
+                let mut out = gpu.output(m, n, l, dtype).unwrap(); // NaN-poisoned
+                gpu.gemm_fused_with(&da, &db, e, &mut out, plan)
+                    .unwrap_or_else(|e| panic!("{name} on {plan:?}: {e}"));
+                let got = out.to_host().unwrap().values;
+                for ll in 0..l {
+                    for r in 0..m {
+                        for j in 0..n {
+                            let i = (ll * m + r) * n + j;
+                            let x = 1.25f32 * t[i] + bias.v[ll * n + j];
+                            let mut y = if x < 0.0 { 0.0 } else { x };
+                            if with_r {
+                                y += res.v[i];
+                            }
+                            let want = round_to(dtype, y);
+                            assert!(
+                                got[i].to_bits() == want.to_bits(),
+                                "{name} residual {with_r} {dtype:?} on {plan:?}: ({ll}, {r}, \
+                                 {j}) = {}, host {want}",
+                                got[i]
+                            );
+                        }
                     }
                 }
+            }
+            // FP8 1×128 output (N a whole number of blocks: the first 384 columns' product) in
+            // each configuration: the quantizer of the same epilogue's f32 output.
+            if matches!(plan, Plan::Sm90Fp8(_)) && n >= 384 {
+                let (da2, db2) = {
+                    let (a2, b2) = random_pair(seed + 5, (m, 384, k, l), fa, fb);
+                    (gpu.upload(&a2).unwrap(), gpu.upload(&b2).unwrap())
+                };
+                let bias2 = held(&gpu, seed + 6, InputType::Bf16, (1, 384, 1));
+                let e = Epilogue::new()
+                    .alpha(0.5)
+                    .bias(&bias2.t)
+                    .activation(Activation::Silu);
+                let format = Recipe::DeepSeekFp8.a();
+                let opts = QuantizeOptions::default();
+                let mut f = gpu.output(m, 384, l, OutType::F32).unwrap();
+                gpu.gemm_fused_with(&da2, &db2, &e, &mut f, plan)
+                    .unwrap_or_else(|e| panic!("{name} fp8 on {plan:?}: {e}"));
+                let want = gpu
+                    .quantize_with(&gpu.output_as_tensor(f).unwrap(), format, &opts)
+                    .unwrap();
+                let got = gpu
+                    .gemm_quantized_with(&da2, &db2, &e, format, &opts, plan)
+                    .unwrap_or_else(|e| panic!("{name} fp8 on {plan:?}: {e}"));
+                let (g, w) = (got.to_host().unwrap(), want.matrix.to_host().unwrap());
+                assert!(g.data() == w.data(), "{name} fp8 on {plan:?}: codes differ");
+                assert!(
+                    g.scales() == w.scales(),
+                    "{name} fp8 on {plan:?}: scales differ"
+                );
             }
         }
     }

@@ -405,31 +405,44 @@ pub fn store_transposed_tile<const WAVES: usize, F: Fragment>(
 #[derive(Clone, Copy)]
 pub struct TileStore<'a> {
     pub out: Output,
-    /// The fused epilogue and the kernel's hand-over to its finishing warps: the unit is staged
-    /// for them ([`fuse::stage_unit`]) instead of stored. `Some` only in a family's fused kernels
-    /// (a constant of the kernel, so the plain kernels carry none of its code: in the same
-    /// kernel, its registers made ptxas spill in the FP8 K loop, docs/PERF.md v42). The host
-    /// launches a fused kernel only with an active epilogue and never with Cᵀ tiles.
-    pub epi: Option<(&'a EpilogueParams, Handoff)>,
+    /// The fused epilogue and where it runs: `Some` only in a family's fused kernels (a constant
+    /// of the kernel, so the plain kernels carry none of its code: in the same kernel, its
+    /// registers made ptxas spill in the FP8 K loop, docs/PERF.md v42). The host launches a
+    /// fused kernel only with an active epilogue and never with Cᵀ tiles.
+    pub epi: Option<(&'a EpilogueParams, Finish)>,
     pub staging: Staging,
     pub transposed: bool,
     pub block_m: u32,
     pub wave_m: u32,
 }
 
+/// Where a fused kernel's epilogue runs.
+#[derive(Clone, Copy)]
+pub enum Finish {
+    /// In the kernel's finishing warps: the unit is staged for them ([`fuse::stage_unit`]) and
+    /// handed over.
+    Staged(Handoff),
+    /// In the consumers' registers ([`fuse::apply`]; epilogues that
+    /// [`EpilogueParams::in_registers`] takes), then stored as the plain kernels store, or as FP8
+    /// 1×128 codes ([`fuse::quantize_fragment`]) through the output staging.
+    InRegisters,
+}
+
 impl<'a> TileStore<'a> {
     /// [`TileStore::epi`] of a family's kernel: in its fused kernels (`fused`, a constant of the
-    /// kernel) the epilogue `epi` with the hand-over at `layout`'s place; none in the plain ones.
+    /// kernel) the epilogue `epi`, finished by the finishing warps through the hand-over at
+    /// `layout`'s place where the kernel has them (`finishers`, a constant too), else in the
+    /// consumers' registers; none in the plain kernels.
     #[inline(always)]
     pub fn fused_epi(
-        fused: bool,
+        (fused, finishers): (bool, bool),
         epi: &'a EpilogueParams,
         layout: &StageLayout,
-    ) -> Option<(&'a EpilogueParams, Handoff)> {
-        if fused {
-            Some((epi, Handoff::new(layout.handoff())))
-        } else {
-            None
+    ) -> Option<(&'a EpilogueParams, Finish)> {
+        match (fused, finishers) {
+            (false, _) => None,
+            (true, true) => Some((epi, Finish::Staged(Handoff::new(layout.handoff())))),
+            (true, false) => Some((epi, Finish::InRegisters)),
         }
     }
 }
@@ -455,13 +468,18 @@ pub unsafe fn finish_unit<const WAVES: usize, F: Fragment>(
 ) {
     // SAFETY: the caller's contract.
     let meet = unsafe { splitk::meet(sk, sched, cluster, own, (c, consumers, local), acc) };
-    if let Some((epi, handoff)) = dst.epi {
+    if let Some((epi, Finish::Staged(handoff))) = dst.epi {
         // SAFETY: the caller's contract (the hand-over is between this unit's acquire and
         // commit).
         unsafe { fuse::stage_unit(epi, dst.staging, handoff, (c, local), acc, meet) };
         return;
     }
     let Some(out_l) = meet else { return };
+    if let Some((epi, Finish::InRegisters)) = dst.epi {
+        // SAFETY: the caller's contract.
+        unsafe { finish_in_registers(epi, dst, own, (c, local), acc, out_l) };
+        return;
+    }
     if dst.transposed {
         // The tile's rows are columns of C.
         let out = Output {
@@ -478,6 +496,61 @@ pub unsafe fn finish_unit<const WAVES: usize, F: Fragment>(
     let at = (own.first_row(own.m, dst.block_m), own.n * F::N, out_l);
     // SAFETY: the caller's contract.
     unsafe { store(&dst.out, dst.staging, c, local, acc, at, dst.wave_m) };
+}
+
+/// [`finish_unit`]'s fused epilogue in the consumers' registers ([`Finish::InRegisters`]): each
+/// wave's fragment through [`fuse::apply`], then stored as the plain kernels store ([`store`]),
+/// or as FP8 1×128 codes through each warp's part of the output staging
+/// ([`fuse::quantize_fragment`]).
+/// # Safety
+/// As [`store`] for `dst`; `epi` is an epilogue [`EpilogueParams::in_registers`] takes, its
+/// buffers of the output's shape; the staging holds [`fuse::CODE_WARP_BYTES`] per warp of every
+/// wave and consumer; tiles of 128 columns for a quantized output.
+#[inline(always)]
+unsafe fn finish_in_registers<const WAVES: usize, F: Fragment>(
+    epi: &EpilogueParams,
+    dst: &TileStore,
+    own: &WorkUnit,
+    (c, local): (u32, u32),
+    acc: &mut [F; WAVES],
+    l: u32,
+) {
+    let (m0, n0) = (own.first_row(own.m, dst.block_m), own.n * F::N);
+    let lane = local % 32;
+    for acc in acc.iter_mut() {
+        // SAFETY: the caller's contract (the bias).
+        unsafe { fuse::apply(epi, (l, n0, dst.out.n), lane % 4, acc) };
+    }
+    if !epi.quantized() {
+        // SAFETY: the caller's contract.
+        unsafe {
+            store(
+                &dst.out,
+                dst.staging,
+                c,
+                local,
+                acc,
+                (m0, n0, l),
+                dst.wave_m,
+            )
+        };
+        return;
+    }
+    if F::N != 128 {
+        // (No kernel of other widths runs a quantized output in registers: the host launches
+        // these kernels on 128-column tiles only. The test keeps the code out of the others.)
+        return;
+    }
+    let warp = local / 32;
+    for (w, acc) in acc.iter().enumerate() {
+        let slot = (w as u32 * dst.staging.consumers + c) * 4 + warp;
+        // (Made for each tile: a staging address computed before the persistent loop is kept,
+        // and spilled, across the K loop.)
+        let stage = smem::opaque(dst.staging.base + slot * fuse::CODE_WARP_BYTES);
+        let row0 = m0 + w as u32 * dst.wave_m + c * FRAGMENT_ROWS + 16 * warp;
+        // SAFETY: the caller's contract; the warp's staging is its own.
+        unsafe { fuse::quantize_fragment(epi, &dst.out, stage, (l, row0, n0), lane, acc) };
+    }
 }
 
 /// Writes one thread's fragment of a transposed product (the MMA computed Cᵀ: its rows are

@@ -5,7 +5,15 @@
 //! kernels carry none of this code), the steps chosen by data in the parameters, not a kernel per
 //! combination.
 //!
-//! The steps run on rows, not on fragments, and not in the consumers: each consumer warp writes
+//! Two places run the steps, chosen by the kernel (the host picks it by the epilogue,
+//! [`EpilogueParams::in_registers`]):
+//! - *In the consumers' registers* ([`apply`], then the plain kernels' stores or
+//!   [`quantize_fragment`]): the epilogues without β·C, residual or SwiGLU, to any unquantized
+//!   output or FP8 1×128. The kernels are the dense FP8 kernel with the steps applied to each
+//!   fragment before its store (the dense layout and K loop, no finishing warps); the steps are
+//!   in series with the MMAs, a few instructions a value (docs/PERF.md v48).
+//! - *In finishing warps*, every other epilogue (and every epilogue of the 16-bit and MX
+//!   families), on rows, not on fragments: each consumer warp writes
 //! its whole fragment (16 rows) as f32 into its staging rows ([`stage_unit`]) and goes on to the
 //! next unit's MMAs, while the kernel's finishing warps (the driver's
 //! [`FINISHERS`](super::driver::GemmKernel::FINISHERS), handed the unit through
@@ -28,9 +36,10 @@
 //! (`format::quantize`), so quantized output equals the device quantizer applied to the same
 //! epilogue's f32 output.
 
-use super::epilogue::{Output, Staging, TileStore};
+use super::epilogue::{Finish, Output, Staging, TileStore};
 use super::layout::{
-    FRAGMENT_ROWS, fused_chunk_offset, fused_lane_offset, fused_pair_offset, fused_warp_bytes,
+    FRAGMENT_ROWS, FUSED_WARP_ROWS, fused_chunk_offset, fused_lane_offset, fused_pair_offset,
+    fused_warp_bytes,
 };
 use super::pipeline::Handoff;
 use super::scheduler::WorkUnit;
@@ -468,9 +477,210 @@ pub unsafe fn stage_unit<const WAVES: usize, F: Fragment>(
     unsafe { stage::<F>(s, lane, &acc[0]) };
 }
 
+/// The fused epilogue in the consumers' own registers ([`EpilogueParams::in_registers`], the
+/// kernels without finishing warps): α, the bias and the activation on one thread's fragment
+/// `acc` in place (batch entry `l`, the tile's first column `n0`, row length `n`, the lane's
+/// pair `q = lane % 4` in each 8-column group), the steps and order of [`finish4`] (so the same
+/// values), with the activation a constant of each copy (a branch per element, or per group of
+/// four, kept the groups' chains apart, and the consumers — two warps a scheduler — waited on
+/// each). The caller then stores the fragment as the plain kernels do, or [`quantize_fragment`].
+/// # Safety
+/// `e.bias`, where set, holds one row of N bf16 or f32 (or L of them).
+#[inline(always)]
+pub unsafe fn apply<F: Fragment>(e: &EpilogueParams, at: (u32, u32, u32), q: u32, acc: &mut F) {
+    const RELU: u32 = Activation::Relu as u32;
+    const ERF: u32 = Activation::GeluErf as u32;
+    const TANH: u32 = Activation::GeluTanh as u32;
+    const SILU: u32 = Activation::Silu as u32;
+    const NONE: u32 = Activation::None as u32;
+    let v = acc.as_mut();
+    // SAFETY: the caller's contract.
+    unsafe {
+        match e.activation {
+            RELU => apply_as::<RELU, F>(e, at, q, v),
+            ERF => apply_as::<ERF, F>(e, at, q, v),
+            TANH => apply_as::<TANH, F>(e, at, q, v),
+            SILU => apply_as::<SILU, F>(e, at, q, v),
+            _ => apply_as::<NONE, F>(e, at, q, v),
+        }
+    }
+}
+
+/// [`apply`] with activation `ACT`: the lane's bias values loaded first (without a bias, −0,
+/// which adds to every value without changing it, −0 and NaN included), then the steps on every
+/// value with no branch between them.
+/// # Safety
+/// As [`apply`].
+#[inline(always)]
+unsafe fn apply_as<const ACT: u32, F: Fragment>(
+    e: &EpilogueParams,
+    (l, n0, n): (u32, u32, u32),
+    q: u32,
+    v: &mut [f32],
+) {
+    // The bias of the lane's column pair in each 8-column group (16 groups at most: the
+    // in-register kernels' fragments are 128 columns wide).
+    let mut bias = [[-0.0f32; 2]; 16];
+    if e.bias != 0 {
+        // SAFETY: the caller's contract.
+        unsafe { load_bias::<F>(e, (l, n0, n), q, &mut bias) };
+    }
+    // Value `4g + k`: row `lane / 4 + 8·(k / 2)`, column `8g + 2·(lane % 4) + k % 2`.
+    for g in 0..(F::N / 8).min(16) as usize {
+        for k in 0..4 {
+            let t = math::add_rn(math::mul_rn(e.alpha, v[4 * g + k]), bias[g][k % 2]);
+            v[4 * g + k] = activate(ACT, t);
+        }
+    }
+}
+
+/// The bias (bf16 or f32, one row of N or L of them) of the lane's columns `n0 + 8g + 2q` and
+/// `+ 1` into `bias[g]`: one load per pair where N is even (the pair is then aligned and inside
+/// the row; a pair past N reads the row's last pair, whose values are not stored), else one per
+/// element, clamped to the row's last.
+/// # Safety
+/// As [`apply`], with a bias.
+#[inline(always)]
+unsafe fn load_bias<F: Fragment>(
+    e: &EpilogueParams,
+    (l, n0, n): (u32, u32, u32),
+    q: u32,
+    bias: &mut [[f32; 2]; 16],
+) {
+    let row_at = if e.bias_batch != 0 {
+        l as u64 * n as u64
+    } else {
+        0
+    };
+    let (wide, pairs, last) = (e.bias_type == OutType::F32 as u32, n % 2 == 0, n.max(1) - 1);
+    let bf16 = |h: u32| f32::from_bits(h << 16);
+    let cols = |g: usize| n0 + 8 * g as u32 + 2 * q;
+    let groups = (F::N / 8).min(16) as usize;
+    // (Index loops: unrolled, so the array stays in registers.)
+    // SAFETY (every load): the caller's contract; each index is inside the row; a pair load only
+    // where its first index is even (N even), so aligned to the pair. (One loop per case: the
+    // loads of a loop issue together.)
+    #[allow(clippy::needless_range_loop)]
+    unsafe {
+        match (wide, pairs) {
+            (true, true) => {
+                for g in 0..groups {
+                    let at = row_at + cols(g).min(last - 1) as u64;
+                    bias[g] = global::load_u32x2_nc(e.bias + 4 * at).map(f32::from_bits);
+                }
+            }
+            (false, true) => {
+                for g in 0..groups {
+                    let at = row_at + cols(g).min(last - 1) as u64;
+                    let w = global::load_u32_nc(e.bias + 2 * at);
+                    bias[g] = [bf16(w & 0xFFFF), bf16(w >> 16)];
+                }
+            }
+            (true, false) => {
+                for g in 0..groups {
+                    let at = |k: u32| row_at + (cols(g) + k).min(last) as u64;
+                    bias[g] = [0, 1].map(|k| global::load_f32_nc(e.bias + 4 * at(k)));
+                }
+            }
+            (false, false) => {
+                for g in 0..groups {
+                    let at = |k: u32| row_at + (cols(g) + k).min(last) as u64;
+                    bias[g] = [0, 1].map(|k| bf16(global::load_u16_nc(e.bias + 2 * at(k)) as u32));
+                }
+            }
+        }
+    }
+}
+
+/// Bytes of one warp's rows of FP8 codes in [`quantize_fragment`]'s staging: 16 rows of 128.
+pub const CODE_WARP_BYTES: u32 = FUSED_WARP_ROWS * 128;
+
+/// The FP8 1×128 output of one warp's 16 rows of a 128-column fragment `acc` (after [`apply`];
+/// rows from `row0`, columns from `n0`, batch entry `l`), in registers: each row's block maximum
+/// over its four lanes (two shuffles), its scale and quotient by the host's rule (the row's first
+/// lane stores the scale, and the A-role copy), the codes written into the warp's 2 KiB at
+/// `stage` (16 rows of 128 bytes, 16-byte chunk `j` of row `r` at `j ^ (r % 8)`: the fragment's
+/// writes and the row reads use every bank) and copied out a row's eight chunks to eight lanes
+/// (coalesced). Rows at or past `out.rows()`, and tiles past N, are not written.
+/// # Safety
+/// `stage` is this warp's [`CODE_WARP_BYTES`] of shared memory (16-byte aligned), used by no
+/// other warp; the output is FP8 with fp32 scales per 128 columns (N a multiple of 128), its
+/// buffers live and of `out`'s shape; `F::N` is 128; every lane of the warp calls this with the
+/// same tile.
+#[inline(always)]
+pub unsafe fn quantize_fragment<F: Fragment>(
+    e: &EpilogueParams,
+    out: &Output,
+    stage: u32,
+    (l, row0, n0): (u32, u32, u32),
+    lane: u32,
+    acc: &F,
+) {
+    let (v, q, n, rows) = (acc.as_ref(), lane % 4, out.n, out.rows());
+    let elem = if quant_types(e).0 == ElemType::E5M2 {
+        ElemType::E5M2
+    } else {
+        ElemType::E4M3
+    };
+    // Each row's largest magnitude bits over the lane's 32 values (the map to NaN / Inf once,
+    // after the maximum over the row's four lanes: it is monotone, so it commutes with it).
+    let mut m = [0u32; 2];
+    for i in 0..(F::N / 2) as usize {
+        let h = (i / 2) % 2;
+        m[h] = m[h].max(v[i].to_bits() & 0x7FFF_FFFF);
+    }
+    let kb = n0 / 128;
+    let quot = [0, 1].map(|h: usize| {
+        let mh = thread::group_max_u32(magnitude_bits(f32::from_bits(m[h])), 4);
+        let (sbits, d) = block_scale_of_bits(ScaleType::F32, elem, mh, 1.0);
+        let row = row0 + lane / 4 + 8 * h as u32;
+        let first = q == 0 && row < rows && n0 < n;
+        let si = l as u64 * e.q_stride_l + row as u64 * e.q_stride_r + kb as u64 * e.q_stride_k;
+        // SAFETY: the scales hold the L·M·(N / 128) output's (the caller's); `first` says the
+        // row is inside it.
+        unsafe {
+            global::store_u32_if(e.q_scales + 4 * si, sbits, first);
+            if e.q_sfa != 0 {
+                let a = (l as u64 * (n / 128) as u64 + kb as u64) * e.q_m_pad as u64 + row as u64;
+                global::store_u32_if(e.q_sfa + 4 * a, sbits, first);
+            }
+        }
+        Quotient::new(ScaleType::F32, d)
+    });
+    // The lane's rows are `lane / 4` and `+ 8`: the same swizzle term, `lane / 4`.
+    let (mine, xor) = (stage + (lane / 4) * 128, lane / 4);
+    // The previous tile's copy has read the staging.
+    thread::sync_warp();
+    for g in (0..(F::N / 8) as usize).step_by(2) {
+        for h in 0..2 {
+            // Groups g and g + 1 of the row: chunk g / 2, bytes 2q and 8 + 2q.
+            let (i, j) = (4 * g + 2 * h, 4 * (g + 1) + 2 * h);
+            let w = encode4(elem, [v[i], v[i + 1], v[j], v[j + 1]], quot[h]);
+            let a = mine + 8 * h as u32 * 128 + 16 * ((g as u32 / 2) ^ xor) + 2 * q;
+            // SAFETY: inside this warp's staging (row < 16, chunk < 8).
+            unsafe {
+                smem::store_u16(a, w as u16);
+                smem::store_u16(a + 8, (w >> 16) as u16);
+            }
+        }
+    }
+    thread::sync_warp();
+    for t in 0..FUSED_WARP_ROWS / 4 {
+        let (r, j) = (lane / 8 + 4 * t, lane % 8);
+        // SAFETY: inside this warp's staging, written before the `sync_warp` above.
+        let w = unsafe { smem::load_u32x4(stage + r * 128 + 16 * (j ^ (r % 8))) };
+        let row = row0 + r;
+        let at = (l as u64 * out.m as u64 + row as u64) * n as u64 + (n0 + 16 * j) as u64;
+        // SAFETY: the codes hold the L·M·N output (the caller's); 16-byte aligned (N and the
+        // column multiples of 16); the predicate says the row and the tile are inside it (a
+        // cluster's tile may lie past N, whole: N is a multiple of the tile's 128 columns).
+        unsafe { global::store_u32x4_if(e.q_data + at, w, row < rows && n0 < n) };
+    }
+}
+
 /// [`finish_staged`] of unit `own` of a fused kernel whose tiles go where `dst` says (its
-/// `epi` set; nothing otherwise): the kernels' `GemmKernel::finish_staged`, with the tile store
-/// their epilogue staged for.
+/// `epi` set with finishing warps; nothing otherwise): the kernels' `GemmKernel::finish_staged`,
+/// with the tile store their epilogue staged for.
 /// # Safety
 /// As [`finish_staged`].
 #[inline(always)]
@@ -480,7 +690,9 @@ pub unsafe fn finish_unit_staged<F: Fragment>(
     (warp, finishers): (u32, u32),
     lane: u32,
 ) {
-    let Some((e, handoff)) = dst.epi else { return };
+    let Some((e, Finish::Staged(handoff))) = dst.epi else {
+        return;
+    };
     let at = (own.first_row(own.m, dst.block_m), own.n * F::N);
     // SAFETY: the caller's contract.
     unsafe {

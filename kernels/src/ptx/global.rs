@@ -55,6 +55,20 @@ pub unsafe fn store_u32x2_if(addr: u64, x: u32, y: u32, pred: bool) {
     };
 }
 
+/// `*addr = v` if `pred` (16-byte store, `v[0]` at the low address).
+/// # Safety
+/// When `pred`, `addr` is a valid, 16-byte-aligned global address nobody else accesses.
+#[inline(always)]
+pub unsafe fn store_u32x4_if(addr: u64, v: [u32; 4], pred: bool) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        asm!("{{ .reg .pred p;", "setp.ne.b32 p, {c}, 0;",
+             "@p st.global.v4.b32 [{a}], {{{x}, {y}, {z}, {w}}}; }}",
+             a = in(reg64) addr, x = in(reg32) v[0], y = in(reg32) v[1], z = in(reg32) v[2],
+             w = in(reg32) v[3], c = in(reg32) pred as u32, options(nostack))
+    };
+}
+
 /// `ld.global.nc.b32`: 32 bits through the non-coherent (read-only) data path, for data no
 /// thread of the grid writes while the kernel runs (PTX ISA "Data Movement and Conversion
 /// Instructions: ld.global.nc").

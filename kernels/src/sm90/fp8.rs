@@ -57,8 +57,11 @@ impl<const CONS: u32, const WAVES: usize, F: Fp8Fragment, T: Fp8Pair, const MODE
     /// the sparse operand, a unit's K blocks are positions in them, and each has one B scale.
     const SPARSE: bool = MODE == Mode::Sparse as u32;
     /// Whether the tile ends in the fused epilogue (`Fp8Gemm::epi`) instead of the plain
-    /// stores.
-    const FUSED: bool = MODE == Mode::Fused as u32;
+    /// stores: in finishing warps ([`Mode::Fused`]) or in the consumers' registers
+    /// ([`Mode::FusedInRegisters`]).
+    const FUSED: bool = MODE == Mode::Fused as u32 || MODE == Mode::FusedInRegisters as u32;
+    /// Whether the kernel has finishing warps: [`Mode::Fused`].
+    const STAGED: bool = MODE == Mode::Fused as u32;
 }
 
 /// One consumer warpgroup's constants.
@@ -78,7 +81,7 @@ impl<const CONS: u32, const WAVES: usize, F: Fp8Fragment, T: Fp8Pair, const MODE
 {
     const CONSUMERS: u32 = CONS;
     /// The fused kernels' epilogue runs in three finishing warps (`gemm::fuse`).
-    const FINISHERS: u32 = if MODE == Mode::Fused as u32 {
+    const FINISHERS: u32 = if Self::STAGED {
         crate::gemm::FINISHERS
     } else {
         0
@@ -88,7 +91,7 @@ impl<const CONS: u32, const WAVES: usize, F: Fp8Fragment, T: Fp8Pair, const MODE
 
     #[inline(always)]
     fn layout(&self) -> StageLayout {
-        if Self::FUSED {
+        if Self::STAGED {
             Self::TILE.fused_layout()
         } else {
             Self::TILE.layout()
@@ -232,9 +235,9 @@ impl<const CONS: u32, const WAVES: usize, F: Fp8Fragment, T: Fp8Pair, const MODE
         // SAFETY (every call below): `st` counts this warpgroup's uses in order; each is waited
         // for, used by every wave and released before the next; `kb + 1 < end` for a pair; the
         // B scales are read at K blocks of the problem (`kb + 1` clamped to the last).
-        // (Not in the fused kernel: its consumers leave the registers of the second scratch
-        // fragment to the finishing warps, `Tile::consumer_regs_with`.)
-        if CONS == 2 && WAVES == 1 && F::N <= BLOCK_N && !Self::FUSED {
+        // (Not in the kernel with finishing warps: its consumers leave the registers of the
+        // second scratch fragment to them, `Tile::consumer_regs_with`.)
+        if CONS == 2 && WAVES == 1 && F::N <= BLOCK_N && !Self::STAGED {
             while kb < end {
                 unsafe {
                     if kb + 1 < end {
@@ -341,7 +344,7 @@ impl<const CONS: u32, const WAVES: usize, F: Fp8Fragment, T: Fp8Pair, const MODE
                 out_type: p.out_type,
                 row_end: own.row_end,
             },
-            epi: TileStore::fused_epi(Self::FUSED, &self.epi, &ctx.layout),
+            epi: TileStore::fused_epi((Self::FUSED, Self::STAGED), &self.epi, &ctx.layout),
             staging: Staging {
                 base: ctx.layout.out(),
                 consumers: CONS,

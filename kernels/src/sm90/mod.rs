@@ -316,8 +316,12 @@ pub enum Mode {
     /// Block-sparse GEMM, one operand in 128 × 128 blocks (`Sm90Fp8Params::sparse`).
     Sparse = 2,
     /// Dense GEMM that ends in the fused epilogue ([`crate::params::FusedParams`],
-    /// [`crate::gemm::fuse`]).
+    /// [`crate::gemm::fuse`]) in finishing warps: every epilogue.
     Fused = 3,
+    /// Dense GEMM whose consumers run the fused epilogue in their own registers, then store as
+    /// the dense kernels do: the epilogues [`crate::params::EpilogueParams::in_registers`]
+    /// takes, on the dense kernel's layout and K loop.
+    FusedInRegisters = 4,
 }
 
 /// One kernel of the family: its tile, its element types, whether it runs grouped GEMM, and its
@@ -414,6 +418,14 @@ macro_rules! entry {
             $tile,
             q: $crate::params::FusedParams<$crate::sm90::Sm90Fp8Params> => { p: q.p, epi: q.epi, },
             fp8_gemm!($tile, $a, $b, Fused)
+        );
+    };
+    ($name:expr, $tile:ident, $a:ident, $b:ident, FusedInRegisters) => {
+        export!(
+            $name,
+            $tile,
+            q: $crate::params::FusedParams<$crate::sm90::Sm90Fp8Params> => { p: q.p, epi: q.epi, },
+            fp8_gemm!($tile, $a, $b, FusedInRegisters)
         );
     };
     ($name:expr, $tile:ident, $a:ident, $b:ident, $mode:ident) => {
@@ -561,6 +573,29 @@ mode_list!(
     (M128, "")
 );
 
+// The fused epilogue in the consumers' registers (`gemm::fuse::apply`): the epilogues without
+// β·C, residual or SwiGLU, to any unquantized output or FP8 1×128 — the dense kernel's layout,
+// K loop and stores, with the steps applied to the fragments before them. One-wave tiles of 128
+// columns (a quantized output's 1×128 block is one tile's row): 128 and 192 rows. Not the
+// 256-row tile: its consumers' two waves of sums and the epilogue spill in its K loop (about
+// 900 bytes).
+mode_list!(
+    FUSED_IN_REGISTERS_KERNELS,
+    FusedInRegisters,
+    "sm90_fp8_blockscaled_fused_regs_gemm",
+    (M128, ""),
+    (M192, "_m192")
+);
+
+/// Every list of the family's kernels, one per [`Mode`].
+pub const LISTS: [&[Sm90Fp8Kernel]; 5] = [
+    KERNELS,
+    GROUPED_KERNELS,
+    SPARSE_KERNELS,
+    FUSED_KERNELS,
+    FUSED_IN_REGISTERS_KERNELS,
+];
+
 /// The kernel for a tile, a pair of element types and a mode (swapped tiles: dense).
 pub fn kernel(tile: Tile, a: ElemType, b: ElemType, mode: Mode) -> Option<&'static Sm90Fp8Kernel> {
     let list = match mode {
@@ -568,6 +603,7 @@ pub fn kernel(tile: Tile, a: ElemType, b: ElemType, mode: Mode) -> Option<&'stat
         Mode::Grouped => GROUPED_KERNELS,
         Mode::Sparse => SPARSE_KERNELS,
         Mode::Fused => FUSED_KERNELS,
+        Mode::FusedInRegisters => FUSED_IN_REGISTERS_KERNELS,
     };
     list.iter().find(|k| k.tile == tile && k.a == a && k.b == b)
 }
@@ -608,9 +644,12 @@ mod tests {
             let fused = kernel(t, e4m3, e4m3, Mode::Fused);
             assert_eq!(fused.is_some(), t == Tile::M128, "{t:?}");
             assert!(fused.is_none_or(|k| k.mode == Mode::Fused));
+            let regs = kernel(t, e4m3, e4m3, Mode::FusedInRegisters);
+            let wide = [Tile::M128, Tile::M192].contains(&t);
+            assert_eq!(regs.is_some(), wide, "{t:?}");
+            assert!(regs.is_none_or(|k| k.mode == Mode::FusedInRegisters));
         }
-        let all: [&[Sm90Fp8Kernel]; 4] = [KERNELS, GROUPED_KERNELS, SPARSE_KERNELS, FUSED_KERNELS];
-        let all = all.concat();
+        let all = LISTS.concat();
         for (i, k) in all.iter().enumerate() {
             assert!(all[i + 1..].iter().all(|o| o.info.name != k.info.name));
             assert_eq!(k.info.max_threads, Some(k.tile.threads()));
