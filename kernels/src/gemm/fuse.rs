@@ -55,6 +55,26 @@ const LOG2_E: f32 = core::f32::consts::LOG2_E;
 /// Columns one pass of a warp over a staged row covers: 4 per lane.
 const PASS_COLS: u32 = 128;
 
+/// `$f::<ACT, $g…>($arg…)` with the activation `$act` ([`Activation`] as u32) as the constant
+/// `ACT`: one copy of `$f` per activation, so that no value of it branches on the activation
+/// (the copies' chains then interleave).
+macro_rules! by_activation {
+    ($act:expr, $f:ident::<$($g:tt),*>($($arg:expr),*)) => {{
+        const RELU: u32 = Activation::Relu as u32;
+        const ERF: u32 = Activation::GeluErf as u32;
+        const TANH: u32 = Activation::GeluTanh as u32;
+        const SILU: u32 = Activation::Silu as u32;
+        const NONE: u32 = Activation::None as u32;
+        match $act {
+            RELU => $f::<RELU, $($g),*>($($arg),*),
+            ERF => $f::<ERF, $($g),*>($($arg),*),
+            TANH => $f::<TANH, $($g),*>($($arg),*),
+            SILU => $f::<SILU, $($g),*>($($arg),*),
+            _ => $f::<NONE, $($g),*>($($arg),*),
+        }
+    }};
+}
+
 /// 1 / (1 + e^-z).
 #[inline(always)]
 fn sigmoid(z: f32) -> f32 {
@@ -488,22 +508,9 @@ pub unsafe fn stage_unit<const WAVES: usize, F: Fragment>(
 /// `e.bias`, where set, holds one row of N bf16 or f32 (or L of them).
 #[inline(always)]
 pub unsafe fn apply<F: Fragment>(e: &EpilogueParams, at: (u32, u32, u32), q: u32, acc: &mut F) {
-    const RELU: u32 = Activation::Relu as u32;
-    const ERF: u32 = Activation::GeluErf as u32;
-    const TANH: u32 = Activation::GeluTanh as u32;
-    const SILU: u32 = Activation::Silu as u32;
-    const NONE: u32 = Activation::None as u32;
     let v = acc.as_mut();
     // SAFETY: the caller's contract.
-    unsafe {
-        match e.activation {
-            RELU => apply_as::<RELU, F>(e, at, q, v),
-            ERF => apply_as::<ERF, F>(e, at, q, v),
-            TANH => apply_as::<TANH, F>(e, at, q, v),
-            SILU => apply_as::<SILU, F>(e, at, q, v),
-            _ => apply_as::<NONE, F>(e, at, q, v),
-        }
-    }
+    unsafe { by_activation!(e.activation, apply_as::<F>(e, at, q, v)) }
 }
 
 /// [`apply`] with activation `ACT`: the lane's bias values loaded first (without a bias, −0,
@@ -852,21 +859,8 @@ unsafe fn rows_by_activation<const OUT: u32>(
     r: Rows,
     bias: Option<[f32; 4]>,
 ) {
-    const RELU: u32 = Activation::Relu as u32;
-    const ERF: u32 = Activation::GeluErf as u32;
-    const TANH: u32 = Activation::GeluTanh as u32;
-    const SILU: u32 = Activation::Silu as u32;
-    const NONE: u32 = Activation::None as u32;
     // SAFETY: the caller's contract.
-    unsafe {
-        match e.activation {
-            RELU => rows_fast::<RELU, OUT>(e, out, r, bias),
-            ERF => rows_fast::<ERF, OUT>(e, out, r, bias),
-            TANH => rows_fast::<TANH, OUT>(e, out, r, bias),
-            SILU => rows_fast::<SILU, OUT>(e, out, r, bias),
-            _ => rows_fast::<NONE, OUT>(e, out, r, bias),
-        }
-    }
+    unsafe { by_activation!(e.activation, rows_fast::<OUT>(e, out, r, bias)) }
 }
 
 /// The rows of `r` without C, residual or column pairs, N a multiple of 4 (one vector per lane

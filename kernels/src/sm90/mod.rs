@@ -413,19 +413,17 @@ macro_rules! entry {
         entry!($name, $tile, $a, $b, Dense);
     };
     ($name:expr, $tile:ident, $a:ident, $b:ident, Fused) => {
-        export!(
-            $name,
-            $tile,
-            q: $crate::params::FusedParams<$crate::sm90::Sm90Fp8Params> => { p: q.p, epi: q.epi, },
-            fp8_gemm!($tile, $a, $b, Fused)
-        );
+        entry!(@fused $name, $tile, $a, $b, Fused);
     };
     ($name:expr, $tile:ident, $a:ident, $b:ident, FusedInRegisters) => {
+        entry!(@fused $name, $tile, $a, $b, FusedInRegisters);
+    };
+    (@fused $name:expr, $tile:ident, $a:ident, $b:ident, $mode:ident) => {
         export!(
             $name,
             $tile,
             q: $crate::params::FusedParams<$crate::sm90::Sm90Fp8Params> => { p: q.p, epi: q.epi, },
-            fp8_gemm!($tile, $a, $b, FusedInRegisters)
+            fp8_gemm!($tile, $a, $b, $mode)
         );
     };
     ($name:expr, $tile:ident, $a:ident, $b:ident, $mode:ident) => {
