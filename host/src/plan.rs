@@ -185,11 +185,7 @@ impl Plan {
         // The fused epilogue runs in kernels of its own (the plain ones carry none of its code):
         // is there one for this tile and these types (the families' kernel lists say)?
         let (ea, eb) = needs.elems;
-        let fp8 = |tile, (ea, eb)| {
-            sm90::kernel(tile, ea, eb, Mode::Fused).is_some()
-                || (needs.in_registers
-                    && sm90::kernel(tile, ea, eb, Mode::FusedInRegisters).is_some())
-        };
+        let fp8 = |tile, (ea, eb)| sm90::fused_kernel(tile, ea, eb, needs.in_registers).is_some();
         let fused_kernel = match self {
             Plan::Sm90Fp8(c) => fp8(c.tile, (ea, eb)),
             // The fold's FP8 types.

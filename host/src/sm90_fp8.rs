@@ -742,13 +742,10 @@ impl Sm90Fp8 {
             // The epilogues the consumers can run in their registers take that kernel where
             // the tile has one (the dense kernel's layout and K loop); the others the kernel
             // with finishing warps.
-            (false, true)
-                if epi.as_ref().is_some_and(Fused::in_registers)
-                    && family::kernel(cfg.tile, ea, eb, Mode::FusedInRegisters).is_some() =>
-            {
-                Mode::FusedInRegisters
+            (false, true) => {
+                let regs = epi.as_ref().is_some_and(Fused::in_registers);
+                family::fused_kernel(cfg.tile, ea, eb, regs).map_or(Mode::Fused, |k| k.mode)
             }
-            (false, true) => Mode::Fused,
             (false, false) => Mode::Dense,
         };
         let def = family::kernel(cfg.tile, ea, eb, mode);

@@ -371,18 +371,6 @@ impl EpilogueParams {
     pub const fn paired(&self) -> bool {
         self.activation == Activation::SwiGlu as u32
     }
-
-    /// Whether the consumers run this epilogue in their own registers, in the kernels without
-    /// finishing warps (`gemm::fuse::apply`): [`in_registers`] of its steps.
-    #[inline(always)]
-    pub const fn in_registers(&self) -> bool {
-        let quant = if self.quantized() {
-            Some((self.q_elem, self.q_scale, self.q_block))
-        } else {
-            None
-        };
-        in_registers(self.c != 0, self.residual != 0, self.activation, quant)
-    }
 }
 
 /// Whether an epilogue with these steps runs in the consumers' own registers, on each thread's

@@ -6,7 +6,7 @@
 
 use blockscaled::{
     Activation, DeviceTensor, Epilogue, Fp8, Gpu, InputType, OperandFormat, OutType,
-    QuantizeOptions, Recipe,
+    QuantizeOptions, Recipe, ScaledMatrix,
 };
 use blockscaled_tests::{random_pair, random_values, upload_tensor_as};
 
@@ -52,6 +52,12 @@ fn held(gpu: &Gpu, seed: u64, ty: InputType, (rows, k, batch): (usize, usize, us
     let v = random_values(seed, rows * k * batch, k);
     let (t, v) = upload_tensor_as(gpu, ty, &v, (rows, k, batch)).unwrap();
     Held { t, v }
+}
+
+/// Asserts that two quantized matrices hold the same codes and the same scales, bit for bit.
+fn assert_same_quantized(got: &ScaledMatrix, want: &ScaledMatrix, what: &str) {
+    assert!(got.data() == want.data(), "{what}: codes differ");
+    assert!(got.scales() == want.scales(), "{what}: scales differ");
 }
 
 /// Rounds `x` to `dtype` as the kernels' stores do (round to nearest even).
@@ -264,11 +270,7 @@ fn quantized_output_is_the_quantizer_of_the_fused_f32_output() {
                         .gemm_quantized_with(&da, &db, &epi, *format, &opts, plan)
                         .unwrap_or_else(|e| panic!("{what}: {e}"));
                     let (g, w) = (got.to_host().unwrap(), want.matrix.to_host().unwrap());
-                    assert!(g.data() == w.data(), "{what} on {plan:?}: codes differ");
-                    assert!(
-                        g.scales() == w.scales(),
-                        "{what} on {plan:?}: scales differ"
-                    );
+                    assert_same_quantized(&g, &w, &format!("{what} on {plan:?}"));
                     // Into a matrix that held other values (another tensor's quantization):
                     // the same codes and scales.
                     let mut reused = gpu.quantize_with(&ft, *format, &opts).unwrap().matrix;
@@ -277,14 +279,7 @@ fn quantized_output_is_the_quantizer_of_the_fused_f32_output() {
                     gpu.gemm_quantized_into(&da, &db, &epi, &mut reused, plan)
                         .unwrap_or_else(|e| panic!("{what}: into: {e}"));
                     let r = reused.to_host().unwrap();
-                    assert!(
-                        r.data() == w.data(),
-                        "{what} on {plan:?}: into: codes differ"
-                    );
-                    assert!(
-                        r.scales() == w.scales(),
-                        "{what} on {plan:?}: into: scales differ"
-                    );
+                    assert_same_quantized(&r, &w, &format!("{what} on {plan:?}: into"));
                     if *qname == "fp8-1x128" {
                         // The next GEMM on the fused output (its A-role scale copy included).
                         let b2 = random_pair(
@@ -445,11 +440,7 @@ fn every_fused_configuration_matches_the_host_steps_bit_for_bit() {
                     .gemm_quantized_with(&da2, &db2, &e, format, &opts, plan)
                     .unwrap_or_else(|e| panic!("{name} fp8 on {plan:?}: {e}"));
                 let (g, w) = (got.to_host().unwrap(), want.matrix.to_host().unwrap());
-                assert!(g.data() == w.data(), "{name} fp8 on {plan:?}: codes differ");
-                assert!(
-                    g.scales() == w.scales(),
-                    "{name} fp8 on {plan:?}: scales differ"
-                );
+                assert_same_quantized(&g, &w, &format!("{name} fp8 on {plan:?}"));
             }
         }
     }

@@ -423,7 +423,7 @@ pub enum Finish {
     /// handed over.
     Staged(Handoff),
     /// In the consumers' registers ([`fuse::apply`]; epilogues that
-    /// [`EpilogueParams::in_registers`] takes), then stored as the plain kernels store, or as FP8
+    /// [`in_registers`](crate::params::in_registers) takes), then stored as the plain kernels store, or as FP8
     /// 1×128 codes ([`fuse::quantize_fragment`]) through the output staging.
     InRegisters,
 }
@@ -503,7 +503,7 @@ pub unsafe fn finish_unit<const WAVES: usize, F: Fragment>(
 /// or as FP8 1×128 codes through each warp's part of the output staging
 /// ([`fuse::quantize_fragment`]).
 /// # Safety
-/// As [`store`] for `dst`; `epi` is an epilogue [`EpilogueParams::in_registers`] takes, its
+/// As [`store`] for `dst`; `epi` is an epilogue [`in_registers`](crate::params::in_registers) takes, its
 /// buffers of the output's shape; the staging holds [`fuse::CODE_WARP_BYTES`] per warp of every
 /// wave and consumer; tiles of 128 columns for a quantized output.
 #[inline(always)]

@@ -6,7 +6,7 @@
 //! combination.
 //!
 //! Two places run the steps, chosen by the kernel (the host picks it by the epilogue,
-//! [`EpilogueParams::in_registers`]):
+//! [`in_registers`](crate::params::in_registers)):
 //! - *In the consumers' registers* ([`apply`], then the plain kernels' stores or
 //!   [`quantize_fragment`]): the epilogues without β·C, residual or SwiGLU, to any unquantized
 //!   output or FP8 1×128. The kernels are the dense FP8 kernel with the steps applied to each
@@ -444,16 +444,42 @@ unsafe fn quantize(
         }
         let first = live && (lane % lanes == 0);
         let kb = ocol / block;
-        let si = l as u64 * e.q_stride_l + row as u64 * e.q_stride_r + kb as u64 * e.q_stride_k;
+        let si = scale_index(e, (l, row, kb));
         if scale == ScaleType::F32 {
-            global::store_u32_if(e.q_scales + 4 * si, sbits, first);
-            if e.q_sfa != 0 {
-                let a =
-                    (l as u64 * (n_out / 128) as u64 + kb as u64) * e.q_m_pad as u64 + row as u64;
-                global::store_u32_if(e.q_sfa + 4 * a, sbits, first);
-            }
+            store_f32_scale(e, si, (l, row, kb), n_out, sbits, first);
         } else {
             global::store_u8_if(e.q_scales + si, sbits, first);
+        }
+    }
+}
+
+/// Index of the scale of row `row`, block `kb` of batch entry `l` in the quantized output's
+/// scales (its strides).
+#[inline(always)]
+fn scale_index(e: &EpilogueParams, (l, row, kb): (u32, u32, u32)) -> u64 {
+    l as u64 * e.q_stride_l + row as u64 * e.q_stride_r + kb as u64 * e.q_stride_k
+}
+
+/// Stores the fp32 scale `bits` of row `row`, block `kb` of batch entry `l` (rows of `n_out`
+/// columns, blocks of 128; `si` its [`scale_index`]) where `pred`: into the output's scales, and
+/// into the FP8 kernel's A-role copy `[l][n_out / 128][q_m_pad]` where there is one.
+/// # Safety
+/// Where `pred`, the scales (and the copy) hold that row's and block's (the host's sizes).
+#[inline(always)]
+unsafe fn store_f32_scale(
+    e: &EpilogueParams,
+    si: u64,
+    (l, row, kb): (u32, u32, u32),
+    n_out: u32,
+    bits: u32,
+    pred: bool,
+) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        global::store_u32_if(e.q_scales + 4 * si, bits, pred);
+        if e.q_sfa != 0 {
+            let a = (l as u64 * (n_out / 128) as u64 + kb as u64) * e.q_m_pad as u64 + row as u64;
+            global::store_u32_if(e.q_sfa + 4 * a, bits, pred);
         }
     }
 }
@@ -497,7 +523,7 @@ pub unsafe fn stage_unit<const WAVES: usize, F: Fragment>(
     unsafe { stage::<F>(s, lane, &acc[0]) };
 }
 
-/// The fused epilogue in the consumers' own registers ([`EpilogueParams::in_registers`], the
+/// The fused epilogue in the consumers' own registers ([`in_registers`](crate::params::in_registers), the
 /// kernels without finishing warps): α, the bias and the activation on one thread's fragment
 /// `acc` in place (batch entry `l`, the tile's first column `n0`, row length `n`, the lane's
 /// pair `q = lane % 4` in each 8-column group), the steps and order of [`finish4`] (so the same
@@ -642,16 +668,10 @@ pub unsafe fn quantize_fragment<F: Fragment>(
         let (sbits, d) = block_scale_of_bits(ScaleType::F32, elem, mh, 1.0);
         let row = row0 + lane / 4 + 8 * h as u32;
         let first = q == 0 && row < rows && n0 < n;
-        let si = l as u64 * e.q_stride_l + row as u64 * e.q_stride_r + kb as u64 * e.q_stride_k;
         // SAFETY: the scales hold the L·M·(N / 128) output's (the caller's); `first` says the
-        // row is inside it.
-        unsafe {
-            global::store_u32_if(e.q_scales + 4 * si, sbits, first);
-            if e.q_sfa != 0 {
-                let a = (l as u64 * (n / 128) as u64 + kb as u64) * e.q_m_pad as u64 + row as u64;
-                global::store_u32_if(e.q_sfa + 4 * a, sbits, first);
-            }
-        }
+        // row and the block are inside it.
+        let si = scale_index(e, (l, row, kb));
+        unsafe { store_f32_scale(e, si, (l, row, kb), n, sbits, first) };
         Quotient::new(ScaleType::F32, d)
     });
     // The lane's rows are `lane / 4` and `+ 8`: the same swizzle term, `lane / 4`.
@@ -995,17 +1015,12 @@ unsafe fn quantize_rows(
         let live = r.live && ok;
         let row_l = r.first + row;
         let first = live && r.lane == 0;
-        let si = r.l as u64 * e.q_stride_l + row_l as u64 * e.q_stride_r + kb as u64 * e.q_stride_k;
         // SAFETY: the codes and scales hold the L·M·N output's (the host's); `live` says the
         // lane's columns and the row are inside it; the stores are aligned to their sizes.
         unsafe {
             global::store_u32_if(e.q_data + base + row as u64 * n as u64, w, live);
-            global::store_u32_if(e.q_scales + 4 * si, sk, first);
-            if e.q_sfa != 0 {
-                let a =
-                    (r.l as u64 * (n / 128) as u64 + kb as u64) * e.q_m_pad as u64 + row_l as u64;
-                global::store_u32_if(e.q_sfa + 4 * a, sk, first);
-            }
+            let si = scale_index(e, (r.l, row_l, kb));
+            store_f32_scale(e, si, (r.l, row_l, kb), n, sk, first);
         }
     }
 }

@@ -319,7 +319,7 @@ pub enum Mode {
     /// [`crate::gemm::fuse`]) in finishing warps: every epilogue.
     Fused = 3,
     /// Dense GEMM whose consumers run the fused epilogue in their own registers, then store as
-    /// the dense kernels do: the epilogues [`crate::params::EpilogueParams::in_registers`]
+    /// the dense kernels do: the epilogues [`crate::params::in_registers`]
     /// takes, on the dense kernel's layout and K loop.
     FusedInRegisters = 4,
 }
@@ -606,6 +606,20 @@ pub fn kernel(tile: Tile, a: ElemType, b: ElemType, mode: Mode) -> Option<&'stat
     list.iter().find(|k| k.tile == tile && k.a == a && k.b == b)
 }
 
+/// The fused-epilogue kernel for a tile and a pair of element types: the one that runs the
+/// epilogue in the consumers' registers where the epilogue allows it (`in_registers`,
+/// [`crate::params::in_registers`]) and the tile has one, else the one with finishing warps
+/// (`None`: neither; the mode the host launches and the plans it accepts both come from here).
+pub fn fused_kernel(
+    tile: Tile,
+    a: ElemType,
+    b: ElemType,
+    in_registers: bool,
+) -> Option<&'static Sm90Fp8Kernel> {
+    let regs = in_registers.then(|| kernel(tile, a, b, Mode::FusedInRegisters));
+    regs.flatten().or_else(|| kernel(tile, a, b, Mode::Fused))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -646,6 +660,11 @@ mod tests {
             let wide = [Tile::M128, Tile::M192].contains(&t);
             assert_eq!(regs.is_some(), wide, "{t:?}");
             assert!(regs.is_none_or(|k| k.mode == Mode::FusedInRegisters));
+            // The fused kernel chosen: in registers where the epilogue allows and the tile has
+            // one, else the one with finishing warps.
+            let mode = |regs| fused_kernel(t, e4m3, e4m3, regs).map(|k| k.mode);
+            assert_eq!(mode(true), regs.map(|k| k.mode).or(fused.map(|k| k.mode)));
+            assert_eq!(mode(false), fused.map(|k| k.mode));
         }
         let all = LISTS.concat();
         for (i, k) in all.iter().enumerate() {
