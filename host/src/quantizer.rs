@@ -419,14 +419,15 @@ impl Quantizers {
         if amax_slots > 0 || needs_tensor {
             let mut launch = Launch::new(stream, &self.amax)
                 .grid(rows as u32, l as u32, 1)
-                .block(QUANTIZE_THREADS, 1, 1);
+                .block(QUANTIZE_THREADS, 1, 1)
+                .shared_mem(kq::ROW_SHARED_BYTES);
             let mut q = p;
             q.src = launch.ptr(&t.buf);
             q.amax = amax.as_mut().map_or(0, |a| launch.ptr_mut(a));
             q.tensor_amax = tensor_amax.as_mut().map_or(0, |a| launch.ptr_mut(a));
             // SAFETY: `t.buf` holds l·rows·k elements of `t.input` (its constructor), k % 8 == 0;
             // the maxima are zeroed, `[l][rows]` or `[l]` by the span, one for the tensor; the
-            // grid is rows × l blocks (rows < 2^32, l ≤ 65535).
+            // grid is rows × l blocks (rows < 2^32, l ≤ 65535) with a word of shared memory a warp.
             unsafe { launch.launch(&q) }?;
         }
         let (per_block, blocks) = kq::lanes(&p);

@@ -45,10 +45,6 @@ pub const QUANTIZE_THREADS: u32 = 256;
 /// 65536 / (4 · 256) = 64 registers a thread, so that 1024 threads an SM, each with the loads of
 /// three rows ahead in flight, keep the memory busy.
 pub const QUANTIZE_MIN_BLOCKS: u32 = 4;
-/// Elements each thread of the maximum pass takes per step (a 16-byte load of bf16 / fp16, two
-/// of f32), and the granularity of K (a multiple of it).
-pub const ELEMS_PER_THREAD: u32 = 8;
-
 /// Elements each thread of the quantizer takes from a row: two 16-byte loads either way (16 bf16
 /// / fp16, 8 f32). The quantizer's cost is per element and per row (the block maximum's shuffles,
 /// the scale, its reciprocal, the stores' addresses: about a hundred instructions a row), not
@@ -316,12 +312,12 @@ pub use crate::format::quantize::{NON_FINITE, magnitude_bits};
 #[cfg(target_arch = "nvptx64")]
 pub(crate) mod device {
     use super::{
-        ELEMS_PER_THREAD, InputType, NON_FINITE, QUANTIZE_THREADS, QuantizeParams, ScaleSpan,
-        lanes_of,
+        InputType, NON_FINITE, QUANTIZE_THREADS, QuantizeParams, ScaleSpan, lanes_of,
+        quantize_elems,
     };
     use crate::format::quantize::{
-        Divisor, Reciprocal, Reciprocal64, block_scale_of_bits, max_magnitude_bits,
-        nvfp4_tensor_scale,
+        Divisor, Reciprocal, Reciprocal64, block_scale_of_bits, fp8_ratio_scale,
+        max_magnitude_bits, nvfp4_tensor_scale,
     };
     use crate::format::swizzle::swizzled_128x4_index;
     use crate::format::{ElemType, ScaleType, e2m1};
@@ -376,7 +372,8 @@ pub(crate) mod device {
 
     /// # Safety
     /// `p` describes live buffers (see [`QuantizeParams`]), `k % 8 == 0`, `amax` / `tensor_amax`
-    /// zeroed; grid `rows` × `batch` blocks of [`QUANTIZE_THREADS`].
+    /// zeroed; grid `rows` × `batch` blocks of [`QUANTIZE_THREADS`], [`super::ROW_SHARED_BYTES`]
+    /// of dynamic shared memory.
     #[inline(always)]
     pub(crate) unsafe fn amax(p: &QuantizeParams) {
         // SAFETY: the caller's contract, for the input type the parameters name.
@@ -396,19 +393,28 @@ pub(crate) mod device {
     unsafe fn amax_of<const I: u32>(p: &QuantizeParams) {
         let (r, l, t) = (thread::block_x(), thread::block_y(), thread::thread_x());
         let row = (l as u64 * p.rows as u64 + r as u64) * p.k as u64;
-        let f32_input = I == InputType::F32 as u32;
+        // Two 16-byte loads a step (8 f32, or 16 bf16 / fp16: the quantizer's step), both in
+        // flight at once; a 16-bit row's last half-step masked (k % 8 == 0).
+        let per = quantize_elems(InputType::of(I));
         let mut m = 0u32;
-        let mut e = ELEMS_PER_THREAD * t;
+        let mut e = per * t;
         while e < p.k {
-            // SAFETY: elements e..e+8 of the row (k % 8 == 0): the whole load for f32, its
-            // first half (8 elements) for bf16 / fp16.
-            let w = unsafe { load_raw::<I>(p, row + e as u64, [true, f32_input]) };
-            let x: [f32; 8] = decode::<I, 8>(w);
-            m = m.max(max_magnitude_bits(&x));
-            e += ELEMS_PER_THREAD * QUANTIZE_THREADS;
+            let live = [true, I == InputType::F32 as u32 || e + 8 < p.k];
+            // SAFETY: elements e..e+8 of the row, and e+8..e+16 where `live` (k % 8 == 0).
+            let w = unsafe { load_raw::<I>(p, row + e as u64, live) };
+            m = m.max(if I == InputType::F32 as u32 {
+                max_magnitude_bits(&decode::<I, 8>(w))
+            } else {
+                max_magnitude_bits(&decode::<I, 16>(w))
+            });
+            e += per * QUANTIZE_THREADS;
         }
-        let m = thread::group_max_u32(m, 32);
-        if t % 32 == 0 {
+        // The block's maximum first, then one reduction into memory a block: a reduction from
+        // every warp made 8 × rows `red.max` on the tensor's one word, which the L2 serializes
+        // (about 50 µs of the per-tensor call at 4096 × 7168, where the reads take 15).
+        // SAFETY: 8 warps, the launch's shared memory (the caller's contract).
+        let m = unsafe { block_max(m, QUANTIZE_THREADS) };
+        if t == 0 {
             // SAFETY: the slots exist when their span is in use (the launch's contract).
             unsafe {
                 match p.span {
@@ -447,6 +453,9 @@ pub(crate) mod device {
         wide: Reciprocal64,
         /// An fp32 scale's divisor; an e8m0 scale's, whose `r` is exactly `1/d`.
         rec: Reciprocal,
+        /// `rec.k` is 1, as the compiler sees it ([`Self::unit`]): an fp32 scale's quotients
+        /// skip the prescaling product (an instruction an element).
+        unit: bool,
     }
 
     impl Quotient {
@@ -484,7 +493,42 @@ pub(crate) mod device {
                 zero,
                 wide,
                 rec,
+                unit: false,
             }
+        }
+
+        /// The fp32 scale (its bits) and the quotient of an FP8 block (e4m3 or e5m2) whose
+        /// largest magnitude's bits are `m` ([`magnitude_bits`](crate::format::quantize::magnitude_bits)): [`block_scale_of_bits`]'s, with
+        /// the scale's division by the element type's maximum as [`fp8_ratio_scale`] (the same
+        /// value, without the division's instructions and slow-path call).
+        #[inline(always)]
+        pub(crate) fn fp8_block(elem: ElemType, m: u32) -> (u32, Self) {
+            // (`block_scale`'s rules: NaN or ±Inf in the block, the NaN scale; an all-zero
+            // block, scale 1.)
+            let s = if m == NON_FINITE {
+                f32::NAN
+            } else if m == 0 {
+                1.0
+            } else {
+                fp8_ratio_scale(f32::from_bits(m), elem, math::mul_rn, math::fma)
+            };
+            (s.to_bits(), Quotient::new(ScaleType::F32, Divisor::F32(s)))
+        }
+
+        /// Whether this fp32 scale's quotients need no prescaling (`rec.k` is 1: every scale
+        /// between 2^-85 and 2^120, every FP8 block whose largest magnitude is above 2^-76) and
+        /// the scale is not NaN (a block with NaN or ±Inf, whose codes all take the general
+        /// path's NaN).
+        #[inline(always)]
+        pub(crate) fn is_unit(&self) -> bool {
+            self.scale == ScaleType::F32 && self.rec.k == 1.0 && !self.rec.s.is_nan()
+        }
+
+        /// This quotient, known to the compiler to need no prescaling (only where
+        /// [`Self::is_unit`]).
+        #[inline(always)]
+        pub(crate) fn unit(self) -> Self {
+            Quotient { unit: true, ..self }
         }
 
         /// Lane `lane`'s quotient of an fp32 scale, in every lane (shuffles: every lane of the
@@ -501,6 +545,7 @@ pub(crate) mod device {
                     s: f(self.rec.s),
                     r: f(self.rec.r),
                 },
+                unit: false,
             }
         }
 
@@ -509,6 +554,7 @@ pub(crate) mod device {
             let q = match self.scale {
                 ScaleType::UE4M3 => self.wide.quotient(x, math::mul_rn_f64, math::fma_f64),
                 ScaleType::E8M0 => math::mul_rn(x, self.rec.r),
+                ScaleType::F32 if self.unit => self.rec.quotient_unit(x, math::mul_rn, math::fma),
                 ScaleType::F32 => self.rec.quotient(x, math::mul_rn, math::fma),
             };
             if self.zero { 0.0 } else { q }
@@ -549,6 +595,19 @@ pub(crate) mod device {
     /// (`format::e2m1::encode_sat_by`).
     #[inline(always)]
     pub(crate) fn encode4(elem: ElemType, x: [f32; 4], d: Quotient) -> u32 {
+        if d.unit && matches!(elem, ElemType::E4M3 | ElemType::E5M2) {
+            // The negated quotients (no negation an element), their codes' sign bits flipped
+            // back four at once: the conversions saturate symmetrically and round to nearest
+            // even, so the code of −q is q's with its sign bit flipped (NaN takes the other
+            // path: `Quotient::is_unit`).
+            let n = x.map(|v| d.rec.neg_quotient_unit(v, math::mul_rn, math::fma));
+            let codes = if elem == ElemType::E4M3 {
+                convert::f32x2_to_e4m3x2(n[0], n[1]) | convert::f32x2_to_e4m3x2(n[2], n[3]) << 16
+            } else {
+                convert::f32x2_to_e5m2x2(n[0], n[1]) | convert::f32x2_to_e5m2x2(n[2], n[3]) << 16
+            };
+            return codes ^ 0x8080_8080;
+        }
         let q = x.map(|v| d.of_elem(v));
         match elem {
             ElemType::E4M3 => {

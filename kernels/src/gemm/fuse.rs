@@ -47,7 +47,7 @@ use crate::format::quantize::{block_scale_of_bits, magnitude_bits};
 use crate::format::{ElemType, ScaleType, f16};
 use crate::params::{Activation, EpilogueParams, OutType};
 use crate::ptx::wgmma::Fragment;
-use crate::ptx::{convert, global, math, smem, thread};
+use crate::ptx::{bits, convert, global, math, smem, thread};
 use crate::quantize::device::{Quotient, encode4};
 
 const LOG2_E: f32 = core::f32::consts::LOG2_E;
@@ -632,9 +632,10 @@ pub const CODE_WARP_BYTES: u32 = FUSED_WARP_ROWS * 128;
 /// rows from `row0`, columns from `n0`, batch entry `l`), in registers: each row's block maximum
 /// over its four lanes (two shuffles), its scale and quotient by the host's rule (the row's first
 /// lane stores the scale, and the A-role copy), the codes written into the warp's 2 KiB at
-/// `stage` (16 rows of 128 bytes, 16-byte chunk `j` of row `r` at `j ^ (r % 8)`: the fragment's
-/// writes and the row reads use every bank) and copied out a row's eight chunks to eight lanes
-/// (coalesced). Rows at or past `out.rows()`, and tiles past N, are not written.
+/// `stage` (16 rows of 128 bytes, 16-byte chunk `j` of row `r` at `j ^ (r % 8)`, its word `q`
+/// lane `q`'s four codes of the chunk: the fragment's word stores and the row reads use every
+/// bank) and copied out a row's eight chunks to eight lanes (coalesced; four byte permutes put
+/// each chunk in column order). Rows at or past `out.rows()`, and tiles past N, are not written.
 /// # Safety
 /// `stage` is this warp's [`CODE_WARP_BYTES`] of shared memory (16-byte aligned), used by no
 /// other warp; the output is FP8 with fp32 scales per 128 columns (N a multiple of 128), its
@@ -655,40 +656,56 @@ pub unsafe fn quantize_fragment<F: Fragment>(
     } else {
         ElemType::E4M3
     };
-    // Each row's largest magnitude bits over the lane's 32 values (the map to NaN / Inf once,
-    // after the maximum over the row's four lanes: it is monotone, so it commutes with it).
-    let mut m = [0u32; 2];
-    for i in 0..(F::N / 2) as usize {
-        let h = (i / 2) % 2;
-        m[h] = m[h].max(v[i].to_bits() & 0x7FFF_FFFF);
+    // Each row's largest magnitude over the lane's 32 values: one `max.NaN` of two magnitudes
+    // an element (a NaN wins; ±Inf and NaN map to the NaN scale once, after the maximum over
+    // the row's four lanes: the map is monotone, so it commutes with it), as a tree of 16
+    // independent pairs (a chain of 32 kept the two warps of each scheduler waiting on it).
+    let mut m = [0f32; 2];
+    for h in 0..2 {
+        let mut t = [0f32; 16];
+        for g in 0..(F::N / 8).min(16) as usize {
+            t[g] = math::max_abs_nan(v[4 * g + 2 * h], v[4 * g + 2 * h + 1]);
+        }
+        // (Index loops: a loop over an array of widths stayed rolled, `t` in local memory.)
+        for level in 1..5 {
+            let w = 16 >> level;
+            for j in 0..w {
+                t[j] = math::max_nan(t[j], t[j + w]);
+            }
+        }
+        m[h] = t[0];
     }
     let kb = n0 / 128;
     let quot = [0, 1].map(|h: usize| {
-        let mh = thread::group_max_u32(magnitude_bits(f32::from_bits(m[h])), 4);
-        let (sbits, d) = block_scale_of_bits(ScaleType::F32, elem, mh, 1.0);
+        let mh = thread::group_max_u32(magnitude_bits(m[h]), 4);
+        let (sbits, quot) = Quotient::fp8_block(elem, mh);
         let row = row0 + lane / 4 + 8 * h as u32;
         let first = q == 0 && row < rows && n0 < n;
         // SAFETY: the scales hold the L·M·(N / 128) output's (the caller's); `first` says the
         // row and the block are inside it.
         let si = scale_index(e, (l, row, kb));
         unsafe { store_f32_scale(e, si, (l, row, kb), n, sbits, first) };
-        Quotient::new(ScaleType::F32, d)
+        quot
     });
     // The lane's rows are `lane / 4` and `+ 8`: the same swizzle term, `lane / 4`.
     let (mine, xor) = (stage + (lane / 4) * 128, lane / 4);
     // The previous tile's copy has read the staging.
     thread::sync_warp();
-    for g in (0..(F::N / 8) as usize).step_by(2) {
-        for h in 0..2 {
-            // Groups g and g + 1 of the row: chunk g / 2, bytes 2q and 8 + 2q.
-            let (i, j) = (4 * g + 2 * h, 4 * (g + 1) + 2 * h);
-            let w = encode4(elem, [v[i], v[i + 1], v[j], v[j + 1]], quot[h]);
-            let a = mine + 8 * h as u32 * 128 + 16 * ((g as u32 / 2) ^ xor) + 2 * q;
-            // SAFETY: inside this warp's staging (row < 16, chunk < 8).
-            unsafe {
-                smem::store_u16(a, w as u16);
-                smem::store_u16(a + 8, (w >> 16) as u16);
+    // Both rows' scales need no prescaling but where a row's largest magnitude is below 2^-76
+    // or not finite (a copy of the loop without the product each element).
+    // SAFETY: `mine` is this lane's rows of this warp's staging (the caller's).
+    unsafe {
+        if quot[0].is_unit() && quot[1].is_unit() {
+            // (The element type a constant of each copy: a run-time one converted each pair to
+            // both types, one under a predicate.)
+            let quot = quot.map(Quotient::unit);
+            if elem == ElemType::E5M2 {
+                stage_codes::<F>(ElemType::E5M2, v, quot, (mine, xor), q);
+            } else {
+                stage_codes::<F>(ElemType::E4M3, v, quot, (mine, xor), q);
             }
+        } else {
+            stage_codes::<F>(elem, v, quot, (mine, xor), q);
         }
     }
     thread::sync_warp();
@@ -696,12 +713,46 @@ pub unsafe fn quantize_fragment<F: Fragment>(
         let (r, j) = (lane / 8 + 4 * t, lane % 8);
         // SAFETY: inside this warp's staging, written before the `sync_warp` above.
         let w = unsafe { smem::load_u32x4(stage + r * 128 + 16 * (j ^ (r % 8))) };
+        // Word q holds lane q's pair of each of the chunk's two 8-column groups (low half, high
+        // half): the groups' pairs in lane order are the chunk's bytes in column order.
+        let w = [
+            bits::prmt(w[0], w[1], 0x5410),
+            bits::prmt(w[2], w[3], 0x5410),
+            bits::prmt(w[0], w[1], 0x7632),
+            bits::prmt(w[2], w[3], 0x7632),
+        ];
         let row = row0 + r;
         let at = (l as u64 * out.m as u64 + row as u64) * n as u64 + (n0 + 16 * j) as u64;
         // SAFETY: the codes hold the L·M·N output (the caller's); 16-byte aligned (N and the
         // column multiples of 16); the predicate says the row and the tile are inside it (a
         // cluster's tile may lie past N, whole: N is a multiple of the tile's 128 columns).
         unsafe { global::store_u32x4_if(e.q_data + at, w, row < rows && n0 < n) };
+    }
+}
+
+/// [`quantize_fragment`]'s codes of a lane's 64 values `v` (rows `h` = 0, 1 with quotients
+/// `quot[h]`) into its rows of the warp's staging (`mine`, swizzled by `xor`; `q` the lane's pair).
+/// # Safety
+/// `mine` is this lane's first row of its warp's staging ([`CODE_WARP_BYTES`]).
+#[inline(always)]
+unsafe fn stage_codes<F: Fragment>(
+    elem: ElemType,
+    v: &[f32],
+    quot: [Quotient; 2],
+    (mine, xor): (u32, u32),
+    q: u32,
+) {
+    for g in (0..(F::N / 8) as usize).step_by(2) {
+        for h in 0..2 {
+            // Groups g and g + 1 of the row: chunk g / 2, bytes 2q and 8 + 2q.
+            let (i, j) = (4 * g + 2 * h, 4 * (g + 1) + 2 * h);
+            // The lane's four codes of the chunk as one word, word q of the staged chunk (the
+            // copy-out puts the bytes in column order).
+            let w = encode4(elem, [v[i], v[i + 1], v[j], v[j + 1]], quot[h]);
+            let a = mine + 8 * h as u32 * 128 + 16 * ((g as u32 / 2) ^ xor) + 4 * q;
+            // SAFETY: inside this warp's staging (row < 16, chunk < 8).
+            unsafe { smem::store_u32(a, w) };
+        }
     }
 }
 

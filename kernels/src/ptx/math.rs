@@ -67,6 +67,33 @@ pub fn add_rn(a: f32, b: f32) -> f32 {
     r
 }
 
+/// The larger of `a` and `b`, NaN where either is (`max.NaN.f32`, sm_80: `max.f32` would drop
+/// a NaN).
+#[inline(always)]
+pub fn max_nan(a: f32, b: f32) -> f32 {
+    let r: f32;
+    // SAFETY: register-only arithmetic.
+    unsafe {
+        asm!("max.NaN.f32 {r}, {a}, {b};", r = out(reg32) r, a = in(reg32) a, b = in(reg32) b,
+             options(pure, nomem, nostack))
+    };
+    r
+}
+
+/// The larger of `|a|` and `|b|`, NaN where either is: [`max_nan`] of `abs.f32` operands, which
+/// ptxas folds into the one instruction (Rust's `f32::abs` becomes an `and` of the bits, which
+/// it does not).
+#[inline(always)]
+pub fn max_abs_nan(a: f32, b: f32) -> f32 {
+    let r: f32;
+    // SAFETY: register-only arithmetic.
+    unsafe {
+        asm!("{{ .reg .f32 x, y; abs.f32 x, {a}; abs.f32 y, {b}; max.NaN.f32 {r}, x, y; }}",
+             r = out(reg32) r, a = in(reg32) a, b = in(reg32) b, options(pure, nomem, nostack))
+    };
+    r
+}
+
 /// 1/x correctly rounded to nearest even (`rcp.rn.f32`: subnormals kept; several instructions,
 /// for a value used many times, such as a block's divisor).
 #[inline(always)]

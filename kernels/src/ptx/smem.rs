@@ -53,16 +53,6 @@ pub unsafe fn store_u32(addr: u32, v: u32) {
     };
 }
 
-/// # Safety
-/// `addr` is a 2-byte-aligned address inside this block's shared memory, not read concurrently.
-#[inline(always)]
-pub unsafe fn store_u16(addr: u32, v: u16) {
-    // SAFETY: the caller's contract.
-    unsafe {
-        asm!("st.shared.u16 [{a}], {v};", a = in(reg32) addr, v = in(reg16) v, options(nostack))
-    };
-}
-
 /// `fence.proxy.async.shared::cta`: makes this thread's ordinary shared-memory writes visible to
 /// the async proxy (TMA stores, wgmma operand reads). Each writing thread issues it before the
 /// barrier that hands the data over.
