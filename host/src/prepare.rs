@@ -79,10 +79,11 @@ impl Preparers {
         (kp::blocks(threads, self.sm_count * 8), 1)
     }
 
-    /// [`Gather`]'s grid: x covers the destination rows, y takes a plane each (about eight
-    /// blocks an SM in all; its threads go round the rest).
+    /// [`Gather`]'s grid: x covers a plane's entries, y takes a plane each (about eight blocks
+    /// an SM in all; the threads go round the rest).
     fn grid_gather(&self, g: &Gather) -> (u32, u32) {
-        let x = (g.rows_out.div_ceil(PREPARE_THREADS)).max(1);
+        let slab = g.rows_out as u64 * g.per as u64;
+        let x = kp::blocks(slab, self.sm_count * 8);
         let runs = (g.batch as u64 * g.planes as u64).clamp(1, 65535) as u32;
         (x, (self.sm_count * 8).div_ceil(x).clamp(1, runs))
     }
