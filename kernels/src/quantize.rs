@@ -453,8 +453,8 @@ pub(crate) mod device {
         wide: Reciprocal64,
         /// An fp32 scale's divisor; an e8m0 scale's, whose `r` is exactly `1/d`.
         rec: Reciprocal,
-        /// `rec.k` is 1, as the compiler sees it ([`Self::unit`]): an fp32 scale's quotients
-        /// skip the prescaling product (an instruction an element).
+        /// `rec.k` is 1, as the compiler sees it ([`Self::unit`]): [`encode4`]'s FP8 codes skip
+        /// the prescaling product (an instruction an element).
         unit: bool,
     }
 
@@ -554,7 +554,6 @@ pub(crate) mod device {
             let q = match self.scale {
                 ScaleType::UE4M3 => self.wide.quotient(x, math::mul_rn_f64, math::fma_f64),
                 ScaleType::E8M0 => math::mul_rn(x, self.rec.r),
-                ScaleType::F32 if self.unit => self.rec.quotient_unit(x, math::mul_rn, math::fma),
                 ScaleType::F32 => self.rec.quotient(x, math::mul_rn, math::fma),
             };
             if self.zero { 0.0 } else { q }

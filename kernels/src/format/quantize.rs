@@ -271,9 +271,7 @@ impl Reciprocal {
         let rem = fma(q, self.s, -y);
         fma(-rem, self.r, q)
     }
-}
 
-impl Reciprocal {
     /// `−(y / s)`, [`Self::quotient_unit`] negated, with no negation an element (`−r` is the
     /// block's, once): `n = y·(−r)` is `−q` exactly, `y + n·s` the remainder `y − q·s` (exact),
     /// and `n + rem·(−r)` the negated step, rounded once (rounding to nearest is symmetric). Its
