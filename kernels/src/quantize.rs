@@ -19,7 +19,7 @@
 //!   grid's x covers a row's lanes, its z the batch, and rows go round its y: a thread's row,
 //!   block and column come from its indices with 32-bit arithmetic, once per thread (a flat index
 //!   split by 64-bit divisions cost more than the encoding). FP8 codes come from the hardware
-//!   conversion, e2m1 codes from seven comparisons (`format::e2m1::encode_sat_by`), and the
+//!   conversion, e2m1 codes from one rounding addition (`format::e2m1::encode_sat_finite`), and the
 //!   quotients from each block's divisor prepared once (`Quotient`: an exact reciprocal for
 //!   e8m0, `format::quantize::Reciprocal` for fp32 scales, `Reciprocal64` for NVFP4: the
 //!   division's quotient without its cost).
@@ -531,6 +531,16 @@ pub(crate) mod device {
             Quotient { unit: true, ..self }
         }
 
+        /// Whether the divisor is NaN (every quotient is then NaN; no other block has one).
+        #[inline(always)]
+        fn is_nan(&self) -> bool {
+            if self.scale == ScaleType::UE4M3 {
+                self.wide.s.is_nan()
+            } else {
+                self.rec.s.is_nan()
+            }
+        }
+
         /// Lane `lane`'s quotient of an fp32 scale, in every lane (shuffles: every lane of the
         /// warp calls it).
         #[inline(always)]
@@ -590,8 +600,8 @@ pub(crate) mod device {
     /// The codes of four elements of one block with divisor `d` ([`Quotient::new`]), packed from the low bits (8
     /// bits each, or 4 for e2m1): `format::quantize::quantize_element` of each, with the FP8
     /// encodings in hardware (`cvt.rn.satfinite.{e4m3,e5m2}x2.f32`, the rule of their software
-    /// encoders: round to nearest even, saturating, subnormals kept) and e2m1's by comparisons
-    /// (`format::e2m1::encode_sat_by`).
+    /// encoders: round to nearest even, saturating, subnormals kept) and e2m1's by one rounding
+    /// addition (`format::e2m1::encode_sat_finite`).
     #[inline(always)]
     pub(crate) fn encode4(elem: ElemType, x: [f32; 4], d: Quotient) -> u32 {
         if d.unit && matches!(elem, ElemType::E4M3 | ElemType::E5M2) {
@@ -616,8 +626,15 @@ pub(crate) mod device {
                 convert::f32x2_to_e5m2x2(q[0], q[1]) | convert::f32x2_to_e5m2x2(q[2], q[3]) << 16
             }
             ElemType::E2M1 => {
-                let c = q.map(|v| e2m1::encode_sat_by(v, math::past_mask) as u32);
-                c[0] | c[1] << 4 | c[2] << 8 | c[3] << 12
+                let c = q.map(|v| e2m1::encode_sat_finite(v, math::min_abs, math::add_rn));
+                // A NaN quotient comes only from a NaN scale (a block with NaN or ±Inf, or a NaN
+                // tensor scale), whose quotients are all NaN: their codes are +0, as
+                // `encode_sat` gives NaN.
+                if d.is_nan() {
+                    0
+                } else {
+                    c[0] | c[1] << 4 | c[2] << 8 | c[3] << 12
+                }
             }
             _ => {
                 let c = q.map(|v| elem.encode_sat(v) & 0xF);

@@ -57,16 +57,16 @@ pub const BOUNDS: [(f32, bool); 7] = [
 ];
 
 /// [`encode_sat`] with the comparison supplied: `above(|x|, bound, up)` is `u32::MAX` where
-/// `|x|` is past the boundary (`>=` where the tie goes `up`, `>` where not) and 0 elsewhere
-/// (the device's `set.{ge,gt}.u32.f32`, one instruction each).
+/// `|x|` is past the boundary (`>=` where the tie goes `up`, `>` where not) and 0 elsewhere.
 ///
 /// The magnitude code is the number of boundaries `|x|` is past: 0.25 → 0, 0.75 → 1, 1.25 → 1,
 /// 1.75 → 2, 2.5 → 2, 3.5 → 4, 5 → 4 (ties to even), and past 5 it saturates at 6; NaN is past
-/// none. Seven comparisons and no branch: the general rounding from the bits (`rne_mag_code`,
-/// the rule of the other formats) cost the device quantizers about 40 instructions an element.
-/// Equal to it on every f32 (the test below; once, by hand, all 2^32 bit patterns).
+/// none. Seven comparisons and no branch (the device quantizers' rule until v50, about 28
+/// instructions an element there; they now take [`encode_sat_finite`]). Equal to the general
+/// rounding from the bits (`rne_mag_code`, the rule of the other formats) on every f32 (the
+/// test below; once, by hand, all 2^32 bit patterns).
 #[inline(always)]
-pub fn encode_sat_by(x: f32, above: impl Fn(f32, f32, bool) -> u32) -> u8 {
+fn encode_sat_by(x: f32, above: impl Fn(f32, f32, bool) -> u32) -> u8 {
     let a = f32::from_bits(x.to_bits() & 0x7FFF_FFFF);
     let mut past = 0u32;
     // (An index loop: an array's by-value iterator stayed a loop on the device, the table in
@@ -82,6 +82,38 @@ pub fn encode_sat_by(x: f32, above: impl Fn(f32, f32, bool) -> u32) -> u8 {
         0
     };
     (past.wrapping_neg() | sign) as u8
+}
+
+/// [`encode_sat`] of every `x` but NaN (the code in the low nibble), by one rounding addition
+/// instead of seven comparisons: the device quantizers' and quantized outputs' e2m1 rule (Hopper
+/// has no e2m1 conversion instruction; the comparisons took about 28 instructions an element,
+/// this takes about 10).
+///
+/// `|x|` saturated at 6 (`min_abs(x, 6)`: ±Inf too) lies in one of three ranges of E2M1's
+/// magnitudes, spaced 0.5 below 2, 1 in [2, 4) and 2 from 4. Adding `M = 2^(22 + j)` (range
+/// `j`, from the exponent of `|x|`), whose ulp is that spacing, rounds `|x|` to it once, to
+/// nearest even; E2M1's even codes are the multiples of twice the spacing, as are f32's even
+/// significands there, so the ties go as [`BOUNDS`] says. The sum's bits less `M`'s are then
+/// `|x|` in units of the spacing, and adding `2j` gives the magnitude code (0.5 → 1, 2 → 4, 3
+/// → 5, 4 → 6, 6 → 7; a value rounding up to the next range's first magnitude lands on its
+/// code). The sign bit is `x`'s. `min_abs` and `add` are the caller's (the device's `min.f32`
+/// of an `abs.f32` operand, and `add.rn.f32`; the host's, to test it): each must return
+/// `min(|x|, 6)` and the sum rounded once to nearest even. A NaN `x` gives a code of no use:
+/// the device quantizers see NaN quotients only in a block whose scale is NaN, all of whose
+/// codes they set to +0 (`encode_sat`'s NaN). Equal to `encode_sat` on every other f32 (the test
+/// below; once, by hand, all 2^32 bit patterns).
+#[inline(always)]
+pub fn encode_sat_finite(
+    x: f32,
+    min_abs: impl Fn(f32, f32) -> f32,
+    add: impl Fn(f32, f32) -> f32,
+) -> u32 {
+    let a = min_abs(x, MAX);
+    // The biased exponent, 127 at most below 2 (range 0), 128 in [2, 4), 129 from 4 (|x| ≤ 6).
+    let e = (a.to_bits() >> 23).max(127);
+    let m = (e + 22) << 23;
+    let t = add(a, f32::from_bits(m));
+    (t.to_bits() - m + 2 * (e - 127)) | (x.to_bits() >> 28 & 8)
 }
 
 /// [`encode_sat`] by the general rounding from the bits (`rne_mag_code`): what the comparisons
@@ -120,6 +152,62 @@ pub fn unpack(byte: u8) -> (u8, u8) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// [`encode_sat_finite`] with the host's operations.
+    fn by_addition(x: f32) -> u8 {
+        encode_sat_finite(x, |a, b| a.abs().min(b), |a, b| a + b) as u8
+    }
+
+    #[test]
+    fn the_rounding_addition_equals_the_comparisons_on_every_number() {
+        // Every 4099th bit pattern but NaN (both signs, every exponent), and 4096 patterns on
+        // each side of every boundary and code value (the exhaustive run: every 2^32 pattern,
+        // once, by hand).
+        let mut bits = 0u32;
+        loop {
+            let x = f32::from_bits(bits);
+            if !x.is_nan() {
+                assert_eq!(by_addition(x), encode_sat(x), "{x:e} ({bits:#x})");
+            }
+            match bits.checked_add(4099) {
+                Some(b) => bits = b,
+                None => break,
+            }
+        }
+        for v in [
+            0.0f32,
+            0.25,
+            0.5,
+            0.75,
+            1.0,
+            1.25,
+            1.5,
+            1.75,
+            2.0,
+            2.5,
+            3.0,
+            3.5,
+            4.0,
+            5.0,
+            6.0,
+            7.0,
+            f32::INFINITY,
+        ] {
+            for sign in [0, 0x8000_0000u32] {
+                let b = v.to_bits() | sign;
+                for d in 0..4096u32 {
+                    for x in [
+                        f32::from_bits(b.wrapping_add(d)),
+                        f32::from_bits(b.wrapping_sub(d)),
+                    ] {
+                        if !x.is_nan() {
+                            assert_eq!(by_addition(x), encode_sat(x), "{x:e}");
+                        }
+                    }
+                }
+            }
+        }
+    }
 
     #[test]
     fn comparisons_equal_the_rounding_from_the_bits() {

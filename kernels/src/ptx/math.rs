@@ -94,6 +94,19 @@ pub fn max_abs_nan(a: f32, b: f32) -> f32 {
     r
 }
 
+/// The smaller of `|a|` and `b`, `b` where `a` is NaN (`min.f32` of an `abs.f32` operand, which
+/// ptxas folds into one `FMNMX`).
+#[inline(always)]
+pub fn min_abs(a: f32, b: f32) -> f32 {
+    let r: f32;
+    // SAFETY: register-only arithmetic.
+    unsafe {
+        asm!("{{ .reg .f32 x; abs.f32 x, {a}; min.f32 {r}, x, {b}; }}",
+             r = out(reg32) r, a = in(reg32) a, b = in(reg32) b, options(pure, nomem, nostack))
+    };
+    r
+}
+
 /// 1/x correctly rounded to nearest even (`rcp.rn.f32`: subnormals kept; several instructions,
 /// for a value used many times, such as a block's divisor).
 #[inline(always)]
@@ -140,25 +153,6 @@ pub fn recip_rn_f64(x: f64) -> f64 {
     unsafe {
         asm!("rcp.rn.f64 {r}, {x};", r = out(reg64) r, x = in(reg64) x,
              options(pure, nomem, nostack))
-    };
-    r
-}
-
-/// `u32::MAX` where `a >= b` (`up`) or `a > b` (not `up`), 0 elsewhere and where either is NaN
-/// (`set.{ge,gt}.u32.f32`: a comparison whose mask adds up, where a `selp` per comparison cost
-/// two instructions).
-#[inline(always)]
-pub fn past_mask(a: f32, b: f32, up: bool) -> u32 {
-    let r: u32;
-    // SAFETY: register-only arithmetic.
-    unsafe {
-        if up {
-            asm!("set.ge.u32.f32 {r}, {a}, {b};", r = out(reg32) r, a = in(reg32) a,
-                 b = in(reg32) b, options(pure, nomem, nostack))
-        } else {
-            asm!("set.gt.u32.f32 {r}, {a}, {b};", r = out(reg32) r, a = in(reg32) a,
-                 b = in(reg32) b, options(pure, nomem, nostack))
-        }
     };
     r
 }
