@@ -275,6 +275,12 @@ impl MxOperand {
         m.row_tops_into(stream, self.rows_pad as usize, &mut self.row_tops)
     }
 
+    /// The kernel-layout scale buffer of `prepared`'s operand, for a family whose kernels read
+    /// the same layout (the 4-bit-weights family) rather than keeping a copy of their own.
+    pub(crate) fn layout_scales(prepared: &Prepared) -> Option<&CudaSlice<u8>> {
+        Some(&prepared.get::<MxOperand>()?.scales)
+    }
+
     /// The kernel-layout scale buffer of `prepared`'s operand and its `rows_pad`, for a writer
     /// that rewrites it in place ([`Rewritten::mx_scales`]).
     pub(crate) fn layout_scales_mut(prepared: &mut Prepared) -> Option<(&mut CudaSlice<u8>, u32)> {

@@ -15,7 +15,7 @@ use crate::launch::{Launch, persistent_ctas};
 use crate::matrix::{GemmShape, MatrixDesc};
 use crate::prepare::{GatherTo, Source};
 use crate::sm90_fp8::Sm90Operand;
-use crate::sm90_mx::{kernel_scales, kernel_scales_to, scale_format};
+use crate::sm90_mx::{MxOperand, kernel_scales, kernel_scales_to, scale_format};
 use crate::splitk::SplitK;
 use crate::tensor_map::{DataType, Swizzle, encode_3d, encode_scale_rows};
 use blockscaled_kernels::gemm::scheduler::{ClusterShape, Schedule};
@@ -152,7 +152,8 @@ struct W4Operand {
     /// Activation maps for tiles of 16 rows (boxes of [`family::act_box_rows`]) and of 128.
     tmap_16: CudaSlice<u8>,
     tmap_128: CudaSlice<u8>,
-    /// e2m1: the MX kernel-layout scale bytes; e4m3: fp32 `[l][⌈k/128⌉][rows_pad]`; bf16: none.
+    /// e2m1: the MX kernel-layout scale bytes (none where `mx_scales`); e4m3: fp32
+    /// `[l][⌈k/128⌉][rows_pad]` (none where `fp8_scales`); bf16: none.
     scales: Option<CudaSlice<u8>>,
     rows_pad: u32,
     /// The scales' tensor maps in the activation role, for tiles of 16 and of 128 rows (boxes
@@ -162,11 +163,27 @@ struct W4Operand {
     /// matrix (`Sm90Operand::sfa`, `[l][k/128][m_pad]`: this layout with `m_pad` rows) rather
     /// than `scales`. Both live in the matrix's one `Prepared`, so the buffer outlives the maps.
     fp8_scales: bool,
+    /// e2m1 matrices whose scale layout is the MX family's copy of the same matrix
+    /// (`MxOperand`'s: the same layout, which the device quantizers write in place) rather
+    /// than `scales`: one copy made and refreshed, not two. Both live in the matrix's one
+    /// `Prepared`, so the buffer outlives the maps.
+    mx_scales: bool,
     /// bf16: the per-tensor scale every batch entry shares (else the kernel does not take it).
     uniform_scale: Option<f32>,
 }
 
 impl W4Operand {
+    /// The scale bytes its maps read, where they are one-byte (e2m1) or its own fp32 copy: its
+    /// own buffer, or the MX family's layout of the same matrix (`mx_scales`; `prepared` is the
+    /// matrix's).
+    fn scales_in<'p>(&'p self, prepared: &'p Prepared) -> Option<&'p CudaSlice<u8>> {
+        match (&self.scales, self.mx_scales) {
+            (Some(s), _) => Some(s),
+            (None, true) => MxOperand::layout_scales(prepared),
+            (None, false) => None,
+        }
+    }
+
     fn prepare(
         stream: &Arc<CudaStream>,
         m: &Source<'_>,
@@ -194,7 +211,7 @@ impl W4Operand {
             )
         };
         let (mut weights, mut scales, mut uniform_scale) = (None, None, None);
-        let mut fp8_scales = false;
+        let (mut fp8_scales, mut mx_scales) = (false, false);
         // The activation role's scale maps: entries of `entry` bytes, `rows` per plane, `planes`
         // per batch entry.
         let scale_maps = |sp: u64, act: Activation, block: u32, (rows, planes): (usize, usize)| {
@@ -211,17 +228,23 @@ impl W4Operand {
                 let Some(scale) = scale_format(&d) else {
                     return Ok(None);
                 };
-                let (buf, _) = kernel_scales(stream, m, scale)?;
                 let stages = k.div_ceil(BLOCK_K as usize);
-                let (sp, _g) = buf.device_ptr(stream);
-                maps = Some(scale_maps(
-                    sp,
-                    Activation::Fp4,
-                    scale.block,
-                    (rows_pad, stages),
-                )?);
-                drop(_g);
-                scales = Some(buf);
+                let dims = (rows_pad, stages);
+                match MxOperand::layout_scales(made) {
+                    // The MX family's copy of this layout: read it, no copy of our own.
+                    Some(buf) => {
+                        let (sp, _g) = buf.device_ptr(stream);
+                        maps = Some(scale_maps(sp, Activation::Fp4, scale.block, dims)?);
+                        mx_scales = true;
+                    }
+                    None => {
+                        let (buf, _) = kernel_scales(stream, m, scale)?;
+                        let (sp, _g) = buf.device_ptr(stream);
+                        maps = Some(scale_maps(sp, Activation::Fp4, scale.block, dims)?);
+                        drop(_g);
+                        scales = Some(buf);
+                    }
+                }
                 // The weights' role: each row's 64-K chunks reordered (`weight_k`), K padded
                 // with zeros to a multiple of 64.
                 let reordered = m.w4_reorder(stream, k.div_ceil(BLOCK_K as usize))?;
@@ -300,6 +323,7 @@ impl W4Operand {
         };
         Ok(Some(W4Operand {
             fp8_scales,
+            mx_scales,
             weights,
             tmap_16,
             tmap_128,
@@ -346,10 +370,14 @@ impl Family for Sm90W4 {
             return Ok(true);
         };
         let d = *m.desc();
+        let mx_scales = op.mx_scales;
         match (d.format.elem, &mut op.scales) {
-            (ElemType::E2M1, Some(scales)) => {
-                let scale = scale_format(&d).expect("prepared, so supported");
-                m.gather_into(stream, kernel_scales_to(&d, scale).0, scales)?;
+            // (Reading the MX family's scale layout, which it or the writer refreshed.)
+            (ElemType::E2M1, scales) if scales.is_some() || mx_scales => {
+                if let Some(scales) = scales {
+                    let scale = scale_format(&d).expect("prepared, so supported");
+                    m.gather_into(stream, kernel_scales_to(&d, scale).0, scales)?;
+                }
                 if let Some(w) = &mut op.weights {
                     m.w4_reorder_into(stream, d.k.div_ceil(BLOCK_K as usize), &mut w.data)?;
                 }
@@ -425,7 +453,7 @@ impl Sm90W4 {
                 "operands were not prepared for the sm90 4-bit-weights kernel".into(),
             ));
         };
-        let (Some(w), Some(wscales)) = (&bo.weights, &bo.scales) else {
+        let (Some(w), Some(wscales)) = (&bo.weights, bo.scales_in(&b.prepared)) else {
             return Err(Error::Format("B was not prepared as 4-bit weights".into()));
         };
         let a_scale = match act {
@@ -488,7 +516,7 @@ impl Sm90W4 {
             tmap_w: launch.ptr(&w.tmap),
             tmap_x: launch.ptr(tmap_x),
             sfw: launch.ptr(wscales),
-            tmap_sx: match (&ao.scale_maps, &ao.scales, a8_shared) {
+            tmap_sx: match (&ao.scale_maps, ao.scales_in(&a.prepared), a8_shared) {
                 (Some([m16, m128]), Some(sx), _) => {
                     // The maps' buffer is read too.
                     let _ = launch.ptr(sx);
