@@ -228,23 +228,25 @@ impl W4Operand {
                 let Some(scale) = scale_format(&d) else {
                     return Ok(None);
                 };
-                let stages = k.div_ceil(BLOCK_K as usize);
-                let dims = (rows_pad, stages);
-                match MxOperand::layout_scales(made) {
-                    // The MX family's copy of this layout: read it, no copy of our own.
+                // The MX family's copy of this layout where the matrix has one (read it, no copy
+                // of our own), else our own.
+                let sp = match MxOperand::layout_scales(made) {
                     Some(buf) => {
-                        let (sp, _g) = buf.device_ptr(stream);
-                        maps = Some(scale_maps(sp, Activation::Fp4, scale.block, dims)?);
                         mx_scales = true;
+                        buf.device_ptr(stream).0
                     }
                     None => {
-                        let (buf, _) = kernel_scales(stream, m, scale)?;
-                        let (sp, _g) = buf.device_ptr(stream);
-                        maps = Some(scale_maps(sp, Activation::Fp4, scale.block, dims)?);
-                        drop(_g);
-                        scales = Some(buf);
+                        let buf = scales.insert(kernel_scales(stream, m, scale)?.0);
+                        buf.device_ptr(stream).0
                     }
-                }
+                };
+                let stages = k.div_ceil(BLOCK_K as usize);
+                maps = Some(scale_maps(
+                    sp,
+                    Activation::Fp4,
+                    scale.block,
+                    (rows_pad, stages),
+                )?);
                 // The weights' role: each row's 64-K chunks reordered (`weight_k`), K padded
                 // with zeros to a multiple of 64.
                 let reordered = m.w4_reorder(stream, k.div_ceil(BLOCK_K as usize))?;

@@ -30,20 +30,6 @@ pub fn decode(code: u8) -> f32 {
     with_sign(decode_mag(c & 0x7, MANTISSA_BITS, EMIN), c & 0x8 != 0)
 }
 
-/// Nearest E2M1 code to `x`, ties to even (one rounding from the `f32` bits), saturating.
-///
-/// MX v1.0 §6.3 quantizes elements with round-to-nearest-even and clamps normal values to the
-/// element maximum: `|x| > 6` (and ±Inf) gives ±6. Magnitudes below 0.25 give ±0, exactly 0.25
-/// gives ±0 (tie to even), and the sign of `x` is kept (so -0.0 and tiny negatives give `0x8`).
-/// E2M1 has no NaN: **NaN gives `0x0` (+0)**; the host quantizer rejects NaN before calling.
-/// The result is in the low nibble.
-#[inline]
-pub fn encode_sat(x: f32) -> u8 {
-    encode_sat_by(x, |a, bound, up| {
-        ((if up { a >= bound } else { a > bound }) as u32).wrapping_neg()
-    })
-}
-
 /// The rounding boundaries of the magnitudes: the midpoints between neighbouring ones, and
 /// whether a tie there goes up (to the even code above) or down.
 pub const BOUNDS: [(f32, bool); 7] = [
@@ -56,17 +42,26 @@ pub const BOUNDS: [(f32, bool); 7] = [
     (5.0, false),
 ];
 
-/// [`encode_sat`] with the comparison supplied: `above(|x|, bound, up)` is `u32::MAX` where
-/// `|x|` is past the boundary (`>=` where the tie goes `up`, `>` where not) and 0 elsewhere.
+/// Nearest E2M1 code to `x`, ties to even (one rounding from the `f32` bits), saturating.
 ///
-/// The magnitude code is the number of boundaries `|x|` is past: 0.25 → 0, 0.75 → 1, 1.25 → 1,
-/// 1.75 → 2, 2.5 → 2, 3.5 → 4, 5 → 4 (ties to even), and past 5 it saturates at 6; NaN is past
-/// none. Seven comparisons and no branch (the device quantizers' rule until v50, about 28
-/// instructions an element there; they now take [`encode_sat_finite`]). Equal to the general
-/// rounding from the bits (`rne_mag_code`, the rule of the other formats) on every f32 (the
-/// test below; once, by hand, all 2^32 bit patterns).
-#[inline(always)]
-fn encode_sat_by(x: f32, above: impl Fn(f32, f32, bool) -> u32) -> u8 {
+/// MX v1.0 §6.3 quantizes elements with round-to-nearest-even and clamps normal values to the
+/// element maximum: `|x| > 6` (and ±Inf) gives ±6. Magnitudes below 0.25 give ±0, exactly 0.25
+/// gives ±0 (tie to even), and the sign of `x` is kept (so -0.0 and tiny negatives give `0x8`).
+/// E2M1 has no NaN: **NaN gives `0x0` (+0)**; the host quantizer rejects NaN before calling.
+/// The result is in the low nibble.
+///
+/// The magnitude code is the number of [`BOUNDS`] `|x|` is past (`>=` where the tie goes up,
+/// `>` where not): 0.25 → 0, 0.75 → 1, 1.25 → 1, 1.75 → 2, 2.5 → 2, 3.5 → 4, 5 → 4 (ties to
+/// even), and past 5 it saturates at 6; NaN is past none. Seven comparisons and no branch (the
+/// device quantizers' rule until v50, about 28 instructions an element there; they now take
+/// [`encode_sat_finite`]). Equal to the general rounding from the bits (`rne_mag_code`, the
+/// rule of the other formats) on every f32 (the test below; once, by hand, all 2^32 bit
+/// patterns).
+#[inline]
+pub fn encode_sat(x: f32) -> u8 {
+    let above = |a: f32, bound: f32, up: bool| {
+        ((if up { a >= bound } else { a > bound }) as u32).wrapping_neg()
+    };
     let a = f32::from_bits(x.to_bits() & 0x7FFF_FFFF);
     let mut past = 0u32;
     // (An index loop: an array's by-value iterator stayed a loop on the device, the table in
