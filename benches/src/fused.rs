@@ -359,7 +359,39 @@ pub fn run_quantizers(
             check,
         });
     }
+    out.push(copy_row(gpu, in_bytes, sets, (warmup, iters))?);
     Ok(out)
+}
+
+/// The machine's own copy rate beside the quantizers: a device-to-device copy of the input's
+/// bytes (read and written once: twice the input's bytes of traffic), from the same number of
+/// rotated buffers, timed the same way. The quantizers read the input and write about half of it
+/// (FP8) or a quarter (FP4); the copy says what the memory gives a kernel of this size on this
+/// machine, the fixed 3.0 TB/s what the targets ask.
+fn copy_row(
+    gpu: &Gpu,
+    in_bytes: usize,
+    sets: usize,
+    (warmup, iters): (usize, usize),
+) -> Result<QuantizerRow, String> {
+    let stream = gpu.stream();
+    let derr = |e: cudarc::driver::DriverError| e.to_string();
+    let srcs = (0..sets)
+        .map(|_| stream.alloc_zeros::<u8>(in_bytes))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(derr)?;
+    let mut dst = stream.alloc_zeros::<u8>(in_bytes).map_err(derr)?;
+    let t = time_on_stream(stream, warmup, iters, |i| {
+        stream.memcpy_dtod(&srcs[i % sets], &mut dst)
+    })
+    .map_err(derr)?;
+    Ok(QuantizerRow {
+        name: "copy (d2d)".to_string(),
+        ms: t.median_ms,
+        call_ms: f64::NAN,
+        bytes: 2 * in_bytes,
+        check: Ok("the input's bytes copied: this machine's copy rate".to_string()),
+    })
 }
 
 /// The header and lines of a quantizer table; the second value says whether every check passed.
@@ -381,13 +413,18 @@ pub fn quantizer_lines(rows: &[QuantizerRow]) -> (Vec<String>, bool) {
             lines.push(format!("{:<16} {check}", r.name));
             continue;
         }
+        let call = if r.call_ms.is_nan() {
+            "—".to_string()
+        } else {
+            format!("{:.2}", r.call_ms * 1e3)
+        };
         lines.push(format!(
-            "{:<16} {:>9.2} {:>7.0} {:>11.2} {:>10.2}  {check}",
+            "{:<16} {:>9.2} {:>7.0} {:>11.2} {:>10}  {check}",
             r.name,
             r.ms * 1e3,
             r.gbs(),
             r.gbs() / COPY_CEILING_GBS,
-            r.call_ms * 1e3
+            call
         ));
     }
     (lines, ok)

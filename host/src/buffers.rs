@@ -2,6 +2,7 @@
 //! what the kernel families prepared of it in one slot, so that no family adds fields here.
 
 use std::any::Any;
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use cudarc::driver::{CudaSlice, DevicePtrMut};
@@ -54,6 +55,51 @@ impl Prepared {
 
     pub(crate) fn get_mut<T: Any>(&mut self) -> Option<&mut T> {
         self.0.iter_mut().find_map(|v| v.downcast_mut::<T>())
+    }
+}
+
+/// A copy of a matrix that a family makes only when a GEMM first needs it: the weights' role's
+/// copies (the MX family's row maxima for the fold, the 4-bit-weights family's reordered codes),
+/// which an activation quantized before every GEMM never uses. Made on the GPU's stream at first
+/// use (ordered after the writes it reads), kept until the matrix is rewritten in place
+/// ([`Self::forget`]).
+pub(crate) struct OnFirstUse<T>(OnceLock<T>);
+
+impl<T> Default for OnFirstUse<T> {
+    fn default() -> Self {
+        OnFirstUse(OnceLock::new())
+    }
+}
+
+impl<T> OnFirstUse<T> {
+    /// The copy, made by `make` on first use. (Two threads' first uses both make it; the first
+    /// to finish is kept and the other's dropped, both ordered on the one stream.)
+    pub(crate) fn get_or_make(&self, make: impl FnOnce() -> Result<T>) -> Result<&T> {
+        if let Some(v) = self.0.get() {
+            return Ok(v);
+        }
+        let v = make()?;
+        Ok(self.0.get_or_init(|| v))
+    }
+
+    /// A copy made already (given with the operand rather than made from the matrix).
+    pub(crate) fn made(v: T) -> Self {
+        OnFirstUse(OnceLock::from(v))
+    }
+
+    /// The copy, where made.
+    pub(crate) fn get(&self) -> Option<&T> {
+        self.0.get()
+    }
+
+    /// The copy, where made, to rewrite in place.
+    pub(crate) fn get_mut(&mut self) -> Option<&mut T> {
+        self.0.get_mut()
+    }
+
+    /// The matrix was rewritten: the copy is made again at its next use.
+    pub(crate) fn forget(&mut self) {
+        self.0 = OnceLock::new();
     }
 }
 

@@ -222,10 +222,13 @@ impl Gpu {
     /// major order, NVFP4's tensor scale, and a second copy of one-byte scales in the 128×4
     /// swizzled layout. [`Error::Format`] for another format, [`Error::Alignment`] for K not a
     /// multiple of 8. Non-finite input gives NaN scales (the host quantizer's `Error::Format`
-    /// would need a wait). FP8 with fp32 scales per 1×128 (DeepSeek activations) is written
-    /// straight into the FP8 kernel's A-role layout; every other copy a GEMM kernel reads (the
-    /// MX kernel's scale layout, each row's largest scale code, 4-bit weights reordered, fp32
-    /// scale layouts) is made on the device from the quantizer's buffers, with no copy back.
+    /// would need a wait). FP8 with fp32 scales per 1×128 (DeepSeek activations), per row or per
+    /// tensor is written straight into the FP8 kernel's A-role layout too; every other copy a
+    /// GEMM kernel reads of an activation (the MX kernel's scale layout, fp32 scale layouts) is
+    /// made on the device from the quantizer's buffers, with no copy back. The copies only
+    /// weights need (the FP8 kernel's B-role scales, each row's largest scale code for the fold,
+    /// the 4-bit weights' reordered codes) are made, on the device too, when a GEMM first takes
+    /// the matrix as weights: an activation quantized every step never pays for them.
     pub fn quantize_with(
         &self,
         t: &DeviceTensor,
@@ -303,19 +306,16 @@ impl Gpu {
     }
 
     /// A quantized matrix's buffers as a [`DeviceQuantized`], prepared for the GEMM kernels: FP8
-    /// with fp32 scales per 1×128 in the FP8 kernel's A-role layout the writer filled; the rest
-    /// on the device ([`Gpu::prepare_on_device`]).
+    /// with fp32 scales per 1×128, per row or per tensor in the FP8 kernel's A-role layout the
+    /// writer filled; the rest on the device ([`Gpu::prepare_on_device`]).
     fn finish_quantized(&self, q: crate::quantizer::Quantized) -> Result<DeviceQuantized> {
-        let (rows, k, l) = (q.desc.rows, q.desc.k, q.desc.batch);
         let mut prepared = Prepared::default();
         if let Some(sfa) = q.sfa {
-            prepared.insert(Box::new(Sm90Operand::over(
+            prepared.insert(Box::new(Sm90Operand::written(
                 &self.stream,
+                &q.desc,
                 &q.data,
-                (rows, k, l),
-                Some(sfa),
-                None,
-                None,
+                sfa,
             )?));
         }
         let mut matrix = DeviceMatrix {
@@ -343,6 +343,7 @@ impl Gpu {
         was_finite: bool,
     ) -> Result<()> {
         if was_finite && dst.desc.tensor_scale.is_finite() {
+            // (Field by field: the families write `dst.prepared` while reading the rest.)
             let src = Source::Device {
                 desc: dst.desc,
                 data: &dst.data,
@@ -1047,7 +1048,8 @@ fn whole_blocks(n_out: usize, block: usize) -> Result<()> {
 }
 
 /// The copies among a matrix's prepared data that the device quantizer rewrites itself, where
-/// `spec`'s format has one: the FP8 kernel's A-role scales (FP8 1×128, [`a_role_scales`]) or
+/// `spec`'s format has one: the FP8 kernel's A-role scales (FP8 with fp32 scales per 1×128, per
+/// row or per tensor, [`a_role_scales`]) or
 /// the MX kernel's scale layout and its `rows_pad` (one-byte scales per 1×16 or 1×32).
 #[allow(clippy::type_complexity)]
 fn quantizer_copies<'a>(
@@ -1067,7 +1069,8 @@ fn quantizer_copies<'a>(
 }
 
 /// The FP8 kernel's A-role scale copy among a matrix's prepared data, where `spec`'s format has
-/// one (FP8 with fp32 scales per 1×128): a rewrite of the matrix writes it in place.
+/// one (FP8 with fp32 scales per 1×128, per row or per tensor): a rewrite of the matrix writes
+/// it in place.
 fn a_role_scales<'a>(
     prepared: &'a mut Prepared,
     spec: &QuantSpec,

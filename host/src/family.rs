@@ -20,7 +20,7 @@ use crate::prepare::Source;
 /// writer rewrote in place beside the codes and scales, so that the families skip them.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Rewritten {
-    /// The FP8 kernel's A-role scales (FP8 with fp32 scales per 1×128).
+    /// The FP8 kernel's A-role scales (FP8 with fp32 scales per 1×128, per row or per tensor).
     pub sfa: bool,
     /// The MX kernel's scale layout (one-byte scales per 1×16 or 1×32).
     pub mx_scales: bool,

@@ -296,7 +296,7 @@ pub(crate) fn load_families(
     if let Some(f) = Sm90W4::load(module, arch.target(), sm_count)? {
         families.add(f);
     }
-    if let Some(f) = Sm90MxFp8::load(module, arch.target())? {
+    if let Some(f) = Sm90MxFp8::load(module, arch.target(), sm_count)? {
         families.add(f);
     }
     if let Some(f) = Sm90Half::load(module, stream, arch.target(), sm_count)? {

@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaFunction, CudaModule, CudaSlice, CudaStream};
 
+use crate::buffers::DeviceMatrix;
 use crate::error::{Result, shape};
 use crate::launch::{KernelParams, Launch};
 use crate::matrix::{MatrixDesc, ScaledMatrix};
@@ -16,6 +17,7 @@ use blockscaled_kernels::prepare::{
 };
 
 /// The loaded preparation kernels.
+#[derive(Clone)]
 pub(crate) struct Preparers {
     sm_count: u32,
     gather: CudaFunction,
@@ -154,6 +156,19 @@ fn u32_of(x: usize, what: &str) -> Result<u32> {
         .map_err(|_| shape(format!("{what} ({x}) does not fit the preparation kernels")))
 }
 
+impl<'a> Source<'a> {
+    /// A matrix on the GPU as a source, read with `kernels` (uploads too: their codes and scales
+    /// are on the device in the matrix's layout).
+    pub(crate) fn of(m: &'a DeviceMatrix, kernels: &'a Preparers) -> Self {
+        Source::Device {
+            desc: m.desc,
+            data: &m.data,
+            scales: &m.scales,
+            kernels,
+        }
+    }
+}
+
 impl Source<'_> {
     pub(crate) fn desc(&self) -> &MatrixDesc {
         match self {
@@ -272,30 +287,18 @@ impl Source<'_> {
         stream: &Arc<CudaStream>,
         rows_pad: usize,
     ) -> Result<CudaSlice<u8>> {
-        let mut out = alloc::<u8>(stream, self.row_tops_of(rows_pad)?.entries() as usize)?;
-        self.row_tops_into(stream, rows_pad, &mut out)?;
-        Ok(out)
-    }
-
-    /// [`Self::row_tops`] into `out`, a buffer it made for a matrix of this description.
-    pub(crate) fn row_tops_into(
-        &self,
-        stream: &Arc<CudaStream>,
-        rows_pad: usize,
-        out: &mut CudaSlice<u8>,
-    ) -> Result<()> {
         let t = self.row_tops_of(rows_pad)?;
-        fits(out, t.entries() as usize)?;
+        let mut out = alloc::<u8>(stream, t.entries() as usize)?;
         match self {
             Source::Host(m) => {
                 let src = m.scales();
                 let v: Vec<u8> = (0..t.entries())
                     .map(|o| t.top(o, |s| src[s as usize] as u32) as u8)
                     .collect();
-                Ok(stream.memcpy_htod(&v, out)?)
+                stream.memcpy_htod(&v, &mut out)?;
             }
             // SAFETY: `scales` holds the one-byte scale of every (l, row, K block) of the layout;
-            // `out` `entries()` bytes (checked above). A warp per row.
+            // `out` `entries()` bytes. A warp per row.
             Source::Device {
                 scales, kernels, ..
             } => unsafe {
@@ -304,10 +307,11 @@ impl Source<'_> {
                     (&kernels.row_tops, kernels.grid_1d(32 * t.entries())),
                     t,
                     scales,
-                    out,
-                )
+                    &mut out,
+                )?
             },
         }
+        Ok(out)
     }
 
     fn row_tops_of(&self, rows_pad: usize) -> Result<RowTops> {
@@ -335,20 +339,8 @@ impl Source<'_> {
         stream: &Arc<CudaStream>,
         chunks: usize,
     ) -> Result<CudaSlice<u8>> {
-        let mut out = alloc::<u8>(stream, 32 * self.w4_reorder_of(chunks)?.entries() as usize)?;
-        self.w4_reorder_into(stream, chunks, &mut out)?;
-        Ok(out)
-    }
-
-    /// [`Self::w4_reorder`] into `out`, a buffer it made for a matrix of this description.
-    pub(crate) fn w4_reorder_into(
-        &self,
-        stream: &Arc<CudaStream>,
-        chunks: usize,
-        out: &mut CudaSlice<u8>,
-    ) -> Result<()> {
         let w = self.w4_reorder_of(chunks)?;
-        fits(out, 32 * w.entries() as usize)?;
+        let mut out = alloc::<u8>(stream, 32 * w.entries() as usize)?;
         match self {
             Source::Host(m) => {
                 let src = m.data();
@@ -356,21 +348,22 @@ impl Source<'_> {
                 for q in 0..w.entries() {
                     v.extend(w.chunk_of(src, q).iter().flat_map(|x| x.to_le_bytes()));
                 }
-                Ok(stream.memcpy_htod(&v, out)?)
+                stream.memcpy_htod(&v, &mut out)?;
             }
             // SAFETY: `data` holds the matrix's batch · rows · k / 2 code bytes (e2m1, its desc; K
             // a multiple of 32: the W4 family's condition), 16-byte aligned (an allocation; rows
-            // of whole 16 bytes); `out` `32 · entries()` bytes (checked above).
+            // of whole 16 bytes); `out` `32 · entries()` bytes.
             Source::Device { data, kernels, .. } => unsafe {
                 kernels.launch(
                     stream,
                     (&kernels.w4_reorder, kernels.grid_1d(w.entries())),
                     w,
                     data,
-                    out,
-                )
+                    &mut out,
+                )?
             },
         }
+        Ok(out)
     }
 
     fn w4_reorder_of(&self, chunks: usize) -> Result<W4Reorder> {

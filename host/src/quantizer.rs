@@ -117,7 +117,8 @@ pub(crate) struct Quantized {
     pub desc: MatrixDesc,
     pub data: CudaSlice<u8>,
     pub scales: CudaSlice<u8>,
-    /// The FP8 kernel's A-role scales `[l][k/128][m_pad]` and `m_pad` (FP8 with fp32 per 1×128).
+    /// The FP8 kernel's A-role scales `[l][k/128][m_pad]` and `m_pad` (FP8 with fp32 scales per
+    /// 1×128, per row or per tensor, K a multiple of 128).
     pub sfa: Option<(CudaSlice<f32>, u32)>,
     pub swizzled: Option<CudaSlice<u8>>,
 }
@@ -132,7 +133,8 @@ pub(crate) struct QuantSpec {
     pub block_k: u32,
     /// Rows of the FP8 kernel's A-role scales `[l][k/128][m_pad]`, when the format has them.
     pub m_pad: u32,
-    /// Whether the format has them (FP8 with fp32 scales per 1×128, K a multiple of 128).
+    /// Whether the format has them (FP8 with fp32 scales per 1×128, per row or per tensor, K a
+    /// multiple of 128).
     pub fp8_a: bool,
     /// Bytes of one batch entry of the 128×4 swizzled copy (0: none).
     pub swizzled_entry: usize,
@@ -238,7 +240,11 @@ impl QuantSpec {
             span,
             block_k,
             m_pad: blockscaled_kernels::sm90::m_pad(rows as u32),
-            fp8_a: format.scale == ScaleType::F32 && block_k == 128 && k.is_multiple_of(128),
+            // (A scale per row or per tensor is the same for every 128 of K: the quantizer
+            // writes it into each K block's entry.)
+            fp8_a: format.scale == ScaleType::F32
+                && k.is_multiple_of(128)
+                && (span != ScaleSpan::Block || block_k == 128),
             swizzled_entry,
             given,
         })

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use cudarc::driver::{CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr};
 
 use crate::bsr::{BsrMatrix, DeviceBsr, FP8_BLOCK, SparseSide};
-use crate::buffers::{DeviceMatrix, DeviceOutput, Prepared, PreparedValue};
+use crate::buffers::{DeviceMatrix, DeviceOutput, OnFirstUse, Prepared, PreparedValue};
 use crate::error::{Error, Result, config, shape};
 use crate::family::{Family, Gemm, Rewritten};
 use crate::format::{ElemType, OutType, ScaleType};
@@ -16,7 +16,7 @@ use crate::fused::Fused;
 use crate::grouped::DeviceGroups;
 use crate::launch::{Launch, persistent_ctas};
 use crate::matrix::{GemmShape, MatrixDesc};
-use crate::prepare::{GatherTo, Source};
+use crate::prepare::{GatherTo, Preparers, Source};
 use crate::splitk::{self, SplitK};
 use crate::tensor_map::{DataType, Swizzle, encode_3d, encode_scale_rows};
 use blockscaled_kernels::gemm::layout::{FRAGMENT_ROWS, OUT_BOX_WIDTHS, out_box_n};
@@ -280,11 +280,38 @@ pub(crate) struct Sm90Operand {
     pub(crate) sfa: Option<(CudaSlice<f32>, u32)>,
     /// Their tensor map (boxes of `SFA_BOX` rows), when `sfa` is set.
     sfa_map: Option<CudaSlice<u8>>,
-    /// B-role scales `[l][⌈rows/128⌉][k/128]` (None if not eligible as B); all 1 when the scales
-    /// are per row, which `sfb_col` then holds.
-    pub(crate) sfb: Option<CudaSlice<f32>>,
-    /// B-role per-row scales `[l][rows]`, when B is scaled per row over all of K.
+    /// The B role's scales (None if not eligible as B): made at the matrix's first use as B
+    /// ([`Sm90Operand::as_b`]; activations quantized every step never pay for them), or given
+    /// with the operand (a fold's).
+    b_role: Option<OnFirstUse<BRole>>,
+}
+
+/// The FP8 kernel's B-role scales of one operand.
+pub(crate) struct BRole {
+    /// `[l][⌈rows/128⌉][k/128]`; all 1 when the scales are per row, which `sfb_col` then holds.
+    pub(crate) sfb: CudaSlice<f32>,
+    /// Per-row scales `[l][rows]`, when B is scaled per row over all of K.
     pub(crate) sfb_col: Option<CudaSlice<f32>>,
+}
+
+impl BRole {
+    /// The B role's scales of `m` (eligible as B).
+    fn make(stream: &Arc<CudaStream>, m: &Source<'_>) -> Result<Self> {
+        let d = *m.desc();
+        let (rows, k, l) = (d.rows, d.k, d.batch);
+        Ok(if column_scales(&d) {
+            let nb = rows.div_ceil(BLOCK_N as usize);
+            BRole {
+                sfb: stream.clone_htod(&vec![1f32; l * nb * (k / BLOCK_K as usize)])?,
+                sfb_col: Some(m.gather(stream, scales_to(&d, Scales::Columns))?),
+            }
+        } else {
+            BRole {
+                sfb: m.gather(stream, scales_to(&d, Scales::B))?,
+                sfb_col: None,
+            }
+        })
+    }
 }
 
 impl Sm90Operand {
@@ -309,21 +336,54 @@ impl Sm90Operand {
         } else {
             None
         };
-        let columns = column_scales(&d);
-        let sfb = match (as_b, columns) {
-            (true, false) => Some(m.gather(stream, scales_to(&d, Scales::B))?),
-            (true, true) => {
-                let nb = rows.div_ceil(BLOCK_N as usize);
-                Some(stream.clone_htod(&vec![1f32; l * nb * (k / BLOCK_K as usize)])?)
-            }
-            (false, _) => None,
-        };
-        let sfb_col = if columns {
-            Some(m.gather(stream, scales_to(&d, Scales::Columns))?)
-        } else {
-            None
-        };
-        Sm90Operand::over(stream, data, (rows, k, l), sfa, sfb, sfb_col).map(Some)
+        let mut op = Sm90Operand::over(stream, data, (rows, k, l), sfa, None)?;
+        if as_b {
+            op.b_role = Some(OnFirstUse::default());
+        }
+        Ok(Some(op))
+    }
+
+    /// A device-written matrix's operand (`d`, its codes `data`) over the A-role scales its
+    /// writer filled (a device quantizer, a GEMM's quantized output), with the B role made at
+    /// first use where the format can take it.
+    pub(crate) fn written(
+        stream: &Arc<CudaStream>,
+        d: &MatrixDesc,
+        data: &CudaSlice<u8>,
+        sfa: (CudaSlice<f32>, u32),
+    ) -> Result<Self> {
+        let mut op = Sm90Operand::over(stream, data, (d.rows, d.k, d.batch), Some(sfa), None)?;
+        if unsupported(d, true).is_none() {
+            op.b_role = Some(OnFirstUse::default());
+        }
+        Ok(op)
+    }
+
+    /// `m`'s operand (prepared for this family) with its B-role scales, made by `kernels` on
+    /// `stream` at the first use as B after the matrix was made or rewritten.
+    pub(crate) fn as_b<'m>(
+        m: &'m DeviceMatrix,
+        stream: &Arc<CudaStream>,
+        kernels: &Preparers,
+    ) -> Result<&'m Sm90Operand> {
+        let op = m
+            .prepared
+            .get::<Sm90Operand>()
+            .ok_or_else(|| Error::Format("operand was not prepared for the sm90 kernel".into()))?;
+        if let Some(b) = &op.b_role {
+            b.get_or_make(|| BRole::make(stream, &Source::of(m, kernels)))?;
+        }
+        Ok(op)
+    }
+
+    /// The B role's scales, where made ([`Self::as_b`]) or given.
+    pub(crate) fn b_role(&self) -> Option<&BRole> {
+        self.b_role.as_ref()?.get()
+    }
+
+    /// The B role's scales given with the operand, to rewrite (a fold's workspace).
+    pub(crate) fn b_role_mut(&mut self) -> Option<&mut BRole> {
+        self.b_role.as_mut()?.get_mut()
     }
 }
 
@@ -364,8 +424,8 @@ fn column_scales(d: &MatrixDesc) -> bool {
 }
 
 impl Sm90Operand {
-    /// Its scale copies made again from `m` (rewritten in place), in the same buffers; the A
-    /// role's not where the writer rewrote them (`sfa_written`).
+    /// Its scale copies for `m` (rewritten in place): the A role's made again in the same buffer
+    /// where the writer did not rewrite them (`sfa_written`), the B role's at its next use.
     fn refresh(
         &mut self,
         stream: &Arc<CudaStream>,
@@ -378,13 +438,8 @@ impl Sm90Operand {
         {
             m.gather_into(stream, scales_to(&d, Scales::A(*m_pad)), sfa)?;
         }
-        if let Some(sfb) = &mut self.sfb
-            && !column_scales(&d)
-        {
-            m.gather_into(stream, scales_to(&d, Scales::B), sfb)?;
-        }
-        if let Some(col) = &mut self.sfb_col {
-            m.gather_into(stream, scales_to(&d, Scales::Columns), col)?;
+        if let Some(b) = &mut self.b_role {
+            b.forget();
         }
         Ok(())
     }
@@ -393,15 +448,14 @@ impl Sm90Operand {
 impl Sm90Operand {
     /// The operand `data` (`l` × `rows` × `k` FP8 codes, K-major) with scales already in the
     /// kernel's layouts: A-role `sfa` `[l][k/128][m_pad]`, or B-role `sfb`
-    /// `[l][⌈rows/128⌉][k/128]` (per 128 × 128) and optionally `sfb_col` `[l][rows]` (per row),
-    /// with their tensor maps.
+    /// `[l][⌈rows/128⌉][k/128]` (per 128 × 128) and optionally `sfb_col` `[l][rows]` (per row)
+    /// ([`BRole`]), with their tensor maps.
     pub(crate) fn over(
         stream: &Arc<CudaStream>,
         data: &CudaSlice<u8>,
         (rows, k, l): (usize, usize, usize),
         sfa: Option<(CudaSlice<f32>, u32)>,
-        sfb: Option<CudaSlice<f32>>,
-        sfb_col: Option<CudaSlice<f32>>,
+        b_role: Option<BRole>,
     ) -> Result<Self> {
         let sfa_map = match &sfa {
             Some((buf, m_pad)) => {
@@ -425,8 +479,7 @@ impl Sm90Operand {
             tmaps: tmaps.try_into().expect("one map per box height"),
             sfa,
             sfa_map,
-            sfb,
-            sfb_col,
+            b_role: b_role.map(OnFirstUse::made),
         })
     }
 }
@@ -567,6 +620,8 @@ pub(crate) fn tile_refuses(tile: Tile, epi: Option<&Fused<'_>>) -> bool {
 pub(crate) struct Sm90Fp8 {
     kernels: Vec<Kernel>,
     splitk: SplitK,
+    /// For the B role's scales, made at a matrix's first use as B.
+    preparers: Preparers,
 }
 
 impl Family for Sm90Fp8 {
@@ -692,6 +747,7 @@ impl Sm90Fp8 {
         Ok(Some(Sm90Fp8 {
             kernels,
             splitk: SplitK::default(),
+            preparers: Preparers::load(module, sm_count)?,
         }))
     }
 
@@ -706,7 +762,7 @@ impl Sm90Fp8 {
             groups,
             epi,
         } = g;
-        let (ao, bo) = operands(a, b)?;
+        let (ao, bo) = operands(a, b, stream, &self.preparers)?;
         let types = (a.desc.format.elem, b.desc.format.elem);
         self.run(stream, shape, (ao, bo), types, c, cfg, groups, epi)
     }
@@ -772,7 +828,7 @@ impl Sm90Fp8 {
                     }
                 ))
             })?;
-        let (Some(sfa_map), Some(sfb)) = (&ao.sfa_map, &bo.sfb) else {
+        let (Some(sfa_map), Some(b_role)) = (&ao.sfa_map, bo.b_role()) else {
             return Err(Error::Format(
                 "operands not prepared for the sm90 kernel in these roles".into(),
             ));
@@ -837,8 +893,8 @@ impl Sm90Fp8 {
             tmap_b,
             tmap_c,
             tmap_sfa: launch.ptr(sfa_map),
-            sfb: launch.ptr(sfb),
-            sfb_col: launch.opt_ptr(bo.sfb_col.as_ref()),
+            sfb: launch.ptr(&b_role.sfb),
+            sfb_col: launch.opt_ptr(b_role.sfb_col.as_ref()),
             out: out_ptr,
             splitk,
             m: m as u32,
@@ -1004,16 +1060,17 @@ impl Sm90Fp8 {
 fn operands<'a>(
     a: &'a DeviceMatrix,
     b: &'a DeviceMatrix,
+    stream: &Arc<CudaStream>,
+    kernels: &Preparers,
 ) -> Result<(&'a Sm90Operand, &'a Sm90Operand)> {
     if let Some(e) = unsupported(&a.desc, false).or_else(|| unsupported(&b.desc, true)) {
         return Err(Error::Format(e));
     }
-    match (a.prepared.get(), b.prepared.get()) {
-        (Some(ao), Some(bo)) => Ok((ao, bo)),
-        _ => Err(Error::Format(
-            "operands were not prepared for the sm90 kernel".into(),
-        )),
-    }
+    let ao = a
+        .prepared
+        .get::<Sm90Operand>()
+        .ok_or_else(|| Error::Format("operands were not prepared for the sm90 kernel".into()))?;
+    Ok((ao, Sm90Operand::as_b(b, stream, kernels)?))
 }
 
 /// The GEMM kernel's launch: `ctas` blocks of the tile's threads with the kernel's shared memory,

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr};
 
-use crate::buffers::{DeviceMatrix, DeviceOutput, Prepared, PreparedValue};
+use crate::buffers::{DeviceMatrix, DeviceOutput, OnFirstUse, Prepared, PreparedValue};
 use crate::error::{Error, Result, config, shape};
 use crate::family::{Family, Gemm, Rewritten};
 use crate::format::{ElemType, ScaleBlock, ScaleType};
@@ -14,7 +14,7 @@ use crate::fused::Fused;
 use crate::grouped::DeviceGroups;
 use crate::launch::{Launch, persistent_ctas};
 use crate::matrix::{GemmShape, MatrixDesc};
-use crate::prepare::{GatherTo, Source};
+use crate::prepare::{GatherTo, Preparers, Source};
 use crate::splitk::{self, SplitK};
 use crate::tensor_map::{DataType, Swizzle, encode_3d, encode_scale_rows};
 use blockscaled_kernels::gemm::scheduler::{ClusterShape, Schedule};
@@ -206,8 +206,9 @@ pub(crate) struct MxOperand {
     /// `family::sfa_box` rows): a tile may start at any row (grouped GEMM).
     scale_map: CudaSlice<u8>,
     /// Each row's largest non-NaN scale code over all of K, `[l][rows_pad]` (the fold
-    /// pre-pass's B-role scale).
-    row_tops: CudaSlice<u8>,
+    /// pre-pass's B-role scale): made when the matrix is first folded as B, as only weights are
+    /// (activations quantized every step never pay for it).
+    row_tops: OnFirstUse<CudaSlice<u8>>,
 }
 
 impl MxOperand {
@@ -237,8 +238,6 @@ impl MxOperand {
                 Swizzle::CU_TENSOR_MAP_SWIZZLE_NONE,
             )
         };
-        // Each row's largest non-NaN scale code over all of K (the fold pre-pass's B role).
-        let row_tops = m.row_tops(stream, rows_pad)?;
         let scale_map = {
             let (sp, _g) = scales.device_ptr(stream);
             let entry = (BLOCK_K / scale.block) as usize;
@@ -251,13 +250,12 @@ impl MxOperand {
             scales,
             rows_pad: rows_pad as u32,
             scale_map,
-            row_tops,
+            row_tops: OnFirstUse::default(),
         }))
     }
 
-    /// Its scale copies made again from `m` (rewritten in place), in the same buffers.
-    /// The copies remade for `m`, rewritten in place; the scale layout only where the writer did
-    /// not write it (`scales_written`).
+    /// Its copies for `m`, rewritten in place: the scale layout made again in the same buffer
+    /// where the writer did not write it (`scales_written`), the row maxima at their next use.
     fn refresh(
         &mut self,
         stream: &Arc<CudaStream>,
@@ -272,7 +270,8 @@ impl MxOperand {
                 &mut self.scales,
             )?;
         }
-        m.row_tops_into(stream, self.rows_pad as usize, &mut self.row_tops)
+        self.row_tops.forget();
+        Ok(())
     }
 
     /// The kernel-layout scale buffer of `prepared`'s operand, for a family whose kernels read
@@ -288,11 +287,26 @@ impl MxOperand {
         Some((&mut op.scales, op.rows_pad))
     }
 
-    /// The scale bytes of `m` in the kernel layout, their `rows_pad` and each row's largest
-    /// code, when `m` was prepared for this family (for the fold pre-pass).
-    pub(crate) fn scales_of(m: &DeviceMatrix) -> Option<(&CudaSlice<u8>, u32, &CudaSlice<u8>)> {
+    /// The scale bytes of `m` in the kernel layout and their `rows_pad`, when `m` was prepared
+    /// for this family (for the fold pre-pass).
+    pub(crate) fn scales_of(m: &DeviceMatrix) -> Option<(&CudaSlice<u8>, u32)> {
         let op = m.prepared.get::<MxOperand>()?;
-        Some((&op.scales, op.rows_pad, &op.row_tops))
+        Some((&op.scales, op.rows_pad))
+    }
+
+    /// Each row's largest scale code of `m` (prepared for this family) over all of K, made by
+    /// `kernels` on `stream` at the first call after the matrix was made or rewritten (the fold
+    /// pre-pass's B role).
+    pub(crate) fn row_tops_of<'m>(
+        m: &'m DeviceMatrix,
+        stream: &Arc<CudaStream>,
+        kernels: &Preparers,
+    ) -> Option<Result<&'m CudaSlice<u8>>> {
+        let op = m.prepared.get::<MxOperand>()?;
+        Some(
+            op.row_tops
+                .get_or_make(|| Source::of(m, kernels).row_tops(stream, op.rows_pad as usize)),
+        )
     }
 
     fn tmap(&self, box_rows: u32) -> &CudaSlice<u8> {

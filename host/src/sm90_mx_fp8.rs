@@ -26,7 +26,8 @@ use crate::family::{Family, Gemm};
 use crate::format::ElemType;
 use crate::launch::Launch;
 use crate::matrix::{MatrixDesc, ScaleLayout};
-use crate::sm90_fp8::{self, Sm90Config, Sm90Fp8, Sm90Operand};
+use crate::prepare::Preparers;
+use crate::sm90_fp8::{self, BRole, Sm90Config, Sm90Fp8, Sm90Operand};
 use crate::sm90_mx::{self, MxOperand};
 use blockscaled_kernels::fold::{
     self as family, FOLD_K, FOLD_ROWS, FOLD_SMEM, FOLD_THREADS, FoldParams,
@@ -105,6 +106,8 @@ pub(crate) struct Folded {
 /// The fold kernels and the two roles' workspaces on one GPU.
 pub(crate) struct Sm90MxFp8 {
     kernels: Vec<(&'static family::FoldKernel, CudaFunction)>,
+    /// For B's row maxima, made at a matrix's first fold as B.
+    preparers: Preparers,
     workspace: Mutex<[Option<Folded>; 2]>,
 }
 
@@ -112,7 +115,11 @@ impl Family for Sm90MxFp8 {}
 
 impl Sm90MxFp8 {
     /// Loads the fold kernels when the module built for `target` has them.
-    pub(crate) fn load(module: &Arc<CudaModule>, target: &str) -> Result<Option<Self>> {
+    pub(crate) fn load(
+        module: &Arc<CudaModule>,
+        target: &str,
+        sm_count: u32,
+    ) -> Result<Option<Self>> {
         if !family::KERNELS[0].info.targets.contains(&target) {
             return Ok(None);
         }
@@ -122,6 +129,7 @@ impl Sm90MxFp8 {
             .collect::<Result<_>>()?;
         Ok(Some(Sm90MxFp8 {
             kernels,
+            preparers: Preparers::load(module, sm_count)?,
             workspace: Mutex::new([None, None]),
         }))
     }
@@ -159,6 +167,9 @@ impl Sm90MxFp8 {
         as_b: bool,
     ) -> Result<&'w Sm90Operand> {
         if route(&src.desc, as_b).map_err(Error::Format)? == Route::Ready {
+            if as_b {
+                return Sm90Operand::as_b(src, stream, &self.preparers);
+            }
             return src.prepared.get::<Sm90Operand>().ok_or_else(|| {
                 Error::Format("operand was not prepared for the sm90 kernel".into())
             });
@@ -192,7 +203,8 @@ impl Sm90MxFp8 {
         self.fold(stream, src, &mut folded, as_b)?;
         // The scales as the matrix's own (the reference kernel and downloads read them there):
         // per row `[l][rows]`, or the kernel's `[l][k/128][m_pad]` (row-contiguous, padded).
-        let (scales, bytes) = match (&folded.op.sfb_col, &folded.op.sfa) {
+        let cols = folded.op.b_role().and_then(|b| b.sfb_col.as_ref());
+        let (scales, bytes) = match (cols, &folded.op.sfa) {
             (Some(cols), _) if as_b => (cols, cols.len() * 4),
             (_, Some((sfa, m_pad))) if !as_b => {
                 let (rows, k, l) = dims;
@@ -241,12 +253,19 @@ impl Sm90MxFp8 {
     ) -> Result<()> {
         let (rows, k, l) = folded.dims;
         debug_assert_eq!((src.desc.rows, src.desc.k, src.desc.batch), folded.dims);
-        let (Some((scales, rows_pad, row_tops)), Some(scale)) =
+        let not_prepared =
+            || Error::Format("operand was not prepared for the sm90 MX kernels".into());
+        let (Some((scales, rows_pad)), Some(scale)) =
             (MxOperand::scales_of(src), sm90_mx::scale_format(&src.desc))
         else {
-            return Err(Error::Format(
-                "operand was not prepared for the sm90 MX kernels".into(),
-            ));
+            return Err(not_prepared());
+        };
+        // The B role's scale is each row's over all of K (made at the matrix's first fold as B).
+        let row_tops = if as_b {
+            let tops = MxOperand::row_tops_of(src, stream, &self.preparers);
+            Some(tops.ok_or_else(not_prepared)??)
+        } else {
+            None
         };
         let elem = src.desc.format.elem;
         let def = family::kernel(elem, scale);
@@ -268,16 +287,26 @@ impl Sm90MxFp8 {
             .grid(k_chunks as u32, row_blocks as u32, l as u32)
             .block(FOLD_THREADS, 1, 1)
             .shared_mem(FOLD_SMEM);
-        let dst_scales = match (&mut folded.op.sfa, &mut folded.op.sfb_col) {
-            (Some((s, _)), _) | (None, Some(s)) => launch.ptr_mut(s),
-            (None, None) => unreachable!("one role's scales"),
+        // (The role's one buffer: B's per-row scales, or A's per 1×128.)
+        let dst_scales = if as_b {
+            match folded.op.b_role_mut() {
+                Some(BRole {
+                    sfb_col: Some(s), ..
+                }) => launch.ptr_mut(s),
+                _ => unreachable!("a B-role fold has per-row scales"),
+            }
+        } else {
+            match &mut folded.op.sfa {
+                Some((s, _)) => launch.ptr_mut(s),
+                None => unreachable!("an A-role fold has 1×128 scales"),
+            }
         };
         let params = FoldParams {
             src: launch.ptr(&src.data),
             scales: launch.ptr(scales),
             dst: launch.ptr_mut(&mut folded.data),
             dst_scales,
-            row_tops: launch.ptr(row_tops),
+            row_tops: row_tops.map_or(0, |t| launch.ptr(t)),
             rows: rows as u32,
             k: k as u32,
             rows_pad,
@@ -286,7 +315,8 @@ impl Sm90MxFp8 {
             tensor_scale: src.desc.tensor_scale,
         };
         // SAFETY: `src` holds l·rows·k codes (its desc formed the shape) and its prepared scales
-        // l·(k/64)·rows_pad·(64/block) bytes and row tops l·rows_pad bytes, with rows_pad ≥
+        // l·(k/64)·rows_pad·(64/block) bytes and, in the B role (the only one that reads them),
+        // row tops l·rows_pad bytes, with rows_pad ≥
         // ⌈rows/128⌉·128; `dst` holds l·rows·k bytes and the scales the role's layout
         // (`Folded::alloc` for these dims); k is a multiple of 128 (`unfoldable`); the grid is
         // k/128 × ⌈rows/128⌉ × l within the launch limits.
@@ -307,11 +337,15 @@ impl Folded {
             let row_blocks = rows.div_ceil(FOLD_ROWS as usize);
             let ones = stream.clone_htod(&vec![1f32; l * row_blocks * k_chunks])?;
             let cols = stream.alloc_zeros::<f32>(l * rows)?;
-            Sm90Operand::over(stream, &data, dims, None, Some(ones), Some(cols))?
+            let b_role = BRole {
+                sfb: ones,
+                sfb_col: Some(cols),
+            };
+            Sm90Operand::over(stream, &data, dims, None, Some(b_role))?
         } else {
             let m_pad = m_pad(rows as u32);
             let sfa = stream.alloc_zeros::<f32>(l * k_chunks * m_pad as usize)?;
-            Sm90Operand::over(stream, &data, dims, Some((sfa, m_pad)), None, None)?
+            Sm90Operand::over(stream, &data, dims, Some((sfa, m_pad)), None)?
         };
         Ok(Folded { dims, data, op })
     }

@@ -6,14 +6,14 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr};
 
-use crate::buffers::{DeviceOutput, Prepared, PreparedValue};
+use crate::buffers::{DeviceOutput, OnFirstUse, Prepared, PreparedValue};
 use crate::error::{Error, Result, config};
 use crate::family::{Family, Gemm, Rewritten};
 use crate::format::{ElemType, ScaleBlock, ScaleType};
 use crate::grouped::DeviceGroups;
 use crate::launch::{Launch, persistent_ctas};
 use crate::matrix::{GemmShape, MatrixDesc};
-use crate::prepare::{GatherTo, Source};
+use crate::prepare::{GatherTo, Preparers, Source};
 use crate::sm90_fp8::Sm90Operand;
 use crate::sm90_mx::{MxOperand, kernel_scales, kernel_scales_to, scale_format};
 use crate::splitk::SplitK;
@@ -139,16 +139,41 @@ fn a8_scales_to(d: &MatrixDesc) -> GatherTo {
     }
 }
 
-/// What the kernel keeps of an uploaded e2m1 matrix in the weights' role.
+/// What the kernel keeps of an e2m1 matrix in the weights' role.
 struct Weights {
     /// The reordered codes, and their map (boxes of 32 bytes × 128 rows).
     data: CudaSlice<u8>,
     tmap: CudaSlice<u8>,
 }
 
+impl Weights {
+    /// `m`'s codes reordered for the weights' role: each row's 64-K chunks reordered
+    /// (`weight_k`), K padded with zeros to a multiple of 64.
+    fn make(stream: &Arc<CudaStream>, m: &Source<'_>) -> Result<Self> {
+        let d = m.desc();
+        let (rows, k, l) = (d.rows, d.k, d.batch);
+        let chunks = k.div_ceil(BLOCK_K as usize);
+        let data = m.w4_reorder(stream, chunks)?;
+        let (wptr, _wg) = data.device_ptr(stream);
+        let tmap = encode_3d(
+            stream,
+            wptr,
+            DataType::CU_TENSOR_MAP_DATA_TYPE_UINT8,
+            [chunks * WEIGHT_ROW_BYTES as usize, rows, l],
+            1,
+            [WEIGHT_ROW_BYTES, WEIGHT_ROWS],
+            Swizzle::CU_TENSOR_MAP_SWIZZLE_NONE,
+        )?;
+        drop(_wg);
+        Ok(Weights { data, tmap })
+    }
+}
+
 /// What the kernel needs of one uploaded matrix, made at upload time.
 struct W4Operand {
-    weights: Option<Weights>,
+    /// e2m1: the weights' role, made when a GEMM first takes the matrix as weights (an
+    /// activation quantized every step never pays for the reorder).
+    weights: Option<OnFirstUse<Weights>>,
     /// Activation maps for tiles of 16 rows (boxes of [`family::act_box_rows`]) and of 128.
     tmap_16: CudaSlice<u8>,
     tmap_128: CudaSlice<u8>,
@@ -247,25 +272,7 @@ impl W4Operand {
                     scale.block,
                     (rows_pad, stages),
                 )?);
-                // The weights' role: each row's 64-K chunks reordered (`weight_k`), K padded
-                // with zeros to a multiple of 64.
-                let reordered = m.w4_reorder(stream, k.div_ceil(BLOCK_K as usize))?;
-                let (wptr, _wg) = reordered.device_ptr(stream);
-                let wrow = k.div_ceil(BLOCK_K as usize) * WEIGHT_ROW_BYTES as usize;
-                let tmap = encode_3d(
-                    stream,
-                    wptr,
-                    DataType::CU_TENSOR_MAP_DATA_TYPE_UINT8,
-                    [wrow, rows, l],
-                    1,
-                    [WEIGHT_ROW_BYTES, WEIGHT_ROWS],
-                    Swizzle::CU_TENSOR_MAP_SWIZZLE_NONE,
-                )?;
-                drop(_wg);
-                weights = Some(Weights {
-                    data: reordered,
-                    tmap,
-                });
+                weights = Some(OnFirstUse::default());
                 let rows16 = family::act_box_rows(W4Tile::N16, Activation::Fp4);
                 (code_map(rows16)?, code_map(128)?)
             }
@@ -346,6 +353,8 @@ struct Kernel {
 /// The sm90 4-bit-weights family on one GPU.
 pub(crate) struct Sm90W4 {
     kernels: Vec<Kernel>,
+    /// For the weights' reorder, made at a matrix's first use as weights.
+    preparers: Preparers,
     splitk: SplitK,
     sm_count: u32,
 }
@@ -381,7 +390,7 @@ impl Family for Sm90W4 {
                     m.gather_into(stream, kernel_scales_to(&d, scale).0, scales)?;
                 }
                 if let Some(w) = &mut op.weights {
-                    m.w4_reorder_into(stream, d.k.div_ceil(BLOCK_K as usize), &mut w.data)?;
+                    w.forget();
                 }
                 Ok(true)
             }
@@ -414,6 +423,7 @@ impl Sm90W4 {
         }
         Ok(Some(Sm90W4 {
             kernels,
+            preparers: Preparers::load(module, sm_count)?,
             splitk: SplitK::default(),
             sm_count,
         }))
@@ -458,6 +468,7 @@ impl Sm90W4 {
         let (Some(w), Some(wscales)) = (&bo.weights, bo.scales_in(&b.prepared)) else {
             return Err(Error::Format("B was not prepared as 4-bit weights".into()));
         };
+        let w = w.get_or_make(|| Weights::make(stream, &Source::of(b, &self.preparers)))?;
         let a_scale = match act {
             Activation::Bf16 => ao.uniform_scale.ok_or_else(|| {
                 Error::Format(

@@ -15,7 +15,8 @@
 //!   and encodes its elements (8 bytes of FP8 or 4 of e2m1 per store and 8-element group), and
 //!   the block's first lane stores the scale: in the matrix's affine scale layout, and optionally
 //!   in the 128×4 swizzled layout, the MX kernel's layout `[l][⌈k/64⌉][rows_pad][64/block]` and
-//!   the FP8 kernel's A-role layout `[l][k/128][m_pad]`. The
+//!   the FP8 kernel's A-role layout `[l][k/128][m_pad]` (a scale per row or per tensor in each
+//!   K block's entry, from the row's first k/128 lanes). The
 //!   grid's x covers a row's lanes, its z the batch, and rows go round its y: a thread's row,
 //!   block and column come from its indices with 32-bit arithmetic, once per thread (a flat index
 //!   split by 64-bit divisions cost more than the encoding). FP8 codes come from the hardware
@@ -118,7 +119,8 @@ pub struct QuantizeParams {
     /// 0, or one-byte scales in the 128×4 swizzled layout, `swizzled_entry` bytes per batch entry.
     pub swizzled: u64,
     pub swizzled_entry: u64,
-    /// 0, or fp32 scales in the FP8 kernel's A-role layout `[l][k/128][m_pad]` (1×128 blocks).
+    /// 0, or fp32 scales in the FP8 kernel's A-role layout `[l][k/128][m_pad]` (1×128 blocks, or
+    /// a row's or an entry's scale in each of its K blocks' entries; K a multiple of 128).
     pub sfa: u64,
     /// Maxima (f32 bits) by [`ScaleSpan`]: `[l][rows]` for rows, `[l]` for entries; NVFP4's
     /// tensor maximum at `tensor_amax`.
@@ -794,9 +796,17 @@ pub(crate) mod device {
                 if scale == ScaleType::F32 {
                     global::store_u32_if(p.scales + 4 * si, sbits, first);
                     if p.sfa != 0 {
-                        let a =
-                            (l as u64 * (p.k / 128) as u64 + kb as u64) * p.m_pad as u64 + r as u64;
-                        global::store_u32_if(p.sfa + 4 * a, sbits, first);
+                        // A 1×128 block's scale from its first lane; a row's or an entry's (the
+                        // same for every 128 of K) into each K block's entry of the row, from the
+                        // row's lanes 0..k/128, one each.
+                        let (akb, put) = if block_span {
+                            (kb, first)
+                        } else {
+                            (v, lane_live && v < p.k / 128)
+                        };
+                        let a = (l as u64 * (p.k / 128) as u64 + akb as u64) * p.m_pad as u64
+                            + r as u64;
+                        global::store_u32_if(p.sfa + 4 * a, sbits, put);
                     }
                 } else {
                     global::store_u8_if(p.scales + si, sbits, first);

@@ -498,3 +498,110 @@ fn device_prepared_operands_run_every_gemm_as_uploaded_ones() {
         }
     }
 }
+
+/// The copies only weights need (the FP8 kernel's B-role scales, each row's largest scale code
+/// for the fold, the 4-bit weights' reordered codes) are made when a GEMM first takes the matrix
+/// as weights and made again after
+/// the matrix is rewritten in place: weights used (their copies made), rewritten with other
+/// values by `quantize_into`, used again, give bit for bit what an upload of the new codes and
+/// scales gives — on the plan `gemm` chooses (the FP8 kernel for FP8 per row and per tensor, the
+/// fold onto the FP8 kernel at M = 300, the 4-bit-weights kernel at M = 8) and folded once as B
+/// (`fold_to_fp8`).
+#[test]
+#[ignore = "needs a CUDA device"]
+fn weight_copies_are_made_again_after_a_rewrite() {
+    use blockscaled::DeviceMatrix;
+    let gpu = Gpu::new(0).expect("a GPU");
+    let (n, k) = (256, 512);
+    let run = |a: &DeviceMatrix, b: &DeviceMatrix| {
+        let mut c = gpu.output(a.desc().rows, n, 1, OutType::F32).unwrap();
+        gpu.gemm(a, b, &mut c).map(|()| c.to_host().unwrap().values)
+    };
+    let tensor = |s: u64, rows: usize| {
+        gpu.upload_tensor(&random_values(s, rows * k, k), rows, k, 1)
+            .unwrap()
+    };
+    let mut seed = 900u64;
+    let mut plans = Vec::new();
+    for recipe in [
+        Recipe::Fp8PerRow(Fp8::E4M3),
+        Recipe::Fp8PerTensor(Fp8::E4M3),
+        Recipe::Mxfp8(Fp8::E4M3),
+        Recipe::Mxfp4,
+        Recipe::E2m1E8m0x16,
+        Recipe::Nvfp4,
+    ] {
+        for m in [300usize, 8] {
+            seed += 3;
+            let what = format!("{recipe:?} M = {m}");
+            let a = gpu.quantize(&tensor(seed, m), recipe.a()).unwrap();
+            let mut b = gpu.quantize(&tensor(seed + 1, n), recipe.b()).unwrap();
+            plans.push(gpu.plan(&a, &b).unwrap());
+            let before = run(&a, &b).unwrap_or_else(|e| panic!("{what}: {e}"));
+            let folded_before = gpu.fold_to_fp8(&b, true).ok();
+            gpu.quantize_into(&tensor(seed + 2, n), &mut b, &QuantizeOptions::default())
+                .unwrap();
+            let after = run(&a, &b).unwrap();
+            let b_up = gpu.upload(&b.to_host().unwrap()).unwrap();
+            let want = run(&a, &b_up).unwrap();
+            let differ = |x: &[f32], y: &[f32]| {
+                x.iter()
+                    .zip(y)
+                    .filter(|(p, q)| p.to_bits() != q.to_bits())
+                    .count()
+            };
+            assert!(
+                after.iter().all(|v| v.is_finite()),
+                "{what}: non-finite output"
+            );
+            assert_eq!(
+                differ(&after, &want),
+                0,
+                "{what}: the rewritten weights' GEMM"
+            );
+            // The rewrite changed the result (the check above could not pass on stale copies).
+            assert!(
+                differ(&before, &after) > n,
+                "{what}: the rewrite changed nothing"
+            );
+            if let Some(fb) = folded_before {
+                let fa = gpu.fold_to_fp8(&b, true).unwrap();
+                let fu = gpu.fold_to_fp8(&b_up, true).unwrap();
+                assert_eq!(
+                    fa.to_host().unwrap().scales(),
+                    fu.to_host().unwrap().scales(),
+                    "{what}: folded scales"
+                );
+                assert_eq!(
+                    fa.to_host().unwrap().data(),
+                    fu.to_host().unwrap().data(),
+                    "{what}: folded codes"
+                );
+                assert_ne!(
+                    fb.to_host().unwrap().data(),
+                    fa.to_host().unwrap().data(),
+                    "{what}: the fold changed nothing"
+                );
+            }
+        }
+    }
+    // Every lazily made copy was used.
+    assert!(
+        plans
+            .iter()
+            .any(|p| matches!(p, blockscaled::Plan::Sm90Fp8(_))),
+        "{plans:?}"
+    );
+    assert!(
+        plans
+            .iter()
+            .any(|p| matches!(p, blockscaled::Plan::Sm90W4(_))),
+        "{plans:?}"
+    );
+    assert!(
+        plans
+            .iter()
+            .any(|p| matches!(p, blockscaled::Plan::Sm90MxFp8(_))),
+        "{plans:?}"
+    );
+}
