@@ -421,6 +421,8 @@ impl Quantizers {
             mx: 0,
             mx_rows_pad: 0,
             mx_per: 0,
+            reverse: 0,
+            _pad: 0,
         };
         if amax_slots > 0 || needs_tensor {
             let mut launch = Launch::new(stream, &self.amax)
@@ -435,6 +437,9 @@ impl Quantizers {
             // the maxima are zeroed, `[l][rows]` or `[l]` by the span, one for the tensor; the
             // grid is rows × l blocks (rows < 2^32, l ≤ 65535) with a word of shared memory a warp.
             unsafe { launch.launch(&q) }?;
+            // The pass read the rows from the first (a block a row, in order); the quantizer
+            // reads them from the last, the ones the L2 still holds first.
+            p.reverse = 1;
         }
         let (per_block, blocks) = kq::lanes(&p);
         let mut launch = if let Some(func) = row_kernel {

@@ -144,6 +144,10 @@ pub struct QuantizeParams {
     pub mx: u64,
     pub mx_rows_pad: u32,
     pub mx_per: u32,
+    /// Non-zero: rows are visited from the last (after a maximum pass, which read them from the
+    /// first: the rows it read last are the ones still in L2).
+    pub reverse: u32,
+    pub _pad: u32,
 }
 
 /// One quantizer kernel: the element type it writes, its scale type and the input type it reads
@@ -738,10 +742,13 @@ pub(crate) mod device {
             (l as u64 * p.k.div_ceil(64) as u64 + (kb / mx_per) as u64) * p.mx_rows_pad as u64;
         let entry = l as u64 * p.rows as u64;
         let row_at = |r: u32| (entry + r as u64) * p.k as u64 + e0 as u64;
-        let load = |r: u32| {
-            // SAFETY: the live groups' elements of row r < rows exist (the launch's contract).
-            if r < p.rows {
-                unsafe { load_raw::<I>(p, row_at(r), loads) }
+        // The row of visit `i` (< rows): from the first, or from the last (`p.reverse`).
+        let row_of = |i: u32| if p.reverse != 0 { p.rows - 1 - i } else { i };
+        let load = |i: u32| {
+            // SAFETY: the live groups' elements of row `row_of(i)` < rows exist (the launch's
+            // contract).
+            if i < p.rows {
+                unsafe { load_raw::<I>(p, row_at(row_of(i)), loads) }
             } else {
                 [0; 8]
             }
@@ -830,22 +837,22 @@ pub(crate) mod device {
         // load, DRAM 24 % busy. (One call of `row`: a closure called twice was outlined, its
         // arrays in local memory.)
         let stride = thread::grid_dim_y();
-        let mut r = thread::block_y();
+        let mut i = thread::block_y();
         let three = N == 8;
         let mut ahead = [
-            load(r),
-            load(r + stride),
-            if three { load(r + 2 * stride) } else { [0; 8] },
+            load(i),
+            load(i + stride),
+            if three { load(i + 2 * stride) } else { [0; 8] },
         ];
-        while r < p.rows {
+        while i < p.rows {
             let now = ahead[0];
             ahead = if three {
-                [ahead[1], ahead[2], load(r + 3 * stride)]
+                [ahead[1], ahead[2], load(i + 3 * stride)]
             } else {
-                [ahead[1], load(r + 2 * stride), [0; 8]]
+                [ahead[1], load(i + 2 * stride), [0; 8]]
             };
-            row(r, decode::<I, N>(now));
-            r += stride;
+            row(row_of(i), decode::<I, N>(now));
+            i += stride;
         }
     }
 }
