@@ -18,6 +18,7 @@ use blockscaled_kernels::gemm::layout::fused_staging;
 pub use blockscaled_kernels::params::Activation;
 use blockscaled_kernels::params::{EpilogueParams, in_registers};
 use blockscaled_kernels::quantize::InputType;
+use blockscaled_kernels::sm90::InRegisters;
 
 /// What a GEMM does to its product `t = A·Bᵀ` before storing it, in this order (each step one
 /// f32 operation rounded to nearest):
@@ -60,14 +61,20 @@ impl<'a> Epilogue<'a> {
     /// Whether the consumers can run this epilogue, with output quantized to `quant` (its format
     /// and scale block; `None`: not quantized), in their own registers: the kernels' rule
     /// ([`blockscaled_kernels::params::in_registers`]).
-    pub(crate) fn in_registers(&self, quant: Option<(OperandFormat, u32)>) -> bool {
-        let quant = quant.map(|(f, block)| (f.elem as u32, f.scale as u32, block));
-        in_registers(
+    pub(crate) fn in_registers(&self, quant: Option<(OperandFormat, u32)>) -> InRegisters {
+        let q = quant.map(|(f, block)| (f.elem as u32, f.scale as u32, block));
+        let regs = in_registers(
             self.c.is_some(),
             self.residual.is_some(),
             self.activation as u32,
-            quant,
-        )
+            q,
+        );
+        match quant {
+            _ if !regs => InRegisters::No,
+            // (MXFP8 output: kernels of their own.)
+            Some((f, _)) if f.scale == ScaleType::E8M0 => InRegisters::Mx,
+            _ => InRegisters::Yes,
+        }
     }
 
     /// Nothing fused: the plain product.
@@ -256,7 +263,7 @@ pub(crate) struct Fused<'a> {
 impl<'a> Fused<'a> {
     /// Whether the consumers can run this epilogue in their own registers
     /// ([`Epilogue::in_registers`]).
-    pub(crate) fn in_registers(&self) -> bool {
+    pub(crate) fn in_registers(&self) -> InRegisters {
         let quant = self
             .quant
             .as_ref()

@@ -157,7 +157,7 @@ impl Plan {
 pub(crate) struct FusedNeeds {
     pub block_cols: u32,
     pub elems: (ElemType, ElemType),
-    pub in_registers: bool,
+    pub in_registers: sm90::InRegisters,
 }
 
 impl Plan {
@@ -963,7 +963,7 @@ mod tests {
         let needs = |block_cols| FusedNeeds {
             block_cols,
             elems: (e4m3, e4m3),
-            in_registers: false,
+            in_registers: sm90::InRegisters::No,
         };
         assert!(with(Tile::M128).check_fused(needs(0)).is_ok());
         assert!(Plan::Reference.check_fused(needs(0)).is_err());
@@ -977,7 +977,7 @@ mod tests {
         // Tiles and types without a fused kernel: refused whatever the output. The 192-row tile
         // runs the epilogues the consumers hold in registers, and only those.
         let regs = |block_cols| FusedNeeds {
-            in_registers: true,
+            in_registers: sm90::InRegisters::Yes,
             ..needs(block_cols)
         };
         assert!(with(Tile::M192).check_fused(needs(0)).is_err());
@@ -990,12 +990,12 @@ mod tests {
         let e5 = FusedNeeds {
             block_cols: 0,
             elems: (e4m3, e5m2),
-            in_registers: false,
+            in_registers: sm90::InRegisters::No,
         };
         assert!(
             with(Tile::M192)
                 .check_fused(FusedNeeds {
-                    in_registers: true,
+                    in_registers: sm90::InRegisters::Yes,
                     ..e5
                 })
                 .is_err()
@@ -1012,7 +1012,7 @@ mod tests {
         let bf16 = FusedNeeds {
             block_cols: 0,
             elems: (ElemType::BF16, ElemType::BF16),
-            in_registers: true,
+            in_registers: sm90::InRegisters::Yes,
         };
         assert!(Plan::Sm90Half(half).check_fused(bf16).is_err());
         let half = Sm90HalfConfig {
@@ -1046,7 +1046,7 @@ mod tests {
             };
             choose_fused(GpuArch::Hopper, h100, &s, (&a, &b), needs)
         };
-        let fused = |r: Recipe| fused_with(r, false);
+        let fused = |r: Recipe| fused_with(r, sm90::InRegisters::No);
         // DeepSeek FP8: the plain plan's tall tile moves to the fused 128 × 128 tile.
         let plain = choose_for(
             GpuArch::Hopper,
@@ -1061,7 +1061,7 @@ mod tests {
                 .check_fused(FusedNeeds {
                     block_cols: 0,
                     elems: (ElemType::E4M3, ElemType::E4M3),
-                    in_registers: false,
+                    in_registers: sm90::InRegisters::No,
                 })
                 .is_err()
         );
@@ -1069,7 +1069,7 @@ mod tests {
         // An epilogue the consumers hold in registers moves to the 128 × 128 tile too (the plain
         // plan's 256-row tile has no such kernel).
         assert!(
-            matches!(fused_with(Recipe::DeepSeekFp8, true), Ok(Plan::Sm90Fp8(c)) if c.tile == Tile::M128)
+            matches!(fused_with(Recipe::DeepSeekFp8, sm90::InRegisters::Yes), Ok(Plan::Sm90Fp8(c)) if c.tile == Tile::M128)
         );
         // MXFP8 e4m3 stays folded onto FP8; e5m2 moves to the exact MX kernel's fused tile.
         assert!(matches!(

@@ -799,7 +799,9 @@ impl Sm90Fp8 {
             // the tile has one (the dense kernel's layout and K loop); the others the kernel
             // with finishing warps.
             (false, true) => {
-                let regs = epi.as_ref().is_some_and(Fused::in_registers);
+                let regs = epi
+                    .as_ref()
+                    .map_or(family::InRegisters::No, Fused::in_registers);
                 family::fused_kernel(cfg.tile, ea, eb, regs).map_or(Mode::Fused, |k| k.mode)
             }
             (false, false) => Mode::Dense,
@@ -812,7 +814,9 @@ impl Sm90Fp8 {
             .ok_or_else(|| {
                 let what = match mode {
                     Mode::Grouped => "grouped ",
-                    Mode::Fused | Mode::FusedInRegisters => "fused-epilogue ",
+                    Mode::Fused | Mode::FusedInRegisters | Mode::FusedInRegistersMx => {
+                        "fused-epilogue "
+                    }
                     _ => "",
                 };
                 config(format!(

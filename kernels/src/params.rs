@@ -374,11 +374,12 @@ impl EpilogueParams {
 }
 
 /// Whether an epilogue with these steps runs in the consumers' own registers, on each thread's
-/// fragment (`gemm::fuse::apply`), then stored as the plain kernels store or as FP8 1×128: no
-/// β·C, no residual, no SwiGLU (its column pairs halve the output, which then leaves a 1×128
-/// block across two tiles), and any unquantized output or FP8 with fp32 scales per 128 columns
-/// (`quant`: [`ElemType`](crate::format::ElemType), [`ScaleType`](crate::format::ScaleType) as
-/// u32 and the block; a 128-column tile then holds one block per row, in four lanes). The host
+/// fragment (`gemm::fuse::apply`), then stored as the plain kernels store or quantized
+/// (`gemm::fuse::quantize_fragment`): no β·C, no residual, no SwiGLU (its column pairs halve the
+/// output, which then leaves a block across two tiles), and any unquantized output, FP8 with
+/// fp32 scales per 128 columns or MXFP8 (e8m0 scales per 32) (`quant`:
+/// [`ElemType`](crate::format::ElemType), [`ScaleType`](crate::format::ScaleType) as u32 and the
+/// block; a 128-column tile then holds one or four blocks per row, each in four lanes). The host
 /// chooses the kernel by it; one rule for both.
 pub const fn in_registers(
     c: bool,
@@ -392,8 +393,8 @@ pub const fn in_registers(
         None => true,
         Some((elem, scale, block)) => {
             (elem == fp8 || elem == fp8_wide)
-                && scale == crate::format::ScaleType::F32 as u32
-                && block == 128
+                && ((scale == crate::format::ScaleType::F32 as u32 && block == 128)
+                    || (scale == crate::format::ScaleType::E8M0 as u32 && block == 32))
         }
     };
     !c && !residual && activation != Activation::SwiGlu as u32 && quant_ok

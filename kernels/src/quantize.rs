@@ -503,6 +503,31 @@ pub(crate) mod device {
             }
         }
 
+        /// The quotient of a block whose e8m0 scale is `code`: [`Self::new`]'s for
+        /// `Divisor::F32(e8m0::decode(code))`, with the reciprocal (exact: a power of two) made
+        /// from the code's exponent instead of `rcp.rn` (the fused epilogue's MXFP8 output takes
+        /// eight a lane and tile): `2^(127 − e)`, the subnormal `2^-127` for code 254, NaN for
+        /// 255.
+        #[inline(always)]
+        pub(crate) fn e8m0(code: u32) -> Self {
+            let r = match code {
+                0xFF => f32::NAN,
+                254 => f32::from_bits(0x0040_0000),
+                c => f32::from_bits((254 - c) << 23),
+            };
+            Quotient {
+                scale: ScaleType::E8M0,
+                zero: false,
+                wide: Reciprocal64 { s: 1.0, r: 1.0 },
+                rec: Reciprocal {
+                    k: 1.0,
+                    s: crate::format::e8m0::decode(code as u8),
+                    r,
+                },
+                unit: false,
+            }
+        }
+
         /// The fp32 scale (its bits) and the quotient of an FP8 block (e4m3 or e5m2) whose
         /// largest magnitude's bits are `m` ([`magnitude_bits`](crate::format::quantize::magnitude_bits)): [`block_scale_of_bits`]'s, with
         /// the scale's division by the element type's maximum as [`fp8_ratio_scale`] (the same

@@ -57,6 +57,7 @@ pub const KERNELS: &[KernelInfo] = &gather!(
     crate::sm90::SPARSE_KERNELS,
     crate::sm90::FUSED_KERNELS,
     crate::sm90::FUSED_IN_REGISTERS_KERNELS,
+    crate::sm90::FUSED_IN_REGISTERS_MX_KERNELS,
     crate::sm90_half::KERNELS,
     crate::quantize::KERNELS,
     crate::quantize::AMAX,
@@ -76,3 +77,23 @@ macro_rules! smem_symbol {
 pub const DYNAMIC_SMEM_SYMBOL: &str = smem_symbol!();
 /// Its alignment: TMA destinations with 128-byte swizzle need 1024-byte-aligned tiles.
 pub const DYNAMIC_SMEM_ALIGN: u32 = 1024;
+
+#[cfg(test)]
+mod tests {
+    use super::KERNELS;
+
+    /// Every kernel of the FP8 family's lists is in the table (one missing gets no launch
+    /// bounds, and then too many registers to launch).
+    #[test]
+    fn every_fp8_family_kernel_has_its_launch_bounds_here() {
+        for list in crate::sm90::LISTS {
+            for k in list {
+                assert!(
+                    KERNELS.iter().any(|i| i.name == k.info.name),
+                    "{}",
+                    k.info.name
+                );
+            }
+        }
+    }
+}

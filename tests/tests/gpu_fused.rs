@@ -416,31 +416,40 @@ fn every_fused_configuration_matches_the_host_steps_bit_for_bit() {
                     }
                 }
             }
-            // FP8 1×128 output (N a whole number of blocks: the first 384 columns' product) in
-            // each configuration: the quantizer of the same epilogue's f32 output.
-            if matches!(plan, Plan::Sm90Fp8(_)) && n >= 384 {
+            // Quantized output in each configuration, against the quantizer of the same
+            // epilogue's f32 output: FP8 1×128 (N a whole number of blocks: 384 columns) and
+            // MXFP8 (e8m0 per 32: 352 columns, the last tile's 96 columns inside N and 32 past
+            // it), both in the consumers' registers.
+            let outs = [
+                (Recipe::DeepSeekFp8.a(), 384),
+                (Recipe::Mxfp8(Fp8::E4M3).a(), 352),
+            ];
+            for (format, cols) in outs {
+                if !matches!(plan, Plan::Sm90Fp8(_)) {
+                    break;
+                }
                 let (da2, db2) = {
-                    let (a2, b2) = random_pair(seed + 5, (m, 384, k, l), fa, fb);
+                    let (a2, b2) = random_pair(seed + 5, (m, cols, k, l), fa, fb);
                     (gpu.upload(&a2).unwrap(), gpu.upload(&b2).unwrap())
                 };
-                let bias2 = held(&gpu, seed + 6, InputType::Bf16, (1, 384, 1));
+                let bias2 = held(&gpu, seed + 6, InputType::Bf16, (1, cols, 1));
                 let e = Epilogue::new()
                     .alpha(0.5)
                     .bias(&bias2.t)
                     .activation(Activation::Silu);
-                let format = Recipe::DeepSeekFp8.a();
                 let opts = QuantizeOptions::default();
-                let mut f = gpu.output(m, 384, l, OutType::F32).unwrap();
+                let what = format!("{name} → {} × {cols} on {plan:?}", format.scale.name());
+                let mut f = gpu.output(m, cols, l, OutType::F32).unwrap();
                 gpu.gemm_fused_with(&da2, &db2, &e, &mut f, plan)
-                    .unwrap_or_else(|e| panic!("{name} fp8 on {plan:?}: {e}"));
+                    .unwrap_or_else(|e| panic!("{what}: {e}"));
                 let want = gpu
                     .quantize_with(&gpu.output_as_tensor(f).unwrap(), format, &opts)
                     .unwrap();
                 let got = gpu
                     .gemm_quantized_with(&da2, &db2, &e, format, &opts, plan)
-                    .unwrap_or_else(|e| panic!("{name} fp8 on {plan:?}: {e}"));
+                    .unwrap_or_else(|e| panic!("{what}: {e}"));
                 let (g, w) = (got.to_host().unwrap(), want.matrix.to_host().unwrap());
-                assert_same_quantized(&g, &w, &format!("{name} fp8 on {plan:?}"));
+                assert_same_quantized(&g, &w, &what);
             }
         }
     }

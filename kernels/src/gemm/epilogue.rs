@@ -423,26 +423,29 @@ pub enum Finish {
     /// handed over.
     Staged(Handoff),
     /// In the consumers' registers ([`fuse::apply`]; epilogues that
-    /// [`in_registers`](crate::params::in_registers) takes), then stored as the plain kernels store, or as FP8
-    /// 1×128 codes ([`fuse::quantize_fragment`]) through the output staging.
-    InRegisters,
+    /// [`in_registers`](crate::params::in_registers) takes), then stored as the plain kernels
+    /// store, or quantized through the output staging: FP8 1×128 codes
+    /// ([`fuse::quantize_fragment`]), or MXFP8 where `mx` ([`fuse::quantize_fragment_mx`]; a
+    /// constant of the kernel).
+    InRegisters { mx: bool },
 }
 
 impl<'a> TileStore<'a> {
     /// [`TileStore::epi`] of a family's kernel: in its fused kernels (`fused`, a constant of the
     /// kernel) the epilogue `epi`, finished by the finishing warps through the hand-over at
     /// `layout`'s place where the kernel has them (`finishers`, a constant too), else in the
-    /// consumers' registers; none in the plain kernels.
+    /// consumers' registers (with MXFP8 output where `mx`, a constant too); none in the plain
+    /// kernels.
     #[inline(always)]
     pub fn fused_epi(
-        (fused, finishers): (bool, bool),
+        (fused, finishers, mx): (bool, bool, bool),
         epi: &'a EpilogueParams,
         layout: &StageLayout,
     ) -> Option<(&'a EpilogueParams, Finish)> {
         match (fused, finishers) {
             (false, _) => None,
             (true, true) => Some((epi, Finish::Staged(Handoff::new(layout.handoff())))),
-            (true, false) => Some((epi, Finish::InRegisters)),
+            (true, false) => Some((epi, Finish::InRegisters { mx })),
         }
     }
 }
@@ -475,9 +478,9 @@ pub unsafe fn finish_unit<const WAVES: usize, F: Fragment>(
         return;
     }
     let Some(out_l) = meet else { return };
-    if let Some((epi, Finish::InRegisters)) = dst.epi {
+    if let Some((epi, Finish::InRegisters { mx })) = dst.epi {
         // SAFETY: the caller's contract.
-        unsafe { finish_in_registers(epi, dst, own, (c, local), acc, out_l) };
+        unsafe { finish_in_registers(epi, dst, own, (c, local), acc, (out_l, mx)) };
         return;
     }
     if dst.transposed {
@@ -500,12 +503,13 @@ pub unsafe fn finish_unit<const WAVES: usize, F: Fragment>(
 
 /// [`finish_unit`]'s fused epilogue in the consumers' registers ([`Finish::InRegisters`]): each
 /// wave's fragment through [`fuse::apply`], then stored as the plain kernels store ([`store`]),
-/// or as FP8 1×128 codes through each warp's part of the output staging
-/// ([`fuse::quantize_fragment`]).
+/// or as FP8 1×128 or MXFP8 codes through each warp's part of the output staging
+/// ([`fuse::quantize_fragment`], [`fuse::quantize_fragment_mx`]).
 /// # Safety
 /// As [`store`] for `dst`; `epi` is an epilogue [`in_registers`](crate::params::in_registers) takes, its
-/// buffers of the output's shape; the staging holds [`fuse::CODE_WARP_BYTES`] per warp of every
-/// wave and consumer; tiles of 128 columns for a quantized output.
+/// buffers of the output's shape (MXFP8 where `mx`, FP8 1×128 otherwise, when quantized); the
+/// staging holds [`fuse::CODE_WARP_BYTES`] per warp of every wave and consumer; tiles of 128
+/// columns for a quantized output.
 #[inline(always)]
 unsafe fn finish_in_registers<const WAVES: usize, F: Fragment>(
     epi: &EpilogueParams,
@@ -513,7 +517,7 @@ unsafe fn finish_in_registers<const WAVES: usize, F: Fragment>(
     own: &WorkUnit,
     (c, local): (u32, u32),
     acc: &mut [F; WAVES],
-    l: u32,
+    (l, mx): (u32, bool),
 ) {
     let (m0, n0) = (own.first_row(own.m, dst.block_m), own.n * F::N);
     let lane = local % 32;
@@ -548,8 +552,15 @@ unsafe fn finish_in_registers<const WAVES: usize, F: Fragment>(
         // and spilled, across the K loop.)
         let stage = smem::opaque(dst.staging.base + slot * fuse::CODE_WARP_BYTES);
         let row0 = m0 + w as u32 * dst.wave_m + c * FRAGMENT_ROWS + 16 * warp;
+        let at = (l, row0, n0);
         // SAFETY: the caller's contract; the warp's staging is its own.
-        unsafe { fuse::quantize_fragment(epi, &dst.out, stage, (l, row0, n0), lane, acc) };
+        unsafe {
+            if mx {
+                fuse::quantize_fragment_mx(epi, &dst.out, stage, at, lane, acc)
+            } else {
+                fuse::quantize_fragment(epi, &dst.out, stage, at, lane, acc)
+            }
+        };
     }
 }
 

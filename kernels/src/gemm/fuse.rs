@@ -7,11 +7,12 @@
 //!
 //! Two places run the steps, chosen by the kernel (the host picks it by the epilogue,
 //! [`in_registers`](crate::params::in_registers)):
-//! - *In the consumers' registers* ([`apply`], then the plain kernels' stores or
-//!   [`quantize_fragment`]): the epilogues without β·C, residual or SwiGLU, to any unquantized
-//!   output or FP8 1×128. The kernels are the dense FP8 kernel with the steps applied to each
-//!   fragment before its store (the dense layout and K loop, no finishing warps); the steps are
-//!   in series with the MMAs, a few instructions a value (docs/PERF.md v48).
+//! - *In the consumers' registers* ([`apply`], then the plain kernels' stores,
+//!   [`quantize_fragment`] or [`quantize_fragment_mx`]): the epilogues without β·C, residual or
+//!   SwiGLU, to any unquantized output, FP8 1×128 or MXFP8 (kernels of their own, v51). The
+//!   kernels are the dense FP8 kernel with the steps applied to each fragment before its store
+//!   (the dense layout and K loop, no finishing warps); the steps are in series with the MMAs, a
+//!   few instructions a value (docs/PERF.md v48).
 //! - *In finishing warps*, every other epilogue (and every epilogue of the 16-bit and MX
 //!   families), on rows, not on fragments: each consumer warp writes
 //! its whole fragment (16 rows) as f32 into its staging rows ([`stage_unit`]) and goes on to the
@@ -709,9 +710,29 @@ pub unsafe fn quantize_fragment<F: Fragment>(
         }
     }
     thread::sync_warp();
+    // SAFETY: the caller's contract; the staging written above.
+    unsafe { copy_out_codes::<false>(e, out, stage, (l, row0, n0), lane) };
+}
+
+/// The copy-out of a warp's staged codes ([`quantize_fragment`]'s layout): a row's eight 16-byte
+/// chunks to eight lanes (coalesced; four byte permutes put each chunk in column order), rows at
+/// or past `out.rows()` not written, nor tiles past N or, where `CHUNKS` (N a multiple of 32, not
+/// of the tile's 128 columns), chunks past it.
+/// # Safety
+/// As [`quantize_fragment`] (N a multiple of 128, or of 32 where `CHUNKS`), the warp's staging
+/// written and synchronized.
+#[inline(always)]
+unsafe fn copy_out_codes<const CHUNKS: bool>(
+    e: &EpilogueParams,
+    out: &Output,
+    stage: u32,
+    (l, row0, n0): (u32, u32, u32),
+    lane: u32,
+) {
+    let (n, rows) = (out.n, out.rows());
     for t in 0..FUSED_WARP_ROWS / 4 {
         let (r, j) = (lane / 8 + 4 * t, lane % 8);
-        // SAFETY: inside this warp's staging, written before the `sync_warp` above.
+        // SAFETY: inside this warp's staging, written before the caller's `sync_warp`.
         let w = unsafe { smem::load_u32x4(stage + r * 128 + 16 * (j ^ (r % 8))) };
         // Word q holds lane q's pair of each of the chunk's two 8-column groups (low half, high
         // half): the groups' pairs in lane order are the chunk's bytes in column order.
@@ -721,13 +742,102 @@ pub unsafe fn quantize_fragment<F: Fragment>(
             bits::prmt(w[0], w[1], 0x7632),
             bits::prmt(w[2], w[3], 0x7632),
         ];
-        let row = row0 + r;
-        let at = (l as u64 * out.m as u64 + row as u64) * n as u64 + (n0 + 16 * j) as u64;
+        let (row, col) = (row0 + r, n0 + 16 * j);
+        let at = (l as u64 * out.m as u64 + row as u64) * n as u64 + col as u64;
+        let inside = if CHUNKS { col < n } else { n0 < n };
         // SAFETY: the codes hold the L·M·N output (the caller's); 16-byte aligned (N and the
-        // column multiples of 16); the predicate says the row and the tile are inside it (a
-        // cluster's tile may lie past N, whole: N is a multiple of the tile's 128 columns).
-        unsafe { global::store_u32x4_if(e.q_data + at, w, row < rows && n0 < n) };
+        // column multiples of 16); the predicate says the row and the chunk are inside it (a
+        // tile is inside N or past it whole, or with `CHUNKS` a chunk is).
+        unsafe { global::store_u32x4_if(e.q_data + at, w, row < rows && inside) };
     }
+}
+
+/// [`quantize_fragment`] for MXFP8 output (`elem` codes, e8m0 scales per 32 columns): four
+/// blocks a row, each its group of four 8-column groups; a block's maximum over its four lanes
+/// (the lane's eight values of it, then two shuffles), its scale by the host's rule
+/// (`block_scale_of_bits`, the same as the quantizer's) stored by the row's first lane, the codes
+/// each one product by the scale's exact reciprocal and the hardware conversion, staged and
+/// copied out as FP8 1×128's. Columns at or past N (a multiple of 32) are not written.
+/// # Safety
+/// As [`quantize_fragment`], with e8m0 scales per 32 columns (N a multiple of 32).
+#[inline(always)]
+pub unsafe fn quantize_fragment_mx<F: Fragment>(
+    e: &EpilogueParams,
+    out: &Output,
+    stage: u32,
+    (l, row0, n0): (u32, u32, u32),
+    lane: u32,
+    acc: &F,
+) {
+    let v = acc.as_ref();
+    // (The element type a constant of each copy.)
+    // SAFETY: the caller's contract.
+    unsafe {
+        if quant_types(e).0 == ElemType::E5M2 {
+            mx_fragment::<F, { ElemType::E5M2 as u32 }>(e, out, stage, (l, row0, n0), lane, v)
+        } else {
+            mx_fragment::<F, { ElemType::E4M3 as u32 }>(e, out, stage, (l, row0, n0), lane, v)
+        }
+    }
+}
+
+/// [`quantize_fragment_mx`] with the element type `E` ([`ElemType`] as u32).
+/// # Safety
+/// As [`quantize_fragment_mx`].
+#[inline(always)]
+unsafe fn mx_fragment<F: Fragment, const E: u32>(
+    e: &EpilogueParams,
+    out: &Output,
+    stage: u32,
+    (l, row0, n0): (u32, u32, u32),
+    lane: u32,
+    v: &[f32],
+) {
+    let elem = if E == ElemType::E5M2 as u32 {
+        ElemType::E5M2
+    } else {
+        ElemType::E4M3
+    };
+    // (The lane made here, each tile: values derived from it and hoisted out of the persistent
+    // loop stay live across the K loop, and spill.)
+    let lane = smem::opaque(lane);
+    let (q, n, rows) = (lane % 4, out.n, out.rows());
+    // Block b of row h: groups 4b..4b + 4, the lane's pair in each; its largest magnitude as a
+    // tree (`max.NaN`: a NaN wins; ±Inf and NaN map to the NaN scale after the four lanes').
+    let quot = [0, 1].map(|h: usize| {
+        let row = row0 + lane / 4 + 8 * h as u32;
+        [0, 1, 2, 3].map(|b: usize| {
+            let t = [0, 1, 2, 3].map(|j: usize| {
+                let g = 4 * b + j;
+                math::max_abs_nan(v[4 * g + 2 * h], v[4 * g + 2 * h + 1])
+            });
+            let m = math::max_nan(math::max_nan(t[0], t[1]), math::max_nan(t[2], t[3]));
+            let mb = thread::group_max_u32(magnitude_bits(m), 4);
+            let (code, _) = block_scale_of_bits(ScaleType::E8M0, elem, mb, 1.0);
+            let col = n0 + 32 * b as u32;
+            let si = scale_index(e, (l, row, col / 32));
+            // SAFETY: the scales hold the L·M·(N / 32) output's (the caller's); the predicate
+            // says the row and the block are inside it.
+            unsafe { global::store_u8_if(e.q_scales + si, code, q == 0 && row < rows && col < n) };
+            Quotient::e8m0(code)
+        })
+    });
+    let (mine, xor) = (stage + (lane / 4) * 128, lane / 4);
+    // The previous tile's copy has read the staging.
+    thread::sync_warp();
+    for g in (0..(F::N / 8) as usize).step_by(2) {
+        for h in 0..2 {
+            // Groups g and g + 1 of the row: chunk g / 2, bytes 2q and 8 + 2q; block g / 4.
+            let (i, j) = (4 * g + 2 * h, 4 * (g + 1) + 2 * h);
+            let w = encode4(elem, [v[i], v[i + 1], v[j], v[j + 1]], quot[h][g / 4]);
+            let a = mine + 8 * h as u32 * 128 + 16 * ((g as u32 / 2) ^ xor) + 4 * q;
+            // SAFETY: inside this warp's staging (row < 16, chunk < 8).
+            unsafe { smem::store_u32(a, w) };
+        }
+    }
+    thread::sync_warp();
+    // SAFETY: the caller's contract; the staging written above.
+    unsafe { copy_out_codes::<true>(e, out, stage, (l, row0, n0), lane) };
 }
 
 /// [`quantize_fragment`]'s codes of a lane's 64 values `v` (rows `h` = 0, 1 with quotients

@@ -59,7 +59,11 @@ impl<const CONS: u32, const WAVES: usize, F: Fp8Fragment, T: Fp8Pair, const MODE
     /// Whether the tile ends in the fused epilogue (`Fp8Gemm::epi`) instead of the plain
     /// stores: in finishing warps ([`Mode::Fused`]) or in the consumers' registers
     /// ([`Mode::FusedInRegisters`]).
-    const FUSED: bool = MODE == Mode::Fused as u32 || MODE == Mode::FusedInRegisters as u32;
+    const FUSED: bool = MODE == Mode::Fused as u32
+        || MODE == Mode::FusedInRegisters as u32
+        || MODE == Mode::FusedInRegistersMx as u32;
+    /// Whether the in-register epilogue's quantized output is MXFP8 ([`Mode::FusedInRegistersMx`]).
+    const MX_OUT: bool = MODE == Mode::FusedInRegistersMx as u32;
     /// Whether the kernel has finishing warps: [`Mode::Fused`].
     const STAGED: bool = MODE == Mode::Fused as u32;
 }
@@ -344,7 +348,11 @@ impl<const CONS: u32, const WAVES: usize, F: Fp8Fragment, T: Fp8Pair, const MODE
                 out_type: p.out_type,
                 row_end: own.row_end,
             },
-            epi: TileStore::fused_epi((Self::FUSED, Self::STAGED), &self.epi, &ctx.layout),
+            epi: TileStore::fused_epi(
+                (Self::FUSED, Self::STAGED, Self::MX_OUT),
+                &self.epi,
+                &ctx.layout,
+            ),
             staging: Staging {
                 base: ctx.layout.out(),
                 consumers: CONS,

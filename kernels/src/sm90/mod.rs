@@ -322,6 +322,11 @@ pub enum Mode {
     /// the dense kernels do: the epilogues [`crate::params::in_registers`]
     /// takes, on the dense kernel's layout and K loop.
     FusedInRegisters = 4,
+    /// [`Mode::FusedInRegisters`] with MXFP8 output (e8m0 scales per 32 columns,
+    /// [`crate::gemm::fuse::quantize_fragment_mx`]): a kernel of its own, so that the FP8 1×128
+    /// kernel's code is not the larger for it (with both outputs in one kernel its FP8 1×128
+    /// output measured 3 % slower).
+    FusedInRegistersMx = 5,
 }
 
 /// One kernel of the family: its tile, its element types, whether it runs grouped GEMM, and its
@@ -417,6 +422,9 @@ macro_rules! entry {
     };
     ($name:expr, $tile:ident, $a:ident, $b:ident, FusedInRegisters) => {
         entry!(@fused $name, $tile, $a, $b, FusedInRegisters);
+    };
+    ($name:expr, $tile:ident, $a:ident, $b:ident, FusedInRegistersMx) => {
+        entry!(@fused $name, $tile, $a, $b, FusedInRegistersMx);
     };
     (@fused $name:expr, $tile:ident, $a:ident, $b:ident, $mode:ident) => {
         export!(
@@ -572,7 +580,8 @@ mode_list!(
 );
 
 // The fused epilogue in the consumers' registers (`gemm::fuse::apply`): the epilogues without
-// β·C, residual or SwiGLU, to any unquantized output or FP8 1×128 — the dense kernel's layout,
+// β·C, residual or SwiGLU, to any unquantized output or FP8 1×128 (MXFP8: the list after) — the
+// dense kernel's layout,
 // K loop and stores, with the steps applied to the fragments before them. One-wave tiles of 128
 // columns (a quantized output's 1×128 block is one tile's row): 128 and 192 rows. Not the
 // 256-row tile: its consumers' two waves of sums and the epilogue spill in its K loop (about
@@ -585,13 +594,23 @@ mode_list!(
     (M192, "_m192")
 );
 
+// The same with MXFP8 output (`gemm::fuse::quantize_fragment_mx`).
+mode_list!(
+    FUSED_IN_REGISTERS_MX_KERNELS,
+    FusedInRegistersMx,
+    "sm90_fp8_blockscaled_fused_regs_mx_gemm",
+    (M128, ""),
+    (M192, "_m192")
+);
+
 /// Every list of the family's kernels, one per [`Mode`].
-pub const LISTS: [&[Sm90Fp8Kernel]; 5] = [
+pub const LISTS: [&[Sm90Fp8Kernel]; 6] = [
     KERNELS,
     GROUPED_KERNELS,
     SPARSE_KERNELS,
     FUSED_KERNELS,
     FUSED_IN_REGISTERS_KERNELS,
+    FUSED_IN_REGISTERS_MX_KERNELS,
 ];
 
 /// The kernel for a tile, a pair of element types and a mode (swapped tiles: dense).
@@ -602,22 +621,38 @@ pub fn kernel(tile: Tile, a: ElemType, b: ElemType, mode: Mode) -> Option<&'stat
         Mode::Sparse => SPARSE_KERNELS,
         Mode::Fused => FUSED_KERNELS,
         Mode::FusedInRegisters => FUSED_IN_REGISTERS_KERNELS,
+        Mode::FusedInRegistersMx => FUSED_IN_REGISTERS_MX_KERNELS,
     };
     list.iter().find(|k| k.tile == tile && k.a == a && k.b == b)
 }
 
+/// Where the consumers can run a fused epilogue ([`crate::params::in_registers`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InRegisters {
+    /// Not there: the kernel with finishing warps.
+    No,
+    /// In their registers, output unquantized or FP8 1×128.
+    Yes,
+    /// In their registers, MXFP8 output.
+    Mx,
+}
+
 /// The fused-epilogue kernel for a tile and a pair of element types: the one that runs the
-/// epilogue in the consumers' registers where the epilogue allows it (`in_registers`,
-/// [`crate::params::in_registers`]) and the tile has one, else the one with finishing warps
-/// (`None`: neither; the mode the host launches and the plans it accepts both come from here).
+/// epilogue in the consumers' registers where the epilogue allows it (`regs`) and the tile has
+/// one, else the one with finishing warps (`None`: neither; the mode the host launches and the
+/// plans it accepts both come from here).
 pub fn fused_kernel(
     tile: Tile,
     a: ElemType,
     b: ElemType,
-    in_registers: bool,
+    regs: InRegisters,
 ) -> Option<&'static Sm90Fp8Kernel> {
-    let regs = in_registers.then(|| kernel(tile, a, b, Mode::FusedInRegisters));
-    regs.flatten().or_else(|| kernel(tile, a, b, Mode::Fused))
+    let in_regs = match regs {
+        InRegisters::No => None,
+        InRegisters::Yes => kernel(tile, a, b, Mode::FusedInRegisters),
+        InRegisters::Mx => kernel(tile, a, b, Mode::FusedInRegistersMx),
+    };
+    in_regs.or_else(|| kernel(tile, a, b, Mode::Fused))
 }
 
 #[cfg(test)]
@@ -663,8 +698,17 @@ mod tests {
             // The fused kernel chosen: in registers where the epilogue allows and the tile has
             // one, else the one with finishing warps.
             let mode = |regs| fused_kernel(t, e4m3, e4m3, regs).map(|k| k.mode);
-            assert_eq!(mode(true), regs.map(|k| k.mode).or(fused.map(|k| k.mode)));
-            assert_eq!(mode(false), fused.map(|k| k.mode));
+            assert_eq!(
+                mode(InRegisters::Yes),
+                regs.map(|k| k.mode).or(fused.map(|k| k.mode))
+            );
+            assert_eq!(mode(InRegisters::No), fused.map(|k| k.mode));
+            let mx = kernel(t, e4m3, e4m3, Mode::FusedInRegistersMx);
+            assert_eq!(mx.is_some(), wide, "{t:?}");
+            assert_eq!(
+                mode(InRegisters::Mx),
+                mx.map(|k| k.mode).or(fused.map(|k| k.mode))
+            );
         }
         let all = LISTS.concat();
         for (i, k) in all.iter().enumerate() {

@@ -75,7 +75,7 @@ impl<const WAVES: usize, F: Fp16Fragment, T: Fp16, const MODE: u32> HalfGemm<WAV
                 out_type: p.out_type,
                 row_end: own.row_end,
             },
-            epi: TileStore::fused_epi((Self::FUSED, true), &self.epi, &ctx.layout),
+            epi: TileStore::fused_epi((Self::FUSED, true, false), &self.epi, &ctx.layout),
             staging: Staging {
                 base: ctx.layout.out(),
                 consumers: CONSUMERS,

@@ -69,7 +69,7 @@ impl<F: Fp16Fragment, EA: Dequant, EB: Dequant, S: ScaleDecode, const FUSED: boo
                 out_type: p.out_type,
                 row_end: own.row_end,
             },
-            epi: TileStore::fused_epi((FUSED, true), &self.epi, &ctx.layout),
+            epi: TileStore::fused_epi((FUSED, true, false), &self.epi, &ctx.layout),
             staging: Staging {
                 base: 0,
                 consumers: CONSUMERS,
