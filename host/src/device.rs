@@ -97,9 +97,9 @@ impl Gpu {
             as u32;
         let (module, image) = image::load(&ctx, (major, minor), images)?;
         let stream = ctx.new_stream()?;
-        let families = plan::load_families(&module, &stream, arch, sm_count)?;
-        let quantizers = Quantizers::load(&module, sm_count)?;
         let preparers = Preparers::load(&module, sm_count)?;
+        let families = plan::load_families(&module, &stream, arch, sm_count, &preparers)?;
+        let quantizers = Quantizers::load(&module, sm_count)?;
         Ok(Gpu {
             id: GpuId::next(),
             ctx,
@@ -315,7 +315,7 @@ impl Gpu {
                 &self.stream,
                 &q.desc,
                 &q.data,
-                sfa,
+                Some(sfa),
             )?));
         }
         let mut matrix = DeviceMatrix {
@@ -346,7 +346,6 @@ impl Gpu {
             // (Field by field: the families write `dst.prepared` while reading the rest.)
             let src = Source::Device {
                 desc: dst.desc,
-                data: &dst.data,
                 scales: &dst.scales,
                 kernels: &self.preparers,
             };
@@ -372,7 +371,6 @@ impl Gpu {
         }
         let src = Source::Device {
             desc: m.desc,
-            data: &m.data,
             scales: &m.scales,
             kernels: &self.preparers,
         };

@@ -11,6 +11,7 @@ use crate::error::{Error, Result, config, shape};
 use crate::family::{Families, Gemm};
 use crate::format::{ElemType, ScaleType};
 use crate::matrix::{GemmShape, MatrixDesc};
+use crate::prepare::Preparers;
 use crate::reference_kernel::{self, ReferenceKernel};
 use crate::sm90_fp8::{self, Sm90Config, Sm90Fp8};
 use crate::sm90_half::{self, Sm90Half, Sm90HalfConfig};
@@ -278,25 +279,27 @@ pub(crate) fn choose_fused(
     Ok(alt)
 }
 
-/// Loads every kernel family the module built for `arch` contains.
+/// Loads every kernel family the module built for `arch` contains (`preparers`: the GPU's, for
+/// the families that make a matrix's weight-role copies at its first use as weights).
 pub(crate) fn load_families(
     module: &Arc<CudaModule>,
     stream: &Arc<CudaStream>,
     arch: GpuArch,
     sm_count: u32,
+    preparers: &Preparers,
 ) -> Result<Families> {
     let mut families = Families::default();
     families.add(ReferenceKernel::load(module)?);
-    if let Some(f) = Sm90Fp8::load(module, stream, arch.target(), sm_count)? {
+    if let Some(f) = Sm90Fp8::load(module, stream, arch.target(), sm_count, preparers)? {
         families.add(f);
     }
     if let Some(f) = Sm90Mx::load(module, arch.target(), sm_count)? {
         families.add(f);
     }
-    if let Some(f) = Sm90W4::load(module, arch.target(), sm_count)? {
+    if let Some(f) = Sm90W4::load(module, arch.target(), sm_count, preparers)? {
         families.add(f);
     }
-    if let Some(f) = Sm90MxFp8::load(module, arch.target(), sm_count)? {
+    if let Some(f) = Sm90MxFp8::load(module, arch.target(), preparers)? {
         families.add(f);
     }
     if let Some(f) = Sm90Half::load(module, stream, arch.target(), sm_count)? {

@@ -2,7 +2,9 @@
 //! upload, or the device buffers a device quantizer (or a GEMM's quantized output) wrote. Both
 //! run the same descriptions of each copy (`blockscaled_kernels::prepare`): the host over its
 //! bytes, the device kernels over the GPU's, so a family prepares an operand with one function
-//! and a device-quantized matrix never goes back to the host.
+//! and a device-quantized matrix never goes back to the host. The copies only weights need
+//! ([`Preparers::row_tops`], [`Preparers::w4_reorder`]) are made later, from the matrix on the
+//! device, uploads included.
 
 use std::sync::Arc;
 
@@ -110,7 +112,6 @@ pub(crate) enum Source<'a> {
     Host(&'a ScaledMatrix),
     Device {
         desc: MatrixDesc,
-        data: &'a CudaSlice<u8>,
         scales: &'a CudaSlice<u8>,
         kernels: &'a Preparers,
     },
@@ -162,7 +163,6 @@ impl<'a> Source<'a> {
     pub(crate) fn of(m: &'a DeviceMatrix, kernels: &'a Preparers) -> Self {
         Source::Device {
             desc: m.desc,
-            data: &m.data,
             scales: &m.scales,
             kernels,
         }
@@ -280,44 +280,22 @@ impl Source<'_> {
             },
         })
     }
+}
 
-    /// Each row's largest one-byte scale code other than NaN, `[batch][rows_pad]` ([`RowTops`]).
+/// The copies only weights need, made on the device from a matrix's own codes and scales (an
+/// upload's are on the device too) when a GEMM first takes it as weights (`OnFirstUse`).
+impl Preparers {
+    /// Each row's largest one-byte scale code other than NaN of `m`, `[batch][rows_pad]`
+    /// ([`RowTops`]): a warp per row.
     pub(crate) fn row_tops(
         &self,
         stream: &Arc<CudaStream>,
+        m: &DeviceMatrix,
         rows_pad: usize,
     ) -> Result<CudaSlice<u8>> {
-        let t = self.row_tops_of(rows_pad)?;
-        let mut out = alloc::<u8>(stream, t.entries() as usize)?;
-        match self {
-            Source::Host(m) => {
-                let src = m.scales();
-                let v: Vec<u8> = (0..t.entries())
-                    .map(|o| t.top(o, |s| src[s as usize] as u32) as u8)
-                    .collect();
-                stream.memcpy_htod(&v, &mut out)?;
-            }
-            // SAFETY: `scales` holds the one-byte scale of every (l, row, K block) of the layout;
-            // `out` `entries()` bytes. A warp per row.
-            Source::Device {
-                scales, kernels, ..
-            } => unsafe {
-                kernels.launch(
-                    stream,
-                    (&kernels.row_tops, kernels.grid_1d(32 * t.entries())),
-                    t,
-                    scales,
-                    &mut out,
-                )?
-            },
-        }
-        Ok(out)
-    }
-
-    fn row_tops_of(&self, rows_pad: usize) -> Result<RowTops> {
-        let d = self.desc();
+        let d = &m.desc;
         let l = &d.scale_layout;
-        Ok(RowTops {
+        let t = RowTops {
             src: 0,
             dst: 0,
             stride_l: l.batch_stride as u64,
@@ -329,52 +307,52 @@ impl Source<'_> {
             rows_pad: u32_of(rows_pad, "rows")?,
             nv: (d.format.scale == crate::format::ScaleType::UE4M3) as u32,
             pad: 0,
-        })
-    }
-
-    /// An e2m1 matrix's codes reordered for the 4-bit-weights kernel ([`W4Reorder`]), K in
-    /// `chunks` of 64.
-    pub(crate) fn w4_reorder(
-        &self,
-        stream: &Arc<CudaStream>,
-        chunks: usize,
-    ) -> Result<CudaSlice<u8>> {
-        let w = self.w4_reorder_of(chunks)?;
-        let mut out = alloc::<u8>(stream, 32 * w.entries() as usize)?;
-        match self {
-            Source::Host(m) => {
-                let src = m.data();
-                let mut v = Vec::with_capacity(32 * w.entries() as usize);
-                for q in 0..w.entries() {
-                    v.extend(w.chunk_of(src, q).iter().flat_map(|x| x.to_le_bytes()));
-                }
-                stream.memcpy_htod(&v, &mut out)?;
-            }
-            // SAFETY: `data` holds the matrix's batch · rows · k / 2 code bytes (e2m1, its desc; K
-            // a multiple of 32: the W4 family's condition), 16-byte aligned (an allocation; rows
-            // of whole 16 bytes); `out` `32 · entries()` bytes.
-            Source::Device { data, kernels, .. } => unsafe {
-                kernels.launch(
-                    stream,
-                    (&kernels.w4_reorder, kernels.grid_1d(w.entries())),
-                    w,
-                    data,
-                    &mut out,
-                )?
-            },
-        }
+        };
+        let mut out = alloc::<u8>(stream, t.entries() as usize)?;
+        // SAFETY: `m.scales` holds the one-byte scale of every (l, row, K block) of its layout;
+        // `out` `entries()` bytes.
+        unsafe {
+            self.launch(
+                stream,
+                (&self.row_tops, self.grid_1d(32 * t.entries())),
+                t,
+                &m.scales,
+                &mut out,
+            )
+        }?;
         Ok(out)
     }
 
-    fn w4_reorder_of(&self, chunks: usize) -> Result<W4Reorder> {
-        let d = self.desc();
-        Ok(W4Reorder {
+    /// `m`'s e2m1 codes reordered for the 4-bit-weights kernel ([`W4Reorder`]), K in `chunks` of
+    /// 64.
+    pub(crate) fn w4_reorder(
+        &self,
+        stream: &Arc<CudaStream>,
+        m: &DeviceMatrix,
+        chunks: usize,
+    ) -> Result<CudaSlice<u8>> {
+        let d = &m.desc;
+        let w = W4Reorder {
             src: 0,
             dst: 0,
             rows: u32_of(d.rows, "rows")?,
             k: u32_of(d.k, "K")?,
             batch: u32_of(d.batch, "the batch")?,
             chunks: u32_of(chunks, "K chunks")?,
-        })
+        };
+        let mut out = alloc::<u8>(stream, 32 * w.entries() as usize)?;
+        // SAFETY: `m.data` holds the matrix's batch · rows · k / 2 code bytes (e2m1, its desc; K
+        // a multiple of 32: the W4 family's condition), 16-byte aligned (an allocation; rows of
+        // whole 16 bytes); `out` `32 · entries()` bytes.
+        unsafe {
+            self.launch(
+                stream,
+                (&self.w4_reorder, self.grid_1d(w.entries())),
+                w,
+                &m.data,
+                &mut out,
+            )
+        }?;
+        Ok(out)
     }
 }

@@ -329,30 +329,25 @@ impl Sm90Operand {
         if !as_a && !as_b {
             return Ok(None);
         }
-        let (rows, k, l) = (d.rows, d.k, d.batch);
         let sfa = if as_a {
-            let m_pad = m_pad(rows as u32);
+            let m_pad = m_pad(d.rows as u32);
             Some((m.gather(stream, scales_to(&d, Scales::A(m_pad)))?, m_pad))
         } else {
             None
         };
-        let mut op = Sm90Operand::over(stream, data, (rows, k, l), sfa, None)?;
-        if as_b {
-            op.b_role = Some(OnFirstUse::default());
-        }
-        Ok(Some(op))
+        Sm90Operand::written(stream, &d, data, sfa).map(Some)
     }
 
-    /// A device-written matrix's operand (`d`, its codes `data`) over the A-role scales its
-    /// writer filled (a device quantizer, a GEMM's quantized output), with the B role made at
-    /// first use where the format can take it.
+    /// A matrix's operand (`d`, its codes `data`) over its A-role scales `sfa` (made by
+    /// [`Self::prepare`], or filled by a device writer: a quantizer, a GEMM's quantized output),
+    /// with the B role made at first use where the format can take it.
     pub(crate) fn written(
         stream: &Arc<CudaStream>,
         d: &MatrixDesc,
         data: &CudaSlice<u8>,
-        sfa: (CudaSlice<f32>, u32),
+        sfa: Option<(CudaSlice<f32>, u32)>,
     ) -> Result<Self> {
-        let mut op = Sm90Operand::over(stream, data, (d.rows, d.k, d.batch), Some(sfa), None)?;
+        let mut op = Sm90Operand::over(stream, data, (d.rows, d.k, d.batch), sfa, None)?;
         if unsupported(d, true).is_none() {
             op.b_role = Some(OnFirstUse::default());
         }
@@ -730,6 +725,7 @@ impl Sm90Fp8 {
         stream: &Arc<CudaStream>,
         target: &str,
         sm_count: u32,
+        preparers: &Preparers,
     ) -> Result<Option<Self>> {
         if !family::KERNELS[0].info.targets.contains(&target) {
             return Ok(None);
@@ -747,7 +743,7 @@ impl Sm90Fp8 {
         Ok(Some(Sm90Fp8 {
             kernels,
             splitk: SplitK::default(),
-            preparers: Preparers::load(module, sm_count)?,
+            preparers: preparers.clone(),
         }))
     }
 

@@ -305,7 +305,7 @@ impl MxOperand {
         let op = m.prepared.get::<MxOperand>()?;
         Some(
             op.row_tops
-                .get_or_make(|| Source::of(m, kernels).row_tops(stream, op.rows_pad as usize)),
+                .get_or_make(|| kernels.row_tops(stream, m, op.rows_pad as usize)),
         )
     }
 

@@ -118,7 +118,7 @@ impl Sm90MxFp8 {
     pub(crate) fn load(
         module: &Arc<CudaModule>,
         target: &str,
-        sm_count: u32,
+        preparers: &Preparers,
     ) -> Result<Option<Self>> {
         if !family::KERNELS[0].info.targets.contains(&target) {
             return Ok(None);
@@ -129,7 +129,7 @@ impl Sm90MxFp8 {
             .collect::<Result<_>>()?;
         Ok(Some(Sm90MxFp8 {
             kernels,
-            preparers: Preparers::load(module, sm_count)?,
+            preparers: preparers.clone(),
             workspace: Mutex::new([None, None]),
         }))
     }

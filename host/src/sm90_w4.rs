@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr};
 
-use crate::buffers::{DeviceOutput, OnFirstUse, Prepared, PreparedValue};
+use crate::buffers::{DeviceMatrix, DeviceOutput, OnFirstUse, Prepared, PreparedValue};
 use crate::error::{Error, Result, config};
 use crate::family::{Family, Gemm, Rewritten};
 use crate::format::{ElemType, ScaleBlock, ScaleType};
@@ -147,13 +147,12 @@ struct Weights {
 }
 
 impl Weights {
-    /// `m`'s codes reordered for the weights' role: each row's 64-K chunks reordered
-    /// (`weight_k`), K padded with zeros to a multiple of 64.
-    fn make(stream: &Arc<CudaStream>, m: &Source<'_>) -> Result<Self> {
-        let d = m.desc();
-        let (rows, k, l) = (d.rows, d.k, d.batch);
+    /// `m`'s codes reordered for the weights' role by `kernels`: each row's 64-K chunks
+    /// reordered (`weight_k`), K padded with zeros to a multiple of 64.
+    fn make(stream: &Arc<CudaStream>, m: &DeviceMatrix, kernels: &Preparers) -> Result<Self> {
+        let (rows, k, l) = (m.desc.rows, m.desc.k, m.desc.batch);
         let chunks = k.div_ceil(BLOCK_K as usize);
-        let data = m.w4_reorder(stream, chunks)?;
+        let data = kernels.w4_reorder(stream, m, chunks)?;
         let (wptr, _wg) = data.device_ptr(stream);
         let tmap = encode_3d(
             stream,
@@ -412,6 +411,7 @@ impl Sm90W4 {
         module: &Arc<CudaModule>,
         target: &str,
         sm_count: u32,
+        preparers: &Preparers,
     ) -> Result<Option<Self>> {
         if !family::KERNELS[0].info.targets.contains(&target) {
             return Ok(None);
@@ -423,7 +423,7 @@ impl Sm90W4 {
         }
         Ok(Some(Sm90W4 {
             kernels,
-            preparers: Preparers::load(module, sm_count)?,
+            preparers: preparers.clone(),
             splitk: SplitK::default(),
             sm_count,
         }))
@@ -468,7 +468,7 @@ impl Sm90W4 {
         let (Some(w), Some(wscales)) = (&bo.weights, bo.scales_in(&b.prepared)) else {
             return Err(Error::Format("B was not prepared as 4-bit weights".into()));
         };
-        let w = w.get_or_make(|| Weights::make(stream, &Source::of(b, &self.preparers)))?;
+        let w = w.get_or_make(|| Weights::make(stream, b, &self.preparers))?;
         let a_scale = match act {
             Activation::Bf16 => ao.uniform_scale.ok_or_else(|| {
                 Error::Format(

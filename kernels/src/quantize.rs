@@ -504,17 +504,12 @@ pub(crate) mod device {
         }
 
         /// The quotient of a block whose e8m0 scale is `code`: [`Self::new`]'s for
-        /// `Divisor::F32(e8m0::decode(code))`, with the reciprocal (exact: a power of two) made
-        /// from the code's exponent instead of `rcp.rn` (the fused epilogue's MXFP8 output takes
-        /// eight a lane and tile): `2^(127 − e)`, the subnormal `2^-127` for code 254, NaN for
-        /// 255.
+        /// `Divisor::F32(e8m0::decode(code))`, with the exact reciprocal made from the code
+        /// (`e8m0::recip`) instead of `rcp.rn` (the fused epilogue's MXFP8 output takes eight a
+        /// lane and tile).
         #[inline(always)]
         pub(crate) fn e8m0(code: u32) -> Self {
-            let r = match code {
-                0xFF => f32::NAN,
-                254 => f32::from_bits(0x0040_0000),
-                c => f32::from_bits((254 - c) << 23),
-            };
+            let r = crate::format::e8m0::recip(code as u8);
             Quotient {
                 scale: ScaleType::E8M0,
                 zero: false,

@@ -262,7 +262,15 @@ fn every_e8m0_code_decodes_to_power_of_two_and_round_trips() {
         // A power of two is its own floor(log2): the scale of amax = 2^(c-127) with
         // emax_elem = 0 is code c (code 0 exercises the subnormal f32 2^-127).
         assert_eq!(e8m0::mx_scale_for_amax(got, 0), c, "code {c}");
+        // The exact reciprocal (the fused MXFP8 output's quotients): 1 / 2^(c-127).
+        assert_eq!(e8m0::recip(c) as f64, 1.0 / want, "code {c}");
     }
+    assert_eq!(
+        e8m0::recip(254).to_bits(),
+        1 << 22,
+        "1 / 2^127 is the subnormal 2^-127"
+    );
+    assert!(e8m0::recip(0xFF).is_nan());
     assert_eq!(
         e8m0::decode(0).to_bits(),
         1 << 22,

@@ -25,6 +25,17 @@ pub fn decode(code: u8) -> f32 {
     }
 }
 
+/// `1 / decode(code)`, exact: `2^(127 - code)` (code 254 gives the subnormal `f32` `2^-127`);
+/// `0xFF` gives NaN.
+#[inline]
+pub fn recip(code: u8) -> f32 {
+    if code == NAN {
+        f32::NAN
+    } else {
+        pow2(BIAS - code as i32)
+    }
+}
+
 /// The code of `2^e`, with `e` clamped to `-127..=127`.
 #[inline]
 #[allow(clippy::manual_clamp)] // `Ord::clamp` carries an assert; this is branch-only, no panic path.
