@@ -222,14 +222,17 @@ fn non_finite_input_gives_nan_scales_and_leaves_other_blocks_exact() {
     }
 }
 
-/// The FP8 codes (written by the hardware conversion) at every rounding boundary, against the
-/// host's software encoder: each block's largest magnitude is the format's largest value, so the
-/// scale is 1 (DeepSeek's amax / 448 and MX's e8m0 2^0) and the quotients are the values
-/// themselves: every code's value, the midpoints between neighbours (ties to even) and the f32
-/// values either side of them, in the subnormal range and below it, both signs, ±0.
+/// The FP8 codes (written by the hardware conversion) and the e2m1 codes (by one rounding
+/// addition) at every rounding boundary, against the host's software encoders: each block's
+/// largest magnitude is the format's largest value, so the scale is 1 (DeepSeek's amax / 448 and
+/// MX's e8m0 2^0) and the quotients are the values themselves: every code's value, the
+/// midpoints between neighbours (ties to even) and the f32 values either side of them, in the
+/// subnormal range and below it, both signs, ±0. NVFP4's divisor is its largest block scale
+/// (448) times the tensor scale `6 / (448 · 6)` rounded, one plus a few ulps: its quotients sit
+/// a few ulps off the same values, either side of each boundary.
 #[test]
 #[ignore = "needs a CUDA device"]
-fn fp8_codes_match_the_host_at_every_rounding_boundary() {
+fn codes_match_the_host_at_every_rounding_boundary() {
     let gpu = Gpu::new(0).expect("a GPU");
     // (format, mantissa bits, exponent bias, largest code, largest value)
     let cases = [
@@ -265,6 +268,9 @@ fn fp8_codes_match_the_host_at_every_rounding_boundary() {
             0x7B,
             57344.0,
         ),
+        ("mxfp4", Recipe::Mxfp4.a(), 1, 1, 0x7, 6.0),
+        ("e2m1 e8m0 / 16", Recipe::E2m1E8m0x16.a(), 1, 1, 0x7, 6.0),
+        ("nvfp4", Recipe::Nvfp4.a(), 1, 1, 0x7, 6.0),
     ];
     for (name, format, mbits, bias, max_code, max) in cases {
         let value = |c: u32| -> f32 {
@@ -288,15 +294,15 @@ fn fp8_codes_match_the_host_at_every_rounding_boundary() {
         }
         probes.push(max);
         let mut v: Vec<f32> = probes.iter().flat_map(|&x| [x, -x]).collect();
-        // Rows of 128 with the largest value first in every 32-element block (every format's
-        // block divides 32 or is the row), the probes in the other 31 of each 32.
+        // Rows of 128 with the largest value first in every 16 elements (every format's block
+        // is 16, 32, 128 or the row), the probes in the other 15 of each 16.
         let k = 128;
         let mut rows = Vec::new();
         while !v.is_empty() {
             let mut row = Vec::with_capacity(k);
-            for _ in 0..k / 32 {
+            for _ in 0..k / 16 {
                 row.push(max);
-                for _ in 0..31 {
+                for _ in 0..15 {
                     row.push(v.pop().unwrap_or(-0.0));
                 }
             }
@@ -307,14 +313,17 @@ fn fp8_codes_match_the_host_at_every_rounding_boundary() {
         let want = ScaledMatrix::quantize(&rows, m, k, 1, format).unwrap();
         let got = gpu.quantize(&t, format).unwrap().to_host().unwrap();
         assert!(got.scales() == want.scales(), "{name}: scales differ");
-        let bad: Vec<_> = (0..rows.len())
+        // A byte per element, or two e2m1 codes (elements 2i, 2i + 1).
+        let per = rows.len() / want.data().len();
+        assert_eq!(got.data().len(), want.data().len(), "{name}: code bytes");
+        let bad: Vec<_> = (0..want.data().len())
             .filter(|&i| got.data()[i] != want.data()[i])
-            .map(|i| (rows[i], got.data()[i], want.data()[i]))
+            .map(|i| (&rows[per * i..per * (i + 1)], got.data()[i], want.data()[i]))
             .take(8)
             .collect();
         assert!(
             bad.is_empty(),
-            "{name}: (value, device, host) codes differ: {bad:?}"
+            "{name}: (values, device, host) code bytes differ: {bad:?}"
         );
     }
 }
