@@ -228,8 +228,8 @@ fn non_finite_input_gives_nan_scales_and_leaves_other_blocks_exact() {
 /// MX's e8m0 2^0) and the quotients are the values themselves: every code's value, the
 /// midpoints between neighbours (ties to even) and the f32 values either side of them, in the
 /// subnormal range and below it, both signs, ±0. NVFP4's divisor is its largest block scale
-/// (448) times the tensor scale `6 / (448 · 6)` rounded, one plus a few ulps: its quotients sit
-/// a few ulps off the same values, either side of each boundary.
+/// (448) times the tensor scale `6 / (448 · 6)` rounded, within an ulp or two of one: its
+/// quotients sit as near the same values, beside each boundary rather than on it.
 #[test]
 #[ignore = "needs a CUDA device"]
 fn codes_match_the_host_at_every_rounding_boundary() {

@@ -85,16 +85,17 @@ pub fn encode_sat(x: f32) -> u8 {
 /// this about 9 with the packing).
 ///
 /// `|x|` saturated at 6 (`min_abs(x, 6)`: ±Inf too) lies in one of three ranges of E2M1's
-/// magnitudes, spaced `u` = 0.5 below 2, 1 in [2, 4) and 2 from 4. Adding `M = 2^(22 + j)`
-/// (range `j`, from the exponent of `|x|`), whose ulp is that spacing, rounds `|x|` to it once,
-/// to nearest even; E2M1's even codes are the multiples of twice the spacing, as are f32's even
+/// magnitudes, spaced 0.5 below 2, 1 in [2, 4) and 2 from 4. Adding `M = 2^(22 + j)` (range
+/// `j`, from the exponent of `|x|`), whose ulp is that spacing, rounds `|x|` to it once, to
+/// nearest even; E2M1's even codes are the multiples of twice the spacing, as are f32's even
 /// significands there, so the ties go as [`BOUNDS`] says. The constant added is `M` plus `2j`
 /// ulps (an even number of them: the rounding and its ties are `M`'s), so the sum's bits less
 /// `M`'s are `|x|` in units of the spacing plus `2j`: the magnitude code itself (0.5 → 1, 2 → 4,
 /// 3 → 5, 4 → 6, 6 → 7; a value rounding up to the next range's first magnitude lands on its
 /// code). The code is at most 7 and `M`'s low 23 bits are zero, so it is the sum's low three
-/// bits (v50 subtracted `M` and added `2j` per element instead). The sign bit is `x`'s. `min_abs` and `add` are the caller's (the device's `min.f32` of an `abs.f32` operand,
-/// and `add.rn.f32`; the host's, to test it): each must return `min(|x|, 6)` and the sum rounded
+/// bits (v50 subtracted `M` and added `2j` an element instead). The sign bit is `x`'s.
+/// `min_abs` and `add` are the caller's (the device's `min.f32` of an `abs.f32` operand, and
+/// `add.rn.f32`; the host's, to test it): each must return `min(|x|, 6)` and the sum rounded
 /// once to nearest even. A NaN `x` gives a code of no use: the device quantizers see NaN
 /// quotients only in a block whose scale is NaN, all of whose codes they set to +0
 /// (`encode_sat`'s NaN). Equal to `encode_sat` on every other f32 (the tests below: sampled, and
