@@ -2,7 +2,8 @@
 # The test command (README): sets up, builds the kernels for sm_90a and sm_100a from source (ptxas
 # must accept both) and fails if they differ from the shipped images in host/kernel-images, runs
 # every test that needs no GPU, packages every published crate (size checked), and builds a
-# throwaway project that depends on blockscaled with stable Rust. GPU tests are reported as
+# throwaway project that depends on blockscaled with stable Rust, and checks it as a dependency
+# (its declared rust-version, and beside cudarc with candle's features). GPU tests are reported as
 # ignored here; run them on a GPU machine with scripts/stage-gpu.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,3 +14,4 @@ cargo clippy --workspace --all-targets -- -D warnings
 cargo test --workspace --all-targets
 scripts/check-package.sh
 scripts/check-user-build.sh
+scripts/check-as-dependency.sh

@@ -142,6 +142,7 @@ pub fn run_case(gpu: &Gpu, peer: Option<&LtPeer>, c: &Case) -> Result<Outcome, S
                     .collect(),
                 "1 ulp + (K/8 + 1)·2^-23·Σ|ab| fp32 accumulation bound",
             ),
+            p => return Err(format!("{p:?}: no error bound for this kernel")),
         };
         Some(compare_outputs(&got, &want, 1.0, &slack).map(|_| {
             format!(
@@ -236,6 +237,7 @@ fn agree_with_peer(
         Plan::Sm90Mx(_) | Plan::Sm90W4(_) | Plan::Sm90Half(_) => {
             blockscaled_tests::bf16_mma_rel(c.k)
         }
+        p => return Err(format!("{p:?}: no error bound for this kernel")),
     };
     let rel = (ours_rel + peer.rel_bound) * (1.0 + 2f64.powi(-20));
     let slack: Vec<f64> = abs.iter().map(|&x| rel * x as f64).collect();
@@ -434,6 +436,7 @@ pub fn plan_name(p: &Plan) -> String {
                 c.group_m
             )
         }
+        p => format!("{p:?}"),
     }
 }
 

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use blockscaled::{Gpu, GroupLayout, OutType, Plan, Recipe, ScaledMatrix, Sm90Config};
+use blockscaled::{Gpu, GroupLayout, OutType, Plan, Recipe, ScaledMatrix};
 use cudarc::driver::{CudaSlice, CudaStream};
 
 use crate::cublaslt::{LtPeer, blk128_len, vec128_len};
@@ -128,8 +128,8 @@ pub fn run_grouped(
         _ => gpu.grouped_plan(&da, &db, &groups).map_err(e)?,
     };
     let plan = match (plan, c.fp8_tile) {
-        (Plan::Sm90Fp8(cfg), Some(tile)) => Plan::Sm90Fp8(Sm90Config { tile, ..cfg }),
-        (Plan::Sm90MxFp8(cfg), Some(tile)) => Plan::Sm90MxFp8(Sm90Config { tile, ..cfg }),
+        (Plan::Sm90Fp8(cfg), Some(tile)) => Plan::Sm90Fp8(cfg.with_tile(tile)),
+        (Plan::Sm90MxFp8(cfg), Some(tile)) => Plan::Sm90MxFp8(cfg.with_tile(tile)),
         (p, _) => p,
     };
     let ours = time_on_stream(gpu.stream(), c.warmup, c.iters, |_| {

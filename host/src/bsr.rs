@@ -284,7 +284,7 @@ impl BsrMatrix {
         block: usize,
         mut keep: impl FnMut(usize, usize) -> bool,
     ) -> Result<Self> {
-        if data.len() != rows * cols {
+        if rows.checked_mul(cols) != Some(data.len()) {
             return Err(shape(format!(
                 "{} values for a {rows} × {cols} matrix",
                 data.len()
@@ -321,9 +321,11 @@ impl BsrMatrix {
         BsrMatrix::from_parts(elem, rows, cols, block, &crow, &col, values, Vec::new())
     }
 
+    /// The blocks' element type.
     pub fn elem(&self) -> ElemType {
         self.elem
     }
+    /// The matrix's rows.
     pub fn rows(&self) -> usize {
         self.rows
     }
@@ -331,6 +333,7 @@ impl BsrMatrix {
     pub fn cols(&self) -> usize {
         self.cols
     }
+    /// The block size (rows and columns of one block).
     pub fn block(&self) -> usize {
         self.block
     }
@@ -343,12 +346,15 @@ impl BsrMatrix {
         let all = self.rows.div_ceil(self.block) * (self.cols / self.block);
         self.nnz() as f64 / all as f64
     }
+    /// Row pointers: block row r holds stored blocks `crow[r]..crow[r + 1]`.
     pub fn crow_indices(&self) -> &[i32] {
         &self.crow
     }
+    /// Each stored block's block column.
     pub fn col_indices(&self) -> &[i32] {
         &self.col
     }
+    /// The stored blocks' codes, block after block, each row-major.
     pub fn values(&self) -> &[u8] {
         &self.values
     }
@@ -406,8 +412,11 @@ pub const MIN_PART_BLOCKS: usize = 4;
 /// and counters its cut runs need.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct WorkList {
+    /// The segments, longest first.
     pub segments: Vec<Segment>,
+    /// Split-K slots the cut runs need.
     pub slots: u32,
+    /// Arrival counters the cut runs need.
     pub counters: u32,
 }
 
@@ -418,6 +427,8 @@ pub struct WorkList {
 /// work per CTA (and at least `MIN_PART_BLOCKS` (4) per part) is cut into near-equal parts, at
 /// most `max_parts`; an empty run stays one empty segment (its zero output is still written).
 /// Longest first (ties: in tile order), so that the last units to start are the shortest.
+/// [`Error::Sparse`] for row pointers that do not cover the rows (too few, negative or
+/// decreasing), [`Error::Shape`] for a block or tile of no rows.
 pub fn work_list(
     crow: &[i32],
     block: usize,
@@ -426,8 +437,29 @@ pub fn work_list(
     m_units: usize,
     ctas: usize,
     max_parts: u32,
-) -> WorkList {
+) -> Result<WorkList> {
+    if block == 0 || tile_rows == 0 || rows == 0 {
+        return Err(shape(format!(
+            "a work list of {rows} rows in tiles of {tile_rows} over blocks of {block}: all must \
+             be non-zero"
+        )));
+    }
     let tiles = rows.div_ceil(tile_rows);
+    // The last tile's block row, and the row pointer after it, must be there.
+    let needed = ((tiles - 1) * tile_rows / block)
+        .checked_add(2)
+        .ok_or_else(|| shape("the work list's block rows overflow"))?;
+    if crow.len() < needed {
+        return Err(Error::Sparse(format!(
+            "{} row pointers for {rows} rows in blocks of {block} ({needed} needed)",
+            crow.len()
+        )));
+    }
+    if crow[0] < 0 || crow[..needed].windows(2).any(|w| w[1] < w[0]) {
+        return Err(Error::Sparse(
+            "row pointers must be non-negative and non-decreasing".into(),
+        ));
+    }
     let run = |t: usize| {
         let br = t * tile_rows / block;
         (crow[br] as u32, crow[br + 1] as u32)
@@ -467,11 +499,11 @@ pub fn work_list(
         }
     }
     segments.sort_by_key(|s| std::cmp::Reverse(s.end - s.begin));
-    WorkList {
+    Ok(WorkList {
         segments,
         slots,
         counters,
-    }
+    })
 }
 
 /// A [`WorkList`] on the GPU: its segments as u32 words.
@@ -509,6 +541,7 @@ pub struct DeviceBsr {
 }
 
 impl DeviceBsr {
+    /// The matrix's rows.
     pub fn rows(&self) -> usize {
         self.matrix_rows
     }
@@ -516,12 +549,15 @@ impl DeviceBsr {
     pub fn cols(&self) -> usize {
         self.cols
     }
+    /// The block size.
     pub fn block(&self) -> usize {
         self.block
     }
+    /// The number of stored blocks.
     pub fn nnz(&self) -> usize {
         self.nnz
     }
+    /// The blocks' element type.
     pub fn elem(&self) -> ElemType {
         self.elem
     }
@@ -552,14 +588,14 @@ impl DeviceBsr {
             m_units,
             ctas,
             max_parts,
-        );
+        )?;
         let words: Vec<u32> = list
             .segments
             .iter()
             .flat_map(|s| [s.n, s.begin, s.end, s.part, s.parts, s.slot, s.counter, 0])
             .collect();
         let w = Arc::new(DeviceWork {
-            segments: stream.clone_htod(&words)?,
+            segments: crate::alloc::copy_of(stream, &words)?,
             count: list.segments.len() as u32,
             slots: list.slots,
             counters: list.counters,
@@ -585,6 +621,45 @@ pub(crate) fn output_dims(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn work_lists_of_bad_row_pointers_or_empty_tiles_are_typed_errors_not_panics() {
+        let crow = [0, 2, 5, 5, 9];
+        assert!(work_list(&crow, 128, 128, 512, 1, 132, 16).is_ok());
+        assert!(matches!(
+            work_list(&crow, 128, 0, 512, 1, 132, 16),
+            Err(Error::Shape(_))
+        ));
+        assert!(matches!(
+            work_list(&crow, 0, 128, 512, 1, 132, 16),
+            Err(Error::Shape(_))
+        ));
+        // Five block rows need six pointers.
+        assert!(matches!(
+            work_list(&crow, 128, 128, 640, 1, 132, 16),
+            Err(Error::Sparse(_))
+        ));
+        assert!(matches!(
+            work_list(&[0, 3, 2, 4, 5], 128, 128, 512, 1, 132, 16),
+            Err(Error::Sparse(_))
+        ));
+        assert!(matches!(
+            work_list(&[-1, 3, 4, 4, 5], 128, 128, 512, 1, 132, 16),
+            Err(Error::Sparse(_))
+        ));
+    }
+
+    #[test]
+    fn a_dense_matrix_whose_size_overflows_is_a_shape_error() {
+        let r = BsrMatrix::from_dense_16bit(
+            ElemType::BF16,
+            &[0u16; 4],
+            (usize::MAX / 2, 4),
+            2,
+            |_, _| true,
+        );
+        assert!(matches!(r, Err(Error::Shape(_))));
+    }
 
     fn parts(crow: &[i64], col: &[i64], rows: usize, cols: usize) -> Result<BsrMatrix> {
         let nnz = col.len();
@@ -677,7 +752,7 @@ mod tests {
             (128, 1, 1, 16),
             (128, 2, 132, 1),
         ] {
-            let w = work_list(&crow, 128, tile_rows, 5 * 128, m_units, ctas, max_parts);
+            let w = work_list(&crow, 128, tile_rows, 5 * 128, m_units, ctas, max_parts).unwrap();
             let tiles = 5 * 128 / tile_rows;
             let mut covered = vec![Vec::new(); tiles];
             let mut slots = std::collections::HashSet::new();
@@ -709,9 +784,9 @@ mod tests {
             assert!(lens.windows(2).all(|p| p[0] >= p[1]), "{lens:?}");
         }
         // One CTA's worth of units: the 40-block run is cut; with many M units it is not.
-        let few = work_list(&crow, 128, 128, 640, 1, 132, 16);
+        let few = work_list(&crow, 128, 128, 640, 1, 132, 16).unwrap();
         assert!(few.segments.iter().any(|s| s.parts > 1));
-        let many = work_list(&crow, 128, 128, 640, 256, 132, 16);
+        let many = work_list(&crow, 128, 128, 640, 256, 132, 16).unwrap();
         assert!(many.segments.iter().all(|s| s.parts == 1));
     }
 

@@ -2,10 +2,14 @@
 //! what the kernel families prepared of it in one slot, so that no family adds fields here.
 
 use std::any::Any;
-use std::sync::OnceLock;
+use std::marker::PhantomData;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 
-use cudarc::driver::{CudaSlice, DevicePtrMut};
+use cudarc::driver::{
+    CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceSlice, SyncOnDrop,
+    sys,
+};
 
 use crate::error::{Error, Result};
 use crate::format::OutType;
@@ -42,7 +46,67 @@ impl GpuId {
 pub(crate) struct Prepared(Vec<PreparedValue>);
 
 /// Data a family keeps of one buffer.
-pub(crate) type PreparedValue = Box<dyn Any + Send + Sync>;
+pub(crate) type PreparedValue = Box<dyn Held>;
+
+/// What a [`Prepared`] slot holds: any value that says how much device memory it keeps.
+pub(crate) trait Held: Any + Send + Sync {
+    /// Bytes of device memory the value keeps alive (its own buffers, not the matrix's).
+    fn device_bytes(&self) -> usize;
+}
+
+impl<T: cudarc::driver::DeviceRepr + Send + Sync + 'static> Held for CudaSlice<T> {
+    fn device_bytes(&self) -> usize {
+        self.len() * std::mem::size_of::<T>()
+    }
+}
+
+impl<T: Held> Held for Option<T> {
+    fn device_bytes(&self) -> usize {
+        self.as_ref().map_or(0, Held::device_bytes)
+    }
+}
+
+impl<T: Held> Held for Vec<T> {
+    fn device_bytes(&self) -> usize {
+        self.iter().map(Held::device_bytes).sum()
+    }
+}
+
+impl<T: Held, const N: usize> Held for [T; N] {
+    fn device_bytes(&self) -> usize {
+        self.iter().map(Held::device_bytes).sum()
+    }
+}
+
+impl<T: Held> Held for (T, u32) {
+    fn device_bytes(&self) -> usize {
+        self.0.device_bytes()
+    }
+}
+
+impl<T: Held> Held for (u32, T) {
+    fn device_bytes(&self) -> usize {
+        self.1.device_bytes()
+    }
+}
+
+/// [`Held`] for a struct: the sum of its fields' device bytes.
+macro_rules! held {
+    ($t:ty: $($f:ident),+) => {
+        impl $crate::buffers::Held for $t {
+            fn device_bytes(&self) -> usize {
+                0 $(+ $crate::buffers::Held::device_bytes(&self.$f))+
+            }
+        }
+    };
+}
+pub(crate) use held;
+
+impl<T: Held> Held for OnFirstUse<T> {
+    fn device_bytes(&self) -> usize {
+        self.get().map_or(0, Held::device_bytes)
+    }
+}
 
 impl Prepared {
     pub(crate) fn insert(&mut self, value: PreparedValue) {
@@ -50,11 +114,30 @@ impl Prepared {
     }
 
     pub(crate) fn get<T: Any>(&self) -> Option<&T> {
-        self.0.iter().find_map(|v| v.downcast_ref::<T>())
+        self.0
+            .iter()
+            .find_map(|v| (v.as_ref() as &dyn Any).downcast_ref::<T>())
     }
 
     pub(crate) fn get_mut<T: Any>(&mut self) -> Option<&mut T> {
-        self.0.iter_mut().find_map(|v| v.downcast_mut::<T>())
+        self.0
+            .iter_mut()
+            .find_map(|v| (v.as_mut() as &mut dyn Any).downcast_mut::<T>())
+    }
+
+    /// The value of type `T`, taken out (put it back with [`Prepared::insert`]).
+    pub(crate) fn take<T: Any>(&mut self) -> Option<T> {
+        let i = self
+            .0
+            .iter()
+            .position(|v| (v.as_ref() as &dyn Any).is::<T>())?;
+        let b: Box<dyn Any> = self.0.swap_remove(i);
+        b.downcast::<T>().ok().map(|b| *b)
+    }
+
+    /// Bytes of device memory the prepared values keep.
+    pub(crate) fn device_bytes(&self) -> usize {
+        self.0.iter().map(|v| v.device_bytes()).sum()
     }
 }
 
@@ -103,16 +186,229 @@ impl<T> OnFirstUse<T> {
     }
 }
 
-/// A block-scaled matrix on the GPU.
-pub struct DeviceMatrix {
+/// The device memory a matrix, tensor or output lives in: a buffer this crate allocated, or the
+/// caller's (a cudarc view borrowed for `'a`, or a raw address the caller vouches for). Reads and
+/// writes go through cudarc's [`DevicePtr`] / [`DevicePtrMut`], so an owned buffer or a view is
+/// ordered on the launch's stream after the writes cudarc knows of (its event tracking), as
+/// cudarc's own launches are.
+pub(crate) enum Mem<'a> {
+    Owned(CudaSlice<u8>),
+    /// The caller's memory, read only: a write is refused before it reaches a kernel
+    /// ([`Mem::writable`]).
+    View(CudaView<'a, u8>),
+    ViewMut(CudaViewMut<'a, u8>),
+    /// The caller's memory by address: `len` bytes at `ptr` in the context of `stream`, valid
+    /// (and, where `writable`, writable) for as long as the value lives and until the work
+    /// enqueued on it has finished: the contract of the `unsafe` constructors that make it.
+    /// Ordered only by the stream the work is enqueued on.
+    Raw {
+        ptr: sys::CUdeviceptr,
+        len: usize,
+        stream: Arc<CudaStream>,
+        writable: bool,
+        life: PhantomData<&'a mut [u8]>,
+    },
+}
+
+impl Mem<'_> {
+    /// Whether a kernel may write this memory (every kind but a read-only view).
+    pub(crate) fn writable(&self) -> bool {
+        match self {
+            Mem::Owned(_) | Mem::ViewMut(_) => true,
+            Mem::View(_) => false,
+            Mem::Raw { writable, .. } => *writable,
+        }
+    }
+
+    /// Whether the memory is this crate's allocation (not the caller's).
+    pub(crate) fn is_owned(&self) -> bool {
+        matches!(self, Mem::Owned(_))
+    }
+
+    /// The device address (for checks and tensor maps that are made once; a launch takes it
+    /// through [`DevicePtr`], which orders the launch after earlier writes).
+    pub(crate) fn address(&self) -> sys::CUdeviceptr {
+        match self {
+            Mem::Owned(s) => {
+                let (p, _g) = s.device_ptr(s.stream());
+                p
+            }
+            Mem::View(v) => {
+                let (p, _g) = v.device_ptr(v.stream());
+                p
+            }
+            Mem::ViewMut(v) => {
+                let (p, _g) = v.device_ptr(v.stream());
+                p
+            }
+            Mem::Raw { ptr, .. } => *ptr,
+        }
+    }
+
+    /// The memory's copy in host memory (a wait on its stream).
+    pub(crate) fn to_vec(&self) -> Result<Vec<u8>> {
+        let stream = self.stream().clone();
+        let v = match self {
+            Mem::Owned(s) => stream.clone_dtoh(s)?,
+            Mem::View(v) => stream.clone_dtoh(v)?,
+            Mem::ViewMut(v) => stream.clone_dtoh(v)?,
+            Mem::Raw { ptr, len, .. } => {
+                let mut out = vec![0u8; *len];
+                stream.context().bind_to_thread()?;
+                // SAFETY: `ptr` holds `len` readable bytes (the constructor's contract); `out`
+                // is `len` bytes of host memory; the copy is synchronous on the stream below.
+                unsafe {
+                    cudarc::driver::result::memcpy_dtoh_async(&mut out, *ptr, stream.cu_stream())
+                }?;
+                out
+            }
+        };
+        stream.synchronize()?;
+        Ok(v)
+    }
+}
+
+/// Writable memory borrowed for `'a` ([`Mem::reborrow_mut`]): what one launch writes, its
+/// address taken with guards that live as long as the borrow.
+pub(crate) enum MemMut<'a> {
+    View(CudaViewMut<'a, u8>),
+    /// As [`Mem::Raw`], writable.
+    Raw {
+        ptr: sys::CUdeviceptr,
+        len: usize,
+        stream: Arc<CudaStream>,
+    },
+}
+
+impl<'a> MemMut<'a> {
+    /// The address for a kernel that writes it on `stream`, ordered after earlier reads and
+    /// writes cudarc knows of; the guard records the write when dropped after the launch.
+    pub(crate) fn into_ptr(self, stream: &'a CudaStream) -> (sys::CUdeviceptr, SyncOnDrop<'a>) {
+        match self {
+            MemMut::View(v) => v.view_ptr_mut(stream),
+            MemMut::Raw { ptr, .. } => (ptr, SyncOnDrop::Record(None)),
+        }
+    }
+}
+
+impl<'a> From<MemMut<'a>> for Mem<'a> {
+    fn from(m: MemMut<'a>) -> Self {
+        match m {
+            MemMut::View(v) => Mem::ViewMut(v),
+            MemMut::Raw { ptr, len, stream } => Mem::Raw {
+                ptr,
+                len,
+                stream,
+                writable: true,
+                life: PhantomData,
+            },
+        }
+    }
+}
+
+impl DeviceSlice<u8> for Mem<'_> {
+    fn len(&self) -> usize {
+        match self {
+            Mem::Owned(s) => s.len(),
+            Mem::View(v) => v.len(),
+            Mem::ViewMut(v) => v.len(),
+            Mem::Raw { len, .. } => *len,
+        }
+    }
+
+    fn stream(&self) -> &Arc<CudaStream> {
+        match self {
+            Mem::Owned(s) => s.stream(),
+            Mem::View(v) => v.stream(),
+            Mem::ViewMut(v) => v.stream(),
+            Mem::Raw { stream, .. } => stream,
+        }
+    }
+}
+
+impl DevicePtr<u8> for Mem<'_> {
+    fn device_ptr<'b>(&'b self, stream: &'b CudaStream) -> (sys::CUdeviceptr, SyncOnDrop<'b>) {
+        match self {
+            Mem::Owned(s) => s.device_ptr(stream),
+            Mem::View(v) => v.device_ptr(stream),
+            Mem::ViewMut(v) => v.device_ptr(stream),
+            Mem::Raw { ptr, .. } => (*ptr, SyncOnDrop::Record(None)),
+        }
+    }
+}
+
+impl DevicePtrMut<u8> for Mem<'_> {
+    fn device_ptr_mut<'b>(
+        &'b mut self,
+        stream: &'b CudaStream,
+    ) -> (sys::CUdeviceptr, SyncOnDrop<'b>) {
+        match self {
+            Mem::Owned(s) => s.device_ptr_mut(stream),
+            Mem::ViewMut(v) => v.device_ptr_mut(stream),
+            Mem::Raw { ptr, writable, .. } => {
+                // Every writer checks `Mem::writable` first and returns an error.
+                assert!(*writable, "a write to read-only memory was not refused");
+                (*ptr, SyncOnDrop::Record(None))
+            }
+            Mem::View(_) => panic!("a write to a read-only view was not refused"),
+        }
+    }
+}
+
+impl<'a> Mem<'a> {
+    /// The same memory borrowed for one write ([`Error::Config`] for a read-only view).
+    pub(crate) fn reborrow_mut(&mut self) -> Result<MemMut<'_>> {
+        Ok(match self {
+            Mem::Owned(s) => MemMut::View(s.slice_mut(..)),
+            Mem::ViewMut(v) => MemMut::View(v.slice_mut(..)),
+            Mem::Raw {
+                ptr,
+                len,
+                stream,
+                writable: true,
+                ..
+            } => MemMut::Raw {
+                ptr: *ptr,
+                len: *len,
+                stream: stream.clone(),
+            },
+            Mem::View(_) | Mem::Raw { .. } => {
+                return Err(Error::Config(
+                    "a read-only view of the caller's memory cannot be written".into(),
+                ));
+            }
+        })
+    }
+
+    /// The memory as a cudarc view, where it is a cudarc buffer or view (not raw memory).
+    pub(crate) fn view(&self) -> Option<CudaView<'_, u8>> {
+        match self {
+            Mem::Owned(s) => Some(s.slice(..)),
+            Mem::View(v) => Some(v.slice(..)),
+            Mem::ViewMut(v) => Some(v.slice(..)),
+            Mem::Raw { .. } => None,
+        }
+    }
+}
+
+/// A block-scaled matrix on the GPU: in buffers this crate allocated ([`Gpu::upload`],
+/// the quantizers: `DeviceMatrix<'static>`), or over the caller's device memory for `'a`
+/// ([`Gpu::matrix_view`], [`Gpu::matrix_view_mut`], [`Gpu::matrix_from_raw`]).
+///
+/// [`Gpu::upload`]: crate::Gpu::upload
+/// [`Gpu::matrix_view`]: crate::Gpu::matrix_view
+/// [`Gpu::matrix_view_mut`]: crate::Gpu::matrix_view_mut
+/// [`Gpu::matrix_from_raw`]: crate::Gpu::matrix_from_raw
+pub struct DeviceMatrix<'a> {
     pub(crate) gpu: GpuId,
     pub(crate) desc: MatrixDesc,
-    pub(crate) data: CudaSlice<u8>,
-    pub(crate) scales: CudaSlice<u8>,
+    pub(crate) data: Mem<'a>,
+    pub(crate) scales: Mem<'a>,
     pub(crate) prepared: Prepared,
 }
 
-impl DeviceMatrix {
+impl DeviceMatrix<'_> {
+    /// The matrix's format, shape, scale layout and tensor scale.
     pub fn desc(&self) -> &MatrixDesc {
         &self.desc
     }
@@ -120,63 +416,142 @@ impl DeviceMatrix {
     /// Waits for the stream and copies the matrix back (codes and scales in its layout), checked
     /// as [`ScaledMatrix::from_parts`](crate::ScaledMatrix::from_parts) checks any matrix.
     pub fn to_host(&self) -> Result<crate::ScaledMatrix> {
-        let stream = self.data.stream();
-        let data = stream.clone_dtoh(&self.data)?;
-        let scales = stream.clone_dtoh(&self.scales)?;
-        stream.synchronize()?;
+        let (data_bytes, scale_bytes) = self.desc.validate()?;
+        let mut data = self.data.to_vec()?;
+        let mut scales = self.scales.to_vec()?;
+        // (The caller's memory may be longer than the matrix.)
+        data.truncate(data_bytes);
+        scales.truncate(scale_bytes);
         crate::ScaledMatrix::from_desc(self.desc, data, scales)
     }
 
-    /// The codes on the GPU (`[batch][rows][k]`, e2m1 two per byte), for a caller's own kernels.
-    pub fn data(&self) -> &CudaSlice<u8> {
-        &self.data
+    /// The codes on the GPU (`[batch][rows][k]`, e2m1 two per byte), for a caller's own kernels;
+    /// `None` for a matrix over raw device memory (whose address the caller has).
+    pub fn data(&self) -> Option<CudaView<'_, u8>> {
+        self.data.view()
     }
 
-    /// The scales on the GPU, in [`MatrixDesc::scale_layout`](crate::MatrixDesc).
-    pub fn scales(&self) -> &CudaSlice<u8> {
-        &self.scales
+    /// The scales on the GPU, in [`MatrixDesc::scale_layout`](crate::MatrixDesc); `None` for a
+    /// matrix over raw device memory.
+    pub fn scales(&self) -> Option<CudaView<'_, u8>> {
+        self.scales.view()
+    }
+
+    /// Bytes of device memory the copies prepared beside the codes and scales take (tensor maps,
+    /// scale re-layouts, the weights' copies once made: [`Gpu::prepare_weights`]), with the
+    /// quantizer's scratch: what keeping this matrix costs beyond its own buffers.
+    ///
+    /// [`Gpu::prepare_weights`]: crate::Gpu::prepare_weights
+    pub fn prepared_bytes(&self) -> usize {
+        self.prepared.device_bytes()
+    }
+
+    /// Whether the codes and scales live in the caller's memory (a view or raw memory).
+    pub fn is_borrowed(&self) -> bool {
+        !self.data.is_owned()
     }
 }
 
-/// A GEMM output on the GPU (`[l][m][n]` row-major).
-pub struct DeviceOutput {
+impl std::fmt::Debug for Mem<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let kind = match self {
+            Mem::Owned(_) => "owned",
+            Mem::View(_) => "caller's, read only",
+            Mem::ViewMut(_) => "caller's",
+            Mem::Raw { .. } => "caller's, raw",
+        };
+        write!(f, "{} bytes at {:#x} ({kind})", self.len(), self.address())
+    }
+}
+
+impl std::fmt::Debug for DeviceMatrix<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeviceMatrix")
+            .field("desc", &self.desc)
+            .field("data", &self.data)
+            .field("scales", &self.scales)
+            .finish()
+    }
+}
+
+impl std::fmt::Debug for DeviceOutput<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeviceOutput")
+            .field("dtype", &self.dtype)
+            .field("dims", &(self.m, self.n, self.l))
+            .field("buf", &self.buf)
+            .finish()
+    }
+}
+
+/// Bytes of an `l` × `m` × `n` output of `dtype`: `Error::Shape` when empty or past `usize`.
+pub(crate) fn output_bytes(dtype: OutType, (m, n, l): (usize, usize, usize)) -> Result<usize> {
+    if m == 0 || n == 0 || l == 0 {
+        return Err(crate::error::shape(format!("empty output {l}×{m}×{n}")));
+    }
+    m.checked_mul(n)
+        .and_then(|x| x.checked_mul(l))
+        .and_then(|x| x.checked_mul(dtype.bytes()))
+        .ok_or_else(|| crate::error::shape(format!("output {l}×{m}×{n} overflows")))
+}
+
+/// A GEMM output on the GPU (`[l][m][n]` row-major): allocated by [`Gpu::output`]
+/// (`DeviceOutput<'static>`) or over the caller's memory ([`Gpu::output_view`],
+/// [`Gpu::output_from_raw`]).
+///
+/// [`Gpu::output`]: crate::Gpu::output
+/// [`Gpu::output_view`]: crate::Gpu::output_view
+/// [`Gpu::output_from_raw`]: crate::Gpu::output_from_raw
+pub struct DeviceOutput<'a> {
     pub(crate) gpu: GpuId,
     pub(crate) dtype: OutType,
     pub(crate) m: usize,
     pub(crate) n: usize,
     pub(crate) l: usize,
-    pub(crate) buf: CudaSlice<u8>,
+    pub(crate) buf: Mem<'a>,
     pub(crate) prepared: Prepared,
 }
 
-impl DeviceOutput {
+impl DeviceOutput<'_> {
+    /// The element type.
     pub fn dtype(&self) -> OutType {
         self.dtype
     }
+    /// (m, n, l).
     pub fn dims(&self) -> (usize, usize, usize) {
         (self.m, self.n, self.l)
     }
 
+    /// The output's bytes: l·m·n elements of [`DeviceOutput::dtype`].
+    pub(crate) fn bytes(&self) -> usize {
+        self.m * self.n * self.l * self.dtype.bytes()
+    }
+
     /// Fills every byte with 0xFF: a NaN in bf16, f16 and f32.
     pub fn poison(&mut self) -> Result<()> {
-        let len = self.buf.len();
+        let len = self.bytes();
         let stream = self.buf.stream().clone();
         // A raw driver call: make the context current on this thread as cudarc's own calls do.
         stream.context().bind_to_thread()?;
         let (ptr, _g) = self.buf.device_ptr_mut(&stream);
-        // SAFETY: `ptr` covers `len` bytes of this live allocation; u8 accepts any pattern.
+        // SAFETY: `ptr` covers at least `len` writable bytes (an allocation of this size, or
+        // the caller's memory checked to be as long by its constructor); u8 accepts any pattern.
         unsafe { cudarc::driver::result::memset_d8_async(ptr, 0xFF, len, stream.cu_stream()) }?;
         Ok(())
     }
 
     /// Waits for the stream and copies the result back.
     pub fn to_host(&self) -> Result<HostOutput> {
-        let stream = self.buf.stream();
-        let bytes = stream.clone_dtoh(&self.buf)?;
-        stream.synchronize()?;
+        let mut bytes = self.buf.to_vec()?;
+        bytes.truncate(self.bytes());
         Ok(HostOutput::from_bytes(
             self.dtype, self.m, self.n, self.l, &bytes,
         ))
+    }
+
+    /// The output on the GPU, for a caller's own kernels; `None` over raw device memory.
+    pub fn data(&self) -> Option<CudaView<'_, u8>> {
+        self.buf.view()
     }
 }
 
@@ -195,10 +570,26 @@ mod tests {
     #[test]
     fn prepared_data_is_found_by_its_type() {
         let mut p = Prepared::default();
-        p.insert(Box::new(7u32));
-        p.insert(Box::new("sm90"));
-        assert_eq!(p.get::<u32>(), Some(&7));
-        assert_eq!(p.get::<&str>(), Some(&"sm90"));
-        assert_eq!(p.get::<u64>(), None);
+        struct A(u32);
+        struct B(&'static str);
+        impl Held for A {
+            fn device_bytes(&self) -> usize {
+                4
+            }
+        }
+        impl Held for B {
+            fn device_bytes(&self) -> usize {
+                16
+            }
+        }
+        p.insert(Box::new(A(7)));
+        p.insert(Box::new(B("sm90")));
+        assert_eq!(p.get::<A>().map(|a| a.0), Some(7));
+        assert_eq!(p.get::<B>().map(|b| b.0), Some("sm90"));
+        assert!(p.get::<u64>().is_none());
+        assert_eq!(p.device_bytes(), 20);
+        assert_eq!(p.take::<A>().map(|a| a.0), Some(7));
+        assert!(p.get::<A>().is_none());
+        assert_eq!(p.device_bytes(), 16);
     }
 }

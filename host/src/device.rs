@@ -10,18 +10,19 @@ use std::sync::Arc;
 use cudarc::driver::{CudaContext, CudaModule, CudaSlice, CudaStream, sys};
 
 use crate::bsr::{self, BsrMatrix, DeviceBsr, SparseSide};
-use crate::buffers::{DeviceMatrix, DeviceOutput, GpuId, Prepared};
+use crate::buffers::{DeviceMatrix, DeviceOutput, GpuId, Mem, MemMut, Prepared};
 use crate::error::{Error, Result, shape};
 use crate::family::{Families, Gemm, Rewritten};
 use crate::format::{ElemType, OperandFormat, OutType, ScaleType};
 use crate::fused::{self, Epilogue, Fused, QuantOut};
-use crate::grouped::{self, DeviceGroups, GroupLayout};
+use crate::grouped::{self, DeviceGroups, GroupLayout, GroupValues};
 use crate::matrix::{GemmShape, ScaledMatrix};
 use crate::plan::{self, GpuArch, Plan};
 use crate::prepare::{Preparers, Source};
 use crate::quantizer::TensorElement;
 use crate::quantizer::{
-    DeviceQuantized, DeviceTensor, QuantBufs, QuantSpec, QuantTarget, QuantizeOptions, Quantizers,
+    DeviceQuantized, DeviceTensor, QuantBufs, QuantScratch, QuantSpec, QuantTarget,
+    QuantizeOptions, Quantizers,
 };
 use crate::sm90_fp8::{Sm90Fp8, Sm90Operand};
 use crate::sm90_half::Sm90Half;
@@ -30,13 +31,13 @@ use crate::sm90_mx_fp8::Sm90MxFp8;
 use blockscaled_kernels::quantize::{InputType, ScaleSpan};
 
 use crate::image::{self, KernelImage};
+use crate::workspace::Workspace;
 
-/// One GPU: a context, a stream and the loaded kernel families.
-pub struct Gpu {
-    /// What the buffers made here record, so that another `Gpu`'s are refused.
+/// One GPU's kernels, loaded once into a context and shared by every [`Gpu`] handle on it.
+struct Device {
+    /// What the buffers made here record, so that another context's are refused.
     id: GpuId,
     ctx: Arc<CudaContext>,
-    stream: Arc<CudaStream>,
     _module: Arc<CudaModule>,
     families: Families,
     quantizers: Quantizers,
@@ -47,27 +48,48 @@ pub struct Gpu {
     image: KernelImage,
     name: String,
     sm_count: u32,
-    /// A one-byte buffer that stands in a matrix for its codes while a GEMM writes them as its
-    /// output (`gemm_quantized_into`), made once.
-    placeholder: std::sync::Mutex<Option<CudaSlice<u8>>>,
+}
+
+impl Drop for Device {
+    /// Unloading the module while its kernels run would pull their code from under them: wait
+    /// for every stream of the context first (the last handle is going, so no new work is
+    /// enqueued by this crate).
+    fn drop(&mut self) {
+        // (An error here, a context already broken, leaves nothing to wait for.)
+        let _ = self.ctx.synchronize();
+    }
+}
+
+/// One GPU, seen through one stream: the loaded kernel families (shared by every handle of the
+/// same context, [`Gpu::with_stream`]), the stream every call of this handle is enqueued on, and
+/// this handle's workspace (split K, the fold pre-pass), reused in the stream's order.
+///
+/// A `Gpu` is `Send` and `Sync`; threads that want to run at once each take a handle of their own
+/// stream ([`Gpu::with_stream`]): calls on one handle share its workspace and stream, so they run
+/// in the order they are enqueued.
+pub struct Gpu {
+    dev: Arc<Device>,
+    stream: Arc<CudaStream>,
+    work: Workspace,
 }
 
 impl std::fmt::Debug for Gpu {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let d = &self.dev;
         write!(
             f,
             "Gpu({}, {:?}, {} SMs, {} image{:?})",
-            self.name, self.arch, self.sm_count, self.image, self.families
+            d.name, d.arch, d.sm_count, d.image, d.families
         )
     }
 }
 
 impl Gpu {
-    /// Opens GPU `ordinal`. [`Error::NoDevice`] when there is no driver or no such GPU,
-    /// [`Error::Architecture`] when it is neither Hopper nor Blackwell.
+    /// Opens GPU `ordinal` (its primary context, the one the CUDA runtime and frameworks such as
+    /// candle and torch use) with a stream of its own. [`Error::NoDevice`] when there is no driver
+    /// or no such GPU, [`Error::Architecture`] when it is neither Hopper nor Blackwell.
     pub fn new(ordinal: usize) -> Result<Self> {
-        // SAFETY: only tries to dlopen libcuda; cudarc would panic later if it were missing.
-        if !unsafe { sys::is_culib_present() } {
+        if !driver_present() {
             return Err(Error::NoDevice(
                 "the CUDA driver library (libcuda) could not be loaded".into(),
             ));
@@ -79,7 +101,22 @@ impl Gpu {
                 "GPU {ordinal} asked for, {count} present"
             )));
         }
-        let ctx = CudaContext::new(ordinal)?;
+        Self::from_context(CudaContext::new(ordinal)?)
+    }
+
+    /// Loads the kernels into the caller's context (a cudarc context the program already uses),
+    /// with a stream of its own on it. [`Error::Architecture`] as for [`Gpu::new`].
+    pub fn from_context(ctx: Arc<CudaContext>) -> Result<Self> {
+        let stream = ctx.new_stream()?;
+        Self::from_stream(stream)
+    }
+
+    /// Loads the kernels into the context of the caller's `stream`, and enqueues every call of
+    /// this handle on that stream: an engine orders them with its own kernels (and can capture
+    /// them in a CUDA graph: no call of a prepared operand allocates or waits on the host, see
+    /// the module doc). [`Error::Architecture`] as for [`Gpu::new`].
+    pub fn from_stream(stream: Arc<CudaStream>) -> Result<Self> {
+        let ctx = stream.context().clone();
         let (major, minor) = ctx.compute_capability()?;
         let name = ctx.name()?;
         let (arch, images) = match major {
@@ -96,54 +133,91 @@ impl Gpu {
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?
             as u32;
         let (module, image) = image::load(&ctx, (major, minor), images)?;
-        let stream = ctx.new_stream()?;
         let preparers = Preparers::load(&module, sm_count)?;
         let families = plan::load_families(&module, &stream, arch, sm_count, &preparers)?;
         let quantizers = Quantizers::load(&module, sm_count)?;
         Ok(Gpu {
-            id: GpuId::next(),
-            ctx,
+            dev: Arc::new(Device {
+                id: GpuId::next(),
+                ctx,
+                _module: module,
+                families,
+                quantizers,
+                preparers,
+                arch,
+                image,
+                name,
+                sm_count,
+            }),
             stream,
-            _module: module,
-            families,
-            quantizers,
-            preparers,
-            arch,
-            image,
-            name,
-            sm_count,
-            placeholder: std::sync::Mutex::new(None),
+            work: Workspace::default(),
         })
     }
 
+    /// A handle on the same GPU (the same loaded kernels, no second load) whose calls are
+    /// enqueued on `stream`, with a workspace of its own: a thread per stream runs its GEMMs
+    /// concurrently with the others'. Matrices and outputs made by any handle of this GPU work
+    /// with every other. [`Error::WrongGpu`] for a stream of another context.
+    pub fn with_stream(&self, stream: Arc<CudaStream>) -> Result<Gpu> {
+        self.same_context(stream.context(), "the stream")?;
+        Ok(Gpu {
+            dev: self.dev.clone(),
+            stream,
+            work: Workspace::default(),
+        })
+    }
+
+    /// [`Error::WrongGpu`] unless `ctx` is this GPU's context (the same driver context, whichever
+    /// `Arc` holds it).
+    pub(crate) fn same_context(&self, ctx: &Arc<CudaContext>, what: &str) -> Result<()> {
+        if ctx.cu_ctx() == self.dev.ctx.cu_ctx() {
+            Ok(())
+        } else {
+            Err(Error::WrongGpu(format!(
+                "{what} belongs to another CUDA context (GPU {}), not this Gpu's (GPU {})",
+                ctx.ordinal(),
+                self.dev.ctx.ordinal()
+            )))
+        }
+    }
+
+    /// The GPU's architecture.
     pub fn arch(&self) -> GpuArch {
-        self.arch
+        self.dev.arch
     }
     /// Which image of the kernels was loaded (cubin, or the PTX as the fallback).
     pub fn image(&self) -> KernelImage {
-        self.image
+        self.dev.image
     }
+    /// The device's name.
     pub fn name(&self) -> &str {
-        &self.name
+        &self.dev.name
     }
+    /// The number of SMs.
     pub fn sm_count(&self) -> u32 {
-        self.sm_count
+        self.dev.sm_count
     }
-    /// The stream every operation of this `Gpu` is ordered on.
+    /// The stream every operation of this handle is ordered on.
     pub fn stream(&self) -> &Arc<CudaStream> {
         &self.stream
     }
+    /// The context the kernels are loaded into.
     pub fn context(&self) -> &Arc<CudaContext> {
-        &self.ctx
+        &self.dev.ctx
+    }
+
+    /// The identity buffers made on this GPU record.
+    pub(crate) fn id(&self) -> GpuId {
+        self.dev.id
     }
 
     /// Copies a validated matrix to the GPU, with what each kernel family prepares of it.
-    pub fn upload(&self, m: &ScaledMatrix) -> Result<DeviceMatrix> {
-        let data = self.stream.clone_htod(m.data())?;
+    pub fn upload(&self, m: &ScaledMatrix) -> Result<DeviceMatrix<'static>> {
+        let data = Mem::Owned(crate::alloc::copy_of(&self.stream, m.data())?);
         // A scale buffer is never empty (every matrix has at least one block).
-        let scales = self.stream.clone_htod(m.scales())?;
+        let scales = Mem::Owned(crate::alloc::copy_of(&self.stream, m.scales())?);
         let mut prepared = Prepared::default();
-        for family in self.families.iter() {
+        for family in self.dev.families.iter() {
             if let Some(p) =
                 family.prepare_operand(&self.stream, &Source::Host(m), &data, &prepared)?
             {
@@ -151,7 +225,7 @@ impl Gpu {
             }
         }
         Ok(DeviceMatrix {
-            gpu: self.id,
+            gpu: self.dev.id,
             desc: *m.desc(),
             data,
             scales,
@@ -167,7 +241,7 @@ impl Gpu {
         rows: usize,
         k: usize,
         batch: usize,
-    ) -> Result<DeviceTensor> {
+    ) -> Result<DeviceTensor<'static>> {
         let n = rows
             .checked_mul(k)
             .and_then(|x| x.checked_mul(batch))
@@ -180,21 +254,21 @@ impl Gpu {
         }
         let bytes: Vec<u8> = values.iter().flat_map(|v| v.le_bytes()).collect();
         Ok(DeviceTensor {
-            gpu: self.id,
+            gpu: self.dev.id,
             input: T::INPUT,
             rows,
             k,
             batch,
-            buf: self.stream.clone_htod(&bytes)?,
+            buf: Mem::Owned(crate::alloc::copy_of(&self.stream, &bytes)?),
         })
     }
 
     /// A GEMM output as a quantizer's input (`[l][m][n]`: rows m, K n, batch l), without a copy:
     /// the next layer's activations.
-    pub fn output_as_tensor(&self, c: DeviceOutput) -> Result<DeviceTensor> {
-        self.id.check(c.gpu, "the output")?;
+    pub fn output_as_tensor<'a>(&self, c: DeviceOutput<'a>) -> Result<DeviceTensor<'a>> {
+        self.dev.id.check(c.gpu, "the output")?;
         Ok(DeviceTensor {
-            gpu: self.id,
+            gpu: self.dev.id,
             input: match c.dtype {
                 OutType::F32 => InputType::F32,
                 OutType::Bf16 => InputType::Bf16,
@@ -210,7 +284,11 @@ impl Gpu {
     /// Quantizes `t` on the GPU into `format`, with the scale layout its users pass by default;
     /// bit-identical to [`ScaledMatrix::quantize`] on the same values. See
     /// [`quantize_with`](Self::quantize_with).
-    pub fn quantize(&self, t: &DeviceTensor, format: OperandFormat) -> Result<DeviceMatrix> {
+    pub fn quantize(
+        &self,
+        t: &DeviceTensor,
+        format: OperandFormat,
+    ) -> Result<DeviceMatrix<'static>> {
         Ok(self
             .quantize_with(t, format, &QuantizeOptions::default())?
             .matrix)
@@ -235,9 +313,14 @@ impl Gpu {
         format: OperandFormat,
         opts: &QuantizeOptions,
     ) -> Result<DeviceQuantized> {
-        self.id.check(t.gpu, "the tensor")?;
-        let q = self.quantizers.quantize(&self.stream, t, format, opts)?;
-        self.finish_quantized(q)
+        self.dev.id.check(t.gpu, "the tensor")?;
+        let (q, scratch) = self
+            .dev
+            .quantizers
+            .quantize(&self.stream, t, format, opts)?;
+        let mut q = self.finish_quantized(q)?;
+        q.matrix.prepared.insert(Box::new(scratch));
+        Ok(q)
     }
 
     /// Quantizes `t` into `dst`, a matrix of `t`'s dimensions made by [`Gpu::quantize_with`] (or
@@ -254,8 +337,9 @@ impl Gpu {
         dst: &mut DeviceMatrix,
         opts: &QuantizeOptions,
     ) -> Result<()> {
-        self.id.check(t.gpu, "the tensor")?;
-        self.id.check(dst.gpu, "the destination")?;
+        self.dev.id.check(t.gpu, "the tensor")?;
+        self.dev.id.check(dst.gpu, "the destination")?;
+        writable(dst)?;
         if opts.swizzled_scales {
             return Err(Error::Config(
                 "quantize_into writes no swizzled copy of the scales (quantize_with makes one)"
@@ -268,6 +352,7 @@ impl Gpu {
         };
         let mut spec = QuantSpec::new(dst.desc.format, (t.rows, t.k, t.batch), &opts)?;
         self.check_target(&spec, &dst.desc)?;
+        let mut scratch: QuantScratch = dst.prepared.take().unwrap_or_default();
         let (sfa, mx) = quantizer_copies(&mut dst.prepared, &spec);
         let written = Rewritten {
             sfa: sfa.is_some(),
@@ -281,7 +366,12 @@ impl Gpu {
             mx,
         };
         let was_finite = dst.desc.tensor_scale.is_finite();
-        self.quantizers.write(&self.stream, t, &mut spec, bufs)?;
+        let wrote = self
+            .dev
+            .quantizers
+            .write(&self.stream, t, &mut spec, bufs, &mut scratch);
+        dst.prepared.insert(Box::new(scratch));
+        wrote?;
         dst.desc.tensor_scale = spec.desc.tensor_scale;
         self.after_rewrite(dst, written, was_finite)
     }
@@ -319,10 +409,10 @@ impl Gpu {
             )?));
         }
         let mut matrix = DeviceMatrix {
-            gpu: self.id,
+            gpu: self.dev.id,
             desc: q.desc,
-            data: q.data,
-            scales: q.scales,
+            data: Mem::Owned(q.data),
+            scales: Mem::Owned(q.scales),
             prepared,
         };
         self.prepare_on_device(&mut matrix)?;
@@ -347,17 +437,23 @@ impl Gpu {
             let src = Source::Device {
                 desc: dst.desc,
                 scales: &dst.scales,
-                kernels: &self.preparers,
+                kernels: &self.dev.preparers,
+                unit_scale: false,
             };
             let mut all = true;
-            for family in self.families.iter() {
+            for family in self.dev.families.iter() {
                 all &= family.refresh_operand(&self.stream, &src, &mut dst.prepared, written)?;
             }
             if all {
                 return Ok(());
             }
         }
+        // (The quantizer's scratch is the matrix's, not a family's: it stays.)
+        let scratch: Option<QuantScratch> = dst.prepared.take();
         dst.prepared = Prepared::default();
+        if let Some(s) = scratch {
+            dst.prepared.insert(Box::new(s));
+        }
         self.prepare_on_device(dst)
     }
 
@@ -372,12 +468,55 @@ impl Gpu {
         let src = Source::Device {
             desc: m.desc,
             scales: &m.scales,
-            kernels: &self.preparers,
+            kernels: &self.dev.preparers,
+            unit_scale: false,
         };
-        for family in self.families.iter() {
+        for family in self.dev.families.iter() {
             if let Some(p) = family.prepare_operand(&self.stream, &src, &m.data, &m.prepared)? {
                 m.prepared.insert(p);
             }
+        }
+        Ok(())
+    }
+
+    /// What the families prepare of an output (its tensor maps).
+    pub(crate) fn prepare_output(&self, out: &mut DeviceOutput<'_>) -> Result<()> {
+        for family in self.dev.families.iter() {
+            if let Some(p) =
+                family.prepare_output(&self.stream, &out.buf, out.dtype, (out.m, out.n, out.l))?
+            {
+                out.prepared.insert(p);
+            }
+        }
+        Ok(())
+    }
+
+    /// A matrix over the caller's memory prepared for the GEMM kernels from the device, as a
+    /// quantized one is (`unit_scale`: a 16-bit matrix whose scale is 1, known to the host).
+    pub(crate) fn prepare_view(&self, m: &mut DeviceMatrix<'_>, unit_scale: bool) -> Result<()> {
+        let src = Source::Device {
+            desc: m.desc,
+            scales: &m.scales,
+            kernels: &self.dev.preparers,
+            unit_scale,
+        };
+        for family in self.dev.families.iter() {
+            if let Some(p) = family.prepare_operand(&self.stream, &src, &m.data, &m.prepared)? {
+                m.prepared.insert(p);
+            }
+        }
+        Ok(())
+    }
+
+    /// Makes now every copy a GEMM makes of `m` at its first use as weights (B): the FP8 kernel's
+    /// B-role scales, each row's largest scale code for the fold, the 4-bit weights' reordered
+    /// codes. Call it once when the model's weights are loaded (over the caller's memory too):
+    /// then no GEMM on them allocates or launches anything but itself. The copies live with `m`
+    /// ([`DeviceMatrix::prepared_bytes`] says how much memory they take).
+    pub fn prepare_weights(&self, m: &DeviceMatrix<'_>) -> Result<()> {
+        self.dev.id.check(m.gpu, "the matrix")?;
+        for family in self.dev.families.iter() {
+            family.prepare_weights(&self.stream, m)?;
         }
         Ok(())
     }
@@ -390,9 +529,9 @@ impl Gpu {
     /// folding them again (lossy within the stated bound, as the fold path: `Plan::Sm90MxFp8`).
     /// [`Error::Format`] for a matrix that does not fold, [`Error::Architecture`] without the
     /// sm90 fold kernels.
-    pub fn fold_to_fp8(&self, m: &DeviceMatrix, as_b: bool) -> Result<DeviceMatrix> {
-        self.id.check(m.gpu, "the matrix")?;
-        let fold = self.families.get::<Sm90MxFp8>().ok_or_else(|| {
+    pub fn fold_to_fp8(&self, m: &DeviceMatrix, as_b: bool) -> Result<DeviceMatrix<'static>> {
+        self.dev.id.check(m.gpu, "the matrix")?;
+        let fold = self.dev.families.get::<Sm90MxFp8>().ok_or_else(|| {
             Error::Architecture(
                 "this GPU has no fold kernels (they need compute capability 9.0)".into(),
             )
@@ -401,93 +540,35 @@ impl Gpu {
         let mut prepared = Prepared::default();
         prepared.insert(Box::new(op));
         Ok(DeviceMatrix {
-            gpu: self.id,
+            gpu: self.dev.id,
             desc,
-            data,
-            scales,
+            data: Mem::Owned(data),
+            scales: Mem::Owned(scales),
             prepared,
         })
     }
 
     /// Allocates an `l` × `m` × `n` output, filled with a NaN pattern so that an element a kernel
     /// fails to write can never pass for a result.
-    pub fn output(&self, m: usize, n: usize, l: usize, dtype: OutType) -> Result<DeviceOutput> {
-        if m == 0 || n == 0 || l == 0 {
-            return Err(shape(format!("empty output {l}×{m}×{n}")));
-        }
-        let bytes = m
-            .checked_mul(n)
-            .and_then(|x| x.checked_mul(l))
-            .and_then(|x| x.checked_mul(dtype.bytes()))
-            .ok_or_else(|| shape(format!("output {l}×{m}×{n} overflows")))?;
+    pub fn output(
+        &self,
+        m: usize,
+        n: usize,
+        l: usize,
+        dtype: OutType,
+    ) -> Result<DeviceOutput<'static>> {
+        let bytes = crate::buffers::output_bytes(dtype, (m, n, l))?;
         // SAFETY: u8 has no invalid bit patterns; `poison` fills it before anyone reads it.
-        let buf = unsafe { self.stream.alloc::<u8>(bytes) }?;
-        let mut prepared = Prepared::default();
-        for family in self.families.iter() {
-            if let Some(p) = family.prepare_output(&self.stream, &buf, dtype, (m, n, l))? {
-                prepared.insert(p);
-            }
-        }
-        let mut out = DeviceOutput {
-            gpu: self.id,
-            dtype,
-            m,
-            n,
-            l,
-            buf,
-            prepared,
-        };
+        let buf = Mem::Owned(unsafe { crate::alloc::uninit::<u8>(&self.stream, bytes) }?);
+        let mut out = self.output_over(buf, dtype, (m, n, l))?;
         out.poison()?;
         Ok(out)
-    }
-
-    /// C = A · Bᵀ for every batch entry, with the fastest kernel this GPU has for the formats.
-    /// Asynchronous on [`Gpu::stream`]; [`DeviceOutput::to_host`] waits for it.
-    ///
-    /// The kernel and its configuration come from [`plan::choose`]; [`Gpu::plan`] tells which.
-    pub fn gemm(&self, a: &DeviceMatrix, b: &DeviceMatrix, c: &mut DeviceOutput) -> Result<()> {
-        let shape = self.check(a, b, c)?;
-        let plan = plan::choose_for(self.arch, self.sm_count, &shape, &a.desc, &b.desc)?;
-        self.run(shape, a, b, c, plan)
-    }
-
-    /// The plan [`Gpu::gemm`] would run for these operands.
-    pub fn plan(&self, a: &DeviceMatrix, b: &DeviceMatrix) -> Result<Plan> {
-        let shape = self.check_operands(a, b)?;
-        plan::choose_for(self.arch, self.sm_count, &shape, &a.desc, &b.desc)
-    }
-
-    /// C = A · Bᵀ with a given plan (the runner's forced configurations). A plan the operands or
-    /// this GPU cannot run is an error ([`Plan::validate`] says which).
-    pub fn gemm_with(
-        &self,
-        a: &DeviceMatrix,
-        b: &DeviceMatrix,
-        c: &mut DeviceOutput,
-        plan: Plan,
-    ) -> Result<()> {
-        let shape = self.check(a, b, c)?;
-        self.run(shape, a, b, c, plan)
-    }
-
-    /// `c` = the epilogue `epi` of A · Bᵀ (α, β·C, bias, activation or SwiGLU, residual: see
-    /// [`Epilogue`]), fused into the GEMM's kernel. `c` is the output's shape (`n / 2` columns
-    /// with SwiGLU). The plan is [`Gpu::fused_plan`]'s.
-    pub fn gemm_fused(
-        &self,
-        a: &DeviceMatrix,
-        b: &DeviceMatrix,
-        epi: &Epilogue<'_>,
-        c: &mut DeviceOutput,
-    ) -> Result<()> {
-        let plan = self.fused_plan(a, b, epi, None)?;
-        self.gemm_fused_with(a, b, epi, c, plan)
     }
 
     /// [`Gpu::gemm_fused`] with a given plan ([`Error::Config`] where its kernel cannot run the
     /// epilogue: the reference kernel; the kernels that compute Cᵀ; a tile or pair of element
     /// types without a fused kernel, see [`Gpu::fused_plan`]).
-    pub fn gemm_fused_with(
+    pub(crate) fn fused_on(
         &self,
         a: &DeviceMatrix,
         b: &DeviceMatrix,
@@ -496,8 +577,8 @@ impl Gpu {
         plan: Plan,
     ) -> Result<()> {
         let s = self.check_operands(a, b)?;
-        epi.check(self.id, &s)?;
-        self.id.check(c.gpu, "the output")?;
+        epi.check(self.dev.id, &s)?;
+        self.dev.id.check(c.gpu, "the output")?;
         let n_out = epi.out_cols(s.n);
         if (c.m, c.n, c.l) != (s.m, n_out, s.l) {
             return Err(shape(format!(
@@ -509,6 +590,7 @@ impl Gpu {
         plan.check_fused(fused_needs((a, b), epi, None))?;
         let g = Gemm {
             stream: &self.stream,
+            work: &self.work,
             shape: s,
             a,
             b,
@@ -516,30 +598,11 @@ impl Gpu {
             groups: None,
             epi: (!epi.is_plain()).then_some(Fused { epi, quant: None }),
         };
-        plan.launch(&self.families, g)
-    }
-
-    /// The epilogue `epi` of A · Bᵀ quantized into `format` by the GEMM's kernel: the next
-    /// GEMM's A, without an output in memory in between or a quantizer launch. The formats:
-    /// FP8 (e4m3, e5m2) with fp32 scales per 1×128 (written in the FP8 kernel's A-role layout
-    /// too), MXFP8 / MXFP4 (e8m0 per 1×32 or 1×16), NVFP4 (ue4m3 per 1×16 with
-    /// `opts.tensor_scale` given: the output's largest magnitude is not known before it is
-    /// written). Bit-identical to [`Gpu::quantize_with`] of the same epilogue's f32 output.
-    /// `opts.major` chooses the scales' order; swizzled scales are not written here.
-    pub fn gemm_quantized(
-        &self,
-        a: &DeviceMatrix,
-        b: &DeviceMatrix,
-        epi: &Epilogue<'_>,
-        format: OperandFormat,
-        opts: &QuantizeOptions,
-    ) -> Result<DeviceMatrix> {
-        let plan = self.fused_plan(a, b, epi, Some(format))?;
-        self.gemm_quantized_with(a, b, epi, format, opts, plan)
+        plan.launch(&self.dev.families, g)
     }
 
     /// [`Gpu::gemm_quantized`] with a given plan.
-    pub fn gemm_quantized_with(
+    pub(crate) fn quantized_new_on(
         &self,
         a: &DeviceMatrix,
         b: &DeviceMatrix,
@@ -547,9 +610,9 @@ impl Gpu {
         format: OperandFormat,
         opts: &QuantizeOptions,
         plan: Plan,
-    ) -> Result<DeviceMatrix> {
+    ) -> Result<DeviceMatrix<'static>> {
         let s = self.check_operands(a, b)?;
-        epi.check(self.id, &s)?;
+        epi.check(self.dev.id, &s)?;
         let block = fused::quant_block(&format)? as usize;
         if opts.swizzled_scales {
             return Err(format.error(
@@ -570,12 +633,14 @@ impl Gpu {
         plan.check_fused(fused_needs((a, b), epi, Some(&format)))?;
         let mut t = QuantTarget::alloc(&self.stream, format, (s.m, n_out, s.l), opts)?;
         let spec = t.spec;
+        let mut codes = Mem::ViewMut(t.data.slice_mut(..));
         let q = QuantOut {
             spec,
-            scales: &mut t.scales,
+            scales: MemMut::View(t.scales.slice_mut(..)),
             sfa: t.sfa.as_mut(),
         };
-        self.launch_quantized(s, (a, b, epi, plan), &mut t.data, q)?;
+        self.launch_quantized(s, (a, b, epi, plan), &mut codes, q)?;
+        drop(codes);
         let q = crate::quantizer::Quantized {
             desc: spec.desc,
             data: t.data,
@@ -591,7 +656,7 @@ impl Gpu {
     /// [`Gpu::quantize_into`]; an NVFP4 `dst`'s tensor scale is the one the output is quantized
     /// with), reusing its buffers: for FP8 with fp32 scales per 1×128 nothing but the GEMM's
     /// launch.
-    pub fn gemm_quantized_into(
+    pub(crate) fn quantized_into_on(
         &self,
         a: &DeviceMatrix,
         b: &DeviceMatrix,
@@ -600,8 +665,9 @@ impl Gpu {
         plan: Plan,
     ) -> Result<()> {
         let s = self.check_operands(a, b)?;
-        epi.check(self.id, &s)?;
-        self.id.check(dst.gpu, "the destination")?;
+        epi.check(self.dev.id, &s)?;
+        self.dev.id.check(dst.gpu, "the destination")?;
+        writable(dst)?;
         let format = dst.desc.format;
         let block = fused::quant_block(&format)? as usize;
         let n_out = epi.out_cols(s.n);
@@ -622,7 +688,7 @@ impl Gpu {
         };
         let q = QuantOut {
             spec,
-            scales: &mut dst.scales,
+            scales: dst.scales.reborrow_mut()?,
             sfa,
         };
         self.launch_quantized(s, (a, b, epi, plan), &mut dst.data, q)?;
@@ -632,29 +698,20 @@ impl Gpu {
     }
 
     /// One launch of `plan` whose fused epilogue quantizes into `data` and `q`'s scales (checked
-    /// by the caller). While it runs, `data` lends its buffer to the launch's output and holds
-    /// a one-byte placeholder.
+    /// by the caller): `data` is the launch's output, reborrowed.
     fn launch_quantized(
         &self,
         s: GemmShape,
         (a, b, epi, plan): (&DeviceMatrix, &DeviceMatrix, &Epilogue<'_>, Plan),
-        data: &mut CudaSlice<u8>,
+        data: &mut Mem<'_>,
         q: QuantOut<'_>,
     ) -> Result<()> {
         let n_out = epi.out_cols(s.n);
-        let held = self
-            .placeholder
-            .lock()
-            .map_err(|_| Error::Config("a thread panicked while holding the placeholder".into()))?
-            .take();
-        let placeholder = match held {
-            Some(p) => p,
-            None => self.stream.alloc_zeros::<u8>(1)?,
-        };
-        let codes = std::mem::replace(data, placeholder);
-        let mut shell = fused::codes_shell(self.id, codes, (s.m, n_out, s.l));
+        let codes = data.reborrow_mut()?.into();
+        let mut shell = fused::codes_shell(self.dev.id, codes, (s.m, n_out, s.l));
         let g = Gemm {
             stream: &self.stream,
+            work: &self.work,
             shape: s,
             a,
             b,
@@ -665,12 +722,7 @@ impl Gpu {
                 quant: Some(q),
             }),
         };
-        let r = plan.launch(&self.families, g);
-        let placeholder = std::mem::replace(data, shell.buf);
-        if let Ok(mut slot) = self.placeholder.lock() {
-            *slot = Some(placeholder);
-        }
-        r
+        plan.launch(&self.dev.families, g)
     }
 
     /// The plan [`Gpu::gemm_fused`] (`quantized` `None`) or [`Gpu::gemm_quantized`] would run:
@@ -689,31 +741,64 @@ impl Gpu {
             fused::quant_block(f)?;
         }
         let needs = fused_needs((a, b), epi, quantized.as_ref());
-        plan::choose_fused(self.arch, self.sm_count, &s, (&a.desc, &b.desc), needs)
+        plan::choose_fused(
+            self.dev.arch,
+            self.dev.sm_count,
+            &s,
+            (&a.desc, &b.desc),
+            needs,
+        )
     }
 
-    /// C = A · Bᵀ with the SIMT reference kernel (float64 accumulation; for checking).
-    pub fn reference_gemm(
+    /// The plan a dense GEMM of `a` and `b` runs by default.
+    pub(crate) fn dense_plan(&self, a: &DeviceMatrix, b: &DeviceMatrix) -> Result<Plan> {
+        let shape = self.check_operands(a, b)?;
+        plan::choose_for(self.dev.arch, self.dev.sm_count, &shape, &a.desc, &b.desc)
+    }
+
+    /// The plan a block-sparse GEMM runs by default (its shape is the kernel's: M the dense
+    /// operand's rows, N the sparse operand's).
+    pub(crate) fn sparse_plan(&self, dense: &DeviceMatrix, sparse: &DeviceBsr) -> Result<Plan> {
+        let s = self.check_bsr(dense, sparse)?;
+        plan::choose_bsr(
+            self.dev.arch,
+            self.dev.sm_count,
+            &s,
+            (sparse.elem, sparse.block, sparse.nnz()),
+        )
+    }
+
+    /// The plan a grouped GEMM runs by default.
+    pub(crate) fn grouped_plan_of(
         &self,
         a: &DeviceMatrix,
         b: &DeviceMatrix,
-        c: &mut DeviceOutput,
-    ) -> Result<()> {
-        self.gemm_with(a, b, c, Plan::Reference)
+        groups: &DeviceGroups,
+    ) -> Result<Plan> {
+        let shape = self.check_grouped(a, b, groups)?;
+        plan::choose_grouped(&plan::GroupedProblem {
+            arch: self.dev.arch,
+            sm_count: self.dev.sm_count,
+            shape,
+            a: &a.desc,
+            b: &b.desc,
+            groups: groups.count(),
+        })
     }
 
-    /// Validates `plan` for `shape` once and launches it.
-    fn run(
+    /// Checks A, B and C, validates `plan` for their shape and launches it.
+    pub(crate) fn dense_on(
         &self,
-        shape: GemmShape,
         a: &DeviceMatrix,
         b: &DeviceMatrix,
         c: &mut DeviceOutput,
         plan: Plan,
     ) -> Result<()> {
+        let shape = self.check(a, b, c)?;
         plan.validate(&shape)?;
         let g = Gemm {
             stream: &self.stream,
+            work: &self.work,
             shape,
             a,
             b,
@@ -721,7 +806,7 @@ impl Gpu {
             groups: None,
             epi: None,
         };
-        plan.launch(&self.families, g)
+        plan.launch(&self.dev.families, g)
     }
 
     /// Copies a validated block-sparse matrix to the GPU, with what the kernel families prepare
@@ -732,29 +817,29 @@ impl Gpu {
         let block_bytes = m.block() * m.block() * m.elem().bits() as usize / 8;
         let (values, col) = if m.nnz() == 0 {
             (
-                self.stream.alloc_zeros::<u8>(block_bytes)?,
-                self.stream.alloc_zeros::<i32>(1)?,
+                crate::alloc::zeros::<u8>(&self.stream, block_bytes)?,
+                crate::alloc::zeros::<i32>(&self.stream, 1)?,
             )
         } else {
             (
-                self.stream.clone_htod(m.values())?,
-                self.stream.clone_htod(m.col_indices())?,
+                crate::alloc::copy_of(&self.stream, m.values())?,
+                crate::alloc::copy_of(&self.stream, m.col_indices())?,
             )
         };
         // (16-bit blocks have no scales: one unused zero keeps the buffer nonempty.)
         let scales = if m.scales().is_empty() {
-            self.stream.alloc_zeros::<f32>(1)?
+            crate::alloc::zeros::<f32>(&self.stream, 1)?
         } else {
-            self.stream.clone_htod(m.scales())?
+            crate::alloc::copy_of(&self.stream, m.scales())?
         };
         let mut prepared = Prepared::default();
-        for family in self.families.iter() {
+        for family in self.dev.families.iter() {
             if let Some(p) = family.prepare_sparse(&self.stream, m, &values)? {
                 prepared.insert(p);
             }
         }
         Ok(DeviceBsr {
-            gpu: self.id,
+            gpu: self.dev.id,
             elem: m.elem(),
             matrix_rows: m.rows(),
             cols: m.cols(),
@@ -769,39 +854,9 @@ impl Gpu {
         })
     }
 
-    /// Block-sparse GEMM: C = A · Bᵀ with the operand on `side` block-sparse (`sparse`, its
-    /// missing blocks zeros) and `dense` the other one (FP8 with fp32 scales per 1×128, one batch
-    /// entry). C is M × N: with B sparse, M = `dense`'s rows and N = `sparse`'s; with A sparse,
-    /// the other way round. Time falls with the stored blocks: each output tile runs over its
-    /// block row's stored blocks only (empty block rows write zeros), long runs cut into parts
-    /// summed in a fixed order, so results are bitwise reproducible. Asynchronous like
-    /// [`Gpu::gemm`]; the configuration comes from [`plan::choose_bsr`].
-    pub fn bsr_gemm(
-        &self,
-        dense: &DeviceMatrix,
-        sparse: &DeviceBsr,
-        side: SparseSide,
-        c: &mut DeviceOutput,
-    ) -> Result<()> {
-        let plan = self.bsr_plan(dense, sparse)?;
-        self.bsr_gemm_with(dense, sparse, side, c, plan)
-    }
-
-    /// The plan [`Gpu::bsr_gemm`] would run (its shape is the kernel's: M the dense operand's
-    /// rows, N the sparse operand's).
-    pub fn bsr_plan(&self, dense: &DeviceMatrix, sparse: &DeviceBsr) -> Result<Plan> {
-        let s = self.check_bsr(dense, sparse)?;
-        plan::choose_bsr(
-            self.arch,
-            self.sm_count,
-            &s,
-            (sparse.elem, sparse.block, sparse.nnz()),
-        )
-    }
-
     /// [`Gpu::bsr_gemm`] with a given plan (`Plan::Sm90Fp8` with a block-sparse tile; the
     /// runner's forced configurations).
-    pub fn bsr_gemm_with(
+    pub(crate) fn sparse_on(
         &self,
         dense: &DeviceMatrix,
         sparse: &DeviceBsr,
@@ -810,7 +865,7 @@ impl Gpu {
         plan: Plan,
     ) -> Result<()> {
         let s = self.check_bsr(dense, sparse)?;
-        self.id.check(c.gpu, "the output")?;
+        self.dev.id.check(c.gpu, "the output")?;
         let (m, n) = bsr::output_dims(side, s.m, s.n);
         if (c.m, c.n, c.l) != (m, n, 1) {
             return Err(shape(format!(
@@ -823,13 +878,13 @@ impl Gpu {
         match (plan, sparse.elem) {
             (Plan::Sm90Fp8(cfg), ElemType::E4M3) => {
                 cfg.validate_sparse(&s)?;
-                let family = self.families.get::<Sm90Fp8>().ok_or_else(hopper)?;
-                family.bsr_gemm(&self.stream, dense, sparse, side, c, cfg)
+                let family = self.dev.families.get::<Sm90Fp8>().ok_or_else(hopper)?;
+                family.bsr_gemm((&self.stream, &self.work), dense, sparse, side, c, cfg)
             }
             (Plan::Sm90Half(cfg), ElemType::BF16 | ElemType::F16) => {
                 cfg.validate_sparse(&s, sparse.block)?;
-                let family = self.families.get::<Sm90Half>().ok_or_else(hopper)?;
-                family.bsr_gemm(&self.stream, dense, sparse, side, c, cfg)
+                let family = self.dev.families.get::<Sm90Half>().ok_or_else(hopper)?;
+                family.bsr_gemm((&self.stream, &self.work), dense, sparse, side, c, cfg)
             }
             (plan, elem) => Err(Error::Config(format!(
                 "{plan:?}: block-sparse GEMM of {} blocks runs on the sm90 {} kernel",
@@ -846,8 +901,8 @@ impl Gpu {
     /// The dense and sparse operands belong to this GPU and fit: the kernel's shape (M the
     /// dense operand's rows, N the sparse one's).
     fn check_bsr(&self, dense: &DeviceMatrix, sparse: &DeviceBsr) -> Result<GemmShape> {
-        self.id.check(dense.gpu, "the dense operand")?;
-        self.id.check(sparse.gpu, "the sparse operand")?;
+        self.dev.id.check(dense.gpu, "the dense operand")?;
+        self.dev.id.check(sparse.gpu, "the sparse operand")?;
         let d = &dense.desc;
         if d.k != sparse.cols || d.batch != 1 {
             return Err(shape(format!(
@@ -866,21 +921,21 @@ impl Gpu {
     /// A contiguous grouped GEMM's groups from host values: group g ends at row `ends[g]`
     /// (non-decreasing, as torch's `offs`). [`Error::Shape`] for G = 0, a negative or a
     /// decreasing end. The module doc of `grouped` (and [`Gpu::grouped_gemm`]) has the layout.
-    pub fn group_ends(&self, ends: &[i32]) -> Result<DeviceGroups> {
+    pub fn group_ends(&self, ends: &[i32]) -> Result<DeviceGroups<'static>> {
         self.groups(GroupLayout::Contiguous, ends)
     }
 
     /// A masked grouped GEMM's groups from host values: group g has `counts[g]` rows (≥ 0).
-    pub fn group_counts(&self, counts: &[i32]) -> Result<DeviceGroups> {
+    pub fn group_counts(&self, counts: &[i32]) -> Result<DeviceGroups<'static>> {
         self.groups(GroupLayout::Masked, counts)
     }
 
-    fn groups(&self, layout: GroupLayout, values: &[i32]) -> Result<DeviceGroups> {
+    fn groups(&self, layout: GroupLayout, values: &[i32]) -> Result<DeviceGroups<'static>> {
         grouped::check_values(layout, values)?;
         Ok(DeviceGroups {
-            gpu: self.id,
+            gpu: self.dev.id,
             layout,
-            values: self.stream.clone_htod(values)?,
+            values: GroupValues::Owned(crate::alloc::copy_of(&self.stream, values)?),
             host_top: values.iter().max().map(|&v| v as usize),
         })
     }
@@ -888,62 +943,20 @@ impl Gpu {
     /// Groups whose values the caller's kernels write on the device: `g` zeroed int32 values
     /// (every group empty until written). The GEMM kernels clamp what they find (module doc of
     /// `grouped`).
-    pub fn device_groups(&self, layout: GroupLayout, g: usize) -> Result<DeviceGroups> {
+    pub fn device_groups(&self, layout: GroupLayout, g: usize) -> Result<DeviceGroups<'static>> {
         if g == 0 {
             return Err(shape("G = 0: a grouped GEMM needs at least one group"));
         }
         Ok(DeviceGroups {
-            gpu: self.id,
+            gpu: self.dev.id,
             layout,
-            values: self.stream.alloc_zeros::<i32>(g)?,
+            values: GroupValues::Owned(crate::alloc::zeros::<i32>(&self.stream, g)?),
             host_top: None,
         })
     }
 
-    /// Grouped GEMM (mixture of experts), one persistent launch over every group's tiles:
-    /// - contiguous groups: A is `R × K` (all groups' rows stacked, batch 1), B is `G × N × K`
-    ///   (batch entry g: group g's expert), C is `R × N`; group g is rows `ends[g−1]..ends[g]`
-    ///   of A and C; rows past the last end are not written;
-    /// - masked groups: A is `G × capacity × K`, C is `G × capacity × N`; group g is the first
-    ///   `counts[g]` rows of batch entry g; the rest are not written.
-    ///
-    /// Asynchronous like [`Gpu::gemm`], and no host synchronization for the groups (they stay on
-    /// the GPU). The kernel comes from [`plan::choose_grouped`]. Formats: FP8 with fp32 scales
-    /// (e.g. DeepSeek's 1×128 / 128×128), MX and NVFP4 pairs, and 4-bit experts (MXFP4 /
-    /// NVFP4 B) with bf16 or FP8 activations; MXFP4 experts and 4-bit experts with FP8
-    /// activations are folded to FP8 per call (lossy within the fold's bound; `Plan::Sm90MxFp8`),
-    /// and experts folded once by [`Gpu::fold_to_fp8`] run as FP8 experts.
-    pub fn grouped_gemm(
-        &self,
-        a: &DeviceMatrix,
-        b: &DeviceMatrix,
-        groups: &DeviceGroups,
-        c: &mut DeviceOutput,
-    ) -> Result<()> {
-        let plan = self.grouped_plan(a, b, groups)?;
-        self.grouped_gemm_with(a, b, groups, c, plan)
-    }
-
-    /// The plan [`Gpu::grouped_gemm`] would run.
-    pub fn grouped_plan(
-        &self,
-        a: &DeviceMatrix,
-        b: &DeviceMatrix,
-        groups: &DeviceGroups,
-    ) -> Result<Plan> {
-        let shape = self.check_grouped(a, b, groups)?;
-        plan::choose_grouped(&plan::GroupedProblem {
-            arch: self.arch,
-            sm_count: self.sm_count,
-            shape,
-            a: &a.desc,
-            b: &b.desc,
-            groups: groups.count(),
-        })
-    }
-
     /// [`Gpu::grouped_gemm`] with a given plan (the runner's forced configurations).
-    pub fn grouped_gemm_with(
+    pub(crate) fn grouped_on(
         &self,
         a: &DeviceMatrix,
         b: &DeviceMatrix,
@@ -952,7 +965,7 @@ impl Gpu {
         plan: Plan,
     ) -> Result<()> {
         let s = self.check_grouped(a, b, groups)?;
-        self.id.check(c.gpu, "the output")?;
+        self.dev.id.check(c.gpu, "the output")?;
         if (c.m, c.n, c.l) != (s.m, s.n, s.l) {
             return Err(shape(format!(
                 "output is {}×{}×{} but the grouped product is {}×{}×{}",
@@ -962,6 +975,7 @@ impl Gpu {
         plan.validate_grouped(&s)?;
         let g = Gemm {
             stream: &self.stream,
+            work: &self.work,
             shape: s,
             a,
             b,
@@ -969,7 +983,7 @@ impl Gpu {
             groups: Some(groups),
             epi: None,
         };
-        plan.launch(&self.families, g)
+        plan.launch(&self.dev.families, g)
     }
 
     /// A, B and the groups belong to this GPU and fit together.
@@ -979,23 +993,23 @@ impl Gpu {
         b: &DeviceMatrix,
         groups: &DeviceGroups,
     ) -> Result<GemmShape> {
-        self.id.check(a.gpu, "A")?;
-        self.id.check(b.gpu, "B")?;
-        self.id.check(groups.gpu, "the groups")?;
+        self.dev.id.check(a.gpu, "A")?;
+        self.dev.id.check(b.gpu, "B")?;
+        self.dev.id.check(groups.gpu, "the groups")?;
         grouped::grouped_shape(&a.desc, &b.desc, groups.desc())
     }
 
     /// A and B belong to this GPU and can be multiplied.
     fn check_operands(&self, a: &DeviceMatrix, b: &DeviceMatrix) -> Result<GemmShape> {
-        self.id.check(a.gpu, "A")?;
-        self.id.check(b.gpu, "B")?;
+        self.dev.id.check(a.gpu, "A")?;
+        self.dev.id.check(b.gpu, "B")?;
         GemmShape::of(&a.desc, &b.desc)
     }
 
     /// A, B and C belong to this GPU, and C is the shape of A · Bᵀ.
     fn check(&self, a: &DeviceMatrix, b: &DeviceMatrix, c: &DeviceOutput) -> Result<GemmShape> {
         let s = self.check_operands(a, b)?;
-        self.id.check(c.gpu, "the output")?;
+        self.dev.id.check(c.gpu, "the output")?;
         if (c.m, c.n, c.l) != (s.m, s.n, s.l) {
             return Err(shape(format!(
                 "output is {}×{}×{} but A·Bᵀ is {}×{}×{}",
@@ -1018,6 +1032,19 @@ fn fused_needs(
         block_cols: block * if paired { 2 } else { 1 },
         elems: (a.desc.format.elem, b.desc.format.elem),
         in_registers: epi.in_registers(format.map(|f| (*f, block))),
+    }
+}
+
+/// [`Error::Config`] unless `dst`'s codes and scales may be written (a read-only view may not).
+fn writable(dst: &DeviceMatrix) -> Result<()> {
+    if dst.data.writable() && dst.scales.writable() {
+        Ok(())
+    } else {
+        Err(Error::Config(
+            "the destination is a read-only view of the caller's memory (make it with \
+             Gpu::matrix_view_mut to write it)"
+                .into(),
+        ))
     }
 }
 
@@ -1077,4 +1104,16 @@ fn a_role_scales<'a>(
         Some(op) if spec.fp8_a => op.sfa.as_mut().map(|s| &mut s.0),
         _ => None,
     }
+}
+
+/// Whether the CUDA driver library can be loaded (cudarc would panic at its first call
+/// otherwise, where it loads the library at run time).
+fn driver_present() -> bool {
+    ["libcuda.so.1", "libcuda.so", "nvcuda.dll"]
+        .iter()
+        .any(|name| {
+            // SAFETY: loading the driver library runs its initializers, which have no preconditions;
+            // the handle is dropped at once.
+            unsafe { libloading::Library::new(*name) }.is_ok()
+        })
 }

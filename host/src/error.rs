@@ -2,6 +2,7 @@
 
 /// What went wrong, said so that the caller can fix it.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// Dimensions that do not fit together or do not fit the format, or sizes that overflow.
     #[error("shape: {0}")]
@@ -34,6 +35,7 @@ pub enum Error {
     Driver(#[from] cudarc::driver::DriverError),
 }
 
+/// The result of every fallible call of the crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 pub(crate) fn shape(msg: impl Into<String>) -> Error {

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use cudarc::driver::{CudaSlice, CudaStream};
 
 use crate::bsr::BsrMatrix;
-use crate::buffers::{DeviceMatrix, DeviceOutput, Prepared, PreparedValue};
+use crate::buffers::{DeviceMatrix, DeviceOutput, Mem, Prepared, PreparedValue};
 use crate::error::Result;
 use crate::format::OutType;
 use crate::grouped::DeviceGroups;
@@ -41,7 +41,7 @@ pub(crate) trait Family: Any + Send + Sync {
         &self,
         _stream: &Arc<CudaStream>,
         _matrix: &Source<'_>,
-        _data: &CudaSlice<u8>,
+        _data: &Mem<'_>,
         _made: &Prepared,
     ) -> Result<Option<PreparedValue>> {
         Ok(None)
@@ -62,6 +62,13 @@ pub(crate) trait Family: Any + Send + Sync {
         Ok(true)
     }
 
+    /// Makes now the copies the family makes of `m` at its first use as weights (the B role:
+    /// scale re-layouts, reordered codes), so that no GEMM call makes them later; nothing where it
+    /// has none for `m`.
+    fn prepare_weights(&self, _stream: &Arc<CudaStream>, _m: &DeviceMatrix<'_>) -> Result<()> {
+        Ok(())
+    }
+
     /// What the family needs of an uploaded block-sparse matrix's stored blocks (`values`, at
     /// least one block) beside them; `None` when it runs no block-sparse GEMM.
     fn prepare_sparse(
@@ -77,7 +84,7 @@ pub(crate) trait Family: Any + Send + Sync {
     fn prepare_output(
         &self,
         _stream: &Arc<CudaStream>,
-        _buf: &CudaSlice<u8>,
+        _buf: &Mem<'_>,
         _dtype: OutType,
         _dims: (usize, usize, usize),
     ) -> Result<Option<PreparedValue>> {
@@ -118,18 +125,20 @@ impl fmt::Debug for Families {
 /// of `stream` and to form `shape`, and the plan validated for `shape`. A grouped GEMM
 /// (`groups`) has `shape` = C's rows, N, K and C's batch, and B has one batch entry per group
 /// (`crate::grouped`); a family without grouped kernels refuses it.
-pub(crate) struct Gemm<'a> {
+pub(crate) struct Gemm<'a, 'c> {
     pub stream: &'a Arc<CudaStream>,
+    /// The calling handle's workspace, used in `stream`'s order.
+    pub work: &'a crate::workspace::Workspace,
     pub shape: GemmShape,
-    pub a: &'a DeviceMatrix,
-    pub b: &'a DeviceMatrix,
-    pub c: &'a mut DeviceOutput,
-    pub groups: Option<&'a DeviceGroups>,
+    pub a: &'a DeviceMatrix<'a>,
+    pub b: &'a DeviceMatrix<'a>,
+    pub c: &'a mut DeviceOutput<'c>,
+    pub groups: Option<&'a DeviceGroups<'a>>,
     /// The fused epilogue, if any (its output shape was checked against `c`).
     pub epi: Option<crate::fused::Fused<'a>>,
 }
 
-impl Gemm<'_> {
+impl Gemm<'_, '_> {
     /// [`Error::Config`](crate::Error::Config) for a fused epilogue on `family`, which has none.
     pub(crate) fn plain_only(&self, family: &str) -> Result<()> {
         match self.epi {

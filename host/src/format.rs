@@ -30,7 +30,12 @@ pub enum ScaleBlock {
     /// One scale per row (all of K).
     PerRow,
     /// One scale per `rows` × `k` tile.
-    Tile { rows: u32, k: u32 },
+    Tile {
+        /// Rows one scale covers.
+        rows: u32,
+        /// K one scale covers.
+        k: u32,
+    },
 }
 
 impl ScaleBlock {
@@ -47,8 +52,11 @@ impl ScaleBlock {
 /// The format of one operand.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct OperandFormat {
+    /// The element type.
     pub elem: ElemType,
+    /// The scales' type.
     pub scale: ScaleType,
+    /// What one scale covers.
     pub block: ScaleBlock,
     /// Whether a second-level fp32 scale for the whole tensor is part of the format (NVFP4).
     pub tensor_scale: bool,
@@ -122,11 +130,14 @@ impl fmt::Display for OperandFormat {
 /// FP8 element type choice.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Fp8 {
+    /// e4m3 (OCP FP8: 4 exponent bits, 3 mantissa bits, largest 448).
     E4M3,
+    /// e5m2 (5 exponent bits, 2 mantissa bits, largest 57344).
     E5M2,
 }
 
 impl Fp8 {
+    /// The element type of this FP8 kind.
     pub fn elem(self) -> ElemType {
         match self {
             Fp8::E4M3 => ElemType::E4M3,
@@ -155,6 +166,7 @@ impl Fp4Weights {
 
 /// The recipes people use; each fixes the format of A and of B.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Recipe {
     /// OCP MXFP8: e4m3 or e5m2 elements, e8m0 scale per 1×32.
     Mxfp8(Fp8),
@@ -196,10 +208,12 @@ impl Recipe {
         Recipe::W4A8(Fp4Weights::Nvfp4),
     ];
 
+    /// A's format (the activations).
     pub fn a(self) -> OperandFormat {
         self.operand(false)
     }
 
+    /// B's format (the weights).
     pub fn b(self) -> OperandFormat {
         self.operand(true)
     }
@@ -251,6 +265,7 @@ impl Recipe {
         }
     }
 
+    /// The recipe a name of [`Recipe::name`] (or the runner's spelling) names.
     pub fn from_name(s: &str) -> Option<Recipe> {
         Recipe::ALL.into_iter().find(|r| r.name() == s)
     }

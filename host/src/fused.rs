@@ -37,12 +37,16 @@ use blockscaled_kernels::sm90::InRegisters;
 ///   absolute (Abramowitz–Stegun 7.1.26 for erf).
 #[derive(Clone, Copy)]
 pub struct Epilogue<'a> {
+    /// α, the product's factor.
     pub alpha: f32,
     /// β and C.
-    pub c: Option<(f32, &'a DeviceTensor)>,
-    pub bias: Option<&'a DeviceTensor>,
+    pub c: Option<(f32, &'a DeviceTensor<'a>)>,
+    /// A bias per output column (`[l or 1][1][n]`), added after α·A·Bᵀ + β·C.
+    pub bias: Option<&'a DeviceTensor<'a>>,
+    /// The activation, applied after the bias.
     pub activation: Activation,
-    pub residual: Option<&'a DeviceTensor>,
+    /// A residual added after the activation (the output's shape).
+    pub residual: Option<&'a DeviceTensor<'a>>,
 }
 
 impl Default for Epilogue<'_> {
@@ -81,6 +85,7 @@ impl<'a> Epilogue<'a> {
     pub fn new() -> Self {
         Self::default()
     }
+    /// With α.
     pub fn alpha(self, alpha: f32) -> Self {
         Epilogue { alpha, ..self }
     }
@@ -91,15 +96,18 @@ impl<'a> Epilogue<'a> {
             ..self
         }
     }
+    /// With a bias.
     pub fn bias(self, bias: &'a DeviceTensor) -> Self {
         Epilogue {
             bias: Some(bias),
             ..self
         }
     }
+    /// With an activation.
     pub fn activation(self, activation: Activation) -> Self {
         Epilogue { activation, ..self }
     }
+    /// With a residual.
     pub fn residual(self, residual: &'a DeviceTensor) -> Self {
         Epilogue {
             residual: Some(residual),
@@ -203,14 +211,23 @@ fn out_type(t: InputType) -> OutType {
 /// `rows` of the up projection, each `k` values) into the interleaved order the fused SwiGLU
 /// reads (gate row j at 2j, up row j at 2j + 1). Any element type; `values.len()` = 2·rows·k.
 pub fn interleave_gate_up<T: Copy>(values: &[T], rows: usize, k: usize) -> Result<Vec<T>> {
-    if values.len() != 2 * rows * k {
+    if rows == 0 || k == 0 {
+        return Err(shape(format!(
+            "two stacked {rows} × {k} halves: rows and K must be non-zero"
+        )));
+    }
+    let half = rows
+        .checked_mul(k)
+        .filter(|h| h.checked_mul(2).is_some())
+        .ok_or_else(|| shape(format!("two stacked {rows} × {k} halves overflow")))?;
+    if values.len() != 2 * half {
         return Err(shape(format!(
             "{} values for two stacked {rows} × {k} halves ({} expected)",
             values.len(),
-            2 * rows * k
+            2 * half
         )));
     }
-    let (gate, up) = values.split_at(rows * k);
+    let (gate, up) = values.split_at(half);
     Ok(gate
         .chunks(k)
         .zip(up.chunks(k))
@@ -248,7 +265,8 @@ pub(crate) fn quant_block(format: &OperandFormat) -> Result<u32> {
 /// A quantized output's description and scale buffers (its codes are the launch's output).
 pub(crate) struct QuantOut<'a> {
     pub spec: QuantSpec,
-    pub scales: &'a mut CudaSlice<u8>,
+    /// The scales' buffer, reborrowed for the launch.
+    pub scales: crate::buffers::MemMut<'a>,
     /// The FP8 kernel's A-role scales, when `spec.fp8_a`.
     pub sfa: Option<&'a mut CudaSlice<f32>>,
 }
@@ -275,18 +293,19 @@ impl<'a> Fused<'a> {
     /// has no room for them (the MX kernel: `blockscaled_kernels::gemm::fuse`): `ctas` CTAs of
     /// `consumers` warpgroups, tiles of `block_n` columns; `None` without a fused epilogue.
     /// Uninitialized: each warp writes its rows before it reads them.
-    pub(crate) fn scratch(
+    /// In `slot` (the handle's workspace, grown on demand; the kernel reads no byte it has not
+    /// written: each warp stages its rows, then reads them).
+    pub(crate) fn scratch<'s>(
         fused: &Option<Fused<'_>>,
         stream: &Arc<CudaStream>,
         (ctas, consumers, block_n): (u32, u32, u32),
-    ) -> Result<Option<CudaSlice<u8>>> {
+        slot: &'s mut Option<CudaSlice<u8>>,
+    ) -> Result<Option<&'s mut CudaSlice<u8>>> {
         if fused.is_none() {
             return Ok(None);
         }
-        let bytes = ctas as usize * fused_staging(consumers, block_n) as usize;
-        // SAFETY: u8 has no invalid bit patterns, and the kernel reads no byte it has not written
-        // (each warp stages its rows, then reads them).
-        Ok(Some(unsafe { stream.alloc::<u8>(bytes) }?))
+        let bytes = ctas as u64 * fused_staging(consumers, block_n) as u64;
+        crate::workspace::grown(slot, stream, bytes).map(Some)
     }
 
     /// The fused kernels' [`EpilogueParams`] for `fused` (`None` without: the plain kernel runs),
@@ -314,7 +333,7 @@ impl<'a> Fused<'a> {
             p.q_stride_r = d.scale_layout.row_stride as u64;
             p.q_stride_k = d.scale_layout.k_stride as u64;
             p.q_m_pad = q.spec.m_pad;
-            p.q_scales = launch.ptr_mut(q.scales);
+            p.q_scales = launch.ptr_into(q.scales);
             p.q_sfa = match q.sfa {
                 Some(s) => launch.ptr_mut(s),
                 None => 0,
@@ -328,9 +347,9 @@ impl<'a> Fused<'a> {
 /// `buf` is the codes; `n` the output's columns).
 pub(crate) fn codes_shell(
     gpu: GpuId,
-    data: CudaSlice<u8>,
+    data: crate::buffers::Mem<'_>,
     (m, n, l): (usize, usize, usize),
-) -> crate::buffers::DeviceOutput {
+) -> crate::buffers::DeviceOutput<'_> {
     crate::buffers::DeviceOutput {
         gpu,
         dtype: OutType::Bf16,
@@ -345,6 +364,17 @@ pub(crate) fn codes_shell(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn empty_or_overflowing_halves_are_shape_errors_not_panics() {
+        let v = [1.0f32; 4];
+        for (rows, k) in [(2, 0), (0, 2), (usize::MAX / 2, 3), (3, usize::MAX)] {
+            assert!(
+                matches!(interleave_gate_up(&v, rows, k), Err(Error::Shape(_))),
+                "{rows} × {k}"
+            );
+        }
+    }
 
     #[test]
     fn gate_and_up_rows_interleave_and_wrong_lengths_are_shape_errors() {

@@ -18,7 +18,11 @@
 //! the kernels instead: an end below the previous end or a count below 0 is an empty group, an
 //! end or count past the rows (capacity) stops there. No row outside A or C is read or written.
 
-use cudarc::driver::CudaSlice;
+use std::sync::Arc;
+
+use cudarc::driver::{
+    CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DeviceSlice, SyncOnDrop, sys,
+};
 
 use crate::buffers::GpuId;
 use crate::error::{Result, shape};
@@ -45,34 +49,89 @@ impl GroupLayout {
     }
 }
 
-/// A grouped GEMM's groups on one GPU: G ≥ 1 int32 values (ends or counts, per `layout`).
-pub struct DeviceGroups {
+/// A grouped GEMM's groups on one GPU: G ≥ 1 int32 values (ends or counts, per `layout`), in a
+/// buffer this crate allocated ([`Gpu::group_ends`](crate::Gpu::group_ends),
+/// [`Gpu::group_counts`](crate::Gpu::group_counts), [`Gpu::device_groups`](crate::Gpu::device_groups))
+/// or in the caller's memory for `'a` ([`Gpu::groups_view`](crate::Gpu::groups_view): a router's
+/// counts where its kernel wrote them).
+pub struct DeviceGroups<'a> {
     pub(crate) gpu: GpuId,
     pub(crate) layout: GroupLayout,
-    pub(crate) values: CudaSlice<i32>,
+    pub(crate) values: GroupValues<'a>,
     /// The largest value, while the values are the host's (checked against A's rows per call);
     /// `None` once the device may have written them.
     pub(crate) host_top: Option<usize>,
 }
 
-impl DeviceGroups {
+/// Where a grouped GEMM's values live.
+pub(crate) enum GroupValues<'a> {
+    Owned(CudaSlice<i32>),
+    View(CudaView<'a, i32>),
+}
+
+impl std::fmt::Debug for DeviceGroups<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeviceGroups")
+            .field("layout", &self.layout)
+            .field("count", &self.count())
+            .field("host_top", &self.host_top)
+            .finish()
+    }
+}
+
+impl DeviceGroups<'_> {
+    /// Ends or counts.
     pub fn layout(&self) -> GroupLayout {
         self.layout
     }
     /// The number of groups, G.
     pub fn count(&self) -> usize {
-        self.values.len()
+        match &self.values {
+            GroupValues::Owned(s) => s.len(),
+            GroupValues::View(v) => v.len(),
+        }
     }
     /// The values on the device (ends or counts).
-    pub fn values(&self) -> &CudaSlice<i32> {
-        &self.values
+    pub fn values(&self) -> CudaView<'_, i32> {
+        match &self.values {
+            GroupValues::Owned(s) => s.slice(..),
+            GroupValues::View(v) => v.slice(..),
+        }
     }
     /// The values on the device, for the caller's kernels to write (a router's counts, say)
-    /// between calls without a host round trip. Whatever they write is clamped by the GEMM
-    /// kernels as the module doc says; nothing outside A or C is ever touched.
-    pub fn values_mut(&mut self) -> &mut CudaSlice<i32> {
+    /// between calls without a host round trip: a view of this crate's buffer (`None` for the
+    /// caller's own memory, which it writes directly). Whatever they write is clamped by the
+    /// GEMM kernels as the module doc says; nothing outside A or C is ever touched.
+    pub fn values_mut(&mut self) -> Option<CudaViewMut<'_, i32>> {
         self.host_top = None;
-        &mut self.values
+        match &mut self.values {
+            GroupValues::Owned(s) => Some(s.slice_mut(..)),
+            GroupValues::View(_) => None,
+        }
+    }
+}
+
+impl DevicePtr<i32> for GroupValues<'_> {
+    fn device_ptr<'b>(&'b self, stream: &'b CudaStream) -> (sys::CUdeviceptr, SyncOnDrop<'b>) {
+        match self {
+            GroupValues::Owned(s) => s.device_ptr(stream),
+            GroupValues::View(v) => v.device_ptr(stream),
+        }
+    }
+}
+
+impl DeviceSlice<i32> for GroupValues<'_> {
+    fn len(&self) -> usize {
+        match self {
+            GroupValues::Owned(s) => s.len(),
+            GroupValues::View(v) => v.len(),
+        }
+    }
+    fn stream(&self) -> &Arc<CudaStream> {
+        match self {
+            GroupValues::Owned(s) => s.stream(),
+            GroupValues::View(v) => v.stream(),
+        }
     }
 }
 
@@ -164,7 +223,7 @@ pub(crate) struct GroupsDesc {
     pub host_top: Option<usize>,
 }
 
-impl DeviceGroups {
+impl DeviceGroups<'_> {
     pub(crate) fn desc(&self) -> GroupsDesc {
         GroupsDesc {
             layout: self.layout,
@@ -174,7 +233,7 @@ impl DeviceGroups {
     }
 }
 
-impl DeviceGroups {
+impl DeviceGroups<'_> {
     /// The kernel parameters of `groups` (all zero for a dense GEMM), the values' buffer held by
     /// `launch`.
     pub(crate) fn params<'a>(groups: Option<&'a Self>, launch: &mut Launch<'a>) -> GroupParams {

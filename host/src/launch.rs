@@ -149,15 +149,22 @@ impl<'a> Launch<'a> {
     }
 
     /// The device address of a buffer the kernel reads.
-    pub(crate) fn ptr<T>(&mut self, buf: &'a CudaSlice<T>) -> u64 {
+    pub(crate) fn ptr<T>(&mut self, buf: &'a (impl DevicePtr<T> + ?Sized)) -> u64 {
         let (p, g) = buf.device_ptr(self.stream);
         self.guards.push(g);
         p
     }
 
     /// The device address of a buffer the kernel writes.
-    pub(crate) fn ptr_mut<T>(&mut self, buf: &'a mut CudaSlice<T>) -> u64 {
+    pub(crate) fn ptr_mut<T>(&mut self, buf: &'a mut (impl DevicePtrMut<T> + ?Sized)) -> u64 {
         let (p, g) = buf.device_ptr_mut(self.stream);
+        self.guards.push(g);
+        p
+    }
+
+    /// The device address of memory borrowed for this launch's write ([`MemMut`]).
+    pub(crate) fn ptr_into(&mut self, buf: crate::buffers::MemMut<'a>) -> u64 {
+        let (p, g) = buf.into_ptr(self.stream);
         self.guards.push(g);
         p
     }

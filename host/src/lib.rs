@@ -27,15 +27,27 @@
 //!
 //! Layouts are documented on [`ScaledMatrix`] (data, packing, scales) and [`HostOutput`] (C).
 //!
-//! Modules, each importing only those above it: `error`; `format`; `matrix`, `quantize`,
-//! `output`, `bsr` (block-sparse operands), [`reference`](mod@reference) (CPU); [`image`] (the kernels' cubin or PTX); `buffers` (device
-//! matrices and outputs), `grouped` (a grouped GEMM's groups); `launch` (the one
-//! launch path); `family` (what a kernel family provides); one file per family
-//! (`reference_kernel`, `sm90_fp8`, `sm90_half`, `sm90_mx`, `sm90_mx_fp8`, `sm90_w4`), with what they share (`splitk`, `tensor_map`); [`plan`] (the family list and the choice of kernel);
-//! `device` ([`Gpu`]).
+//! An engine's own memory and streams: [`Gpu::from_stream`], [`Gpu::with_stream`], the view
+//! constructors ([`Gpu::matrix_view`], [`Gpu::tensor_view`], [`Gpu::output_view`], …) and one call
+//! description, [`Call`], run by [`Gpu::run`] (the guide: `docs/ENGINE.md`).
+//!
+//! Modules: `error`; `format`; `matrix`, `quantize`, `output`, `bsr` (block-sparse operands),
+//! [`reference`](mod@reference) (CPU); [`image`] (the kernels' cubin or PTX); `alloc` (every
+//! device allocation, counted); `buffers` (device matrices and outputs over owned or caller
+//! memory), `grouped` (a grouped GEMM's groups); `launch` (the one launch path); `family` (what a
+//! kernel family provides); `config` (what every configuration type provides); one file per family
+//! (`reference_kernel`, `sm90_fp8`, `sm90_half`, `sm90_mx`, `sm90_mx_fp8`, `sm90_w4`), with what
+//! they share (`splitk`, `tensor_map`, `workspace`); [`plan`] (the family list and the choice of
+//! kernel); `device` ([`Gpu`]), `views` (its constructors over caller memory), `call` ([`Call`]
+//! and the per-kind methods over it).
 
+#![warn(missing_docs)]
+
+mod alloc;
 mod bsr;
 mod buffers;
+mod call;
+mod config;
 mod device;
 mod error;
 mod family;
@@ -60,10 +72,14 @@ mod sm90_w4;
 mod splitk;
 pub mod swizzle;
 mod tensor_map;
+mod views;
+mod workspace;
 
+pub use alloc::device_allocations;
 pub use blockscaled_kernels::quantize::InputType;
 pub use bsr::{BsrMatrix, DeviceBsr, SparseSide, WorkList, work_list};
 pub use buffers::{DeviceMatrix, DeviceOutput};
+pub use call::Call;
 pub use device::Gpu;
 pub use error::{Error, Result};
 pub use format::{
@@ -80,6 +96,7 @@ pub use sm90_fp8::Sm90Config;
 pub use sm90_half::Sm90HalfConfig;
 pub use sm90_mx::Sm90MxConfig;
 pub use sm90_w4::Sm90W4Config;
+pub use views::{DEVICE_ALIGN, IntoDeviceBytes, IntoDeviceBytesMut, Plain, RawDevice};
 
 pub use blockscaled_kernels::gemm::scheduler::ClusterShape;
 /// The kernel crate's types that [`Sm90Config`] holds: the tile shape and the cluster shape.

@@ -20,10 +20,15 @@ use blockscaled_kernels::params::OperandParams;
 /// Where each scale lives in the scale buffer, in scale elements.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct ScaleLayout {
+    /// Scale blocks along the rows.
     pub row_blocks: usize,
+    /// Scale blocks along K.
     pub k_blocks: usize,
+    /// Scale elements from one row block to the next.
     pub row_stride: usize,
+    /// Scale elements from one K block to the next.
     pub k_stride: usize,
+    /// Scale elements from one batch entry to the next.
     pub batch_stride: usize,
 }
 
@@ -63,11 +68,17 @@ impl ScaleLayout {
 /// Everything about a block-scaled matrix except its bytes: what a device copy keeps too.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct MatrixDesc {
+    /// Element and scale format.
     pub format: OperandFormat,
+    /// Rows (M for A, N for B).
     pub rows: usize,
+    /// Columns, the reduction dimension.
     pub k: usize,
+    /// Batch entries.
     pub batch: usize,
+    /// Where each scale lives in the scale buffer.
     pub scale_layout: ScaleLayout,
+    /// The fp32 scale of the whole tensor (NVFP4), else 1.
     pub tensor_scale: f32,
 }
 
@@ -180,9 +191,13 @@ impl MatrixDesc {
 /// The sizes of C = A · Bᵀ: A is `l` × `m` × `k`, B is `l` × `n` × `k`, C is `l` × `m` × `n`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct GemmShape {
+    /// Rows of A and C.
     pub m: usize,
+    /// Rows of B, columns of C.
     pub n: usize,
+    /// The reduction dimension.
     pub k: usize,
+    /// Batch entries.
     pub l: usize,
 }
 
@@ -306,30 +321,39 @@ impl ScaledMatrix {
         ScaledMatrix { desc, data, scales }
     }
 
+    /// Format, shape, scale layout and tensor scale.
     pub fn desc(&self) -> &MatrixDesc {
         &self.desc
     }
+    /// The format.
     pub fn format(&self) -> OperandFormat {
         self.desc.format
     }
+    /// Rows.
     pub fn rows(&self) -> usize {
         self.desc.rows
     }
+    /// Columns (K).
     pub fn k(&self) -> usize {
         self.desc.k
     }
+    /// Batch entries.
     pub fn batch(&self) -> usize {
         self.desc.batch
     }
+    /// The tensor scale (1 where the format has none).
     pub fn tensor_scale(&self) -> f32 {
         self.desc.tensor_scale
     }
+    /// The codes (`[batch][rows][k]`, e2m1 two per byte, low nibble first).
     pub fn data(&self) -> &[u8] {
         &self.data
     }
+    /// The scale bytes, in [`ScaledMatrix::scale_layout`].
     pub fn scales(&self) -> &[u8] {
         &self.scales
     }
+    /// Where each scale lives.
     pub fn scale_layout(&self) -> &ScaleLayout {
         &self.desc.scale_layout
     }

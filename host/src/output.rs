@@ -6,10 +6,15 @@ use crate::format::OutType;
 /// values are exactly representable in f32).
 #[derive(Clone, Debug, PartialEq)]
 pub struct HostOutput {
+    /// The element type the values were decoded from.
     pub dtype: OutType,
+    /// Rows.
     pub m: usize,
+    /// Columns.
     pub n: usize,
+    /// Batch entries.
     pub l: usize,
+    /// The values, `[l][m][n]` row-major.
     pub values: Vec<f32>,
 }
 
@@ -39,6 +44,10 @@ impl HostOutput {
         }
     }
 
+    /// Element (l, m, n).
+    ///
+    /// # Panics
+    /// Outside the output, as slice indexing does.
     pub fn get(&self, l: usize, m: usize, n: usize) -> f32 {
         self.values[(l * self.m + m) * self.n + n]
     }

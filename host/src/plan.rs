@@ -46,6 +46,7 @@ impl GpuArch {
 
 /// A kernel and its configuration.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Plan {
     /// The SIMT reference kernel (every format; slow).
     Reference,
@@ -108,7 +109,7 @@ impl Plan {
     }
 
     /// Launches the plan's kernel on `families` (the plan validated for `g.shape`).
-    pub(crate) fn launch(&self, families: &Families, g: Gemm<'_>) -> Result<()> {
+    pub(crate) fn launch(&self, families: &Families, g: Gemm<'_, '_>) -> Result<()> {
         let missing = |what: &str| Error::Architecture(format!("this GPU has no {what}"));
         match *self {
             Plan::Reference => families
@@ -255,7 +256,7 @@ pub(crate) fn choose_fused(
         }
         Plan::Sm90Fp8(c) | Plan::Sm90MxFp8(c) => {
             // The one fused FP8 tile.
-            let cfg = c.with_tile(Tile::M128, shape);
+            let cfg = c.with_tile_for(Tile::M128, shape);
             match plan {
                 Plan::Sm90Fp8(_) => Plan::Sm90Fp8(cfg),
                 _ => Plan::Sm90MxFp8(cfg),
@@ -374,11 +375,17 @@ pub(crate) fn choose_for(
 /// formats (B: one expert per batch entry) and the number of groups.
 #[derive(Clone, Copy, Debug)]
 pub struct GroupedProblem<'a> {
+    /// The GPU's architecture.
     pub arch: GpuArch,
+    /// Its SMs.
     pub sm_count: u32,
+    /// C's rows, N, K and C's batch.
     pub shape: GemmShape,
+    /// A (all groups' rows).
     pub a: &'a MatrixDesc,
+    /// B (an expert per batch entry).
     pub b: &'a MatrixDesc,
+    /// G, the number of groups.
     pub groups: usize,
 }
 
@@ -961,7 +968,7 @@ mod tests {
             k: 2048,
             l: 1,
         };
-        let with = |tile| Plan::Sm90Fp8(big.with_tile(tile, &s));
+        let with = |tile| Plan::Sm90Fp8(big.with_tile_for(tile, &s));
         let (e4m3, e5m2) = (ElemType::E4M3, ElemType::E5M2);
         let needs = |block_cols| FusedNeeds {
             block_cols,
@@ -1005,7 +1012,7 @@ mod tests {
         );
         assert!(with(Tile::M128).check_fused(e5).is_err());
         // MXFP8 folds to FP8 of its own element types: e4m3 fuses there, e5m2 does not.
-        let folded = Plan::Sm90MxFp8(big.with_tile(Tile::M128, &s));
+        let folded = Plan::Sm90MxFp8(big.with_tile_for(Tile::M128, &s));
         assert!(folded.check_fused(needs(0)).is_ok());
         assert!(folded.check_fused(e5).is_err());
         let half = Sm90HalfConfig {

@@ -8,9 +8,9 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaFunction, CudaModule, CudaSlice, CudaStream};
+use cudarc::driver::{CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr};
 
-use crate::buffers::DeviceMatrix;
+use crate::buffers::{DeviceMatrix, Mem};
 use crate::error::{Result, shape};
 use crate::launch::{KernelParams, Launch};
 use crate::matrix::{MatrixDesc, ScaledMatrix};
@@ -64,7 +64,7 @@ impl Preparers {
         stream: &Arc<CudaStream>,
         (func, grid): (&CudaFunction, (u32, u32)),
         p: P,
-        src: &CudaSlice<S>,
+        src: &(impl DevicePtr<S> + ?Sized),
         out: &mut CudaSlice<T>,
     ) -> Result<()> {
         let mut launch =
@@ -112,8 +112,13 @@ pub(crate) enum Source<'a> {
     Host(&'a ScaledMatrix),
     Device {
         desc: MatrixDesc,
-        scales: &'a CudaSlice<u8>,
+        scales: &'a Mem<'a>,
         kernels: &'a Preparers,
+        /// A 16-bit matrix whose scale is 1 (over the caller's memory, [`Gpu::half_view`]):
+        /// what the host knows of it without reading it back.
+        ///
+        /// [`Gpu::half_view`]: crate::Gpu::half_view
+        unit_scale: bool,
     },
 }
 
@@ -138,7 +143,7 @@ impl ScaleWord for f32 {
 /// reads it: the preparations write whole layouts).
 fn alloc<T: ScaleWord>(stream: &Arc<CudaStream>, bytes: usize) -> Result<CudaSlice<T>> {
     // SAFETY: u8 and f32 accept any bit pattern; the callers write every entry.
-    Ok(unsafe { stream.alloc::<T>(bytes / std::mem::size_of::<T>()) }?)
+    unsafe { crate::alloc::uninit::<T>(stream, bytes / std::mem::size_of::<T>()) }
 }
 
 /// A typed error unless `out` holds exactly `bytes` bytes.
@@ -165,6 +170,7 @@ impl<'a> Source<'a> {
             desc: m.desc,
             scales: &m.scales,
             kernels,
+            unit_scale: false,
         }
     }
 }
@@ -177,12 +183,19 @@ impl Source<'_> {
         }
     }
 
-    /// The host's copy, where the matrix is an upload (what only the host prepares: a bf16
-    /// matrix's per-tensor scale, read as a value).
-    pub(crate) fn host(&self) -> Option<&ScaledMatrix> {
+    /// The one scale of a matrix with a scale per tensor, where the host knows it and every
+    /// batch entry has the same: an upload's, read from its bytes, or 1 for a 16-bit matrix over
+    /// the caller's memory. `None` otherwise (entries with their own scales, or scales written
+    /// on the device: the 16-bit kernels take the scale as a launch parameter).
+    pub(crate) fn uniform_scale(&self) -> Option<f32> {
         match self {
-            Source::Host(m) => Some(m),
-            Source::Device { .. } => None,
+            Source::Host(m) => {
+                let s = m.scale_value(0, 0, 0) as f32;
+                (1..m.batch())
+                    .all(|l| (m.scale_value(l, 0, 0) as f32).to_bits() == s.to_bits())
+                    .then_some(s)
+            }
+            Source::Device { unit_scale, .. } => unit_scale.then_some(1.0),
         }
     }
 
@@ -238,7 +251,7 @@ impl Source<'_> {
                     stream,
                     (&kernels.gather, kernels.grid_gather(&g)),
                     g,
-                    scales,
+                    *scales,
                     out,
                 )
             },

@@ -14,9 +14,9 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaFunction, CudaModule, CudaSlice, CudaStream};
+use cudarc::driver::{CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtrMut};
 
-use crate::buffers::GpuId;
+use crate::buffers::{GpuId, Mem};
 use crate::error::{Error, Result, shape};
 use crate::format::{OperandFormat, ScaleBlock, ScaleMajor, ScaleType};
 use crate::launch::Launch;
@@ -26,17 +26,31 @@ use blockscaled_kernels::quantize::{
     self as kq, AMAX_KERNEL, InputType, QUANTIZE_THREADS, QuantizeKernel, QuantizeParams, ScaleSpan,
 };
 
-/// A bf16, fp16 or fp32 tensor `[batch][rows][k]` (row-major) on the GPU: a quantizer's input.
-pub struct DeviceTensor {
+/// A bf16, fp16 or fp32 tensor `[batch][rows][k]` (row-major) on the GPU: a quantizer's input,
+/// or a fused epilogue's bias, residual or β·C. In a buffer this crate allocated
+/// ([`Gpu::upload_tensor`](crate::Gpu::upload_tensor), `DeviceTensor<'static>`) or over the
+/// caller's memory for `'a` ([`Gpu::tensor_view`](crate::Gpu::tensor_view),
+/// [`Gpu::tensor_from_raw`](crate::Gpu::tensor_from_raw)).
+pub struct DeviceTensor<'a> {
     pub(crate) gpu: GpuId,
     pub(crate) input: InputType,
     pub(crate) rows: usize,
     pub(crate) k: usize,
     pub(crate) batch: usize,
-    pub(crate) buf: CudaSlice<u8>,
+    pub(crate) buf: Mem<'a>,
 }
 
-impl DeviceTensor {
+impl std::fmt::Debug for DeviceTensor<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeviceTensor")
+            .field("input", &self.input)
+            .field("dims", &(self.rows, self.k, self.batch))
+            .field("buf", &self.buf)
+            .finish()
+    }
+}
+
+impl DeviceTensor<'_> {
     /// (rows, k, batch).
     pub fn dims(&self) -> (usize, usize, usize) {
         (self.rows, self.k, self.batch)
@@ -50,7 +64,9 @@ impl DeviceTensor {
 
 /// An element type a [`DeviceTensor`] holds: f32, `half::bf16`, `half::f16`.
 pub trait TensorElement: Copy + sealed::Sealed {
+    /// The quantizers' name for the type.
     const INPUT: InputType;
+    /// The value's little-endian bytes.
     fn le_bytes(self) -> impl Iterator<Item = u8>;
 }
 
@@ -99,8 +115,37 @@ pub struct QuantizeOptions {
 /// A device quantizer's result: the matrix, and its scales in the 128×4 swizzled layout when
 /// asked for (`batch` entries of whole tiles).
 pub struct DeviceQuantized {
-    pub matrix: crate::DeviceMatrix,
+    /// The quantized matrix, prepared for the GEMM kernels.
+    pub matrix: crate::DeviceMatrix<'static>,
+    /// The scales in the 128×4 swizzled layout, when asked for.
     pub swizzled_scales: Option<CudaSlice<u8>>,
+}
+
+/// The maxima a quantizer's first pass writes (per row, per batch entry, or NVFP4's tensor
+/// maximum), kept with the matrix it writes so that rewriting the matrix in place allocates
+/// nothing: cleared before each pass (`red.max` raises them from 0).
+#[derive(Default)]
+pub(crate) struct QuantScratch {
+    amax: Option<CudaSlice<u32>>,
+    tensor: Option<CudaSlice<u32>>,
+}
+
+impl QuantScratch {
+    /// `slot` holding at least `len` zeros: kept and cleared if large enough, else made anew.
+    fn zeroed<'s>(
+        slot: &'s mut Option<CudaSlice<u32>>,
+        stream: &Arc<CudaStream>,
+        len: usize,
+    ) -> Result<Option<&'s mut CudaSlice<u32>>> {
+        if len == 0 {
+            return Ok(None);
+        }
+        match slot {
+            Some(s) if s.len() >= len => stream.memset_zeros(s)?,
+            _ => *slot = Some(crate::alloc::zeros::<u32>(stream, len)?),
+        }
+        Ok(slot.as_mut())
+    }
 }
 
 /// The loaded quantizer kernels.
@@ -144,8 +189,8 @@ pub(crate) struct QuantSpec {
 
 /// The buffers a quantizer writes (borrowed: a new matrix's, or one being rewritten).
 pub(crate) struct QuantBufs<'a> {
-    pub data: &'a mut CudaSlice<u8>,
-    pub scales: &'a mut CudaSlice<u8>,
+    pub data: &'a mut dyn DevicePtrMut<u8>,
+    pub scales: &'a mut dyn DevicePtrMut<u8>,
     pub swizzled: Option<&'a mut CudaSlice<u8>>,
     /// The FP8 kernel's A-role scales, zero in the padding rows (the kernel's last tiles read
     /// them), when `QuantSpec::fp8_a`.
@@ -270,15 +315,18 @@ impl QuantTarget {
         // GEMM's fused quantized output (every row below M, whole scale blocks: N_out a multiple
         // of the block). Not zeroed: a memset would add a second write of the codes to every
         // call.
-        let data = unsafe { stream.alloc::<u8>(data_bytes) }?;
-        let scales = unsafe { stream.alloc::<u8>(scale_bytes) }?;
+        let data = unsafe { crate::alloc::uninit::<u8>(stream, data_bytes) }?;
+        let scales = unsafe { crate::alloc::uninit::<u8>(stream, scale_bytes) }?;
         let swizzled = if spec.swizzled_entry > 0 {
-            Some(stream.alloc_zeros::<u8>(spec.swizzled_entry * l)?)
+            Some(crate::alloc::zeros::<u8>(stream, spec.swizzled_entry * l)?)
         } else {
             None
         };
         let sfa = if spec.fp8_a {
-            Some(stream.alloc_zeros::<f32>(l * (spec.desc.k / 128) * spec.m_pad as usize)?)
+            Some(crate::alloc::zeros::<f32>(
+                stream,
+                l * (spec.desc.k / 128) * spec.m_pad as usize,
+            )?)
         } else {
             None
         };
@@ -322,35 +370,38 @@ impl Quantizers {
         })
     }
 
-    /// Quantizes `t` into a new matrix of `format`.
+    /// Quantizes `t` into a new matrix of `format`, with the scratch its rewrites reuse.
     pub(crate) fn quantize(
         &self,
         stream: &Arc<CudaStream>,
         t: &DeviceTensor,
         format: OperandFormat,
         opts: &QuantizeOptions,
-    ) -> Result<Quantized> {
+    ) -> Result<(Quantized, QuantScratch)> {
         let mut target = QuantTarget::alloc(stream, format, (t.rows, t.k, t.batch), opts)?;
+        let mut scratch = QuantScratch::default();
         let (spec, bufs) = target.parts();
-        self.write(stream, t, spec, bufs)?;
+        self.write(stream, t, spec, bufs, &mut scratch)?;
         let m_pad = target.spec.m_pad;
-        Ok(Quantized {
+        let q = Quantized {
             desc: target.spec.desc,
             data: target.data,
             scales: target.scales,
             sfa: target.sfa.map(|s| (s, m_pad)),
             swizzled: target.swizzled,
-        })
+        };
+        Ok((q, scratch))
     }
 
     /// Quantizes `t` (of `spec`'s dimensions: the caller's check) into `bufs` (of `spec`'s
-    /// sizes), and sets a computed NVFP4 tensor scale in `spec.desc`.
+    /// sizes), and sets a computed NVFP4 tensor scale in `spec.desc`; the maxima in `scratch`.
     pub(crate) fn write(
         &self,
         stream: &Arc<CudaStream>,
         t: &DeviceTensor,
         spec: &mut QuantSpec,
         bufs: QuantBufs<'_>,
+        scratch: &mut QuantScratch,
     ) -> Result<()> {
         let (rows, k, l) = (t.rows, t.k, t.batch);
         let format = spec.desc.format;
@@ -385,18 +436,14 @@ impl Quantizers {
             ScaleSpan::Block => 0,
         };
         let needs_tensor = nv && spec.given.is_none();
-        // The maxima start at 0 (`red.max` raises them); allocated only where a pass writes them
-        // (a memset per call is a launch of its own).
-        let mut amax = if amax_slots > 0 {
-            Some(stream.alloc_zeros::<u32>(amax_slots)?)
-        } else {
-            None
-        };
-        let mut tensor_amax = if needs_tensor {
-            Some(stream.alloc_zeros::<u32>(1)?)
-        } else {
-            None
-        };
+        // The maxima start at 0 (`red.max` raises them); cleared only where a pass writes them
+        // (a memset is a launch of its own).
+        let QuantScratch {
+            amax: amax_slot,
+            tensor: tensor_slot,
+        } = scratch;
+        let mut amax = QuantScratch::zeroed(amax_slot, stream, amax_slots)?;
+        let mut tensor_amax = QuantScratch::zeroed(tensor_slot, stream, needs_tensor as usize)?;
 
         let mut p = QuantizeParams {
             src: 0,
@@ -431,8 +478,8 @@ impl Quantizers {
                 .shared_mem(kq::ROW_SHARED_BYTES);
             let mut q = p;
             q.src = launch.ptr(&t.buf);
-            q.amax = amax.as_mut().map_or(0, |a| launch.ptr_mut(a));
-            q.tensor_amax = tensor_amax.as_mut().map_or(0, |a| launch.ptr_mut(a));
+            q.amax = amax.as_deref_mut().map_or(0, |a| launch.ptr_mut(a));
+            q.tensor_amax = tensor_amax.as_deref_mut().map_or(0, |a| launch.ptr_mut(a));
             // SAFETY: `t.buf` holds l·rows·k elements of `t.input` (its constructor), k % 8 == 0;
             // the maxima are zeroed, `[l][rows]` or `[l]` by the span, one for the tensor; the
             // grid is rows × l blocks (rows < 2^32, l ≤ 65535) with a word of shared memory a warp.
@@ -499,8 +546,8 @@ impl Quantizers {
             p.mx_rows_pad = rows_pad;
             p.mx_per = 64 / spec.block_k;
         }
-        p.amax = launch.opt_ptr(amax.as_ref());
-        p.tensor_amax = launch.opt_ptr(tensor_amax.as_ref());
+        p.amax = launch.opt_ptr(amax.as_deref());
+        p.tensor_amax = launch.opt_ptr(tensor_amax.as_deref());
         // SAFETY: as the maximum pass for `src`; `dst` holds the format's data bytes and `scales`
         // its packed layout (`spec.desc`, the buffers' sizes: the caller's), `swizzled` l
         // whole-tile entries, `sfa` l·(k/128)·m_pad f32 (rows ≤ m_pad), `mx` its layout (checked
@@ -509,7 +556,7 @@ impl Quantizers {
         // and the batch in z; rows + y < 2^32 (`QuantSpec::new`).
         unsafe { launch.launch(&p) }?;
         if let Some(tensor_amax) = &tensor_amax {
-            let m = stream.clone_dtoh(tensor_amax)?;
+            let m = stream.clone_dtoh(&**tensor_amax)?;
             stream.synchronize()?;
             spec.desc.tensor_scale = if m[0] == kq::NON_FINITE {
                 f32::NAN
@@ -523,3 +570,5 @@ impl Quantizers {
         Ok(())
     }
 }
+
+crate::buffers::held!(QuantScratch: amax, tensor);

@@ -42,11 +42,12 @@ impl ReferenceKernel {
     }
 
     /// C = A · Bᵀ, one thread per element of C.
-    pub(crate) fn gemm(&self, g: Gemm<'_>) -> Result<()> {
+    pub(crate) fn gemm(&self, g: Gemm<'_, '_>) -> Result<()> {
         g.dense_only("the reference kernel")?;
         g.plain_only("the reference kernel")?;
         let Gemm {
             stream,
+            work: _,
             shape: GemmShape { m, n, k, l },
             a,
             b,

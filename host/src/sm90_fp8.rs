@@ -8,7 +8,7 @@ use std::sync::Arc;
 use cudarc::driver::{CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr};
 
 use crate::bsr::{BsrMatrix, DeviceBsr, FP8_BLOCK, SparseSide};
-use crate::buffers::{DeviceMatrix, DeviceOutput, OnFirstUse, Prepared, PreparedValue};
+use crate::buffers::{DeviceMatrix, DeviceOutput, Mem, OnFirstUse, Prepared, PreparedValue};
 use crate::error::{Error, Result, config, shape};
 use crate::family::{Family, Gemm, Rewritten};
 use crate::format::{ElemType, OutType, ScaleType};
@@ -19,6 +19,7 @@ use crate::matrix::{GemmShape, MatrixDesc};
 use crate::prepare::{GatherTo, Preparers, Source};
 use crate::splitk::{self, SplitK};
 use crate::tensor_map::{DataType, Swizzle, encode_3d, encode_scale_rows};
+use crate::workspace::Workspace;
 use blockscaled_kernels::gemm::layout::{FRAGMENT_ROWS, OUT_BOX_WIDTHS, out_box_n};
 use blockscaled_kernels::gemm::scheduler::{ClusterShape, MAX_CLUSTER, Schedule};
 use blockscaled_kernels::params::SparseParams;
@@ -28,6 +29,7 @@ use blockscaled_kernels::sm90::{
 
 /// Configuration of one launch (chosen by `plan::choose`, or forced through `Gpu::gemm_with`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Sm90Config {
     /// The output tile: one of [`Tile::ALL`] — 128 × 128, 192 × 128 (three consumer
     /// warpgroups), 256 × 128 (two 128-row waves per stage, a quarter fewer L2 bytes per FLOP),
@@ -47,6 +49,14 @@ pub struct Sm90Config {
     /// (kept in an f32 workspace) and stores the tile.
     pub split_k: u32,
 }
+
+crate::config::config_fields!(Sm90Config {
+    tile: Tile => with_tile,
+    cluster: ClusterShape => with_cluster,
+    group_m: u32 => with_group_m,
+    ctas: u32 => with_ctas,
+    split_k: u32 => with_split_k,
+});
 
 impl Sm90Config {
     /// Checks every field against the kernel and against `s` ([`Error::Config`]), and the shape
@@ -102,15 +112,7 @@ impl Sm90Config {
             )));
         }
         let k_blocks = s.k / BLOCK_K as usize;
-        // The K ranges `s·kb / split` are computed in 32 bits.
-        if !(1..=k_blocks).contains(&(split_k as usize))
-            || split_k as u64 * k_blocks as u64 > u32::MAX as u64
-        {
-            return Err(config(format!(
-                "split_k = {split_k}: K = {} has {k_blocks} blocks of {BLOCK_K} to split",
-                s.k
-            )));
-        }
+        splitk::check_split(split_k, k_blocks, BLOCK_K, s.k)?;
         if s.m > i32::MAX as usize || s.n > i32::MAX as usize {
             return Err(shape("M and N must fit TMA's 32-bit coordinates"));
         }
@@ -193,7 +195,7 @@ impl Sm90Config {
     /// This configuration with `tile` in place of its own: the cluster kept if the tile is the
     /// same (else alone: the pairing was chosen for the other tile), and a band of about the same
     /// rows, within the new tile's units.
-    pub fn with_tile(self, tile: Tile, s: &GemmShape) -> Sm90Config {
+    pub fn with_tile_for(self, tile: Tile, s: &GemmShape) -> Sm90Config {
         let cluster = if tile == self.tile {
             self.cluster
         } else {
@@ -302,7 +304,7 @@ impl BRole {
         Ok(if column_scales(&d) {
             let nb = rows.div_ceil(BLOCK_N as usize);
             BRole {
-                sfb: stream.clone_htod(&vec![1f32; l * nb * (k / BLOCK_K as usize)])?,
+                sfb: crate::alloc::copy_of(stream, &vec![1f32; l * nb * (k / BLOCK_K as usize)])?,
                 sfb_col: Some(m.gather(stream, scales_to(&d, Scales::Columns))?),
             }
         } else {
@@ -319,7 +321,7 @@ impl Sm90Operand {
     fn prepare(
         stream: &Arc<CudaStream>,
         m: &Source<'_>,
-        data: &CudaSlice<u8>,
+        data: &impl DevicePtr<u8>,
     ) -> Result<Option<Self>> {
         let d = *m.desc();
         let (as_a, as_b) = (
@@ -344,7 +346,7 @@ impl Sm90Operand {
     pub(crate) fn written(
         stream: &Arc<CudaStream>,
         d: &MatrixDesc,
-        data: &CudaSlice<u8>,
+        data: &impl DevicePtr<u8>,
         sfa: Option<(CudaSlice<f32>, u32)>,
     ) -> Result<Self> {
         let mut op = Sm90Operand::over(stream, data, (d.rows, d.k, d.batch), sfa, None)?;
@@ -447,7 +449,7 @@ impl Sm90Operand {
     /// ([`BRole`]), with their tensor maps.
     pub(crate) fn over(
         stream: &Arc<CudaStream>,
-        data: &CudaSlice<u8>,
+        data: &impl DevicePtr<u8>,
         (rows, k, l): (usize, usize, usize),
         sfa: Option<(CudaSlice<f32>, u32)>,
         b_role: Option<BRole>,
@@ -524,7 +526,7 @@ const _: () = {
 /// 128-byte swizzle) and copies it to device memory.
 fn encode_tensor_map(
     stream: &Arc<CudaStream>,
-    data: &CudaSlice<u8>,
+    data: &impl DevicePtr<u8>,
     k: usize,
     rows: usize,
     l: usize,
@@ -562,7 +564,7 @@ impl Sm90Output {
 impl Sm90Output {
     fn prepare(
         stream: &Arc<CudaStream>,
-        buf: &CudaSlice<u8>,
+        buf: &impl DevicePtr<u8>,
         dtype: OutType,
         (m, n, l): (usize, usize, usize),
     ) -> Result<Option<Self>> {
@@ -614,12 +616,18 @@ pub(crate) fn tile_refuses(tile: Tile, epi: Option<&Fused<'_>>) -> bool {
 /// workspace (grown on demand, reused in stream order).
 pub(crate) struct Sm90Fp8 {
     kernels: Vec<Kernel>,
-    splitk: SplitK,
     /// For the B role's scales, made at a matrix's first use as B.
     preparers: Preparers,
 }
 
 impl Family for Sm90Fp8 {
+    fn prepare_weights(&self, stream: &Arc<CudaStream>, m: &DeviceMatrix<'_>) -> Result<()> {
+        if m.prepared.get::<Sm90Operand>().is_some() {
+            Sm90Operand::as_b(m, stream, &self.preparers)?;
+        }
+        Ok(())
+    }
+
     fn describe(&self) -> Option<String> {
         let r = self.kernels.first()?.resident;
         Some(format!(
@@ -632,7 +640,7 @@ impl Family for Sm90Fp8 {
         &self,
         stream: &Arc<CudaStream>,
         matrix: &Source<'_>,
-        data: &CudaSlice<u8>,
+        data: &Mem<'_>,
         made: &Prepared,
     ) -> Result<Option<PreparedValue>> {
         // (Already made by the writer: the device quantizers' A-role scales, written in place.)
@@ -658,7 +666,7 @@ impl Family for Sm90Fp8 {
     fn prepare_output(
         &self,
         stream: &Arc<CudaStream>,
-        buf: &CudaSlice<u8>,
+        buf: &Mem<'_>,
         dtype: OutType,
         dims: (usize, usize, usize),
     ) -> Result<Option<PreparedValue>> {
@@ -742,15 +750,15 @@ impl Sm90Fp8 {
         }
         Ok(Some(Sm90Fp8 {
             kernels,
-            splitk: SplitK::default(),
             preparers: preparers.clone(),
         }))
     }
 
     /// C = A · Bᵀ with `cfg` (validated for `g.shape`): one launch, split K included.
-    pub(crate) fn gemm(&self, g: Gemm<'_>, cfg: Sm90Config) -> Result<()> {
+    pub(crate) fn gemm(&self, g: Gemm<'_, '_>, cfg: Sm90Config) -> Result<()> {
         let Gemm {
             stream,
+            work,
             shape,
             a,
             b,
@@ -760,7 +768,7 @@ impl Sm90Fp8 {
         } = g;
         let (ao, bo) = operands(a, b, stream, &self.preparers)?;
         let types = (a.desc.format.elem, b.desc.format.elem);
-        self.run(stream, shape, (ao, bo), types, c, cfg, groups, epi)
+        self.run((stream, work), shape, (ao, bo), types, c, cfg, groups, epi)
     }
 
     /// [`Self::gemm`] on prepared operands `ao`, `bo` of element types `(ea, eb)` that form
@@ -768,7 +776,7 @@ impl Sm90Fp8 {
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn run(
         &self,
-        stream: &Arc<CudaStream>,
+        (stream, work): (&Arc<CudaStream>, &Workspace),
         shape: GemmShape,
         (ao, bo): (&Sm90Operand, &Sm90Operand),
         (ea, eb): (ElemType, ElemType),
@@ -835,7 +843,7 @@ impl Sm90Fp8 {
         };
         let (tile, cl) = (cfg.tile, cfg.cluster);
         let cluster = cl.size();
-        let mut slot = self.splitk.slot(cfg.split_k);
+        let mut slot = work.splitk.slot(cfg.split_k);
         let DeviceOutput {
             buf: out,
             prepared: out_prepared,
@@ -930,7 +938,7 @@ impl Sm90Fp8 {
     /// it transposed.
     pub(crate) fn bsr_gemm(
         &self,
-        stream: &Arc<CudaStream>,
+        (stream, ws): (&Arc<CudaStream>, &Workspace),
         dense: &DeviceMatrix,
         sparse: &DeviceBsr,
         side: SparseSide,
@@ -992,7 +1000,7 @@ impl Sm90Fp8 {
             }),
         };
         let ctas = persistent_ctas(schedule, cfg.ctas, resident, cl.size())?;
-        let mut slot = self.splitk.slot(if work.slots > 0 { 2 } else { 1 });
+        let mut slot = ws.splitk.slot(if work.slots > 0 { 2 } else { 1 });
         let DeviceOutput {
             buf: out,
             prepared: out_prepared,
@@ -1109,6 +1117,11 @@ fn configure(
     }
     Ok(resident)
 }
+
+crate::buffers::held!(Sm90Operand: tmaps, sfa, sfa_map, b_role);
+crate::buffers::held!(BRole: sfb, sfb_col);
+crate::buffers::held!(Sm90Output: tmaps);
+crate::buffers::held!(Sm90Sparse: tmaps);
 
 #[cfg(test)]
 mod tests {

@@ -7,17 +7,18 @@ use std::sync::Arc;
 use cudarc::driver::{CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr};
 
 use crate::bsr::{BsrMatrix, DeviceBsr, SparseSide};
-use crate::buffers::{DeviceMatrix, DeviceOutput, Prepared, PreparedValue};
+use crate::buffers::{DeviceMatrix, DeviceOutput, Mem, Prepared, PreparedValue};
 use crate::error::{Error, Result, config, shape};
 use crate::family::{Family, Gemm};
 use crate::format::{ElemType, ScaleBlock, ScaleType};
 use crate::fused::Fused;
 use crate::launch::{Launch, persistent_ctas};
-use crate::matrix::{GemmShape, MatrixDesc, ScaledMatrix};
+use crate::matrix::{GemmShape, MatrixDesc};
 use crate::prepare::Source;
 use crate::sm90_fp8::Sm90Output;
 use crate::splitk::{self, SplitK};
 use crate::tensor_map::{DataType, Swizzle, encode_3d};
+use crate::workspace::Workspace;
 use blockscaled_kernels::gemm::layout::out_box_n;
 use blockscaled_kernels::gemm::scheduler::{ClusterShape, MAX_CLUSTER, Schedule};
 use blockscaled_kernels::params::SparseParams;
@@ -31,13 +32,27 @@ use blockscaled_kernels::sm90_half::{
 /// cluster), the persistent CTAs wanted (at most those resident), and the K split (dense: ranges
 /// of K; block-sparse: the most parts a run of stored blocks is cut into).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub struct Sm90HalfConfig {
+    /// The tile.
     pub tile: HalfTile,
+    /// CTAs per cluster along M (2: a pair shares B by multicast).
     pub cluster_m: u32,
+    /// Tile rows banded together in the persistent order (L2 reuse).
     pub group_m: u32,
+    /// Persistent CTAs launched.
     pub ctas: u32,
+    /// K split into this many ranges (1 to ⌈K / 64⌉).
     pub split_k: u32,
 }
+
+crate::config::config_fields!(Sm90HalfConfig {
+    tile: HalfTile => with_tile,
+    cluster_m: u32 => with_cluster_m,
+    group_m: u32 => with_group_m,
+    ctas: u32 => with_ctas,
+    split_k: u32 => with_split_k,
+});
 
 impl Sm90HalfConfig {
     /// Checks the configuration against a dense GEMM of shape `s`: [`Error::Config`] for a tile
@@ -73,12 +88,7 @@ impl Sm90HalfConfig {
             return Err(shape("M, N and K must fit TMA's 32-bit coordinates"));
         }
         let stages = s.k.div_ceil(BLOCK_K as usize);
-        if !(1..=stages).contains(&(self.split_k as usize)) {
-            return Err(config(format!(
-                "split_k = {}: K = {} has {stages} stages of {BLOCK_K} to split",
-                self.split_k, s.k
-            )));
-        }
+        splitk::check_split(self.split_k, stages, BLOCK_K, s.k)?;
         let (m_units, n_units) = self.units(s);
         if !(1..=m_units).contains(&(self.group_m as usize)) {
             return Err(config(format!(
@@ -192,22 +202,15 @@ const BOX_ROWS: [u32; 4] = [256, 128, 64, 32];
 type BoxMaps = Vec<(u32, CudaSlice<u8>)>;
 
 impl HalfOperand {
-    fn prepare(
-        stream: &Arc<CudaStream>,
-        m: &ScaledMatrix,
-        data: &CudaSlice<u8>,
-    ) -> Result<Option<Self>> {
+    fn prepare(stream: &Arc<CudaStream>, m: &Source<'_>, data: &Mem<'_>) -> Result<Option<Self>> {
         let d = m.desc();
         if unsupported(d).is_some() {
             return Ok(None);
         }
-        let s: Vec<f32> = (0..d.batch)
-            .map(|l| m.scale_value(l, 0, 0) as f32)
-            .collect();
-        if s.iter().any(|&x| x.to_bits() != s[0].to_bits()) {
-            // (One alpha per launch: batch entries with their own scales take another kernel.)
+        // (One alpha per launch: batch entries with their own scales take another kernel.)
+        let Some(scale) = m.uniform_scale() else {
             return Ok(None);
-        }
+        };
         let (ptr, _g) = data.device_ptr(stream);
         let map = |rows: u32| {
             encode_3d(
@@ -225,7 +228,7 @@ impl HalfOperand {
                 .iter()
                 .map(|&r| Ok((r, map(r)?)))
                 .collect::<Result<_>>()?,
-            scale: s[0],
+            scale,
         }))
     }
 }
@@ -279,7 +282,6 @@ struct Kernel {
 /// The family on one GPU.
 pub(crate) struct Sm90Half {
     kernels: Vec<Kernel>,
-    splitk: SplitK,
 }
 
 impl Family for Sm90Half {
@@ -287,13 +289,9 @@ impl Family for Sm90Half {
         &self,
         stream: &Arc<CudaStream>,
         matrix: &Source<'_>,
-        data: &CudaSlice<u8>,
+        data: &Mem<'_>,
         _made: &Prepared,
     ) -> Result<Option<PreparedValue>> {
-        // (bf16 / fp16 matrices are uploads: no device quantizer writes them.)
-        let Some(matrix) = matrix.host() else {
-            return Ok(None);
-        };
         Ok(HalfOperand::prepare(stream, matrix, data)?.map(|p| Box::new(p) as PreparedValue))
     }
 
@@ -339,10 +337,7 @@ impl Sm90Half {
                 resident,
             });
         }
-        Ok(Some(Sm90Half {
-            kernels,
-            splitk: SplitK::default(),
-        }))
+        Ok(Some(Sm90Half { kernels }))
     }
 
     fn kernel(&self, tile: HalfTile, ty: HalfType, mode: Mode) -> Result<&Kernel> {
@@ -361,10 +356,11 @@ impl Sm90Half {
     }
 
     /// C = alpha · A · Bᵀ with `cfg` (validated for `g.shape`): one launch, split K included.
-    pub(crate) fn gemm(&self, g: Gemm<'_>, cfg: Sm90HalfConfig) -> Result<()> {
+    pub(crate) fn gemm(&self, g: Gemm<'_, '_>, cfg: Sm90HalfConfig) -> Result<()> {
         g.dense_only("the sm90 16-bit kernel")?;
         let Gemm {
             stream,
+            work,
             shape,
             a,
             b,
@@ -409,7 +405,7 @@ impl Sm90Half {
         };
         let resident = kernel.resident[cl.m as usize - 1];
         let ctas = persistent_ctas(schedule, cfg.ctas, resident, cl.m)?;
-        let mut slot = self.splitk.slot(cfg.split_k);
+        let mut slot = work.splitk.slot(cfg.split_k);
         let mut launch = half_launch(stream, &kernel.func, kernel.def, ctas, cl.m);
         let splitk = SplitK::params(&mut launch, slot.as_mut(), stream, &schedule, cl)?;
         let (tmap_a, tmap_b) = (
@@ -447,7 +443,7 @@ impl Sm90Half {
     /// transposed.
     pub(crate) fn bsr_gemm(
         &self,
-        stream: &Arc<CudaStream>,
+        (stream, ws): (&Arc<CudaStream>, &Workspace),
         dense: &DeviceMatrix,
         sparse: &DeviceBsr,
         side: SparseSide,
@@ -499,7 +495,7 @@ impl Sm90Half {
             }),
         };
         let ctas = persistent_ctas(schedule, cfg.ctas, resident, cl.m)?;
-        let mut slot = self.splitk.slot(if work.slots > 0 { 2 } else { 1 });
+        let mut slot = ws.splitk.slot(if work.slots > 0 { 2 } else { 1 });
         let mut launch = half_launch(stream, &kernel.func, kernel.def, ctas, cl.m);
         let splitk = SplitK::params(&mut launch, slot.as_mut(), stream, &schedule, cl)?;
         let (tmap_a, tmap_b) = (
@@ -611,6 +607,9 @@ fn half_launch<'a>(
     )
 }
 
+crate::buffers::held!(HalfOperand: tmaps);
+crate::buffers::held!(HalfSparse: tmaps);
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -627,6 +626,25 @@ mod tests {
             ctas: 132,
             split_k: 1,
         }
+    }
+
+    #[test]
+    fn a_split_whose_ranges_overflow_32_bits_is_a_config_error() {
+        // K = 2²³ is 2¹⁷ stages of 64: split into 2¹⁶ ranges, the scheduler's s·stages / split
+        // would pass 2³² and skip K blocks.
+        let big = s(128, 128, 1 << 23, 1);
+        let split = |split_k| Sm90HalfConfig {
+            split_k,
+            ..cfg(HalfTile::M128)
+        };
+        assert!(split(1 << 14).validate(&big).is_ok());
+        for bad in [1 << 15, 1 << 16] {
+            assert!(matches!(split(bad).validate(&big), Err(Error::Config(_))));
+        }
+        assert!(matches!(
+            split((1 << 17) + 1).validate(&big),
+            Err(Error::Config(_))
+        ));
     }
 
     #[test]

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr};
 
-use crate::buffers::{DeviceMatrix, DeviceOutput, OnFirstUse, Prepared, PreparedValue};
+use crate::buffers::{DeviceMatrix, DeviceOutput, Mem, OnFirstUse, Prepared, PreparedValue};
 use crate::error::{Error, Result, config, shape};
 use crate::family::{Family, Gemm, Rewritten};
 use crate::format::{ElemType, ScaleBlock, ScaleType};
@@ -24,6 +24,7 @@ use blockscaled_kernels::sm90_mx::{
 
 /// Configuration of one launch (chosen by `plan::choose`, or forced through `Gpu::gemm_with`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Sm90MxConfig {
     /// 128 × 256 or 128 × 128 ([`MxTile::ALL`]).
     pub tile: MxTile,
@@ -34,6 +35,13 @@ pub struct Sm90MxConfig {
     /// K split into this many ranges of 64-wide K blocks (1 to ⌈K / 64⌉).
     pub split_k: u32,
 }
+
+crate::config::config_fields!(Sm90MxConfig {
+    tile: MxTile => with_tile,
+    group_m: u32 => with_group_m,
+    ctas: u32 => with_ctas,
+    split_k: u32 => with_split_k,
+});
 
 impl Sm90MxConfig {
     /// Checks every field against the kernel and `s` ([`Error::Config`]) and the shape against
@@ -75,14 +83,7 @@ pub(crate) fn validate_schedule(
         return Err(shape("M, N and K must fit TMA's 32-bit coordinates"));
     }
     let k_blocks = s.k.div_ceil(BLOCK_K as usize);
-    if !(1..=k_blocks).contains(&(split_k as usize))
-        || split_k as u64 * k_blocks as u64 > u32::MAX as u64
-    {
-        return Err(config(format!(
-            "split_k = {split_k}: K = {} has {k_blocks} blocks of {BLOCK_K} to split",
-            s.k
-        )));
-    }
+    splitk::check_split(split_k, k_blocks, BLOCK_K, s.k)?;
     if !(1..=m_tiles).contains(&(group_m as usize)) {
         return Err(config(format!(
             "group_m = {group_m}: there are {m_tiles} tiles to band"
@@ -212,11 +213,7 @@ pub(crate) struct MxOperand {
 }
 
 impl MxOperand {
-    fn prepare(
-        stream: &Arc<CudaStream>,
-        m: &Source<'_>,
-        data: &CudaSlice<u8>,
-    ) -> Result<Option<Self>> {
+    fn prepare(stream: &Arc<CudaStream>, m: &Source<'_>, data: &Mem<'_>) -> Result<Option<Self>> {
         let d = m.desc();
         if unsupported(d).is_some() {
             return Ok(None);
@@ -289,7 +286,7 @@ impl MxOperand {
 
     /// The scale bytes of `m` in the kernel layout and their `rows_pad`, when `m` was prepared
     /// for this family (for the fold pre-pass).
-    pub(crate) fn scales_of(m: &DeviceMatrix) -> Option<(&CudaSlice<u8>, u32)> {
+    pub(crate) fn scales_of<'m>(m: &'m DeviceMatrix<'_>) -> Option<(&'m CudaSlice<u8>, u32)> {
         let op = m.prepared.get::<MxOperand>()?;
         Some((&op.scales, op.rows_pad))
     }
@@ -327,7 +324,6 @@ struct Kernel {
 /// The sm90 MX family on one GPU.
 pub(crate) struct Sm90Mx {
     kernels: Vec<Kernel>,
-    splitk: SplitK,
     sm_count: u32,
 }
 
@@ -336,7 +332,7 @@ impl Family for Sm90Mx {
         &self,
         stream: &Arc<CudaStream>,
         matrix: &Source<'_>,
-        data: &CudaSlice<u8>,
+        data: &Mem<'_>,
         _made: &Prepared,
     ) -> Result<Option<PreparedValue>> {
         Ok(MxOperand::prepare(stream, matrix, data)?.map(|p| Box::new(p) as PreparedValue))
@@ -371,17 +367,14 @@ impl Sm90Mx {
             let func = crate::launch::load_kernel(module, def.info.name, def.layout().bytes())?;
             kernels.push(Kernel { def, func });
         }
-        Ok(Some(Sm90Mx {
-            kernels,
-            splitk: SplitK::default(),
-            sm_count,
-        }))
+        Ok(Some(Sm90Mx { kernels, sm_count }))
     }
 
     /// C = A · Bᵀ with `cfg` (validated for `g.shape`): one launch, split K included.
-    pub(crate) fn gemm(&self, g: Gemm<'_>, cfg: Sm90MxConfig) -> Result<()> {
+    pub(crate) fn gemm(&self, g: Gemm<'_, '_>, cfg: Sm90MxConfig) -> Result<()> {
         let Gemm {
             stream,
+            work,
             shape,
             a,
             b,
@@ -412,7 +405,7 @@ impl Sm90Mx {
             ));
         };
         let tile = cfg.tile;
-        let mut slot = self.splitk.slot(cfg.split_k);
+        let mut slot = work.splitk.slot(cfg.split_k);
         let DeviceOutput {
             buf: out, dtype, ..
         } = c;
@@ -433,7 +426,8 @@ impl Sm90Mx {
         let smem = kernel.def.layout().bytes();
         // The MX kernel has no output staging: a fused epilogue stages its rows in global memory.
         let geometry = (ctas, blockscaled_kernels::sm90_mx::CONSUMERS, tile.block_n);
-        let mut scratch = Fused::scratch(&epi, stream, geometry)?;
+        let mut staging = crate::workspace::lock(&work.staging);
+        let scratch = Fused::scratch(&epi, stream, geometry, &mut staging)?;
         let mut launch = Launch::persistent(stream, &kernel.func, ctas, tile.threads(), smem, 1);
         let group_params = DeviceGroups::params(groups, &mut launch);
         let splitk = SplitK::params(
@@ -463,7 +457,7 @@ impl Sm90Mx {
             alpha: a.desc.tensor_scale * b.desc.tensor_scale,
             groups: group_params,
         };
-        let epi = Fused::params(epi, &mut launch, out_ptr, scratch.as_mut());
+        let epi = Fused::params(epi, &mut launch, out_ptr, scratch);
         // SAFETY: `cfg` was validated for this shape (grouped: no split, `groups` holds `count`
         // int32 values on this GPU); the tensor maps cover the live data of the
         // prepared operands with boxes of the tile's rows; the scale buffers hold
@@ -474,6 +468,8 @@ impl Sm90Mx {
         Ok(())
     }
 }
+
+crate::buffers::held!(MxOperand: tmap_128, tmap_256, scales, scale_map, row_tops);
 
 #[cfg(test)]
 mod tests {

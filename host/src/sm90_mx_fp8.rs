@@ -16,7 +16,8 @@
 //! each call folds only the activations). Grouped GEMM runs here too (B: one expert per batch
 //! entry), on the FP8 family's grouped kernels (e4m3 × e4m3).
 
-use std::sync::{Arc, Mutex};
+use std::any::Any;
+use std::sync::Arc;
 
 use cudarc::driver::{CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 
@@ -103,15 +104,26 @@ pub(crate) struct Folded {
     op: Sm90Operand,
 }
 
-/// The fold kernels and the two roles' workspaces on one GPU.
+/// The fold kernels on one GPU (the two roles' folded copies live in the calling handle's
+/// workspace).
 pub(crate) struct Sm90MxFp8 {
     kernels: Vec<(&'static family::FoldKernel, CudaFunction)>,
     /// For B's row maxima, made at a matrix's first fold as B.
     preparers: Preparers,
-    workspace: Mutex<[Option<Folded>; 2]>,
 }
 
-impl Family for Sm90MxFp8 {}
+impl Family for Sm90MxFp8 {
+    fn prepare_weights(&self, stream: &Arc<CudaStream>, m: &DeviceMatrix<'_>) -> Result<()> {
+        // (A matrix that folds as B reads each row's largest scale code.)
+        if matches!(route(&m.desc, true), Ok(Route::Fold))
+            && unfoldable(&m.desc).is_none()
+            && let Some(tops) = MxOperand::row_tops_of(m, stream, &self.preparers)
+        {
+            tops?;
+        }
+        Ok(())
+    }
+}
 
 impl Sm90MxFp8 {
     /// Loads the fold kernels when the module built for `target` has them.
@@ -130,15 +142,15 @@ impl Sm90MxFp8 {
         Ok(Some(Sm90MxFp8 {
             kernels,
             preparers: preparers.clone(),
-            workspace: Mutex::new([None, None]),
         }))
     }
 
     /// Folds A and B into the workspace where they need it, then C = A · Bᵀ on `fp8` with `cfg`
     /// (validated for `g.shape`), grouped if `g.groups` (B: one expert per batch entry).
-    pub(crate) fn gemm(&self, g: Gemm<'_>, cfg: Sm90Config, fp8: &Sm90Fp8) -> Result<()> {
+    pub(crate) fn gemm(&self, g: Gemm<'_, '_>, cfg: Sm90Config, fp8: &Sm90Fp8) -> Result<()> {
         let Gemm {
             stream,
+            work,
             shape,
             a,
             b,
@@ -149,12 +161,12 @@ impl Sm90MxFp8 {
         if let Some(e) = unsupported_pair(&a.desc, &b.desc) {
             return Err(Error::Format(e));
         }
-        let mut ws = self.workspace.lock().unwrap_or_else(|e| e.into_inner());
+        let mut ws = crate::workspace::lock(&work.fold);
         let [wa, wb] = &mut *ws;
         let ao = self.operand(stream, a, wa, false)?;
         let bo = self.operand(stream, b, wb, true)?;
         let types = kernel_types(&a.desc, &b.desc);
-        fp8.run(stream, shape, (ao, bo), types, c, cfg, groups, epi)
+        fp8.run((stream, work), shape, (ao, bo), types, c, cfg, groups, epi)
     }
 
     /// `src` as the FP8 kernel's operand in its role: its own prepared operand when it is FP8
@@ -163,7 +175,7 @@ impl Sm90MxFp8 {
         &self,
         stream: &Arc<CudaStream>,
         src: &'w DeviceMatrix,
-        slot: &'w mut Option<Folded>,
+        slot: &'w mut Option<Box<dyn Any + Send + Sync>>,
         as_b: bool,
     ) -> Result<&'w Sm90Operand> {
         if route(&src.desc, as_b).map_err(Error::Format)? == Route::Ready {
@@ -176,11 +188,19 @@ impl Sm90MxFp8 {
         }
         let d = &src.desc;
         let dims = (d.rows, d.k, d.batch);
-        if slot.as_ref().is_none_or(|f| f.dims != dims) {
+        // (The handle's workspace keeps one folded copy a role; it is this family's type.)
+        let fits = |s: &Option<Box<dyn Any + Send + Sync>>| {
+            s.as_ref()
+                .and_then(|f| f.downcast_ref::<Folded>())
+                .is_some_and(|f| f.dims == dims)
+        };
+        if !fits(slot) {
             *slot = None;
-            *slot = Some(Folded::alloc(stream, dims, as_b)?);
+            *slot = Some(Box::new(Folded::alloc(stream, dims, as_b)?));
         }
-        let folded = slot.as_mut().expect("filled above");
+        let Some(folded) = slot.as_mut().and_then(|f| f.downcast_mut::<Folded>()) else {
+            unreachable!("filled above with a Folded")
+        };
         self.fold(stream, src, folded, as_b)?;
         Ok(&folded.op)
     }
@@ -224,7 +244,7 @@ impl Sm90MxFp8 {
             }
             _ => unreachable!("the role's scales were allocated"),
         };
-        let mut copy = stream.alloc_zeros::<u8>(bytes)?;
+        let mut copy = crate::alloc::zeros::<u8>(stream, bytes)?;
         {
             let (src_ptr, _gs) = scales.device_ptr(stream);
             let (dst_ptr, _gd) = copy.device_ptr_mut(stream);
@@ -331,12 +351,12 @@ impl Folded {
     fn alloc(stream: &Arc<CudaStream>, dims: (usize, usize, usize), as_b: bool) -> Result<Self> {
         let (rows, k, l) = dims;
         let k_chunks = k / FOLD_K as usize;
-        let data = stream.alloc_zeros::<u8>(rows * k * l)?;
+        let data = crate::alloc::zeros::<u8>(stream, rows * k * l)?;
         let op = if as_b {
             // Per-row scales go to C's columns; the 128 × 128 block scales are all 1.
             let row_blocks = rows.div_ceil(FOLD_ROWS as usize);
-            let ones = stream.clone_htod(&vec![1f32; l * row_blocks * k_chunks])?;
-            let cols = stream.alloc_zeros::<f32>(l * rows)?;
+            let ones = crate::alloc::copy_of(stream, &vec![1f32; l * row_blocks * k_chunks])?;
+            let cols = crate::alloc::zeros::<f32>(stream, l * rows)?;
             let b_role = BRole {
                 sfb: ones,
                 sfb_col: Some(cols),
@@ -344,7 +364,7 @@ impl Folded {
             Sm90Operand::over(stream, &data, dims, None, Some(b_role))?
         } else {
             let m_pad = m_pad(rows as u32);
-            let sfa = stream.alloc_zeros::<f32>(l * k_chunks * m_pad as usize)?;
+            let sfa = crate::alloc::zeros::<f32>(stream, l * k_chunks * m_pad as usize)?;
             Sm90Operand::over(stream, &data, dims, Some((sfa, m_pad)), None)?
         };
         Ok(Folded { dims, data, op })

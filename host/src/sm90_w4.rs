@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr};
 
-use crate::buffers::{DeviceMatrix, DeviceOutput, OnFirstUse, Prepared, PreparedValue};
+use crate::buffers::{DeviceMatrix, DeviceOutput, Mem, OnFirstUse, Prepared, PreparedValue};
 use crate::error::{Error, Result, config};
 use crate::family::{Family, Gemm, Rewritten};
 use crate::format::{ElemType, ScaleBlock, ScaleType};
@@ -26,6 +26,7 @@ use blockscaled_kernels::sm90_w4::{
 
 /// Configuration of one launch (chosen by `plan::choose`, or forced through `Gpu::gemm_with`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Sm90W4Config {
     /// Activation rows per tile: 16 or 128 ([`W4Tile::ALL`]).
     pub tile: W4Tile,
@@ -36,6 +37,13 @@ pub struct Sm90W4Config {
     /// K split into this many ranges of 64-wide K blocks (1 to ⌈K / 64⌉).
     pub split_k: u32,
 }
+
+crate::config::config_fields!(Sm90W4Config {
+    tile: W4Tile => with_tile,
+    group_m: u32 => with_group_m,
+    ctas: u32 => with_ctas,
+    split_k: u32 => with_split_k,
+});
 
 impl Sm90W4Config {
     /// Checks every field against the kernel and `s` ([`Error::Config`]) and the shape against
@@ -211,7 +219,7 @@ impl W4Operand {
     fn prepare(
         stream: &Arc<CudaStream>,
         m: &Source<'_>,
-        data: &CudaSlice<u8>,
+        data: &Mem<'_>,
         made: &Prepared,
     ) -> Result<Option<Self>> {
         let d = *m.desc();
@@ -305,15 +313,10 @@ impl W4Operand {
                 (code_map(16)?, code_map(128)?)
             }
             (ElemType::BF16, ScaleType::F32, ScaleBlock::PerTensor) => {
-                // (bf16 matrices are uploads: no device quantizer writes them.)
-                let Some(m) = m.host() else {
+                let Some(s) = m.uniform_scale() else {
                     return Ok(None);
                 };
-                let s: Vec<f32> = (0..l).map(|li| m.scale_value(li, 0, 0) as f32).collect();
-                if s.iter().any(|&x| x != s[0]) {
-                    return Ok(None);
-                }
-                uniform_scale = Some(s[0] / d.tensor_scale);
+                uniform_scale = Some(s / d.tensor_scale);
                 let map = |box_rows: u32| {
                     encode_3d(
                         stream,
@@ -354,16 +357,22 @@ pub(crate) struct Sm90W4 {
     kernels: Vec<Kernel>,
     /// For the weights' reorder, made at a matrix's first use as weights.
     preparers: Preparers,
-    splitk: SplitK,
     sm_count: u32,
 }
 
 impl Family for Sm90W4 {
+    fn prepare_weights(&self, stream: &Arc<CudaStream>, m: &DeviceMatrix<'_>) -> Result<()> {
+        if let Some(Some(w)) = m.prepared.get::<W4Operand>().map(|o| &o.weights) {
+            w.get_or_make(|| Weights::make(stream, m, &self.preparers))?;
+        }
+        Ok(())
+    }
+
     fn prepare_operand(
         &self,
         stream: &Arc<CudaStream>,
         matrix: &Source<'_>,
-        data: &CudaSlice<u8>,
+        data: &Mem<'_>,
         made: &Prepared,
     ) -> Result<Option<PreparedValue>> {
         Ok(W4Operand::prepare(stream, matrix, data, made)?.map(|p| Box::new(p) as PreparedValue))
@@ -424,16 +433,16 @@ impl Sm90W4 {
         Ok(Some(Sm90W4 {
             kernels,
             preparers: preparers.clone(),
-            splitk: SplitK::default(),
             sm_count,
         }))
     }
 
     /// C = A · Bᵀ (computed as Cᵀ = B · Aᵀ) with `cfg` (validated for `g.shape`): one launch,
     /// split K included.
-    pub(crate) fn gemm(&self, g: Gemm<'_>, cfg: Sm90W4Config) -> Result<()> {
+    pub(crate) fn gemm(&self, g: Gemm<'_, '_>, cfg: Sm90W4Config) -> Result<()> {
         let Gemm {
             stream,
+            work,
             shape,
             a,
             b,
@@ -479,7 +488,7 @@ impl Sm90W4 {
             })?,
             _ => 1.0,
         };
-        let mut slot = self.splitk.slot(cfg.split_k);
+        let mut slot = work.splitk.slot(cfg.split_k);
         let DeviceOutput {
             buf: out, dtype, ..
         } = c;
@@ -566,6 +575,9 @@ impl Sm90W4 {
         Ok(())
     }
 }
+
+crate::buffers::held!(W4Operand: weights, tmap_16, tmap_128, scales, scale_maps);
+crate::buffers::held!(Weights: data, tmap);
 
 #[cfg(test)]
 mod tests {

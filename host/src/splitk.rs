@@ -10,6 +10,7 @@ use cudarc::driver::{CudaSlice, CudaStream};
 use crate::error::{Result, shape};
 use crate::launch::Launch;
 use crate::matrix::GemmShape;
+use crate::workspace::grown;
 use blockscaled_kernels::gemm::scheduler::{ClusterShape, Schedule};
 use blockscaled_kernels::params::SplitKParams;
 
@@ -43,24 +44,26 @@ pub(crate) fn validate(s: &GemmShape, split_k: u32) -> Result<()> {
     Ok(())
 }
 
-/// `slot` holding at least `len` elements: kept if large enough, else replaced by a zeroed one
-/// (in stream order: earlier launches that use the old one are ordered before its free).
-fn grown<'a, T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
-    slot: &'a mut Option<CudaSlice<T>>,
-    stream: &Arc<CudaStream>,
-    len: u64,
-) -> Result<&'a mut CudaSlice<T>> {
-    let len = usize::try_from(len).map_err(|_| shape("split-K workspace size overflows"))?;
-    Ok(match slot.take() {
-        Some(w) if w.len() >= len => slot.insert(w),
-        _ => slot.insert(stream.alloc_zeros::<T>(len.max(1))?),
-    })
+/// [`Error::Config`](crate::Error::Config) unless `split_k` ranges split K's `k_blocks` blocks
+/// of `block_k`: 1 to `k_blocks` ranges, and `split_k · k_blocks` below 2³², since every kernel's
+/// scheduler computes the ranges `s·k_blocks / split` in 32 bits (past that it would skip some K
+/// blocks and repeat others: a wrong C with no error).
+pub(crate) fn check_split(split_k: u32, k_blocks: usize, block_k: u32, k: usize) -> Result<()> {
+    if !(1..=k_blocks).contains(&(split_k as usize))
+        || split_k as u64 * k_blocks as u64 > u32::MAX as u64
+    {
+        return Err(crate::error::config(format!(
+            "split_k = {split_k}: K = {k} has {k_blocks} blocks of {block_k} to split, and split × \
+             blocks must stay below 2³²"
+        )));
+    }
+    Ok(())
 }
 
 impl SplitK {
     /// The workspace slot, locked when `split_k > 1`; held until the GEMM is enqueued.
     pub(crate) fn slot(&self, split_k: u32) -> Option<Workspace<'_>> {
-        (split_k > 1).then(|| self.workspace.lock().unwrap_or_else(|e| e.into_inner()))
+        (split_k > 1).then(|| crate::workspace::lock(&self.workspace))
     }
 
     /// The GEMM's split-K parameters: with a `slot` (K split), the workspace grown for

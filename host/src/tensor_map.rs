@@ -48,7 +48,7 @@ pub(crate) fn encode_3d(
     };
     r.result()?;
     let bytes: Vec<u8> = map.opaque.iter().flat_map(|w| w.to_le_bytes()).collect();
-    Ok(stream.clone_htod(&bytes)?)
+    crate::alloc::copy_of(stream, &bytes)
 }
 
 /// The tensor map of a scale buffer `[l][planes][rows_pad]` whose entries are one row's scales of

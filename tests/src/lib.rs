@@ -458,7 +458,7 @@ pub fn upload_tensor_as(
     input: blockscaled::InputType,
     values: &[f32],
     (rows, k, batch): (usize, usize, usize),
-) -> blockscaled::Result<(blockscaled::DeviceTensor, Vec<f32>)> {
+) -> blockscaled::Result<(blockscaled::DeviceTensor<'static>, Vec<f32>)> {
     use blockscaled::InputType;
     Ok(match input {
         InputType::F32 => (gpu.upload_tensor(values, rows, k, batch)?, values.to_vec()),

@@ -183,18 +183,17 @@ fn sm90_plan(
     let shape = GemmShape::of(da.desc(), db.desc()).map_err(|e| e.to_string())?;
     match (gpu().plan(da, db).map_err(|e| e.to_string())?, force) {
         (Plan::Sm90Fp8(cfg), Some(((block_m, block_n), (cluster_m, cluster_n), split_k))) => {
-            let cfg = cfg.with_tile(sm90_tile(block_m, block_n), &shape);
+            let cfg = cfg.with_tile_for(sm90_tile(block_m, block_n), &shape);
             let cluster = ClusterShape {
                 m: cluster_m,
                 n: cluster_n,
             };
             let units = Sm90Config::units(cfg.tile, cluster, &shape).0 as u32;
-            Ok(Plan::Sm90Fp8(Sm90Config {
-                cluster,
-                group_m: cfg.group_m.min(units),
-                split_k,
-                ..cfg
-            }))
+            Ok(Plan::Sm90Fp8(
+                cfg.with_cluster(cluster)
+                    .with_group_m(cfg.group_m.min(units))
+                    .with_split_k(split_k),
+            ))
         }
         (p @ Plan::Sm90Fp8(_), None) => Ok(p),
         (p, _) => Err(format!("expected the sm90 kernel, the plan is {p:?}")),
@@ -594,13 +593,13 @@ fn plans_follow_the_formats_and_k_not_multiple_of_128_is_an_error() {
         up(ds, 64, 256, false),
         g.upload(&random_matrix(6, 64, 256, 1, ds.a()).1).unwrap(),
     );
-    let forced = Sm90Config {
-        tile: Sm90Tile::M128,
-        cluster: ClusterShape { m: 1, n: 1 },
-        group_m: 1,
-        ctas: g.sm_count(),
-        split_k: 1,
-    };
+    let forced = Sm90Config::new(
+        Sm90Tile::M128,
+        ClusterShape { m: 1, n: 1 },
+        1,
+        g.sm_count(),
+        1,
+    );
     assert!(matches!(
         g.gemm_with(&a, &b, &mut c, Plan::Sm90Fp8(forced)),
         Err(Error::Format(_))
@@ -609,10 +608,7 @@ fn plans_follow_the_formats_and_k_not_multiple_of_128_is_an_error() {
     // A tile the kernel is not built for (320 rows: five consumers) is a configuration error.
     let ds = Recipe::DeepSeekFp8;
     let (a, b) = (up(ds, 64, 256, false), up(ds, 64, 256, true));
-    let tile = Sm90Config {
-        tile: Sm90Tile::new(5, 1, 128),
-        ..forced
-    };
+    let tile = forced.with_tile(Sm90Tile::new(5, 1, 128));
     assert!(matches!(
         g.gemm_with(&a, &b, &mut c, Plan::Sm90Fp8(tile)),
         Err(Error::Config(_))
@@ -628,13 +624,11 @@ fn plans_follow_the_formats_and_k_not_multiple_of_128_is_an_error() {
         (Sm90Tile::M128, (1, 1), 1, 0),
         (Sm90Tile::M128, (1, 1), 1, 3),
     ] {
-        let bad = Sm90Config {
-            tile,
-            cluster: ClusterShape { m, n },
-            ctas,
-            split_k,
-            ..forced
-        };
+        let bad = forced
+            .with_tile(tile)
+            .with_cluster(ClusterShape { m, n })
+            .with_ctas(ctas)
+            .with_split_k(split_k);
         assert!(matches!(
             g.gemm_with(&a, &b, &mut c, Plan::Sm90Fp8(bad)),
             Err(Error::Config(_))
@@ -658,7 +652,7 @@ fn group_m_that_does_not_fit_the_shape_is_a_config_error() {
     assert_eq!(cfg.cluster.m, 1);
     let m_units = 256u32.div_ceil(cfg.tile.block_m());
     for group_m in [1 << 31, u32::MAX, 0, m_units + 1] {
-        let r = g.gemm_with(&a, &b, &mut c, Plan::Sm90Fp8(Sm90Config { group_m, ..cfg }));
+        let r = g.gemm_with(&a, &b, &mut c, Plan::Sm90Fp8(cfg.with_group_m(group_m)));
         assert!(
             matches!(r, Err(Error::Config(_))),
             "group_m {group_m}: {r:?}"
@@ -668,7 +662,7 @@ fn group_m_that_does_not_fit_the_shape_is_a_config_error() {
     assert!(c.to_host().unwrap().values.iter().all(|v| v.is_nan()));
     // Every band height from 1 to M's units runs.
     for group_m in 1..=m_units {
-        let r = g.gemm_with(&a, &b, &mut c, Plan::Sm90Fp8(Sm90Config { group_m, ..cfg }));
+        let r = g.gemm_with(&a, &b, &mut c, Plan::Sm90Fp8(cfg.with_group_m(group_m)));
         assert!(r.is_ok(), "group_m {group_m}: {r:?}");
     }
     assert!(c.to_host().unwrap().values.iter().all(|v| v.is_finite()));

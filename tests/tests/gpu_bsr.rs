@@ -121,13 +121,13 @@ fn config(which: usize, dense_rows: usize) -> Sm90Config {
         _ => (Sm90Tile::M128, ClusterShape::ONE, 1, 1),
     };
     let units = dense_rows.div_ceil((tile.block_m() * cluster.m) as usize) as u32;
-    Sm90Config {
+    Sm90Config::new(
         tile,
         cluster,
-        group_m: (which as u32 % 3 + 1).min(units),
+        (which as u32 % 3 + 1).min(units),
         ctas,
         split_k,
-    }
+    )
 }
 
 const CONFIGS: usize = 7;
@@ -211,7 +211,7 @@ fn a_long_run_cut_into_parts_is_bitwise_reproducible_and_matches_the_reference()
     let (want, abs) = reference::bsr_gemm(&dense, &sparse, SparseSide::B, OutType::F32).unwrap();
     let first = bsr_on(&dense, &sparse, SparseSide::B, OutType::F32, Some(cfg)).unwrap();
     compare_outputs(&first, &want, 1.0, &fp8_accumulation_slack(&abs)).unwrap();
-    let list = blockscaled::work_list(sparse.crow_indices(), 128, 128, 512, 1, 132, 16);
+    let list = blockscaled::work_list(sparse.crow_indices(), 128, 128, 512, 1, 132, 16).unwrap();
     assert!(list.segments.iter().any(|s| s.parts > 1), "{list:?}");
     for _ in 0..3 {
         let again = bsr_on(&dense, &sparse, SparseSide::B, OutType::F32, Some(cfg)).unwrap();
@@ -238,10 +238,7 @@ fn every_block_stored_gives_bitwise_the_dense_kernels_result() {
     let sparse = BsrMatrix::from_dense_blocks(&full, |_, _| true).unwrap();
     let g = gpu();
     for which in [0, 2] {
-        let cfg = Sm90Config {
-            split_k: 1,
-            ..config(which, 384)
-        };
+        let cfg = (config(which, 384)).with_split_k(1);
         let got = bsr_on(&dense, &sparse, SparseSide::B, OutType::F32, Some(cfg)).unwrap();
         let (da, db) = (g.upload(&dense).unwrap(), g.upload(&full).unwrap());
         let mut c = g.output(384, 256, 1, OutType::F32).unwrap();
@@ -280,21 +277,12 @@ fn mismatched_shapes_and_plans_are_typed_errors() {
     // Tiles without a block-sparse kernel, pairs along N, parts out of range, another family.
     let ok = config(0, 256);
     for cfg in [
-        Sm90Config {
-            tile: Sm90Tile::M256,
-            ..ok
-        },
-        Sm90Config {
-            tile: Sm90Tile::M128N192,
-            ..ok
-        },
-        Sm90Config {
-            cluster: ClusterShape { m: 1, n: 2 },
-            ..ok
-        },
-        Sm90Config { split_k: 0, ..ok },
-        Sm90Config { split_k: 17, ..ok },
-        Sm90Config { ctas: 0, ..ok },
+        ok.with_tile(Sm90Tile::M256),
+        ok.with_tile(Sm90Tile::M128N192),
+        ok.with_cluster(ClusterShape { m: 1, n: 2 }),
+        ok.with_split_k(0),
+        ok.with_split_k(17),
+        ok.with_ctas(0),
     ] {
         let r = g.bsr_gemm_with(&dd, &ds, SparseSide::B, &mut c, Plan::Sm90Fp8(cfg));
         assert!(matches!(r, Err(Error::Config(_))), "{cfg:?}: {r:?}");

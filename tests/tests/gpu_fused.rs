@@ -44,7 +44,7 @@ fn act(a: Activation, x: f32) -> f64 {
 
 /// What the device holds of an uploaded tensor (its values as f32).
 struct Held {
-    t: DeviceTensor,
+    t: DeviceTensor<'static>,
     v: Vec<f32>,
 }
 
@@ -357,22 +357,20 @@ fn every_fused_configuration_matches_the_host_steps_bit_for_bit() {
                 (ClusterShape::ONE, 2),
                 (ClusterShape::ONE, 3),
             ] {
-                plans.push(Plan::Sm90Fp8(blockscaled::Sm90Config {
-                    cluster,
-                    split_k,
-                    group_m: 1,
-                    ..c
-                }));
+                plans.push(Plan::Sm90Fp8(
+                    c.with_cluster(cluster)
+                        .with_split_k(split_k)
+                        .with_group_m(1),
+                ));
             }
             // The 192-row tile runs the epilogues without a residual (in registers), alone
             // and in pairs along N.
             for cluster in [ClusterShape::ONE, ClusterShape { m: 1, n: 2 }] {
-                plans.push(Plan::Sm90Fp8(blockscaled::Sm90Config {
-                    tile: Sm90Tile::M192,
-                    cluster,
-                    group_m: 1,
-                    ..c
-                }));
+                plans.push(Plan::Sm90Fp8(
+                    c.with_tile(Sm90Tile::M192)
+                        .with_cluster(cluster)
+                        .with_group_m(1),
+                ));
             }
         }
         for plan in plans {

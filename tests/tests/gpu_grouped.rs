@@ -223,7 +223,7 @@ fn upload_groups(
     g: &Gpu,
     layout: GroupLayout,
     values: &[i32],
-) -> blockscaled::Result<DeviceGroups> {
+) -> blockscaled::Result<DeviceGroups<'static>> {
     let host = match layout {
         GroupLayout::Contiguous => g.group_ends(values),
         GroupLayout::Masked => g.group_counts(values),
@@ -232,7 +232,8 @@ fn upload_groups(
         Ok(groups) => Ok(groups),
         Err(_) => {
             let mut groups = g.device_groups(layout, values.len())?;
-            g.stream().memcpy_htod(values, groups.values_mut())?;
+            let mut view = groups.values_mut().expect("the crate's own buffer");
+            g.stream().memcpy_htod(values, &mut view)?;
             Ok(groups)
         }
     }
@@ -422,7 +423,7 @@ fn grouped_inputs_the_host_can_see_are_typed_errors() {
     let Plan::Sm90Fp8(cfg) = g.grouped_plan(&da, &db, &ok).unwrap() else {
         panic!("FP8 experts run on the FP8 kernel");
     };
-    let split = Plan::Sm90Fp8(blockscaled::Sm90Config { split_k: 2, ..cfg });
+    let split = Plan::Sm90Fp8(cfg.with_split_k(2));
     assert!(matches!(
         g.grouped_gemm_with(&da, &db, &ok, &mut c, split),
         Err(Error::Config(_))

@@ -164,13 +164,13 @@ fn config(which: usize, dense_rows: usize, block: usize) -> Sm90HalfConfig {
         _ => (Sm90HalfTile::M128N64, 1, 1, 1),
     };
     let units = dense_rows.div_ceil((tile.block_m() * cluster_m) as usize) as u32;
-    Sm90HalfConfig {
+    Sm90HalfConfig::new(
         tile,
         cluster_m,
-        group_m: (which as u32 % 3 + 1).min(units),
+        (which as u32 % 3 + 1).min(units),
         ctas,
         split_k,
-    }
+    )
 }
 
 const CONFIGS: usize = 11;
@@ -261,7 +261,7 @@ fn a_long_run_cut_into_parts_is_bitwise_reproducible_and_matches_the_reference()
     let first = bsr_on(&dense, &sparse, SparseSide::B, OutType::F32, Some(cfg)).unwrap();
     compare_outputs(&first, &want, 1.0, &slack(&abs, 2048)).unwrap();
     let stages: Vec<i32> = sparse.crow_indices().iter().map(|&c| 2 * c).collect();
-    let list = blockscaled::work_list(&stages, 128, 128, 512, 1, 132, 16);
+    let list = blockscaled::work_list(&stages, 128, 128, 512, 1, 132, 16).unwrap();
     assert!(list.segments.iter().any(|s| s.parts > 1), "{list:?}");
     for _ in 0..3 {
         let again = bsr_on(&dense, &sparse, SparseSide::B, OutType::F32, Some(cfg)).unwrap();
@@ -287,10 +287,7 @@ fn every_block_stored_gives_bitwise_the_dense_kernels_result() {
         let sparse =
             BsrMatrix::from_dense_16bit(elem, &bits(&full), (256, 1024), block, |_, _| true)
                 .unwrap();
-        let cfg = Sm90HalfConfig {
-            split_k: 1,
-            ..config(which, 384, block)
-        };
+        let cfg = (config(which, 384, block)).with_split_k(1);
         let got = bsr_on(&dense, &sparse, SparseSide::B, OutType::F32, Some(cfg)).unwrap();
         let (da, db) = (g.upload(&dense).unwrap(), g.upload(&full).unwrap());
         let mut c = g.output(384, 256, 1, OutType::F32).unwrap();
@@ -336,13 +333,7 @@ proptest! {
         let g = gpu();
         let (da, db) = (g.upload(&a).unwrap(), g.upload(&b).unwrap());
         let tile = Sm90HalfTile::ALL[tile_i];
-        let cfg = Sm90HalfConfig {
-            tile,
-            cluster_m: 1 + pair as u32,
-            group_m: 1,
-            ctas: 132,
-            split_k: split_k.min(k.div_ceil(64) as u32),
-        };
+        let cfg = Sm90HalfConfig::new(tile, 1 + pair as u32, 1, 132, split_k.min(k.div_ceil(64) as u32));
         let mut c = g.output(m, n, l, dtype).unwrap();
         g.gemm_with(&da, &db, &mut c, Plan::Sm90Half(cfg)).unwrap();
         let got = c.to_host().unwrap();
@@ -373,13 +364,7 @@ fn every_tile_stores_16_bit_output_through_tma_like_the_reference() {
                     half_matrix(elem, seed, (m, k, 1), 0.375),
                     half_matrix(elem, seed ^ 3, (n, k, 1), 1.0),
                 );
-                let cfg = Sm90HalfConfig {
-                    tile,
-                    cluster_m,
-                    group_m: 2,
-                    ctas,
-                    split_k: 1,
-                };
+                let cfg = Sm90HalfConfig::new(tile, cluster_m, 2, ctas, 1);
                 let (da, db) = (g.upload(&a).unwrap(), g.upload(&b).unwrap());
                 let mut c = g.output(m, n, 1, dtype).unwrap();
                 g.gemm_with(&da, &db, &mut c, Plan::Sm90Half(cfg)).unwrap();
@@ -403,13 +388,10 @@ fn mismatched_types_shapes_and_plans_are_typed_errors() {
     // A tile wider than the 64-row blocks, parts out of range, the FP8 family's plan.
     let ok = config(2, 256, 64);
     for cfg in [
-        Sm90HalfConfig {
-            tile: Sm90HalfTile::M128,
-            ..ok
-        },
-        Sm90HalfConfig { split_k: 0, ..ok },
-        Sm90HalfConfig { split_k: 17, ..ok },
-        Sm90HalfConfig { ctas: 0, ..ok },
+        ok.with_tile(Sm90HalfTile::M128),
+        ok.with_split_k(0),
+        ok.with_split_k(17),
+        ok.with_ctas(0),
     ] {
         let r = g.bsr_gemm_with(&dd, &ds, SparseSide::B, &mut c, Plan::Sm90Half(cfg));
         assert!(matches!(r, Err(Error::Config(_))), "{cfg:?}: {r:?}");

@@ -13,7 +13,7 @@ use std::sync::OnceLock;
 
 use blockscaled::{
     DeviceMatrix, ElemType, Error, Fp8, Gpu, HostOutput, OutType, Plan, Recipe, ScaledMatrix,
-    Sm90MxConfig, Sm90MxTile, reference, round_output,
+    Sm90MxTile, reference, round_output,
 };
 use blockscaled_tests::{
     bf16_mma_rel, compare_outputs, fp8_accumulation_slack, gemm_on, random_matrix, random_pair,
@@ -62,11 +62,9 @@ fn mx_plan(
         p => p,
     };
     match (plan, force) {
-        (Plan::Sm90Mx(cfg), Some((block_n, split_k))) => Ok(Plan::Sm90Mx(Sm90MxConfig {
-            tile: Sm90MxTile { block_n },
-            split_k,
-            ..cfg
-        })),
+        (Plan::Sm90Mx(cfg), Some((block_n, split_k))) => Ok(Plan::Sm90Mx(
+            cfg.with_tile(Sm90MxTile { block_n }).with_split_k(split_k),
+        )),
         (p @ Plan::Sm90Mx(_), None) => Ok(p),
         (p, _) => Err(format!("expected the sm90 MX kernel, the plan is {p:?}")),
     }

@@ -159,7 +159,10 @@ fn non_finite_input_gives_nan_scales_and_leaves_other_blocks_exact() {
             // (a host matrix cannot hold a NaN tensor scale: read the device's bytes).
             let ts = got.matrix.desc().tensor_scale;
             assert!(ts.is_nan(), "{name}: tensor scale {ts}");
-            let s = gpu.stream().clone_dtoh(got.matrix.scales()).unwrap();
+            let s = gpu
+                .stream()
+                .clone_dtoh(&got.matrix.scales().unwrap())
+                .unwrap();
             assert!(s.iter().all(|&b| b == 0x7F), "{name}: a scale is not NaN");
             continue;
         }

@@ -13,8 +13,8 @@
 use std::sync::OnceLock;
 
 use blockscaled::{
-    ElemType, Fp4Weights, Gpu, HostOutput, OutType, Plan, Recipe, ScaledMatrix, Sm90W4Config,
-    Sm90W4Tile, reference, round_output,
+    ElemType, Fp4Weights, Gpu, HostOutput, OutType, Plan, Recipe, ScaledMatrix, Sm90W4Tile,
+    reference, round_output,
 };
 use blockscaled_tests::{
     bf16_mma_rel, compare_outputs, gemm_on, random_matrix, random_pair, reference_output,
@@ -53,11 +53,7 @@ fn run(
     let g = gpu();
     let d = blockscaled::plan::sm90_w4_default(a.rows(), b.rows(), a.k(), a.batch(), g.sm_count());
     let plan = match force {
-        Some((n, split_k)) => Plan::Sm90W4(Sm90W4Config {
-            tile: Sm90W4Tile { n },
-            split_k,
-            ..d
-        }),
+        Some((n, split_k)) => Plan::Sm90W4(d.with_tile(Sm90W4Tile { n }).with_split_k(split_k)),
         None => Plan::Sm90W4(d),
     };
     gemm_on(g, a, b, dtype, |_, _| Ok(plan))

@@ -13,8 +13,8 @@
 use std::process::ExitCode;
 
 use blockscaled::{
-    ClusterShape, Fp8, GemmShape, Gpu, OutType, Plan, Recipe, Sm90Config, Sm90MxConfig, Sm90MxTile,
-    Sm90Tile, Sm90W4Config, Sm90W4Tile,
+    ClusterShape, Fp8, GemmShape, Gpu, OutType, Plan, Recipe, Sm90Config, Sm90MxTile, Sm90Tile,
+    Sm90W4Tile,
 };
 use blockscaled_benches::cases::{Case, open_peer, run_case};
 use blockscaled_benches::table::print_table;
@@ -137,6 +137,10 @@ struct Args {
     /// given).
     #[arg(long = "out_quant")]
     out_quant: Option<String>,
+    /// Use from an engine: GEMMs on views of caller memory against crate-owned matrices (every
+    /// family), quantize → GEMM on a caller's stream, and two threads on two streams.
+    #[arg(long)]
+    engine: bool,
 }
 
 /// The 16-bit element type `--ab_dtype` names, if it names one.
@@ -159,7 +163,7 @@ fn run_half(
     elem: blockscaled::ElemType,
     (tiler_mn, cluster, out): (Option<(usize, usize)>, Option<ClusterShape>, OutType),
 ) -> Result<bool, String> {
-    use blockscaled::{OperandFormat, ScaledMatrix, Sm90HalfConfig, Sm90HalfTile};
+    use blockscaled::{OperandFormat, ScaledMatrix, Sm90HalfTile};
     use blockscaled_benches::timing::time_on_stream;
     let (m, n, k, l) = (mnkl[0], mnkl[1], mnkl[2], mnkl[3]);
     let e = |x: blockscaled::Error| x.to_string();
@@ -188,13 +192,12 @@ fn run_half(
             };
             let cluster_m = cluster.map_or(d.cluster_m, |c| c.m);
             let units = m.div_ceil((tile.block_m() * cluster_m) as usize).max(1) as u32;
-            Plan::Sm90Half(Sm90HalfConfig {
-                tile,
-                cluster_m,
-                group_m: args.group_m.unwrap_or(d.group_m).clamp(1, units),
-                split_k: args.split_k.unwrap_or(d.split_k),
-                ..d
-            })
+            Plan::Sm90Half(
+                d.with_tile(tile)
+                    .with_cluster_m(cluster_m)
+                    .with_group_m(args.group_m.unwrap_or(d.group_m).clamp(1, units))
+                    .with_split_k(args.split_k.unwrap_or(d.split_k)),
+            )
         }
         p if forced => return Err(format!("{p:?}: the tile flags are the 16-bit kernel's")),
         p => p,
@@ -315,13 +318,12 @@ fn run_bsr(
             let units = dense_rows
                 .div_ceil((tile.block_m() * cluster.m) as usize)
                 .max(1) as u32;
-            Some(Plan::Sm90Fp8(Sm90Config {
-                tile,
-                cluster,
-                group_m: args.group_m.unwrap_or(d.group_m).clamp(1, units),
-                split_k: args.split_k.unwrap_or(d.split_k),
-                ..d
-            }))
+            Some(Plan::Sm90Fp8(
+                d.with_tile(tile)
+                    .with_cluster(cluster)
+                    .with_group_m(args.group_m.unwrap_or(d.group_m).clamp(1, units))
+                    .with_split_k(args.split_k.unwrap_or(d.split_k)),
+            ))
         }
         (true, BsrType::Bf16 | BsrType::F16) => {
             let runs = args.density * (k / args.bsr_block) as f64;
@@ -340,13 +342,12 @@ fn run_bsr(
             let units = dense_rows
                 .div_ceil((tile.block_m() * cluster_m) as usize)
                 .max(1) as u32;
-            Some(Plan::Sm90Half(blockscaled::Sm90HalfConfig {
-                tile,
-                cluster_m,
-                group_m: args.group_m.unwrap_or(d.group_m).clamp(1, units),
-                split_k: args.split_k.unwrap_or(d.split_k),
-                ..d
-            }))
+            Some(Plan::Sm90Half(
+                d.with_tile(tile)
+                    .with_cluster_m(cluster_m)
+                    .with_group_m(args.group_m.unwrap_or(d.group_m).clamp(1, units))
+                    .with_split_k(args.split_k.unwrap_or(d.split_k)),
+            ))
         }
     };
     let case = BsrCase {
@@ -674,6 +675,10 @@ fn run(args: &Args) -> Result<bool, String> {
     if let Some(why) = blockscaled_benches::timing::profiler_attached() {
         println!("CUDA tool attached ({why}): timed without the stream gate");
     }
+    if args.engine {
+        blockscaled_benches::engine::run_engine(&gpu, args.iterations)?;
+        return Ok(true);
+    }
     if let Some(input) = &args.quantize {
         return run_quantize(args, &gpu, &mnkl, seed, input, &recipes);
     }
@@ -716,7 +721,7 @@ fn run(args: &Args) -> Result<bool, String> {
             };
             // A forced tile other than the default's runs alone unless a cluster is forced too,
             // with a band of the default's rows.
-            let d = d.with_tile(tiler.unwrap_or(d.tile), &shape);
+            let d = d.with_tile_for(tiler.unwrap_or(d.tile), &shape);
             let (tile, cluster) = (d.tile, cluster.unwrap_or(d.cluster));
             let group_m = args.group_m.unwrap_or(
                 d.group_m
@@ -726,13 +731,12 @@ fn run(args: &Args) -> Result<bool, String> {
                 Plan::Sm90MxFp8
             } else {
                 Plan::Sm90Fp8
-            })(Sm90Config {
-                tile,
-                cluster,
-                group_m,
-                split_k: args.split_k.unwrap_or(d.split_k),
-                ..d
-            }))
+            })(
+                d.with_tile(tile)
+                    .with_cluster(cluster)
+                    .with_group_m(group_m)
+                    .with_split_k(args.split_k.unwrap_or(d.split_k)),
+            ))
         }
         "sm90mx" => {
             let d = blockscaled::plan::sm90_mx_default(
@@ -743,12 +747,11 @@ fn run(args: &Args) -> Result<bool, String> {
                 gpu.sm_count(),
             );
             let m_tiles = mnkl[0].div_ceil(128) as u32;
-            Some(Plan::Sm90Mx(Sm90MxConfig {
-                tile: tiler_mn.map(mx_tile).transpose()?.unwrap_or(d.tile),
-                group_m: args.group_m.unwrap_or(d.group_m).clamp(1, m_tiles.max(1)),
-                split_k: args.split_k.unwrap_or(d.split_k),
-                ..d
-            }))
+            Some(Plan::Sm90Mx(
+                d.with_tile(tiler_mn.map(mx_tile).transpose()?.unwrap_or(d.tile))
+                    .with_group_m(args.group_m.unwrap_or(d.group_m).clamp(1, m_tiles.max(1)))
+                    .with_split_k(args.split_k.unwrap_or(d.split_k)),
+            ))
         }
         "sm90w4" => {
             let d = blockscaled::plan::sm90_w4_default(
@@ -759,12 +762,11 @@ fn run(args: &Args) -> Result<bool, String> {
                 gpu.sm_count(),
             );
             let w_tiles = mnkl[1].div_ceil(128) as u32;
-            Some(Plan::Sm90W4(Sm90W4Config {
-                tile: tiler_mn.map(w4_tile).transpose()?.unwrap_or(d.tile),
-                group_m: args.group_m.unwrap_or(d.group_m).clamp(1, w_tiles.max(1)),
-                split_k: args.split_k.unwrap_or(d.split_k),
-                ..d
-            }))
+            Some(Plan::Sm90W4(
+                d.with_tile(tiler_mn.map(w4_tile).transpose()?.unwrap_or(d.tile))
+                    .with_group_m(args.group_m.unwrap_or(d.group_m).clamp(1, w_tiles.max(1)))
+                    .with_split_k(args.split_k.unwrap_or(d.split_k)),
+            ))
         }
         "reference" => Some(Plan::Reference),
         k => {
