@@ -17,13 +17,16 @@ rustup toolchain install >/dev/null   # reads rust-toolchain.toml (RUSTUP_AUTO_I
 tools=${BLOCKSCALED_TOOLS:-${XDG_CACHE_HOME:-$HOME/.cache}/blockscaled}
 dir="$tools/cuda-nvcc-$PTXAS_VERSION"
 ptxas="$dir/nvidia/cu13/bin/ptxas"
-if ! "$ptxas" --version 2>/dev/null | grep -q "V$PTXAS_VERSION\$"; then
+# (The version is read whole before it is matched: `grep -q` would stop reading at the match,
+# and ptxas, still printing its last line, would die of SIGPIPE and fail the pipeline.)
+has_ptxas() { local v; v=$("$ptxas" --version 2>/dev/null) && grep -q "V$PTXAS_VERSION\$" <<<"$v"; }
+if ! has_ptxas; then
   py=$(command -v python3 || command -v python)
   rm -rf "$dir"
   "$py" -m pip install --quiet --disable-pip-version-check --no-deps \
     --target "$dir" "nvidia-cuda-nvcc==$PTXAS_VERSION" >&2
 fi
-if ! "$ptxas" --version 2>/dev/null | grep -q "V$PTXAS_VERSION\$"; then
+if ! has_ptxas; then
   echo "setup.sh: ptxas $PTXAS_VERSION not found at $ptxas after installing it" >&2
   exit 1
 fi
