@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Builds release test, bench and runner binaries (each embeds the kernels' cubins and PTX) and
-# stages them, with run-gpu.sh, in stage/ (git-ignored, well under 64 MiB) for a GPU machine that
-# has no Rust: copy stage/ anywhere with an NVIDIA driver and run `bash stage/run-gpu.sh [runner
-# args]` there.
+# stages them, with run-gpu.sh, in stage/ (git-ignored; since every binary holds the images, pack
+# what the GPU machine needs with xz: a few MiB) for a GPU machine that has no Rust: copy it
+# anywhere with an NVIDIA driver and run `bash stage/run-gpu.sh [runner args]` there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 eval "$(scripts/setup.sh)"
