@@ -125,16 +125,6 @@ impl Prepared {
             .find_map(|v| (v.as_mut() as &mut dyn Any).downcast_mut::<T>())
     }
 
-    /// The value of type `T`, taken out (put it back with [`Prepared::insert`]).
-    pub(crate) fn take<T: Any>(&mut self) -> Option<T> {
-        let i = self
-            .0
-            .iter()
-            .position(|v| (v.as_ref() as &dyn Any).is::<T>())?;
-        let b: Box<dyn Any> = self.0.swap_remove(i);
-        b.downcast::<T>().ok().map(|b| *b)
-    }
-
     /// Bytes of device memory the prepared values keep.
     pub(crate) fn device_bytes(&self) -> usize {
         self.0.iter().map(|v| v.device_bytes()).sum()
@@ -391,6 +381,34 @@ impl<'a> Mem<'a> {
     }
 }
 
+/// The maxima a quantizer's first pass writes (per row, per batch entry, or NVFP4's tensor
+/// maximum), kept with the matrix it writes so that rewriting the matrix in place allocates
+/// nothing: cleared before each pass (`red.max` raises them from 0).
+#[derive(Default)]
+pub(crate) struct QuantScratch {
+    pub amax: Option<CudaSlice<u32>>,
+    pub tensor: Option<CudaSlice<u32>>,
+}
+
+impl QuantScratch {
+    /// `slot` holding at least `len` zeros (grown as a workspace is, cleared each time); `None`
+    /// for none.
+    pub(crate) fn zeroed<'s>(
+        slot: &'s mut Option<CudaSlice<u32>>,
+        stream: &Arc<CudaStream>,
+        len: usize,
+    ) -> Result<Option<&'s mut CudaSlice<u32>>> {
+        if len == 0 {
+            return Ok(None);
+        }
+        let s = crate::workspace::grown(slot, stream, len as u64)?;
+        stream.memset_zeros(s)?;
+        Ok(Some(s))
+    }
+}
+
+held!(QuantScratch: amax, tensor);
+
 /// A block-scaled matrix on the GPU: in buffers this crate allocated ([`Gpu::upload`],
 /// the quantizers: `DeviceMatrix<'static>`), or over the caller's device memory for `'a`
 /// ([`Gpu::matrix_view`], [`Gpu::matrix_view_mut`], [`Gpu::matrix_from_raw`]).
@@ -405,6 +423,8 @@ pub struct DeviceMatrix<'a> {
     pub(crate) data: Mem<'a>,
     pub(crate) scales: Mem<'a>,
     pub(crate) prepared: Prepared,
+    /// The quantizer's maxima, where a quantizer wrote the matrix.
+    pub(crate) scratch: QuantScratch,
 }
 
 impl DeviceMatrix<'_> {
@@ -443,7 +463,7 @@ impl DeviceMatrix<'_> {
     ///
     /// [`Gpu::prepare_weights`]: crate::Gpu::prepare_weights
     pub fn prepared_bytes(&self) -> usize {
-        self.prepared.device_bytes()
+        self.prepared.device_bytes() + self.scratch.device_bytes()
     }
 
     /// Whether the codes and scales live in the caller's memory (a view or raw memory).
@@ -588,8 +608,5 @@ mod tests {
         assert_eq!(p.get::<B>().map(|b| b.0), Some("sm90"));
         assert!(p.get::<u64>().is_none());
         assert_eq!(p.device_bytes(), 20);
-        assert_eq!(p.take::<A>().map(|a| a.0), Some(7));
-        assert!(p.get::<A>().is_none());
-        assert_eq!(p.device_bytes(), 16);
     }
 }

@@ -186,16 +186,8 @@ impl Gpu {
     /// fp32 scales per 1×128, MXFP8 / MXFP4, or NVFP4 with `dst`'s tensor scale. Bit-identical to
     /// [`Gpu::quantize_with`] of the epilogue's f32 output; no allocation.
     pub fn run_quantized(&self, call: &Call<'_>, dst: &mut DeviceMatrix<'_>) -> Result<()> {
-        let (a, b) = call.dense("quantized output")?;
         let plain = Epilogue::default();
-        let epi = call.epilogue.unwrap_or(&plain);
-        if call.groups.is_some() {
-            return Err(grouped_fused());
-        }
-        let plan = match call.plan {
-            Some(p) => p,
-            None => self.fused_plan(a, b, epi, Some(dst.desc.format))?,
-        };
+        let (a, b, epi, plan) = self.quantized_call(call, dst.desc.format, &plain)?;
         self.quantized_into_on(a, b, epi, dst, plan)
     }
 
@@ -208,17 +200,35 @@ impl Gpu {
         format: OperandFormat,
         opts: &QuantizeOptions,
     ) -> Result<DeviceMatrix<'static>> {
-        let (a, b) = call.dense("quantized output")?;
         let plain = Epilogue::default();
-        let epi = call.epilogue.unwrap_or(&plain);
+        let (a, b, epi, plan) = self.quantized_call(call, format, &plain)?;
+        self.quantized_new_on(a, b, epi, format, opts, plan)
+    }
+
+    /// A quantized-output call's operands, epilogue (`plain` where it has none) and plan (its
+    /// own, or the one chosen for an output of `format`): dense, not grouped.
+    #[allow(clippy::type_complexity)]
+    fn quantized_call<'c>(
+        &self,
+        call: &Call<'c>,
+        format: OperandFormat,
+        plain: &'c Epilogue<'c>,
+    ) -> Result<(
+        &'c DeviceMatrix<'c>,
+        &'c DeviceMatrix<'c>,
+        &'c Epilogue<'c>,
+        Plan,
+    )> {
+        let (a, b) = call.dense("quantized output")?;
         if call.groups.is_some() {
             return Err(grouped_fused());
         }
+        let epi = call.epilogue.unwrap_or(plain);
         let plan = match call.plan {
             Some(p) => p,
             None => self.fused_plan(a, b, epi, Some(format))?,
         };
-        self.quantized_new_on(a, b, epi, format, opts, plan)
+        Ok((a, b, epi, plan))
     }
 
     /// C = A · Bᵀ for every batch entry, with the fastest kernel this GPU has for the formats

@@ -21,8 +21,7 @@ use crate::plan::{self, GpuArch, Plan};
 use crate::prepare::{Preparers, Source};
 use crate::quantizer::TensorElement;
 use crate::quantizer::{
-    DeviceQuantized, DeviceTensor, QuantBufs, QuantScratch, QuantSpec, QuantTarget,
-    QuantizeOptions, Quantizers,
+    DeviceQuantized, DeviceTensor, QuantBufs, QuantSpec, QuantTarget, QuantizeOptions, Quantizers,
 };
 use crate::sm90_fp8::{Sm90Fp8, Sm90Operand};
 use crate::sm90_half::Sm90Half;
@@ -230,6 +229,7 @@ impl Gpu {
             data,
             scales,
             prepared,
+            scratch: Default::default(),
         })
     }
 
@@ -319,7 +319,7 @@ impl Gpu {
             .quantizers
             .quantize(&self.stream, t, format, opts)?;
         let mut q = self.finish_quantized(q)?;
-        q.matrix.prepared.insert(Box::new(scratch));
+        q.matrix.scratch = scratch;
         Ok(q)
     }
 
@@ -352,7 +352,6 @@ impl Gpu {
         };
         let mut spec = QuantSpec::new(dst.desc.format, (t.rows, t.k, t.batch), &opts)?;
         self.check_target(&spec, &dst.desc)?;
-        let mut scratch: QuantScratch = dst.prepared.take().unwrap_or_default();
         let (sfa, mx) = quantizer_copies(&mut dst.prepared, &spec);
         let written = Rewritten {
             sfa: sfa.is_some(),
@@ -366,12 +365,9 @@ impl Gpu {
             mx,
         };
         let was_finite = dst.desc.tensor_scale.is_finite();
-        let wrote = self
-            .dev
+        self.dev
             .quantizers
-            .write(&self.stream, t, &mut spec, bufs, &mut scratch);
-        dst.prepared.insert(Box::new(scratch));
-        wrote?;
+            .write(&self.stream, t, &mut spec, bufs, &mut dst.scratch)?;
         dst.desc.tensor_scale = spec.desc.tensor_scale;
         self.after_rewrite(dst, written, was_finite)
     }
@@ -414,8 +410,9 @@ impl Gpu {
             data: Mem::Owned(q.data),
             scales: Mem::Owned(q.scales),
             prepared,
+            scratch: Default::default(),
         };
-        self.prepare_on_device(&mut matrix)?;
+        self.prepare_on_device(&mut matrix, false)?;
         Ok(DeviceQuantized {
             matrix,
             swizzled_scales: q.swizzled,
@@ -448,20 +445,16 @@ impl Gpu {
                 return Ok(());
             }
         }
-        // (The quantizer's scratch is the matrix's, not a family's: it stays.)
-        let scratch: Option<QuantScratch> = dst.prepared.take();
         dst.prepared = Prepared::default();
-        if let Some(s) = scratch {
-            dst.prepared.insert(Box::new(s));
-        }
-        self.prepare_on_device(dst)
+        self.prepare_on_device(dst, false)
     }
 
     /// `m`, a matrix written on the device, prepared for the GEMM kernels that take it from its
     /// device buffers (`crate::prepare`: no copy back, no wait), each family seeing what `m`
     /// holds already (the A-role scales the quantizer wrote in place); nothing for a NaN tensor
-    /// scale (non-finite input), which no kernel takes.
-    fn prepare_on_device(&self, m: &mut DeviceMatrix) -> Result<()> {
+    /// scale (non-finite input), which no kernel takes. Matrices over the caller's memory are
+    /// prepared so too (`unit_scale`: a 16-bit one whose scale is 1, known to the host).
+    pub(crate) fn prepare_on_device(&self, m: &mut DeviceMatrix, unit_scale: bool) -> Result<()> {
         if !m.desc.tensor_scale.is_finite() {
             return Ok(());
         }
@@ -469,7 +462,7 @@ impl Gpu {
             desc: m.desc,
             scales: &m.scales,
             kernels: &self.dev.preparers,
-            unit_scale: false,
+            unit_scale,
         };
         for family in self.dev.families.iter() {
             if let Some(p) = family.prepare_operand(&self.stream, &src, &m.data, &m.prepared)? {
@@ -486,23 +479,6 @@ impl Gpu {
                 family.prepare_output(&self.stream, &out.buf, out.dtype, (out.m, out.n, out.l))?
             {
                 out.prepared.insert(p);
-            }
-        }
-        Ok(())
-    }
-
-    /// A matrix over the caller's memory prepared for the GEMM kernels from the device, as a
-    /// quantized one is (`unit_scale`: a 16-bit matrix whose scale is 1, known to the host).
-    pub(crate) fn prepare_view(&self, m: &mut DeviceMatrix<'_>, unit_scale: bool) -> Result<()> {
-        let src = Source::Device {
-            desc: m.desc,
-            scales: &m.scales,
-            kernels: &self.dev.preparers,
-            unit_scale,
-        };
-        for family in self.dev.families.iter() {
-            if let Some(p) = family.prepare_operand(&self.stream, &src, &m.data, &m.prepared)? {
-                m.prepared.insert(p);
             }
         }
         Ok(())
@@ -545,6 +521,7 @@ impl Gpu {
             data: Mem::Owned(data),
             scales: Mem::Owned(scales),
             prepared,
+            scratch: Default::default(),
         })
     }
 

@@ -86,10 +86,7 @@ impl DeviceGroups<'_> {
     }
     /// The number of groups, G.
     pub fn count(&self) -> usize {
-        match &self.values {
-            GroupValues::Owned(s) => s.len(),
-            GroupValues::View(v) => v.len(),
-        }
+        self.values.len()
     }
     /// The values on the device (ends or counts).
     pub fn values(&self) -> CudaView<'_, i32> {

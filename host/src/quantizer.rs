@@ -121,33 +121,6 @@ pub struct DeviceQuantized {
     pub swizzled_scales: Option<CudaSlice<u8>>,
 }
 
-/// The maxima a quantizer's first pass writes (per row, per batch entry, or NVFP4's tensor
-/// maximum), kept with the matrix it writes so that rewriting the matrix in place allocates
-/// nothing: cleared before each pass (`red.max` raises them from 0).
-#[derive(Default)]
-pub(crate) struct QuantScratch {
-    amax: Option<CudaSlice<u32>>,
-    tensor: Option<CudaSlice<u32>>,
-}
-
-impl QuantScratch {
-    /// `slot` holding at least `len` zeros: kept and cleared if large enough, else made anew.
-    fn zeroed<'s>(
-        slot: &'s mut Option<CudaSlice<u32>>,
-        stream: &Arc<CudaStream>,
-        len: usize,
-    ) -> Result<Option<&'s mut CudaSlice<u32>>> {
-        if len == 0 {
-            return Ok(None);
-        }
-        match slot {
-            Some(s) if s.len() >= len => stream.memset_zeros(s)?,
-            _ => *slot = Some(crate::alloc::zeros::<u32>(stream, len)?),
-        }
-        Ok(slot.as_mut())
-    }
-}
-
 /// The loaded quantizer kernels.
 pub(crate) struct Quantizers {
     sm_count: u32,
@@ -377,9 +350,9 @@ impl Quantizers {
         t: &DeviceTensor,
         format: OperandFormat,
         opts: &QuantizeOptions,
-    ) -> Result<(Quantized, QuantScratch)> {
+    ) -> Result<(Quantized, crate::buffers::QuantScratch)> {
         let mut target = QuantTarget::alloc(stream, format, (t.rows, t.k, t.batch), opts)?;
-        let mut scratch = QuantScratch::default();
+        let mut scratch = crate::buffers::QuantScratch::default();
         let (spec, bufs) = target.parts();
         self.write(stream, t, spec, bufs, &mut scratch)?;
         let m_pad = target.spec.m_pad;
@@ -401,7 +374,7 @@ impl Quantizers {
         t: &DeviceTensor,
         spec: &mut QuantSpec,
         bufs: QuantBufs<'_>,
-        scratch: &mut QuantScratch,
+        scratch: &mut crate::buffers::QuantScratch,
     ) -> Result<()> {
         let (rows, k, l) = (t.rows, t.k, t.batch);
         let format = spec.desc.format;
@@ -438,12 +411,13 @@ impl Quantizers {
         let needs_tensor = nv && spec.given.is_none();
         // The maxima start at 0 (`red.max` raises them); cleared only where a pass writes them
         // (a memset is a launch of its own).
-        let QuantScratch {
+        let crate::buffers::QuantScratch {
             amax: amax_slot,
             tensor: tensor_slot,
         } = scratch;
-        let mut amax = QuantScratch::zeroed(amax_slot, stream, amax_slots)?;
-        let mut tensor_amax = QuantScratch::zeroed(tensor_slot, stream, needs_tensor as usize)?;
+        let mut amax = crate::buffers::QuantScratch::zeroed(amax_slot, stream, amax_slots)?;
+        let mut tensor_amax =
+            crate::buffers::QuantScratch::zeroed(tensor_slot, stream, needs_tensor as usize)?;
 
         let mut p = QuantizeParams {
             src: 0,
@@ -570,5 +544,3 @@ impl Quantizers {
         Ok(())
     }
 }
-
-crate::buffers::held!(QuantScratch: amax, tensor);

@@ -246,8 +246,9 @@ impl Gpu {
             data,
             scales,
             prepared: Prepared::default(),
+            scratch: Default::default(),
         };
-        self.prepare_view(&mut m, unit_scale)?;
+        self.prepare_on_device(&mut m, unit_scale)?;
         Ok(m)
     }
 

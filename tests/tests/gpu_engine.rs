@@ -548,7 +548,7 @@ fn a_gpu_dropped_while_its_kernels_run_leaves_their_results_whole() {
 
 #[test]
 #[ignore = "needs a CUDA device"]
-fn a_handle_on_another_contexts_stream_is_refused() {
+fn a_stream_of_another_cudarc_handle_of_the_same_context_is_accepted() {
     let _serial = serial();
     let g = gpu();
     // The primary context again (another cudarc handle of it): the same GPU, accepted.
