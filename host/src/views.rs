@@ -286,7 +286,7 @@ impl Gpu {
         let bytes = rows
             .checked_mul(k)
             .and_then(|x| x.checked_mul(batch))
-            .and_then(|x| x.checked_mul(input_bytes(input)))
+            .and_then(|x| x.checked_mul(input.bytes()))
             .ok_or_else(|| shape("rows × k × batch overflows"))?;
         if bytes == 0 {
             return Err(shape(format!("empty tensor {batch}×{rows}×{k}")));
@@ -450,14 +450,6 @@ fn aligned(ptr: u64, align: u64, what: &str) -> Result<()> {
             "{what} starts at {ptr:#x}, not a multiple of {align} bytes (TMA and the kernels' \
              vector accesses need it)"
         )))
-    }
-}
-
-/// Bytes of one element of `input`.
-fn input_bytes(input: InputType) -> usize {
-    match input {
-        InputType::F32 => 4,
-        InputType::Bf16 | InputType::F16 => 2,
     }
 }
 
