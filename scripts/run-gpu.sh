@@ -7,6 +7,12 @@ cd "$(dirname "$0")"
 OUT=${OUT:-/tmp/blockscaled-out}; mkdir -p "$OUT"
 lt=$(find / -name 'libcublasLt.so.1[0-9]*' -not -path '*/proc/*' 2>/dev/null | head -1)
 [ -n "$lt" ] && export LD_LIBRARY_PATH="$(dirname "$lt"):${LD_LIBRARY_PATH:-}"
+# blockscaled-candle's tests and examples link the CUDA runtime, cuBLAS, cuRAND and NVRTC (candle
+# does): their directories from a CUDA install or NVIDIA's pip packages.
+for lib in libcudart.so.13 libcublas.so.13 libcurand.so.10 libnvrtc.so.13; do
+  l=$(find / -name "$lib" -not -path '*/proc/*' 2>/dev/null | head -1)
+  [ -n "$l" ] && export LD_LIBRARY_PATH="$(dirname "$l"):$LD_LIBRARY_PATH"
+done
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader
 status=0
 if [ "${SKIP_TESTS:-0}" != 1 ]; then

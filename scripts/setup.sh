@@ -32,3 +32,26 @@ if ! has_ptxas; then
 fi
 echo "ptxas $("$ptxas" --version | grep -o 'V[0-9.]*$') at $ptxas" >&2
 echo "export PTXAS=$ptxas"
+
+# `setup.sh --candle`: also what building blockscaled-candle needs, which candle's CUDA build
+# asks of a CUDA toolkit (nvcc and cicc for its kernels' PTX, the runtime and CCCL headers),
+# from NVIDIA's pip packages of the same release, installed together in one `pip --target`
+# (a second install into the same target would replace the first's `nvidia/` folder); and
+# link-time stand-ins for the CUDA libraries candle links (scripts/cuda-link-stubs.sh). Prints
+# the lines to export PATH, CUDA_ROOT, CUDA_COMPUTE_CAP (sm_90: the GPUs the tests run on) and
+# LIBRARY_PATH.
+if [ "${1:-}" = --candle ]; then
+  cuda="$tools/cuda-toolkit-$PTXAS_VERSION"
+  has_nvcc() { local v; v=$("$cuda/nvidia/cu13/bin/nvcc" --version 2>/dev/null) && grep -q "V$PTXAS_VERSION\$" <<<"$v" && [ -f "$cuda/nvidia/cu13/include/cuda_runtime.h" ]; }
+  if ! has_nvcc; then
+    py=$(command -v python3 || command -v python)
+    rm -rf "$cuda"
+    "$py" -m pip install --quiet --disable-pip-version-check --no-deps --target "$cuda" \
+      "nvidia-cuda-nvcc==$PTXAS_VERSION" "nvidia-cuda-runtime==13.0.96" "nvidia-cuda-cccl==13.0.85" \
+      "nvidia-nvvm==$PTXAS_VERSION" "nvidia-cuda-crt==$PTXAS_VERSION" >&2
+  fi
+  has_nvcc || { echo "setup.sh: nvcc $PTXAS_VERSION not found in $cuda" >&2; exit 1; }
+  root="$cuda/nvidia/cu13"
+  echo "export PATH=$root/bin:\$PATH CUDA_ROOT=$root CUDA_COMPUTE_CAP=90"
+  CUDA_ROOT=$root scripts/cuda-link-stubs.sh "$tools/cuda-link-stubs"
+fi

@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 eval "$(scripts/setup.sh)"
 export BLOCKSCALED_REQUIRE_PTXAS=1
 rm -rf stage && mkdir -p stage/tests
-json=$(cargo test --release --workspace --no-run --message-format=json 2>/dev/null)
+json=$(cargo test --release --workspace --exclude blockscaled-candle --no-run --message-format=json 2>/dev/null)
 cargo build --release -p blockscaled-benches --bins --benches 2>&1 | grep -E "^(warning|error)" || true
 echo "$json" | python3 -c '
 import json, sys, shutil, os
@@ -21,6 +21,23 @@ for line in sys.stdin:
         shutil.copy(m["executable"], os.path.join("stage/tests", name))
 '
 cp target/release/blockscaled-run stage/
+# blockscaled-candle on its own (candle's CUDA build; its cudarc links the CUDA libraries, which
+# the GPU machine has): its GPU tests as stage/tests/candle-gpu_candle, its timing example as
+# stage/examples/candle-timing.
+(
+  eval "$(scripts/setup.sh --candle)"
+  cjson=$(cargo test --release -p blockscaled-candle --no-run --message-format=json 2>/dev/null)
+  echo "$cjson" | python3 -c '
+import json, sys, shutil
+for line in sys.stdin:
+    try: m = json.loads(line)
+    except Exception: continue
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["test"]:
+        shutil.copy(m["executable"], "stage/tests/candle-" + m["target"]["name"])
+'
+  cargo build --release -p blockscaled-candle --examples 2>&1 | grep -E "^error" || true
+  mkdir -p stage/examples && cp target/release/examples/timing stage/examples/candle-timing
+)
 # The examples, as this workspace builds them and as a stable-Rust user's project does (from the
 # shipped kernel images): stage/examples/{quickstart,gemm_check} and stage/user/{…}.
 cargo build --release -p blockscaled --examples 2>&1 | grep -E "^error" || true

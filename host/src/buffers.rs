@@ -183,6 +183,9 @@ impl<T> OnFirstUse<T> {
 /// cudarc's own launches are.
 pub(crate) enum Mem<'a> {
     Owned(CudaSlice<u8>),
+    /// Read-only memory this crate shares between values (a GPU's fp32 ones, the unit scales
+    /// of every bf16 / fp16 view): kept alive by each value that reads it.
+    Shared(Arc<CudaSlice<u8>>),
     /// The caller's memory, read only: a write is refused before it reaches a kernel
     /// ([`Mem::writable`]).
     View(CudaView<'a, u8>),
@@ -205,7 +208,7 @@ impl Mem<'_> {
     pub(crate) fn writable(&self) -> bool {
         match self {
             Mem::Owned(_) | Mem::ViewMut(_) => true,
-            Mem::View(_) => false,
+            Mem::View(_) | Mem::Shared(_) => false,
             Mem::Raw { writable, .. } => *writable,
         }
     }
@@ -220,6 +223,10 @@ impl Mem<'_> {
     pub(crate) fn address(&self) -> sys::CUdeviceptr {
         match self {
             Mem::Owned(s) => {
+                let (p, _g) = s.device_ptr(s.stream());
+                p
+            }
+            Mem::Shared(s) => {
                 let (p, _g) = s.device_ptr(s.stream());
                 p
             }
@@ -240,6 +247,7 @@ impl Mem<'_> {
         let stream = self.stream().clone();
         let v = match self {
             Mem::Owned(s) => stream.clone_dtoh(s)?,
+            Mem::Shared(s) => stream.clone_dtoh(&**s)?,
             Mem::View(v) => stream.clone_dtoh(v)?,
             Mem::ViewMut(v) => stream.clone_dtoh(v)?,
             Mem::Raw { ptr, len, .. } => {
@@ -300,6 +308,7 @@ impl DeviceSlice<u8> for Mem<'_> {
     fn len(&self) -> usize {
         match self {
             Mem::Owned(s) => s.len(),
+            Mem::Shared(s) => s.len(),
             Mem::View(v) => v.len(),
             Mem::ViewMut(v) => v.len(),
             Mem::Raw { len, .. } => *len,
@@ -309,6 +318,7 @@ impl DeviceSlice<u8> for Mem<'_> {
     fn stream(&self) -> &Arc<CudaStream> {
         match self {
             Mem::Owned(s) => s.stream(),
+            Mem::Shared(s) => s.stream(),
             Mem::View(v) => v.stream(),
             Mem::ViewMut(v) => v.stream(),
             Mem::Raw { stream, .. } => stream,
@@ -320,6 +330,7 @@ impl DevicePtr<u8> for Mem<'_> {
     fn device_ptr<'b>(&'b self, stream: &'b CudaStream) -> (sys::CUdeviceptr, SyncOnDrop<'b>) {
         match self {
             Mem::Owned(s) => s.device_ptr(stream),
+            Mem::Shared(s) => s.device_ptr(stream),
             Mem::View(v) => v.device_ptr(stream),
             Mem::ViewMut(v) => v.device_ptr(stream),
             Mem::Raw { ptr, .. } => (*ptr, SyncOnDrop::Record(None)),
@@ -340,7 +351,9 @@ impl DevicePtrMut<u8> for Mem<'_> {
                 assert!(*writable, "a write to read-only memory was not refused");
                 (*ptr, SyncOnDrop::Record(None))
             }
-            Mem::View(_) => panic!("a write to a read-only view was not refused"),
+            Mem::View(_) | Mem::Shared(_) => {
+                panic!("a write to a read-only view was not refused")
+            }
         }
     }
 }
@@ -362,6 +375,11 @@ impl<'a> Mem<'a> {
                 len: *len,
                 stream: stream.clone(),
             },
+            Mem::Shared(_) => {
+                return Err(Error::Config(
+                    "a bf16 / fp16 view's unit scales cannot be written".into(),
+                ));
+            }
             Mem::View(_) | Mem::Raw { .. } => {
                 return Err(Error::Config(
                     "a read-only view of the caller's memory cannot be written".into(),
@@ -374,6 +392,7 @@ impl<'a> Mem<'a> {
     pub(crate) fn view(&self) -> Option<CudaView<'_, u8>> {
         match self {
             Mem::Owned(s) => Some(s.slice(..)),
+            Mem::Shared(s) => Some(s.slice(..)),
             Mem::View(v) => Some(v.slice(..)),
             Mem::ViewMut(v) => Some(v.slice(..)),
             Mem::Raw { .. } => None,
@@ -476,6 +495,7 @@ impl std::fmt::Debug for Mem<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let kind = match self {
             Mem::Owned(_) => "owned",
+            Mem::Shared(_) => "owned, shared",
             Mem::View(_) => "caller's, read only",
             Mem::ViewMut(_) => "caller's",
             Mem::Raw { .. } => "caller's, raw",

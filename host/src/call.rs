@@ -1,8 +1,9 @@
 //! One description of a GEMM call: its operands (dense, or one block-sparse), an optional fused
 //! epilogue, optional groups, and an optional plan ([`Call`]). [`Gpu::plan_call`] says what it
 //! would launch, [`Gpu::run`] launches it into an output, [`Gpu::run_quantized`] into a
-//! quantized matrix. The stream and the workspace are the [`Gpu`] handle's
-//! ([`Gpu::with_stream`] makes one per stream). The per-kind methods (`gemm`, `gemm_fused`,
+//! quantized matrix. The stream is the [`Gpu`] handle's ([`Gpu::with_stream`] makes one per
+//! stream); the workspace the handle's, or the call's own ([`Call::workspace`], sized before by
+//! [`Gpu::workspace_size`] and [`Gpu::reserve`]). The per-kind methods (`gemm`, `gemm_fused`,
 //! `grouped_gemm`, `bsr_gemm`, their `_with` and `_plan` forms) are one-line wrappers over it.
 
 use crate::bsr::{DeviceBsr, SparseSide};
@@ -14,6 +15,7 @@ use crate::fused::Epilogue;
 use crate::grouped::DeviceGroups;
 use crate::plan::Plan;
 use crate::quantizer::QuantizeOptions;
+use crate::workspace::{Workspace, WorkspaceSize};
 
 /// What the call multiplies.
 #[derive(Clone, Copy)]
@@ -39,6 +41,7 @@ pub struct Call<'a> {
     epilogue: Option<&'a Epilogue<'a>>,
     groups: Option<&'a DeviceGroups<'a>>,
     plan: Option<Plan>,
+    workspace: Option<&'a Workspace>,
 }
 
 impl std::fmt::Debug for Call<'_> {
@@ -52,6 +55,7 @@ impl std::fmt::Debug for Call<'_> {
             .field("epilogue", &self.epilogue.is_some())
             .field("groups", &self.groups.map(|g| g.count()))
             .field("plan", &self.plan)
+            .field("workspace", &self.workspace.is_some())
             .finish()
     }
 }
@@ -64,6 +68,7 @@ impl<'a> Call<'a> {
             epilogue: None,
             groups: None,
             plan: None,
+            workspace: None,
         }
     }
 
@@ -82,6 +87,7 @@ impl<'a> Call<'a> {
             epilogue: None,
             groups: None,
             plan: None,
+            workspace: None,
         }
     }
 
@@ -108,6 +114,19 @@ impl<'a> Call<'a> {
     pub fn with_plan(self, plan: Plan) -> Self {
         Call {
             plan: Some(plan),
+            ..self
+        }
+    }
+
+    /// In `ws` (split K's partial sums and counters, the fold pre-pass's copies, a fused
+    /// epilogue's staging) rather than the handle's own workspace: a workspace the caller made
+    /// ([`Workspace::new`]), sized before the call ([`Gpu::workspace_size`], [`Gpu::reserve`]),
+    /// and used in the order of the stream of the handle that runs the call (one workspace per
+    /// stream that runs at once, as cuBLASLt's). [`Error::WrongGpu`] where `ws` was first used
+    /// on another GPU.
+    pub fn workspace(self, ws: &'a Workspace) -> Self {
+        Call {
+            workspace: Some(ws),
             ..self
         }
     }
@@ -165,17 +184,18 @@ impl Gpu {
     /// call's size. [`DeviceOutput::to_host`] waits for it.
     pub fn run(&self, call: &Call<'_>, c: &mut DeviceOutput<'_>) -> Result<()> {
         let plan = self.plan_call(call)?;
+        let ws = self.workspace_of(call)?;
         match call.operands {
             Operands::Sparse {
                 dense,
                 sparse,
                 side,
-            } => self.sparse_on(dense, sparse, side, c, plan),
+            } => self.sparse_on(ws, dense, sparse, side, c, plan),
             Operands::Dense { a, b } => match (call.groups, call.fused()) {
-                (Some(g), None) => self.grouped_on(a, b, g, c, plan),
+                (Some(g), None) => self.grouped_on(ws, a, b, g, c, plan),
                 (Some(_), Some(_)) => Err(grouped_fused()),
-                (None, Some(epi)) => self.fused_on(a, b, epi, c, plan),
-                (None, None) => self.dense_on(a, b, c, plan),
+                (None, Some(epi)) => self.fused_on(ws, a, b, epi, c, plan),
+                (None, None) => self.dense_on(ws, a, b, c, plan),
             },
         }
     }
@@ -188,7 +208,8 @@ impl Gpu {
     pub fn run_quantized(&self, call: &Call<'_>, dst: &mut DeviceMatrix<'_>) -> Result<()> {
         let plain = Epilogue::default();
         let (a, b, epi, plan) = self.quantized_call(call, dst.desc.format, &plain)?;
-        self.quantized_into_on(a, b, epi, dst, plan)
+        let ws = self.workspace_of(call)?;
+        self.quantized_into_on(ws, a, b, epi, dst, plan)
     }
 
     /// [`Gpu::run_quantized`] into a new matrix of `format` (`opts`: the scales' major order;
@@ -202,7 +223,69 @@ impl Gpu {
     ) -> Result<DeviceMatrix<'static>> {
         let plain = Epilogue::default();
         let (a, b, epi, plan) = self.quantized_call(call, format, &plain)?;
-        self.quantized_new_on(a, b, epi, format, opts, plan)
+        let ws = self.workspace_of(call)?;
+        self.quantized_new_on(ws, a, b, epi, format, opts, plan)
+    }
+
+    /// The workspace `call` runs in: its own (bound to this GPU at its first use), or the
+    /// handle's.
+    fn workspace_of<'w>(&'w self, call: &Call<'w>) -> Result<&'w Workspace> {
+        match call.workspace {
+            Some(ws) => {
+                ws.bind(self.id())?;
+                Ok(ws)
+            }
+            None => Ok(self.handle_workspace()),
+        }
+    }
+
+    /// The bytes of workspace `call` needs, by kind, where it runs as [`Gpu::run`] (`quantized`
+    /// `None`) or as [`Gpu::run_quantized`] into `quantized` (a fused epilogue on the MX kernel
+    /// stages rows; a quantized output may run on another plan). Nothing is allocated or
+    /// launched: the same schedule the launch computes, sized. (A block-sparse call makes its
+    /// sparse operand's work list, as its first run would.)
+    pub fn workspace_size(
+        &self,
+        call: &Call<'_>,
+        quantized: Option<OperandFormat>,
+    ) -> Result<WorkspaceSize> {
+        let (plan, fused) = match quantized {
+            None => (self.plan_call(call)?, call.fused().is_some()),
+            Some(format) => {
+                let plain = Epilogue::default();
+                (self.quantized_call(call, format, &plain)?.3, true)
+            }
+        };
+        match call.operands {
+            Operands::Sparse { dense, sparse, .. } => self.sparse_workspace(dense, sparse, plan),
+            Operands::Dense { a, b } => {
+                let s = match call.groups {
+                    Some(g) => self.check_grouped(a, b, g)?,
+                    None => self.check_operands(a, b)?,
+                };
+                plan.workspace(self.families(), (a, b), s, call.groups, fused)
+            }
+        }
+    }
+
+    /// Grows `ws` now to what `call` needs ([`Gpu::workspace_size`]), so that running it there
+    /// allocates nothing: split K's buffers and a fused epilogue's staging to at least their
+    /// sizes, the fold pre-pass's copies to the call's operands. Nothing is launched.
+    pub fn reserve(
+        &self,
+        ws: &Workspace,
+        call: &Call<'_>,
+        quantized: Option<OperandFormat>,
+    ) -> Result<()> {
+        ws.bind(self.id())?;
+        let need = self.workspace_size(call, quantized)?;
+        ws.reserve(self.stream(), &need)?;
+        if need.fold > 0
+            && let Operands::Dense { a, b } = call.operands
+        {
+            self.reserve_fold(ws, a, b)?;
+        }
+        Ok(())
     }
 
     /// A quantized-output call's operands, epilogue (`plain` where it has none) and plan (its

@@ -30,7 +30,7 @@ use crate::sm90_mx_fp8::Sm90MxFp8;
 use blockscaled_kernels::quantize::{InputType, ScaleSpan};
 
 use crate::image::{self, KernelImage};
-use crate::workspace::Workspace;
+use crate::workspace::{Workspace, WorkspaceSize};
 
 /// One GPU's kernels, loaded once into a context and shared by every [`Gpu`] handle on it.
 struct Device {
@@ -47,6 +47,29 @@ struct Device {
     image: KernelImage,
     name: String,
     sm_count: u32,
+    /// fp32 ones, the scales of every bf16 / fp16 view ([`Gpu::half_view`]): made once, grown to
+    /// the most batch entries a view has had, shared (read only) by the views.
+    ones: std::sync::Mutex<Option<Arc<cudarc::driver::CudaSlice<u8>>>>,
+}
+
+impl Device {
+    /// At least `count` fp32 ones (in stream order on `stream` when made).
+    pub(crate) fn ones(
+        &self,
+        stream: &Arc<CudaStream>,
+        count: usize,
+    ) -> Result<Arc<cudarc::driver::CudaSlice<u8>>> {
+        let mut ones = crate::workspace::lock(&self.ones);
+        match &*ones {
+            Some(o) if o.len() >= count * 4 => Ok(o.clone()),
+            _ => {
+                let v: Vec<u8> = (0..count).flat_map(|_| 1f32.to_le_bytes()).collect();
+                let o = Arc::new(crate::alloc::copy_of(stream, &v)?);
+                *ones = Some(o.clone());
+                Ok(o)
+            }
+        }
+    }
 }
 
 impl Drop for Device {
@@ -57,6 +80,12 @@ impl Drop for Device {
         // (An error here, a context already broken, leaves nothing to wait for.)
         let _ = self.ctx.synchronize();
     }
+}
+
+/// The family (and its configuration) a block-sparse GEMM runs on.
+enum SparseFamily<'f> {
+    Fp8(&'f Sm90Fp8, crate::sm90_fp8::Sm90Config),
+    Half(&'f Sm90Half, crate::sm90_half::Sm90HalfConfig),
 }
 
 /// One GPU, seen through one stream: the loaded kernel families (shared by every handle of the
@@ -147,6 +176,7 @@ impl Gpu {
                 image,
                 name,
                 sm_count,
+                ones: Default::default(),
             }),
             stream,
             work: Workspace::default(),
@@ -203,6 +233,31 @@ impl Gpu {
     /// The context the kernels are loaded into.
     pub fn context(&self) -> &Arc<CudaContext> {
         &self.dev.ctx
+    }
+
+    /// The loaded kernel families.
+    pub(crate) fn families(&self) -> &Families {
+        &self.dev.families
+    }
+
+    /// This handle's own workspace (the one a call without [`crate::Call::workspace`] uses).
+    pub(crate) fn handle_workspace(&self) -> &Workspace {
+        &self.work
+    }
+
+    /// Makes `ws`'s fold copies for `a` and `b` where the fold family would fold them.
+    pub(crate) fn reserve_fold(
+        &self,
+        ws: &Workspace,
+        a: &DeviceMatrix,
+        b: &DeviceMatrix,
+    ) -> Result<()> {
+        crate::sm90_mx_fp8::Sm90MxFp8::reserve(&self.stream, ws, (a, b))
+    }
+
+    /// [`Device::ones`] on this handle's stream.
+    pub(crate) fn ones(&self, count: usize) -> Result<Arc<cudarc::driver::CudaSlice<u8>>> {
+        self.dev.ones(&self.stream, count)
     }
 
     /// The identity buffers made on this GPU record.
@@ -547,6 +602,7 @@ impl Gpu {
     /// types without a fused kernel, see [`Gpu::fused_plan`]).
     pub(crate) fn fused_on(
         &self,
+        work: &Workspace,
         a: &DeviceMatrix,
         b: &DeviceMatrix,
         epi: &Epilogue<'_>,
@@ -567,7 +623,7 @@ impl Gpu {
         plan.check_fused(fused_needs((a, b), epi, None))?;
         let g = Gemm {
             stream: &self.stream,
-            work: &self.work,
+            work,
             shape: s,
             a,
             b,
@@ -579,8 +635,10 @@ impl Gpu {
     }
 
     /// [`Gpu::gemm_quantized`] with a given plan.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn quantized_new_on(
         &self,
+        work: &Workspace,
         a: &DeviceMatrix,
         b: &DeviceMatrix,
         epi: &Epilogue<'_>,
@@ -616,7 +674,7 @@ impl Gpu {
             scales: MemMut::View(t.scales.slice_mut(..)),
             sfa: t.sfa.as_mut(),
         };
-        self.launch_quantized(s, (a, b, epi, plan), &mut codes, q)?;
+        self.launch_quantized(work, s, (a, b, epi, plan), &mut codes, q)?;
         drop(codes);
         let q = crate::quantizer::Quantized {
             desc: spec.desc,
@@ -635,6 +693,7 @@ impl Gpu {
     /// launch.
     pub(crate) fn quantized_into_on(
         &self,
+        work: &Workspace,
         a: &DeviceMatrix,
         b: &DeviceMatrix,
         epi: &Epilogue<'_>,
@@ -668,7 +727,7 @@ impl Gpu {
             scales: dst.scales.reborrow_mut()?,
             sfa,
         };
-        self.launch_quantized(s, (a, b, epi, plan), &mut dst.data, q)?;
+        self.launch_quantized(work, s, (a, b, epi, plan), &mut dst.data, q)?;
         // (The tensor scale is the destination's own: a rewrite keeps it.)
         let finite = dst.desc.tensor_scale.is_finite();
         self.after_rewrite(dst, written, finite)
@@ -678,6 +737,7 @@ impl Gpu {
     /// by the caller): `data` is the launch's output, reborrowed.
     fn launch_quantized(
         &self,
+        work: &Workspace,
         s: GemmShape,
         (a, b, epi, plan): (&DeviceMatrix, &DeviceMatrix, &Epilogue<'_>, Plan),
         data: &mut Mem<'_>,
@@ -688,7 +748,7 @@ impl Gpu {
         let mut shell = fused::codes_shell(self.dev.id, codes, (s.m, n_out, s.l));
         let g = Gemm {
             stream: &self.stream,
-            work: &self.work,
+            work,
             shape: s,
             a,
             b,
@@ -766,6 +826,7 @@ impl Gpu {
     /// Checks A, B and C, validates `plan` for their shape and launches it.
     pub(crate) fn dense_on(
         &self,
+        work: &Workspace,
         a: &DeviceMatrix,
         b: &DeviceMatrix,
         c: &mut DeviceOutput,
@@ -775,7 +836,7 @@ impl Gpu {
         plan.validate(&shape)?;
         let g = Gemm {
             stream: &self.stream,
-            work: &self.work,
+            work,
             shape,
             a,
             b,
@@ -835,6 +896,7 @@ impl Gpu {
     /// runner's forced configurations).
     pub(crate) fn sparse_on(
         &self,
+        work: &Workspace,
         dense: &DeviceMatrix,
         sparse: &DeviceBsr,
         side: SparseSide,
@@ -850,18 +912,50 @@ impl Gpu {
                 c.l, c.m, c.n
             )));
         }
+        match self.sparse_family(plan, sparse, &s)? {
+            SparseFamily::Fp8(f, cfg) => {
+                f.bsr_gemm((&self.stream, work), dense, sparse, side, c, cfg)
+            }
+            SparseFamily::Half(f, cfg) => {
+                f.bsr_gemm((&self.stream, work), dense, sparse, side, c, cfg)
+            }
+        }
+    }
+
+    /// The workspace a block-sparse call on `plan` takes ([`Gpu::workspace_size`]).
+    pub(crate) fn sparse_workspace(
+        &self,
+        dense: &DeviceMatrix,
+        sparse: &DeviceBsr,
+        plan: Plan,
+    ) -> Result<WorkspaceSize> {
+        let s = self.check_bsr(dense, sparse)?;
+        match self.sparse_family(plan, sparse, &s)? {
+            SparseFamily::Fp8(f, cfg) => f.bsr_workspace(&self.stream, dense, sparse, cfg),
+            SparseFamily::Half(f, cfg) => f.bsr_workspace(&self.stream, dense, sparse, cfg),
+        }
+    }
+
+    /// The block-sparse family `plan` runs on for `sparse`'s blocks, its configuration validated
+    /// for `s`.
+    fn sparse_family(
+        &self,
+        plan: Plan,
+        sparse: &DeviceBsr,
+        s: &GemmShape,
+    ) -> Result<SparseFamily<'_>> {
         let hopper =
             || Error::Architecture("block-sparse GEMM has Hopper (sm_90a) kernels only".into());
         match (plan, sparse.elem) {
             (Plan::Sm90Fp8(cfg), ElemType::E4M3) => {
-                cfg.validate_sparse(&s)?;
+                cfg.validate_sparse(s)?;
                 let family = self.dev.families.get::<Sm90Fp8>().ok_or_else(hopper)?;
-                family.bsr_gemm((&self.stream, &self.work), dense, sparse, side, c, cfg)
+                Ok(SparseFamily::Fp8(family, cfg))
             }
             (Plan::Sm90Half(cfg), ElemType::BF16 | ElemType::F16) => {
-                cfg.validate_sparse(&s, sparse.block)?;
+                cfg.validate_sparse(s, sparse.block)?;
                 let family = self.dev.families.get::<Sm90Half>().ok_or_else(hopper)?;
-                family.bsr_gemm((&self.stream, &self.work), dense, sparse, side, c, cfg)
+                Ok(SparseFamily::Half(family, cfg))
             }
             (plan, elem) => Err(Error::Config(format!(
                 "{plan:?}: block-sparse GEMM of {} blocks runs on the sm90 {} kernel",
@@ -935,6 +1029,7 @@ impl Gpu {
     /// [`Gpu::grouped_gemm`] with a given plan (the runner's forced configurations).
     pub(crate) fn grouped_on(
         &self,
+        work: &Workspace,
         a: &DeviceMatrix,
         b: &DeviceMatrix,
         groups: &DeviceGroups,
@@ -952,7 +1047,7 @@ impl Gpu {
         plan.validate_grouped(&s)?;
         let g = Gemm {
             stream: &self.stream,
-            work: &self.work,
+            work,
             shape: s,
             a,
             b,
@@ -964,7 +1059,7 @@ impl Gpu {
     }
 
     /// A, B and the groups belong to this GPU and fit together.
-    fn check_grouped(
+    pub(crate) fn check_grouped(
         &self,
         a: &DeviceMatrix,
         b: &DeviceMatrix,
@@ -977,7 +1072,7 @@ impl Gpu {
     }
 
     /// A and B belong to this GPU and can be multiplied.
-    fn check_operands(&self, a: &DeviceMatrix, b: &DeviceMatrix) -> Result<GemmShape> {
+    pub(crate) fn check_operands(&self, a: &DeviceMatrix, b: &DeviceMatrix) -> Result<GemmShape> {
         self.dev.id.check(a.gpu, "A")?;
         self.dev.id.check(b.gpu, "B")?;
         GemmShape::of(&a.desc, &b.desc)

@@ -304,8 +304,18 @@ impl<'a> Fused<'a> {
         if fused.is_none() {
             return Ok(None);
         }
-        let bytes = ctas as u64 * fused_staging(consumers, block_n) as u64;
-        crate::workspace::grown(slot, stream, bytes).map(Some)
+        crate::workspace::grown(
+            slot,
+            stream,
+            Self::staging_bytes((ctas, consumers, block_n)),
+        )
+        .map(Some)
+    }
+
+    /// The bytes [`Fused::scratch`] takes for `ctas` CTAs of `consumers` warpgroups and tiles of
+    /// `block_n` columns.
+    pub(crate) fn staging_bytes((ctas, consumers, block_n): (u32, u32, u32)) -> u64 {
+        ctas as u64 * fused_staging(consumers, block_n) as u64
     }
 
     /// The fused kernels' [`EpilogueParams`] for `fused` (`None` without: the plain kernel runs),

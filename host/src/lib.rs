@@ -97,6 +97,7 @@ pub use sm90_half::Sm90HalfConfig;
 pub use sm90_mx::Sm90MxConfig;
 pub use sm90_w4::Sm90W4Config;
 pub use views::{DEVICE_ALIGN, IntoDeviceBytes, IntoDeviceBytesMut, Plain, RawDevice};
+pub use workspace::{Workspace, WorkspaceSize};
 
 pub use blockscaled_kernels::gemm::scheduler::ClusterShape;
 /// The kernel crate's types that [`Sm90Config`] holds: the tile shape and the cluster shape.

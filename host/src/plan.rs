@@ -7,9 +7,11 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaModule, CudaStream};
 
+use crate::buffers::DeviceMatrix;
 use crate::error::{Error, Result, config, shape};
 use crate::family::{Families, Gemm};
 use crate::format::{ElemType, ScaleType};
+use crate::grouped::DeviceGroups;
 use crate::matrix::{GemmShape, MatrixDesc};
 use crate::prepare::Preparers;
 use crate::reference_kernel::{self, ReferenceKernel};
@@ -18,6 +20,7 @@ use crate::sm90_half::{self, Sm90Half, Sm90HalfConfig};
 use crate::sm90_mx::{self, Sm90Mx, Sm90MxConfig};
 use crate::sm90_mx_fp8::{self, Sm90MxFp8};
 use crate::sm90_w4::{self, Sm90W4, Sm90W4Config};
+use crate::workspace::WorkspaceSize;
 use blockscaled_kernels::format::fold::target as fold_target;
 use blockscaled_kernels::gemm::scheduler::{ClusterShape, MAX_CLUSTER};
 use blockscaled_kernels::sm90::{self, BLOCK_K, Mode, Tile};
@@ -149,6 +152,36 @@ impl Plan {
     }
 }
 
+impl Plan {
+    /// The workspace a GEMM of `a` and `b` (forming `shape`, over `groups`) takes on this plan,
+    /// with a fused epilogue or a quantized output where `fused`: each family's own schedule,
+    /// sized ([`crate::Gpu::workspace_size`]).
+    pub(crate) fn workspace(
+        &self,
+        families: &Families,
+        (a, b): (&DeviceMatrix, &DeviceMatrix),
+        shape: GemmShape,
+        groups: Option<&DeviceGroups>,
+        fused: bool,
+    ) -> Result<WorkspaceSize> {
+        match *self {
+            Plan::Reference => Ok(WorkspaceSize::default()),
+            Plan::Sm90Fp8(cfg) => Sm90Fp8::workspace(&cfg, shape, groups),
+            Plan::Sm90Mx(cfg) => families
+                .get::<Sm90Mx>()
+                .ok_or_else(|| {
+                    Error::Architecture(
+                        "this GPU has no sm90 MX kernel (it needs compute capability 9.0)".into(),
+                    )
+                })?
+                .workspace(&cfg, shape, groups, fused),
+            Plan::Sm90W4(cfg) => Sm90W4::workspace(&cfg, shape, groups),
+            Plan::Sm90MxFp8(cfg) => Sm90MxFp8::workspace(&cfg, (a, b), shape, groups),
+            Plan::Sm90Half(cfg) => sm90_half::workspace(&cfg, shape),
+        }
+    }
+}
+
 /// What a fused epilogue needs of a plan's kernel: `block_cols`, a quantized output's scale
 /// block in product columns (doubled by SwiGLU; 0: not quantized), which must lie in one warp's
 /// pass over a staged row (128 columns: see `blockscaled_kernels::gemm::fuse`) and divide the
@@ -225,6 +258,14 @@ impl Plan {
     }
 }
 
+/// The MX kernel's configuration `c` on its one tile with fused kernels (256 columns).
+fn mx_fused(c: Sm90MxConfig) -> Plan {
+    Plan::Sm90Mx(Sm90MxConfig {
+        tile: MxTile::N256,
+        ..c
+    })
+}
+
 /// [`choose_for`] for a GEMM with a fused epilogue that `needs` this: the usual plan where it
 /// can run the epilogue, else the nearest one that can (a tile that has a fused kernel; the MX
 /// kernel for FP4 pairs the 4-bit-weights kernel would take).
@@ -252,7 +293,7 @@ pub(crate) fn choose_fused(
             )
             .is_none() =>
         {
-            Plan::Sm90Mx(sm90_mx_default(m, n, k, l, sm_count))
+            mx_fused(sm90_mx_default(m, n, k, l, sm_count))
         }
         Plan::Sm90Fp8(c) | Plan::Sm90MxFp8(c) => {
             // The one fused FP8 tile.
@@ -266,12 +307,9 @@ pub(crate) fn choose_fused(
             tile: HalfTile::M128,
             ..c
         }),
-        Plan::Sm90Mx(c) => Plan::Sm90Mx(Sm90MxConfig {
-            tile: MxTile::N256,
-            ..c
-        }),
+        Plan::Sm90Mx(c) => mx_fused(c),
         Plan::Sm90W4(_) if sm90_mx::unsupported_pair(a, b).is_none() => {
-            Plan::Sm90Mx(sm90_mx_default(m, n, k, l, sm_count))
+            mx_fused(sm90_mx_default(m, n, k, l, sm_count))
         }
         other => other,
     };
@@ -1093,6 +1131,30 @@ mod tests {
         assert!(matches!(
             fused(Recipe::Fp8PerRow(Fp8::E5M2)),
             Err(Error::Config(_))
+        ));
+        // Where the plain plan folds e5m2 onto FP8 (M = 256), the fused one is the MX kernel's
+        // fused tile too, not its plain default.
+        let small = GemmShape {
+            m: 256,
+            n: 512,
+            k: 1024,
+            l: 1,
+        };
+        let r = Recipe::Mxfp8(Fp8::E5M2);
+        let (a, b) = (
+            MatrixDesc::of_recipe(r, 256, 1024, false),
+            MatrixDesc::of_recipe(r, 512, 1024, true),
+        );
+        let plain = choose_for(GpuArch::Hopper, h100, &small, &a, &b).unwrap();
+        assert!(matches!(plain, Plan::Sm90MxFp8(_)), "{plain:?}");
+        let needs = FusedNeeds {
+            block_cols: 0,
+            elems: (a.format.elem, b.format.elem),
+            in_registers: sm90::InRegisters::No,
+        };
+        assert!(matches!(
+            choose_fused(GpuArch::Hopper, h100, &small, (&a, &b), needs),
+            Ok(Plan::Sm90Mx(c)) if c.tile == MxTile::N256
         ));
     }
 

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr};
 
-use crate::bsr::{BsrMatrix, DeviceBsr, FP8_BLOCK, SparseSide};
+use crate::bsr::{BsrMatrix, DeviceBsr, DeviceWork, FP8_BLOCK, SparseSide};
 use crate::buffers::{DeviceMatrix, DeviceOutput, Mem, OnFirstUse, Prepared, PreparedValue};
 use crate::error::{Error, Result, config, shape};
 use crate::family::{Family, Gemm, Rewritten};
@@ -19,7 +19,7 @@ use crate::matrix::{GemmShape, MatrixDesc};
 use crate::prepare::{GatherTo, Preparers, Source};
 use crate::splitk::{self, SplitK};
 use crate::tensor_map::{DataType, Swizzle, encode_3d, encode_scale_rows};
-use crate::workspace::Workspace;
+use crate::workspace::{Workspace, WorkspaceSize};
 use blockscaled_kernels::gemm::layout::{FRAGMENT_ROWS, OUT_BOX_WIDTHS, out_box_n};
 use blockscaled_kernels::gemm::scheduler::{ClusterShape, MAX_CLUSTER, Schedule};
 use blockscaled_kernels::params::SparseParams;
@@ -228,6 +228,51 @@ fn b_box_rows(tile: Tile, cl: ClusterShape) -> Option<u32> {
     let rows = tile.block_n / cl.m.max(1);
     (tile.block_n.is_multiple_of(cl.m.max(1)) && rows >= WG_ROWS && BOX_ROWS.contains(&rows))
         .then_some(rows)
+}
+
+/// The schedule of a dense or grouped GEMM of `shape` with `cfg`, as the kernel's `schedule`
+/// computes it: units of work are clusters of tiles, and swapped tiles schedule Cᵀ.
+fn dense_schedule(cfg: &Sm90Config, shape: GemmShape, groups: Option<&DeviceGroups>) -> Schedule {
+    let GemmShape { m, n, k, l } = shape;
+    let (tile, cl) = (cfg.tile, cfg.cluster);
+    let units = (tile.block_m() * cl.m, tile.block_n * cl.n);
+    let ((sm, sn), (unit_m, unit_n)) = match tile.is_swapped() {
+        true => ((n, m), (units.1, units.0)),
+        false => ((m, n), units),
+    };
+    let groups = groups.map(|g| g.schedule(m, false));
+    let split = (cfg.split_k, cfg.group_m);
+    crate::launch::schedule(
+        (sm, sn, l),
+        k / BLOCK_K as usize,
+        (unit_m, unit_n),
+        split,
+        groups,
+    )
+}
+
+/// A block-sparse GEMM's schedule with `cfg` and its work list (made once per key on the
+/// sparse operand), for a kernel with `resident` CTAs resident at once.
+fn bsr_schedule(
+    stream: &Arc<CudaStream>,
+    resident: u32,
+    dense: &DeviceMatrix,
+    sparse: &DeviceBsr,
+    cfg: &Sm90Config,
+) -> Result<(Schedule, Arc<DeviceWork>)> {
+    let (tile, cl) = (cfg.tile, cfg.cluster);
+    let clusters = (cfg.ctas.min(resident) / cl.size()).max(1) as usize;
+    let (m, k) = (dense.desc.rows, dense.desc.k);
+    let units = (tile.block_m() * cl.m, tile.block_n);
+    let sizes = (m, k / BLOCK_K as usize);
+    crate::bsr::sparse_schedule(
+        stream,
+        sparse,
+        sizes,
+        units,
+        cfg.group_m,
+        (clusters, cfg.split_k),
+    )
 }
 
 /// Why an operand cannot go through the sm90 kernel (`None`: it can, in that role).
@@ -496,6 +541,12 @@ impl Sm90Operand {
 /// [`b_box_rows`] (a tile's width, and half of it for a pair along M).
 const BOX_ROWS: [u32; 10] = [128, 64, 32, 16, 144, 160, 192, 72, 80, 96];
 
+/// The device bytes of the tensor maps [`Sm90Operand::over`] makes: one per box height, and one
+/// over A-role scales (`a_role`).
+pub(crate) fn operand_map_bytes(a_role: bool) -> usize {
+    (BOX_ROWS.len() + a_role as usize) * std::mem::size_of::<cudarc::driver::sys::CUtensorMap>()
+}
+
 // The 64-row box serves both: a pair's half of a B tile and one consumer's A rows.
 const _: () = assert!(BLOCK_N / MAX_CLUSTER == WG_ROWS);
 /// Whether the operands have a tensor map with boxes of `rows` rows.
@@ -754,6 +805,16 @@ impl Sm90Fp8 {
         }))
     }
 
+    /// The workspace a GEMM of `shape` with `cfg` takes (split K's buffers).
+    pub(crate) fn workspace(
+        cfg: &Sm90Config,
+        shape: GemmShape,
+        groups: Option<&DeviceGroups>,
+    ) -> Result<WorkspaceSize> {
+        let schedule = dense_schedule(cfg, shape, groups);
+        splitk::bytes(&schedule, cfg.cluster, cfg.split_k > 1)
+    }
+
     /// C = A · Bᵀ with `cfg` (validated for `g.shape`): one launch, split K included.
     pub(crate) fn gemm(&self, g: Gemm<'_, '_>, cfg: Sm90Config) -> Result<()> {
         let Gemm {
@@ -850,27 +911,9 @@ impl Sm90Fp8 {
             dtype,
             ..
         } = c;
-        // Units of work are clusters of tiles; whole clusters of CTAs, at most one CTA per unit
-        // tile, never more than can be resident at once (no second wave).
-        // (As the kernel's `schedule`: swapped tiles schedule Cᵀ.)
-        let (dims, units) = (
-            (m as u32, n as u32),
-            (tile.block_m() * cl.m, tile.block_n * cl.n),
-        );
-        let swap = |(x, y): (u32, u32)| if tile.is_swapped() { (y, x) } else { (x, y) };
-        let ((sm, sn), (unit_m, unit_n)) = (swap(dims), swap(units));
-        let schedule = Schedule {
-            m: sm,
-            n: sn,
-            l: l as u32,
-            k_blocks: (k / BLOCK_K as usize) as u32,
-            split_k: cfg.split_k,
-            unit_m,
-            unit_n,
-            group_m: cfg.group_m,
-            groups: groups.map(|g| g.schedule(m, false)),
-            sparse: None,
-        };
+        // Whole clusters of CTAs, at most one CTA per unit tile, never more than can be resident
+        // at once (no second wave).
+        let schedule = dense_schedule(&cfg, shape, groups);
         let resident = kernel.resident[cluster as usize - 1];
         let ctas = persistent_ctas(schedule, cfg.ctas, resident, cluster)?;
         let mut launch = gemm_launch(stream, &kernel.func, kernel.def, ctas, cluster);
@@ -932,6 +975,39 @@ impl Sm90Fp8 {
 }
 
 impl Sm90Fp8 {
+    /// The block-sparse kernel for `dense`'s type and `cfg`'s tile.
+    fn bsr_kernel(&self, dense: &DeviceMatrix, cfg: &Sm90Config) -> Result<&Kernel> {
+        let ea = dense.desc.format.elem;
+        let def = family::kernel(cfg.tile, ea, ElemType::E4M3, Mode::Sparse);
+        self.kernels
+            .iter()
+            .find(|kr| Some(kr.def) == def)
+            .ok_or_else(|| {
+                Error::Format(format!(
+                    "block-sparse GEMM takes an e4m3 dense operand, not {}",
+                    ea.name()
+                ))
+            })
+    }
+
+    /// The workspace of a block-sparse GEMM with `cfg` (split K's buffers where the work list
+    /// splits runs of blocks; the sparse operand's work list is made as the launch makes it).
+    pub(crate) fn bsr_workspace(
+        &self,
+        stream: &Arc<CudaStream>,
+        dense: &DeviceMatrix,
+        sparse: &DeviceBsr,
+        cfg: Sm90Config,
+    ) -> Result<WorkspaceSize> {
+        if let Some(e) = unsupported(&dense.desc, false) {
+            return Err(Error::Format(e));
+        }
+        let kernel = self.bsr_kernel(dense, &cfg)?;
+        let resident = kernel.resident[cfg.cluster.size() as usize - 1];
+        let (schedule, work) = bsr_schedule(stream, resident, dense, sparse, &cfg)?;
+        splitk::bytes(&schedule, cfg.cluster, work.slots > 0)
+    }
+
     /// C = A · Bᵀ with one operand block-sparse (`side`) and `dense` the other, on the
     /// block-sparse kernel with `cfg` (validated for the kernel's shape: M the dense operand's
     /// rows, N the sparse operand's). C is `c`; with A sparse the kernel computes Cᵀ and stores
@@ -948,18 +1024,7 @@ impl Sm90Fp8 {
         if let Some(e) = unsupported(&dense.desc, false) {
             return Err(Error::Format(e));
         }
-        let ea = dense.desc.format.elem;
-        let def = family::kernel(cfg.tile, ea, ElemType::E4M3, Mode::Sparse);
-        let kernel = self
-            .kernels
-            .iter()
-            .find(|kr| Some(kr.def) == def)
-            .ok_or_else(|| {
-                Error::Format(format!(
-                    "block-sparse GEMM takes an e4m3 dense operand, not {}",
-                    ea.name()
-                ))
-            })?;
+        let kernel = self.bsr_kernel(dense, &cfg)?;
         let (Some(ao), Some(bo)) = (
             dense.prepared.get::<Sm90Operand>(),
             sparse.prepared.get::<Sm90Sparse>(),
@@ -977,28 +1042,8 @@ impl Sm90Fp8 {
         };
         let (tile, cl) = (cfg.tile, cfg.cluster);
         let (m, n, k) = (dense.desc.rows, sparse.matrix_rows, dense.desc.k);
-        let m_units = m.div_ceil((tile.block_m() * cl.m) as usize);
         let resident = kernel.resident[cl.size() as usize - 1];
-        let ctas = (cfg.ctas.min(resident) / cl.size()).max(1) as usize;
-        let key = (tile.block_n as usize, m_units, ctas, cfg.split_k);
-        let work = sparse.work(stream, key)?;
-        let schedule = Schedule {
-            m: m as u32,
-            n: n as u32,
-            l: 1,
-            k_blocks: (k / BLOCK_K as usize) as u32,
-            split_k: 1,
-            unit_m: tile.block_m() * cl.m,
-            unit_n: tile.block_n,
-            group_m: cfg.group_m,
-            groups: None,
-            sparse: Some(blockscaled_kernels::gemm::scheduler::Sparse {
-                segments: 0,
-                count: work.count,
-                slots: work.slots,
-                counters: work.counters,
-            }),
-        };
+        let (schedule, work) = bsr_schedule(stream, resident, dense, sparse, &cfg)?;
         let ctas = persistent_ctas(schedule, cfg.ctas, resident, cl.size())?;
         let mut slot = ws.splitk.slot(if work.slots > 0 { 2 } else { 1 });
         let DeviceOutput {

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr};
 
-use crate::bsr::{BsrMatrix, DeviceBsr, SparseSide};
+use crate::bsr::{BsrMatrix, DeviceBsr, DeviceWork, SparseSide};
 use crate::buffers::{DeviceMatrix, DeviceOutput, Mem, Prepared, PreparedValue};
 use crate::error::{Error, Result, config, shape};
 use crate::family::{Family, Gemm};
@@ -18,7 +18,7 @@ use crate::prepare::Source;
 use crate::sm90_fp8::Sm90Output;
 use crate::splitk::{self, SplitK};
 use crate::tensor_map::{DataType, Swizzle, encode_3d};
-use crate::workspace::Workspace;
+use crate::workspace::{Workspace, WorkspaceSize};
 use blockscaled_kernels::gemm::layout::out_box_n;
 use blockscaled_kernels::gemm::scheduler::{ClusterShape, MAX_CLUSTER, Schedule};
 use blockscaled_kernels::params::SparseParams;
@@ -176,6 +176,45 @@ pub(crate) fn unsupported_pair(a: &MatrixDesc, b: &MatrixDesc) -> Option<String>
             )
         })
     })
+}
+
+/// The schedule of a dense GEMM of `shape` with `cfg` (the kernel's: units of tile rows × the
+/// cluster by the tile's columns).
+fn dense_schedule(cfg: &Sm90HalfConfig, shape: GemmShape) -> Schedule {
+    let GemmShape { m, n, k, l } = shape;
+    let (tile, cl) = (cfg.tile, cfg.cluster());
+    let units = (tile.block_m() * cl.m, tile.block_n);
+    let k_blocks = k.div_ceil(BLOCK_K as usize);
+    crate::launch::schedule((m, n, l), k_blocks, units, (cfg.split_k, cfg.group_m), None)
+}
+
+/// The workspace a dense GEMM of `shape` with `cfg` takes (split K's buffers).
+pub(crate) fn workspace(cfg: &Sm90HalfConfig, shape: GemmShape) -> Result<WorkspaceSize> {
+    splitk::bytes(&dense_schedule(cfg, shape), cfg.cluster(), cfg.split_k > 1)
+}
+
+/// A block-sparse GEMM's schedule with `cfg` and its work list (made once per key on the
+/// sparse operand), for a kernel with `resident` CTAs resident at once.
+fn bsr_schedule(
+    stream: &Arc<CudaStream>,
+    resident: u32,
+    dense: &DeviceMatrix,
+    sparse: &DeviceBsr,
+    cfg: &Sm90HalfConfig,
+) -> Result<(Schedule, Arc<DeviceWork>)> {
+    let (tile, cl) = (cfg.tile, cfg.cluster());
+    let clusters = (cfg.ctas.min(resident) / cl.m).max(1) as usize;
+    let (m, k) = (dense.desc.rows, dense.desc.k);
+    let units = (tile.block_m() * cl.m, tile.block_n);
+    let sizes = (m, k.div_ceil(BLOCK_K as usize));
+    crate::bsr::sparse_schedule(
+        stream,
+        sparse,
+        sizes,
+        units,
+        cfg.group_m,
+        (clusters, cfg.split_k),
+    )
 }
 
 /// The kernel's input type for an element type.
@@ -391,18 +430,7 @@ impl Sm90Half {
         let kernel = self.kernel(cfg.tile, ty, mode)?;
         let GemmShape { m, n, k, l } = shape;
         let (tile, cl) = (cfg.tile, cfg.cluster());
-        let schedule = Schedule {
-            m: m as u32,
-            n: n as u32,
-            l: l as u32,
-            k_blocks: k.div_ceil(BLOCK_K as usize) as u32,
-            split_k: cfg.split_k,
-            unit_m: tile.block_m() * cl.m,
-            unit_n: tile.block_n,
-            group_m: cfg.group_m,
-            groups: None,
-            sparse: None,
-        };
+        let schedule = dense_schedule(&cfg, shape);
         let resident = kernel.resident[cl.m as usize - 1];
         let ctas = persistent_ctas(schedule, cfg.ctas, resident, cl.m)?;
         let mut slot = work.splitk.slot(cfg.split_k);
@@ -435,6 +463,25 @@ impl Sm90Half {
         // the kernel is the fused one exactly when `epi` is set.
         let _gemm = unsafe { launch.launch_fused(params, epi) }?;
         Ok(())
+    }
+
+    /// The workspace of a block-sparse GEMM with `cfg` (split K's buffers where the work list
+    /// splits runs of blocks; the sparse operand's work list is made as the launch makes it).
+    pub(crate) fn bsr_workspace(
+        &self,
+        stream: &Arc<CudaStream>,
+        dense: &DeviceMatrix,
+        sparse: &DeviceBsr,
+        cfg: Sm90HalfConfig,
+    ) -> Result<WorkspaceSize> {
+        let ty = half_type(dense.desc.format.elem).ok_or_else(|| {
+            Error::Format(unsupported(&dense.desc).unwrap_or_else(|| "not 16-bit".into()))
+        })?;
+        let kernel = self.kernel(cfg.tile, ty, Mode::Sparse)?;
+        let cl = cfg.cluster();
+        let resident = kernel.resident[cl.m as usize - 1];
+        let (schedule, work) = bsr_schedule(stream, resident, dense, sparse, &cfg)?;
+        splitk::bytes(&schedule, cl, work.slots > 0)
     }
 
     /// C = alpha · A · Bᵀ with the operand on `side` block-sparse (`sparse`, bf16 blocks) and
@@ -473,27 +520,8 @@ impl Sm90Half {
         let kernel = self.kernel(cfg.tile, ty, Mode::Sparse)?;
         let (tile, cl) = (cfg.tile, cfg.cluster());
         let (m, n, k) = (dense.desc.rows, sparse.matrix_rows, dense.desc.k);
-        let m_units = m.div_ceil((tile.block_m() * cl.m) as usize);
         let resident = kernel.resident[cl.m as usize - 1];
-        let ctas = (cfg.ctas.min(resident) / cl.m).max(1) as usize;
-        let work = sparse.work(stream, (tile.block_n as usize, m_units, ctas, cfg.split_k))?;
-        let schedule = Schedule {
-            m: m as u32,
-            n: n as u32,
-            l: 1,
-            k_blocks: k.div_ceil(BLOCK_K as usize) as u32,
-            split_k: 1,
-            unit_m: tile.block_m() * cl.m,
-            unit_n: tile.block_n,
-            group_m: cfg.group_m,
-            groups: None,
-            sparse: Some(blockscaled_kernels::gemm::scheduler::Sparse {
-                segments: 0,
-                count: work.count,
-                slots: work.slots,
-                counters: work.counters,
-            }),
-        };
+        let (schedule, work) = bsr_schedule(stream, resident, dense, sparse, &cfg)?;
         let ctas = persistent_ctas(schedule, cfg.ctas, resident, cl.m)?;
         let mut slot = ws.splitk.slot(if work.slots > 0 { 2 } else { 1 });
         let mut launch = half_launch(stream, &kernel.func, kernel.def, ctas, cl.m);

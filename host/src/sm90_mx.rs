@@ -17,6 +17,7 @@ use crate::matrix::{GemmShape, MatrixDesc};
 use crate::prepare::{GatherTo, Preparers, Source};
 use crate::splitk::{self, SplitK};
 use crate::tensor_map::{DataType, Swizzle, encode_3d, encode_scale_rows};
+use crate::workspace::WorkspaceSize;
 use blockscaled_kernels::gemm::scheduler::{ClusterShape, Schedule};
 use blockscaled_kernels::sm90_mx::{
     self as family, BLOCK_K, BLOCK_M, MxScale, MxTile, SCALE_ROWS_PAD, Sm90MxParams,
@@ -99,6 +100,21 @@ pub(crate) fn validate_schedule(
         )));
     }
     splitk::validate(s, split_k)
+}
+
+/// The schedule of a GEMM of `shape` with `cfg` (the kernel's: units of a tile).
+fn dense_schedule(cfg: &Sm90MxConfig, shape: GemmShape, groups: Option<&DeviceGroups>) -> Schedule {
+    let GemmShape { m, n, k, l } = shape;
+    let units = (BLOCK_M, cfg.tile.block_n);
+    let k_blocks = k.div_ceil(BLOCK_K as usize);
+    let groups = groups.map(|g| g.schedule(m, false));
+    crate::launch::schedule(
+        (m, n, l),
+        k_blocks,
+        units,
+        (cfg.split_k, cfg.group_m),
+        groups,
+    )
 }
 
 /// The scale format of an operand the kernel takes (`None`: none of its kernels does).
@@ -370,6 +386,34 @@ impl Sm90Mx {
         Ok(Some(Sm90Mx { kernels, sm_count }))
     }
 
+    /// The persistent CTAs of a launch of `schedule`: one per SM at most (the stages fill its
+    /// shared memory).
+    fn ctas(&self, cfg: &Sm90MxConfig, schedule: Schedule) -> Result<u32> {
+        persistent_ctas(schedule, cfg.ctas, self.sm_count, 1)
+    }
+
+    /// The workspace a GEMM of `shape` with `cfg` takes: split K's buffers, and with a fused
+    /// epilogue (`fused`) the rows it stages.
+    pub(crate) fn workspace(
+        &self,
+        cfg: &Sm90MxConfig,
+        shape: GemmShape,
+        groups: Option<&DeviceGroups>,
+        fused: bool,
+    ) -> Result<WorkspaceSize> {
+        let schedule = dense_schedule(cfg, shape, groups);
+        let consumers = blockscaled_kernels::sm90_mx::CONSUMERS;
+        let staging = match fused {
+            true => Fused::staging_bytes((self.ctas(cfg, schedule)?, consumers, cfg.tile.block_n)),
+            false => 0,
+        };
+        Ok(WorkspaceSize {
+            staging: usize::try_from(staging)
+                .map_err(|_| crate::error::shape("the staging overflows"))?,
+            ..splitk::bytes(&schedule, ClusterShape::ONE, cfg.split_k > 1)?
+        })
+    }
+
     /// C = A · Bᵀ with `cfg` (validated for `g.shape`): one launch, split K included.
     pub(crate) fn gemm(&self, g: Gemm<'_, '_>, cfg: Sm90MxConfig) -> Result<()> {
         let Gemm {
@@ -409,20 +453,8 @@ impl Sm90Mx {
         let DeviceOutput {
             buf: out, dtype, ..
         } = c;
-        let schedule = Schedule {
-            m: m as u32,
-            n: n as u32,
-            l: l as u32,
-            k_blocks: k.div_ceil(BLOCK_K as usize) as u32,
-            split_k: cfg.split_k,
-            unit_m: BLOCK_M,
-            unit_n: tile.block_n,
-            group_m: cfg.group_m,
-            groups: groups.map(|g| g.schedule(m, false)),
-            sparse: None,
-        };
-        // One CTA per SM at most (the stages fill its shared memory).
-        let ctas = persistent_ctas(schedule, cfg.ctas, self.sm_count, 1)?;
+        let schedule = dense_schedule(&cfg, shape, groups);
+        let ctas = self.ctas(&cfg, schedule)?;
         let smem = kernel.def.layout().bytes();
         // The MX kernel has no output staging: a fused epilogue stages its rows in global memory.
         let geometry = (ctas, blockscaled_kernels::sm90_mx::CONSUMERS, tile.block_n);

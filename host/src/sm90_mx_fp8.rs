@@ -25,11 +25,13 @@ use crate::buffers::DeviceMatrix;
 use crate::error::{Error, Result, shape};
 use crate::family::{Family, Gemm};
 use crate::format::ElemType;
+use crate::grouped::DeviceGroups;
 use crate::launch::Launch;
-use crate::matrix::{MatrixDesc, ScaleLayout};
+use crate::matrix::{GemmShape, MatrixDesc, ScaleLayout};
 use crate::prepare::Preparers;
 use crate::sm90_fp8::{self, BRole, Sm90Config, Sm90Fp8, Sm90Operand};
 use crate::sm90_mx::{self, MxOperand};
+use crate::workspace::{Workspace, WorkspaceSize};
 use blockscaled_kernels::fold::{
     self as family, FOLD_K, FOLD_ROWS, FOLD_SMEM, FOLD_THREADS, FoldParams,
 };
@@ -186,23 +188,46 @@ impl Sm90MxFp8 {
                 Error::Format("operand was not prepared for the sm90 kernel".into())
             });
         }
-        let d = &src.desc;
-        let dims = (d.rows, d.k, d.batch);
-        // (The handle's workspace keeps one folded copy a role; it is this family's type.)
-        let fits = |s: &Option<Box<dyn Any + Send + Sync>>| {
-            s.as_ref()
-                .and_then(|f| f.downcast_ref::<Folded>())
-                .is_some_and(|f| f.dims == dims)
-        };
-        if !fits(slot) {
-            *slot = None;
-            *slot = Some(Box::new(Folded::alloc(stream, dims, as_b)?));
-        }
-        let Some(folded) = slot.as_mut().and_then(|f| f.downcast_mut::<Folded>()) else {
-            unreachable!("filled above with a Folded")
-        };
+        let folded = slot_for(stream, slot, &src.desc, as_b)?;
         self.fold(stream, src, folded, as_b)?;
         Ok(&folded.op)
+    }
+
+    /// The workspace a GEMM of `a` and `b` (forming `shape`) with `cfg` takes: the FP8 kernel's,
+    /// and the folded copies of the operands that need folding.
+    pub(crate) fn workspace(
+        cfg: &Sm90Config,
+        (a, b): (&DeviceMatrix, &DeviceMatrix),
+        shape: GemmShape,
+        groups: Option<&DeviceGroups>,
+    ) -> Result<WorkspaceSize> {
+        if let Some(e) = unsupported_pair(&a.desc, &b.desc) {
+            return Err(Error::Format(e));
+        }
+        let mut w = Sm90Fp8::workspace(cfg, shape, groups)?;
+        for (m, as_b) in [(a, false), (b, true)] {
+            if route(&m.desc, as_b).map_err(Error::Format)? == Route::Fold {
+                w.fold += Folded::bytes(dims_of(&m.desc), as_b);
+            }
+        }
+        Ok(w)
+    }
+
+    /// Makes `ws`'s folded copies for `a` and `b` where they need folding (what a call's
+    /// [`Self::gemm`] would make).
+    pub(crate) fn reserve(
+        stream: &Arc<CudaStream>,
+        ws: &Workspace,
+        (a, b): (&DeviceMatrix, &DeviceMatrix),
+    ) -> Result<()> {
+        let mut slots = crate::workspace::lock(&ws.fold);
+        let [wa, wb] = &mut *slots;
+        for (m, slot, as_b) in [(a, wa, false), (b, wb, true)] {
+            if route(&m.desc, as_b).map_err(Error::Format)? == Route::Fold {
+                slot_for(stream, slot, &m.desc, as_b)?;
+            }
+        }
+        Ok(())
     }
 
     /// `src` folded once into buffers of its own (the B role: scales per row; the A role: per
@@ -345,7 +370,56 @@ impl Sm90MxFp8 {
     }
 }
 
+crate::buffers::held!(Folded: data, op);
+
+/// The dimensions a folded copy of `d` is made for.
+fn dims_of(d: &MatrixDesc) -> (usize, usize, usize) {
+    (d.rows, d.k, d.batch)
+}
+
+/// `slot`'s folded copy for an operand `d` in its role, made anew where it holds none of `d`'s
+/// dimensions. (A workspace keeps one folded copy a role; it is this family's type.)
+fn slot_for<'w>(
+    stream: &Arc<CudaStream>,
+    slot: &'w mut Option<Box<dyn Any + Send + Sync>>,
+    d: &MatrixDesc,
+    as_b: bool,
+) -> Result<&'w mut Folded> {
+    let dims = dims_of(d);
+    let fits = |s: &Option<Box<dyn Any + Send + Sync>>| {
+        s.as_ref()
+            .and_then(|f| f.downcast_ref::<Folded>())
+            .is_some_and(|f| f.dims == dims)
+    };
+    if !fits(slot) {
+        *slot = None;
+        *slot = Some(Box::new(Folded::alloc(stream, dims, as_b)?));
+    }
+    Ok(slot
+        .as_mut()
+        .and_then(|f| f.downcast_mut::<Folded>())
+        .expect("filled above with a Folded"))
+}
+
+/// The device bytes a workspace's fold slot holds.
+pub(crate) fn folded_bytes(slot: &(dyn Any + Send + Sync)) -> usize {
+    slot.downcast_ref::<Folded>()
+        .map_or(0, crate::buffers::Held::device_bytes)
+}
+
 impl Folded {
+    /// The device bytes [`Folded::alloc`] makes for `dims` in a role: the codes, the scales
+    /// (B: the tiles' ones and the per-row scales; A: the kernel's padded 1×128 scales) and
+    /// the FP8 kernel's tensor maps over them.
+    fn bytes((rows, k, l): (usize, usize, usize), as_b: bool) -> usize {
+        let k_chunks = k / FOLD_K as usize;
+        let scales = match as_b {
+            true => 4 * l * (rows.div_ceil(FOLD_ROWS as usize) * k_chunks + rows),
+            false => 4 * l * k_chunks * m_pad(rows as u32) as usize,
+        };
+        rows * k * l + scales + crate::sm90_fp8::operand_map_bytes(!as_b)
+    }
+
     /// Buffers for an `l` × `rows` × `k` operand folded in one role, with the FP8 kernel's
     /// operand over them.
     fn alloc(stream: &Arc<CudaStream>, dims: (usize, usize, usize), as_b: bool) -> Result<Self> {

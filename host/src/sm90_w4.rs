@@ -16,8 +16,9 @@ use crate::matrix::{GemmShape, MatrixDesc};
 use crate::prepare::{GatherTo, Preparers, Source};
 use crate::sm90_fp8::Sm90Operand;
 use crate::sm90_mx::{MxOperand, kernel_scales, kernel_scales_to, scale_format};
-use crate::splitk::SplitK;
+use crate::splitk::{self, SplitK};
 use crate::tensor_map::{DataType, Swizzle, encode_3d, encode_scale_rows};
+use crate::workspace::WorkspaceSize;
 use blockscaled_kernels::gemm::scheduler::{ClusterShape, Schedule};
 use blockscaled_kernels::sm90_w4::{
     self as family, A8_SCALE_K, Activation, BLOCK_K, SCALE_ROWS_PAD, Sm90W4Params, W4Tile,
@@ -414,6 +415,22 @@ impl Family for Sm90W4 {
     }
 }
 
+/// The schedule of a GEMM of `shape` with `cfg`, as the kernel's: tiles of the weights' rows
+/// (C's N) by the activations' rows (C's M, the schedule's N).
+fn dense_schedule(cfg: &Sm90W4Config, shape: GemmShape, groups: Option<&DeviceGroups>) -> Schedule {
+    let GemmShape { m, n, k, l } = shape;
+    let units = (WEIGHT_ROWS, cfg.tile.n);
+    let k_blocks = k.div_ceil(BLOCK_K as usize);
+    let groups = groups.map(|g| g.schedule(m, true));
+    crate::launch::schedule(
+        (n, m, l),
+        k_blocks,
+        units,
+        (cfg.split_k, cfg.group_m),
+        groups,
+    )
+}
+
 impl Sm90W4 {
     /// Loads the kernels when the module built for `target` has them.
     pub(crate) fn load(
@@ -435,6 +452,16 @@ impl Sm90W4 {
             preparers: preparers.clone(),
             sm_count,
         }))
+    }
+
+    /// The workspace a GEMM of `shape` with `cfg` takes (split K's buffers).
+    pub(crate) fn workspace(
+        cfg: &Sm90W4Config,
+        shape: GemmShape,
+        groups: Option<&DeviceGroups>,
+    ) -> Result<WorkspaceSize> {
+        let schedule = dense_schedule(cfg, shape, groups);
+        splitk::bytes(&schedule, ClusterShape::ONE, cfg.split_k > 1)
     }
 
     /// C = A · Bᵀ (computed as Cᵀ = B · Aᵀ) with `cfg` (validated for `g.shape`): one launch,
@@ -492,19 +519,7 @@ impl Sm90W4 {
         let DeviceOutput {
             buf: out, dtype, ..
         } = c;
-        let schedule = Schedule {
-            m: n as u32,
-            n: m as u32,
-            l: l as u32,
-            k_blocks: k.div_ceil(BLOCK_K as usize) as u32,
-            split_k: cfg.split_k,
-            unit_m: WEIGHT_ROWS,
-            unit_n: cfg.tile.n,
-            group_m: cfg.group_m,
-            // The activations' rows (C's M) are the schedule's N.
-            groups: groups.map(|g| g.schedule(m, true)),
-            sparse: None,
-        };
+        let schedule = dense_schedule(&cfg, shape, groups);
         // One CTA per SM at most (the stages fill its shared memory).
         let ctas = persistent_ctas(schedule, cfg.ctas, self.sm_count, 1)?;
         let smem = kernel.def.layout().bytes();

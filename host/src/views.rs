@@ -196,10 +196,21 @@ impl Gpu {
 
     /// A bf16 or fp16 matrix `[batch][rows][k]` over the caller's memory, with the scale 1: the
     /// 16-bit kernel's operands and the 4-bit-weights kernel's bf16 activations (W4A16), as a
-    /// framework holds them. Its scale buffer (`batch` fp32 ones) is this crate's.
+    /// framework holds them. Its scales (`batch` fp32 ones) are this crate's, one buffer made
+    /// once and shared by every such view of the GPU; making a view allocates only the kernels'
+    /// tensor maps over `data` (made once per view: keep a view where the memory stays).
     pub fn half_view<'a>(
         &self,
         data: impl IntoDeviceBytes<'a>,
+        elem: ElemType,
+        dims: (usize, usize, usize),
+    ) -> Result<DeviceMatrix<'a>> {
+        self.half_over(Mem::View(data.into_device_bytes()), elem, dims)
+    }
+
+    fn half_over<'a>(
+        &self,
+        data: Mem<'a>,
         elem: ElemType,
         (rows, k, batch): (usize, usize, usize),
     ) -> Result<DeviceMatrix<'a>> {
@@ -224,9 +235,23 @@ impl Gpu {
             scale_layout: ScaleLayout::packed(crate::format::ScaleMajor::K, 1, 1),
             tensor_scale: 1.0,
         };
-        let ones: Vec<u8> = (0..batch).flat_map(|_| 1f32.to_le_bytes()).collect();
-        let scales = Mem::Owned(crate::alloc::copy_of(self.stream(), &ones)?);
-        self.matrix_over(desc, Mem::View(data.into_device_bytes()), scales, true)
+        // (The GPU's shared ones.)
+        let scales = Mem::Shared(self.ones(batch.max(1))?);
+        self.matrix_over(desc, data, scales, true)
+    }
+
+    /// [`Gpu::half_view`] over raw device memory.
+    ///
+    /// # Safety
+    /// As [`Gpu::matrix_from_raw`], read only.
+    pub unsafe fn half_from_raw(
+        &self,
+        data: RawDevice,
+        elem: ElemType,
+        dims: (usize, usize, usize),
+    ) -> Result<DeviceMatrix<'static>> {
+        let mem = self.raw(data, false, "the matrix")?;
+        self.half_over(mem, elem, dims)
     }
 
     /// The matrix `desc` over `data` and `scales` (checked), prepared on the device.

@@ -9,9 +9,10 @@ use std::sync::{Arc, OnceLock};
 
 use blockscaled::kernels::params::Activation;
 use blockscaled::{
-    Call, DeviceMatrix, DeviceOutput, DeviceTensor, ElemType, Epilogue, Error, Fp4Weights, Fp8,
-    Gpu, GroupLayout, HostOutput, InputType, OutType, Plan, QuantizeOptions, RawDevice, Recipe,
-    ScaleLayout, ScaleMajor, ScaledMatrix, device_allocations,
+    BsrMatrix, Call, ClusterShape, DeviceMatrix, DeviceOutput, DeviceTensor, ElemType, Epilogue,
+    Error, Fp4Weights, Fp8, Gpu, GroupLayout, HostOutput, InputType, OutType, Plan,
+    QuantizeOptions, RawDevice, Recipe, ScaleLayout, ScaleMajor, ScaledMatrix, Sm90Config,
+    Sm90Tile, SparseSide, Workspace, WorkspaceSize, device_allocations,
 };
 use blockscaled_tests::{random_matrix, random_values};
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, sys};
@@ -628,4 +629,172 @@ fn one_call_description_plans_and_runs_every_kind_and_refuses_what_none_runs() {
         let r = g.run(&call, &mut c);
         assert!(matches!(r, Err(Error::Config(_))), "{what}: {r:?}");
     }
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn a_bf16_view_made_every_step_matches_the_owned_matrix() {
+    let _serial = serial();
+    let g = gpu();
+    // W4A16: an engine's bf16 activations, viewed afresh each step (a framework's tensor moves
+    // from step to step), times prepared MXFP4 weights; the views share the GPU's unit scales.
+    let (m, n, k) = (16, 256, 512);
+    let recipe = Recipe::W4A16(Fp4Weights::Mxfp4);
+    let (_, w) = random_matrix(81, n, k, 1, recipe.b());
+    let w = g.upload(&w).unwrap();
+    g.prepare_weights(&w).unwrap();
+    let bits: Vec<u16> = random_values(82, m * k, k)
+        .iter()
+        .map(|&x| bf16::from_f32(x).to_bits())
+        .collect();
+    let x: CudaSlice<u16> = g.stream().clone_htod(&bits).unwrap();
+    // The owned path: the same bf16 values with an explicit scale of 1.
+    let bytes: Vec<u8> = bits.iter().flat_map(|b| b.to_le_bytes()).collect();
+    let layout = ScaleLayout::packed(ScaleMajor::K, 1, 1);
+    let one = 1f32.to_le_bytes().to_vec();
+    let owned = ScaledMatrix::from_parts(recipe.a(), m, k, 1, bytes, one, layout, 1.0).unwrap();
+    let owned = g.upload(&owned).unwrap();
+    let mut c = g.output(m, n, 1, OutType::Bf16).unwrap();
+    g.gemm(&owned, &w, &mut c).unwrap();
+    let want = c.to_host().unwrap();
+    for step in 0..3 {
+        c.poison().unwrap();
+        let a = g.half_view(&x, ElemType::BF16, (m, k, 1)).unwrap();
+        g.gemm(&a, &w, &mut c).unwrap();
+        let what = format!("step {step}: a bf16 view against the owned matrix");
+        assert_bit_identical(&c.to_host().unwrap(), &want, &what);
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn a_reserved_workspace_is_the_size_queried_and_a_call_in_it_allocates_nothing() {
+    let _serial = serial();
+    let g = gpu();
+    let step = Step::new(g, 90, 91);
+    let (m, n, k) = STEP;
+    let groups = g.stream().clone_htod(&[64i32, 100, 200, 256]).unwrap();
+    let groups = g
+        .groups_view(GroupLayout::Contiguous, groups.slice(..))
+        .unwrap();
+    let epi = Epilogue::new()
+        .bias(&step.bias)
+        .activation(Activation::Silu);
+    // MXFP8 (e5m2: no fused FP8 kernel to fold to) with a fused epilogue: the MX kernel, which
+    // stages its rows in the workspace.
+    let mx = Recipe::Mxfp8(Fp8::E5M2);
+    let a_mx = g.quantize(&step.t, mx.a()).unwrap();
+    let (_, b_mx) = random_matrix(92, n, k, 1, mx.b());
+    let b_mx = g.upload(&b_mx).unwrap();
+    g.prepare_weights(&b_mx).unwrap();
+    type Expect = fn(&WorkspaceSize) -> bool;
+    let calls: [(&str, Call, Expect); 6] = [
+        ("plain", Call::new(&step.a, &step.b), |_| true),
+        (
+            "split K",
+            Call::new(&step.a, &step.b).with_plan(step.split),
+            |w| w.split_k > 0,
+        ),
+        (
+            "fused FP8",
+            Call::new(&step.a, &step.b).epilogue(&epi),
+            |_| true,
+        ),
+        ("NVFP4 folded", Call::new(&step.a_nv, &step.b_nv), |w| {
+            w.fold > 0
+        }),
+        (
+            "grouped",
+            Call::new(&step.a, &step.experts).groups(&groups),
+            |_| true,
+        ),
+        ("fused MXFP8", Call::new(&a_mx, &b_mx).epilogue(&epi), |w| {
+            w.staging > 0
+        }),
+    ];
+    for (name, call, expected) in calls {
+        let mut want = g.output(m, n, 1, OutType::Bf16).unwrap();
+        g.run(&call, &mut want).unwrap(); // (in the handle's workspace)
+        let ws = Workspace::new();
+        let need = g.workspace_size(&call, None).unwrap();
+        assert!(expected(&need), "{name}: {need:?}");
+        g.reserve(&ws, &call, None).unwrap();
+        assert_eq!(
+            ws.bytes(),
+            need.total(),
+            "{name}: reserved against queried ({need:?})"
+        );
+        let mut got = g.output(m, n, 1, OutType::Bf16).unwrap();
+        let before = device_allocations();
+        g.run(&call.workspace(&ws), &mut got).unwrap();
+        assert_eq!(
+            device_allocations(),
+            before,
+            "{name}: allocated in a reserved workspace"
+        );
+        assert_bit_identical(
+            &got.to_host().unwrap(),
+            &want.to_host().unwrap(),
+            &format!("{name}: the call's workspace against the handle's"),
+        );
+        println!("{name}: {need:?}");
+    }
+    // A quantized output (FP8 codes with scales per 1×128) from the MX kernel's fused epilogue.
+    let q = Recipe::DeepSeekFp8.a();
+    let call = Call::new(&a_mx, &b_mx).epilogue(&epi);
+    let opts = QuantizeOptions::default();
+    let mut want = g.run_quantized_new(&call, q, &opts).unwrap();
+    let mut got = g.run_quantized_new(&call, q, &opts).unwrap();
+    g.run_quantized(&call, &mut want).unwrap();
+    let ws = Workspace::new();
+    let need = g.workspace_size(&call, Some(q)).unwrap();
+    assert!(need.staging > 0, "quantized: {need:?}");
+    g.reserve(&ws, &call, Some(q)).unwrap();
+    assert_eq!(ws.bytes(), need.total(), "quantized: {need:?}");
+    let before = device_allocations();
+    g.run_quantized(&call.workspace(&ws), &mut got).unwrap();
+    assert_eq!(
+        device_allocations(),
+        before,
+        "quantized: allocated in a reserved workspace"
+    );
+    let (got, want) = (got.to_host().unwrap(), want.to_host().unwrap());
+    assert_eq!(got.data(), want.data(), "quantized codes");
+    assert_eq!(got.scales(), want.scales(), "quantized scales");
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn a_block_sparse_call_in_a_reserved_workspace_allocates_nothing() {
+    let _serial = serial();
+    let g = gpu();
+    // One block row holds every block, the others one or none: with one M tile the long run is
+    // cut into parts that meet in split K's workspace.
+    let recipe = Recipe::DeepSeekFp8;
+    let (_, dense) = random_matrix(95, 128, 2048, 1, recipe.a());
+    let (_, full) = random_matrix(96, 512, 2048, 1, recipe.b());
+    let sparse = BsrMatrix::from_dense_blocks(&full, |br, bc| br == 2 || (br == 0 && bc == 3))
+        .expect("valid BSR");
+    let (dd, ds) = (g.upload(&dense).unwrap(), g.upload_bsr(&sparse).unwrap());
+    // (128-row tiles, 132 CTAs, runs cut into at most 16 parts.)
+    let cfg = Sm90Config::new(Sm90Tile::M128, ClusterShape::ONE, 1, 132, 16);
+    let plan = Plan::Sm90Fp8(cfg);
+    let call = Call::sparse(&dd, &ds, SparseSide::B).with_plan(plan);
+    let mut want = g.output(128, 512, 1, OutType::F32).unwrap();
+    g.run(&call, &mut want).unwrap();
+    let need = g.workspace_size(&call, None).unwrap();
+    assert!(need.split_k > 0, "{need:?}");
+    let ws = Workspace::new();
+    g.reserve(&ws, &call, None).unwrap();
+    assert_eq!(ws.bytes(), need.total(), "{need:?}");
+    let mut got = g.output(128, 512, 1, OutType::F32).unwrap();
+    let before = device_allocations();
+    g.run(&call.workspace(&ws), &mut got).unwrap();
+    assert_eq!(
+        device_allocations(),
+        before,
+        "allocated in a reserved workspace"
+    );
+    let (got, want) = (got.to_host().unwrap(), want.to_host().unwrap());
+    assert_bit_identical(&got, &want, "the call's workspace against the handle's");
 }
