@@ -11,12 +11,24 @@ lt=$(find / -name 'libcublasLt.so.1[0-9]*' -not -path '*/proc/*' 2>/dev/null | h
 # does): their directories from a CUDA install or NVIDIA's pip packages.
 for lib in libcudart.so.13 libcublas.so.13 libcurand.so.10 libnvrtc.so.13; do
   l=$(find / -name "$lib" -not -path '*/proc/*' 2>/dev/null | head -1)
-  [ -n "$l" ] && export LD_LIBRARY_PATH="$(dirname "$l"):$LD_LIBRARY_PATH"
+  [ -n "$l" ] && export LD_LIBRARY_PATH="$(dirname "$l"):${LD_LIBRARY_PATH:-}"
 done
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader
+# NCCL (the tensor-parallel tests): cudarc loads `libnccl.so`; NVIDIA's pip package ships
+# libnccl.so.2, so link it under that name. NVLink multicast stays off (never enable it here).
+export NCCL_NVLS_ENABLE=0
+nccl=$(find / -name 'libnccl.so.2' -not -path '*/proc/*' 2>/dev/null | head -1)
+if [ -n "$nccl" ]; then
+  mkdir -p /tmp/blockscaled-nccl && ln -sf "$nccl" /tmp/blockscaled-nccl/libnccl.so
+  export LD_LIBRARY_PATH="/tmp/blockscaled-nccl:${LD_LIBRARY_PATH:-}"
+fi
+gpus=$(nvidia-smi -L | wc -l)
 status=0
 if [ "${SKIP_TESTS:-0}" != 1 ]; then
   for t in tests/*; do
+    if [ "$(basename "$t")" = gpu_parallel ] && [ "$gpus" -lt 2 ]; then
+      echo "=== $t: skipped (it needs two GPUs; this machine has $gpus)"; continue
+    fi
     echo "=== $t"
     "./$t" --include-ignored 2>&1 | tee "$OUT/$(basename "$t").log" | grep -E "^test result|FAILED|panicked|failed" || true
     [ "${PIPESTATUS[0]}" = 0 ] || status=1

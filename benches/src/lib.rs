@@ -4,5 +4,6 @@ pub mod cublaslt;
 pub mod engine;
 pub mod fused;
 pub mod grouped;
+pub mod parallel;
 pub mod table;
 pub mod timing;

@@ -1181,11 +1181,32 @@ fn a_role_scales<'a>(
 /// Whether the CUDA driver library can be loaded (cudarc would panic at its first call
 /// otherwise, where it loads the library at run time).
 fn driver_present() -> bool {
-    ["libcuda.so.1", "libcuda.so", "nvcuda.dll"]
-        .iter()
-        .any(|name| {
-            // SAFETY: loading the driver library runs its initializers, which have no preconditions;
-            // the handle is dropped at once.
-            unsafe { libloading::Library::new(*name) }.is_ok()
-        })
+    library_loads(&["libcuda.so.1", "libcuda.so", "nvcuda.dll"])
+}
+
+/// Whether one of `names` (a library's file names) can be loaded.
+fn library_loads(names: &[&str]) -> bool {
+    names.iter().any(|name| {
+        // SAFETY: loading a CUDA library runs its initializers, which have no preconditions; the
+        // handle is dropped at once.
+        unsafe { libloading::Library::new(*name) }.is_ok()
+    })
+}
+
+/// `Err` naming `what` unless one of `names` can be loaded (cudarc loads a library at its first
+/// call and panics where it is missing).
+#[cfg(feature = "nccl")]
+pub(crate) fn library_present(names: &[&str], what: &str) -> std::result::Result<(), String> {
+    match library_loads(names) {
+        true => Ok(()),
+        false => Err(format!(
+            "the {what} library ({}, …) is not on the library path",
+            names
+                .iter()
+                .take(2)
+                .copied()
+                .collect::<Vec<_>>()
+                .join(" or ")
+        )),
+    }
 }

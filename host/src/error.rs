@@ -30,6 +30,9 @@ pub enum Error {
     /// context) than the one asked to use it.
     #[error("wrong GPU: {0}")]
     WrongGpu(String),
+    /// An NCCL call failed, or NCCL is not installed (feature `nccl`).
+    #[error("NCCL: {0}")]
+    Collective(String),
     /// A CUDA driver call failed.
     #[error("CUDA driver: {0}")]
     Driver(#[from] cudarc::driver::DriverError),

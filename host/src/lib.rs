@@ -58,6 +58,8 @@ pub mod image;
 mod launch;
 mod matrix;
 mod output;
+#[cfg(feature = "nccl")]
+mod parallel;
 pub mod plan;
 mod prepare;
 mod quantize;
@@ -90,6 +92,8 @@ pub use grouped::{DeviceGroups, GroupLayout};
 pub use image::KernelImage;
 pub use matrix::{GemmShape, MatrixDesc, ScaleLayout, ScaledMatrix};
 pub use output::{HostOutput, output_ulp, round_output};
+#[cfg(feature = "nccl")]
+pub use parallel::Ranks;
 pub use plan::{GpuArch, Plan};
 pub use quantizer::{DeviceQuantized, DeviceTensor, QuantizeOptions, TensorElement};
 pub use sm90_fp8::Sm90Config;

@@ -2,7 +2,8 @@
 //! tolerances stated in units of the arithmetic (never a bare epsilon).
 
 use blockscaled::{
-    DeviceMatrix, Gpu, HostOutput, OperandFormat, OutType, Plan, ScaledMatrix, output_ulp,
+    DeviceMatrix, Gpu, HostOutput, OperandFormat, OutType, Plan, ScaleLayout, ScaleMajor,
+    ScaledMatrix, output_ulp,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -41,6 +42,35 @@ pub fn random_matrix(
     let v = random_values(seed, rows * k * batch, k);
     let m = ScaledMatrix::quantize(&v, rows, k, batch, format).expect("valid random matrix");
     (v, m)
+}
+
+/// Rows `r0..r1` of weights `m` in the DeepSeek layout (fp32 scales per 128×128, K-major):
+/// `r0` and `r1` on 128-row scale blocks (the end may be the last row). A tensor-parallel
+/// rank's share of a column split.
+pub fn weight_rows(m: &ScaledMatrix, r0: usize, r1: usize) -> ScaledMatrix {
+    let (k, kb) = (m.k(), m.k().div_ceil(128));
+    let (b0, b1) = (r0 / 128, r1.div_ceil(128));
+    let data = m.data()[r0 * k..r1 * k].to_vec();
+    let scales = m.scales()[b0 * kb * 4..b1 * kb * 4].to_vec();
+    let layout = ScaleLayout::packed(ScaleMajor::K, b1 - b0, kb);
+    ScaledMatrix::from_parts(m.format(), r1 - r0, k, 1, data, scales, layout, 1.0)
+        .expect("a slice of valid weights on scale blocks")
+}
+
+/// Columns `k0..k1` of K of weights `m` in the DeepSeek layout, on 128-column scale blocks: a
+/// tensor-parallel rank's share of a row split.
+pub fn weight_cols(m: &ScaledMatrix, k0: usize, k1: usize) -> ScaledMatrix {
+    let (n, k, kb) = (m.rows(), m.k(), m.k().div_ceil(128));
+    let (b0, b1) = (k0 / 128, k1 / 128);
+    let data = (0..n)
+        .flat_map(|r| m.data()[r * k + k0..r * k + k1].to_vec())
+        .collect();
+    let scales = (0..n.div_ceil(128))
+        .flat_map(|rb| m.scales()[(rb * kb + b0) * 4..(rb * kb + b1) * 4].to_vec())
+        .collect();
+    let layout = ScaleLayout::packed(ScaleMajor::K, n.div_ceil(128), b1 - b0);
+    ScaledMatrix::from_parts(m.format(), n, k1 - k0, 1, data, scales, layout, 1.0)
+        .expect("a slice of valid weights on scale blocks")
 }
 
 /// `m` with its scale bytes replaced by `scales` (same layout).

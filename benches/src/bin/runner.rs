@@ -141,6 +141,9 @@ struct Args {
     /// family), quantize → GEMM on a caller's stream, and two threads on two streams.
     #[arg(long)]
     engine: bool,
+    /// Tensor parallelism on two GPUs (NCCL): a DeepSeek-FP8 MLP on one GPU against two.
+    #[arg(long)]
+    tp: bool,
 }
 
 /// The 16-bit element type `--ab_dtype` names, if it names one.
@@ -677,6 +680,11 @@ fn run(args: &Args) -> Result<bool, String> {
     }
     if args.engine {
         blockscaled_benches::engine::run_engine(&gpu, args.iterations)?;
+        return Ok(true);
+    }
+    if args.tp {
+        drop(gpu);
+        blockscaled_benches::parallel::run_tp(args.iterations)?;
         return Ok(true);
     }
     if let Some(input) = &args.quantize {

@@ -1,0 +1,172 @@
+//! Several GPUs of one process joined by NCCL (feature `nccl`): a [`Gpu`] handle and an NCCL
+//! communicator per GPU, both on the handle's stream, and the collective a tensor-parallel layer
+//! needs on this crate's outputs ([`Ranks::all_reduce_sum`]: a row-split GEMM's partial
+//! products summed on every rank). NCCL is loaded at run time, as the driver is, so the feature
+//! builds without it; `Ranks::new` reports a missing library as [`Error::Collective`]. cudarc
+//! looks for `libnccl.so` (or `libnccl.so.13`, …): NVIDIA's pip package `nvidia-nccl-cu13` ships
+//! `libnccl.so.2`, which needs a link of that name on the library path (`scripts/run-gpu.sh`
+//! makes one). Keep NVLink multicast off (`NCCL_NVLS_ENABLE=0`) on shared machines.
+//!
+//! A column split needs no collective: each rank multiplies its share of the weights' rows and
+//! keeps its share of the output's columns (the next, row-split, layer's input). A row split
+//! multiplies each rank's share of K and sums the products: run each rank's GEMM into an output
+//! of the full shape, then [`Ranks::all_reduce_sum`].
+
+use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, DeviceSlice, SyncOnDrop, sys};
+use cudarc::nccl::{Comm, NcclType, ReduceOp};
+use half::{bf16, f16};
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+use crate::buffers::{DeviceOutput, Mem};
+use crate::device::Gpu;
+use crate::error::{Error, Result, shape};
+use crate::format::OutType;
+
+/// The GPUs of one process, one rank each (the module doc). Driven from one thread: its calls
+/// enqueue every rank's work, grouped as NCCL requires, on each rank's stream.
+pub struct Ranks {
+    gpus: Vec<Gpu>,
+    comms: Vec<Comm>,
+}
+
+impl std::fmt::Debug for Ranks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(&self.gpus).finish()
+    }
+}
+
+fn collective(e: cudarc::nccl::result::NcclError) -> Error {
+    Error::Collective(format!("{e:?}"))
+}
+
+impl Ranks {
+    /// A rank on each GPU of `ordinals` (distinct), with a handle of its own stream.
+    pub fn new(ordinals: &[usize]) -> Result<Ranks> {
+        let gpus = ordinals
+            .iter()
+            .map(|&o| Gpu::new(o))
+            .collect::<Result<Vec<_>>>()?;
+        Ranks::from_gpus(gpus)
+    }
+
+    /// A rank on each of `gpus` (handles of distinct GPUs; their streams carry the collectives).
+    pub fn from_gpus(gpus: Vec<Gpu>) -> Result<Ranks> {
+        let mut seen: Vec<usize> = gpus.iter().map(|g| g.context().ordinal()).collect();
+        seen.sort_unstable();
+        if seen.is_empty() || seen.windows(2).any(|w| w[0] == w[1]) {
+            return Err(Error::Config(format!(
+                "ranks need one handle each of distinct GPUs, not GPUs {seen:?}"
+            )));
+        }
+        // (NCCL's absence is an error here, not a panic in a later call.)
+        let names = cudarc::get_lib_name_candidates("nccl");
+        let names: Vec<&str> = names.iter().map(String::as_str).collect();
+        crate::device::library_present(&names, "NCCL").map_err(Error::Collective)?;
+        let streams = gpus.iter().map(|g| g.stream().clone()).collect();
+        let comms = Comm::from_devices(streams).map_err(collective)?;
+        Ok(Ranks { gpus, comms })
+    }
+
+    /// The number of ranks.
+    pub fn len(&self) -> usize {
+        self.gpus.len()
+    }
+
+    /// Whether there are none (never: [`Ranks::new`] refuses an empty list).
+    pub fn is_empty(&self) -> bool {
+        self.gpus.is_empty()
+    }
+
+    /// Rank `r`'s handle.
+    pub fn gpu(&self, r: usize) -> &Gpu {
+        &self.gpus[r]
+    }
+
+    /// Every rank's handle, by rank.
+    pub fn gpus(&self) -> &[Gpu] {
+        &self.gpus
+    }
+
+    /// Sums the ranks' outputs in place (`outs[r]` rank r's, all of one shape and type): each ends
+    /// holding the sum, in its type (bf16 and fp16 sums are NCCL's, rounded once a step; f32 for
+    /// the sum of partial products of a row split). Enqueued on each rank's stream after the work
+    /// already there (the GEMMs that wrote them); no host wait.
+    pub fn all_reduce_sum(&self, outs: &mut [&mut DeviceOutput<'_>]) -> Result<()> {
+        if outs.len() != self.len() {
+            return Err(shape(format!(
+                "{} outputs for {} ranks",
+                outs.len(),
+                self.len()
+            )));
+        }
+        let first = (outs[0].l, outs[0].m, outs[0].n, outs[0].dtype);
+        for (r, (c, gpu)) in outs.iter().zip(&self.gpus).enumerate() {
+            gpu.id().check(c.gpu, &format!("rank {r}'s output"))?;
+            if (c.l, c.m, c.n, c.dtype) != first {
+                return Err(shape(format!(
+                    "rank {r}'s output is {}×{}×{} {:?}, rank 0's {}×{}×{} {:?}",
+                    c.l, c.m, c.n, c.dtype, first.0, first.1, first.2, first.3
+                )));
+            }
+            if !c.buf.writable() {
+                return Err(Error::Config(format!("rank {r}'s output is read-only")));
+            }
+        }
+        // (One thread issues every rank's call between group_start and group_end, as NCCL
+        // requires of a thread that drives several communicators.)
+        cudarc::nccl::result::group_start().map_err(collective)?;
+        let issued = outs
+            .iter_mut()
+            .zip(&self.comms)
+            .try_for_each(|(c, comm)| match c.dtype {
+                OutType::Bf16 => sum::<bf16>(comm, &mut c.buf),
+                OutType::F16 => sum::<f16>(comm, &mut c.buf),
+                _ => sum::<f32>(comm, &mut c.buf),
+            });
+        let ended = cudarc::nccl::result::group_end().map_err(collective);
+        issued.and(ended.map(drop))
+    }
+}
+
+/// Rank `comm`'s all-reduce (sum) of `buf` as elements of `T`, in place.
+fn sum<T: NcclType>(comm: &Comm, buf: &mut Mem<'_>) -> Result<()> {
+    let mut typed = Typed::<T> {
+        mem: buf,
+        _t: PhantomData,
+    };
+    comm.all_reduce_in_place(&mut typed, &ReduceOp::Sum)
+        .map(drop)
+        .map_err(collective)
+}
+
+/// A byte buffer seen as elements of `T` (an output's, whose type its `OutType` says).
+struct Typed<'m, 'a, T> {
+    mem: &'m mut Mem<'a>,
+    _t: PhantomData<T>,
+}
+
+impl<T> DeviceSlice<T> for Typed<'_, '_, T> {
+    fn len(&self) -> usize {
+        self.mem.len() / std::mem::size_of::<T>()
+    }
+    fn stream(&self) -> &Arc<CudaStream> {
+        self.mem.stream()
+    }
+}
+
+impl<T> DevicePtrMut<T> for Typed<'_, '_, T> {
+    fn device_ptr_mut<'b>(
+        &'b mut self,
+        stream: &'b CudaStream,
+    ) -> (sys::CUdeviceptr, SyncOnDrop<'b>) {
+        // (Writable: `all_reduce_sum` checked.)
+        self.mem.device_ptr_mut(stream)
+    }
+}
+
+impl<T> DevicePtr<T> for Typed<'_, '_, T> {
+    fn device_ptr<'b>(&'b self, stream: &'b CudaStream) -> (sys::CUdeviceptr, SyncOnDrop<'b>) {
+        self.mem.device_ptr(stream)
+    }
+}
