@@ -10,9 +10,12 @@
 //! A column split needs no collective: each rank multiplies its share of the weights' rows and
 //! keeps its share of the output's columns (the next, row-split, layer's input). A row split
 //! multiplies each rank's share of K and sums the products: run each rank's GEMM into an output
-//! of the full shape, then [`Ranks::all_reduce_sum`].
+//! of the full shape, then [`Ranks::all_reduce_sum`]. Expert parallelism moves tokens among the
+//! ranks: [`Ranks::all_to_all`] exchanges chunks of a fixed capacity per peer.
 
-use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, DeviceSlice, SyncOnDrop, sys};
+use cudarc::driver::{
+    CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceSlice, SyncOnDrop, sys,
+};
 use cudarc::nccl::{Comm, NcclType, ReduceOp};
 use half::{bf16, f16};
 use std::marker::PhantomData;
@@ -124,6 +127,60 @@ impl Ranks {
                 OutType::F16 => sum::<f16>(comm, &mut c.buf),
                 _ => sum::<f32>(comm, &mut c.buf),
             });
+        let ended = cudarc::nccl::result::group_end().map_err(collective);
+        issued.and(ended.map(drop))
+    }
+
+    /// Exchanges equal chunks among the ranks (NCCL's all-to-all, as grouped sends and
+    /// receives): `send[r]` and `recv[r]` are rank r's buffers of `len()` chunks of the same
+    /// bytes each, and chunk p of `send[r]` lands as chunk r of `recv[p]`. An expert-parallel
+    /// layer's dispatch and combine with buffers of a fixed capacity per peer (codes, scales and
+    /// counts in buffers of their own, each exchanged this way), so that no host wait on the
+    /// routing's counts sits between them. Enqueued on each rank's stream; no host wait.
+    pub fn all_to_all(
+        &self,
+        send: &[CudaView<'_, u8>],
+        recv: &mut [CudaViewMut<'_, u8>],
+    ) -> Result<()> {
+        let world = self.len();
+        if send.len() != world || recv.len() != world {
+            return Err(shape(format!(
+                "{} send and {} receive buffers for {world} ranks",
+                send.len(),
+                recv.len()
+            )));
+        }
+        let bytes = send[0].len();
+        if bytes == 0 || bytes % world != 0 {
+            return Err(shape(format!(
+                "rank 0 sends {bytes} bytes: a positive multiple of {world} chunks"
+            )));
+        }
+        for (r, ((s, d), gpu)) in send.iter().zip(recv.iter()).zip(&self.gpus).enumerate() {
+            if s.len() != bytes || d.len() != bytes {
+                return Err(shape(format!(
+                    "rank {r} sends {} and receives {} bytes, rank 0 sends {bytes}",
+                    s.len(),
+                    d.len()
+                )));
+            }
+            gpu.same_context(s.stream().context(), &format!("rank {r}'s send buffer"))?;
+            gpu.same_context(d.stream().context(), &format!("rank {r}'s receive buffer"))?;
+        }
+        let chunk = bytes / world;
+        cudarc::nccl::result::group_start().map_err(collective)?;
+        let issued = (|| -> Result<()> {
+            for (r, comm) in self.comms.iter().enumerate() {
+                for p in 0..world {
+                    let part = p * chunk..(p + 1) * chunk;
+                    comm.send(&send[r].slice(part.clone()), p as i32)
+                        .map_err(collective)?;
+                    comm.recv(&mut recv[r].slice_mut(part), p as i32)
+                        .map_err(collective)?;
+                }
+            }
+            Ok(())
+        })();
         let ended = cudarc::nccl::result::group_end().map_err(collective);
         issued.and(ended.map(drop))
     }

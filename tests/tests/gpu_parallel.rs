@@ -183,3 +183,60 @@ fn mismatched_outputs_are_typed_errors() {
     );
     assert!(Ranks::new(&[0, 0]).is_err(), "one GPU twice");
 }
+
+#[test]
+#[ignore = "needs two CUDA devices"]
+fn all_to_all_moves_each_chunk_to_its_peer() {
+    let n_gpus = cudarc::driver::CudaContext::device_count().unwrap();
+    assert!(
+        n_gpus >= 2,
+        "this test needs two GPUs; the machine has {n_gpus}"
+    );
+    let ranks = Ranks::new(&[0, 1]).expect("NCCL on two GPUs");
+    let world = ranks.len();
+    let chunk = 3 * 1024 + 16;
+    // Byte i of the chunk rank r sends to rank p: distinct per (r, p, i).
+    let byte = |r: usize, p: usize, i: usize| ((r * 131 + p * 71 + i * 7 + i / 251) % 251) as u8;
+    let mut send = Vec::new();
+    let mut recv = Vec::new();
+    for r in 0..world {
+        let s = ranks.gpu(r).stream();
+        let bytes: Vec<u8> = (0..world)
+            .flat_map(|p| (0..chunk).map(move |i| byte(r, p, i)))
+            .collect();
+        send.push(s.clone_htod(&bytes).unwrap());
+        // (Poisoned: 0xFF is no byte of the pattern's range.)
+        recv.push(s.clone_htod(&vec![0xFFu8; world * chunk]).unwrap());
+    }
+    let views: Vec<_> = send.iter().map(|b| b.slice(..)).collect();
+    let mut sinks: Vec<_> = recv.iter_mut().map(|b| b.slice_mut(..)).collect();
+    ranks.all_to_all(&views, &mut sinks).unwrap();
+    drop(sinks);
+    for (p, buf) in recv.iter().enumerate() {
+        let got = ranks.gpu(p).stream().clone_dtoh(buf).unwrap();
+        for r in 0..world {
+            for i in 0..chunk {
+                assert_eq!(
+                    got[r * chunk + i],
+                    byte(r, p, i),
+                    "rank {p}, chunk from {r}, byte {i}"
+                );
+            }
+        }
+    }
+    // Unequal or indivisible buffers are typed errors.
+    let odd: Vec<_> = send.iter().map(|b| b.slice(..world * chunk - 1)).collect();
+    let mut sinks: Vec<_> = recv
+        .iter_mut()
+        .map(|b| b.slice_mut(..world * chunk - 1))
+        .collect();
+    assert!(
+        ranks.all_to_all(&odd, &mut sinks).is_err(),
+        "an indivisible length"
+    );
+    let mut one: Vec<_> = recv.iter_mut().take(1).map(|b| b.slice_mut(..)).collect();
+    assert!(
+        ranks.all_to_all(&views, &mut one).is_err(),
+        "one receive buffer for two ranks"
+    );
+}
