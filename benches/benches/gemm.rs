@@ -36,6 +36,9 @@ fn main() {
             return;
         }
     };
+    if let Err(why) = blockscaled_benches::ceilings::measure(&gpu) {
+        println!("ceilings not measured ({why}): no fraction of the ceiling in the tables");
+    }
     let peer = open_peer(&gpu)
         .map_err(|e| println!("cuBLASLt unavailable: {e}"))
         .ok();

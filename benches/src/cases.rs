@@ -22,11 +22,11 @@ use crate::cublaslt::{
 use crate::table::Row;
 use crate::timing::{rotation_count, time_on_stream};
 
-/// Measured ceilings on the lent H100 SXM (docs/PERF.md, "Ceilings", 2026-11-22): the best FP8
-/// GEMM seen (cuBLASLt blockwise, 8192³) and a 2 GiB device copy (bytes read + written). FP4
-/// formats run on FP8 tensor cores on Hopper, so one compute ceiling.
-pub const CEILING_TFLOPS: f64 = 1305.0;
-pub const CEILING_GBS: f64 = 3010.0;
+/// The ceilings of the GPU in use ([`crate::ceilings`], measured when the run starts), or none
+/// (0: no fraction printed) where the run did not measure them.
+fn ceilings() -> (f64, f64) {
+    crate::ceilings::get().map_or((0.0, 0.0), |c| (c.tflops, c.gbs))
+}
 /// H100 L2 size (50 MiB): inputs smaller than a few times this are rotated.
 pub const L2_BYTES: usize = 50 << 20;
 
@@ -175,8 +175,8 @@ pub fn run_case(gpu: &Gpu, peer: Option<&LtPeer>, c: &Case) -> Result<Outcome, S
             bytes: (in_bytes + out_bytes) as f64,
             peer_ms,
             peer_name,
-            ceiling_tflops: CEILING_TFLOPS,
-            ceiling_gbs: CEILING_GBS,
+            ceiling_tflops: ceilings().0,
+            ceiling_gbs: ceilings().1,
         },
         check,
         peer_note,

@@ -14,9 +14,6 @@ use blockscaled_tests::{random_values, upload_tensor_as};
 use crate::cases::L2_BYTES;
 use crate::timing::{rotation_count, time_on_stream};
 
-/// The copy ceiling measured on the H100 (read + write, docs/PERF.md).
-pub const COPY_CEILING_GBS: f64 = 3000.0;
-
 fn err(e: Error) -> String {
     e.to_string()
 }
@@ -423,7 +420,7 @@ pub fn quantizer_lines(rows: &[QuantizerRow]) -> (Vec<String>, bool) {
             r.name,
             r.ms * 1e3,
             r.gbs(),
-            r.gbs() / COPY_CEILING_GBS,
+            r.gbs() / crate::ceilings::get().map_or(f64::NAN, |c| c.gbs),
             call
         ));
     }

@@ -1,5 +1,6 @@
 pub mod bsr;
 pub mod cases;
+pub mod ceilings;
 pub mod cublaslt;
 pub mod engine;
 pub mod fused;

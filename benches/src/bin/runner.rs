@@ -678,6 +678,11 @@ fn run(args: &Args) -> Result<bool, String> {
     if let Some(why) = blockscaled_benches::timing::profiler_attached() {
         println!("CUDA tool attached ({why}): timed without the stream gate");
     }
+    if !args.tp
+        && let Err(why) = blockscaled_benches::ceilings::measure(&gpu)
+    {
+        println!("ceilings not measured ({why}): no fraction of the ceiling in the tables");
+    }
     if args.engine {
         blockscaled_benches::engine::run_engine(&gpu, args.iterations)?;
         return Ok(true);

@@ -1,0 +1,76 @@
+//! The ceilings every "fraction of the ceiling" is taken of, measured on the GPU in use when a
+//! run starts (a table from another GPU read against H100 constants misstates it: an H200's
+//! bandwidth is 1.6× an H100's):
+//! - bandwidth: a 2 GiB device-to-device copy, bytes read + written;
+//! - compute: the best of cuBLASLt's FP8 GEMM at 8192³ (per-tensor scales, random codes), the
+//!   fastest FP8 GEMM the peer has. FP4 formats run on FP8 tensor cores on Hopper: one compute ceiling.
+//!
+//! [`measure`] sets them once for the process; [`get`] reads them (`None` before).
+
+use std::sync::OnceLock;
+
+use blockscaled::Gpu;
+use cudarc::driver::CudaSlice;
+
+use crate::cublaslt::LtPeer;
+use crate::timing::time_on_stream;
+
+/// The measured ceilings of one GPU.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Ceilings {
+    /// The peer's best FP8 GEMM, TFLOP/s.
+    pub tflops: f64,
+    /// A device copy's bytes read and written per second, GB/s.
+    pub gbs: f64,
+}
+
+static MEASURED: OnceLock<Ceilings> = OnceLock::new();
+
+/// The ceilings [`measure`] set for this process, if it ran.
+pub fn get() -> Option<Ceilings> {
+    MEASURED.get().copied()
+}
+
+/// Measures `gpu`'s ceilings (once per process: later calls return the first), and prints them.
+pub fn measure(gpu: &Gpu) -> Result<Ceilings, String> {
+    if let Some(c) = get() {
+        return Ok(c);
+    }
+    let e = |x: cudarc::driver::DriverError| x.to_string();
+    let s = gpu.stream();
+    // Bandwidth: 2 GiB copied, read + written.
+    let bytes = 2usize << 30;
+    let src: CudaSlice<u8> = s.alloc_zeros(bytes).map_err(e)?;
+    let mut dst: CudaSlice<u8> = s.alloc_zeros(bytes).map_err(e)?;
+    let copy = time_on_stream(s, 2, 10, |_| s.memcpy_dtod(&src, &mut dst)).map_err(e)?;
+    drop((src, dst));
+    let gbs = 2.0 * bytes as f64 / (copy.min_ms * 1e-3) / 1e9;
+    // Compute: cuBLASLt FP8 at 8192³, its best time, on random e4m3 codes (bit 3 cleared: no
+    // NaN code; constant inputs would let the tensor cores run cooler and faster than real
+    // data does) and unit scales.
+    let n = 8192;
+    let peer = LtPeer::new(s.clone()).map_err(|x| x.to_string())?;
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let codes: Vec<u8> = (0..n * n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8 & 0xF7
+        })
+        .collect();
+    let ones: CudaSlice<u8> = s.clone_htod(&codes).map_err(e)?;
+    let unit: CudaSlice<f32> = s.clone_htod(&[1.0f32]).map_err(e)?;
+    let mut c: CudaSlice<u16> = s.alloc_zeros(n * n).map_err(e)?;
+    let gemm = time_on_stream(s, 3, 10, |_| {
+        peer.gemm_fp8_per_tensor(n, n, n, &ones, &unit, &ones, &unit, &mut c)
+    })
+    .map_err(|x| x.to_string())?;
+    let tflops = 2.0 * (n as f64).powi(3) / (gemm.min_ms * 1e-3) / 1e12;
+    let ceilings = Ceilings { tflops, gbs };
+    println!(
+        "ceilings on {}: {gbs:.0} GB/s (2 GiB device copy), {tflops:.0} TFLOP/s (cuBLASLt FP8 8192³, best of 10)",
+        gpu.name()
+    );
+    Ok(*MEASURED.get_or_init(|| ceilings))
+}
