@@ -8,6 +8,28 @@ use blockscaled::{
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+/// The run's base seed for random inputs: `BLOCKSCALED_SEED` (decimal or 0x-hex) where set, to
+/// replay a failure, else a fixed value, so that a run is repeatable. The first call installs a
+/// panic hook that prints the seed and how to replay it after any failure of the process's tests.
+pub fn run_seed() -> u64 {
+    static SEED: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *SEED.get_or_init(|| {
+        let seed = std::env::var("BLOCKSCALED_SEED")
+            .ok()
+            .and_then(|v| match v.strip_prefix("0x") {
+                Some(hex) => u64::from_str_radix(hex, 16).ok(),
+                None => v.parse().ok(),
+            })
+            .unwrap_or(0x5EED_0001);
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            previous(info);
+            eprintln!("(inputs from seed {seed:#x}: replay with BLOCKSCALED_SEED={seed:#x})");
+        }));
+        seed
+    })
+}
+
 /// Random values, never all zero: each row gets its own magnitude 2^e (e in -6..=6) so blocks see
 /// different scales, elements are uniform in ±[0.05, 1) of it (no zeros), a few are exact zeros
 /// and a few are 20× outliers (to make block maxima matter).

@@ -82,7 +82,7 @@ fn gpu_reference_matches_cpu_reference_for_every_recipe_on_a_ragged_larger_shape
             1040,
             1,
             OutType::Bf16,
-            0xC0FFEE + i as u64 * 1_000_003 + std::process::id() as u64,
+            0xC0FFEE + i as u64 * 1_000_003 + blockscaled_tests::run_seed(),
         )
         .unwrap();
     }
@@ -292,7 +292,7 @@ proptest! {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn sm90_kernel_matches_cpu_reference_on_larger_ragged_shapes() {
-    let seed = std::process::id() as u64;
+    let seed = blockscaled_tests::run_seed();
     // Every tile and cluster, unsplit (split-K comes below).
     for force in SM90_FORCES.into_iter().filter(|f| f.2 == 1) {
         check_sm90(
@@ -446,7 +446,7 @@ fn sm90_kernel_matches_cpu_reference_on_larger_ragged_shapes() {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn sm90_decode_sizes_take_swapped_tiles_and_match_cpu_reference() {
-    let seed = std::process::id() as u64;
+    let seed = blockscaled_tests::run_seed();
     let g = gpu();
     let (e4, e5) = (
         Recipe::Fp8PerTensor(Fp8::E4M3),
@@ -520,7 +520,7 @@ fn sm90_kernel_matches_gpu_reference_on_large_shapes() {
     .iter()
     .enumerate()
     {
-        let seed = 77 + i as u64 + std::process::id() as u64;
+        let seed = 77 + i as u64 + blockscaled_tests::run_seed();
         let r = Recipe::DeepSeekFp8;
         let (_, a) = random_matrix(seed, m, k, 1, r.a());
         let (_, b) = random_matrix(seed ^ 0xABCDEF, n, k, 1, r.b());
@@ -823,7 +823,7 @@ fn check_no_cancellation(
 #[test]
 #[ignore = "needs a CUDA device"]
 fn sm90_kernel_has_no_systematic_error_on_operands_that_do_not_cancel() {
-    let seed = std::process::id() as u64;
+    let seed = blockscaled_tests::run_seed();
     let (e4, e5) = (
         Recipe::Fp8PerTensor(Fp8::E4M3),
         Recipe::Fp8PerTensor(Fp8::E5M2),
@@ -858,7 +858,7 @@ fn sm90_kernel_has_no_systematic_error_on_operands_that_do_not_cancel() {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn reference_kernel_has_no_systematic_error_on_operands_that_do_not_cancel() {
-    let seed = std::process::id() as u64;
+    let seed = blockscaled_tests::run_seed();
     let mut worst = 0f64;
     for (i, r) in Recipe::ALL.into_iter().enumerate() {
         let (rel, _) =
@@ -875,7 +875,7 @@ fn reference_kernel_has_no_systematic_error_on_operands_that_do_not_cancel() {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn split_k_workspace_reused_across_shapes_keeps_every_result_right() {
-    let seed = std::process::id() as u64;
+    let seed = blockscaled_tests::run_seed();
     let runs: [(usize, usize, usize, Force); 6] = [
         (128, 256, 1024, ((128, 64), (1, 1), 4)),
         (300, 1000, 1024, ((128, 128), (1, 1), 3)),
@@ -897,7 +897,7 @@ fn split_k_workspace_reused_across_shapes_keeps_every_result_right() {
 #[ignore = "needs a CUDA device"]
 fn every_kernel_and_configuration_gives_bitwise_identical_outputs_across_runs() {
     let g = gpu();
-    let seed = std::process::id() as u64;
+    let seed = blockscaled_tests::run_seed();
     let (m, n, k, l) = (333, 520, 1152, 2);
     let (_, a) = random_matrix(seed, m, k, l, Recipe::DeepSeekFp8.a());
     let (_, b) = random_matrix(seed ^ 0x1234_5678, n, k, l, Recipe::DeepSeekFp8.b());
@@ -940,7 +940,7 @@ fn every_kernel_and_configuration_gives_bitwise_identical_outputs_across_runs() 
 fn every_scale_layout_gives_the_same_result_on_every_kernel() {
     use blockscaled_tests::layouts::{layout_variants, random_layout};
     let g = gpu();
-    let seed = std::process::id() as u64;
+    let seed = blockscaled_tests::run_seed();
     let (m, n, k, l) = (200, 136, 512, 2);
     for (i, r) in Recipe::ALL.into_iter().enumerate() {
         let s = seed + 100 * i as u64;

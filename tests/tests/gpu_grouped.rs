@@ -325,7 +325,7 @@ fn grouped_gemm_runs_the_seed_cases_and_decode_counts_on_every_operand_kind() {
                 continue;
             }
             for (j, (layout, values, rows, n, k)) in cases.iter().enumerate() {
-                let seed = 0xC0DE + (i * 7 + j) as u64 + std::process::id() as u64;
+                let seed = 0xC0DE + (i * 7 + j) as u64 + blockscaled_tests::run_seed();
                 check(
                     recipe,
                     how,
@@ -447,7 +447,7 @@ fn weights_folded_once_run_dense_gemm_too() {
     .into_iter()
     .enumerate()
     {
-        let seed = 0xF01D + i as u64 + std::process::id() as u64;
+        let seed = 0xF01D + i as u64 + blockscaled_tests::run_seed();
         let (m, n, k) = (40, 320, 512);
         let (_, a) = random_matrix(seed, m, k, 1, recipe.a());
         let (_, b) = random_matrix(seed ^ 5, n, k, 1, recipe.b());
