@@ -14,7 +14,7 @@
 //! ranks: [`Ranks::all_to_all`] exchanges chunks of a fixed capacity per peer.
 
 use cudarc::driver::{
-    CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceSlice, SyncOnDrop, sys,
+    CudaStream, CudaView, CudaViewMut, DevicePtrMut, DeviceSlice, SyncOnDrop, sys,
 };
 use cudarc::nccl::{Comm, NcclType, ReduceOp};
 use half::{bf16, f16};
@@ -219,11 +219,5 @@ impl<T> DevicePtrMut<T> for Typed<'_, '_, T> {
     ) -> (sys::CUdeviceptr, SyncOnDrop<'b>) {
         // (Writable: `all_reduce_sum` checked.)
         self.mem.device_ptr_mut(stream)
-    }
-}
-
-impl<T> DevicePtr<T> for Typed<'_, '_, T> {
-    fn device_ptr<'b>(&'b self, stream: &'b CudaStream) -> (sys::CUdeviceptr, SyncOnDrop<'b>) {
-        self.mem.device_ptr(stream)
     }
 }

@@ -34,6 +34,16 @@ fn swiglu_quantized(
     g.quantize(&t, Recipe::DeepSeekFp8.a()).unwrap()
 }
 
+/// Ranks on GPUs 0 and 1 (a failure where the machine has fewer).
+fn two_ranks() -> Ranks {
+    let n_gpus = cudarc::driver::CudaContext::device_count().unwrap();
+    assert!(
+        n_gpus >= 2,
+        "this test needs two GPUs; the machine has {n_gpus}"
+    );
+    Ranks::new(&[0, 1]).expect("NCCL on two GPUs")
+}
+
 /// `p` without a K split (the same accumulation order on one GPU and on the ranks).
 fn unsplit(p: Plan) -> Plan {
     match p {
@@ -45,12 +55,7 @@ fn unsplit(p: Plan) -> Plan {
 #[test]
 #[ignore = "needs two CUDA devices"]
 fn a_tensor_parallel_fp8_mlp_on_two_gpus_matches_one_gpu() {
-    let n_gpus = cudarc::driver::CudaContext::device_count().unwrap();
-    assert!(
-        n_gpus >= 2,
-        "this test needs two GPUs; the machine has {n_gpus}"
-    );
-    let ranks = Ranks::new(&[0, 1]).expect("NCCL on two GPUs");
+    let ranks = two_ranks();
     let world = ranks.len();
     let recipe = Recipe::DeepSeekFp8;
     let fmt = recipe.a();
@@ -150,12 +155,7 @@ fn a_tensor_parallel_fp8_mlp_on_two_gpus_matches_one_gpu() {
 #[test]
 #[ignore = "needs two CUDA devices"]
 fn mismatched_outputs_are_typed_errors() {
-    let n_gpus = cudarc::driver::CudaContext::device_count().unwrap();
-    assert!(
-        n_gpus >= 2,
-        "this test needs two GPUs; the machine has {n_gpus}"
-    );
-    let ranks = Ranks::new(&[0, 1]).expect("NCCL on two GPUs");
+    let ranks = two_ranks();
     let (g0, g1) = (ranks.gpu(0), ranks.gpu(1));
     let mut wrong_shape = [
         g0.output(8, 128, 1, OutType::F32).unwrap(),
@@ -187,12 +187,7 @@ fn mismatched_outputs_are_typed_errors() {
 #[test]
 #[ignore = "needs two CUDA devices"]
 fn all_to_all_moves_each_chunk_to_its_peer() {
-    let n_gpus = cudarc::driver::CudaContext::device_count().unwrap();
-    assert!(
-        n_gpus >= 2,
-        "this test needs two GPUs; the machine has {n_gpus}"
-    );
-    let ranks = Ranks::new(&[0, 1]).expect("NCCL on two GPUs");
+    let ranks = two_ranks();
     let world = ranks.len();
     let chunk = 3 * 1024 + 16;
     // Byte i of the chunk rank r sends to rank p: distinct per (r, p, i).
