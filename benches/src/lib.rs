@@ -3,6 +3,7 @@ pub mod cases;
 pub mod ceilings;
 pub mod cublaslt;
 pub mod engine;
+pub mod expert_parallel;
 pub mod fused;
 pub mod grouped;
 pub mod parallel;

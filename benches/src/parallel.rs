@@ -98,7 +98,7 @@ impl Mlp {
 
 /// Milliseconds from an event recorded now on each of `gpus`' streams to one recorded after
 /// `f`, the slowest stream's (after a wait for all).
-fn timed(gpus: &[&Gpu], f: &mut dyn FnMut() -> R<()>) -> R<f64> {
+pub(crate) fn timed(gpus: &[&Gpu], f: &mut dyn FnMut() -> R<()>) -> R<f64> {
     let flags = Some(CUevent_flags::CU_EVENT_DEFAULT);
     let starts = gpus
         .iter()

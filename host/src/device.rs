@@ -42,6 +42,8 @@ struct Device {
     quantizers: Quantizers,
     /// The kernels that prepare a device-quantized matrix for the GEMM families.
     preparers: Preparers,
+    /// The mixture-of-experts routing and token-movement kernels.
+    moe: crate::moe::MoeKernels,
     arch: GpuArch,
     /// The kernels' image: ptxas' cubin, or the PTX (JIT) where the cubin does not fit.
     image: KernelImage,
@@ -164,6 +166,7 @@ impl Gpu {
         let preparers = Preparers::load(&module, sm_count)?;
         let families = plan::load_families(&module, &stream, arch, sm_count, &preparers)?;
         let quantizers = Quantizers::load(&module, sm_count)?;
+        let moe = crate::moe::MoeKernels::load(&module, sm_count)?;
         Ok(Gpu {
             dev: Arc::new(Device {
                 id: GpuId::next(),
@@ -172,6 +175,7 @@ impl Gpu {
                 families,
                 quantizers,
                 preparers,
+                moe,
                 arch,
                 image,
                 name,
@@ -261,6 +265,10 @@ impl Gpu {
     }
 
     /// The identity buffers made on this GPU record.
+    pub(crate) fn moe_kernels(&self) -> &crate::moe::MoeKernels {
+        &self.dev.moe
+    }
+
     pub(crate) fn id(&self) -> GpuId {
         self.dev.id
     }
@@ -425,6 +433,42 @@ impl Gpu {
             .write(&self.stream, t, &mut spec, bufs, &mut dst.scratch)?;
         dst.desc.tensor_scale = spec.desc.tensor_scale;
         self.after_rewrite(dst, written, was_finite)
+    }
+
+    /// A matrix of `format` and `dims` (rows, K, batch) for this crate's own device writers to
+    /// fill (the MoE kernels' grouped rows): codes and scales uninitialized, prepared as a
+    /// quantizer's output is. Each write is followed by [`Self::rewritten`].
+    pub(crate) fn blank_matrix(
+        &self,
+        format: OperandFormat,
+        dims: (usize, usize, usize),
+    ) -> Result<DeviceMatrix<'static>> {
+        let t = crate::quantizer::QuantTarget::alloc(
+            &self.stream,
+            format,
+            dims,
+            &QuantizeOptions::default(),
+        )?;
+        let m_pad = t.spec.m_pad;
+        let q = crate::quantizer::Quantized {
+            desc: t.spec.desc,
+            data: t.data,
+            scales: t.scales,
+            sfa: t.sfa.map(|s| (s, m_pad)),
+            swizzled: t.swizzled,
+        };
+        Ok(self.finish_quantized(q)?.matrix)
+    }
+
+    /// The copies the GEMM kernels read beside `m`'s codes and packed scales, made again on the
+    /// device after a kernel of this crate rewrote them in place (the FP8 kernel's A-role
+    /// scales too where `sfa`: those are not made again).
+    pub(crate) fn rewritten(&self, m: &mut DeviceMatrix, sfa: bool) -> Result<()> {
+        let written = Rewritten {
+            sfa,
+            mx_scales: false,
+        };
+        self.after_rewrite(m, written, true)
     }
 
     /// `Error::Shape` / `Error::Format` unless `dst` is the matrix `spec` describes (its tensor

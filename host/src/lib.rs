@@ -57,6 +57,7 @@ mod grouped;
 pub mod image;
 mod launch;
 mod matrix;
+mod moe;
 mod output;
 #[cfg(feature = "nccl")]
 mod parallel;
@@ -91,9 +92,10 @@ pub use fused::{Activation, Epilogue, interleave_gate_up};
 pub use grouped::{DeviceGroups, GroupLayout};
 pub use image::KernelImage;
 pub use matrix::{GemmShape, MatrixDesc, ScaleLayout, ScaledMatrix};
+pub use moe::{MoeLayer, MoeOptions, MoeShape, MoeStep, Scoring};
 pub use output::{HostOutput, output_ulp, round_output};
 #[cfg(feature = "nccl")]
-pub use parallel::Ranks;
+pub use parallel::{ExpertParallel, Ranks};
 pub use plan::{GpuArch, Plan};
 pub use quantizer::{DeviceQuantized, DeviceTensor, QuantizeOptions, TensorElement};
 pub use sm90_fp8::Sm90Config;

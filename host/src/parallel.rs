@@ -14,17 +14,19 @@
 //! ranks: [`Ranks::all_to_all`] exchanges chunks of a fixed capacity per peer.
 
 use cudarc::driver::{
-    CudaStream, CudaView, CudaViewMut, DevicePtrMut, DeviceSlice, SyncOnDrop, sys,
+    CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtrMut, DeviceSlice, SyncOnDrop, sys,
 };
 use cudarc::nccl::{Comm, NcclType, ReduceOp};
 use half::{bf16, f16};
 use std::marker::PhantomData;
 use std::sync::Arc;
 
-use crate::buffers::{DeviceOutput, Mem};
+use crate::buffers::{DeviceMatrix, DeviceOutput, Mem};
 use crate::device::Gpu;
 use crate::error::{Error, Result, shape};
 use crate::format::OutType;
+use crate::moe::{Local, MoeOptions, MoeShape, MoeStep};
+use crate::quantizer::DeviceTensor;
 
 /// The GPUs of one process, one rank each (the module doc). Driven from one thread: its calls
 /// enqueue every rank's work, grouped as NCCL requires, on each rank's stream.
@@ -142,6 +144,43 @@ impl Ranks {
         send: &[CudaView<'_, u8>],
         recv: &mut [CudaViewMut<'_, u8>],
     ) -> Result<()> {
+        self.all_to_all_sets(&mut [(send, recv)])
+    }
+
+    /// Several [`Ranks::all_to_all`]s (each set: every rank's send and receive buffers) in one
+    /// NCCL group: one launch per rank and peer for all of them.
+    pub(crate) fn all_to_all_sets(&self, sets: &mut [Exchange<'_, '_, '_>]) -> Result<()> {
+        let world = self.len();
+        for (send, recv) in sets.iter() {
+            self.check_exchange(send, recv)?;
+        }
+        cudarc::nccl::result::group_start().map_err(collective)?;
+        let issued = (|| -> Result<()> {
+            for (send, recv) in sets.iter_mut() {
+                let chunk = send[0].len() / world;
+                for (r, comm) in self.comms.iter().enumerate() {
+                    for p in 0..world {
+                        let part = p * chunk..(p + 1) * chunk;
+                        comm.send(&send[r].slice(part.clone()), p as i32)
+                            .map_err(collective)?;
+                        comm.recv(&mut recv[r].slice_mut(part), p as i32)
+                            .map_err(collective)?;
+                    }
+                }
+            }
+            Ok(())
+        })();
+        let ended = cudarc::nccl::result::group_end().map_err(collective);
+        issued.and(ended.map(drop))
+    }
+
+    /// `Error::Shape` / `Error::WrongGpu` unless every rank sends and receives the same bytes,
+    /// a positive multiple of the ranks, on its own GPU.
+    fn check_exchange(
+        &self,
+        send: &[CudaView<'_, u8>],
+        recv: &[CudaViewMut<'_, u8>],
+    ) -> Result<()> {
         let world = self.len();
         if send.len() != world || recv.len() != world {
             return Err(shape(format!(
@@ -167,24 +206,12 @@ impl Ranks {
             gpu.same_context(s.stream().context(), &format!("rank {r}'s send buffer"))?;
             gpu.same_context(d.stream().context(), &format!("rank {r}'s receive buffer"))?;
         }
-        let chunk = bytes / world;
-        cudarc::nccl::result::group_start().map_err(collective)?;
-        let issued = (|| -> Result<()> {
-            for (r, comm) in self.comms.iter().enumerate() {
-                for p in 0..world {
-                    let part = p * chunk..(p + 1) * chunk;
-                    comm.send(&send[r].slice(part.clone()), p as i32)
-                        .map_err(collective)?;
-                    comm.recv(&mut recv[r].slice_mut(part), p as i32)
-                        .map_err(collective)?;
-                }
-            }
-            Ok(())
-        })();
-        let ended = cudarc::nccl::result::group_end().map_err(collective);
-        issued.and(ended.map(drop))
+        Ok(())
     }
 }
+
+/// One all-to-all's buffers: every rank's send buffer and receive buffer.
+pub(crate) type Exchange<'s, 'a, 'b> = (&'s [CudaView<'a, u8>], &'s mut [CudaViewMut<'b, u8>]);
 
 /// Rank `comm`'s all-reduce (sum) of `buf` as elements of `T`, in place.
 fn sum<T: NcclType>(comm: &Comm, buf: &mut Mem<'_>) -> Result<()> {
@@ -219,5 +246,166 @@ impl<T> DevicePtrMut<T> for Typed<'_, '_, T> {
     ) -> (sys::CUdeviceptr, SyncOnDrop<'b>) {
         // (Writable: `all_reduce_sum` checked.)
         self.mem.device_ptr_mut(stream)
+    }
+}
+
+/// A mixture-of-experts layer split over the ranks by experts (the `moe` module's doc): rank r
+/// holds experts `r·E/W .. (r+1)·E/W` and its own tokens. A step routes each rank's tokens,
+/// sends each peer the rows of its experts (codes, scales and counts, in chunks of a fixed
+/// capacity: no host wait on the counts), runs the peers' grouped GEMMs on what they received,
+/// sends the output rows back and sums each token's. Every rank's work is enqueued from one
+/// thread, on its handle's stream.
+pub struct ExpertParallel<'a> {
+    ranks: &'a Ranks,
+    locals: Vec<Local<'a>>,
+}
+
+impl std::fmt::Debug for ExpertParallel<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ExpertParallel")
+            .field("ranks", &self.ranks.len())
+            .finish()
+    }
+}
+
+impl<'a> ExpertParallel<'a> {
+    /// A layer over `ranks`, rank r holding `experts[r]`: its `E/W` experts' `w1` (`E/W × 2·inter
+    /// × hidden`, gate and up interleaved) and `w2` (`E/W × hidden × inter`), DeepSeek FP8
+    /// weights on its GPU.
+    pub fn new(
+        ranks: &'a Ranks,
+        dims: MoeShape,
+        experts: &[(&'a DeviceMatrix<'a>, &'a DeviceMatrix<'a>)],
+        opts: MoeOptions,
+    ) -> Result<Self> {
+        let world = ranks.len();
+        if experts.len() != world {
+            return Err(shape(format!(
+                "{} ranks' experts for {world} ranks",
+                experts.len()
+            )));
+        }
+        let locals = experts
+            .iter()
+            .zip(ranks.gpus())
+            .map(|(&w, gpu)| Local::new(gpu, dims, w, opts, world))
+            .collect::<Result<_>>()?;
+        Ok(ExpertParallel { ranks, locals })
+    }
+
+    /// One step: rank r's tokens `xs[r]` (the same count on every rank) routed by `logits[r]`
+    /// into `outs[r]`; [`Self::dispatch`], [`Self::send_tokens`], [`Self::compute`],
+    /// [`Self::send_rows`] and [`Self::combine`] in turn.
+    pub fn forward(
+        &mut self,
+        xs: &[&DeviceTensor],
+        logits: &[&DeviceTensor],
+        outs: &mut [&mut DeviceOutput<'_>],
+    ) -> Result<()> {
+        self.dispatch(xs, logits)?;
+        self.send_tokens()?;
+        self.compute()?;
+        self.send_rows()?;
+        self.combine(outs)
+    }
+
+    /// Each rank quantizes and routes its tokens and packs the peers' chunks.
+    pub fn dispatch(&mut self, xs: &[&DeviceTensor], logits: &[&DeviceTensor]) -> Result<()> {
+        let world = self.locals.len();
+        if xs.len() != world || logits.len() != world {
+            return Err(shape(format!(
+                "{} token and {} logit tensors for {world} ranks",
+                xs.len(),
+                logits.len()
+            )));
+        }
+        if xs.iter().any(|x| x.rows != xs[0].rows) {
+            return Err(shape(
+                "every rank steps the same number of tokens (the chunks' sizes agree)",
+            ));
+        }
+        for ((local, x), l) in self.locals.iter_mut().zip(xs).zip(logits) {
+            local.dispatch(x, l)?;
+        }
+        Ok(())
+    }
+
+    /// The all-to-all of the tokens' chunks: codes, scales and each expert's row count.
+    pub fn send_tokens(&mut self) -> Result<()> {
+        self.exchange(|sent, c| {
+            vec![
+                (c.send.slice(..), c.recv.slice_mut(..)),
+                (c.send_scales.slice(..), c.recv_scales.slice_mut(..)),
+                (sent.slice(..), c.recv_sent.slice_mut(..)),
+            ]
+        })
+    }
+
+    /// Each rank's experts on the rows it received: regrouped, the two grouped GEMMs, the output
+    /// rows put back in their chunks.
+    pub fn compute(&mut self) -> Result<()> {
+        for local in &mut self.locals {
+            local.regroup(true)?;
+            local.experts()?;
+            local.regroup(false)?;
+        }
+        Ok(())
+    }
+
+    /// The all-to-all of the experts' output rows, back to the tokens' ranks.
+    pub fn send_rows(&mut self) -> Result<()> {
+        self.exchange(|_, c| vec![(c.back_send.slice(..), c.back_recv.slice_mut(..))])
+    }
+
+    /// Each rank's weighted sums into `outs[r]`.
+    pub fn combine(&mut self, outs: &mut [&mut DeviceOutput<'_>]) -> Result<()> {
+        if outs.len() != self.locals.len() {
+            return Err(shape(format!(
+                "{} outputs for {} ranks",
+                outs.len(),
+                self.locals.len()
+            )));
+        }
+        for (local, out) in self.locals.iter_mut().zip(outs.iter_mut()) {
+            local.combine(out)?;
+        }
+        Ok(())
+    }
+
+    /// Rank `r`'s last step ([`MoeStep`]; its slots index the chunks).
+    pub fn last_step(&self, r: usize) -> Option<MoeStep<'_>> {
+        self.locals.get(r)?.last_step()
+    }
+
+    /// An all-to-all of each pair of buffers `pick` gives per rank (send, receive), all in one
+    /// NCCL group.
+    fn exchange<'s>(
+        &'s mut self,
+        pick: impl Fn(
+            &'s CudaSlice<u8>,
+            &'s mut crate::moe::Chunks,
+        ) -> Vec<(CudaView<'s, u8>, CudaViewMut<'s, u8>)>,
+    ) -> Result<()> {
+        let mut per_rank = Vec::new();
+        for local in &mut self.locals {
+            let not_yet = || Error::Config("send before dispatch: no step has run".into());
+            let step = local.step.as_mut().ok_or_else(not_yet)?;
+            // (Every step of a layer of several ranks has its chunks.)
+            let chunks = step.chunks.as_mut().ok_or_else(not_yet)?;
+            per_rank.push(pick(&step.sent, chunks));
+        }
+        let buffers = per_rank.first().map_or(0, Vec::len);
+        let mut columns: Vec<(Vec<_>, Vec<_>)> = (0..buffers).map(|_| (vec![], vec![])).collect();
+        for pairs in per_rank {
+            for (i, (s, r)) in pairs.into_iter().enumerate() {
+                columns[i].0.push(s);
+                columns[i].1.push(r);
+            }
+        }
+        let mut sets: Vec<_> = columns
+            .iter_mut()
+            .map(|(s, r)| (s.as_slice(), r.as_mut_slice()))
+            .collect();
+        self.ranks.all_to_all_sets(&mut sets)
     }
 }

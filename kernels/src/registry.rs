@@ -62,7 +62,8 @@ pub const KERNELS: &[KernelInfo] = &gather!(
     crate::quantize::KERNELS,
     crate::quantize::AMAX,
     crate::quantize::ROW_KERNELS,
-    crate::prepare::KERNELS
+    crate::prepare::KERNELS,
+    crate::moe::KERNELS
 );
 
 /// The dynamic shared-memory array's name as a literal, so `asm!` templates can `concat!` it.

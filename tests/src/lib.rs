@@ -526,3 +526,4 @@ pub fn upload_tensor_as(
         }
     })
 }
+pub mod moe;

@@ -235,3 +235,160 @@ fn all_to_all_moves_each_chunk_to_its_peer() {
         "one receive buffer for two ranks"
     );
 }
+
+/// An expert-parallel MoE layer (`ExpertParallel`) on two GPUs against the same layer with all
+/// experts on one GPU (`MoeLayer`) over both ranks' tokens, the grouped GEMMs on the same plans:
+/// each entry's rows are the same products wherever its expert runs, and each token's sum takes
+/// its choices in the same order, so the outputs are equal bit for bit. Contiguous and masked
+/// groups, softmax and sigmoid weights, the two ranks routing different (fresh random) tokens;
+/// a second step with new tokens reuses the buffers.
+#[test]
+#[ignore = "needs two CUDA devices"]
+fn an_expert_parallel_moe_layer_on_two_gpus_equals_one_gpu() {
+    use blockscaled::Scoring;
+    use blockscaled::{ExpertParallel, GroupLayout, MoeLayer, MoeOptions, MoeShape, ScaledMatrix};
+    let ranks = two_ranks();
+    let world = ranks.len();
+    let fmt = Recipe::DeepSeekFp8.b();
+    let seed = blockscaled_tests::run_seed();
+    let cases = [
+        (
+            48,
+            (256, 256, 8, 2),
+            GroupLayout::Contiguous,
+            Scoring::Softmax,
+        ),
+        (33, (384, 128, 16, 4), GroupLayout::Masked, Scoring::Sigmoid),
+        (
+            160,
+            (256, 256, 64, 8),
+            GroupLayout::Contiguous,
+            Scoring::Sigmoid,
+        ),
+    ];
+    for (n, &(tokens, (hidden, inter, experts, top_k), layout, scoring)) in cases.iter().enumerate()
+    {
+        let shape = MoeShape {
+            hidden,
+            inter,
+            experts,
+            top_k,
+        };
+        let at = seed.wrapping_add(1000 + 100 * n as u64);
+        let local = experts / world;
+        let v1 = random_values(at + 1, experts * 2 * inter * hidden, hidden);
+        let v2 = random_values(at + 2, experts * hidden * inter, inter);
+        // Quantized per 128×128 block of each expert: a rank's share quantizes alike.
+        let q = |v: &[f32], rows, k, batch| ScaledMatrix::quantize(v, rows, k, batch, fmt).unwrap();
+        let g0 = ranks.gpu(0);
+        let (w1_all, w2_all) = (
+            g0.upload(&q(&v1, 2 * inter, hidden, experts)).unwrap(),
+            g0.upload(&q(&v2, hidden, inter, experts)).unwrap(),
+        );
+        let shares: Vec<_> = (0..world)
+            .map(|r| {
+                let g = ranks.gpu(r);
+                let (s1, s2) = (2 * inter * hidden * local, hidden * inter * local);
+                (
+                    g.upload(&q(&v1[r * s1..][..s1], 2 * inter, hidden, local))
+                        .unwrap(),
+                    g.upload(&q(&v2[r * s2..][..s2], hidden, inter, local))
+                        .unwrap(),
+                )
+            })
+            .collect();
+        let experts_of: Vec<_> = shares.iter().map(|(a, b)| (a, b)).collect();
+        let opts = MoeOptions {
+            scoring,
+            layout,
+            ..MoeOptions::default()
+        };
+        // The plans rank 0 would choose, then both sides on them.
+        let mut ep = ExpertParallel::new(&ranks, shape, &experts_of, opts).unwrap();
+        let step = |ep: &mut ExpertParallel, salt: u64| {
+            let xs: Vec<_> = (0..world)
+                .map(|r| random_values(at + salt + 10 * r as u64, tokens * hidden, hidden))
+                .collect();
+            let ls: Vec<_> = (0..world)
+                .map(|r| random_values(at + salt + 10 * r as u64 + 5, tokens * experts, experts))
+                .collect();
+            let xt: Vec<_> = (0..world)
+                .map(|r| {
+                    ranks
+                        .gpu(r)
+                        .upload_tensor(&xs[r], tokens, hidden, 1)
+                        .unwrap()
+                })
+                .collect();
+            let lt: Vec<_> = (0..world)
+                .map(|r| {
+                    ranks
+                        .gpu(r)
+                        .upload_tensor(&ls[r], tokens, experts, 1)
+                        .unwrap()
+                })
+                .collect();
+            let mut outs: Vec<_> = (0..world)
+                .map(|r| {
+                    ranks
+                        .gpu(r)
+                        .output(tokens, hidden, 1, OutType::Bf16)
+                        .unwrap()
+                })
+                .collect();
+            ep.forward(
+                &xt.iter().collect::<Vec<_>>(),
+                &lt.iter().collect::<Vec<_>>(),
+                &mut outs.iter_mut().collect::<Vec<_>>(),
+            )
+            .unwrap();
+            let got: Vec<_> = outs.iter().map(|o| o.to_host().unwrap()).collect();
+            (xs.concat(), ls.concat(), got)
+        };
+        step(&mut ep, 20);
+        let plans = {
+            let s = ep.last_step(0).unwrap();
+            let (w1, w2) = experts_of[0];
+            (
+                g0.grouped_plan(s.grouped, w1, s.groups).unwrap(),
+                g0.grouped_plan(s.hidden, w2, s.groups).unwrap(),
+            )
+        };
+        let opts = MoeOptions {
+            plans: Some(plans),
+            ..opts
+        };
+        let mut ep = ExpertParallel::new(&ranks, shape, &experts_of, opts).unwrap();
+        let mut one = MoeLayer::new(g0, shape, &w1_all, &w2_all, opts).unwrap();
+        for salt in [30, 40] {
+            let (x, logits, got) = step(&mut ep, salt);
+            let xt = g0.upload_tensor(&x, world * tokens, hidden, 1).unwrap();
+            let lt = g0
+                .upload_tensor(&logits, world * tokens, experts, 1)
+                .unwrap();
+            let mut out = g0.output(world * tokens, hidden, 1, OutType::Bf16).unwrap();
+            one.forward(&xt, &lt, &mut out).unwrap();
+            let want = out.to_host().unwrap();
+            let mut dropped = 0;
+            for (r, got) in got.iter().enumerate() {
+                let slots = ranks
+                    .gpu(r)
+                    .stream()
+                    .clone_dtoh(&ep.last_step(r).unwrap().slot)
+                    .unwrap();
+                dropped += slots.iter().filter(|&&s| s < 0).count();
+                for (i, v) in got.values.iter().enumerate() {
+                    let w = want.values[r * tokens * hidden + i];
+                    assert!(
+                        v.to_bits() == w.to_bits() && !v.is_nan(),
+                        "case {n}, rank {r}, output {i}: {v:e} on two GPUs, {w:e} on one"
+                    );
+                }
+            }
+            assert_eq!(dropped, 0, "case {n}: the default capacities drop nothing");
+        }
+        println!(
+            "case {n}: {tokens} tokens a rank, {experts} experts top-{top_k}, {layout:?}: equal"
+        );
+    }
+}

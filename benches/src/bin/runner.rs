@@ -144,6 +144,14 @@ struct Args {
     /// Tensor parallelism on two GPUs (NCCL): a DeepSeek-FP8 MLP on one GPU against two.
     #[arg(long)]
     tp: bool,
+    /// Expert parallelism on two GPUs (NCCL): DeepSeek-V3- and Mixtral-like MoE layers, tokens
+    /// per second on one GPU against two, with the exchanges' and the experts' times.
+    #[arg(long)]
+    ep: bool,
+    /// The MoE layer on one GPU: DeepSeek-V3- and Mixtral-like layers, the step and its grouped
+    /// GEMMs alone.
+    #[arg(long)]
+    moe: bool,
 }
 
 /// The 16-bit element type `--ab_dtype` names, if it names one.
@@ -679,12 +687,22 @@ fn run(args: &Args) -> Result<bool, String> {
         println!("CUDA tool attached ({why}): timed without the stream gate");
     }
     if !args.tp
+        && !args.ep
         && let Err(why) = blockscaled_benches::ceilings::measure(&gpu)
     {
         println!("ceilings not measured ({why}): no fraction of the ceiling in the tables");
     }
     if args.engine {
         blockscaled_benches::engine::run_engine(&gpu, args.iterations)?;
+        return Ok(true);
+    }
+    if args.moe {
+        blockscaled_benches::expert_parallel::run_moe(&gpu, args.iterations)?;
+        return Ok(true);
+    }
+    if args.ep {
+        drop(gpu);
+        blockscaled_benches::expert_parallel::run_ep(args.iterations)?;
         return Ok(true);
     }
     if args.tp {

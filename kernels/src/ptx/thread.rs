@@ -31,6 +31,11 @@ pub fn block_z() -> u32 {
     unsafe { nvptx::_block_idx_z() as u32 }
 }
 #[inline(always)]
+pub fn block_dim_x() -> u32 {
+    // SAFETY: as above.
+    unsafe { nvptx::_block_dim_x() as u32 }
+}
+#[inline(always)]
 pub fn grid_dim_x() -> u32 {
     // SAFETY: as above.
     unsafe { nvptx::_grid_dim_x() as u32 }
@@ -110,6 +115,53 @@ pub fn shfl_idx_u32(value: u32, lane: u32) -> u32 {
              l = in(reg32) lane, options(nomem, nostack))
     };
     r
+}
+
+/// The lanes of this warp whose `pred` is true, as a mask (bit `i` lane `i`; `vote.sync.ballot.b32`,
+/// PTX ISA "Parallel Synchronization and Communication Instructions: vote.sync"). Every lane of
+/// the warp must execute it.
+#[inline(always)]
+pub fn ballot(pred: bool) -> u32 {
+    let r: u32;
+    // SAFETY: all 32 lanes execute it (full mask); no memory is touched.
+    unsafe {
+        asm!("{{ .reg .pred p;", "setp.ne.b32 p, {c}, 0;", "vote.sync.ballot.b32 {r}, p, -1; }}",
+             r = out(reg32) r, c = in(reg32) pred as u32, options(nomem, nostack))
+    };
+    r
+}
+
+/// The smallest of `value` over the warp's 32 lanes (`redux.sync.min.u32`, PTX ISA "Parallel
+/// Synchronization and Communication Instructions: redux.sync", sm_80+).
+#[inline(always)]
+pub fn warp_min_u32(value: u32) -> u32 {
+    let r: u32;
+    // SAFETY: all 32 lanes execute it (full mask); no memory is touched.
+    unsafe {
+        asm!("redux.sync.min.u32 {r}, {v}, -1;", r = out(reg32) r, v = in(reg32) value,
+             options(nomem, nostack))
+    };
+    r
+}
+
+/// The sum of `value` over the warp's 32 lanes, the same in every lane: five `shfl.sync.bfly.b32`
+/// steps (PTX ISA "Data Movement and Conversion Instructions: shfl.sync"), each lane adding its
+/// partner's partial sum in a fixed order, so every run rounds alike.
+#[inline(always)]
+pub fn warp_sum_f32(value: f32) -> f32 {
+    let mut v = value;
+    for i in 0..5 {
+        let other: u32;
+        // SAFETY: all 32 lanes execute it (full mask); no memory is touched.
+        unsafe {
+            asm!("shfl.sync.bfly.b32 {r}, {v}, {s}, 31, -1;", r = out(reg32) other,
+                 v = in(reg32) v.to_bits(), s = in(reg32) 1u32 << i, options(nomem, nostack))
+        };
+        // (Lanes i and i ^ s add the same two values in opposite orders: addition commutes
+        // exactly, so they keep equal sums.)
+        v += f32::from_bits(other);
+    }
+    v
 }
 
 /// `value`, unknown to the compiler (an `asm` move it cannot see through, pure: PTX ISA "mov").
