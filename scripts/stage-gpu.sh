@@ -39,9 +39,9 @@ for line in sys.stdin:
   mkdir -p stage/examples && cp target/release/examples/timing stage/examples/candle-timing
 )
 # The examples, as this workspace builds them and as a stable-Rust user's project does (from the
-# shipped kernel images): stage/examples/{quickstart,gemm_check} and stage/user/{…}.
-cargo build --release -p blockscaled --examples 2>&1 | grep -E "^error" || true
-mkdir -p stage/examples && cp target/release/examples/quickstart target/release/examples/gemm_check stage/examples/
+# shipped kernel images): stage/examples/{quickstart,gemm_check,expert_parallel} and stage/user/{…}.
+cargo build --release -p blockscaled --features nccl --examples 2>&1 | grep -E "^error" || true
+mkdir -p stage/examples && cp target/release/examples/quickstart target/release/examples/gemm_check target/release/examples/expert_parallel stage/examples/
 BLOCKSCALED_USER_BUILD_OUT="$PWD/stage/user" scripts/check-user-build.sh >/dev/null
 bench=$(ls -t target/release/deps/gemm-* 2>/dev/null | grep -v '\.d$' | head -1 || true)
 [ -n "$bench" ] && cp "$bench" stage/bench-gemm

@@ -13,7 +13,7 @@
 
 use blockscaled::{
     DeviceMatrix, DeviceTensor, ExpertParallel, Gpu, GroupLayout, MatrixDesc, MoeLayer, MoeOptions,
-    MoeShape, MoeStep, OutType, Ranks, Recipe, ScaledMatrix,
+    MoeShape, MoeStep, OutType, Plan, Ranks, Recipe, ScaledMatrix,
 };
 use blockscaled_tests::random_values;
 use cudarc::driver::CudaSlice;
@@ -286,9 +286,10 @@ pub fn run_ep(iters: usize) -> R<()> {
             let all_tokens = (world * tokens) as f64;
             let flops = all_tokens * top_k as f64 * 2.0 * 3.0 * hidden as f64 * inter as f64;
             let comm = p1 + p3;
-            let piped = pipelined(&ranks, shape, &experts_of, tokens, iters)?;
+            let piped = pipelined(&ranks, shape, &experts_of, tokens, (iters, 0))?;
+            let reserved = pipelined(&ranks, shape, &experts_of, tokens, (iters, 16))?;
             println!(
-                "  {name} ({experts} experts, top-{top_k}, hidden {hidden}, width {inter}), {tokens} tokens a GPU: 1 GPU {:.1} µs ({:.0} ktok/s, {:.0} TFLOP/s; grouped GEMMs alone {:.1} µs); {world} GPUs {:.1} µs ({:.0} ktok/s, {:.2}×): route+pack {:.1}, send tokens {:.1}, experts {:.1} (rank 0's grouped GEMMs alone {:.1}), send rows {:.1}, combine {:.1} µs, exchanges {:.0}% of the step; two micro-batches on two streams {:.1} µs ({:.2}× one GPU; {:.0}% of the exchanges hidden); {dropped} entries dropped",
+                "  {name} ({experts} experts, top-{top_k}, hidden {hidden}, width {inter}), {tokens} tokens a GPU: 1 GPU {:.1} µs ({:.0} ktok/s, {:.0} TFLOP/s; grouped GEMMs alone {:.1} µs); {world} GPUs {:.1} µs ({:.0} ktok/s, {:.2}×): route+pack {:.1}, send tokens {:.1}, experts {:.1} (rank 0's grouped GEMMs alone {:.1}), send rows {:.1}, combine {:.1} µs, exchanges {:.0}% of the step; two micro-batches on two streams {:.1} µs ({:.2}× one GPU; {:.0}% of the exchanges hidden), with the GEMMs on 16 fewer CTAs {:.1} µs ({:.2}×; {:.0}%); {dropped} entries dropped",
                 single * 1e3,
                 all_tokens / single,
                 flops / (single * 1e-3) / 1e12,
@@ -306,6 +307,9 @@ pub fn run_ep(iters: usize) -> R<()> {
                 piped * 1e3,
                 single / piped,
                 100.0 * (whole - piped) / comm,
+                reserved * 1e3,
+                single / reserved,
+                100.0 * (whole - reserved) / comm,
             );
         }
     }
@@ -322,14 +326,15 @@ fn capacity(tokens: usize, top_k: usize, world: usize) -> usize {
 
 /// The expert-parallel step as two micro-batches of half the tokens on two streams a GPU (a
 /// second set of handles and communicators): one micro-batch's exchanges may run while the
-/// other's GEMMs do. Milliseconds, the median step (from the first stream's start, the second
-/// stream made to wait for it, to the later stream's end).
+/// other's GEMMs do, the grouped GEMMs on `reserve` fewer persistent CTAs than their plans
+/// (SMs left to NCCL's kernels). Milliseconds, the median step (from the first stream's start,
+/// the second stream made to wait for it, to the later stream's end).
 fn pipelined(
     ranks: &Ranks,
     shape: MoeShape,
     experts_of: &[(&DeviceMatrix, &DeviceMatrix)],
     tokens: usize,
-    iters: usize,
+    (iters, reserve): (usize, u32),
 ) -> R<f64> {
     let world = ranks.len();
     let half = tokens / 2;
@@ -342,14 +347,6 @@ fn pipelined(
         })
         .collect::<R<Vec<_>>>()?;
     let ranks2 = Ranks::from_gpus(second).map_err(e)?;
-    let opts = MoeOptions {
-        peer_capacity: Some(capacity(half, shape.top_k, world)),
-        ..MoeOptions::default()
-    };
-    let mut lanes = [
-        ExpertParallel::new(ranks, shape, experts_of, opts).map_err(e)?,
-        ExpertParallel::new(&ranks2, shape, experts_of, opts).map_err(e)?,
-    ];
     let mut inputs = Vec::new();
     for (lane, rs) in [ranks, &ranks2].iter().enumerate() {
         let (mut xs, mut ls, mut outs) = (Vec::new(), Vec::new(), Vec::new());
@@ -368,6 +365,40 @@ fn pipelined(
         }
         inputs.push((xs, ls, outs));
     }
+    let mut opts = MoeOptions {
+        peer_capacity: Some(capacity(half, shape.top_k, world)),
+        ..MoeOptions::default()
+    };
+    if reserve > 0 {
+        // The plans a first step chooses, on fewer CTAs.
+        let mut probe = ExpertParallel::new(ranks, shape, experts_of, opts).map_err(e)?;
+        let (xs, ls, outs) = &mut inputs[0];
+        probe
+            .forward(
+                &refs(xs),
+                &refs(ls),
+                &mut outs.iter_mut().collect::<Vec<_>>(),
+            )
+            .map_err(e)?;
+        let s = probe.last_step(0).ok_or("no step")?;
+        let g = ranks.gpu(0);
+        let fewer = |p: Plan| match p {
+            Plan::Sm90Fp8(mut c) => {
+                c.ctas = c.ctas.min(g.sm_count()).saturating_sub(reserve).max(2);
+                Plan::Sm90Fp8(c)
+            }
+            p => p,
+        };
+        let (w1, w2) = experts_of[0];
+        opts.plans = Some((
+            fewer(g.grouped_plan(s.grouped, w1, s.groups).map_err(e)?),
+            fewer(g.grouped_plan(s.hidden, w2, s.groups).map_err(e)?),
+        ));
+    }
+    let mut lanes = [
+        ExpertParallel::new(ranks, shape, experts_of, opts).map_err(e)?,
+        ExpertParallel::new(&ranks2, shape, experts_of, opts).map_err(e)?,
+    ];
     let all: Vec<&Gpu> = ranks.gpus().iter().chain(ranks2.gpus()).collect();
     let mut t = Vec::new();
     for i in 0..iters + 3 {
