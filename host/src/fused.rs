@@ -1,7 +1,7 @@
 //! Fused epilogues, host side: what a GEMM does to its product before it stores it
 //! ([`Epilogue`]: α, β·C, a per-column bias, an activation or SwiGLU, a residual) and where it
 //! stores it (an output of bf16 / fp16 / f32, or quantized codes and scales ready to be the next
-//! GEMM's A). The steps run in the kernels' one epilogue (`blockscaled_kernels::gemm::fuse`),
+//! GEMM's A). The steps run in the kernels' one epilogue (`blockscaled_kernels::gemm::epilogue::fuse`),
 //! chosen by data in the launch's parameters ([`EpilogueParams`]).
 
 use std::sync::Arc;
@@ -290,7 +290,7 @@ impl<'a> Fused<'a> {
     }
 
     /// The global scratch a fused epilogue stages its rows in for a kernel whose shared memory
-    /// has no room for them (the MX kernel: `blockscaled_kernels::gemm::fuse`): `ctas` CTAs of
+    /// has no room for them (the MX kernel: `blockscaled_kernels::gemm::epilogue::fuse`): `ctas` CTAs of
     /// `consumers` warpgroups, tiles of `block_n` columns; `None` without a fused epilogue.
     /// Uninitialized: each warp writes its rows before it reads them.
     /// In `slot` (the handle's workspace, grown on demand; the kernel reads no byte it has not

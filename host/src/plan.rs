@@ -184,7 +184,7 @@ impl Plan {
 
 /// What a fused epilogue needs of a plan's kernel: `block_cols`, a quantized output's scale
 /// block in product columns (doubled by SwiGLU; 0: not quantized), which must lie in one warp's
-/// pass over a staged row (128 columns: see `blockscaled_kernels::gemm::fuse`) and divide the
+/// pass over a staged row (128 columns: see `blockscaled_kernels::gemm::epilogue::fuse`) and divide the
 /// tile's columns, so that no block straddles two tiles; and a fused kernel for the operands'
 /// element types `elems` (A, B) on the plan's tile: one with finishing warps, or, for an
 /// epilogue the consumers can run in their registers (`in_registers`), one that runs it there.

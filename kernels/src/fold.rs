@@ -18,7 +18,7 @@
 //!    per integer subtraction.
 
 use crate::format::ElemType;
-use crate::registry::KernelInfo;
+use crate::kernel_info::KernelInfo;
 use crate::sm90_mx::MxScale;
 
 /// Threads per block: one per row of the 128-row group.

@@ -27,6 +27,7 @@
 pub mod fold;
 pub mod format;
 pub mod gemm;
+pub mod kernel_info;
 pub mod moe;
 pub mod params;
 pub mod prepare;

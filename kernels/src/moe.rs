@@ -23,7 +23,7 @@
 //! Row indices and counts are i32 (the grouped GEMM's group values), so a layer moves fewer than
 //! 2^31 rows; the host checks the sizes.
 
-use crate::registry::KernelInfo;
+use crate::kernel_info::KernelInfo;
 
 /// Threads per block of these kernels (the offsets kernels: up to [`MAX_EXPERTS`]).
 pub const MOE_THREADS: u32 = 256;

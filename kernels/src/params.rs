@@ -295,7 +295,7 @@ pub struct EpilogueParams {
     /// 0, or the fp32 scales again in the FP8 kernel's A-role layout `[l][n_out/128][q_m_pad]`.
     pub q_sfa: u64,
     /// Global memory a warp stages its rows in where the kernel's shared memory has no room
-    /// ([`crate::gemm::fuse`]): `grid ·` [`crate::gemm::layout::fused_staging`] bytes; 0 where
+    /// ([`crate::gemm::epilogue::fuse`]): `grid ·` [`crate::gemm::layout::fused_staging`] bytes; 0 where
     /// shared memory is used.
     pub scratch: u64,
     pub alpha: f32,

@@ -12,7 +12,7 @@
 //! of every index rule, so both preparations write the same bytes, and a device-quantized matrix
 //! needs no copy back to the host before its GEMM.
 
-use crate::registry::KernelInfo;
+use crate::kernel_info::KernelInfo;
 
 /// Threads per block of the preparation kernels.
 pub const PREPARE_THREADS: u32 = 256;

@@ -38,7 +38,7 @@
 //! unspecified. (The host's quantizers reject such input with `Error::Format`.)
 
 use crate::format::{ElemType, ScaleType};
-use crate::registry::KernelInfo;
+use crate::kernel_info::KernelInfo;
 
 /// Threads per block of both kernels.
 pub const QUANTIZE_THREADS: u32 = 256;

@@ -3,19 +3,7 @@
 //! same names, so a renamed kernel fails at build time, not at launch. Each family lists its own
 //! kernels once (e.g. [`crate::sm90::KERNELS`]); this table only gathers them.
 
-/// One kernel entry point.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct KernelInfo {
-    /// The exported (unmangled) symbol.
-    pub name: &'static str,
-    /// Threads per block the kernel is written for: becomes `.maxntid N, 1, 1`, the register cap
-    /// ptxas needs before it honours `setmaxnreg`. `None`: no bound (any block size).
-    pub max_threads: Option<u32>,
-    /// `.minnctapersm`: blocks that must fit on one SM.
-    pub min_blocks_per_sm: u32,
-    /// The GPU targets whose module contains this kernel (`llc -mcpu` names).
-    pub targets: &'static [&'static str],
-}
+pub use crate::kernel_info::KernelInfo;
 
 const ALL_TARGETS: &[&str] = &["sm_90a", "sm_100a"];
 

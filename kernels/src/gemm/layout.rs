@@ -55,7 +55,7 @@ pub const fn out_staging(consumers: u32, waves: u32, block_n: u32) -> (u32, bool
     }
 }
 
-/// Rows a warp stages in the fused epilogue (`gemm::fuse`): its 16 rows of a fragment, all at
+/// Rows a warp stages in the fused epilogue (`gemm::epilogue::fuse`): its 16 rows of a fragment, all at
 /// once, so that the fragment's registers are free while the rows are finished.
 pub const FUSED_WARP_ROWS: u32 = 16;
 

@@ -64,11 +64,6 @@ pub mod driver;
     any(target_feature = "sm_90a", target_feature = "sm_100a")
 ))]
 pub mod epilogue;
-#[cfg(all(
-    target_arch = "nvptx64",
-    any(target_feature = "sm_90a", target_feature = "sm_100a")
-))]
-pub mod fuse;
 #[cfg(target_arch = "nvptx64")]
 pub mod pipeline;
 #[cfg(all(

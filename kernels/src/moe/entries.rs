@@ -6,7 +6,7 @@ use super::{
 };
 use crate::format::ElemType;
 use crate::format::quantize::magnitude_bits;
-use crate::gemm::fuse::activate;
+use crate::gemm::epilogue::fuse::activate;
 use crate::params::Activation;
 use crate::ptx::{convert, global, math, smem, thread};
 use crate::quantize::device::{Quotient, encode4};

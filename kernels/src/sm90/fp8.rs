@@ -22,8 +22,8 @@ use core::marker::PhantomData;
 
 use super::{BLOCK_K, BLOCK_N, Mode, ROW_BYTES, SFA_BOX, Sm90Fp8Params, Tile, WG_ROWS};
 use crate::gemm::driver::{Ctx, GemmKernel};
+use crate::gemm::epilogue::fuse;
 use crate::gemm::epilogue::{self, Output, Staging, TileStore};
-use crate::gemm::fuse;
 use crate::gemm::layout::StageLayout;
 use crate::gemm::pipeline::{PipelineState, Turn};
 use crate::gemm::promote::{promote, promote_split};
@@ -84,7 +84,7 @@ impl<const CONS: u32, const WAVES: usize, F: Fp8Fragment, T: Fp8Pair, const MODE
     for Fp8Gemm<CONS, WAVES, F, T, MODE>
 {
     const CONSUMERS: u32 = CONS;
-    /// The fused kernels' epilogue runs in three finishing warps (`gemm::fuse`).
+    /// The fused kernels' epilogue runs in three finishing warps (`gemm::epilogue::fuse`).
     const FINISHERS: u32 = if Self::STAGED {
         crate::gemm::FINISHERS
     } else {

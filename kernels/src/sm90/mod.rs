@@ -18,7 +18,7 @@ pub mod fp8_swapped;
 use crate::format::ElemType;
 use crate::gemm::layout::{ScaleBox, StageContents, StageLayout, fused_out};
 use crate::gemm::scheduler::MAX_CLUSTER;
-use crate::registry::KernelInfo;
+use crate::kernel_info::KernelInfo;
 
 /// Columns of one 128×128 B-scale block, and of the widest tile.
 pub const BLOCK_N: u32 = 128;
@@ -316,14 +316,14 @@ pub enum Mode {
     /// Block-sparse GEMM, one operand in 128 × 128 blocks (`Sm90Fp8Params::sparse`).
     Sparse = 2,
     /// Dense GEMM that ends in the fused epilogue ([`crate::params::FusedParams`],
-    /// [`crate::gemm::fuse`]) in finishing warps: every epilogue.
+    /// [`crate::gemm::epilogue::fuse`]) in finishing warps: every epilogue.
     Fused = 3,
     /// Dense GEMM whose consumers run the fused epilogue in their own registers, then store as
     /// the dense kernels do: the epilogues [`crate::params::in_registers`]
     /// takes, on the dense kernel's layout and K loop.
     FusedInRegisters = 4,
     /// [`Mode::FusedInRegisters`] with MXFP8 output (e8m0 scales per 32 columns,
-    /// [`crate::gemm::fuse::quantize_fragment_mx`]): a kernel of its own, so that the FP8 1×128
+    /// [`crate::gemm::epilogue::fuse::quantize_fragment_mx`]): a kernel of its own, so that the FP8 1×128
     /// kernel's code is not the larger for it (with both outputs in one kernel its FP8 1×128
     /// output measured 3 % slower).
     FusedInRegistersMx = 5,

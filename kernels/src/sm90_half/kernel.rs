@@ -19,8 +19,8 @@ use core::marker::PhantomData;
 
 use super::{BLOCK_K, CONSUMERS, HalfTile, ROW_BYTES, Sm90HalfParams, WG_ROWS};
 use crate::gemm::driver::{Ctx, GemmKernel};
+use crate::gemm::epilogue::fuse;
 use crate::gemm::epilogue::{self, Output, Staging, TileStore};
-use crate::gemm::fuse;
 use crate::gemm::layout::StageLayout;
 use crate::gemm::pipeline::PipelineState;
 use crate::gemm::scheduler::{ClusterShape, MAX_CLUSTER, Schedule, WorkUnit};
@@ -94,7 +94,7 @@ impl<const WAVES: usize, F: Fp16Fragment, T: Fp16, const MODE: u32> GemmKernel
     for HalfGemm<WAVES, F, T, MODE>
 {
     const CONSUMERS: u32 = CONSUMERS;
-    /// The fused kernels' epilogue runs in three finishing warps (`gemm::fuse`).
+    /// The fused kernels' epilogue runs in three finishing warps (`gemm::epilogue::fuse`).
     const FINISHERS: u32 = if MODE == Mode::Fused as u32 {
         crate::gemm::FINISHERS
     } else {

@@ -15,7 +15,7 @@
 pub mod kernel;
 
 use crate::gemm::layout::{StageContents, StageLayout, fused_out, out_staging};
-use crate::registry::KernelInfo;
+use crate::kernel_info::KernelInfo;
 use crate::sm90::Mode;
 
 /// K per stage: one 128-byte swizzle span of 16-bit values.
@@ -105,7 +105,7 @@ impl HalfTile {
     /// as its consumers spilled at 232 (the segment's meeting) and its producer walks no bands.
     /// Both are the splits at which ptxas spills nothing in any role.
     /// Fused: 136 + 2·184, the producer's warpgroup also running the finishing warps' row code
-    /// (`gemm::fuse`); the consumers hold one wave's 64 sums.
+    /// (`gemm::epilogue::fuse`); the consumers hold one wave's 64 sums.
     pub const fn producer_regs(self, mode: Mode) -> u32 {
         match mode {
             Mode::Sparse => 24,
@@ -329,7 +329,7 @@ macro_rules! kernel_list {
     };
 }
 
-// Fused (`gemm::fuse`): the 128 × 128 tile (one wave: see the FP8 family's fused list).
+// Fused (`gemm::epilogue::fuse`): the 128 × 128 tile (one wave: see the FP8 family's fused list).
 kernel_list!(
     (M128, ""),
     (M256, "_m256"),

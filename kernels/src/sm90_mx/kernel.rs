@@ -15,8 +15,8 @@ use super::dequant::{self, Dequant, ScaleDecode};
 use super::{BF16_ROW_BYTES, BLOCK_K, BLOCK_M, CONSUMERS, MxTile, Sm90MxParams, UNIT};
 use crate::gemm::barriers;
 use crate::gemm::driver::{Ctx, GemmKernel};
+use crate::gemm::epilogue::fuse;
 use crate::gemm::epilogue::{self, Output, Staging, TileStore};
-use crate::gemm::fuse;
 use crate::gemm::layout::{FRAGMENT_ROWS, ScaleBox, StageLayout};
 use crate::gemm::pipeline::PipelineState;
 use crate::gemm::scheduler::{ClusterShape, Schedule, WorkUnit};
@@ -243,7 +243,7 @@ impl<F: Fp16Fragment, EA: Dequant, EB: Dequant, S: ScaleDecode, const FUSED: boo
     for MxGemm<F, EA, EB, S, FUSED>
 {
     const CONSUMERS: u32 = CONSUMERS;
-    /// The fused kernels' epilogue runs in three finishing warps (`gemm::fuse`).
+    /// The fused kernels' epilogue runs in three finishing warps (`gemm::epilogue::fuse`).
     const FINISHERS: u32 = if FUSED { crate::gemm::FINISHERS } else { 0 };
     type Consumer = Consumer;
     type Acc = F;

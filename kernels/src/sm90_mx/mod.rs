@@ -17,7 +17,7 @@ pub mod kernel;
 
 use crate::format::{ElemType, ScaleType};
 use crate::gemm::layout::{HANDOFF_BYTES, StageContents, StageLayout};
-use crate::registry::KernelInfo;
+use crate::kernel_info::KernelInfo;
 
 /// K of one stage: 64 bf16 = one 128-byte swizzled row of the converted tiles.
 pub const BLOCK_K: u32 = 64;
@@ -265,7 +265,7 @@ macro_rules! mx_kernel_list {
     };
 }
 
-// The fused-epilogue kernels (`gemm::fuse`) on the 256-column tile: the MX kernel has no output
+// The fused-epilogue kernels (`gemm::epilogue::fuse`) on the 256-column tile: the MX kernel has no output
 // staging (its shared memory holds the converted bf16 buffers), so a warp stages its rows in a
 // global scratch the host gives (`EpilogueParams::scratch`, L2-resident).
 mx_kernel_list! {

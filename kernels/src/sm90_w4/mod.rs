@@ -21,7 +21,7 @@ pub mod kernel;
 
 use crate::format::ScaleType;
 use crate::gemm::layout::{ScaleBox, StageContents, StageLayout};
-use crate::registry::KernelInfo;
+use crate::kernel_info::KernelInfo;
 use crate::sm90_mx::{BF16_ROW_BYTES, MxScale};
 
 pub use crate::sm90_mx::{BLOCK_K, SCALE_ROWS_PAD};

@@ -1,175 +1,22 @@
-//! Mixture-of-experts layers on the block-scaled kernels: the router's top-k on the GPU, the
-//! tokens quantized to FP8 with fp32 scales per 1×128 and moved to their experts' rows, two
-//! grouped GEMMs (gate/up, then down) with SwiGLU and the FP8 quantization between them in one
-//! kernel, and each token's weighted sum of its experts' rows (`blockscaled_kernels::moe` has the
-//! rules). Every count stays on the GPU: the grouped GEMMs read the groups the routing wrote, so
-//! no step waits on the host and a layer can be captured in a CUDA graph.
-//!
-//! [`MoeLayer`] runs a layer whose experts are all on one GPU. With the `nccl` feature,
-//! `ExpertParallel` splits the experts over GPUs, exchanging the tokens' codes and scales and
-//! the experts' output rows with NCCL's all-to-all ([`crate::Ranks`]) in chunks of a fixed
-//! capacity per peer. Both run the same kernels on the same rows, so an expert-parallel layer's
-//! output equals the one-GPU layer's bit for bit where both run the grouped GEMMs on the same
-//! plans (each row's products do not depend on the rows beside it).
-//!
-//! Weights are DeepSeek FP8 (e4m3, fp32 scales per 128×128): `w1` the experts' gate and up
-//! projections interleaved row by row (`experts × 2·inter × hidden`, [`crate::interleave_gate_up`]),
-//! `w2` the down projections (`experts × hidden × inter`).
+//! One GPU's share of a MoE layer: its step buffers, and the phases the one-GPU and the
+//! expert-parallel layers run (dispatch, regroup, experts, combine).
 
-use std::sync::Arc;
+use cudarc::driver::CudaSlice;
 
-use cudarc::driver::{CudaFunction, CudaModule, CudaSlice, CudaView};
-
-use crate::buffers::{DeviceMatrix, DeviceOutput, Prepared};
+use super::kernels::{a_role_ptr, go, has_a_role, no_step, owned, scale_rows};
+use super::{MoeOptions, MoeShape, MoeStep};
+use crate::buffers::{DeviceMatrix, DeviceOutput};
 use crate::device::Gpu;
 use crate::error::{Error, Result, shape};
 use crate::format::{OutType, Recipe};
 use crate::grouped::{DeviceGroups, GroupLayout};
-use crate::launch::{KernelParams, Launch};
-use crate::matrix::MatrixDesc;
-use crate::plan::Plan;
+use crate::launch::Launch;
 use crate::quantizer::{DeviceTensor, QuantizeOptions};
-use crate::sm90_fp8::Sm90Operand;
 use blockscaled_kernels::moe::{
     self as km, Combine, MAX_EXPERTS, MAX_TOP_K, MOE_THREADS, Offsets, Pack, Rank, Regroup,
     RegroupPlan, Route, ScaleRows, SwigluQuantize,
 };
 use blockscaled_kernels::quantize::InputType;
-
-pub use blockscaled_kernels::moe::Scoring;
-
-// SAFETY: `#[repr(C)]` structs of `blockscaled_kernels::moe`, the kernels' own parameter types:
-// u64 addresses first, then 4-byte fields (`ScaleRows` four u32), an even number of them, so
-// no padding.
-unsafe impl KernelParams for Route {}
-unsafe impl KernelParams for Rank {}
-unsafe impl KernelParams for Offsets {}
-unsafe impl KernelParams for Pack {}
-unsafe impl KernelParams for RegroupPlan {}
-unsafe impl KernelParams for Regroup {}
-unsafe impl KernelParams for SwigluQuantize {}
-unsafe impl KernelParams for Combine {}
-
-/// A mixture-of-experts layer's dimensions.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct MoeShape {
-    /// The model's width: each token's features, the experts' input and output (a multiple of 128).
-    pub hidden: usize,
-    /// Each expert's intermediate width (a multiple of 128).
-    pub inter: usize,
-    /// Experts in the layer (all GPUs'), at most 1024.
-    pub experts: usize,
-    /// Experts each token chooses, at most 32 and at most `experts`.
-    pub top_k: usize,
-}
-
-/// How a layer routes and lays out its rows.
-#[derive(Clone, Copy, Debug)]
-pub struct MoeOptions {
-    /// The router's weights: softmax or sigmoid over the chosen logits.
-    pub scoring: Scoring,
-    /// The grouped GEMMs' layout: contiguous (rows packed expert after expert: prefill) or masked
-    /// (a slot of `group_capacity` rows per expert: decode, a fixed shape for CUDA graphs).
-    pub layout: GroupLayout,
-    /// Rows a GPU sends each peer per step (expert parallelism). `None`: tokens · top_k, which
-    /// drops nothing. Entries past it are dropped (they add nothing to their token's output).
-    pub peer_capacity: Option<usize>,
-    /// Rows per expert in the masked layout. `None`: every token once from each GPU, which drops
-    /// nothing. Entries past it are dropped.
-    pub group_capacity: Option<usize>,
-    /// The two grouped GEMMs' plans; `None`: chosen per call ([`Gpu::grouped_plan`]).
-    pub plans: Option<(Plan, Plan)>,
-    /// The output's type: bf16 or f32.
-    pub output: OutType,
-}
-
-impl Default for MoeOptions {
-    fn default() -> Self {
-        MoeOptions {
-            scoring: Scoring::Softmax,
-            layout: GroupLayout::Contiguous,
-            peer_capacity: None,
-            group_capacity: None,
-            plans: None,
-            output: OutType::Bf16,
-        }
-    }
-}
-
-/// The loaded MoE kernels.
-#[derive(Clone)]
-pub(crate) struct MoeKernels {
-    sm_count: u32,
-    route: CudaFunction,
-    rank: CudaFunction,
-    offsets: CudaFunction,
-    pack: CudaFunction,
-    #[cfg_attr(not(feature = "nccl"), allow(dead_code))]
-    regroup_plan: CudaFunction,
-    #[cfg_attr(not(feature = "nccl"), allow(dead_code))]
-    regroup: CudaFunction,
-    swiglu: CudaFunction,
-    combine: CudaFunction,
-}
-
-impl MoeKernels {
-    pub(crate) fn load(module: &Arc<CudaModule>, sm_count: u32) -> Result<Self> {
-        let f = |k: blockscaled_kernels::registry::KernelInfo| module.load_function(k.name);
-        Ok(MoeKernels {
-            sm_count,
-            route: f(km::ROUTE)?,
-            rank: f(km::RANK)?,
-            offsets: f(km::OFFSETS)?,
-            pack: f(km::PACK)?,
-            regroup_plan: f(km::REGROUP_PLAN)?,
-            regroup: f(km::REGROUP)?,
-            swiglu: f(km::SWIGLU_QUANTIZE)?,
-            combine: f(km::COMBINE)?,
-        })
-    }
-
-    /// Blocks for `items` (a block each, or `per_block` each), at most eight an SM.
-    fn grid(&self, items: usize, per_block: usize) -> u32 {
-        items
-            .div_ceil(per_block)
-            .clamp(1, 8 * self.sm_count as usize) as u32
-    }
-}
-
-/// One launch of `func` with `p` (its addresses already taken: the buffers' guards live in
-/// `launch`).
-/// # Safety
-/// `p` is `func`'s parameter struct, its addresses hold what it says for the grid and block.
-unsafe fn go<P: KernelParams>(launch: Launch<'_>, p: P) -> Result<()> {
-    // SAFETY: the caller's contract.
-    unsafe { launch.launch(&p) }?;
-    Ok(())
-}
-
-/// The last step's buffers, for checks and for engines that read the routing: the router's
-/// choices and weights (`[tokens][top_k]`), each entry's row (`slot`, −1 where dropped), the
-/// quantized tokens, the grouped rows and groups, and the grouped GEMMs' outputs.
-pub struct MoeStep<'a> {
-    /// i32 `[tokens][top_k]`: each token's experts, best first.
-    pub chosen: CudaView<'a, i32>,
-    /// f32 `[tokens][top_k]`: their weights.
-    pub weights: CudaView<'a, f32>,
-    /// i32 `[tokens][top_k]`: each entry's row (in the grouped rows on one GPU, in the peer
-    /// chunks under expert parallelism), −1 where dropped.
-    pub slot: CudaView<'a, i32>,
-    /// The tokens, quantized (FP8, fp32 scales per 1×128).
-    pub tokens: &'a DeviceMatrix<'static>,
-    /// The grouped GEMMs' rows of this GPU's experts.
-    pub grouped: &'a DeviceMatrix<'static>,
-    /// Their groups (ends or counts), written on the GPU.
-    pub groups: &'a DeviceGroups<'static>,
-    /// The gate/up GEMM's output (bf16, `2·inter` columns).
-    pub gate_up: &'a DeviceOutput<'static>,
-    /// SwiGLU of it, quantized (FP8, fp32 scales per 1×128).
-    pub hidden: &'a DeviceMatrix<'static>,
-    /// The down GEMM's output (bf16).
-    pub down: &'a DeviceOutput<'static>,
-}
 
 /// A step's buffers on one GPU, made at the first step of each token count.
 pub(crate) struct Step {
@@ -213,67 +60,10 @@ pub(crate) struct Local<'a> {
     pub(crate) gpu: &'a Gpu,
     w1: &'a DeviceMatrix<'a>,
     w2: &'a DeviceMatrix<'a>,
-    shape: MoeShape,
-    opts: MoeOptions,
+    pub(super) shape: MoeShape,
+    pub(super) opts: MoeOptions,
     world: usize,
     pub(crate) step: Option<Step>,
-}
-
-/// fp32 scales per 1×128 of `m` (packed, one row per row block) as the kernels index them.
-fn scale_rows(m: &DeviceMatrix) -> Result<ScaleRows> {
-    let (d, l) = (&m.desc, m.desc.scale_layout);
-    if l.row_blocks != d.rows || l.k_blocks * 128 != d.k {
-        return Err(Error::Format(format!(
-            "the MoE kernels take fp32 scales per 1×128, not {l:?}"
-        )));
-    }
-    Ok(ScaleRows {
-        batch_rows: d.rows as u32,
-        row_stride: l.row_stride as u32,
-        k_stride: l.k_stride as u32,
-        batch_stride: l.batch_stride as u32,
-        k_blocks: l.k_blocks as u32,
-        pad: 0,
-    })
-}
-
-/// The FP8 kernel's A-role scales of a matrix of `desc` (`[l][k/128][m_pad]`, kept in its
-/// `prepared` copies), and their layout, where the matrix has them: the MoE kernels write them
-/// beside the packed scales, so that no re-layout pass runs before the GEMM.
-fn a_role<'m>(
-    prepared: &'m mut Prepared,
-    desc: &MatrixDesc,
-) -> Option<(&'m mut CudaSlice<f32>, ScaleRows)> {
-    let (sfa, m_pad) = prepared.get_mut::<Sm90Operand>()?.sfa.as_mut()?;
-    let kb = (desc.k / 128) as u32;
-    let layout = ScaleRows {
-        batch_rows: desc.rows as u32,
-        row_stride: 1,
-        k_stride: *m_pad,
-        batch_stride: kb * *m_pad,
-        k_blocks: kb,
-        pad: 0,
-    };
-    Some((sfa, layout))
-}
-
-/// A-role scales' address and layout for a launch (0 where the matrix has none).
-fn a_role_ptr<'l>(
-    l: &mut Launch<'l>,
-    prepared: &'l mut Prepared,
-    desc: &MatrixDesc,
-) -> (u64, ScaleRows) {
-    match a_role(prepared, desc) {
-        Some((sfa, layout)) => (l.ptr_mut(sfa), layout),
-        None => (0, ScaleRows::rows(0)),
-    }
-}
-
-/// Whether `m` has the A-role scales [`a_role`] finds (then the MoE kernels wrote them).
-fn has_a_role(m: &DeviceMatrix) -> bool {
-    m.prepared
-        .get::<Sm90Operand>()
-        .is_some_and(|o| o.sfa.is_some())
 }
 
 impl<'a> Local<'a> {
@@ -770,66 +560,4 @@ impl<'a> Local<'a> {
 
 fn shape_err(msg: String) -> Error {
     shape(msg)
-}
-
-/// The buffer of groups this layer made ([`Gpu::device_groups`]), for its kernels to write.
-fn owned<'g>(groups: &'g mut DeviceGroups<'static>) -> Result<&'g mut CudaSlice<i32>> {
-    match &mut groups.values {
-        crate::grouped::GroupValues::Owned(v) => Ok(v),
-        crate::grouped::GroupValues::View(_) => Err(Error::Config("groups over a view".into())),
-    }
-}
-
-fn no_step() -> Error {
-    Error::Config("no step has run".into())
-}
-
-/// A mixture-of-experts layer with all its experts on one GPU (module doc).
-pub struct MoeLayer<'a> {
-    local: Local<'a>,
-}
-
-impl std::fmt::Debug for MoeLayer<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("MoeLayer")
-            .field("shape", &self.local.shape)
-            .field("opts", &self.local.opts)
-            .finish()
-    }
-}
-
-impl<'a> MoeLayer<'a> {
-    /// A layer over `gpu`'s experts `w1` (`experts × 2·inter × hidden`, gate and up interleaved)
-    /// and `w2` (`experts × hidden × inter`), DeepSeek FP8 weights. `Error::Shape` /
-    /// `Error::Format` / `Error::WrongGpu` for weights or a shape the layer cannot take.
-    pub fn new(
-        gpu: &'a Gpu,
-        shape: MoeShape,
-        w1: &'a DeviceMatrix<'a>,
-        w2: &'a DeviceMatrix<'a>,
-        opts: MoeOptions,
-    ) -> Result<Self> {
-        Ok(MoeLayer {
-            local: Local::new(gpu, shape, (w1, w2), opts, 1)?,
-        })
-    }
-
-    /// One step: `x` (tokens × hidden, f32 / bf16 / fp16) routed by `logits` (tokens × experts,
-    /// f32) through the experts into `out` (tokens × hidden, the options' type). Asynchronous on
-    /// the GPU handle's stream; allocates only at the first step of each token count.
-    pub fn forward(
-        &mut self,
-        x: &DeviceTensor,
-        logits: &DeviceTensor,
-        out: &mut DeviceOutput,
-    ) -> Result<()> {
-        self.local.dispatch(x, logits)?;
-        self.local.experts()?;
-        self.local.combine(out)
-    }
-
-    /// The last step's buffers ([`MoeStep`]); `None` before the first.
-    pub fn last_step(&self) -> Option<MoeStep<'_>> {
-        self.local.last_step()
-    }
 }
