@@ -23,6 +23,8 @@ use blockscaled_kernels::registry;
 /// The targets and the files of one image set.
 const ARCHS: [Arch; 2] = [Arch::Sm90a, Arch::Sm100a];
 const MANIFEST: &str = "MANIFEST";
+/// The kernels whose stack frames and spills are known and accepted, beside the shipped images.
+const KNOWN_SPILLS: &str = "KNOWN-SPILLS";
 
 fn main() {
     println!("cargo:rerun-if-env-changed=BLOCKSCALED_BUILD_KERNELS");
@@ -105,16 +107,52 @@ fn build_from_source(package: &Path, shipped: &Path) -> PathBuf {
     write(&out.join(MANIFEST), manifest(&out, &built).as_bytes());
     compare_with_shipped(&out, shipped);
     keep_for_developers(&out, &built);
-    for b in &built {
-        for k in &b.spilling_kernels {
-            println!(
-                "cargo:warning={}: kernel {k} spills or uses a stack frame (see target/*/ptx/{}.ptxas.txt)",
-                b.arch.name(),
-                b.arch.name()
-            );
+    report_spills(&built, shipped);
+    out
+}
+
+/// The kernels' stack frames and spills: those `KNOWN-SPILLS` (beside the shipped images) accepts,
+/// at most its bytes, in one line; any other, or more bytes than listed, a warning of its own.
+fn report_spills(built: &[BuiltPtx], shipped: &Path) {
+    let list = shipped.join(KNOWN_SPILLS);
+    println!("cargo:rerun-if-changed={}", list.display());
+    let known: Vec<(String, String, u64, u64)> = std::fs::read_to_string(&list)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| !l.trim_start().starts_with('#') && !l.trim().is_empty())
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            Some((
+                f.first()?.to_string(),
+                f.get(1)?.to_string(),
+                f.get(2)?.parse().ok()?,
+                f.get(3)?.parse().ok()?,
+            ))
+        })
+        .collect();
+    let mut within = 0;
+    for b in built {
+        let arch = b.arch.name();
+        for s in &b.spilling_kernels {
+            let listed = known.iter().find(|k| k.0 == arch && k.1 == s.kernel);
+            match listed {
+                Some(k) if s.stack <= k.2 && s.stores <= k.3 => within += 1,
+                Some(k) => println!(
+                    "cargo:warning={arch}: kernel {} now has a {}-byte stack frame and {} bytes of spill stores, more than the {} and {} {KNOWN_SPILLS} accepts (target/*/ptx/{arch}.ptxas.txt)",
+                    s.kernel, s.stack, s.stores, k.2, k.3
+                ),
+                None => println!(
+                    "cargo:warning={arch}: kernel {} spills: a {}-byte stack frame, {} bytes of spill stores (target/*/ptx/{arch}.ptxas.txt); not in {KNOWN_SPILLS}",
+                    s.kernel, s.stack, s.stores
+                ),
+            }
         }
     }
-    out
+    if within > 0 {
+        println!(
+            "cargo:warning={within} kernels have the stack frames and spills {KNOWN_SPILLS} accepts (host/kernel-images/{KNOWN_SPILLS})"
+        );
+    }
 }
 
 /// What made the images, and their sizes: the shipped `MANIFEST` is this text, so a new toolchain

@@ -145,7 +145,7 @@ pub struct BuiltPtx {
     /// `ptxas -v` output, when a ptxas was found.
     pub ptxas_report: Option<String>,
     /// Kernels whose ptxas report shows spills or a non-empty stack frame.
-    pub spilling_kernels: Vec<String>,
+    pub spilling_kernels: Vec<Spill>,
 }
 
 /// Launch bounds of one kernel, written into the PTX as `.maxntid` / `.minnctapersm`.
@@ -717,9 +717,9 @@ fn assemble(ptxas: &Path, arch: Arch, ptx: &Path, cubin: &Path) -> Result<String
 }
 
 /// Kernels whose report line says `N bytes stack frame, S bytes spill stores` with N or S > 0.
-pub fn spilling_kernels(report: &str) -> Vec<String> {
+pub fn spilling_kernels(report: &str) -> Vec<Spill> {
     let mut current = String::new();
-    let mut bad = Vec::new();
+    let mut bad: Vec<Spill> = Vec::new();
     for line in report.lines() {
         if let Some(i) = line.find("Compiling entry function '") {
             let rest = &line[i + "Compiling entry function '".len()..];
@@ -732,12 +732,31 @@ pub fn spilling_kernels(report: &str) -> Vec<String> {
                 .filter_map(|s| s.parse().ok())
                 .collect();
             // "N bytes stack frame, S bytes spill stores, L bytes spill loads"
-            if nums.iter().take(3).any(|&n| n > 0) && !bad.contains(&current) {
-                bad.push(current.clone());
+            let (stack, stores, loads) = (nums.first(), nums.get(1), nums.get(2));
+            let n = |x: Option<&u64>| x.copied().unwrap_or(0);
+            let spill = Spill {
+                kernel: current.clone(),
+                stack: n(stack),
+                stores: n(stores),
+                loads: n(loads),
+            };
+            if spill.stack + spill.stores + spill.loads > 0
+                && !bad.iter().any(|b| b.kernel == current)
+            {
+                bad.push(spill);
             }
         }
     }
     bad
+}
+
+/// One kernel's stack frame and spills (bytes), from its ptxas report.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Spill {
+    pub kernel: String,
+    pub stack: u64,
+    pub stores: u64,
+    pub loads: u64,
 }
 
 fn crate_name(crate_path: &Path) -> Result<String, BuildError> {
@@ -903,6 +922,12 @@ mod tests {
                  ptxas info    : Function properties for a\n    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n\
                  ptxas info    : Compiling entry function 'b' for 'sm_90a'\n\
                  ptxas info    : Function properties for b\n    16 bytes stack frame, 8 bytes spill stores, 8 bytes spill loads\n";
-        assert_eq!(spilling_kernels(r), vec!["b".to_string()]);
+        let b = Spill {
+            kernel: "b".into(),
+            stack: 16,
+            stores: 8,
+            loads: 8,
+        };
+        assert_eq!(spilling_kernels(r), vec![b]);
     }
 }
