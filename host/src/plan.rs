@@ -1220,7 +1220,7 @@ mod tests {
                 grouped.tile,
                 e4m3,
                 e4m3,
-                blockscaled_kernels::sm90::Mode::Grouped
+                blockscaled_kernels::gemm::Mode::Grouped
             )
             .is_some()
         );

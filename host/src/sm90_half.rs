@@ -19,10 +19,10 @@ use crate::sm90_fp8::Sm90Output;
 use crate::splitk::{self, SplitK};
 use crate::tensor_map::{DataType, Swizzle, encode_3d};
 use crate::workspace::{Workspace, WorkspaceSize};
+use blockscaled_kernels::gemm::Mode;
 use blockscaled_kernels::gemm::layout::out_box_n;
 use blockscaled_kernels::gemm::scheduler::{ClusterShape, MAX_CLUSTER, Schedule};
 use blockscaled_kernels::params::SparseParams;
-use blockscaled_kernels::sm90::Mode;
 use blockscaled_kernels::sm90_half::{
     self as family, BLOCK_K, HalfTile, HalfType, Sm90HalfKernel, Sm90HalfParams,
 };

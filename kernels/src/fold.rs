@@ -18,8 +18,8 @@
 //!    per integer subtraction.
 
 use crate::format::ElemType;
+use crate::format::MxScale;
 use crate::kernel_info::KernelInfo;
-use crate::sm90_mx::MxScale;
 
 /// Threads per block: one per row of the 128-row group.
 pub const FOLD_THREADS: u32 = 128;
@@ -81,7 +81,7 @@ macro_rules! fold_kernels {
         mod entries {
             use super::FoldParams;
             use crate::format::ElemType;
-            use crate::sm90_mx::MxScale;
+            use crate::format::MxScale;
             $(const _: () = {
                 /// # Safety
                 /// As [`super::device::fold`].

@@ -395,3 +395,26 @@ impl ScaleType {
         }
     }
 }
+
+/// A one-byte scale format as the MX-style kernels take it: the scale's type and the elements
+/// each scale covers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct MxScale {
+    pub ty: ScaleType,
+    pub block: u32,
+}
+
+impl MxScale {
+    pub const E8M0X32: MxScale = MxScale {
+        ty: ScaleType::E8M0,
+        block: 32,
+    };
+    pub const E8M0X16: MxScale = MxScale {
+        ty: ScaleType::E8M0,
+        block: 16,
+    };
+    pub const UE4M3X16: MxScale = MxScale {
+        ty: ScaleType::UE4M3,
+        block: 16,
+    };
+}

@@ -53,6 +53,31 @@ pub const fn producer_budget(
     }
 }
 
+/// What a family's kernel runs; each a kernel of its own (a const parameter), as each walks its
+/// units differently and the dense kernels have no registers to spare for the others' walks.
+/// Every family names its kernels by it (a family runs some of them).
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Mode {
+    Dense = 0,
+    /// Grouped GEMM (the family's parameters' groups).
+    Grouped = 1,
+    /// Block-sparse GEMM, one operand in 128 × 128 blocks (the family's parameters' sparse operand).
+    Sparse = 2,
+    /// Dense GEMM that ends in the fused epilogue ([`crate::params::FusedParams`],
+    /// [`crate::gemm::epilogue::fuse`]) in finishing warps: every epilogue.
+    Fused = 3,
+    /// Dense GEMM whose consumers run the fused epilogue in their own registers, then store as
+    /// the dense kernels do: the epilogues [`crate::params::in_registers`]
+    /// takes, on the dense kernel's layout and K loop.
+    FusedInRegisters = 4,
+    /// [`Mode::FusedInRegisters`] with MXFP8 output (e8m0 scales per 32 columns,
+    /// [`crate::gemm::epilogue::fuse::quantize_fragment_mx`]): a kernel of its own, so that the FP8 1×128
+    /// kernel's code is not the larger for it (with both outputs in one kernel its FP8 1×128
+    /// output measured 3 % slower).
+    FusedInRegistersMx = 5,
+}
+
 pub mod barriers;
 #[cfg(all(
     target_arch = "nvptx64",

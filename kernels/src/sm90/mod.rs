@@ -305,29 +305,7 @@ pub struct Sm90Fp8Params {
     pub sparse: crate::params::SparseParams,
 }
 
-/// What a kernel of the family runs; each a kernel of its own (a const parameter), as each walks
-/// its units differently and the dense kernels have no registers to spare for the others' walks.
-#[repr(u32)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Mode {
-    Dense = 0,
-    /// Grouped GEMM (`Sm90Fp8Params::groups`).
-    Grouped = 1,
-    /// Block-sparse GEMM, one operand in 128 × 128 blocks (`Sm90Fp8Params::sparse`).
-    Sparse = 2,
-    /// Dense GEMM that ends in the fused epilogue ([`crate::params::FusedParams`],
-    /// [`crate::gemm::epilogue::fuse`]) in finishing warps: every epilogue.
-    Fused = 3,
-    /// Dense GEMM whose consumers run the fused epilogue in their own registers, then store as
-    /// the dense kernels do: the epilogues [`crate::params::in_registers`]
-    /// takes, on the dense kernel's layout and K loop.
-    FusedInRegisters = 4,
-    /// [`Mode::FusedInRegisters`] with MXFP8 output (e8m0 scales per 32 columns,
-    /// [`crate::gemm::epilogue::fuse::quantize_fragment_mx`]): a kernel of its own, so that the FP8 1×128
-    /// kernel's code is not the larger for it (with both outputs in one kernel its FP8 1×128
-    /// output measured 3 % slower).
-    FusedInRegistersMx = 5,
-}
+pub use crate::gemm::Mode;
 
 /// One kernel of the family: its tile, its element types, whether it runs grouped GEMM, and its
 /// entry point.
@@ -404,7 +382,7 @@ macro_rules! fp8_gemm {
             { Tile::$tile.waves as usize },
             [f32; { (Tile::$tile.block_n / 2) as usize }],
             $crate::ptx::wgmma::Fp8<{ ElemType::$a as u32 }, { ElemType::$b as u32 }>,
-            { $crate::sm90::Mode::$mode as u32 },
+            { $crate::gemm::Mode::$mode as u32 },
         >
     };
 }

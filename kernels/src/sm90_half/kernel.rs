@@ -18,6 +18,7 @@
 use core::marker::PhantomData;
 
 use super::{BLOCK_K, CONSUMERS, HalfTile, ROW_BYTES, Sm90HalfParams, WG_ROWS};
+use crate::gemm::Mode;
 use crate::gemm::driver::{Ctx, GemmKernel};
 use crate::gemm::epilogue::fuse;
 use crate::gemm::epilogue::{self, Output, Staging, TileStore};
@@ -26,7 +27,6 @@ use crate::gemm::pipeline::PipelineState;
 use crate::gemm::scheduler::{ClusterShape, MAX_CLUSTER, Schedule, WorkUnit};
 use crate::ptx::wgmma::{self, Descriptor, Fp16, Fp16Fragment, Fragment, Swizzle};
 use crate::ptx::{global, thread, tma};
-use crate::sm90::Mode;
 
 /// K per `wgmma` (16-bit): 16 values = 32 bytes of a swizzled row.
 const MMA_K: u32 = 16;

@@ -14,9 +14,9 @@
 #[cfg(all(target_arch = "nvptx64", target_feature = "sm_90a"))]
 pub mod kernel;
 
+use crate::gemm::Mode;
 use crate::gemm::layout::{StageContents, StageLayout, fused_out, out_staging};
 use crate::kernel_info::KernelInfo;
-use crate::sm90::Mode;
 
 /// K per stage: one 128-byte swizzle span of 16-bit values.
 pub const BLOCK_K: u32 = 64;
@@ -250,7 +250,7 @@ macro_rules! export {
                     { HalfTile::$tile.waves as usize },
                     [f32; { (HalfTile::$tile.block_n / 2) as usize }],
                     $crate::ptx::wgmma::$ty,
-                    { $crate::sm90::Mode::$mode as u32 },
+                    { $crate::gemm::Mode::$mode as u32 },
                 > {
                     $($field)*
                     types: core::marker::PhantomData,
@@ -259,8 +259,8 @@ macro_rules! export {
                 unsafe {
                     $crate::gemm::driver::run::<
                         _,
-                        { HalfTile::$tile.producer_regs($crate::sm90::Mode::$mode) },
-                        { HalfTile::$tile.consumer_regs($crate::sm90::Mode::$mode) },
+                        { HalfTile::$tile.producer_regs($crate::gemm::Mode::$mode) },
+                        { HalfTile::$tile.consumer_regs($crate::gemm::Mode::$mode) },
                     >(&k)
                 }
             }

@@ -15,7 +15,7 @@ pub mod dequant;
 #[cfg(all(target_arch = "nvptx64", target_feature = "sm_90a"))]
 pub mod kernel;
 
-use crate::format::{ElemType, ScaleType};
+use crate::format::ElemType;
 use crate::gemm::layout::{HANDOFF_BYTES, StageContents, StageLayout};
 use crate::kernel_info::KernelInfo;
 
@@ -125,27 +125,7 @@ pub struct Sm90MxParams {
     pub groups: crate::params::GroupParams,
 }
 
-/// The scale format of a kernel: type and elements per scale.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct MxScale {
-    pub ty: ScaleType,
-    pub block: u32,
-}
-
-impl MxScale {
-    pub const E8M0X32: MxScale = MxScale {
-        ty: ScaleType::E8M0,
-        block: 32,
-    };
-    pub const E8M0X16: MxScale = MxScale {
-        ty: ScaleType::E8M0,
-        block: 16,
-    };
-    pub const UE4M3X16: MxScale = MxScale {
-        ty: ScaleType::UE4M3,
-        block: 16,
-    };
-}
+pub use crate::format::MxScale;
 
 /// One kernel of the family.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
