@@ -17,7 +17,7 @@ use super::Gpu;
 
 impl Gpu {
     /// Quantizes `t` on the GPU into `format`, with the scale layout its users pass by default;
-    /// bit-identical to [`ScaledMatrix::quantize`] on the same values. See
+    /// bit-identical to [`ScaledMatrix::quantize`](crate::ScaledMatrix::quantize) on the same values. See
     /// [`quantize_with`](Self::quantize_with).
     pub fn quantize(
         &self,
@@ -272,7 +272,7 @@ impl Gpu {
     }
 
     /// This MX or NVFP4 matrix folded to FP8 on the GPU, once, as the fold pre-pass does per
-    /// call ([`ScaledMatrix::fold_to_fp8`] is the host's bit-identical version; the desc is
+    /// call ([`ScaledMatrix::fold_to_fp8`](crate::ScaledMatrix::fold_to_fp8) is the host's bit-identical version; the desc is
     /// [`MatrixDesc::folded`](crate::MatrixDesc::folded)): for the B role (`as_b`), fp32 scales
     /// per row; for the A role, per 1×128. Fold a model's weights (a MoE's experts) at load
     /// time, and [`Gpu::gemm`] and [`Gpu::grouped_gemm`] run them on the FP8 kernels without
