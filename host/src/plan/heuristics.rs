@@ -1,0 +1,471 @@
+//! Each family's configuration rules, fitted to sweeps, and their tuning constants.
+
+use crate::sm90_fp8::Sm90Config;
+use crate::sm90_half::Sm90HalfConfig;
+use crate::sm90_mx::Sm90MxConfig;
+use crate::sm90_w4::Sm90W4Config;
+use blockscaled_kernels::gemm::scheduler::{ClusterShape, MAX_CLUSTER};
+use blockscaled_kernels::sm90::{BLOCK_K, Tile};
+use blockscaled_kernels::sm90_half::HalfTile;
+use blockscaled_kernels::sm90_mx::{self as mx, MxTile};
+use blockscaled_kernels::sm90_w4::{self as w4, W4Tile};
+
+/// The 16-bit block-sparse configuration for `m` dense rows, blocks of `block` rows and `runs`
+/// stored blocks per block row on average: tiles as wide as a block (a tile's columns share one
+/// run); 256 rows from [`HALF_M256_MIN_M`] rows when runs average at least [`HALF_M256_MIN_RUN`]
+/// blocks (each stage feeds twice the MMAs), else 128 (twice the tiles to balance short runs:
+/// 4096³ at 10%, 40 µs against 48; at 100%, 243 against 211; docs/PERF.md v38); runs cut into
+/// up to 16 parts (`bsr::MAX_PARTS`) where they are longer than a CTA's share of the work.
+pub fn sm90_half_bsr_default(m: usize, block: usize, runs: f64, sm_count: u32) -> Sm90HalfConfig {
+    let tall = m >= HALF_M256_MIN_M && runs >= HALF_M256_MIN_RUN;
+    let tile = match (tall, block >= 128) {
+        (true, true) => HalfTile::M256,
+        (false, true) => HalfTile::M128,
+        (true, false) => HalfTile::M256N64,
+        (false, false) => HalfTile::M128N64,
+    };
+    Sm90HalfConfig {
+        split_k: crate::bsr::MAX_PARTS,
+        ..half_config(tile, 1, m, sm_count)
+    }
+}
+
+/// Fewest stored blocks per block row, on average, for the 16-bit block-sparse 256-row tiles.
+pub const HALF_M256_MIN_RUN: f64 = 8.0;
+
+/// The dense 16-bit configuration: from [`HALF_M256_MIN_M`] rows, 128 × 256 tiles in pairs along
+/// M (each pair shares its 256-row B tile by multicast) where they fill at least half the SMs;
+/// else 128 × 128 tiles, or 128 × 64 where 128-column tiles would leave most SMs idle. Measured
+/// (v39, H100, against cuBLASLt bf16 in the same run, 4096³, 8192³ and 4096 × 7168 × 2048):
+/// 128 × 256 pairs 0.98–1.02×, 256 × 128 alone 0.96–0.98×, 128 × 256 alone 0.91–0.93×, 128 × 128
+/// 0.68–0.71×.
+pub fn sm90_half_default(m: usize, n: usize, sm_count: u32) -> Sm90HalfConfig {
+    let tiles = |t: HalfTile| m.div_ceil(t.block_m() as usize) * n.div_ceil(t.block_n as usize);
+    let half_the_sms = sm_count as usize / 2;
+    let (tile, cluster_m) = if m >= HALF_M256_MIN_M && tiles(HalfTile::M128N256) >= half_the_sms {
+        (HalfTile::M128N256, MAX_CLUSTER)
+    } else if tiles(HalfTile::M128) >= half_the_sms {
+        (HalfTile::M128, 1)
+    } else {
+        (HalfTile::M128N64, 1)
+    };
+    half_config(tile, cluster_m, m, sm_count)
+}
+
+/// `tile` alone or in pairs along M (`cluster_m`), in bands of about [`GROUP_ROWS`] rows, on
+/// every SM, K unsplit.
+pub(super) fn half_config(
+    tile: HalfTile,
+    cluster_m: u32,
+    m: usize,
+    sm_count: u32,
+) -> Sm90HalfConfig {
+    let unit = tile.block_m() * cluster_m;
+    let m_units = m.div_ceil(unit as usize);
+    Sm90HalfConfig {
+        tile,
+        cluster_m,
+        group_m: m_units.clamp(1, (GROUP_ROWS / unit).max(1) as usize) as u32,
+        ctas: sm_count.max(1),
+        split_k: 1,
+    }
+}
+
+/// Smallest M for the 16-bit kernel's 256-row units (256-row tiles, or 128 × 256 tiles in pairs).
+pub const HALF_M256_MIN_M: usize = 1024;
+
+/// The block-sparse configuration for `m` dense rows and `n` sparse rows: 128 × 64 tiles at
+/// M ≤ [`N64_MAX_M`] (twice the tiles), else 128 × 128, in pairs along M (sharing each stored
+/// block by multicast) from [`BSR_PAIR_MIN_M`] rows; runs cut into up to
+/// 16 parts (`bsr::MAX_PARTS`) where they are longer than a CTA's share of the work.
+pub fn sm90_bsr_default(m: usize, n: usize, sm_count: u32) -> Sm90Config {
+    let _ = n;
+    let tile = if m <= N64_MAX_M {
+        Tile::M128N64
+    } else {
+        Tile::M128
+    };
+    let cluster = if m >= BSR_PAIR_MIN_M && tile == Tile::M128 {
+        ClusterShape { m: 2, n: 1 }
+    } else {
+        ClusterShape::ONE
+    };
+    let m_units = m.div_ceil((tile.block_m() * cluster.m) as usize);
+    Sm90Config {
+        tile,
+        cluster,
+        group_m: m_units.clamp(1, (GROUP_ROWS / (tile.block_m() * cluster.m)) as usize) as u32,
+        ctas: sm_count.max(1),
+        split_k: crate::bsr::MAX_PARTS,
+    }
+}
+
+/// Smallest M for block-sparse pairs along M.
+pub const BSR_PAIR_MIN_M: usize = 1024;
+
+/// The FP8 kernel's configuration for a grouped GEMM: `groups` groups of about `per_group` rows
+/// (`rows` in all), N, K. Large groups take the dense rule for one group ([`sm90_default`],
+/// without split-K: each group is a GEMM of its own size). Small groups (MoE: tens to hundreds
+/// of rows) take 128 × 128 tiles, one cluster-free CTA per tile, or 128 × 64 when twice as many
+/// of those still fit one round of the SMs (twice the CTAs stream the experts' weights).
+pub fn sm90_grouped_default(
+    rows: usize,
+    n: usize,
+    k: usize,
+    groups: usize,
+    per_group: usize,
+    sm_count: u32,
+) -> Sm90Config {
+    if per_group >= GROUPED_DENSE_ROWS {
+        let mut cfg = sm90_unswapped(per_group, n, k, 1, sm_count, false);
+        cfg.split_k = 1;
+        let m_units = rows.div_ceil((cfg.tile.block_m() * cfg.cluster.m) as usize);
+        cfg.group_m = cfg.group_m.min(m_units.max(1) as u32);
+        return cfg;
+    }
+    // About half a tile wasted per group where the groups' rows do not fill their last tile.
+    // 128 × 64 tiles only where twice the tiles still fit in one round: otherwise the second
+    // round of half tiles costs more than the idle SMs of one round of whole ones (seed case 3,
+    // 120 tiles on 132 SMs: 24.3 µs at 128 × 128, 30.5 at 128 × 64; docs/PERF.md, v33).
+    let m_tiles = rows.div_ceil(128) + groups / 2;
+    let tile = if 2 * m_tiles * n.div_ceil(128) <= sm_count as usize {
+        Tile::M128N64
+    } else {
+        Tile::M128
+    };
+    Sm90Config {
+        tile,
+        cluster: ClusterShape::ONE,
+        group_m: 1,
+        ctas: sm_count.max(1),
+        split_k: 1,
+    }
+}
+
+/// Rows per group from which a grouped FP8 GEMM configures as a dense one.
+pub const GROUPED_DENSE_ROWS: usize = 1024;
+
+/// The sm90 configuration `choose` uses for an A of `m` rows and a B of `n` rows (`l` batch
+/// entries) on a GPU with `sm_count` SMs (the runner starts from it when it forces a field).
+///
+/// Tile: the persistent CTAs work through the tiles in rounds of `sm_count`; the time is about
+/// rounds × the time of one tile ([`tile_cost`], in 128-row tiles). The 256-row tile does twice
+/// the work with a quarter fewer L2 bytes per FLOP, so it wins unless its coarser rounds leave SMs
+/// idle (small M, or few tiles); the 192-row tile sits between them and fills rounds that
+/// neither does (4096 × 2112: 3 rounds of 192-row tiles for 5 of 128 or 3 of 256). Where A is one
+/// 128-row tile (M ≤ [`N64_MAX_M`]), 128 × 64 tiles double the tiles: more SMs share B, the
+/// operand that comes from DRAM, while A stays in L2.
+///
+/// Cluster: see `cluster` (private). Split-K: see `split_k` (private). Raster band (`group_m`):
+/// CTAs running together cover `group_m` M tiles × (SMs / group_m) N tiles, so both operands'
+/// working sets stay in L2; a band is [`GROUP_ROWS`] rows of A.
+pub fn sm90_default(m: usize, n: usize, k: usize, l: usize, sm_count: u32) -> Sm90Config {
+    if m <= SWAPPED_MAX_M && (m <= 32 || k >= SWAPPED_64_MIN_K) {
+        return sm90_decode_default(m, n, k, l, sm_count);
+    }
+    sm90_unswapped(m, n, k, l, sm_count, true)
+}
+
+/// [`sm90_default`]'s choice among the unswapped tiles, the wide ones only if `wide` (the
+/// grouped kernels have none).
+pub(super) fn sm90_unswapped(
+    m: usize,
+    n: usize,
+    k: usize,
+    l: usize,
+    sm_count: u32,
+    wide: bool,
+) -> Sm90Config {
+    let cost = |t: Tile| {
+        let tiles = m.div_ceil(t.block_m() as usize) * n.div_ceil(t.block_n as usize) * l.max(1);
+        let rounds = tiles.div_ceil(sm_count.max(1) as usize) as f64;
+        rounds * tile_cost(t)
+    };
+    let mut candidates = vec![Tile::M256, Tile::M192, Tile::M128];
+    if m <= N64_MAX_M {
+        candidates.push(Tile::M128N64);
+    } else if wide {
+        // The wide tiles' costs were measured where the tensor cores are the limit (M ≥ 1024);
+        // at M ≤ 128 the shapes wait on memory and keep the rule fitted there.
+        candidates.extend([Tile::M128N192, Tile::M128N160, Tile::M128N144]);
+    }
+    // Ties go to the earlier (taller, wider) tile: fewer L2 bytes for the same time.
+    let tile = candidates.into_iter().fold(
+        Tile::M256,
+        |best, t| if cost(t) < cost(best) { t } else { best },
+    );
+    let n_tiles = n.div_ceil(tile.block_n as usize) * l.max(1);
+    let m_tiles = m.div_ceil(tile.block_m() as usize);
+    let tiles = m_tiles * n_tiles;
+    let split_k = split_k(tiles, k / BLOCK_K as usize, sm_count, SPLIT_K_COST_BLOCKS);
+    let cluster = if split_k == 1 {
+        cluster(
+            tile,
+            m_tiles,
+            n.div_ceil(tile.block_n as usize),
+            l.max(1),
+            sm_count,
+        )
+    } else {
+        ClusterShape { m: 1, n: 1 }
+    };
+    Sm90Config {
+        tile,
+        cluster,
+        group_m: m_tiles.clamp(1, (GROUP_ROWS / tile.block_m()) as usize) as u32,
+        ctas: sm_count.max(1),
+        split_k,
+    }
+}
+
+/// Largest M for the swapped tiles ([`Tile::swapped`]): up to 64 rows, one swapped tile holds
+/// all of A, so B (the weights) is read from DRAM once, in stages of 16 KiB.
+pub const SWAPPED_MAX_M: usize = 64;
+
+/// Smallest K for which 33 to 64 rows take the 64-row swapped tile: with less K there are
+/// many tiles per SM and the swapped tile's heavier MMA work per byte of B (m64n64 for every
+/// 64 rows of B) costs more than the unswapped tiles' half-empty A; measured at M = 64
+/// (docs/PERF.md, v34, µs swapped against unswapped): K = 512, 1536 and 2048 15.2 / 23.7 / 13.7
+/// against 14.0 / 23.1 / 13.2; K = 7168 and 16384 15.7 / 20.7 / 50.8 against 16.6 / 23.6 / 66.7.
+pub const SWAPPED_64_MIN_K: usize = 4096;
+
+/// The sm90 configuration at decode sizes (M ≤ [`SWAPPED_MAX_M`]): the swapped tile of the
+/// fewest rows that holds M (16, 32 or 64), and K split by [`decode_split`].
+pub fn sm90_decode_default(m: usize, n: usize, k: usize, l: usize, sm_count: u32) -> Sm90Config {
+    let tile = [Tile::S16, Tile::S32, Tile::S64]
+        .into_iter()
+        .find(|t| m <= t.block_m() as usize)
+        .unwrap_or(Tile::S64);
+    let b_tiles = n.div_ceil(tile.block_n as usize);
+    let tiles = b_tiles * m.div_ceil(tile.block_m() as usize) * l.max(1);
+    Sm90Config {
+        tile,
+        cluster: ClusterShape::ONE,
+        // Bands run over B's tiles (the swapped schedule's M); with one A tile they do not
+        // matter, and a band of 2048 rows of B is the dense rule's.
+        group_m: b_tiles.clamp(1, (GROUP_ROWS / tile.block_n) as usize) as u32,
+        ctas: sm_count.max(1),
+        split_k: decode_split(
+            tile,
+            tiles,
+            k / BLOCK_K as usize,
+            m * n * l.max(1),
+            sm_count,
+        ),
+    }
+}
+
+/// The split of K for `tiles` swapped tiles of `k_blocks` K blocks (`outputs` = M·N·L values),
+/// from a cost model of a GEMM that waits on B's bytes (µs, constant launch costs left out):
+///
+/// `t(s) = Σ over rounds r of smax(bytes_r / HBM, unit / SM) + [s > 1] · (REDUCE + partials / HBM)`
+///
+/// - units = `tiles · s`, taken by the persistent CTAs in rounds of `sm_count`; `bytes_r` is
+///   round `r`'s share of B (16 KiB per K block of a unit: A comes from L2), so a last round of
+///   few units is limited by what one SM streams, not by DRAM;
+/// - `unit`: one unit's bytes, `⌈k_blocks / s⌉ · 16 KiB`; `SM`: the bytes per µs one SM's
+///   pipeline streams through the tile ([`decode_sm_rate`]);
+/// - `smax(x, y) = (x⁸ + y⁸)^⅛`: the larger, plus a little where the two limits meet (measured:
+///   at M = 64, 7168 × 16384 unsplit, each limit alone predicts 42 µs of streaming, 44 ran);
+/// - the split's cost: the K ranges' meeting in the last CTA of each tile, a chain of L2 round
+///   trips after the last range's K loop ([`DECODE_REDUCE_US`]), and the f32 partials written
+///   and read back, `2 · 4 · s · outputs` bytes.
+///
+/// Splits range over 1..=16 with at least `MIN_SPLIT_K_BLOCKS` K blocks each; ties go to the
+/// smaller split. Checked against a sweep of splits 1–8 on the decode set (docs/PERF.md, v34).
+pub fn decode_split(
+    tile: Tile,
+    tiles: usize,
+    k_blocks: usize,
+    outputs: usize,
+    sm_count: u32,
+) -> u32 {
+    let sms = sm_count.max(1) as usize;
+    let block = (tile.block_n * BLOCK_K) as f64;
+    let smax = |x: f64, y: f64| (x.powi(8) + y.powi(8)).powf(0.125);
+    let cost = |s: usize| {
+        let units = tiles.max(1) * s;
+        let unit = k_blocks.div_ceil(s) as f64 * block / decode_sm_rate(tile);
+        let all = (tiles.max(1) * k_blocks) as f64 * block / DECODE_HBM_BYTES_PER_US;
+        let mut t = 0.0;
+        for r in 0..units.div_ceil(sms) {
+            let in_round = (units - r * sms).min(sms);
+            t += smax(all * in_round as f64 / units as f64, unit);
+        }
+        if s > 1 {
+            t += DECODE_REDUCE_US + (8 * s * outputs) as f64 / DECODE_HBM_BYTES_PER_US;
+        }
+        t
+    };
+    let most = (k_blocks / MIN_SPLIT_K_BLOCKS).clamp(1, 16);
+    (1..=most).fold(1, |best, s| if cost(s) < cost(best) { s } else { best }) as u32
+}
+
+/// DRAM bytes per µs that a swapped-tile GEMM streams B at (fitted to the decode sweep on the
+/// H100: 93% of its 3.0 TB/s copy ceiling once the launch's constant costs are set apart).
+pub const DECODE_HBM_BYTES_PER_US: f64 = 2.78e6;
+
+/// Bytes of B per µs one SM streams through a swapped tile's pipeline when DRAM is not the limit
+/// (fitted to the unsplit shapes with fewer tiles than SMs): the wider the tile, the more MMA
+/// work per byte.
+pub fn decode_sm_rate(tile: Tile) -> f64 {
+    match tile.block_m() {
+        16 => 86e3,
+        32 => 68e3,
+        _ => 50e3,
+    }
+}
+
+/// What a split adds after the K loop, µs: fitted to the v34 sweep, when a reduction kernel
+/// followed the GEMM; the v35 sweep, with the partials summed by the last CTA of each tile,
+/// measured the same within ±5% (docs/PERF.md, v35).
+pub const DECODE_REDUCE_US: f64 = 2.2;
+
+/// CTAs per cluster: 256- and 192-row tiles and the wide tiles go in pairs along N (the pair
+/// shares the A tile by TMA multicast, halving its L2 reads) when the tiles fill at least one round
+/// and pairing them (units of two tiles on half as many pairs of SMs) takes no more rounds (a
+/// pair whose second tile is past N still takes a slot). Pairs along M (sharing B) and 128 × 128
+/// tiles in pairs measured slower (docs/PERF.md, v9–v10, v20): they run alone. (The wide tiles'
+/// costs were measured in pairs along N; 128 × 192 alone was within 1–3% of its pairs, v36.)
+pub(super) fn cluster(
+    tile: Tile,
+    m_tiles: usize,
+    n_tiles: usize,
+    l: usize,
+    sm_count: u32,
+) -> ClusterShape {
+    let alone = ClusterShape { m: 1, n: 1 };
+    let sms = sm_count.max(2) as usize;
+    let tiles = m_tiles * n_tiles * l;
+    if tiles < sms {
+        return alone;
+    }
+    let rounds = tiles.div_ceil(sms);
+    let pair_rounds =
+        |cm: usize, cn: usize| (m_tiles.div_ceil(cm) * n_tiles.div_ceil(cn) * l).div_ceil(sms / 2);
+    if (tile.block_m() > 128 || tile.is_wide()) && pair_rounds(1, 2) <= rounds {
+        ClusterShape { m: 1, n: 2 }
+    } else {
+        alone
+    }
+}
+
+/// The sm90 MX configuration `choose` uses (the runner starts from it when it forces a field).
+///
+/// Tile: rounds × the time of one tile, as for [`sm90_default`]: a 128 × 256 tile costs
+/// [`MX_N256_COST`] 128 × 128 tiles. Split-K where the tiles fill less than half the SMs (small
+/// M: decode), with the split's cost in 64-wide K blocks. Band: [`GROUP_ROWS`] rows of A.
+pub fn sm90_mx_default(m: usize, n: usize, k: usize, l: usize, sm_count: u32) -> Sm90MxConfig {
+    let tiles =
+        |t: MxTile| m.div_ceil(mx::BLOCK_M as usize) * n.div_ceil(t.block_n as usize) * l.max(1);
+    let cost = |t: MxTile| {
+        let rounds = tiles(t).div_ceil(sm_count.max(1) as usize) as f64;
+        rounds * if t == MxTile::N256 { MX_N256_COST } else { 1.0 }
+    };
+    let tile = if cost(MxTile::N256) <= cost(MxTile::N128) {
+        MxTile::N256
+    } else {
+        MxTile::N128
+    };
+    let k_blocks = k.div_ceil(mx::BLOCK_K as usize);
+    let m_tiles = m.div_ceil(mx::BLOCK_M as usize);
+    Sm90MxConfig {
+        tile,
+        group_m: m_tiles.clamp(1, (GROUP_ROWS / mx::BLOCK_M) as usize) as u32,
+        ctas: sm_count.max(1),
+        split_k: split_k(tiles(tile), k_blocks, sm_count, MX_SPLIT_K_COST_BLOCKS),
+    }
+}
+
+/// Time of a 128 × 256 MX tile in 128 × 128 tiles: twice the MACs, read with fewer shared-memory
+/// bytes per MAC (a first estimate; docs/PERF.md, v24).
+pub const MX_N256_COST: f64 = 1.8;
+
+/// Smallest M for which MX and NVFP4 pairs run folded onto the FP8 kernel ([`Plan::Sm90MxFp8`](super::Plan::Sm90MxFp8))
+/// rather than on the MX kernel: the pre-pass converts each operand once, where the MX kernel
+/// converts A once per N tile and B once per M tile, and FP8 `wgmma` runs at twice bf16's rate.
+/// Measured at M × 7168 × 4096 (docs/PERF.md, v30, µs, fold against MX kernel): at M = 128 the MX
+/// kernel wins (MXFP8 39.1 against 48.5, NVFP4 36.2 against 43.4, MXFP4 36.6 against 42.4),
+/// from M = 256 the fold (MXFP8 53.2 against 61.0, NVFP4 48.5 against 55.3, MXFP4 46.9 against
+/// 56.5).
+pub const FOLD_MIN_M: usize = 256;
+
+/// Largest M for which e2m1 pairs run the 4-bit-weights kernel rather than the MX kernel
+/// (measured, docs/PERF.md v27: faster at M ≤ 16, slower at M = 128).
+pub const W4_MAX_M: usize = 16;
+/// Split-K's cost for the 4-bit-weights kernel, in K blocks (see [`split_k`]).
+pub(super) const W4_SPLIT_K_COST_BLOCKS: usize = 8;
+
+/// The sm90 4-bit-weights configuration: 16 activation rows per tile when M fits one (decode),
+/// else 128; K split where the tiles leave most SMs idle.
+pub fn sm90_w4_default(m: usize, n: usize, k: usize, l: usize, sm_count: u32) -> Sm90W4Config {
+    let tile = if m <= 16 { W4Tile::N16 } else { W4Tile::N128 };
+    let weight_tiles = n.div_ceil(w4::WEIGHT_ROWS as usize);
+    let tiles = weight_tiles * m.div_ceil(tile.n as usize) * l.max(1);
+    Sm90W4Config {
+        tile,
+        group_m: weight_tiles.clamp(1, (GROUP_ROWS / w4::WEIGHT_ROWS) as usize) as u32,
+        ctas: sm_count.max(1),
+        split_k: split_k(
+            tiles,
+            k.div_ceil(w4::BLOCK_K as usize),
+            sm_count,
+            W4_SPLIT_K_COST_BLOCKS,
+        ),
+    }
+}
+/// What a split costs the MX kernel, in 64-wide K blocks of one tile (the FP8
+/// kernel's 10 blocks of 128).
+pub(super) const MX_SPLIT_K_COST_BLOCKS: usize = 20;
+
+/// Split-K when the tiles fill less than half the SMs: as many K ranges as keep every CTA busy
+/// without a second round, each at least [`MIN_SPLIT_K_BLOCKS`] K blocks long, and only when the
+/// shorter K loop saves more than the split costs (`cost_blocks`).
+pub(super) fn split_k(tiles: usize, k_blocks: usize, sm_count: u32, cost_blocks: usize) -> u32 {
+    if 2 * tiles > sm_count as usize {
+        return 1;
+    }
+    let split = (sm_count as usize / tiles.max(1))
+        .min(k_blocks / MIN_SPLIT_K_BLOCKS)
+        .max(1);
+    if k_blocks.div_ceil(split) + cost_blocks < k_blocks {
+        split as u32
+    } else {
+        1
+    }
+}
+
+/// Shortest K range of a split, in blocks of 128.
+pub(super) const MIN_SPLIT_K_BLOCKS: usize = 4;
+/// What the f32 workspace round trip and the partials' sum cost, in K blocks of one 128×128
+/// tile (docs/PERF.md, v8, v14–v15; unchanged by v35's sum in the last CTA, which measured the
+/// same or faster at M = 128).
+pub(super) const SPLIT_K_COST_BLOCKS: usize = 10;
+
+/// Time of one tile in units of a 128 × 128 tile's, measured on the H100 with every SM busy
+/// (8192 × 8192 × 2048, each tile alone or in its pairs; docs/PERF.md, v36): 256 × 128 1.86,
+/// 192 × 128 1.50, 128 × 192 1.55, 128 × 160 1.41, 128 × 144 1.42 (the narrower wide tiles do
+/// less work per shared-memory byte of their epilogue boxes and per MMA: per FLOP 0.89 and 0.79 of
+/// a 128 × 128 tile, where 256 × 128 does 1.07); 128 × 64 0.6 (v22: the cost that reproduces
+/// every measured choice at M = 128, where these shapes wait on memory, not on the tensor cores).
+/// With rounds × these costs, the choice on a sweep of 16 shapes (M 1024–8192, N 1536–24576,
+/// K 1536–7168) ran within 2.5% of the fastest tile on every shape, 0.3% on average (v36).
+pub fn tile_cost(t: Tile) -> f64 {
+    match (t.block_m(), t.block_n) {
+        (256, _) => 1.86,
+        (192, _) => 1.5,
+        (_, 192) => 1.55,
+        (_, 160) => 1.41,
+        (_, 144) => 1.42,
+        (_, 64) => 0.6,
+        _ => 1.0,
+    }
+}
+
+/// Largest M for 128 × 64 tiles: they read A once per 64 columns instead of 128, which only
+/// pays where A is a single tile that stays in L2 and B (from DRAM) is what the SMs wait for.
+pub const N64_MAX_M: usize = 128;
+
+/// Rows of A in one scheduler band: a band's A tiles (2048 × K bytes) stay small next to the
+/// 50 MB L2 for K up to 16k (the band sweep: docs/PERF.md, v15).
+pub const GROUP_ROWS: u32 = 2048;

@@ -1,0 +1,557 @@
+//! Which kernel runs a GEMM, and with what configuration: one function, rules stated as data.
+//! This file is also the list of kernel families: each has its host file (`reference_kernel`,
+//! `sm90_fp8`), a [`Plan`] variant, a rule in [`choose`], and an entry in `load_families` and
+//! `Plan::launch`; nothing of a family lives on [`Gpu`](crate::Gpu) or the device buffers.
+//! `heuristics.rs` holds each family's configuration rules and their tuning constants.
+
+use std::sync::Arc;
+
+use cudarc::driver::{CudaModule, CudaStream};
+
+use crate::buffers::DeviceMatrix;
+use crate::error::{Error, Result, config, shape};
+use crate::family::{Families, Gemm};
+use crate::format::{ElemType, ScaleType};
+use crate::grouped::DeviceGroups;
+use crate::matrix::{GemmShape, MatrixDesc};
+use crate::prepare::Preparers;
+use crate::reference_kernel::{self, ReferenceKernel};
+use crate::sm90_fp8::{self, Sm90Config, Sm90Fp8};
+use crate::sm90_half::{self, Sm90Half, Sm90HalfConfig};
+use crate::sm90_mx::{self, Sm90Mx, Sm90MxConfig};
+use crate::sm90_mx_fp8::{self, Sm90MxFp8};
+use crate::sm90_w4::{self, Sm90W4, Sm90W4Config};
+use crate::workspace::WorkspaceSize;
+use blockscaled_kernels::format::fold::target as fold_target;
+use blockscaled_kernels::sm90::{self, BLOCK_K, Mode, Tile};
+use blockscaled_kernels::sm90_half::{self as half, HalfTile, HalfType};
+use blockscaled_kernels::sm90_mx::{self as mx, MxTile};
+
+mod heuristics;
+#[cfg(test)]
+mod tests;
+
+pub use heuristics::*;
+
+/// Which kernels a GPU gets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GpuArch {
+    /// Compute capability 9.0 (H100, H200): the sm_90a module. Verified on an H100.
+    Hopper,
+    /// Compute capability 10.x: the sm_100a module. Assembled only; never run here.
+    Blackwell,
+}
+
+impl GpuArch {
+    /// The module's target, as the kernel registry names it (`KernelInfo::targets`).
+    pub fn target(self) -> &'static str {
+        match self {
+            GpuArch::Hopper => "sm_90a",
+            GpuArch::Blackwell => "sm_100a",
+        }
+    }
+}
+
+/// A kernel and its configuration.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Plan {
+    /// The SIMT reference kernel (every format; slow).
+    Reference,
+    /// The Hopper TMA + wgmma FP8 kernel with fp32 block scales.
+    Sm90Fp8(Sm90Config),
+    /// The Hopper MX / NVFP4 kernel: both operands dequantized exactly to bf16 in the pipeline,
+    /// bf16 wgmma.
+    Sm90Mx(Sm90MxConfig),
+    /// The sm90 4-bit-weights kernel (W4A16, W4A8, and FP4 pairs at decode sizes).
+    Sm90W4(Sm90W4Config),
+    /// MX and NVFP4 operands (MXFP8, MXFP4, NVFP4, e2m1 with e8m0 per 16) folded by a pre-pass
+    /// into FP8 operands with fp32 scales per 1×128 (A) and per row (B), then the FP8 kernel
+    /// with this configuration. Lossy within a stated bound (`sm90_mx_fp8`).
+    Sm90MxFp8(Sm90Config),
+    /// The Hopper 16-bit kernel (bf16 or fp16 operands, both of one type, with one scale per
+    /// tensor; block-sparse GEMM with bf16 or fp16 blocks).
+    Sm90Half(Sm90HalfConfig),
+}
+
+impl Plan {
+    /// Checks that the plan's kernel can run a GEMM of `shape` with this configuration:
+    /// [`Error::Config`] for a configuration the kernel is not built for or that does not fit
+    /// the shape, [`Error::Shape`] for a shape past the kernel's limits. `Gpu::gemm_with` calls
+    /// it once; the launch trusts what passes.
+    pub fn validate(&self, shape: &GemmShape) -> Result<()> {
+        match self {
+            Plan::Reference => reference_kernel::validate(shape),
+            Plan::Sm90Fp8(cfg) => cfg.validate(shape),
+            Plan::Sm90Mx(cfg) => cfg.validate(shape),
+            Plan::Sm90W4(cfg) => cfg.validate(shape),
+            Plan::Sm90MxFp8(cfg) => cfg.validate(shape),
+            Plan::Sm90Half(cfg) => cfg.validate(shape),
+        }
+    }
+
+    /// [`Plan::validate`] for a grouped GEMM whose C is `shape` (`crate::grouped`): the plan's
+    /// family must have a grouped kernel, and K is not split (each group's tiles are whole). The
+    /// most units the groups can make is checked against the scheduler's 32 bits where the grid
+    /// is sized (`Schedule::units`).
+    pub fn validate_grouped(&self, shape: &GemmShape) -> Result<()> {
+        self.validate(shape)?;
+        let split = match self {
+            Plan::Sm90Fp8(cfg) => cfg.split_k,
+            Plan::Sm90Mx(cfg) => cfg.split_k,
+            Plan::Sm90W4(cfg) => cfg.split_k,
+            Plan::Sm90MxFp8(cfg) => cfg.split_k,
+            Plan::Reference | Plan::Sm90Half(_) => {
+                return Err(config(format!(
+                    "{self:?} has no grouped kernel: grouped GEMM runs on the sm90 FP8, MX, \
+                     4-bit-weights and fold (MX → FP8) kernels"
+                )));
+            }
+        };
+        if split != 1 {
+            return Err(config(format!(
+                "split_k = {split}: a grouped GEMM does not split K"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Launches the plan's kernel on `families` (the plan validated for `g.shape`).
+    pub(crate) fn launch(&self, families: &Families, g: Gemm<'_, '_>) -> Result<()> {
+        let missing = |what: &str| Error::Architecture(format!("this GPU has no {what}"));
+        match *self {
+            Plan::Reference => families
+                .get::<ReferenceKernel>()
+                .ok_or_else(|| missing("reference kernel"))?
+                .gemm(g),
+            Plan::Sm90Fp8(cfg) => families
+                .get::<Sm90Fp8>()
+                .ok_or_else(|| missing("sm90 FP8 kernel (it needs compute capability 9.0)"))?
+                .gemm(g, cfg),
+            Plan::Sm90Mx(cfg) => families
+                .get::<Sm90Mx>()
+                .ok_or_else(|| missing("sm90 MX kernel (it needs compute capability 9.0)"))?
+                .gemm(g, cfg),
+            Plan::Sm90W4(cfg) => families
+                .get::<Sm90W4>()
+                .ok_or_else(|| {
+                    missing("sm90 4-bit-weights kernel (it needs compute capability 9.0)")
+                })?
+                .gemm(g, cfg),
+            Plan::Sm90MxFp8(cfg) => {
+                let fp8 = families
+                    .get::<Sm90Fp8>()
+                    .ok_or_else(|| missing("sm90 FP8 kernel (it needs compute capability 9.0)"))?;
+                families
+                    .get::<Sm90MxFp8>()
+                    .ok_or_else(|| {
+                        missing("MX → FP8 fold kernel (it needs compute capability 9.0)")
+                    })?
+                    .gemm(g, cfg, fp8)
+            }
+            Plan::Sm90Half(cfg) => families
+                .get::<Sm90Half>()
+                .ok_or_else(|| missing("sm90 16-bit kernel (it needs compute capability 9.0)"))?
+                .gemm(g, cfg),
+        }
+    }
+}
+
+impl Plan {
+    /// The workspace a GEMM of `a` and `b` (forming `shape`, over `groups`) takes on this plan,
+    /// with a fused epilogue or a quantized output where `fused`: each family's own schedule,
+    /// sized ([`crate::Gpu::workspace_size`]).
+    pub(crate) fn workspace(
+        &self,
+        families: &Families,
+        (a, b): (&DeviceMatrix, &DeviceMatrix),
+        shape: GemmShape,
+        groups: Option<&DeviceGroups>,
+        fused: bool,
+    ) -> Result<WorkspaceSize> {
+        match *self {
+            Plan::Reference => Ok(WorkspaceSize::default()),
+            Plan::Sm90Fp8(cfg) => Sm90Fp8::workspace(&cfg, shape, groups),
+            Plan::Sm90Mx(cfg) => families
+                .get::<Sm90Mx>()
+                .ok_or_else(|| {
+                    Error::Architecture(
+                        "this GPU has no sm90 MX kernel (it needs compute capability 9.0)".into(),
+                    )
+                })?
+                .workspace(&cfg, shape, groups, fused),
+            Plan::Sm90W4(cfg) => Sm90W4::workspace(&cfg, shape, groups),
+            Plan::Sm90MxFp8(cfg) => Sm90MxFp8::workspace(&cfg, (a, b), shape, groups),
+            Plan::Sm90Half(cfg) => sm90_half::workspace(&cfg, shape),
+        }
+    }
+}
+
+/// What a fused epilogue needs of a plan's kernel: `block_cols`, a quantized output's scale
+/// block in product columns (doubled by SwiGLU; 0: not quantized), which must lie in one warp's
+/// pass over a staged row (128 columns: see `blockscaled_kernels::gemm::epilogue::fuse`) and divide the
+/// tile's columns, so that no block straddles two tiles; and a fused kernel for the operands'
+/// element types `elems` (A, B) on the plan's tile: one with finishing warps, or, for an
+/// epilogue the consumers can run in their registers (`in_registers`), one that runs it there.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct FusedNeeds {
+    pub block_cols: u32,
+    pub elems: (ElemType, ElemType),
+    pub in_registers: sm90::InRegisters,
+}
+
+impl Plan {
+    /// [`Error::Config`] when the plan's kernel cannot run a fused epilogue that `needs` this.
+    pub(crate) fn check_fused(&self, needs: FusedNeeds) -> Result<()> {
+        let cols = match self {
+            Plan::Reference => {
+                return Err(config(
+                    "the reference kernel has no fused epilogue (the sm90 kernels have)",
+                ));
+            }
+            Plan::Sm90Fp8(c) | Plan::Sm90MxFp8(c) => {
+                (!c.tile.is_swapped()).then_some(c.tile.block_n)
+            }
+            Plan::Sm90Half(c) => Some(c.tile.block_n),
+            Plan::Sm90Mx(c) => Some(c.tile.block_n),
+            Plan::Sm90W4(_) => None,
+        };
+        let Some(n) = cols else {
+            return Err(config(format!(
+                "{self:?} computes Cᵀ and stores it transposed: a fused epilogue needs a kernel \
+                 that computes C"
+            )));
+        };
+        // The fused epilogue runs in kernels of its own (the plain ones carry none of its code):
+        // is there one for this tile and these types (the families' kernel lists say)?
+        let (ea, eb) = needs.elems;
+        let fp8 = |tile, (ea, eb)| sm90::fused_kernel(tile, ea, eb, needs.in_registers).is_some();
+        let fused_kernel = match self {
+            Plan::Sm90Fp8(c) => fp8(c.tile, (ea, eb)),
+            // The fold's FP8 types.
+            Plan::Sm90MxFp8(c) => fp8(c.tile, (fold_target(ea), fold_target(eb))),
+            Plan::Sm90Half(c) => [HalfType::Bf16, HalfType::F16]
+                .into_iter()
+                .any(|ty| half::kernel(c.tile, ty, Mode::Fused).is_some()),
+            Plan::Sm90Mx(c) => mx::KERNELS.iter().any(|k| k.fused && k.tile == c.tile),
+            _ => false,
+        };
+        if !fused_kernel {
+            return Err(config(format!(
+                "{self:?}: no fused-epilogue kernel for this tile and {} · {} (they are: FP8 \
+                 128 × 128 e4m3 · e4m3, and the 192-row tile for epilogues without β·C, \
+                 residual or SwiGLU; the 16-bit 128 × 128 tile; the MX 256-column tile)",
+                ea.name(),
+                eb.name()
+            )));
+        }
+        let b = needs.block_cols;
+        if b > 128 {
+            return Err(config(format!(
+                "a quantized output's scale block of {b} product columns (SwiGLU doubles the \
+                 output's) is wider than one warp's pass of 128 columns: SwiGLU with 1×128 \
+                 output scales is not fused (quantize the SwiGLU output with Gpu::quantize_with)"
+            )));
+        }
+        if b != 0 && n % b != 0 {
+            return Err(config(format!(
+                "{self:?}: a quantized output's scale block of {b} product columns must divide \
+                 the tile's {n} columns"
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// The MX kernel's configuration `c` on its one tile with fused kernels (256 columns).
+fn mx_fused(c: Sm90MxConfig) -> Plan {
+    Plan::Sm90Mx(Sm90MxConfig {
+        tile: MxTile::N256,
+        ..c
+    })
+}
+
+/// [`choose_for`] for a GEMM with a fused epilogue that `needs` this: the usual plan where it
+/// can run the epilogue, else the nearest one that can (a tile that has a fused kernel; the MX
+/// kernel for FP4 pairs the 4-bit-weights kernel would take).
+pub(crate) fn choose_fused(
+    arch: GpuArch,
+    sm_count: u32,
+    shape: &GemmShape,
+    (a, b): (&MatrixDesc, &MatrixDesc),
+    needs: FusedNeeds,
+) -> Result<Plan> {
+    let plan = choose_for(arch, sm_count, shape, a, b)?;
+    if plan.check_fused(needs).is_ok() {
+        return Ok(plan);
+    }
+    let GemmShape { m, n, k, l } = *shape;
+    let alt = match plan {
+        // Folded MX / NVFP4 operands whose FP8 types have no fused kernel (e5m2): the exact MX
+        // kernel, which fuses every pair.
+        Plan::Sm90MxFp8(_)
+            if sm90::kernel(
+                Tile::M128,
+                fold_target(a.format.elem),
+                fold_target(b.format.elem),
+                Mode::Fused,
+            )
+            .is_none() =>
+        {
+            mx_fused(sm90_mx_default(m, n, k, l, sm_count))
+        }
+        Plan::Sm90Fp8(c) | Plan::Sm90MxFp8(c) => {
+            // The one fused FP8 tile.
+            let cfg = c.with_tile_for(Tile::M128, shape);
+            match plan {
+                Plan::Sm90Fp8(_) => Plan::Sm90Fp8(cfg),
+                _ => Plan::Sm90MxFp8(cfg),
+            }
+        }
+        Plan::Sm90Half(c) => Plan::Sm90Half(Sm90HalfConfig {
+            tile: HalfTile::M128,
+            ..c
+        }),
+        Plan::Sm90Mx(c) => mx_fused(c),
+        Plan::Sm90W4(_) if sm90_mx::unsupported_pair(a, b).is_none() => {
+            mx_fused(sm90_mx_default(m, n, k, l, sm_count))
+        }
+        other => other,
+    };
+    alt.check_fused(needs)?;
+    alt.validate(shape)?;
+    Ok(alt)
+}
+
+/// Loads every kernel family the module built for `arch` contains (`preparers`: the GPU's, for
+/// the families that make a matrix's weight-role copies at its first use as weights).
+pub(crate) fn load_families(
+    module: &Arc<CudaModule>,
+    stream: &Arc<CudaStream>,
+    arch: GpuArch,
+    sm_count: u32,
+    preparers: &Preparers,
+) -> Result<Families> {
+    let mut families = Families::default();
+    families.add(ReferenceKernel::load(module)?);
+    if let Some(f) = Sm90Fp8::load(module, stream, arch.target(), sm_count, preparers)? {
+        families.add(f);
+    }
+    if let Some(f) = Sm90Mx::load(module, arch.target(), sm_count)? {
+        families.add(f);
+    }
+    if let Some(f) = Sm90W4::load(module, arch.target(), sm_count, preparers)? {
+        families.add(f);
+    }
+    if let Some(f) = Sm90MxFp8::load(module, arch.target(), preparers)? {
+        families.add(f);
+    }
+    if let Some(f) = Sm90Half::load(module, stream, arch.target(), sm_count)? {
+        families.add(f);
+    }
+    Ok(families)
+}
+
+/// Picks the kernel for A (M×K) · Bᵀ (N×K) on `arch` with `sm_count` SMs.
+///
+/// - Hopper, e4m3 or e5m2 with fp32 scales that are constant over 1×128 (A) and 128×128 (B)
+///   blocks — DeepSeek, per-tensor, per-row — runs the sm90 kernel. Its 128-wide scale blocks
+///   need K % 128 == 0: other K are an error rather than a silent 1000× slower path.
+/// - Hopper, MXFP8 (e4m3 / e5m2, either pair), MXFP4, NVFP4 and e2m1 with e8m0 per 16 — both
+///   operands of one code width and one scale format, K a multiple of the scale block and rows a
+///   multiple of 16 bytes (TMA) — runs the sm90 MX kernel ([`sm90_mx_default`]), except that
+///   e2m1 pairs with M ≤ [`W4_MAX_M`] run the 4-bit-weights kernel, and pairs with M ≥
+///   [`FOLD_MIN_M`] and K a multiple of 128 run folded onto
+///   the FP8 kernel ([`Plan::Sm90MxFp8`]: lossy, within each format's own quantization error).
+/// - Hopper, bf16 × bf16 or fp16 × fp16 (one scale per tensor, K a multiple of 8) runs the sm90
+///   16-bit kernel ([`sm90_half_default`]); a bf16 × fp16 pair runs the reference kernel.
+/// - Hopper, 4-bit weights (e2m1 B with MX or NVFP4 scales) with bf16 activations (W4A16) or
+///   e4m3 ones with fp32 scales per 1×128 (W4A8) runs the sm90 4-bit-weights kernel
+///   ([`sm90_w4_default`]).
+/// - Everything else runs the reference kernel.
+///
+/// The sm90 FP8 configuration is [`sm90_default`]'s.
+pub fn choose(arch: GpuArch, sm_count: u32, a: &MatrixDesc, b: &MatrixDesc) -> Result<Plan> {
+    choose_for(arch, sm_count, &GemmShape::of(a, b)?, a, b)
+}
+
+/// [`choose`] for operands already checked to form `shape`.
+pub(crate) fn choose_for(
+    arch: GpuArch,
+    sm_count: u32,
+    shape: &GemmShape,
+    a: &MatrixDesc,
+    b: &MatrixDesc,
+) -> Result<Plan> {
+    if arch != GpuArch::Hopper {
+        return Ok(Plan::Reference);
+    }
+    let sm90_a = sm90_fp8::unsupported(a, false).is_none();
+    let sm90_b = sm90_fp8::unsupported(b, true).is_none();
+    let fp32_fp8 = |d: &MatrixDesc| {
+        d.format.scale == ScaleType::F32 && matches!(d.format.elem, ElemType::E4M3 | ElemType::E5M2)
+    };
+    let GemmShape { m, n, k, l } = *shape;
+    let w4 = sm90_w4::unsupported_pair(a, b).is_none();
+    if sm90_a && sm90_b {
+        Ok(Plan::Sm90Fp8(sm90_default(m, n, k, l, sm_count)))
+    } else if sm90_half::unsupported_pair(a, b).is_none() {
+        Ok(Plan::Sm90Half(sm90_half_default(m, n, sm_count)))
+    } else if w4 && (a.format.elem != ElemType::E2M1 || m <= W4_MAX_M) {
+        Ok(Plan::Sm90W4(sm90_w4_default(m, n, k, l, sm_count)))
+    } else if sm90_mx_fp8::unsupported_pair(a, b).is_none()
+        && (m >= FOLD_MIN_M || sm90_mx::unsupported_pair(a, b).is_some())
+    {
+        // Folded from FOLD_MIN_M rows, and at any M where the MX kernel does not take the pair
+        // (one operand FP8 already, e.g. a B folded once by `Gpu::fold_to_fp8`).
+        Ok(Plan::Sm90MxFp8(sm90_default(m, n, k, l, sm_count)))
+    } else if sm90_mx::unsupported_pair(a, b).is_none() {
+        Ok(Plan::Sm90Mx(sm90_mx_default(m, n, k, l, sm_count)))
+    } else if fp32_fp8(a) && fp32_fp8(b) && !shape.k.is_multiple_of(BLOCK_K as usize) {
+        Err(shape_err_k(shape.k))
+    } else {
+        Ok(Plan::Reference)
+    }
+}
+
+/// A grouped GEMM as the plan rules see it: the GPU, C's shape (`crate::grouped`), A's and B's
+/// formats (B: one expert per batch entry) and the number of groups.
+#[derive(Clone, Copy, Debug)]
+pub struct GroupedProblem<'a> {
+    /// The GPU's architecture.
+    pub arch: GpuArch,
+    /// Its SMs.
+    pub sm_count: u32,
+    /// C's rows, N, K and C's batch.
+    pub shape: GemmShape,
+    /// A (all groups' rows).
+    pub a: &'a MatrixDesc,
+    /// B (an expert per batch entry).
+    pub b: &'a MatrixDesc,
+    /// G, the number of groups.
+    pub groups: usize,
+}
+
+/// The plan for a block-sparse GEMM ([`crate::Gpu::bsr_gemm`]) of kernel shape `s` (M the dense
+/// operand's rows, N the sparse one's) with `nnz` stored blocks of `block` × `block` of type
+/// `elem`: e4m3 blocks on the FP8 kernel with the tile [`sm90_bsr_default`] picks, bf16 and fp16
+/// blocks on the 16-bit kernel ([`sm90_half_bsr_default`]).
+pub fn choose_bsr(
+    arch: GpuArch,
+    sm_count: u32,
+    s: &GemmShape,
+    (elem, block, nnz): (ElemType, usize, usize),
+) -> Result<Plan> {
+    if arch != GpuArch::Hopper {
+        return Err(Error::Architecture(
+            "block-sparse GEMM has Hopper (sm_90a) kernels only".into(),
+        ));
+    }
+    Ok(if elem == ElemType::E4M3 {
+        Plan::Sm90Fp8(sm90_bsr_default(s.m, s.n, sm_count))
+    } else {
+        let runs = nnz as f64 / s.n.div_ceil(block).max(1) as f64;
+        Plan::Sm90Half(sm90_half_bsr_default(s.m, block, runs, sm_count))
+    })
+}
+
+/// The plan for a grouped GEMM ([`crate::Gpu::grouped_gemm`]):
+/// - FP8 with fp32 scales: the FP8 kernel ([`sm90_grouped_default`]);
+/// - MX and NVFP4 operands that fold to e4m3, with each other or with an FP8 one (experts folded
+///   once by [`Gpu::fold_to_fp8`](crate::Gpu::fold_to_fp8), DeepSeek-style activations): folded
+///   onto the FP8 kernel ([`Plan::Sm90MxFp8`]; lossy within the fold's bound). Experts folded
+///   per call still beat the kernels that convert in their pipeline (docs/PERF.md, v33);
+/// - the rest as [`choose_grouped_exact`].
+pub fn choose_grouped(p: &GroupedProblem<'_>) -> Result<Plan> {
+    let (a, b) = (p.a, p.b);
+    let (fp8, fold) = (
+        sm90_fp8::unsupported(a, false).or_else(|| sm90_fp8::unsupported(b, true)),
+        sm90_mx_fp8::unsupported_pair(a, b).is_none()
+            && sm90_mx_fp8::kernel_types(a, b) == (ElemType::E4M3, ElemType::E4M3)
+            && fold_grouped(a, b),
+    );
+    if p.arch != GpuArch::Hopper || (fp8.is_some() && !fold) {
+        return choose_grouped_exact(p);
+    }
+    let cfg = p.fp8_config();
+    Ok(if fp8.is_none() {
+        Plan::Sm90Fp8(cfg)
+    } else {
+        Plan::Sm90MxFp8(cfg)
+    })
+}
+
+/// Whether a grouped GEMM of a pair that can fold does: always where B is FP8 already (folded
+/// once ahead of time); per call for 4-bit experts with e8m0 scales (folded exactly but for
+/// subnormals) or with FP8 activations (the 4-bit-weights kernel is slower than the fold); not
+/// for the rest (NVFP4 and MXFP8 pairs), whose fold per call is no faster than the MX kernel
+/// (docs/PERF.md, v33).
+fn fold_grouped(a: &MatrixDesc, b: &MatrixDesc) -> bool {
+    let ready = |d: &MatrixDesc, as_b| sm90_fp8::unsupported(d, as_b).is_none();
+    let fp4_b = b.format.elem == ElemType::E2M1;
+    ready(b, true) || (fp4_b && (b.format.scale == ScaleType::E8M0 || ready(a, false)))
+}
+
+impl GroupedProblem<'_> {
+    /// Rows of one group: the capacity (masked), or the mean (contiguous).
+    pub fn per_group(&self) -> usize {
+        let s = &self.shape;
+        if s.l > 1 {
+            s.m
+        } else {
+            s.m.div_ceil(self.groups.max(1))
+        }
+    }
+
+    /// The FP8 kernel's configuration for it ([`sm90_grouped_default`]), folded or not.
+    pub fn fp8_config(&self) -> Sm90Config {
+        let GemmShape { m, n, k, .. } = self.shape;
+        sm90_grouped_default(m, n, k, self.groups, self.per_group(), self.sm_count)
+    }
+}
+
+/// The plan for a grouped GEMM that keeps every operand's values exact (no fold):
+/// - FP8 with fp32 scales: the FP8 kernel ([`sm90_grouped_default`]);
+/// - 4-bit experts with bf16 or FP8 activations: the 4-bit-weights kernel, 128 activation rows
+///   per tile (16 where a masked group holds at most 16 rows);
+/// - MX and NVFP4 pairs: the MX kernel (bf16 products, fp32 sums).
+///
+/// Anything else is [`Error::Config`]: there is no grouped reference kernel.
+pub fn choose_grouped_exact(p: &GroupedProblem<'_>) -> Result<Plan> {
+    let (a, b, sm_count) = (p.a, p.b, p.sm_count);
+    if p.arch != GpuArch::Hopper {
+        return Err(Error::Architecture(
+            "grouped GEMM has Hopper (sm_90a) kernels only".into(),
+        ));
+    }
+    let GemmShape { n, k, .. } = p.shape;
+    let per_group = p.per_group();
+    let fp8 = sm90_fp8::unsupported(a, false).or_else(|| sm90_fp8::unsupported(b, true));
+    if fp8.is_none() {
+        return Ok(Plan::Sm90Fp8(p.fp8_config()));
+    }
+    if sm90_w4::unsupported_pair(a, b).is_none() && a.format.elem != ElemType::E2M1 {
+        let mut cfg = sm90_w4_default(per_group, n, k, 1, sm_count);
+        cfg.split_k = 1;
+        return Ok(Plan::Sm90W4(cfg));
+    }
+    if sm90_mx::unsupported_pair(a, b).is_none() {
+        let mut cfg = sm90_mx_default(per_group, n, k, 1, sm_count);
+        cfg.split_k = 1;
+        cfg.group_m = 1;
+        return Ok(Plan::Sm90Mx(cfg));
+    }
+    Err(Error::Format(format!(
+        "no grouped kernel takes A {} with B {} ({})",
+        a.format,
+        b.format,
+        fp8.unwrap_or_default()
+    )))
+}
+
+fn shape_err_k(k: usize) -> Error {
+    shape(format!(
+        "K = {k} is not a multiple of 128: the Hopper FP8 kernel's 128-wide scale blocks need it \
+         (Gpu::reference_gemm computes it, slowly)"
+    ))
+}

@@ -1,0 +1,480 @@
+//! The choice's and the heuristics' tests.
+
+use super::*;
+use blockscaled_kernels::gemm::scheduler::ClusterShape;
+
+#[test]
+fn fused_epilogues_need_a_fused_kernel_that_computes_c_and_scale_blocks_inside_a_pass() {
+    let big = sm90_default(4096, 7168, 2048, 1, 132);
+    let s = GemmShape {
+        m: 4096,
+        n: 7168,
+        k: 2048,
+        l: 1,
+    };
+    let with = |tile| Plan::Sm90Fp8(big.with_tile_for(tile, &s));
+    let (e4m3, e5m2) = (ElemType::E4M3, ElemType::E5M2);
+    let needs = |block_cols| FusedNeeds {
+        block_cols,
+        elems: (e4m3, e4m3),
+        in_registers: sm90::InRegisters::No,
+    };
+    assert!(with(Tile::M128).check_fused(needs(0)).is_ok());
+    assert!(Plan::Reference.check_fused(needs(0)).is_err());
+    // Decode tiles compute Cᵀ.
+    let decode = sm90_default(16, 7168, 2048, 1, 132);
+    assert!(decode.tile.is_swapped());
+    assert!(Plan::Sm90Fp8(decode).check_fused(needs(0)).is_err());
+    // FP8 1×128 output (128 columns) on a 128-column tile; with SwiGLU (256) refused.
+    assert!(with(Tile::M128).check_fused(needs(128)).is_ok());
+    assert!(with(Tile::M128).check_fused(needs(256)).is_err());
+    // Tiles and types without a fused kernel: refused whatever the output. The 192-row tile
+    // runs the epilogues the consumers hold in registers, and only those.
+    let regs = |block_cols| FusedNeeds {
+        in_registers: sm90::InRegisters::Yes,
+        ..needs(block_cols)
+    };
+    assert!(with(Tile::M192).check_fused(needs(0)).is_err());
+    assert!(with(Tile::M192).check_fused(regs(0)).is_ok());
+    assert!(with(Tile::M192).check_fused(regs(128)).is_ok());
+    for t in [Tile::M256, Tile::M128N64, Tile::M128N144, Tile::M128N192] {
+        assert!(with(t).check_fused(needs(0)).is_err(), "{t:?}");
+        assert!(with(t).check_fused(regs(0)).is_err(), "{t:?}");
+    }
+    let e5 = FusedNeeds {
+        block_cols: 0,
+        elems: (e4m3, e5m2),
+        in_registers: sm90::InRegisters::No,
+    };
+    assert!(
+        with(Tile::M192)
+            .check_fused(FusedNeeds {
+                in_registers: sm90::InRegisters::Yes,
+                ..e5
+            })
+            .is_err()
+    );
+    assert!(with(Tile::M128).check_fused(e5).is_err());
+    // MXFP8 folds to FP8 of its own element types: e4m3 fuses there, e5m2 does not.
+    let folded = Plan::Sm90MxFp8(big.with_tile_for(Tile::M128, &s));
+    assert!(folded.check_fused(needs(0)).is_ok());
+    assert!(folded.check_fused(e5).is_err());
+    let half = Sm90HalfConfig {
+        tile: HalfTile::M128N256,
+        ..sm90_half_default(4096, 4096, 132)
+    };
+    let bf16 = FusedNeeds {
+        block_cols: 0,
+        elems: (ElemType::BF16, ElemType::BF16),
+        in_registers: sm90::InRegisters::Yes,
+    };
+    assert!(Plan::Sm90Half(half).check_fused(bf16).is_err());
+    let half = Sm90HalfConfig {
+        tile: HalfTile::M128,
+        ..half
+    };
+    assert!(Plan::Sm90Half(half).check_fused(bf16).is_ok());
+    let mx = sm90_mx_default(128, 4096, 4096, 1, 132);
+    let mx = |tile| Plan::Sm90Mx(Sm90MxConfig { tile, ..mx });
+    assert!(mx(MxTile::N256).check_fused(e5).is_ok());
+    assert!(mx(MxTile::N128).check_fused(e5).is_err());
+}
+
+#[test]
+fn fused_plans_move_to_the_tiles_and_kernels_that_fuse() {
+    use crate::format::{Fp8, Recipe};
+    let h100 = 132;
+    let s = GemmShape {
+        m: 4096,
+        n: 7168,
+        k: 2048,
+        l: 1,
+    };
+    let desc = |r: Recipe, rows, b| MatrixDesc::of_recipe(r, rows, 2048, b);
+    let fused_with = |r: Recipe, in_registers| {
+        let (a, b) = (desc(r, 4096, false), desc(r, 7168, true));
+        let needs = FusedNeeds {
+            block_cols: 0,
+            elems: (a.format.elem, b.format.elem),
+            in_registers,
+        };
+        choose_fused(GpuArch::Hopper, h100, &s, (&a, &b), needs)
+    };
+    let fused = |r: Recipe| fused_with(r, sm90::InRegisters::No);
+    // DeepSeek FP8: the plain plan's tall tile moves to the fused 128 × 128 tile.
+    let plain = choose_for(
+        GpuArch::Hopper,
+        h100,
+        &s,
+        &desc(Recipe::DeepSeekFp8, 4096, false),
+        &desc(Recipe::DeepSeekFp8, 7168, true),
+    )
+    .unwrap();
+    assert!(
+        plain
+            .check_fused(FusedNeeds {
+                block_cols: 0,
+                elems: (ElemType::E4M3, ElemType::E4M3),
+                in_registers: sm90::InRegisters::No,
+            })
+            .is_err()
+    );
+    assert!(matches!(fused(Recipe::DeepSeekFp8), Ok(Plan::Sm90Fp8(c)) if c.tile == Tile::M128));
+    // An epilogue the consumers hold in registers moves to the 128 × 128 tile too (the plain
+    // plan's 256-row tile has no such kernel).
+    assert!(
+        matches!(fused_with(Recipe::DeepSeekFp8, sm90::InRegisters::Yes), Ok(Plan::Sm90Fp8(c)) if c.tile == Tile::M128)
+    );
+    // MXFP8 e4m3 stays folded onto FP8; e5m2 moves to the exact MX kernel's fused tile.
+    assert!(matches!(
+        fused(Recipe::Mxfp8(Fp8::E4M3)),
+        Ok(Plan::Sm90MxFp8(_))
+    ));
+    assert!(
+        matches!(fused(Recipe::Mxfp8(Fp8::E5M2)), Ok(Plan::Sm90Mx(c)) if c.tile == MxTile::N256)
+    );
+    // e5m2 DeepSeek-style FP8 has no fused kernel: a typed error.
+    assert!(matches!(
+        fused(Recipe::Fp8PerRow(Fp8::E5M2)),
+        Err(Error::Config(_))
+    ));
+    // Where the plain plan folds e5m2 onto FP8 (M = 256), the fused one is the MX kernel's
+    // fused tile too, not its plain default.
+    let small = GemmShape {
+        m: 256,
+        n: 512,
+        k: 1024,
+        l: 1,
+    };
+    let r = Recipe::Mxfp8(Fp8::E5M2);
+    let (a, b) = (
+        MatrixDesc::of_recipe(r, 256, 1024, false),
+        MatrixDesc::of_recipe(r, 512, 1024, true),
+    );
+    let plain = choose_for(GpuArch::Hopper, h100, &small, &a, &b).unwrap();
+    assert!(matches!(plain, Plan::Sm90MxFp8(_)), "{plain:?}");
+    let needs = FusedNeeds {
+        block_cols: 0,
+        elems: (a.format.elem, b.format.elem),
+        in_registers: sm90::InRegisters::No,
+    };
+    assert!(matches!(
+        choose_fused(GpuArch::Hopper, h100, &small, (&a, &b), needs),
+        Ok(Plan::Sm90Mx(c)) if c.tile == MxTile::N256
+    ));
+}
+
+#[test]
+fn tall_tiles_for_large_m_short_tiles_where_they_would_idle_sms() {
+    let h100 = 132;
+    assert_eq!(sm90_default(8192, 8192, 8192, 1, h100).tile.block_m(), 256);
+    assert_eq!(sm90_default(4096, 7168, 2048, 1, h100).tile.block_m(), 256);
+    // One 256-row tile per N tile would be half empty.
+    assert_eq!(sm90_default(128, 7168, 2048, 1, h100).tile.block_m(), 128);
+    assert_eq!(sm90_default(200, 2112, 7168, 1, h100).tile.block_m(), 128);
+    // 4096 × 2112: 374 tiles of 192 rows are 3 rounds (544 of 128 rows are 5; 272 of 256
+    // rows 3, at 1.86 each; 352 of 128 × 192 3, at 1.55).
+    assert_eq!(sm90_default(4096, 2112, 7168, 1, h100).tile.block_m(), 192);
+    for (m, n) in [(8192, 8192), (4096, 2112), (200, 2112), (256, 7168)] {
+        assert_eq!(
+            sm90_default(m, n, 2048, 1, h100).tile.block_n,
+            128,
+            "{m}×{n}"
+        );
+    }
+}
+
+/// The v36 tile sweep (docs/PERF.md): per shape, the tile the cost model picks. Each ran
+/// within 2.5% of the fastest of the six tiles measured there (0.3% on average).
+#[test]
+fn tiles_follow_the_measured_sweep() {
+    let sweep = [
+        ((4096, 2112, 7168), Tile::M192),
+        ((4096, 7168, 2048), Tile::M256),
+        ((8192, 8192, 2048), Tile::M256),
+        ((2048, 7168, 2048), Tile::M128),
+        ((2048, 2112, 7168), Tile::M128N160),
+        ((4096, 4096, 2048), Tile::M256),
+        ((1024, 7168, 7168), Tile::M256),
+        ((2048, 24576, 1536), Tile::M256),
+        ((4096, 1536, 7168), Tile::M192),
+        ((8192, 2112, 2048), Tile::M192),
+        ((1536, 8192, 4096), Tile::M256),
+        ((3072, 3072, 4096), Tile::M192),
+        ((4096, 5120, 2048), Tile::M256),
+        ((6144, 6144, 2048), Tile::M256),
+        ((1024, 4096, 7168), Tile::M256),
+        ((4096, 12288, 2048), Tile::M256),
+    ];
+    for ((m, n, k), tile) in sweep {
+        let cfg = sm90_default(m, n, k, 1, 132);
+        assert_eq!(cfg.tile, tile, "{m}×{n}×{k}");
+    }
+    // Wide tiles go in pairs along N where pairing costs no round, as they were measured.
+    let wide = sm90_default(2048, 2112, 7168, 1, 132);
+    assert_eq!(wide.cluster, ClusterShape { m: 1, n: 2 });
+    // At M ≤ 128 (memory-bound) they are not candidates, nor for grouped GEMM (no grouped
+    // wide kernels).
+    for n in [2112, 7168, 24576, 32768] {
+        assert!(!sm90_default(128, n, 2048, 1, 132).tile.is_wide(), "{n}");
+    }
+    let grouped = sm90_grouped_default(16 * 2048, 2112, 7168, 16, 2048, 132);
+    assert!(!grouped.tile.is_wide(), "{grouped:?}");
+    let e4m3 = blockscaled_kernels::format::ElemType::E4M3;
+    assert!(
+        blockscaled_kernels::sm90::kernel(
+            grouped.tile,
+            e4m3,
+            e4m3,
+            blockscaled_kernels::gemm::Mode::Grouped
+        )
+        .is_some()
+    );
+}
+
+#[test]
+fn narrow_tiles_only_for_one_row_of_tiles_that_leaves_sms_idle() {
+    let h100 = 132;
+    let tile = |m, n, k| {
+        let c = sm90_default(m, n, k, 1, h100);
+        (c.tile.block_m(), c.tile.block_n)
+    };
+    // 56 tiles of 128 columns on 132 SMs: 112 of 64.
+    assert_eq!(tile(128, 7168, 2048), (128, 64));
+    // 2 rounds of 192 tiles against 3 rounds of 384 half tiles.
+    assert_eq!(tile(128, 24576, 1536), (128, 64));
+    // 256 tiles are 2 rounds; 512 half tiles 4.
+    assert_eq!(tile(128, 32768, 512), (128, 128));
+    // Never with more than one row of tiles (A is read once per 64 columns).
+    assert_eq!(tile(129, 7168, 2048).1, 128);
+    for (m, n, l) in [(1, 1, 1), (8192, 8192, 1), (128, 2112, 3)] {
+        let c = sm90_default(m, n, 1024, l, h100);
+        assert!(c.group_m >= 1 && c.group_m * c.tile.block_m() <= GROUP_ROWS.max(c.tile.block_m()));
+        assert_eq!(c.ctas, h100);
+    }
+}
+
+#[test]
+fn pairs_only_where_they_cost_no_extra_round() {
+    let h100 = 132;
+    let cl = |m, n, k| {
+        let c = sm90_default(m, n, k, 1, h100);
+        (c.cluster.m, c.cluster.n)
+    };
+    // 256-row tiles, even tile counts: pairs along N (share A).
+    assert_eq!(cl(8192, 8192, 8192), (1, 2));
+    assert_eq!(cl(4096, 7168, 2048), (1, 2));
+    // 192-row tiles pair along N too (22 × 9 pairs fill 3 rounds, as 374 tiles do alone);
+    // 128-row tiles run alone.
+    assert_eq!(cl(4096, 2112, 7168), (1, 2));
+    assert_eq!(cl(128, 24576, 1536), (1, 1));
+    // 256-row tiles with an odd number of N tiles where pairing adds a round: alone. (4224
+    // columns: 33 N tiles; 2048 rows: 8 M tiles; 264 tiles = 2 rounds, 8 × 17 = 136 pairs on
+    // 66 pair slots = 3 rounds.)
+    assert_eq!(sm90_default(2048, 4224, 7168, 1, h100).tile.block_m(), 256);
+    assert_eq!(cl(2048, 4224, 7168), (1, 1));
+    // Fewer tiles than SMs, or split-K: alone.
+    assert_eq!(cl(256, 1024, 1024), (1, 1));
+    assert_eq!(cl(128, 2112, 7168), (1, 1));
+    for (m, n) in [(1, 1), (8192, 8192), (4096, 2112), (100, 100_000)] {
+        let (a, b) = cl(m, n, 1024);
+        assert!(a * b <= 2 && a >= 1 && b >= 1);
+    }
+}
+
+#[test]
+fn split_k_only_where_tiles_leave_most_sms_idle() {
+    let h100 = 132;
+    // 33 tiles of 128 × 64 × 4 ranges of 14 K blocks = 132 CTAs.
+    assert_eq!(sm90_default(128, 2112, 7168, 1, h100).split_k, 4);
+    // 64 tiles × 2 = 128 CTAs.
+    assert_eq!(sm90_default(128, 4096, 7168, 1, h100).split_k, 2);
+    // 384 tiles fill the GPU; 1024 tiles too.
+    assert_eq!(sm90_default(128, 24576, 1536, 1, h100).split_k, 1);
+    assert_eq!(sm90_default(4096, 4096, 7168, 1, h100).split_k, 1);
+    // Too little K to split: 512 = 4 blocks is one range of 4; at K = 2048 (16 blocks) two
+    // ranges of 8 save less than the split costs (docs/PERF.md, v8).
+    assert_eq!(sm90_default(128, 128, 512, 1, h100).split_k, 1);
+    assert_eq!(sm90_default(128, 7168, 2048, 1, h100).split_k, 1);
+    // 112 tiles of 128 × 64: no split (at 128 columns, 56 tiles took 2).
+    assert_eq!(sm90_default(128, 7168, 16384, 1, h100).split_k, 1);
+    assert_eq!(sm90_default(128, 7168, 16384, 1, h100).tile.block_n, 64);
+    for (m, n, k) in [(1, 1, 128), (64, 64, 128 * 300), (128, 2112, 7168)] {
+        let c = sm90_default(m, n, k, 1, h100);
+        assert!(c.split_k >= 1 && c.split_k as usize <= k / 128);
+    }
+}
+
+#[test]
+fn decode_sizes_take_the_swapped_tile_that_holds_m_and_split_as_measured() {
+    let h100 = 132;
+    for (m, rows) in [(1, 16), (16, 16), (17, 32), (32, 32), (33, 64), (64, 64)] {
+        let c = sm90_default(m, 7168, 16384, 1, h100);
+        assert_eq!(
+            (c.tile, c.cluster),
+            (Tile::swapped(rows), ClusterShape::ONE)
+        );
+        assert!(
+            c.validate(&GemmShape {
+                m,
+                n: 7168,
+                k: 16384,
+                l: 1
+            })
+            .is_ok()
+        );
+    }
+    assert!(!sm90_default(65, 7168, 2048, 1, h100).tile.is_swapped());
+    // 33 to 64 rows: swapped only from K = 4096.
+    assert!(!sm90_default(64, 7168, 2048, 1, h100).tile.is_swapped());
+    assert!(sm90_default(64, 7168, 4096, 1, h100).tile.is_swapped());
+    let split = |m, n, k| sm90_default(m, n, k, 1, h100).split_k;
+    // The decode sweep (docs/PERF.md, v34): the splits measured within 7% of the fastest
+    // (and the untimed ones between two such).
+    for (m, n, k, best) in [
+        (16, 7168, 16384, &[1, 2, 3, 4][..]),
+        (16, 2112, 7168, &[3, 4, 5, 6, 7][..]),
+        (16, 24576, 1536, &[1][..]),
+        (16, 32768, 512, &[1][..]),
+        (16, 4096, 7168, &[1, 3, 4][..]),
+        (16, 7168, 2048, &[1][..]),
+        (64, 7168, 16384, &[1, 2][..]),
+        (64, 2112, 7168, &[3, 4, 5, 6][..]),
+        (64, 4096, 7168, &[2, 3, 4][..]),
+    ] {
+        let s = split(m, n, k);
+        assert!(
+            best.contains(&s),
+            "{m}×{n}×{k}: split {s}, measured best {best:?}"
+        );
+    }
+}
+
+#[test]
+fn sixteen_bit_pairs_of_one_type_run_the_16_bit_kernel_and_mixed_ones_the_reference() {
+    use crate::format::{Fp4Weights, Recipe};
+    let desc = |elem: ElemType, rows: usize, k: usize| {
+        let mut d = MatrixDesc::of_recipe(Recipe::W4A16(Fp4Weights::Nvfp4), rows, k, false);
+        d.format.elem = elem;
+        d
+    };
+    let (bf, hf) = (ElemType::BF16, ElemType::F16);
+    for (ta, tb, half) in [
+        (bf, bf, true),
+        (hf, hf, true),
+        (bf, hf, false),
+        (hf, bf, false),
+    ] {
+        let (a, b) = (desc(ta, 1000, 4096), desc(tb, 3000, 4096));
+        let p = choose(GpuArch::Hopper, 132, &a, &b).unwrap();
+        assert_eq!(
+            matches!(p, Plan::Sm90Half(_)),
+            half,
+            "{ta:?} × {tb:?}: {p:?}"
+        );
+        if !half {
+            assert_eq!(p, Plan::Reference, "{ta:?} × {tb:?}");
+        }
+    }
+    // Large shapes: 128 × 256 tiles in pairs; few tiles: 256 × 128 alone, then 128 × 128.
+    let big = sm90_half_default(4096, 4096, 132);
+    assert_eq!(
+        (big.tile, big.cluster_m, big.group_m),
+        (HalfTile::M128N256, 2, 8)
+    );
+    assert_eq!(sm90_half_default(2048, 2048, 132).tile, HalfTile::M128N256);
+    assert_eq!(sm90_half_default(512, 4096, 132).tile, HalfTile::M128);
+    assert_eq!(sm90_half_default(256, 512, 132).tile, HalfTile::M128N64);
+    // K not a multiple of 8 (TMA's 16-byte rows): the reference kernel.
+    let (a, b) = (desc(hf, 64, 100), desc(hf, 64, 100));
+    assert_eq!(
+        choose(GpuArch::Hopper, 132, &a, &b).unwrap(),
+        Plan::Reference
+    );
+}
+
+#[test]
+fn grouped_plans_fold_what_folds_to_e4m3_and_keep_the_rest_exact() {
+    use crate::format::{Fp4Weights, Fp8, Recipe};
+    let descs = |r: Recipe| {
+        let (a, mut b) = (
+            MatrixDesc::of_recipe(r, 1024, 7168, false),
+            MatrixDesc::of_recipe(r, 4096, 7168, true),
+        );
+        b.batch = 8;
+        (a, b)
+    };
+    let kind = |p: Result<Plan>| match p.unwrap() {
+        Plan::Sm90Fp8(_) => "fp8",
+        Plan::Sm90MxFp8(_) => "fold",
+        Plan::Sm90Mx(_) => "mx",
+        Plan::Sm90W4(_) => "w4",
+        Plan::Reference => "ref",
+        Plan::Sm90Half(_) => "half",
+    };
+    let hopper = GpuArch::Hopper;
+    fn problem<'a>(arch: GpuArch, a: &'a MatrixDesc, b: &'a MatrixDesc) -> GroupedProblem<'a> {
+        let shape = GemmShape {
+            m: 1024,
+            n: 4096,
+            k: 7168,
+            l: 1,
+        };
+        GroupedProblem {
+            arch,
+            sm_count: 132,
+            shape,
+            a,
+            b,
+            groups: 8,
+        }
+    }
+    for (r, chosen, exact) in [
+        (Recipe::DeepSeekFp8, "fp8", "fp8"),
+        (Recipe::Mxfp4, "fold", "mx"),
+        (Recipe::Nvfp4, "mx", "mx"),
+        (Recipe::Mxfp8(Fp8::E4M3), "mx", "mx"),
+        (Recipe::W4A8(Fp4Weights::Nvfp4), "fold", "w4"),
+        // e5m2 folds to e5m2, which has no grouped FP8 kernel.
+        (Recipe::Mxfp8(Fp8::E5M2), "mx", "mx"),
+        (Recipe::W4A8(Fp4Weights::Mxfp4), "fold", "w4"),
+        (Recipe::W4A16(Fp4Weights::Nvfp4), "w4", "w4"),
+    ] {
+        let (a, b) = descs(r);
+        let p = problem(hopper, &a, &b);
+        assert_eq!(kind(choose_grouped(&p)), chosen, "{r}");
+        assert_eq!(kind(choose_grouped_exact(&p)), exact, "{r}");
+    }
+    // Experts folded once: MX and NVFP4 activations fold per call, FP8 ones run as they are.
+    for (r, chosen) in [
+        (Recipe::Mxfp4, "fold"),
+        (Recipe::Nvfp4, "fold"),
+        (Recipe::W4A8(Fp4Weights::Nvfp4), "fp8"),
+    ] {
+        let (a, b) = descs(r);
+        let b = b.folded(true).unwrap();
+        assert_eq!(
+            kind(choose_grouped(&problem(hopper, &a, &b))),
+            chosen,
+            "{r}"
+        );
+    }
+    let (a, b) = descs(Recipe::Mxfp4);
+    let bw = choose_grouped(&problem(GpuArch::Blackwell, &a, &b));
+    assert!(matches!(bw, Err(Error::Architecture(_))));
+}
+
+#[test]
+fn grouped_tiles_are_narrow_only_where_twice_the_tiles_fit_one_round() {
+    let h100 = 132;
+    let tile = |rows, n, groups, per| sm90_grouped_default(rows, n, 7168, groups, per, h100);
+    // Seed case 3 (2 groups, 512 rows, N 3072): 5 × 24 = 120 tiles, one round at 128 columns.
+    assert_eq!(tile(512, 3072, 2, 256).tile, Tile::M128);
+    // Seed case 1 (8 groups, 1024 rows, N 4096): 12 × 32 tiles.
+    assert_eq!(tile(1024, 4096, 8, 128).tile, Tile::M128);
+    // One group of 100 rows, N 4096: 32 tiles, 64 half tiles fit one round.
+    assert_eq!(tile(100, 4096, 1, 100).tile, Tile::M128N64);
+    // Large groups take the dense rule, without split-K.
+    let large = tile(32768, 4096, 4, 8192);
+    assert_eq!((large.tile.block_m(), large.split_k), (256, 1));
+}
