@@ -18,6 +18,7 @@ use blockscaled::{
 use blockscaled_tests::random_values;
 use cudarc::driver::CudaSlice;
 
+use crate::parallel::timed;
 use crate::timing::median;
 
 type R<T> = Result<T, String>;
@@ -49,12 +50,6 @@ fn experts_on(
         ..*one.desc()
     };
     Ok((desc, data, scales))
-}
-
-/// Milliseconds from an event recorded now on each of `gpus`' streams to one recorded after `f`,
-/// the slowest stream's.
-fn timed(gpus: &[&Gpu], f: &mut dyn FnMut() -> R<()>) -> R<f64> {
-    crate::parallel::timed(gpus, f)
 }
 
 /// The layers the tables time.

@@ -6,7 +6,6 @@ use cudarc::driver::{CudaFunction, CudaModule, CudaSlice};
 
 use crate::buffers::{DeviceMatrix, Prepared};
 use crate::error::{Error, Result};
-use crate::grouped::DeviceGroups;
 use crate::launch::{KernelParams, Launch};
 use crate::matrix::MatrixDesc;
 use crate::sm90_fp8::Sm90Operand;
@@ -134,12 +133,10 @@ pub(super) fn has_a_role(m: &DeviceMatrix) -> bool {
         .is_some_and(|o| o.sfa.is_some())
 }
 
-/// The buffer of groups this layer made ([`Gpu::device_groups`](crate::Gpu::device_groups)), for its kernels to write.
-pub(super) fn owned<'g>(groups: &'g mut DeviceGroups<'static>) -> Result<&'g mut CudaSlice<i32>> {
-    match &mut groups.values {
-        crate::grouped::GroupValues::Owned(v) => Ok(v),
-        crate::grouped::GroupValues::View(_) => Err(Error::Config("groups over a view".into())),
-    }
+/// The error for groups over the caller's memory where the layer writes its own (never: the
+/// layer makes its groups).
+pub(super) fn not_owned() -> Error {
+    Error::Config("the layer's groups are a view, not its own buffer".into())
 }
 
 pub(super) fn no_step() -> Error {

@@ -3,7 +3,7 @@
 
 use cudarc::driver::CudaSlice;
 
-use super::kernels::{a_role_ptr, go, has_a_role, no_step, owned, scale_rows};
+use super::kernels::{a_role_ptr, go, has_a_role, no_step, not_owned, scale_rows};
 use super::{MoeOptions, MoeShape, MoeStep};
 use crate::buffers::{DeviceMatrix, DeviceOutput};
 use crate::device::Gpu;
@@ -54,7 +54,7 @@ pub(crate) struct Chunks {
     pub(crate) back_recv: CudaSlice<u8>,
 }
 
-/// One GPU's share of a layer: its experts (`first..first + local`), the layer's shape, and the
+/// One GPU's share of a layer: its experts (the `world`-th part of them), the layer's shape, and the
 /// step buffers.
 pub(crate) struct Local<'a> {
     pub(crate) gpu: &'a Gpu,
@@ -70,30 +70,29 @@ impl<'a> Local<'a> {
     /// Checks the shape, the options and this GPU's experts (`world` GPUs' share each).
     pub(crate) fn new(
         gpu: &'a Gpu,
-        shape: MoeShape,
+        s: MoeShape,
         (w1, w2): (&'a DeviceMatrix<'a>, &'a DeviceMatrix<'a>),
         opts: MoeOptions,
         world: usize,
     ) -> Result<Self> {
-        let s = shape;
         if s.hidden == 0
             || s.inter == 0
             || !s.hidden.is_multiple_of(128)
             || !s.inter.is_multiple_of(128)
         {
-            return Err(shape_err(format!(
+            return Err(shape(format!(
                 "hidden {} and inter {} must be positive multiples of 128 (FP8 scales per 1×128)",
                 s.hidden, s.inter
             )));
         }
         if s.experts == 0 || s.experts > MAX_EXPERTS as usize || !s.experts.is_multiple_of(world) {
-            return Err(shape_err(format!(
+            return Err(shape(format!(
                 "{} experts: 1 to {MAX_EXPERTS}, a multiple of the {world} GPUs",
                 s.experts
             )));
         }
         if s.top_k == 0 || s.top_k > (MAX_TOP_K as usize).min(s.experts) {
-            return Err(shape_err(format!(
+            return Err(shape(format!(
                 "top-k {} of {} experts: 1 to {}",
                 s.top_k,
                 s.experts,
@@ -120,7 +119,7 @@ impl<'a> Local<'a> {
                 )));
             }
             if (d.batch, d.rows, d.k) != (local, rows, k) {
-                return Err(shape_err(format!(
+                return Err(shape(format!(
                     "{name} is {}×{}×{}, this GPU's {local} experts need {local}×{rows}×{k}",
                     d.batch, d.rows, d.k
                 )));
@@ -130,7 +129,7 @@ impl<'a> Local<'a> {
             gpu,
             w1,
             w2,
-            shape,
+            shape: s,
             opts,
             world,
             step: None,
@@ -170,7 +169,7 @@ impl<'a> Local<'a> {
         let entries = tokens * s.top_k;
         let (chunk, rows, gcap) = self.sizes(tokens);
         if rows.max(self.world * chunk) > i32::MAX as usize / 2 || entries > i32::MAX as usize {
-            return Err(shape_err(format!(
+            return Err(shape(format!(
                 "{tokens} tokens move {rows} rows: more than i32 row indices address"
             )));
         }
@@ -228,13 +227,13 @@ impl<'a> Local<'a> {
         g.id().check(logits.gpu, "the router logits")?;
         let tokens = x.rows;
         if (x.k, x.batch) != (s.hidden, 1) || tokens == 0 {
-            return Err(shape_err(format!(
+            return Err(shape(format!(
                 "the tokens are {}×{}×{}: tokens × hidden ({}), batch 1",
                 x.batch, x.rows, x.k, s.hidden
             )));
         }
         if (logits.rows, logits.k, logits.batch) != (tokens, s.experts, 1) {
-            return Err(shape_err(format!(
+            return Err(shape(format!(
                 "the router logits are {}×{}×{}, not tokens ({tokens}) × experts ({})",
                 logits.batch, logits.rows, logits.k, s.experts
             )));
@@ -293,13 +292,18 @@ impl<'a> Local<'a> {
             _ => chunk,
         };
         let threads = s.experts.next_multiple_of(32) as u32;
+        // (The groups this layer made: a buffer of its own, written here.)
+        let mut values = if one {
+            Some(step.groups.values_mut().ok_or_else(not_owned)?)
+        } else {
+            None
+        };
         let mut l = Launch::new(st, &k.offsets)
             .block(threads, 1, 1)
             .shared_mem(128 + 4 * s.experts as u32);
-        let groups = if one {
-            l.ptr_mut(owned(&mut step.groups)?)
-        } else {
-            0
+        let groups = match values.as_mut() {
+            Some(v) => l.ptr_mut(v),
+            None => 0,
         };
         let p = Offsets {
             counts: l.ptr(&step.counts),
@@ -314,7 +318,6 @@ impl<'a> Local<'a> {
         // SAFETY: `experts` words each (the groups: one GPU's `experts` groups), one block of a
         // thread per expert with its shared words.
         unsafe { go(l, p) }?;
-        step.groups.host_top = None;
 
         let kb = (s.hidden / 128) as u32;
         let src_scale = scale_rows(&step.xq)?;
@@ -382,6 +385,7 @@ impl<'a> Local<'a> {
         };
         if to_groups {
             let pairs = (world * local) as u32;
+            let mut values = step.groups.values_mut().ok_or_else(not_owned)?;
             let mut l = Launch::new(st, &k.regroup_plan)
                 .block(pairs.next_multiple_of(32), 1, 1)
                 .shared_mem(128 + 8 * pairs);
@@ -389,7 +393,7 @@ impl<'a> Local<'a> {
                 sent: l.ptr(&c.recv_sent),
                 src_start: l.ptr_mut(&mut c.src_start),
                 dst_start: l.ptr_mut(&mut c.dst_start),
-                groups: l.ptr_mut(owned(&mut step.groups)?),
+                groups: l.ptr_mut(&mut values),
                 world: world as u32,
                 per_peer: local as u32,
                 group_capacity: gcap,
@@ -398,7 +402,6 @@ impl<'a> Local<'a> {
             // SAFETY: `world · local` counts and starts, `local` groups; one block of a thread
             // per pair with its shared words.
             unsafe { go(l, p) }?;
-            step.groups.host_top = None;
         }
         let kb = (s.hidden / 128) as u32;
         let group_scale = scale_rows(&step.a)?;
@@ -511,7 +514,7 @@ impl<'a> Local<'a> {
         let step = self.step.as_ref().ok_or_else(no_step)?;
         g.id().check(out.gpu, "the output")?;
         if (out.m, out.n, out.l, out.dtype) != (step.tokens, s.hidden, 1, self.opts.output) {
-            return Err(shape_err(format!(
+            return Err(shape(format!(
                 "the output is {}×{}×{} {:?}, the layer writes {}×{}×1 {:?}",
                 out.l, out.m, out.n, out.dtype, step.tokens, s.hidden, self.opts.output
             )));
@@ -556,8 +559,4 @@ impl<'a> Local<'a> {
             down: &s.out2,
         })
     }
-}
-
-fn shape_err(msg: String) -> Error {
-    shape(msg)
 }

@@ -14,7 +14,7 @@ use blockscaled_kernels::sm90_w4::{self as w4, W4Tile};
 /// stored blocks per block row on average: tiles as wide as a block (a tile's columns share one
 /// run); 256 rows from [`HALF_M256_MIN_M`] rows when runs average at least [`HALF_M256_MIN_RUN`]
 /// blocks (each stage feeds twice the MMAs), else 128 (twice the tiles to balance short runs:
-/// 4096³ at 10%, 40 µs against 48; at 100%, 243 against 211; docs/PERF.md v38); runs cut into
+/// 4096³ at 10%, 40 µs against 48; at 100%, 243 against 211; docs/PERF.md, block-sparse bf16); runs cut into
 /// up to 16 parts (`bsr::MAX_PARTS`) where they are longer than a CTA's share of the work.
 pub fn sm90_half_bsr_default(m: usize, block: usize, runs: f64, sm_count: u32) -> Sm90HalfConfig {
     let tall = m >= HALF_M256_MIN_M && runs >= HALF_M256_MIN_RUN;
@@ -36,7 +36,7 @@ pub const HALF_M256_MIN_RUN: f64 = 8.0;
 /// The dense 16-bit configuration: from [`HALF_M256_MIN_M`] rows, 128 × 256 tiles in pairs along
 /// M (each pair shares its 256-row B tile by multicast) where they fill at least half the SMs;
 /// else 128 × 128 tiles, or 128 × 64 where 128-column tiles would leave most SMs idle. Measured
-/// (v39, H100, against cuBLASLt bf16 in the same run, 4096³, 8192³ and 4096 × 7168 × 2048):
+/// (H100, against cuBLASLt bf16 in the same run, 4096³, 8192³ and 4096 × 7168 × 2048):
 /// 128 × 256 pairs 0.98–1.02×, 256 × 128 alone 0.96–0.98×, 128 × 256 alone 0.91–0.93×, 128 × 128
 /// 0.68–0.71×.
 pub fn sm90_half_default(m: usize, n: usize, sm_count: u32) -> Sm90HalfConfig {
@@ -126,7 +126,7 @@ pub fn sm90_grouped_default(
     // About half a tile wasted per group where the groups' rows do not fill their last tile.
     // 128 × 64 tiles only where twice the tiles still fit in one round: otherwise the second
     // round of half tiles costs more than the idle SMs of one round of whole ones (seed case 3,
-    // 120 tiles on 132 SMs: 24.3 µs at 128 × 128, 30.5 at 128 × 64; docs/PERF.md, v33).
+    // 120 tiles on 132 SMs: 24.3 µs at 128 × 128, 30.5 at 128 × 64; docs/PERF.md, grouped GEMM).
     let m_tiles = rows.div_ceil(128) + groups / 2;
     let tile = if 2 * m_tiles * n.div_ceil(128) <= sm_count as usize {
         Tile::M128N64
@@ -225,7 +225,7 @@ pub const SWAPPED_MAX_M: usize = 64;
 /// Smallest K for which 33 to 64 rows take the 64-row swapped tile: with less K there are
 /// many tiles per SM and the swapped tile's heavier MMA work per byte of B (m64n64 for every
 /// 64 rows of B) costs more than the unswapped tiles' half-empty A; measured at M = 64
-/// (docs/PERF.md, v34, µs swapped against unswapped): K = 512, 1536 and 2048 15.2 / 23.7 / 13.7
+/// (docs/PERF.md, decode-sized M, µs swapped against unswapped): K = 512, 1536 and 2048 15.2 / 23.7 / 13.7
 /// against 14.0 / 23.1 / 13.2; K = 7168 and 16384 15.7 / 20.7 / 50.8 against 16.6 / 23.6 / 66.7.
 pub const SWAPPED_64_MIN_K: usize = 4096;
 
@@ -272,7 +272,7 @@ pub fn sm90_decode_default(m: usize, n: usize, k: usize, l: usize, sm_count: u32
 ///   and read back, `2 · 4 · s · outputs` bytes.
 ///
 /// Splits range over 1..=16 with at least `MIN_SPLIT_K_BLOCKS` K blocks each; ties go to the
-/// smaller split. Checked against a sweep of splits 1–8 on the decode set (docs/PERF.md, v34).
+/// smaller split. Checked against a sweep of splits 1–8 on the decode set (docs/PERF.md, decode-sized M).
 pub fn decode_split(
     tile: Tile,
     tiles: usize,
@@ -316,17 +316,17 @@ pub fn decode_sm_rate(tile: Tile) -> f64 {
     }
 }
 
-/// What a split adds after the K loop, µs: fitted to the v34 sweep, when a reduction kernel
-/// followed the GEMM; the v35 sweep, with the partials summed by the last CTA of each tile,
-/// measured the same within ±5% (docs/PERF.md, v35).
+/// What a split adds after the K loop, µs: fitted to the decode sweep (docs/PERF.md, decode-sized
+/// M); with the partials summed by the last CTA of each tile, as now, a second sweep measured the
+/// same within ±5%.
 pub const DECODE_REDUCE_US: f64 = 2.2;
 
 /// CTAs per cluster: 256- and 192-row tiles and the wide tiles go in pairs along N (the pair
 /// shares the A tile by TMA multicast, halving its L2 reads) when the tiles fill at least one round
 /// and pairing them (units of two tiles on half as many pairs of SMs) takes no more rounds (a
 /// pair whose second tile is past N still takes a slot). Pairs along M (sharing B) and 128 × 128
-/// tiles in pairs measured slower (docs/PERF.md, v9–v10, v20): they run alone. (The wide tiles'
-/// costs were measured in pairs along N; 128 × 192 alone was within 1–3% of its pairs, v36.)
+/// tiles in pairs measured slower (docs/PERF.md, the sm90 FP8 kernel): they run alone. (The wide
+/// tiles' costs were measured in pairs along N; 128 × 192 alone was within 1–3% of its pairs.)
 pub(super) fn cluster(
     tile: Tile,
     m_tiles: usize,
@@ -378,20 +378,20 @@ pub fn sm90_mx_default(m: usize, n: usize, k: usize, l: usize, sm_count: u32) ->
 }
 
 /// Time of a 128 × 256 MX tile in 128 × 128 tiles: twice the MACs, read with fewer shared-memory
-/// bytes per MAC (a first estimate; docs/PERF.md, v24).
+/// bytes per MAC (a first estimate; docs/PERF.md, the sm90 MX kernel).
 pub const MX_N256_COST: f64 = 1.8;
 
 /// Smallest M for which MX and NVFP4 pairs run folded onto the FP8 kernel ([`Plan::Sm90MxFp8`](super::Plan::Sm90MxFp8))
 /// rather than on the MX kernel: the pre-pass converts each operand once, where the MX kernel
 /// converts A once per N tile and B once per M tile, and FP8 `wgmma` runs at twice bf16's rate.
-/// Measured at M × 7168 × 4096 (docs/PERF.md, v30, µs, fold against MX kernel): at M = 128 the MX
+/// Measured at M × 7168 × 4096 (docs/PERF.md, MX operands folded, µs, fold against MX kernel): at M = 128 the MX
 /// kernel wins (MXFP8 39.1 against 48.5, NVFP4 36.2 against 43.4, MXFP4 36.6 against 42.4),
 /// from M = 256 the fold (MXFP8 53.2 against 61.0, NVFP4 48.5 against 55.3, MXFP4 46.9 against
 /// 56.5).
 pub const FOLD_MIN_M: usize = 256;
 
 /// Largest M for which e2m1 pairs run the 4-bit-weights kernel rather than the MX kernel
-/// (measured, docs/PERF.md v27: faster at M ≤ 16, slower at M = 128).
+/// (measured, docs/PERF.md, the 4-bit-weights kernel: faster at M ≤ 16, slower at M = 128).
 pub const W4_MAX_M: usize = 16;
 /// Split-K's cost for the 4-bit-weights kernel, in K blocks (see [`split_k`]).
 pub(super) const W4_SPLIT_K_COST_BLOCKS: usize = 8;
@@ -438,18 +438,18 @@ pub(super) fn split_k(tiles: usize, k_blocks: usize, sm_count: u32, cost_blocks:
 /// Shortest K range of a split, in blocks of 128.
 pub(super) const MIN_SPLIT_K_BLOCKS: usize = 4;
 /// What the f32 workspace round trip and the partials' sum cost, in K blocks of one 128×128
-/// tile (docs/PERF.md, v8, v14–v15; unchanged by v35's sum in the last CTA, which measured the
-/// same or faster at M = 128).
+/// tile (docs/PERF.md, the sm90 FP8 kernel; summing the partials in the last CTA of each tile
+/// measured the same or faster at M = 128).
 pub(super) const SPLIT_K_COST_BLOCKS: usize = 10;
 
 /// Time of one tile in units of a 128 × 128 tile's, measured on the H100 with every SM busy
-/// (8192 × 8192 × 2048, each tile alone or in its pairs; docs/PERF.md, v36): 256 × 128 1.86,
+/// (8192 × 8192 × 2048, each tile alone or in its pairs; docs/PERF.md, the tile sweep): 256 × 128 1.86,
 /// 192 × 128 1.50, 128 × 192 1.55, 128 × 160 1.41, 128 × 144 1.42 (the narrower wide tiles do
 /// less work per shared-memory byte of their epilogue boxes and per MMA: per FLOP 0.89 and 0.79 of
-/// a 128 × 128 tile, where 256 × 128 does 1.07); 128 × 64 0.6 (v22: the cost that reproduces
+/// a 128 × 128 tile, where 256 × 128 does 1.07); 128 × 64 0.6 (the cost that reproduces
 /// every measured choice at M = 128, where these shapes wait on memory, not on the tensor cores).
 /// With rounds × these costs, the choice on a sweep of 16 shapes (M 1024–8192, N 1536–24576,
-/// K 1536–7168) ran within 2.5% of the fastest tile on every shape, 0.3% on average (v36).
+/// K 1536–7168) ran within 2.5% of the fastest tile on every shape, 0.3% on average.
 pub fn tile_cost(t: Tile) -> f64 {
     match (t.block_m(), t.block_n) {
         (256, _) => 1.86,
@@ -467,5 +467,5 @@ pub fn tile_cost(t: Tile) -> f64 {
 pub const N64_MAX_M: usize = 128;
 
 /// Rows of A in one scheduler band: a band's A tiles (2048 × K bytes) stay small next to the
-/// 50 MB L2 for K up to 16k (the band sweep: docs/PERF.md, v15).
+/// 50 MB L2 for K up to 16k (the band sweep: docs/PERF.md, the sm90 FP8 kernel).
 pub const GROUP_ROWS: u32 = 2048;

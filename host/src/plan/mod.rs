@@ -460,7 +460,7 @@ pub fn choose_bsr(
 /// - MX and NVFP4 operands that fold to e4m3, with each other or with an FP8 one (experts folded
 ///   once by [`Gpu::fold_to_fp8`](crate::Gpu::fold_to_fp8), DeepSeek-style activations): folded
 ///   onto the FP8 kernel ([`Plan::Sm90MxFp8`]; lossy within the fold's bound). Experts folded
-///   per call still beat the kernels that convert in their pipeline (docs/PERF.md, v33);
+///   per call still beat the kernels that convert in their pipeline (docs/PERF.md, grouped GEMM);
 /// - the rest as [`choose_grouped_exact`].
 pub fn choose_grouped(p: &GroupedProblem<'_>) -> Result<Plan> {
     let (a, b) = (p.a, p.b);
@@ -485,7 +485,7 @@ pub fn choose_grouped(p: &GroupedProblem<'_>) -> Result<Plan> {
 /// once ahead of time); per call for 4-bit experts with e8m0 scales (folded exactly but for
 /// subnormals) or with FP8 activations (the 4-bit-weights kernel is slower than the fold); not
 /// for the rest (NVFP4 and MXFP8 pairs), whose fold per call is no faster than the MX kernel
-/// (docs/PERF.md, v33).
+/// (docs/PERF.md, grouped GEMM).
 fn fold_grouped(a: &MatrixDesc, b: &MatrixDesc) -> bool {
     let ready = |d: &MatrixDesc, as_b| sm90_fp8::unsupported(d, as_b).is_none();
     let fp4_b = b.format.elem == ElemType::E2M1;

@@ -9,10 +9,10 @@
 //! [`in_registers`](crate::params::in_registers)):
 //! - *In the consumers' registers* ([`apply`], then the plain kernels' stores,
 //!   [`quantize_fragment`] or [`quantize_fragment_mx`]): the epilogues without β·C, residual or
-//!   SwiGLU, to any unquantized output, FP8 1×128 or MXFP8 (kernels of their own, v51). The
+//!   SwiGLU, to any unquantized output, FP8 1×128 or MXFP8 (kernels of their own). The
 //!   kernels are the dense FP8 kernel with the steps applied to each fragment before its store
 //!   (the dense layout and K loop, no finishing warps); the steps are in series with the MMAs, a
-//!   few instructions a value (docs/PERF.md v48).
+//!   few instructions a value (docs/PERF.md, fused epilogue).
 //! - *In finishing warps*, every other epilogue (and every epilogue of the 16-bit and MX
 //!   families), on rows, not on fragments: each consumer warp writes
 //! its whole fragment (16 rows) as f32 into its staging rows ([`stage_unit`]) and goes on to the
