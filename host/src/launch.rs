@@ -13,22 +13,6 @@ use blockscaled_kernels::params::{EpilogueParams, FusedParams, GemmParams};
 use blockscaled_kernels::sm90::Sm90Fp8Params;
 use blockscaled_kernels::sm90_mx::Sm90MxParams;
 
-/// CTAs for a persistent launch of `schedule`'s units: `wanted`, at most `resident` (those that
-/// fit the GPU at once: no second wave), in whole clusters of `cluster`, and at most one per
-/// tile of the units (a cluster's worth per unit).
-pub(crate) fn persistent_ctas(
-    schedule: Schedule,
-    wanted: u32,
-    resident: u32,
-    cluster: u32,
-) -> Result<u32> {
-    let units = schedule
-        .units()
-        .ok_or_else(|| crate::error::shape("the scheduler's unit count must fit 32 bits"))?
-        as u32;
-    Ok((wanted.min(resident) / cluster * cluster).clamp(cluster, units.max(1) * cluster))
-}
-
 /// The schedule of a dense or grouped GEMM over the kernel's axes `(m, n, l)` (C's, or Cᵀ's for
 /// a kernel that computes it): `k_blocks` K blocks in `split_k` ranges, units of `unit` (rows ×
 /// columns), bands of `group_m` units, `groups` read on the device.

@@ -52,7 +52,7 @@ impl Workspace {
         let fold = lock(&self.fold)
             .iter()
             .flatten()
-            .map(|f| crate::sm90_mx_fp8::folded_bytes(f.as_ref()))
+            .map(|f| crate::families::fold::folded_bytes(f.as_ref()))
             .sum::<usize>();
         self.splitk.bytes() + staging + fold
     }
@@ -64,7 +64,7 @@ impl Workspace {
     }
 
     /// Grows split K's buffers and the staging to at least `need`'s (the fold copies are the fold
-    /// family's: [`crate::sm90_mx_fp8`]).
+    /// family's: [`crate::families::fold`]).
     pub(crate) fn reserve(&self, stream: &Arc<CudaStream>, need: &WorkspaceSize) -> Result<()> {
         if need.split_k > 0 {
             self.splitk.reserve(stream, need.partials, need.counters)?;

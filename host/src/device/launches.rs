@@ -4,15 +4,15 @@
 use crate::bsr::{self, BsrMatrix, DeviceBsr, SparseSide};
 use crate::buffers::{DeviceMatrix, DeviceOutput, Mem, MemMut, Prepared};
 use crate::error::{Error, Result, shape};
-use crate::family::{Gemm, Rewritten};
+use crate::families::fp8::Sm90Fp8;
+use crate::families::half::Sm90Half;
+use crate::families::{Gemm, Rewritten};
 use crate::format::{ElemType, OperandFormat, ScaleType};
 use crate::fused::{self, Epilogue, Fused, QuantOut};
 use crate::grouped::{self, DeviceGroups, GroupLayout, GroupValues};
 use crate::matrix::GemmShape;
 use crate::plan::{self, Plan};
 use crate::quantizer::{QuantSpec, QuantTarget, QuantizeOptions};
-use crate::sm90_fp8::Sm90Fp8;
-use crate::sm90_half::Sm90Half;
 
 use crate::workspace::{Workspace, WorkspaceSize};
 
@@ -554,6 +554,6 @@ pub(super) fn whole_blocks(n_out: usize, block: usize) -> Result<()> {
 
 /// The family (and its configuration) a block-sparse GEMM runs on.
 enum SparseFamily<'f> {
-    Fp8(&'f Sm90Fp8, crate::sm90_fp8::Sm90Config),
-    Half(&'f Sm90Half, crate::sm90_half::Sm90HalfConfig),
+    Fp8(&'f Sm90Fp8, crate::families::fp8::Sm90Config),
+    Half(&'f Sm90Half, crate::families::half::Sm90HalfConfig),
 }

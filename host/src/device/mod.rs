@@ -15,7 +15,7 @@ use cudarc::driver::{CudaContext, CudaModule, CudaStream, sys};
 
 use crate::buffers::{DeviceMatrix, DeviceOutput, GpuId, Mem, Prepared};
 use crate::error::{Error, Result, shape};
-use crate::family::Families;
+use crate::families::Families;
 use crate::format::OutType;
 use crate::matrix::ScaledMatrix;
 use crate::plan::{self, GpuArch};
@@ -247,7 +247,7 @@ impl Gpu {
         a: &DeviceMatrix,
         b: &DeviceMatrix,
     ) -> Result<()> {
-        crate::sm90_mx_fp8::Sm90MxFp8::reserve(&self.stream, ws, (a, b))
+        crate::families::fold::Sm90MxFp8::reserve(&self.stream, ws, (a, b))
     }
 
     /// [`Device::ones`] on this handle's stream.

@@ -4,13 +4,13 @@ use cudarc::driver::CudaSlice;
 
 use crate::buffers::{DeviceMatrix, DeviceOutput, Mem, Prepared};
 use crate::error::{Error, Result, shape};
-use crate::family::Rewritten;
+use crate::families::Rewritten;
+use crate::families::fold::Sm90MxFp8;
+use crate::families::operands::MxOperand;
+use crate::families::operands::Sm90Operand;
 use crate::format::OperandFormat;
 use crate::prepare::Source;
 use crate::quantizer::{DeviceQuantized, DeviceTensor, QuantBufs, QuantSpec, QuantizeOptions};
-use crate::sm90_fp8::Sm90Operand;
-use crate::sm90_mx::MxOperand;
-use crate::sm90_mx_fp8::Sm90MxFp8;
 use blockscaled_kernels::quantize::ScaleSpan;
 
 use super::Gpu;

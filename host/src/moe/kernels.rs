@@ -6,9 +6,9 @@ use cudarc::driver::{CudaFunction, CudaModule, CudaSlice};
 
 use crate::buffers::{DeviceMatrix, Prepared};
 use crate::error::{Error, Result};
+use crate::families::operands::Sm90Operand;
 use crate::launch::{KernelParams, Launch};
 use crate::matrix::MatrixDesc;
-use crate::sm90_fp8::Sm90Operand;
 use blockscaled_kernels::moe::{
     self as km, Combine, Offsets, Pack, Rank, Regroup, RegroupPlan, Route, ScaleRows,
     SwigluQuantize,

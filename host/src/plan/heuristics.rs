@@ -1,9 +1,9 @@
 //! Each family's configuration rules, fitted to sweeps, and their tuning constants.
 
-use crate::sm90_fp8::Sm90Config;
-use crate::sm90_half::Sm90HalfConfig;
-use crate::sm90_mx::Sm90MxConfig;
-use crate::sm90_w4::Sm90W4Config;
+use crate::families::fp8::Sm90Config;
+use crate::families::half::Sm90HalfConfig;
+use crate::families::mx::Sm90MxConfig;
+use crate::families::w4::Sm90W4Config;
 use blockscaled_kernels::gemm::scheduler::{ClusterShape, MAX_CLUSTER};
 use blockscaled_kernels::sm90::{BLOCK_K, Tile};
 use blockscaled_kernels::sm90_half::HalfTile;

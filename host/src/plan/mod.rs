@@ -10,17 +10,17 @@ use cudarc::driver::{CudaModule, CudaStream};
 
 use crate::buffers::DeviceMatrix;
 use crate::error::{Error, Result, config, shape};
-use crate::family::{Families, Gemm};
+use crate::families::fold::{self as sm90_mx_fp8, Sm90MxFp8};
+use crate::families::fp8::{self as sm90_fp8, Sm90Config, Sm90Fp8};
+use crate::families::half::{self as sm90_half, Sm90Half, Sm90HalfConfig};
+use crate::families::mx::{self as sm90_mx, Sm90Mx, Sm90MxConfig};
+use crate::families::reference::{self as reference_kernel, ReferenceKernel};
+use crate::families::w4::{self as sm90_w4, Sm90W4, Sm90W4Config};
+use crate::families::{Families, Gemm};
 use crate::format::{ElemType, ScaleType};
 use crate::grouped::DeviceGroups;
 use crate::matrix::{GemmShape, MatrixDesc};
 use crate::prepare::Preparers;
-use crate::reference_kernel::{self, ReferenceKernel};
-use crate::sm90_fp8::{self, Sm90Config, Sm90Fp8};
-use crate::sm90_half::{self, Sm90Half, Sm90HalfConfig};
-use crate::sm90_mx::{self, Sm90Mx, Sm90MxConfig};
-use crate::sm90_mx_fp8::{self, Sm90MxFp8};
-use crate::sm90_w4::{self, Sm90W4, Sm90W4Config};
 use crate::workspace::WorkspaceSize;
 use blockscaled_kernels::format::fold::target as fold_target;
 use blockscaled_kernels::sm90::{self, BLOCK_K, Mode, Tile};
@@ -147,7 +147,7 @@ impl Plan {
                     .ok_or_else(|| {
                         missing("MX → FP8 fold kernel (it needs compute capability 9.0)")
                     })?
-                    .gemm(g, cfg, fp8)
+                    .gemm(g, |g, ops, types| fp8.run(g, ops, types, cfg))
             }
             Plan::Sm90Half(cfg) => families
                 .get::<Sm90Half>()
@@ -181,7 +181,14 @@ impl Plan {
                 })?
                 .workspace(&cfg, shape, groups, fused),
             Plan::Sm90W4(cfg) => Sm90W4::workspace(&cfg, shape, groups),
-            Plan::Sm90MxFp8(cfg) => Sm90MxFp8::workspace(&cfg, (a, b), shape, groups),
+            Plan::Sm90MxFp8(cfg) => {
+                let fold = Sm90MxFp8::workspace((a, b))?;
+                let run = Sm90Fp8::workspace(&cfg, shape, groups)?;
+                Ok(WorkspaceSize {
+                    fold: fold.fold,
+                    ..run
+                })
+            }
             Plan::Sm90Half(cfg) => sm90_half::workspace(&cfg, shape),
         }
     }
@@ -337,10 +344,10 @@ pub(crate) fn load_families(
     if let Some(f) = Sm90Fp8::load(module, stream, arch.target(), sm_count, preparers)? {
         families.add(f);
     }
-    if let Some(f) = Sm90Mx::load(module, arch.target(), sm_count)? {
+    if let Some(f) = Sm90Mx::load(module, stream, arch.target(), sm_count)? {
         families.add(f);
     }
-    if let Some(f) = Sm90W4::load(module, arch.target(), sm_count, preparers)? {
+    if let Some(f) = Sm90W4::load(module, stream, arch.target(), sm_count, preparers)? {
         families.add(f);
     }
     if let Some(f) = Sm90MxFp8::load(module, arch.target(), preparers)? {

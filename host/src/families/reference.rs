@@ -6,7 +6,7 @@ use std::sync::Arc;
 use cudarc::driver::{CudaFunction, CudaModule};
 
 use crate::error::{Result, shape};
-use crate::family::{Family, Gemm};
+use crate::families::{Family, Gemm};
 use crate::launch::Launch;
 use crate::matrix::GemmShape;
 use blockscaled_kernels::params::{GemmParams, REFERENCE_BLOCK_M, REFERENCE_BLOCK_N};

@@ -4,19 +4,19 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr};
+use cudarc::driver::{CudaModule, CudaSlice, CudaStream, DevicePtr};
 
 use crate::buffers::{DeviceMatrix, DeviceOutput, Mem, OnFirstUse, Prepared, PreparedValue};
 use crate::error::{Error, Result, config};
-use crate::family::{Family, Gemm, Rewritten};
+use crate::families::operands::Sm90Operand;
+use crate::families::operands::mx::{MxOperand, kernel_scales, kernel_scales_to, scale_format};
+use crate::families::persistent::{self, Persistent};
+use crate::families::{Family, Gemm, Rewritten};
 use crate::format::{ElemType, ScaleBlock, ScaleType};
 use crate::grouped::DeviceGroups;
-use crate::launch::{Launch, persistent_ctas};
 use crate::matrix::{GemmShape, MatrixDesc};
 use crate::prepare::{GatherTo, Preparers, Source};
-use crate::sm90_fp8::Sm90Operand;
-use crate::sm90_mx::{MxOperand, kernel_scales, kernel_scales_to, scale_format};
-use crate::splitk::{self, SplitK};
+use crate::splitk;
 use crate::tensor_map::{DataType, Swizzle, encode_3d, encode_scale_rows};
 use crate::workspace::WorkspaceSize;
 use blockscaled_kernels::gemm::scheduler::{ClusterShape, Schedule};
@@ -64,7 +64,12 @@ impl Sm90W4Config {
         }
         let weight_tiles = s.n.div_ceil(WEIGHT_ROWS as usize);
         let act_tiles = s.m.div_ceil(tile.n as usize);
-        crate::sm90_mx::validate_schedule(s, weight_tiles, act_tiles, group_m, ctas, split_k)
+        persistent::validate_schedule(
+            s,
+            (weight_tiles, act_tiles),
+            BLOCK_K,
+            (group_m, ctas, split_k),
+        )
     }
 }
 
@@ -348,17 +353,13 @@ impl W4Operand {
 }
 
 /// One loaded kernel.
-struct Kernel {
-    def: &'static family::Sm90W4Kernel,
-    func: CudaFunction,
-}
+type Kernel = persistent::Kernel<family::Sm90W4Kernel>;
 
 /// The sm90 4-bit-weights family on one GPU.
 pub(crate) struct Sm90W4 {
     kernels: Vec<Kernel>,
     /// For the weights' reorder, made at a matrix's first use as weights.
     preparers: Preparers,
-    sm_count: u32,
 }
 
 impl Family for Sm90W4 {
@@ -435,6 +436,7 @@ impl Sm90W4 {
     /// Loads the kernels when the module built for `target` has them.
     pub(crate) fn load(
         module: &Arc<CudaModule>,
+        stream: &Arc<CudaStream>,
         target: &str,
         sm_count: u32,
         preparers: &Preparers,
@@ -444,13 +446,13 @@ impl Sm90W4 {
         }
         let mut kernels = Vec::new();
         for def in family::KERNELS {
-            let func = crate::launch::load_kernel(module, def.info.name, def.layout().bytes())?;
-            kernels.push(Kernel { def, func });
+            let shape = (def.tile.threads(), def.layout().bytes());
+            let name = (def, def.info.name);
+            kernels.push(Kernel::load(module, stream, name, shape, sm_count, false)?);
         }
         Ok(Some(Sm90W4 {
             kernels,
             preparers: preparers.clone(),
-            sm_count,
         }))
     }
 
@@ -490,11 +492,9 @@ impl Sm90W4 {
         let act = activation(&a.desc, &b.desc).expect("checked by `unsupported_pair`");
         let scale = scale_format(&b.desc).expect("checked by `unsupported_pair`");
         let def = family::kernel(cfg.tile, act, scale);
-        let kernel = self
-            .kernels
-            .iter()
-            .find(|kr| Some(kr.def) == def)
-            .ok_or_else(|| config(format!("no sm90 4-bit-weights kernel for {:?}", cfg.tile)))?;
+        let kernel = persistent::find(&self.kernels, def, || {
+            config(format!("no sm90 4-bit-weights kernel for {:?}", cfg.tile))
+        })?;
         let (Some(ao), Some(bo)) = (a.prepared.get::<W4Operand>(), b.prepared.get::<W4Operand>())
         else {
             return Err(Error::Format(
@@ -520,18 +520,17 @@ impl Sm90W4 {
             buf: out, dtype, ..
         } = c;
         let schedule = dense_schedule(&cfg, shape, groups);
-        // One CTA per SM at most (the stages fill its shared memory).
-        let ctas = persistent_ctas(schedule, cfg.ctas, self.sm_count, 1)?;
-        let smem = kernel.def.layout().bytes();
-        let mut launch =
-            Launch::persistent(stream, &kernel.func, ctas, cfg.tile.threads(), smem, 1);
-        let group_params = DeviceGroups::params(groups, &mut launch);
-        let splitk = SplitK::params(
-            &mut launch,
-            slot.as_mut(),
+        let Persistent {
+            mut launch,
+            groups: group_params,
+            splitk,
+            ..
+        } = kernel.persistent(
             stream,
             &schedule,
-            ClusterShape::ONE,
+            (cfg.ctas, ClusterShape::ONE),
+            groups,
+            slot.as_mut(),
         )?;
         // The FP8 family's A-role scales, where the maps read them (`W4Operand::fp8_scales`).
         let a8_shared = match ao.fp8_scales {

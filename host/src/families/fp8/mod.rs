@@ -5,22 +5,25 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr};
+use cudarc::driver::{CudaModule, CudaSlice, CudaStream, DevicePtr};
 
 use crate::bsr::{BsrMatrix, DeviceBsr, DeviceWork, FP8_BLOCK, SparseSide};
-use crate::buffers::{DeviceMatrix, DeviceOutput, Mem, OnFirstUse, Prepared, PreparedValue};
+use crate::buffers::{DeviceMatrix, DeviceOutput, Mem, Prepared, PreparedValue};
 use crate::error::{Error, Result, config, shape};
-use crate::family::{Family, Gemm, Rewritten};
-use crate::format::{ElemType, OutType, ScaleType};
+use crate::families::operands::fp8::BOX_ROWS;
+pub(crate) use crate::families::operands::fp8::unsupported;
+use crate::families::operands::{Sm90Operand, Sm90Output};
+use crate::families::persistent::{self, Persistent};
+use crate::families::{Family, Gemm, Rewritten};
+use crate::format::{ElemType, OutType};
 use crate::fused::Fused;
 use crate::grouped::DeviceGroups;
-use crate::launch::{Launch, persistent_ctas};
-use crate::matrix::{GemmShape, MatrixDesc};
-use crate::prepare::{GatherTo, Preparers, Source};
-use crate::splitk::{self, SplitK};
-use crate::tensor_map::{DataType, Swizzle, encode_3d, encode_scale_rows};
+use crate::matrix::GemmShape;
+use crate::prepare::{Preparers, Source};
+use crate::splitk;
+use crate::tensor_map::{DataType, Swizzle, encode_3d};
 use crate::workspace::{Workspace, WorkspaceSize};
-use blockscaled_kernels::gemm::layout::{FRAGMENT_ROWS, OUT_BOX_WIDTHS, out_box_n};
+use blockscaled_kernels::gemm::layout::out_box_n;
 use blockscaled_kernels::gemm::scheduler::{ClusterShape, MAX_CLUSTER, Schedule};
 use blockscaled_kernels::params::SparseParams;
 use blockscaled_kernels::sm90::{
@@ -275,389 +278,8 @@ fn bsr_schedule(
     )
 }
 
-/// Why an operand cannot go through the sm90 kernel (`None`: it can, in that role).
-pub(crate) fn unsupported(desc: &MatrixDesc, as_b: bool) -> Option<String> {
-    let f = &desc.format;
-    if !matches!(f.elem, ElemType::E4M3 | ElemType::E5M2) {
-        return Some(format!(
-            "{}: the sm90 kernel takes e4m3 or e5m2 elements",
-            f
-        ));
-    }
-    if f.scale != ScaleType::F32 {
-        return Some(format!("{}: the sm90 kernel takes fp32 scales", f));
-    }
-    if !desc.k.is_multiple_of(BLOCK_K as usize) {
-        return Some(format!(
-            "K = {} is not a multiple of {BLOCK_K}, which the 128-wide fp32 scale blocks of the sm90 kernel need",
-            desc.k
-        ));
-    }
-    let (br, bk) = desc.block_extent();
-    if bk % BLOCK_K as usize != 0 {
-        return Some(format!(
-            "{}: scale blocks must span a multiple of 128 of K",
-            f
-        ));
-    }
-    if as_b && !(br % BLOCK_N as usize == 0 || br >= desc.rows || per_row(desc)) {
-        return Some(format!(
-            "{}: as B, scales must be constant over 128×128 tiles or per row over all of K",
-            f
-        ));
-    }
-    None
-}
-
-/// Scales per row, constant over all of K (as B: per column of C, multiplied in after the K loop).
-fn per_row(desc: &MatrixDesc) -> bool {
-    let (br, bk) = desc.block_extent();
-    br == 1 && bk >= desc.k
-}
-
-/// What the kernel needs of one operand: made at upload time from the host's scales, or over
-/// device buffers another family wrote ([`Sm90Operand::over`]).
-pub(crate) struct Sm90Operand {
-    /// The 128-byte CUtensorMaps (3-D: K, rows, L; box 128 bytes × [`BOX_ROWS`]; 128-byte
-    /// swizzle) in device memory: 128 rows (a wave; a 256-row A tile is two boxes); 64 (each CTA's
-    /// share of a multicast B tile, 128 / MAX_CLUSTER, or one consumer's rows of a
-    /// three-consumer A tile); 32 and 16 (the A tiles of swapped tiles).
-    tmaps: [CudaSlice<u8>; BOX_ROWS.len()],
-    /// A-role scales `[l][k/128][m_pad]`, rows contiguous, zero-padded (None if not eligible as A).
-    pub(crate) sfa: Option<(CudaSlice<f32>, u32)>,
-    /// Their tensor map (boxes of `SFA_BOX` rows), when `sfa` is set.
-    sfa_map: Option<CudaSlice<u8>>,
-    /// The B role's scales (None if not eligible as B): made at the matrix's first use as B
-    /// ([`Sm90Operand::as_b`]; activations quantized every step never pay for them), or given
-    /// with the operand (a fold's).
-    b_role: Option<OnFirstUse<BRole>>,
-}
-
-/// The FP8 kernel's B-role scales of one operand.
-pub(crate) struct BRole {
-    /// `[l][⌈rows/128⌉][k/128]`; all 1 when the scales are per row, which `sfb_col` then holds.
-    pub(crate) sfb: CudaSlice<f32>,
-    /// Per-row scales `[l][rows]`, when B is scaled per row over all of K.
-    pub(crate) sfb_col: Option<CudaSlice<f32>>,
-}
-
-impl BRole {
-    /// The B role's scales of `m` (eligible as B).
-    fn make(stream: &Arc<CudaStream>, m: &Source<'_>) -> Result<Self> {
-        let d = *m.desc();
-        let (rows, k, l) = (d.rows, d.k, d.batch);
-        Ok(if column_scales(&d) {
-            let nb = rows.div_ceil(BLOCK_N as usize);
-            BRole {
-                sfb: crate::alloc::copy_of(stream, &vec![1f32; l * nb * (k / BLOCK_K as usize)])?,
-                sfb_col: Some(m.gather(stream, scales_to(&d, Scales::Columns))?),
-            }
-        } else {
-            BRole {
-                sfb: m.gather(stream, scales_to(&d, Scales::B))?,
-                sfb_col: None,
-            }
-        })
-    }
-}
-
-impl Sm90Operand {
-    /// `None` when the matrix can take neither role.
-    fn prepare(
-        stream: &Arc<CudaStream>,
-        m: &Source<'_>,
-        data: &impl DevicePtr<u8>,
-    ) -> Result<Option<Self>> {
-        let d = *m.desc();
-        let (as_a, as_b) = (
-            unsupported(&d, false).is_none(),
-            unsupported(&d, true).is_none(),
-        );
-        if !as_a && !as_b {
-            return Ok(None);
-        }
-        let sfa = if as_a {
-            let m_pad = m_pad(d.rows as u32);
-            Some((m.gather(stream, scales_to(&d, Scales::A(m_pad)))?, m_pad))
-        } else {
-            None
-        };
-        Sm90Operand::written(stream, &d, data, sfa).map(Some)
-    }
-
-    /// A matrix's operand (`d`, its codes `data`) over its A-role scales `sfa` (made by
-    /// [`Self::prepare`], or filled by a device writer: a quantizer, a GEMM's quantized output),
-    /// with the B role made at first use where the format can take it.
-    pub(crate) fn written(
-        stream: &Arc<CudaStream>,
-        d: &MatrixDesc,
-        data: &impl DevicePtr<u8>,
-        sfa: Option<(CudaSlice<f32>, u32)>,
-    ) -> Result<Self> {
-        let mut op = Sm90Operand::over(stream, data, (d.rows, d.k, d.batch), sfa, None)?;
-        if unsupported(d, true).is_none() {
-            op.b_role = Some(OnFirstUse::default());
-        }
-        Ok(op)
-    }
-
-    /// `m`'s operand (prepared for this family) with its B-role scales, made by `kernels` on
-    /// `stream` at the first use as B after the matrix was made or rewritten.
-    pub(crate) fn as_b<'m>(
-        m: &'m DeviceMatrix,
-        stream: &Arc<CudaStream>,
-        kernels: &Preparers,
-    ) -> Result<&'m Sm90Operand> {
-        let op = m
-            .prepared
-            .get::<Sm90Operand>()
-            .ok_or_else(|| Error::Format("operand was not prepared for the sm90 kernel".into()))?;
-        if let Some(b) = &op.b_role {
-            b.get_or_make(|| BRole::make(stream, &Source::of(m, kernels)))?;
-        }
-        Ok(op)
-    }
-
-    /// The B role's scales, where made ([`Self::as_b`]) or given.
-    pub(crate) fn b_role(&self) -> Option<&BRole> {
-        self.b_role.as_ref()?.get()
-    }
-
-    /// The B role's scales given with the operand, to rewrite (a fold's workspace).
-    pub(crate) fn b_role_mut(&mut self) -> Option<&mut BRole> {
-        self.b_role.as_mut()?.get_mut()
-    }
-}
-
-/// The fp32 scale copies of the FP8 kernel's operands.
-#[derive(Clone, Copy)]
-enum Scales {
-    /// A role, `[l][k/128][m_pad]`, zero in the padding rows (whole clusters of the tallest
-    /// tiles: a cluster's last CTA may sit past M and still loads scales).
-    A(u32),
-    /// B role, `[l][⌈rows/128⌉][k/128]`: each 128 × 128 tile's scale (its first row's).
-    B,
-    /// B role per row (not constant over a 128-row tile: the epilogue's column scales),
-    /// `[l][rows]`.
-    Columns,
-}
-
-/// The re-layout of `d`'s scale values (times the tensor scale) into `s`.
-fn scales_to(d: &MatrixDesc, s: Scales) -> GatherTo {
-    let kb = d.k / BLOCK_K as usize;
-    let (planes, rows_out, per, row_step) = match s {
-        Scales::A(m_pad) => (kb, m_pad as usize, 1, 1),
-        Scales::B => (1, d.rows.div_ceil(BLOCK_N as usize), kb, BLOCK_N as usize),
-        Scales::Columns => (1, d.rows, 1, 1),
-    };
-    GatherTo {
-        planes,
-        rows_out,
-        per,
-        row_step,
-        k_step: BLOCK_K as usize,
-        values: true,
-    }
-}
-
-/// Whether `d`'s B-role scales are per row (the epilogue's column scales; the tiles' all 1).
-fn column_scales(d: &MatrixDesc) -> bool {
-    unsupported(d, true).is_none() && per_row(d) && d.block_extent().0 < d.rows
-}
-
-impl Sm90Operand {
-    /// Its scale copies for `m` (rewritten in place): the A role's made again in the same buffer
-    /// where the writer did not rewrite them (`sfa_written`), the B role's at its next use.
-    fn refresh(
-        &mut self,
-        stream: &Arc<CudaStream>,
-        m: &Source<'_>,
-        sfa_written: bool,
-    ) -> Result<()> {
-        let d = *m.desc();
-        if let Some((sfa, m_pad)) = &mut self.sfa
-            && !sfa_written
-        {
-            m.gather_into(stream, scales_to(&d, Scales::A(*m_pad)), sfa)?;
-        }
-        if let Some(b) = &mut self.b_role {
-            b.forget();
-        }
-        Ok(())
-    }
-}
-
-impl Sm90Operand {
-    /// The operand `data` (`l` × `rows` × `k` FP8 codes, K-major) with scales already in the
-    /// kernel's layouts: A-role `sfa` `[l][k/128][m_pad]`, or B-role `sfb`
-    /// `[l][⌈rows/128⌉][k/128]` (per 128 × 128) and optionally `sfb_col` `[l][rows]` (per row)
-    /// ([`BRole`]), with their tensor maps.
-    pub(crate) fn over(
-        stream: &Arc<CudaStream>,
-        data: &impl DevicePtr<u8>,
-        (rows, k, l): (usize, usize, usize),
-        sfa: Option<(CudaSlice<f32>, u32)>,
-        b_role: Option<BRole>,
-    ) -> Result<Self> {
-        let sfa_map = match &sfa {
-            Some((buf, m_pad)) => {
-                let (ptr, _g) = buf.device_ptr(stream);
-                let dims = (*m_pad as usize, k / BLOCK_K as usize, l);
-                Some(encode_scale_rows(
-                    stream,
-                    ptr,
-                    4,
-                    dims,
-                    family::SFA_BOX.rows(),
-                )?)
-            }
-            None => None,
-        };
-        let mut tmaps = Vec::with_capacity(BOX_ROWS.len());
-        for box_rows in BOX_ROWS {
-            tmaps.push(encode_tensor_map(stream, data, k, rows, l, box_rows)?);
-        }
-        Ok(Sm90Operand {
-            tmaps: tmaps.try_into().expect("one map per box height"),
-            sfa,
-            sfa_map,
-            b_role: b_role.map(OnFirstUse::made),
-        })
-    }
-}
-
-impl Sm90Operand {
-    /// The tensor map whose boxes are `rows` rows ([`BOX_ROWS`]).
-    fn tmap(&self, rows: u32) -> Result<&CudaSlice<u8>> {
-        BOX_ROWS
-            .iter()
-            .position(|&r| r == rows)
-            .map(|i| &self.tmaps[i])
-            .ok_or_else(|| config(format!("no sm90 tensor map with boxes of {rows} rows")))
-    }
-}
-
-/// The box heights the operands' tensor maps are made for: every `Tile::a_box_rows` and
-/// [`b_box_rows`] (a tile's width, and half of it for a pair along M).
-const BOX_ROWS: [u32; 10] = [128, 64, 32, 16, 144, 160, 192, 72, 80, 96];
-
-/// The device bytes of the tensor maps [`Sm90Operand::over`] makes: one per box height, and one
-/// over A-role scales (`a_role`).
-pub(crate) fn operand_map_bytes(a_role: bool) -> usize {
-    (BOX_ROWS.len() + a_role as usize) * std::mem::size_of::<cudarc::driver::sys::CUtensorMap>()
-}
-
-// The 64-row box serves both: a pair's half of a B tile and one consumer's A rows.
-const _: () = assert!(BLOCK_N / MAX_CLUSTER == WG_ROWS);
-/// Whether the operands have a tensor map with boxes of `rows` rows. (Only the compile-time check
-/// below calls it, which the dead-code lint of the crate's oldest supported Rust does not count.)
-#[allow(dead_code)]
-const fn has_box(rows: u32) -> bool {
-    let mut j = 0;
-    while j < BOX_ROWS.len() {
-        if BOX_ROWS[j] == rows {
-            return true;
-        }
-        j += 1;
-    }
-    false
-}
-const _: () = {
-    let mut i = 0;
-    while i < Tile::ALL.len() {
-        let t = Tile::ALL[i];
-        assert!(has_box(t.a_box_rows(1)) && has_box(t.a_box_rows(MAX_CLUSTER)));
-        if !t.is_swapped() {
-            assert!(has_box(t.block_n) || t.block_n == 64);
-            assert!(t.block_n < 128 || has_box(t.block_n / MAX_CLUSTER));
-        }
-        i += 1;
-    }
-};
-
-/// Encodes the TMA descriptor of a K-major e4m3 operand (box: 128 bytes of K × `box_rows` rows,
-/// 128-byte swizzle) and copies it to device memory.
-fn encode_tensor_map(
-    stream: &Arc<CudaStream>,
-    data: &impl DevicePtr<u8>,
-    k: usize,
-    rows: usize,
-    l: usize,
-    box_rows: u32,
-) -> Result<CudaSlice<u8>> {
-    let (ptr, _g) = data.device_ptr(stream);
-    // Byte strides of dims 1 and 2 (dim 0 is contiguous): multiples of 16 since K % 128 == 0.
-    encode_3d(
-        stream,
-        ptr,
-        DataType::CU_TENSOR_MAP_DATA_TYPE_UINT8,
-        [k, rows, l],
-        1,
-        [ROW_BYTES, box_rows],
-        Swizzle::CU_TENSOR_MAP_SWIZZLE_128B,
-    )
-}
-
-/// The output's TMA-store descriptors (N, M, L of 16-bit values; boxes of 64 rows × 64, 32 or 16
-/// columns with the 128-, 64- or 32-byte swizzle: `gemm::layout::out_box_n` of each tile width),
-/// made for 16-bit outputs with N % 8 == 0; the kernel stores the others directly (f32, or rows
-/// that are not 16-byte aligned, which TMA needs).
-pub(crate) struct Sm90Output {
-    tmaps: [CudaSlice<u8>; OUT_BOX_WIDTHS.len()],
-}
-
-impl Sm90Output {
-    /// The map whose boxes are `width` columns.
-    pub(crate) fn tmap(&self, width: u32) -> Option<&CudaSlice<u8>> {
-        let i = OUT_BOX_WIDTHS.iter().position(|&w| w == width)?;
-        Some(&self.tmaps[i])
-    }
-}
-
-impl Sm90Output {
-    fn prepare(
-        stream: &Arc<CudaStream>,
-        buf: &impl DevicePtr<u8>,
-        dtype: OutType,
-        (m, n, l): (usize, usize, usize),
-    ) -> Result<Option<Self>> {
-        if dtype.bytes() != 2 || !n.is_multiple_of(8) {
-            return Ok(None);
-        }
-        let (ptr, _g) = buf.device_ptr(stream);
-        let mut tmaps = Vec::with_capacity(OUT_BOX_WIDTHS.len());
-        for width in OUT_BOX_WIDTHS {
-            let swizzle = match width {
-                64 => Swizzle::CU_TENSOR_MAP_SWIZZLE_128B,
-                32 => Swizzle::CU_TENSOR_MAP_SWIZZLE_64B,
-                _ => Swizzle::CU_TENSOR_MAP_SWIZZLE_32B,
-            };
-            tmaps.push(encode_3d(
-                stream,
-                ptr,
-                DataType::CU_TENSOR_MAP_DATA_TYPE_UINT16,
-                [n, m, l],
-                2,
-                [width, FRAGMENT_ROWS],
-                swizzle,
-            )?);
-        }
-        Ok(Some(Sm90Output {
-            tmaps: tmaps.try_into().expect("one map per box width"),
-        }))
-    }
-}
-
-/// One loaded kernel: its tile and element types, and how many of its CTAs can be resident at
-/// once for each cluster size (index: cluster − 1). Clusters must fit in one GPC, so fewer pairs
-/// than SMs / 2 may fit; a persistent grid larger than that would run its last clusters as a
-/// second wave, so the launch never asks for more.
-struct Kernel {
-    /// Its row of the family's kernel list.
-    def: &'static family::Sm90Fp8Kernel,
-    func: CudaFunction,
-    resident: [u32; MAX_CLUSTER as usize],
-}
+/// One loaded kernel (its row of the family's kernel list: tile, element types, mode).
+type Kernel = persistent::Kernel<family::Sm90Fp8Kernel>;
 
 /// The sm90 FP8 family on one GPU: a kernel per tile shape and element types, and the split-K
 /// Whether `tile` cannot run `epi`: swapped tiles compute Cᵀ and store it transposed, without
@@ -682,10 +304,11 @@ impl Family for Sm90Fp8 {
     }
 
     fn describe(&self) -> Option<String> {
-        let r = self.kernels.first()?.resident;
+        let k = self.kernels.first()?;
         Some(format!(
             "sm90 kernel: {} CTAs resident alone, {} in clusters of 2",
-            r[0], r[1]
+            k.resident(1),
+            k.resident(2)
         ))
     }
 
@@ -793,13 +416,15 @@ impl Sm90Fp8 {
         }
         let mut kernels = Vec::new();
         for def in family::LISTS.into_iter().flatten() {
-            let func = module.load_function(def.info.name)?;
-            let resident = configure(&func, stream, sm_count, def)?;
-            kernels.push(Kernel {
-                def,
-                func,
-                resident,
-            });
+            let shape = (def.tile.threads(), def.layout().bytes());
+            kernels.push(Kernel::load(
+                module,
+                stream,
+                (def, def.info.name),
+                shape,
+                sm_count,
+                true,
+            )?);
         }
         Ok(Some(Sm90Fp8 {
             kernels,
@@ -819,35 +444,29 @@ impl Sm90Fp8 {
 
     /// C = A · Bᵀ with `cfg` (validated for `g.shape`): one launch, split K included.
     pub(crate) fn gemm(&self, g: Gemm<'_, '_>, cfg: Sm90Config) -> Result<()> {
+        let (ao, bo) = operands(g.a, g.b, g.stream, &self.preparers)?;
+        let types = (g.a.desc.format.elem, g.b.desc.format.elem);
+        self.run(g, (ao, bo), types, cfg)
+    }
+
+    /// [`Self::gemm`] on prepared operands `ao`, `bo` of element types `(ea, eb)` standing for
+    /// `g`'s A and B (A scales per 1×128, B scales per 128×128 or per row: a fold's copies).
+    pub(crate) fn run(
+        &self,
+        g: Gemm<'_, '_>,
+        (ao, bo): (&Sm90Operand, &Sm90Operand),
+        (ea, eb): (ElemType, ElemType),
+        cfg: Sm90Config,
+    ) -> Result<()> {
         let Gemm {
             stream,
             work,
             shape,
-            a,
-            b,
             c,
             groups,
             epi,
+            ..
         } = g;
-        let (ao, bo) = operands(a, b, stream, &self.preparers)?;
-        let types = (a.desc.format.elem, b.desc.format.elem);
-        self.run((stream, work), shape, (ao, bo), types, c, cfg, groups, epi)
-    }
-
-    /// [`Self::gemm`] on prepared operands `ao`, `bo` of element types `(ea, eb)` that form
-    /// `shape` (A scales per 1×128, B scales per 128×128 or per row), grouped if `groups`.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn run(
-        &self,
-        (stream, work): (&Arc<CudaStream>, &Workspace),
-        shape: GemmShape,
-        (ao, bo): (&Sm90Operand, &Sm90Operand),
-        (ea, eb): (ElemType, ElemType),
-        c: &mut DeviceOutput,
-        cfg: Sm90Config,
-        groups: Option<&DeviceGroups>,
-        epi: Option<Fused<'_>>,
-    ) -> Result<()> {
         let GemmShape { m, n, k, l } = shape;
         if tile_refuses(cfg.tile, epi.as_ref()) {
             return Err(config(format!(
@@ -874,38 +493,35 @@ impl Sm90Fp8 {
             (false, false) => Mode::Dense,
         };
         let def = family::kernel(cfg.tile, ea, eb, mode);
-        let kernel = self
-            .kernels
-            .iter()
-            .find(|kr| Some(kr.def) == def)
-            .ok_or_else(|| {
-                let what = match mode {
-                    Mode::Grouped => "grouped ",
-                    Mode::Fused | Mode::FusedInRegisters | Mode::FusedInRegistersMx => {
-                        "fused-epilogue "
-                    }
-                    _ => "",
-                };
-                config(format!(
-                    "no sm90 {what}kernel for {:?}, {} · {}{}",
-                    cfg.tile,
-                    ea.name(),
-                    eb.name(),
-                    if mode == Mode::Fused {
-                        " (fused: e4m3 · e4m3 on the 128 × 128 tile; without β·C, residual or \
+        let kernel = persistent::find(&self.kernels, def, || {
+            let what = match mode {
+                Mode::Grouped => "grouped ",
+                Mode::Fused | Mode::FusedInRegisters | Mode::FusedInRegistersMx => {
+                    "fused-epilogue "
+                }
+                _ => "",
+            };
+            config(format!(
+                "no sm90 {what}kernel for {:?}, {} · {}{}",
+                cfg.tile,
+                ea.name(),
+                eb.name(),
+                if mode == Mode::Fused {
+                    " (fused: e4m3 · e4m3 on the 128 × 128 tile; without β·C, residual or \
                          SwiGLU also the 192-row tile)"
-                    } else {
-                        ""
-                    }
-                ))
-            })?;
+                } else {
+                    ""
+                }
+            ))
+        })?;
         let (Some(sfa_map), Some(b_role)) = (&ao.sfa_map, bo.b_role()) else {
             return Err(Error::Format(
                 "operands not prepared for the sm90 kernel in these roles".into(),
             ));
         };
         let (tile, cl) = (cfg.tile, cfg.cluster);
-        let cluster = cl.size();
+        // With split-K the last CTA of each tile to finish adds the other K ranges' partial sums
+        // (kept in the workspace) and stores C as without a split.
         let mut slot = work.splitk.slot(cfg.split_k);
         let DeviceOutput {
             buf: out,
@@ -913,20 +529,17 @@ impl Sm90Fp8 {
             dtype,
             ..
         } = c;
-        // Whole clusters of CTAs, at most one CTA per unit tile, never more than can be resident
-        // at once (no second wave).
         let schedule = dense_schedule(&cfg, shape, groups);
-        let resident = kernel.resident[cluster as usize - 1];
-        let ctas = persistent_ctas(schedule, cfg.ctas, resident, cluster)?;
-        let mut launch = gemm_launch(stream, &kernel.func, kernel.def, ctas, cluster);
-        let group_params = DeviceGroups::params(groups, &mut launch);
+        let Persistent {
+            mut launch,
+            groups: group_params,
+            splitk,
+            ..
+        } = kernel.persistent(stream, &schedule, (cfg.ctas, cl), groups, slot.as_mut())?;
         // A in boxes of `Tile::a_box_rows`; B in boxes of block_n / cluster_m rows (each CTA's
         // share of a pair along M; validated).
         let tmap_a = launch.ptr(ao.tmap(tile.a_box_rows(cl.n))?);
         let tmap_b = launch.ptr(bo.tmap(b_box_rows(tile, cl).unwrap_or(BLOCK_N))?);
-        // With split-K the last CTA of each tile to finish adds the other K ranges' partial sums
-        // (kept in the workspace) and stores C as without a split.
-        let splitk = SplitK::params(&mut launch, slot.as_mut(), stream, &schedule, cl)?;
         // Swapped tiles hold Cᵀ fragments: stored directly; so do the finishing warps of a fused
         // epilogue, and a quantized output is codes (the consumers' 16-bit stores of a fused
         // epilogue in registers go through the map, as the dense kernel's).
@@ -1005,7 +618,7 @@ impl Sm90Fp8 {
             return Err(Error::Format(e));
         }
         let kernel = self.bsr_kernel(dense, &cfg)?;
-        let resident = kernel.resident[cfg.cluster.size() as usize - 1];
+        let resident = kernel.resident(cfg.cluster.size());
         let (schedule, work) = bsr_schedule(stream, resident, dense, sparse, &cfg)?;
         splitk::bytes(&schedule, cfg.cluster, work.slots > 0)
     }
@@ -1044,9 +657,8 @@ impl Sm90Fp8 {
         };
         let (tile, cl) = (cfg.tile, cfg.cluster);
         let (m, n, k) = (dense.desc.rows, sparse.matrix_rows, dense.desc.k);
-        let resident = kernel.resident[cl.size() as usize - 1];
+        let resident = kernel.resident(cl.size());
         let (schedule, work) = bsr_schedule(stream, resident, dense, sparse, &cfg)?;
-        let ctas = persistent_ctas(schedule, cfg.ctas, resident, cl.size())?;
         let mut slot = ws.splitk.slot(if work.slots > 0 { 2 } else { 1 });
         let DeviceOutput {
             buf: out,
@@ -1054,8 +666,9 @@ impl Sm90Fp8 {
             dtype,
             ..
         } = c;
-        let mut launch = gemm_launch(stream, &kernel.func, kernel.def, ctas, cl.size());
-        let splitk = SplitK::params(&mut launch, slot.as_mut(), stream, &schedule, cl)?;
+        let Persistent {
+            mut launch, splitk, ..
+        } = kernel.persistent(stream, &schedule, (cfg.ctas, cl), None, slot.as_mut())?;
         let b_rows = b_box_rows(tile, cl).unwrap_or(BLOCK_N);
         // With A sparse the tile is Cᵀ: stored directly.
         let tmap_c = match side {
@@ -1128,46 +741,6 @@ fn operands<'a>(
     Ok((ao, Sm90Operand::as_b(b, stream, kernels)?))
 }
 
-/// The GEMM kernel's launch: `ctas` blocks of the tile's threads with the kernel's shared memory,
-/// in clusters of `cluster`.
-fn gemm_launch<'a>(
-    stream: &'a CudaStream,
-    func: &'a CudaFunction,
-    def: &family::Sm90Fp8Kernel,
-    ctas: u32,
-    cluster: u32,
-) -> Launch<'a> {
-    Launch::persistent(
-        stream,
-        func,
-        ctas,
-        def.tile.threads(),
-        def.layout().bytes(),
-        cluster,
-    )
-}
-
-/// Raises the kernel's dynamic shared-memory limit (above the default 48 KiB) and returns how many
-/// CTAs can be resident at once for each cluster size.
-fn configure(
-    func: &CudaFunction,
-    stream: &CudaStream,
-    sm_count: u32,
-    def: &family::Sm90Fp8Kernel,
-) -> Result<[u32; MAX_CLUSTER as usize]> {
-    crate::launch::set_smem_limit(func, def.layout().bytes())?;
-    let mut resident = [sm_count; MAX_CLUSTER as usize];
-    for cluster in 2..=MAX_CLUSTER {
-        let clusters = gemm_launch(stream, func, def, sm_count / cluster * cluster, cluster)
-            .max_active_clusters()?;
-        resident[cluster as usize - 1] = clusters.saturating_mul(cluster).min(sm_count);
-    }
-    Ok(resident)
-}
-
-crate::buffers::held!(Sm90Operand: tmaps, sfa, sfa_map, b_role);
-crate::buffers::held!(BRole: sfb, sfb_col);
-crate::buffers::held!(Sm90Output: tmaps);
 crate::buffers::held!(Sm90Sparse: tmaps);
 
 #[cfg(test)]

@@ -16,6 +16,15 @@ use crate::grouped::DeviceGroups;
 use crate::matrix::GemmShape;
 use crate::prepare::Source;
 
+pub(crate) mod fold;
+pub(crate) mod fp8;
+pub(crate) mod half;
+pub(crate) mod mx;
+pub(crate) mod operands;
+pub(crate) mod persistent;
+pub(crate) mod reference;
+pub(crate) mod w4;
+
 /// The copies of a rewritten matrix (by a device quantizer or a GEMM's quantized output) that its
 /// writer rewrote in place beside the codes and scales, so that the families skip them.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

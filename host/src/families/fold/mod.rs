@@ -23,14 +23,13 @@ use cudarc::driver::{CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr,
 
 use crate::buffers::DeviceMatrix;
 use crate::error::{Error, Result, shape};
-use crate::family::{Family, Gemm};
+use crate::families::operands::{BRole, Sm90Operand, fp8 as sm90_fp8};
+use crate::families::operands::{MxOperand, mx as sm90_mx};
+use crate::families::{Family, Gemm};
 use crate::format::ElemType;
-use crate::grouped::DeviceGroups;
 use crate::launch::Launch;
-use crate::matrix::{GemmShape, MatrixDesc, ScaleLayout};
+use crate::matrix::{MatrixDesc, ScaleLayout};
 use crate::prepare::Preparers;
-use crate::sm90_fp8::{self, BRole, Sm90Config, Sm90Fp8, Sm90Operand};
-use crate::sm90_mx::{self, MxOperand};
 use crate::workspace::{Workspace, WorkspaceSize};
 use blockscaled_kernels::fold::{
     self as family, FOLD_K, FOLD_ROWS, FOLD_SMEM, FOLD_THREADS, FoldParams,
@@ -147,28 +146,24 @@ impl Sm90MxFp8 {
         }))
     }
 
-    /// Folds A and B into the workspace where they need it, then C = A · Bᵀ on `fp8` with `cfg`
-    /// (validated for `g.shape`), grouped if `g.groups` (B: one expert per batch entry).
-    pub(crate) fn gemm(&self, g: Gemm<'_, '_>, cfg: Sm90Config, fp8: &Sm90Fp8) -> Result<()> {
-        let Gemm {
-            stream,
-            work,
-            shape,
-            a,
-            b,
-            c,
-            groups,
-            epi,
-        } = g;
+    /// Folds A and B into the workspace where they need it, then runs `fp8` (the FP8 kernel's
+    /// launch with the plan's configuration) on the FP8 operands and their element types, with
+    /// the workspace held until it is enqueued; grouped if `g.groups` (B: one expert per batch
+    /// entry).
+    pub(crate) fn gemm(
+        &self,
+        g: Gemm<'_, '_>,
+        fp8: impl FnOnce(Gemm<'_, '_>, (&Sm90Operand, &Sm90Operand), (ElemType, ElemType)) -> Result<()>,
+    ) -> Result<()> {
+        let (a, b, stream) = (g.a, g.b, g.stream);
         if let Some(e) = unsupported_pair(&a.desc, &b.desc) {
             return Err(Error::Format(e));
         }
-        let mut ws = crate::workspace::lock(&work.fold);
+        let mut ws = crate::workspace::lock(&g.work.fold);
         let [wa, wb] = &mut *ws;
         let ao = self.operand(stream, a, wa, false)?;
         let bo = self.operand(stream, b, wb, true)?;
-        let types = kernel_types(&a.desc, &b.desc);
-        fp8.run((stream, work), shape, (ao, bo), types, c, cfg, groups, epi)
+        fp8(g, (ao, bo), kernel_types(&a.desc, &b.desc))
     }
 
     /// `src` as the FP8 kernel's operand in its role: its own prepared operand when it is FP8
@@ -193,18 +188,13 @@ impl Sm90MxFp8 {
         Ok(&folded.op)
     }
 
-    /// The workspace a GEMM of `a` and `b` (forming `shape`) with `cfg` takes: the FP8 kernel's,
-    /// and the folded copies of the operands that need folding.
-    pub(crate) fn workspace(
-        cfg: &Sm90Config,
-        (a, b): (&DeviceMatrix, &DeviceMatrix),
-        shape: GemmShape,
-        groups: Option<&DeviceGroups>,
-    ) -> Result<WorkspaceSize> {
+    /// The workspace a GEMM of `a` and `b` takes beside the FP8 kernel's: the folded copies of
+    /// the operands that need folding.
+    pub(crate) fn workspace((a, b): (&DeviceMatrix, &DeviceMatrix)) -> Result<WorkspaceSize> {
         if let Some(e) = unsupported_pair(&a.desc, &b.desc) {
             return Err(Error::Format(e));
         }
-        let mut w = Sm90Fp8::workspace(cfg, shape, groups)?;
+        let mut w = WorkspaceSize::default();
         for (m, as_b) in [(a, false), (b, true)] {
             if route(&m.desc, as_b).map_err(Error::Format)? == Route::Fold {
                 w.fold += Folded::bytes(dims_of(&m.desc), as_b);
@@ -417,7 +407,7 @@ impl Folded {
             true => 4 * l * (rows.div_ceil(FOLD_ROWS as usize) * k_chunks + rows),
             false => 4 * l * k_chunks * m_pad(rows as u32) as usize,
         };
-        rows * k * l + scales + crate::sm90_fp8::operand_map_bytes(!as_b)
+        rows * k * l + scales + crate::families::operands::fp8::operand_map_bytes(!as_b)
     }
 
     /// Buffers for an `l` × `rows` × `k` operand folded in one role, with the FP8 kernel's

@@ -4,19 +4,20 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr};
+use cudarc::driver::{CudaModule, CudaSlice, CudaStream, DevicePtr};
 
 use crate::bsr::{BsrMatrix, DeviceBsr, DeviceWork, SparseSide};
 use crate::buffers::{DeviceMatrix, DeviceOutput, Mem, Prepared, PreparedValue};
 use crate::error::{Error, Result, config, shape};
-use crate::family::{Family, Gemm};
+use crate::families::operands::Sm90Output;
+use crate::families::persistent::{self, Persistent};
+use crate::families::{Family, Gemm};
 use crate::format::{ElemType, ScaleBlock, ScaleType};
 use crate::fused::Fused;
-use crate::launch::{Launch, persistent_ctas};
+use crate::launch::Launch;
 use crate::matrix::{GemmShape, MatrixDesc};
 use crate::prepare::Source;
-use crate::sm90_fp8::Sm90Output;
-use crate::splitk::{self, SplitK};
+use crate::splitk;
 use crate::tensor_map::{DataType, Swizzle, encode_3d};
 use crate::workspace::{Workspace, WorkspaceSize};
 use blockscaled_kernels::gemm::Mode;
@@ -311,12 +312,8 @@ impl HalfSparse {
     }
 }
 
-/// A loaded kernel and the CTAs that can be resident at once, alone and in pairs.
-struct Kernel {
-    def: &'static Sm90HalfKernel,
-    func: CudaFunction,
-    resident: [u32; MAX_CLUSTER as usize],
-}
+/// A loaded kernel (its row of the family's kernel list).
+type Kernel = persistent::Kernel<Sm90HalfKernel>;
 
 /// The family on one GPU.
 pub(crate) struct Sm90Half {
@@ -360,38 +357,25 @@ impl Sm90Half {
         }
         let mut kernels = Vec::with_capacity(family::KERNELS.len());
         for def in family::KERNELS {
-            let func = crate::launch::load_kernel(module, def.info.name, def.layout().bytes())?;
             // One CTA per SM (the tile's shared memory allows no second); pairs as the driver
             // finds room for them.
-            let mut resident = [sm_count; MAX_CLUSTER as usize];
-            for cluster in 2..=MAX_CLUSTER {
-                let ctas = sm_count / cluster * cluster;
-                let clusters =
-                    half_launch(stream, &func, def, ctas, cluster).max_active_clusters()?;
-                resident[cluster as usize - 1] = clusters.saturating_mul(cluster).min(sm_count);
-            }
-            kernels.push(Kernel {
-                def,
-                func,
-                resident,
-            });
+            let shape = (def.tile.threads(), def.layout().bytes());
+            let name = (def, def.info.name);
+            kernels.push(Kernel::load(module, stream, name, shape, sm_count, true)?);
         }
         Ok(Some(Sm90Half { kernels }))
     }
 
     fn kernel(&self, tile: HalfTile, ty: HalfType, mode: Mode) -> Result<&Kernel> {
         let def = family::kernel(tile, ty, mode);
-        self.kernels
-            .iter()
-            .find(|k| Some(k.def) == def)
-            .ok_or_else(|| {
-                config(format!(
-                    "no sm90 16-bit {} {mode:?} kernel for tile {} × {}",
-                    ty.name(),
-                    tile.block_m(),
-                    tile.block_n
-                ))
-            })
+        persistent::find(&self.kernels, def, || {
+            config(format!(
+                "no sm90 16-bit {} {mode:?} kernel for tile {} × {}",
+                ty.name(),
+                tile.block_m(),
+                tile.block_n
+            ))
+        })
     }
 
     /// C = alpha · A · Bᵀ with `cfg` (validated for `g.shape`): one launch, split K included.
@@ -431,11 +415,10 @@ impl Sm90Half {
         let GemmShape { m, n, k, l } = shape;
         let (tile, cl) = (cfg.tile, cfg.cluster());
         let schedule = dense_schedule(&cfg, shape);
-        let resident = kernel.resident[cl.m as usize - 1];
-        let ctas = persistent_ctas(schedule, cfg.ctas, resident, cl.m)?;
         let mut slot = work.splitk.slot(cfg.split_k);
-        let mut launch = half_launch(stream, &kernel.func, kernel.def, ctas, cl.m);
-        let splitk = SplitK::params(&mut launch, slot.as_mut(), stream, &schedule, cl)?;
+        let Persistent {
+            mut launch, splitk, ..
+        } = kernel.persistent(stream, &schedule, (cfg.ctas, cl), None, slot.as_mut())?;
         let (tmap_a, tmap_b) = (
             launch.ptr(box_map(&ao.tmaps, 128)?),
             launch.ptr(box_map(&bo.tmaps, tile.block_n / cl.m)?),
@@ -479,7 +462,7 @@ impl Sm90Half {
         })?;
         let kernel = self.kernel(cfg.tile, ty, Mode::Sparse)?;
         let cl = cfg.cluster();
-        let resident = kernel.resident[cl.m as usize - 1];
+        let resident = kernel.resident(cl.m);
         let (schedule, work) = bsr_schedule(stream, resident, dense, sparse, &cfg)?;
         splitk::bytes(&schedule, cl, work.slots > 0)
     }
@@ -520,12 +503,12 @@ impl Sm90Half {
         let kernel = self.kernel(cfg.tile, ty, Mode::Sparse)?;
         let (tile, cl) = (cfg.tile, cfg.cluster());
         let (m, n, k) = (dense.desc.rows, sparse.matrix_rows, dense.desc.k);
-        let resident = kernel.resident[cl.m as usize - 1];
+        let resident = kernel.resident(cl.m);
         let (schedule, work) = bsr_schedule(stream, resident, dense, sparse, &cfg)?;
-        let ctas = persistent_ctas(schedule, cfg.ctas, resident, cl.m)?;
         let mut slot = ws.splitk.slot(if work.slots > 0 { 2 } else { 1 });
-        let mut launch = half_launch(stream, &kernel.func, kernel.def, ctas, cl.m);
-        let splitk = SplitK::params(&mut launch, slot.as_mut(), stream, &schedule, cl)?;
+        let Persistent {
+            mut launch, splitk, ..
+        } = kernel.persistent(stream, &schedule, (cfg.ctas, cl), None, slot.as_mut())?;
         let (tmap_a, tmap_b) = (
             launch.ptr(box_map(&ao.tmaps, 128)?),
             launch.ptr(box_map(&bo.tmaps, tile.block_n / cl.m)?),
@@ -614,25 +597,6 @@ fn output_params<'a>(
         _pad: 0,
         sparse: SparseParams::default(),
     }
-}
-
-/// The kernel's launch: `ctas` blocks of the tile's threads with the kernel's shared memory, in
-/// clusters of `cluster`.
-fn half_launch<'a>(
-    stream: &'a CudaStream,
-    func: &'a CudaFunction,
-    def: &family::Sm90HalfKernel,
-    ctas: u32,
-    cluster: u32,
-) -> Launch<'a> {
-    Launch::persistent(
-        stream,
-        func,
-        ctas,
-        def.tile.threads(),
-        def.layout().bytes(),
-        cluster,
-    )
 }
 
 crate::buffers::held!(HalfOperand: tmaps);
