@@ -470,7 +470,8 @@ fn sm90_decode_sizes_take_swapped_tiles_and_match_cpu_reference() {
         let (_, b) = random_matrix(seed ^ i as u64, n, k, l, Recipe::DeepSeekFp8.b());
         let (da, db) = (g.upload(&a).unwrap(), g.upload(&b).unwrap());
         let plan = g.plan(&da, &db).unwrap();
-        let swapped = m <= 32 || k >= blockscaled::plan::SWAPPED_64_MIN_K;
+        // (The decode rule: swapped tiles to 32 rows, and to 64 rows from K = 4096.)
+        let swapped = m <= 32 || k >= 4096;
         assert!(
             matches!(plan, Plan::Sm90Fp8(c)
                 if c.tile.is_swapped() == swapped && (!swapped || c.tile.block_m() as usize >= m)),

@@ -156,8 +156,9 @@ fn mx_recipes_plan_the_mx_kernel_nvfp4_with_odd_16_byte_rows_falls_back_and_mixe
         g.upload(&m).unwrap()
     };
     for r in MX_RECIPES {
-        // M below FOLD_MIN_M: the MX kernel; from it, the pair folds onto the FP8 kernel.
-        let min = blockscaled::plan::FOLD_MIN_M;
+        // Below 256 rows (the plan's fold threshold): the MX kernel; from it, the pair folds
+        // onto the FP8 kernel.
+        let min = 256;
         let (small, large) = (
             g.plan(&up(r, min - 1, 256, false), &up(r, 64, 256, true))
                 .unwrap(),

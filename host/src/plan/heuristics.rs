@@ -12,7 +12,7 @@ use blockscaled_kernels::sm90_w4::{self as w4, W4Tile};
 
 /// The 16-bit block-sparse configuration for `m` dense rows, blocks of `block` rows and `runs`
 /// stored blocks per block row on average: tiles as wide as a block (a tile's columns share one
-/// run); 256 rows from [`HALF_M256_MIN_M`] rows when runs average at least [`HALF_M256_MIN_RUN`]
+/// run); 256 rows from `HALF_M256_MIN_M` rows when runs average at least `HALF_M256_MIN_RUN`
 /// blocks (each stage feeds twice the MMAs), else 128 (twice the tiles to balance short runs:
 /// 4096³ at 10%, 40 µs against 48; at 100%, 243 against 211; docs/PERF.md, block-sparse bf16); runs cut into
 /// up to 16 parts (`bsr::MAX_PARTS`) where they are longer than a CTA's share of the work.
@@ -31,9 +31,9 @@ pub fn sm90_half_bsr_default(m: usize, block: usize, runs: f64, sm_count: u32) -
 }
 
 /// Fewest stored blocks per block row, on average, for the 16-bit block-sparse 256-row tiles.
-pub const HALF_M256_MIN_RUN: f64 = 8.0;
+pub(crate) const HALF_M256_MIN_RUN: f64 = 8.0;
 
-/// The dense 16-bit configuration: from [`HALF_M256_MIN_M`] rows, 128 × 256 tiles in pairs along
+/// The dense 16-bit configuration: from `HALF_M256_MIN_M` rows, 128 × 256 tiles in pairs along
 /// M (each pair shares its 256-row B tile by multicast) where they fill at least half the SMs;
 /// else 128 × 128 tiles, or 128 × 64 where 128-column tiles would leave most SMs idle. Measured
 /// (H100, against cuBLASLt bf16 in the same run, 4096³, 8192³ and 4096 × 7168 × 2048):
@@ -52,7 +52,7 @@ pub fn sm90_half_default(m: usize, n: usize, sm_count: u32) -> Sm90HalfConfig {
     half_config(tile, cluster_m, m, sm_count)
 }
 
-/// `tile` alone or in pairs along M (`cluster_m`), in bands of about [`GROUP_ROWS`] rows, on
+/// `tile` alone or in pairs along M (`cluster_m`), in bands of about `GROUP_ROWS` rows, on
 /// every SM, K unsplit.
 pub(super) fn half_config(
     tile: HalfTile,
@@ -72,11 +72,11 @@ pub(super) fn half_config(
 }
 
 /// Smallest M for the 16-bit kernel's 256-row units (256-row tiles, or 128 × 256 tiles in pairs).
-pub const HALF_M256_MIN_M: usize = 1024;
+pub(crate) const HALF_M256_MIN_M: usize = 1024;
 
 /// The block-sparse configuration for `m` dense rows and `n` sparse rows: 128 × 64 tiles at
-/// M ≤ [`N64_MAX_M`] (twice the tiles), else 128 × 128, in pairs along M (sharing each stored
-/// block by multicast) from [`BSR_PAIR_MIN_M`] rows; runs cut into up to
+/// M ≤ `N64_MAX_M` (twice the tiles), else 128 × 128, in pairs along M (sharing each stored
+/// block by multicast) from `BSR_PAIR_MIN_M` rows; runs cut into up to
 /// 16 parts (`bsr::MAX_PARTS`) where they are longer than a CTA's share of the work.
 pub fn sm90_bsr_default(m: usize, n: usize, sm_count: u32) -> Sm90Config {
     let _ = n;
@@ -101,7 +101,7 @@ pub fn sm90_bsr_default(m: usize, n: usize, sm_count: u32) -> Sm90Config {
 }
 
 /// Smallest M for block-sparse pairs along M.
-pub const BSR_PAIR_MIN_M: usize = 1024;
+pub(crate) const BSR_PAIR_MIN_M: usize = 1024;
 
 /// The FP8 kernel's configuration for a grouped GEMM: `groups` groups of about `per_group` rows
 /// (`rows` in all), N, K. Large groups take the dense rule for one group ([`sm90_default`],
@@ -143,22 +143,22 @@ pub fn sm90_grouped_default(
 }
 
 /// Rows per group from which a grouped FP8 GEMM configures as a dense one.
-pub const GROUPED_DENSE_ROWS: usize = 1024;
+pub(crate) const GROUPED_DENSE_ROWS: usize = 1024;
 
 /// The sm90 configuration `choose` uses for an A of `m` rows and a B of `n` rows (`l` batch
 /// entries) on a GPU with `sm_count` SMs (the runner starts from it when it forces a field).
 ///
 /// Tile: the persistent CTAs work through the tiles in rounds of `sm_count`; the time is about
-/// rounds × the time of one tile ([`tile_cost`], in 128-row tiles). The 256-row tile does twice
+/// rounds × the time of one tile (`tile_cost`, in 128-row tiles). The 256-row tile does twice
 /// the work with a quarter fewer L2 bytes per FLOP, so it wins unless its coarser rounds leave SMs
 /// idle (small M, or few tiles); the 192-row tile sits between them and fills rounds that
 /// neither does (4096 × 2112: 3 rounds of 192-row tiles for 5 of 128 or 3 of 256). Where A is one
-/// 128-row tile (M ≤ [`N64_MAX_M`]), 128 × 64 tiles double the tiles: more SMs share B, the
+/// 128-row tile (M ≤ `N64_MAX_M`), 128 × 64 tiles double the tiles: more SMs share B, the
 /// operand that comes from DRAM, while A stays in L2.
 ///
 /// Cluster: see `cluster` (private). Split-K: see `split_k` (private). Raster band (`group_m`):
 /// CTAs running together cover `group_m` M tiles × (SMs / group_m) N tiles, so both operands'
-/// working sets stay in L2; a band is [`GROUP_ROWS`] rows of A.
+/// working sets stay in L2; a band is `GROUP_ROWS` rows of A.
 pub fn sm90_default(m: usize, n: usize, k: usize, l: usize, sm_count: u32) -> Sm90Config {
     if m <= SWAPPED_MAX_M && (m <= 32 || k >= SWAPPED_64_MIN_K) {
         return sm90_decode_default(m, n, k, l, sm_count);
@@ -220,17 +220,17 @@ pub(super) fn sm90_unswapped(
 
 /// Largest M for the swapped tiles ([`Tile::swapped`]): up to 64 rows, one swapped tile holds
 /// all of A, so B (the weights) is read from DRAM once, in stages of 16 KiB.
-pub const SWAPPED_MAX_M: usize = 64;
+pub(crate) const SWAPPED_MAX_M: usize = 64;
 
 /// Smallest K for which 33 to 64 rows take the 64-row swapped tile: with less K there are
 /// many tiles per SM and the swapped tile's heavier MMA work per byte of B (m64n64 for every
 /// 64 rows of B) costs more than the unswapped tiles' half-empty A; measured at M = 64
 /// (docs/PERF.md, decode-sized M, µs swapped against unswapped): K = 512, 1536 and 2048 15.2 / 23.7 / 13.7
 /// against 14.0 / 23.1 / 13.2; K = 7168 and 16384 15.7 / 20.7 / 50.8 against 16.6 / 23.6 / 66.7.
-pub const SWAPPED_64_MIN_K: usize = 4096;
+pub(crate) const SWAPPED_64_MIN_K: usize = 4096;
 
-/// The sm90 configuration at decode sizes (M ≤ [`SWAPPED_MAX_M`]): the swapped tile of the
-/// fewest rows that holds M (16, 32 or 64), and K split by [`decode_split`].
+/// The sm90 configuration at decode sizes (M ≤ `SWAPPED_MAX_M`): the swapped tile of the
+/// fewest rows that holds M (16, 32 or 64), and K split by `decode_split`.
 pub fn sm90_decode_default(m: usize, n: usize, k: usize, l: usize, sm_count: u32) -> Sm90Config {
     let tile = [Tile::S16, Tile::S32, Tile::S64]
         .into_iter()
@@ -264,16 +264,16 @@ pub fn sm90_decode_default(m: usize, n: usize, k: usize, l: usize, sm_count: u32
 ///   round `r`'s share of B (16 KiB per K block of a unit: A comes from L2), so a last round of
 ///   few units is limited by what one SM streams, not by DRAM;
 /// - `unit`: one unit's bytes, `⌈k_blocks / s⌉ · 16 KiB`; `SM`: the bytes per µs one SM's
-///   pipeline streams through the tile ([`decode_sm_rate`]);
+///   pipeline streams through the tile (`decode_sm_rate`);
 /// - `smax(x, y) = (x⁸ + y⁸)^⅛`: the larger, plus a little where the two limits meet (measured:
 ///   at M = 64, 7168 × 16384 unsplit, each limit alone predicts 42 µs of streaming, 44 ran);
 /// - the split's cost: the K ranges' meeting in the last CTA of each tile, a chain of L2 round
-///   trips after the last range's K loop ([`DECODE_REDUCE_US`]), and the f32 partials written
+///   trips after the last range's K loop (`DECODE_REDUCE_US`), and the f32 partials written
 ///   and read back, `2 · 4 · s · outputs` bytes.
 ///
 /// Splits range over 1..=16 with at least `MIN_SPLIT_K_BLOCKS` K blocks each; ties go to the
 /// smaller split. Checked against a sweep of splits 1–8 on the decode set (docs/PERF.md, decode-sized M).
-pub fn decode_split(
+pub(crate) fn decode_split(
     tile: Tile,
     tiles: usize,
     k_blocks: usize,
@@ -303,12 +303,12 @@ pub fn decode_split(
 
 /// DRAM bytes per µs that a swapped-tile GEMM streams B at (fitted to the decode sweep on the
 /// H100: 93% of its 3.0 TB/s copy ceiling once the launch's constant costs are set apart).
-pub const DECODE_HBM_BYTES_PER_US: f64 = 2.78e6;
+pub(crate) const DECODE_HBM_BYTES_PER_US: f64 = 2.78e6;
 
 /// Bytes of B per µs one SM streams through a swapped tile's pipeline when DRAM is not the limit
 /// (fitted to the unsplit shapes with fewer tiles than SMs): the wider the tile, the more MMA
 /// work per byte.
-pub fn decode_sm_rate(tile: Tile) -> f64 {
+pub(crate) fn decode_sm_rate(tile: Tile) -> f64 {
     match tile.block_m() {
         16 => 86e3,
         32 => 68e3,
@@ -319,7 +319,7 @@ pub fn decode_sm_rate(tile: Tile) -> f64 {
 /// What a split adds after the K loop, µs: fitted to the decode sweep (docs/PERF.md, decode-sized
 /// M); with the partials summed by the last CTA of each tile, as now, a second sweep measured the
 /// same within ±5%.
-pub const DECODE_REDUCE_US: f64 = 2.2;
+pub(crate) const DECODE_REDUCE_US: f64 = 2.2;
 
 /// CTAs per cluster: 256- and 192-row tiles and the wide tiles go in pairs along N (the pair
 /// shares the A tile by TMA multicast, halving its L2 reads) when the tiles fill at least one round
@@ -353,8 +353,8 @@ pub(super) fn cluster(
 /// The sm90 MX configuration `choose` uses (the runner starts from it when it forces a field).
 ///
 /// Tile: rounds × the time of one tile, as for [`sm90_default`]: a 128 × 256 tile costs
-/// [`MX_N256_COST`] 128 × 128 tiles. Split-K where the tiles fill less than half the SMs (small
-/// M: decode), with the split's cost in 64-wide K blocks. Band: [`GROUP_ROWS`] rows of A.
+/// `MX_N256_COST` 128 × 128 tiles. Split-K where the tiles fill less than half the SMs (small
+/// M: decode), with the split's cost in 64-wide K blocks. Band: `GROUP_ROWS` rows of A.
 pub fn sm90_mx_default(m: usize, n: usize, k: usize, l: usize, sm_count: u32) -> Sm90MxConfig {
     let tiles =
         |t: MxTile| m.div_ceil(mx::BLOCK_M as usize) * n.div_ceil(t.block_n as usize) * l.max(1);
@@ -379,7 +379,7 @@ pub fn sm90_mx_default(m: usize, n: usize, k: usize, l: usize, sm_count: u32) ->
 
 /// Time of a 128 × 256 MX tile in 128 × 128 tiles: twice the MACs, read with fewer shared-memory
 /// bytes per MAC (a first estimate; docs/PERF.md, the sm90 MX kernel).
-pub const MX_N256_COST: f64 = 1.8;
+pub(crate) const MX_N256_COST: f64 = 1.8;
 
 /// Smallest M for which MX and NVFP4 pairs run folded onto the FP8 kernel ([`Plan::Sm90MxFp8`](super::Plan::Sm90MxFp8))
 /// rather than on the MX kernel: the pre-pass converts each operand once, where the MX kernel
@@ -388,11 +388,11 @@ pub const MX_N256_COST: f64 = 1.8;
 /// kernel wins (MXFP8 39.1 against 48.5, NVFP4 36.2 against 43.4, MXFP4 36.6 against 42.4),
 /// from M = 256 the fold (MXFP8 53.2 against 61.0, NVFP4 48.5 against 55.3, MXFP4 46.9 against
 /// 56.5).
-pub const FOLD_MIN_M: usize = 256;
+pub(crate) const FOLD_MIN_M: usize = 256;
 
 /// Largest M for which e2m1 pairs run the 4-bit-weights kernel rather than the MX kernel
 /// (measured, docs/PERF.md, the 4-bit-weights kernel: faster at M ≤ 16, slower at M = 128).
-pub const W4_MAX_M: usize = 16;
+pub(crate) const W4_MAX_M: usize = 16;
 /// Split-K's cost for the 4-bit-weights kernel, in K blocks (see [`split_k`]).
 pub(super) const W4_SPLIT_K_COST_BLOCKS: usize = 8;
 
@@ -419,7 +419,7 @@ pub fn sm90_w4_default(m: usize, n: usize, k: usize, l: usize, sm_count: u32) ->
 pub(super) const MX_SPLIT_K_COST_BLOCKS: usize = 20;
 
 /// Split-K when the tiles fill less than half the SMs: as many K ranges as keep every CTA busy
-/// without a second round, each at least [`MIN_SPLIT_K_BLOCKS`] K blocks long, and only when the
+/// without a second round, each at least `MIN_SPLIT_K_BLOCKS` K blocks long, and only when the
 /// shorter K loop saves more than the split costs (`cost_blocks`).
 pub(super) fn split_k(tiles: usize, k_blocks: usize, sm_count: u32, cost_blocks: usize) -> u32 {
     if 2 * tiles > sm_count as usize {
@@ -450,7 +450,7 @@ pub(super) const SPLIT_K_COST_BLOCKS: usize = 10;
 /// every measured choice at M = 128, where these shapes wait on memory, not on the tensor cores).
 /// With rounds × these costs, the choice on a sweep of 16 shapes (M 1024–8192, N 1536–24576,
 /// K 1536–7168) ran within 2.5% of the fastest tile on every shape, 0.3% on average.
-pub fn tile_cost(t: Tile) -> f64 {
+pub(crate) fn tile_cost(t: Tile) -> f64 {
     match (t.block_m(), t.block_n) {
         (256, _) => 1.86,
         (192, _) => 1.5,
@@ -464,8 +464,8 @@ pub fn tile_cost(t: Tile) -> f64 {
 
 /// Largest M for 128 × 64 tiles: they read A once per 64 columns instead of 128, which only
 /// pays where A is a single tile that stays in L2 and B (from DRAM) is what the SMs wait for.
-pub const N64_MAX_M: usize = 128;
+pub(crate) const N64_MAX_M: usize = 128;
 
 /// Rows of A in one scheduler band: a band's A tiles (2048 × K bytes) stay small next to the
 /// 50 MB L2 for K up to 16k (the band sweep: docs/PERF.md, the sm90 FP8 kernel).
-pub const GROUP_ROWS: u32 = 2048;
+pub(crate) const GROUP_ROWS: u32 = 2048;

@@ -367,8 +367,8 @@ pub(crate) fn load_families(
 /// - Hopper, MXFP8 (e4m3 / e5m2, either pair), MXFP4, NVFP4 and e2m1 with e8m0 per 16 — both
 ///   operands of one code width and one scale format, K a multiple of the scale block and rows a
 ///   multiple of 16 bytes (TMA) — runs the sm90 MX kernel ([`sm90_mx_default`]), except that
-///   e2m1 pairs with M ≤ [`W4_MAX_M`] run the 4-bit-weights kernel, and pairs with M ≥
-///   [`FOLD_MIN_M`] and K a multiple of 128 run folded onto
+///   e2m1 pairs with M ≤ `W4_MAX_M` run the 4-bit-weights kernel, and pairs with M ≥
+///   `FOLD_MIN_M` and K a multiple of 128 run folded onto
 ///   the FP8 kernel ([`Plan::Sm90MxFp8`]: lossy, within each format's own quantization error).
 /// - Hopper, bf16 × bf16 or fp16 × fp16 (one scale per tensor, K a multiple of 8) runs the sm90
 ///   16-bit kernel ([`sm90_half_default`]); a bf16 × fp16 pair runs the reference kernel.

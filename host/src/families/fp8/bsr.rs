@@ -1,0 +1,231 @@
+//! The FP8 family's block-sparse GEMM: the sparse operand's tensor maps, its work list's
+//! schedule, and the launch (A or B sparse, e4m3 blocks of 128 × 128).
+
+use std::sync::Arc;
+
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
+
+use super::config::{Sm90Config, b_box_rows};
+use super::{Kernel, Sm90Fp8, unsupported};
+use crate::bsr::{BsrMatrix, DeviceBsr, DeviceWork, FP8_BLOCK, SparseSide};
+use crate::buffers::{DeviceMatrix, DeviceOutput};
+use crate::error::{Error, Result, config};
+use crate::families::operands::{Sm90Operand, Sm90Output};
+use crate::families::persistent::Persistent;
+use crate::format::ElemType;
+use crate::splitk;
+use crate::tensor_map::{DataType, Swizzle, encode_3d};
+use crate::workspace::{Workspace, WorkspaceSize};
+use blockscaled_kernels::gemm::layout::out_box_n;
+use blockscaled_kernels::gemm::scheduler::Schedule;
+use blockscaled_kernels::params::SparseParams;
+use blockscaled_kernels::sm90::{self as family};
+use blockscaled_kernels::sm90::{BLOCK_K, BLOCK_N, Mode, ROW_BYTES, Sm90Fp8Params};
+
+/// A block-sparse GEMM's schedule with `cfg` and its work list (made once per key on the
+/// sparse operand), for a kernel with `resident` CTAs resident at once.
+fn bsr_schedule(
+    stream: &Arc<CudaStream>,
+    resident: u32,
+    dense: &DeviceMatrix,
+    sparse: &DeviceBsr,
+    cfg: &Sm90Config,
+) -> Result<(Schedule, Arc<DeviceWork>)> {
+    let (tile, cl) = (cfg.tile, cfg.cluster);
+    let clusters = (cfg.ctas.min(resident) / cl.size()).max(1) as usize;
+    let (m, k) = (dense.desc.rows, dense.desc.k);
+    let units = (tile.block_m() * cl.m, tile.block_n);
+    let sizes = (m, k / BLOCK_K as usize);
+    crate::bsr::sparse_schedule(
+        stream,
+        sparse,
+        sizes,
+        units,
+        cfg.group_m,
+        (clusters, cfg.split_k),
+    )
+}
+
+/// What the kernel needs of a block-sparse operand: tensor maps of its stored blocks (3-D: 128
+/// bytes of K, 128 rows, stored blocks; 128-byte swizzle) with boxes of 128 rows (a 128-column
+/// tile) and 64 (a 64-column tile, or a CTA's half of a tile shared along M).
+pub(super) struct Sm90Sparse {
+    tmaps: [CudaSlice<u8>; 2],
+}
+
+impl Sm90Sparse {
+    const BOX_ROWS: [u32; 2] = [128, 64];
+
+    pub(super) fn prepare(
+        stream: &Arc<CudaStream>,
+        m: &BsrMatrix,
+        values: &CudaSlice<u8>,
+    ) -> Result<Self> {
+        let blocks = m.nnz().max(1);
+        let bs = FP8_BLOCK;
+        let (ptr, _g) = values.device_ptr(stream);
+        let map = |rows: u32| {
+            encode_3d(
+                stream,
+                ptr,
+                DataType::CU_TENSOR_MAP_DATA_TYPE_UINT8,
+                [bs, bs, blocks],
+                1,
+                [ROW_BYTES, rows],
+                Swizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+            )
+        };
+        Ok(Sm90Sparse {
+            tmaps: [map(Self::BOX_ROWS[0])?, map(Self::BOX_ROWS[1])?],
+        })
+    }
+
+    fn tmap(&self, rows: u32) -> Result<&CudaSlice<u8>> {
+        Self::BOX_ROWS
+            .iter()
+            .position(|&r| r == rows)
+            .map(|i| &self.tmaps[i])
+            .ok_or_else(|| {
+                config(format!(
+                    "no block-sparse tensor map with boxes of {rows} rows"
+                ))
+            })
+    }
+}
+
+impl Sm90Fp8 {
+    /// The block-sparse kernel for `dense`'s type and `cfg`'s tile.
+    fn bsr_kernel(&self, dense: &DeviceMatrix, cfg: &Sm90Config) -> Result<&Kernel> {
+        let ea = dense.desc.format.elem;
+        let def = family::kernel(cfg.tile, ea, ElemType::E4M3, Mode::Sparse);
+        self.kernels
+            .iter()
+            .find(|kr| Some(kr.def) == def)
+            .ok_or_else(|| {
+                Error::Format(format!(
+                    "block-sparse GEMM takes an e4m3 dense operand, not {}",
+                    ea.name()
+                ))
+            })
+    }
+
+    /// The workspace of a block-sparse GEMM with `cfg` (split K's buffers where the work list
+    /// splits runs of blocks; the sparse operand's work list is made as the launch makes it).
+    pub(crate) fn bsr_workspace(
+        &self,
+        stream: &Arc<CudaStream>,
+        dense: &DeviceMatrix,
+        sparse: &DeviceBsr,
+        cfg: Sm90Config,
+    ) -> Result<WorkspaceSize> {
+        if let Some(e) = unsupported(&dense.desc, false) {
+            return Err(Error::Format(e));
+        }
+        let kernel = self.bsr_kernel(dense, &cfg)?;
+        let resident = kernel.resident(cfg.cluster.size());
+        let (schedule, work) = bsr_schedule(stream, resident, dense, sparse, &cfg)?;
+        splitk::bytes(&schedule, cfg.cluster, work.slots > 0)
+    }
+
+    /// C = A · Bᵀ with one operand block-sparse (`side`) and `dense` the other, on the
+    /// block-sparse kernel with `cfg` (validated for the kernel's shape: M the dense operand's
+    /// rows, N the sparse operand's). C is `c`; with A sparse the kernel computes Cᵀ and stores
+    /// it transposed.
+    pub(crate) fn bsr_gemm(
+        &self,
+        (stream, ws): (&Arc<CudaStream>, &Workspace),
+        dense: &DeviceMatrix,
+        sparse: &DeviceBsr,
+        side: SparseSide,
+        c: &mut DeviceOutput,
+        cfg: Sm90Config,
+    ) -> Result<()> {
+        if let Some(e) = unsupported(&dense.desc, false) {
+            return Err(Error::Format(e));
+        }
+        let kernel = self.bsr_kernel(dense, &cfg)?;
+        let (Some(ao), Some(bo)) = (
+            dense.prepared.get::<Sm90Operand>(),
+            sparse.prepared.get::<Sm90Sparse>(),
+        ) else {
+            return Err(Error::Format(
+                "operands not prepared for the sm90 block-sparse kernel".into(),
+            ));
+        };
+        let Some(sfa_map) = &ao.sfa_map else {
+            return Err(Error::Format(
+                "the dense operand of a block-sparse GEMM needs fp32 scales per 1×128 (or per row \
+                 or tensor)"
+                    .into(),
+            ));
+        };
+        let (tile, cl) = (cfg.tile, cfg.cluster);
+        let (m, n, k) = (dense.desc.rows, sparse.matrix_rows, dense.desc.k);
+        let resident = kernel.resident(cl.size());
+        let (schedule, work) = bsr_schedule(stream, resident, dense, sparse, &cfg)?;
+        let mut slot = ws.splitk.slot(if work.slots > 0 { 2 } else { 1 });
+        let DeviceOutput {
+            buf: out,
+            prepared: out_prepared,
+            dtype,
+            ..
+        } = c;
+        let Persistent {
+            mut launch, splitk, ..
+        } = kernel.persistent(stream, &schedule, (cfg.ctas, cl), None, slot.as_mut())?;
+        let b_rows = b_box_rows(tile, cl).unwrap_or(BLOCK_N);
+        // With A sparse the tile is Cᵀ: stored directly.
+        let tmap_c = match side {
+            SparseSide::A => 0,
+            SparseSide::B => launch.opt_ptr(
+                out_prepared
+                    .get::<Sm90Output>()
+                    .and_then(|o| o.tmap(out_box_n(tile.block_n))),
+            ),
+        };
+        let params = Sm90Fp8Params {
+            tmap_a: launch.ptr(ao.tmap(tile.a_box_rows(1))?),
+            tmap_b: launch.ptr(bo.tmap(b_rows)?),
+            tmap_c,
+            tmap_sfa: launch.ptr(sfa_map),
+            sfb: launch.ptr(&sparse.scales),
+            sfb_col: 0,
+            out: launch.ptr_mut(out),
+            splitk,
+            m: m as u32,
+            n: n as u32,
+            k: k as u32,
+            l: 1,
+            out_type: *dtype as u32,
+            group_m: cfg.group_m,
+            split_k: 1,
+            cluster_m: cl.m,
+            cluster_n: 1,
+            _pad: 0,
+            groups: Default::default(),
+            sparse: SparseParams {
+                segments: launch.ptr(&work.segments),
+                cols: launch.ptr(&sparse.col),
+                count: work.count,
+                slots: work.slots,
+                counters: work.counters,
+                transposed: (side == SparseSide::A) as u32,
+                // (FP8 blocks are 128 × 128 e4m3: one stage of K each.)
+                sub_log2: 0,
+                _pad: 0,
+            },
+        };
+        // SAFETY: `cfg` was validated for the kernel's shape (`validate_sparse`: a block-sparse
+        // tile, pairs along M only, 32-bit indexing); the dense operand's maps and A-role scales
+        // cover its live buffers; the sparse operand's map covers its stored blocks (at least
+        // one), `sfb` holds a scale and `cols` an in-range column for each, and every segment's
+        // positions are stored blocks of its tile's block row (`work_list` over the validated
+        // structure); the output holds m·n elements of `out_type` (C or, transposed, its
+        // product's shape); `splitk` is sized for the schedule's slots and counters; the grid is
+        // a whole number of clusters.
+        let _gemm = unsafe { launch.launch(&params) }?;
+        Ok(())
+    }
+}
+
+crate::buffers::held!(Sm90Sparse: tmaps);
