@@ -25,7 +25,7 @@ use crate::buffers::{GpuId, Prepared};
 use crate::error::{Error, Result, shape};
 use crate::format::{ElemType, ScaleType};
 use crate::matrix::{GemmShape, ScaledMatrix};
-use blockscaled_kernels::gemm::scheduler::{Schedule, Segment, Sparse};
+use blockscaled_kernels::gemm::scheduler::{Segment, Sparse};
 
 /// Which operand of C = A · Bᵀ is block-sparse.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -506,38 +506,18 @@ pub fn work_list(
     })
 }
 
-/// A block-sparse GEMM's schedule over the dense operand's `m` rows and the sparse operand's
-/// rows (N), `k_blocks` K blocks, in units of `unit` (rows × columns: tile rows × the cluster by
-/// the tile's columns), banded by `group_m`; and its work list, made once per key on `sparse`
-/// for `clusters` persistent clusters and runs cut into at most `split_k` parts.
-pub(crate) fn sparse_schedule(
+/// A block-sparse GEMM's work list over the dense operand's `m` rows, in units of `unit` (rows
+/// × columns: tile rows × the cluster by the tile's columns), made once per key on `sparse` for
+/// `clusters` persistent clusters and runs cut into at most `split_k` parts.
+pub(crate) fn sparse_work(
     stream: &Arc<CudaStream>,
     sparse: &DeviceBsr,
-    (m, k_blocks): (usize, usize),
+    m: usize,
     (unit_m, unit_n): (u32, u32),
-    group_m: u32,
     (clusters, split_k): (usize, u32),
-) -> Result<(Schedule, Arc<DeviceWork>)> {
+) -> Result<Arc<DeviceWork>> {
     let m_units = m.div_ceil(unit_m as usize);
-    let work = sparse.work(stream, (unit_n as usize, m_units, clusters, split_k))?;
-    let schedule = Schedule {
-        m: m as u32,
-        n: sparse.matrix_rows as u32,
-        l: 1,
-        k_blocks: k_blocks as u32,
-        split_k: 1,
-        unit_m,
-        unit_n,
-        group_m,
-        groups: None,
-        sparse: Some(Sparse {
-            segments: 0,
-            count: work.count,
-            slots: work.slots,
-            counters: work.counters,
-        }),
-    };
-    Ok((schedule, work))
+    sparse.work(stream, (unit_n as usize, m_units, clusters, split_k))
 }
 
 /// A [`WorkList`] on the GPU: its segments as u32 words.
@@ -546,6 +526,19 @@ pub(crate) struct DeviceWork {
     pub(crate) count: u32,
     pub(crate) slots: u32,
     pub(crate) counters: u32,
+}
+
+impl DeviceWork {
+    /// The scheduler's view of it (host side: grid and workspace sizing, where the segments'
+    /// address is not used).
+    pub(crate) fn sparse(&self) -> Sparse {
+        Sparse {
+            segments: 0,
+            count: self.count,
+            slots: self.slots,
+            counters: self.counters,
+        }
+    }
 }
 
 /// What a work list depends on besides the structure: tile rows, dense-axis units, concurrent

@@ -28,7 +28,6 @@ use crate::buffers::GpuId;
 use crate::error::{Result, shape};
 use crate::launch::Launch;
 use crate::matrix::{GemmShape, MatrixDesc};
-use blockscaled_kernels::gemm::scheduler::Groups;
 use blockscaled_kernels::params::{GroupMode, GroupParams};
 
 /// How a grouped GEMM's groups are laid out (module doc).
@@ -243,16 +242,14 @@ impl DeviceGroups<'_> {
         }
     }
 
-    /// The scheduler's groups over a grouped operand of `rows` rows (per batch entry), along
-    /// the schedule's N or M (host side: grid sizing, where the address is not used).
-    pub(crate) fn schedule(&self, rows: usize, along_n: bool) -> Groups {
-        self.unplaced()
-            .groups(rows as u32, along_n)
-            .expect("a grouped mode")
+    /// The groups' parameters without the values' address, or a dense GEMM's (`None`): what
+    /// the families' schedule functions read on the host (grid and workspace sizing).
+    pub(crate) fn unplaced_or_dense(groups: Option<&Self>) -> GroupParams {
+        groups.map_or_else(GroupParams::default, Self::unplaced)
     }
 
     /// The parameters without the values' address.
-    fn unplaced(&self) -> GroupParams {
+    pub(crate) fn unplaced(&self) -> GroupParams {
         GroupParams {
             ptr: 0,
             count: self.count() as u32,

@@ -8,34 +8,9 @@ use cudarc::driver::{
 };
 
 use crate::error::Result;
-use blockscaled_kernels::gemm::scheduler::{Groups, Schedule};
 use blockscaled_kernels::params::{EpilogueParams, FusedParams, GemmParams};
 use blockscaled_kernels::sm90::Sm90Fp8Params;
 use blockscaled_kernels::sm90_mx::Sm90MxParams;
-
-/// The schedule of a dense or grouped GEMM over the kernel's axes `(m, n, l)` (C's, or Cᵀ's for
-/// a kernel that computes it): `k_blocks` K blocks in `split_k` ranges, units of `unit` (rows ×
-/// columns), bands of `group_m` units, `groups` read on the device.
-pub(crate) fn schedule(
-    (m, n, l): (usize, usize, usize),
-    k_blocks: usize,
-    (unit_m, unit_n): (u32, u32),
-    (split_k, group_m): (u32, u32),
-    groups: Option<Groups>,
-) -> Schedule {
-    Schedule {
-        m: m as u32,
-        n: n as u32,
-        l: l as u32,
-        k_blocks: k_blocks as u32,
-        split_k,
-        unit_m,
-        unit_n,
-        group_m,
-        groups,
-        sparse: None,
-    }
-}
 
 /// Loads kernel `name` from `module` with its dynamic shared-memory limit raised to `smem_bytes`
 /// (above the default 48 KiB: every pipelined kernel needs it before its first launch).

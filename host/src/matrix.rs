@@ -202,6 +202,11 @@ pub struct GemmShape {
 }
 
 impl GemmShape {
+    /// `(m, n, k, l)` as the kernels' 32-bit parameters (a validated plan's shape fits them).
+    pub(crate) fn dims(&self) -> (u32, u32, u32, u32) {
+        (self.m as u32, self.n as u32, self.k as u32, self.l as u32)
+    }
+
     /// The product's shape, if A and B have the same K and batch ([`Error::Shape`] otherwise).
     pub fn of(a: &MatrixDesc, b: &MatrixDesc) -> Result<GemmShape> {
         if a.k != b.k {

@@ -114,27 +114,20 @@ impl<const CONS: u32, const WAVES: usize, F: Fp8Fragment, T: Fp8Pair, const MODE
 
     #[inline(always)]
     fn schedule(&self) -> Schedule {
+        // (The parameters are read in the order of `Schedule`'s fields; any order is correct.)
         let (p, cl) = (&self.p, self.cluster());
-        Schedule {
-            m: p.m,
-            n: p.n,
-            l: p.l,
-            k_blocks: p.k / BLOCK_K,
-            split_k: p.split_k,
-            unit_m: Self::TILE.block_m() * cl.m,
-            unit_n: F::N * cl.n,
-            group_m: p.group_m,
-            groups: if Self::GROUPED {
-                p.groups.groups(p.m, false)
-            } else {
-                None
-            },
-            sparse: if Self::SPARSE {
+        let (m, n, l, k) = (p.m, p.n, p.l, p.k);
+        Self::TILE.schedule(
+            (m, n, k, l),
+            cl,
+            (p.split_k, p.group_m),
+            if Self::GROUPED { Some(p.groups) } else { None },
+            if Self::SPARSE {
                 Some(p.sparse.sparse())
             } else {
                 None
             },
-        }
+        )
     }
 
     #[inline(always)]

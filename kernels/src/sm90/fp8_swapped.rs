@@ -68,19 +68,10 @@ impl<F: Fp8Fragment, T: Fp8Pair> GemmKernel for Fp8SwappedGemm<F, T> {
     /// stream different B tiles.
     #[inline(always)]
     fn schedule(&self) -> Schedule {
-        let p = &self.p;
-        Schedule {
-            m: p.n,
-            n: p.m,
-            l: p.l,
-            k_blocks: p.k / BLOCK_K,
-            split_k: p.split_k,
-            unit_m: BLOCK_N,
-            unit_n: F::N,
-            group_m: p.group_m,
-            groups: None,
-            sparse: None,
-        }
+        let (p, cl) = (&self.p, self.cluster());
+        // (Cᵀ's axes: the schedule's M is C's N, read first.)
+        let (n, m, l, k) = (p.n, p.m, p.l, p.k);
+        Self::TILE.schedule((m, n, k, l), cl, (p.split_k, p.group_m), None, None)
     }
 
     #[inline(always)]

@@ -15,6 +15,8 @@ pub mod fp8;
 #[cfg(all(target_arch = "nvptx64", target_feature = "sm_90a"))]
 pub mod fp8_swapped;
 
+mod schedule;
+
 use crate::format::ElemType;
 use crate::gemm::layout::{ScaleBox, StageContents, StageLayout, fused_out};
 use crate::gemm::scheduler::MAX_CLUSTER;

@@ -125,22 +125,16 @@ impl<const WAVES: usize, F: Fp16Fragment, T: Fp16, const MODE: u32> GemmKernel
     #[inline(always)]
     fn schedule(&self) -> Schedule {
         let p = &self.p;
-        Schedule {
-            m: p.m,
-            n: p.n,
-            l: p.l,
-            k_blocks: p.k.div_ceil(BLOCK_K),
-            split_k: p.split_k,
-            unit_m: Self::TILE.block_m() * self.cluster().m,
-            unit_n: F::N,
-            group_m: p.group_m,
-            groups: None,
-            sparse: if Self::SPARSE {
-                Some(p.sparse.sparse())
-            } else {
-                None
-            },
-        }
+        // (The parameters are read in the order of `Schedule`'s fields; any order is correct.)
+        let (m, n, l, k, split_k) = (p.m, p.n, p.l, p.k, p.split_k);
+        let cluster_m = self.cluster().m;
+        let group_m = p.group_m;
+        let sparse = if Self::SPARSE {
+            Some(p.sparse.sparse())
+        } else {
+            None
+        };
+        Self::TILE.schedule((m, n, k, l), cluster_m, (split_k, group_m), sparse)
     }
 
     #[inline(always)]

@@ -14,6 +14,8 @@
 #[cfg(all(target_arch = "nvptx64", target_feature = "sm_90a"))]
 pub mod kernel;
 
+mod schedule;
+
 use crate::gemm::Mode;
 use crate::gemm::layout::{StageContents, StageLayout, fused_out, out_staging};
 use crate::kernel_info::KernelInfo;

@@ -261,18 +261,9 @@ impl<F: Fp16Fragment, EA: Dequant, EB: Dequant, S: ScaleDecode, const FUSED: boo
     #[inline(always)]
     fn schedule(&self) -> Schedule {
         let p = &self.p;
-        Schedule {
-            m: p.m,
-            n: p.n,
-            l: p.l,
-            k_blocks: p.k.div_ceil(BLOCK_K),
-            split_k: p.split_k,
-            unit_m: BLOCK_M,
-            unit_n: F::N,
-            group_m: p.group_m,
-            groups: p.groups.groups(p.m, false),
-            sparse: None,
-        }
+        let (m, n, l, k) = (p.m, p.n, p.l, p.k);
+        let tile = MxTile { block_n: F::N };
+        tile.schedule((m, n, k, l), (p.split_k, p.group_m), p.groups)
     }
 
     #[inline(always)]

@@ -15,6 +15,8 @@ pub mod dequant;
 #[cfg(all(target_arch = "nvptx64", target_feature = "sm_90a"))]
 pub mod kernel;
 
+mod schedule;
+
 use crate::format::ElemType;
 use crate::gemm::layout::{HANDOFF_BYTES, StageContents, StageLayout};
 use crate::kernel_info::KernelInfo;

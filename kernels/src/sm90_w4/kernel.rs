@@ -223,18 +223,9 @@ impl<F: Bf16RsFragment, A: Activations, S: ScaleDecode> GemmKernel for W4Gemm<F,
     #[inline(always)]
     fn schedule(&self) -> Schedule {
         let p = &self.p;
-        Schedule {
-            m: p.n,
-            n: p.m,
-            l: p.l,
-            k_blocks: p.k.div_ceil(BLOCK_K),
-            split_k: p.split_k,
-            unit_m: WEIGHT_ROWS,
-            unit_n: F::N,
-            group_m: p.group_m,
-            groups: p.groups.groups(p.m, true),
-            sparse: None,
-        }
+        let (n, m, l, k) = (p.n, p.m, p.l, p.k);
+        let tile = super::W4Tile { n: F::N };
+        tile.schedule((m, n, k, l), (p.split_k, p.group_m), p.groups)
     }
 
     #[inline(always)]

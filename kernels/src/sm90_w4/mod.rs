@@ -19,6 +19,8 @@
 #[cfg(all(target_arch = "nvptx64", target_feature = "sm_90a"))]
 pub mod kernel;
 
+mod schedule;
+
 use crate::format::ScaleType;
 use crate::gemm::layout::{ScaleBox, StageContents, StageLayout};
 use crate::kernel_info::KernelInfo;

@@ -20,7 +20,7 @@ use blockscaled_kernels::gemm::layout::out_box_n;
 use blockscaled_kernels::gemm::scheduler::Schedule;
 use blockscaled_kernels::params::SparseParams;
 use blockscaled_kernels::sm90::{self as family};
-use blockscaled_kernels::sm90::{BLOCK_K, BLOCK_N, Mode, ROW_BYTES, Sm90Fp8Params};
+use blockscaled_kernels::sm90::{BLOCK_N, Mode, ROW_BYTES, Sm90Fp8Params};
 
 /// A block-sparse GEMM's schedule with `cfg` and its work list (made once per key on the
 /// sparse operand), for a kernel with `resident` CTAs resident at once.
@@ -33,17 +33,12 @@ fn bsr_schedule(
 ) -> Result<(Schedule, Arc<DeviceWork>)> {
     let (tile, cl) = (cfg.tile, cfg.cluster);
     let clusters = (cfg.ctas.min(resident) / cl.size()).max(1) as usize;
-    let (m, k) = (dense.desc.rows, dense.desc.k);
+    let (m, n, k) = (dense.desc.rows, sparse.matrix_rows, dense.desc.k);
     let units = (tile.block_m() * cl.m, tile.block_n);
-    let sizes = (m, k / BLOCK_K as usize);
-    crate::bsr::sparse_schedule(
-        stream,
-        sparse,
-        sizes,
-        units,
-        cfg.group_m,
-        (clusters, cfg.split_k),
-    )
+    let work = crate::bsr::sparse_work(stream, sparse, m, units, (clusters, cfg.split_k))?;
+    let dims = (m as u32, n as u32, k as u32, 1);
+    let schedule = tile.schedule(dims, cl, (1, cfg.group_m), None, Some(work.sparse()));
+    Ok((schedule, work))
 }
 
 /// What the kernel needs of a block-sparse operand: tensor maps of its stored blocks (3-D: 128

@@ -212,29 +212,16 @@ pub(super) fn b_box_rows(tile: Tile, cl: ClusterShape) -> Option<u32> {
         .then_some(rows)
 }
 
-/// The schedule of a dense or grouped GEMM of `shape` with `cfg`, as the kernel's `schedule`
-/// computes it: units of work are clusters of tiles, and swapped tiles schedule Cᵀ.
+/// The schedule of a dense or grouped GEMM of `shape` with `cfg`: the kernel's own function.
 pub(super) fn dense_schedule(
     cfg: &Sm90Config,
     shape: GemmShape,
     groups: Option<&DeviceGroups>,
 ) -> Schedule {
-    let GemmShape { m, n, k, l } = shape;
-    let (tile, cl) = (cfg.tile, cfg.cluster);
-    let units = (tile.block_m() * cl.m, tile.block_n * cl.n);
-    let ((sm, sn), (unit_m, unit_n)) = match tile.is_swapped() {
-        true => ((n, m), (units.1, units.0)),
-        false => ((m, n), units),
-    };
-    let groups = groups.map(|g| g.schedule(m, false));
     let split = (cfg.split_k, cfg.group_m);
-    crate::launch::schedule(
-        (sm, sn, l),
-        k / BLOCK_K as usize,
-        (unit_m, unit_n),
-        split,
-        groups,
-    )
+    let groups = groups.map(DeviceGroups::unplaced);
+    cfg.tile
+        .schedule(shape.dims(), cfg.cluster, split, groups, None)
 }
 
 #[cfg(test)]

@@ -179,14 +179,11 @@ pub(crate) fn unsupported_pair(a: &MatrixDesc, b: &MatrixDesc) -> Option<String>
     })
 }
 
-/// The schedule of a dense GEMM of `shape` with `cfg` (the kernel's: units of tile rows × the
-/// cluster by the tile's columns).
+/// The schedule of a dense GEMM of `shape` with `cfg`: the kernel's own function.
 fn dense_schedule(cfg: &Sm90HalfConfig, shape: GemmShape) -> Schedule {
-    let GemmShape { m, n, k, l } = shape;
-    let (tile, cl) = (cfg.tile, cfg.cluster());
-    let units = (tile.block_m() * cl.m, tile.block_n);
-    let k_blocks = k.div_ceil(BLOCK_K as usize);
-    crate::launch::schedule((m, n, l), k_blocks, units, (cfg.split_k, cfg.group_m), None)
+    let split = (cfg.split_k, cfg.group_m);
+    cfg.tile
+        .schedule(shape.dims(), cfg.cluster().m, split, None)
 }
 
 /// The workspace a dense GEMM of `shape` with `cfg` takes (split K's buffers).
@@ -205,17 +202,12 @@ fn bsr_schedule(
 ) -> Result<(Schedule, Arc<DeviceWork>)> {
     let (tile, cl) = (cfg.tile, cfg.cluster());
     let clusters = (cfg.ctas.min(resident) / cl.m).max(1) as usize;
-    let (m, k) = (dense.desc.rows, dense.desc.k);
+    let (m, n, k) = (dense.desc.rows, sparse.matrix_rows, dense.desc.k);
     let units = (tile.block_m() * cl.m, tile.block_n);
-    let sizes = (m, k.div_ceil(BLOCK_K as usize));
-    crate::bsr::sparse_schedule(
-        stream,
-        sparse,
-        sizes,
-        units,
-        cfg.group_m,
-        (clusters, cfg.split_k),
-    )
+    let work = crate::bsr::sparse_work(stream, sparse, m, units, (clusters, cfg.split_k))?;
+    let dims = (m as u32, n as u32, k as u32, 1);
+    let schedule = tile.schedule(dims, cl.m, (1, cfg.group_m), Some(work.sparse()));
+    Ok((schedule, work))
 }
 
 /// The kernel's input type for an element type.

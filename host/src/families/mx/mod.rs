@@ -64,19 +64,11 @@ impl Sm90MxConfig {
     }
 }
 
-/// The schedule of a GEMM of `shape` with `cfg` (the kernel's: units of a tile).
+/// The schedule of a GEMM of `shape` with `cfg`: the kernel's own function.
 fn dense_schedule(cfg: &Sm90MxConfig, shape: GemmShape, groups: Option<&DeviceGroups>) -> Schedule {
-    let GemmShape { m, n, k, l } = shape;
-    let units = (BLOCK_M, cfg.tile.block_n);
-    let k_blocks = k.div_ceil(BLOCK_K as usize);
-    let groups = groups.map(|g| g.schedule(m, false));
-    crate::launch::schedule(
-        (m, n, l),
-        k_blocks,
-        units,
-        (cfg.split_k, cfg.group_m),
-        groups,
-    )
+    let groups = DeviceGroups::unplaced_or_dense(groups);
+    cfg.tile
+        .schedule(shape.dims(), (cfg.split_k, cfg.group_m), groups)
 }
 
 /// Why the pair cannot go through the sm90 MX kernel (`None`: it can).

@@ -416,20 +416,12 @@ impl Family for Sm90W4 {
     }
 }
 
-/// The schedule of a GEMM of `shape` with `cfg`, as the kernel's: tiles of the weights' rows
-/// (C's N) by the activations' rows (C's M, the schedule's N).
+/// The schedule of a GEMM of `shape` with `cfg`: the kernel's own function (tiles of the
+/// weights' rows, C's N, by the activations' rows, C's M).
 fn dense_schedule(cfg: &Sm90W4Config, shape: GemmShape, groups: Option<&DeviceGroups>) -> Schedule {
-    let GemmShape { m, n, k, l } = shape;
-    let units = (WEIGHT_ROWS, cfg.tile.n);
-    let k_blocks = k.div_ceil(BLOCK_K as usize);
-    let groups = groups.map(|g| g.schedule(m, true));
-    crate::launch::schedule(
-        (n, m, l),
-        k_blocks,
-        units,
-        (cfg.split_k, cfg.group_m),
-        groups,
-    )
+    let groups = DeviceGroups::unplaced_or_dense(groups);
+    cfg.tile
+        .schedule(shape.dims(), (cfg.split_k, cfg.group_m), groups)
 }
 
 impl Sm90W4 {
