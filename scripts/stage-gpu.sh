@@ -20,7 +20,7 @@ for line in sys.stdin:
         name = t["name"] if kind == "test" else m["package_id"].split("#")[0].rsplit("/", 1)[-1] + "-" + kind
         shutil.copy(m["executable"], os.path.join("stage/tests", name))
 '
-cp target/release/blockscaled-run stage/
+cp target/release/blockscaled-run target/release/blockscaled-perf-table stage/
 # blockscaled-candle on its own (candle's CUDA build; its cudarc links the CUDA libraries, which
 # the GPU machine has): its GPU tests as stage/tests/candle-gpu_candle, its timing example as
 # stage/examples/candle-timing.
@@ -45,8 +45,8 @@ mkdir -p stage/examples && cp target/release/examples/quickstart target/release/
 BLOCKSCALED_USER_BUILD_OUT="$PWD/stage/user" scripts/check-user-build.sh >/dev/null
 bench=$(ls -t target/release/deps/gemm-* 2>/dev/null | grep -v '\.d$' | head -1 || true)
 [ -n "$bench" ] && cp "$bench" stage/bench-gemm
-cp scripts/run-gpu.sh scripts/sanitize-gpu.sh scripts/profile-gpu.sh scripts/ncu-compare.sh scripts/ncu-source.sh scripts/tile-sweep.sh scripts/decode-sweep.sh scripts/ab-gpu.sh stage/
-strip stage/tests/* stage/blockscaled-run stage/bench-gemm stage/examples/* stage/user/* 2>/dev/null || true
+cp scripts/run-gpu.sh scripts/sanitize-gpu.sh scripts/profile-gpu.sh scripts/ncu-compare.sh scripts/ncu-source.sh scripts/tile-sweep.sh scripts/decode-sweep.sh scripts/ab-gpu.sh scripts/perf-md.sh stage/
+strip stage/tests/* stage/blockscaled-run stage/blockscaled-perf-table stage/bench-gemm stage/examples/* stage/user/* 2>/dev/null || true
 cp target/release/ptx/*.ptx target/release/ptx/*.cubin target/release/ptx/*.ptxas.txt stage/ 2>/dev/null || true
 du -sh stage
 ls stage stage/tests

@@ -13,6 +13,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use crate::cublaslt::{LtPeer, blk128_len, vec128_len};
+use crate::report::Entry;
 use crate::timing::{Timing, time_on_stream};
 use blockscaled_tests::random_values;
 
@@ -138,6 +139,9 @@ pub struct BsrOutcome {
     /// The dense time the target scales: our dense FP8 kernel, or cuBLASLt bf16 / fp16 (none without
     /// the peer).
     pub target_base: Option<Timing>,
+    /// The bytes a call must move at least: the dense operand, the stored blocks with their
+    /// scales and indices, the output.
+    pub min_bytes: f64,
 }
 
 impl BsrOutcome {
@@ -250,6 +254,13 @@ pub fn run_bsr(gpu: &Gpu, peer: Option<&LtPeer>, c: &BsrCase) -> Result<BsrOutco
         } else {
             Some(dense_t)
         },
+        min_bytes: (dense.data().len()
+            + dense.scales().len()
+            + sparse.values().len()
+            + 4 * (sparse.scales().len()
+                + sparse.crow_indices().len()
+                + sparse.col_indices().len())
+            + 2 * m * n) as f64,
     })
 }
 
@@ -350,6 +361,45 @@ pub fn bsr_line(c: &BsrCase, o: &BsrOutcome) -> String {
         if ms <= o.target_ms() { "yes" } else { "no" },
         o.plan
     )
+}
+
+/// The case as a record ([`crate::report`]): the stored blocks' FLOPs and the bytes a call must
+/// move; the peer cuBLASLt's dense GEMM; our dense kernel's time and the target in the note.
+pub fn bsr_entry(c: &BsrCase, o: &BsrOutcome) -> Entry {
+    let other = match c.side {
+        SparseSide::B => c.m,
+        SparseSide::A => c.n,
+    };
+    let useful = 2.0 * other as f64 * o.nnz as f64 * (c.block * c.block) as f64;
+    let name = format!(
+        "{}/{} {:?} sparse, {} {:.1}%",
+        c.ty.name(),
+        c.block,
+        c.side,
+        c.pattern.name(),
+        100.0 * c.density
+    );
+    let peer = match c.ty {
+        BsrType::Fp8 => "cuBLASLt fp8 1x128/128x128 dense",
+        BsrType::Bf16 => "cuBLASLt bf16 dense",
+        BsrType::F16 => "cuBLASLt f16 dense",
+    };
+    let ms = o.sparse.median_ms;
+    let row = crate::report::row(
+        name,
+        (c.m, c.n, c.k, 1),
+        (ms, useful, o.min_bytes),
+        o.peer.map(|t| (peer, t.median_ms)),
+    );
+    let note = format!(
+        "our dense kernel {:.1} µs; target {:.1} µs ({}); {} blocks stored ({:.1}%)",
+        o.dense.median_ms * 1e3,
+        o.target_ms() * 1e3,
+        if ms <= o.target_ms() { "met" } else { "missed" },
+        o.nnz,
+        100.0 * o.density
+    );
+    Entry::new("bsr", row).plan(o.plan.clone()).note(note)
 }
 
 /// The bench's cases: FP8 128 × 128 blocks, bf16 64 × 64 and 128 × 128 blocks and fp16 128 × 128

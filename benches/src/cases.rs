@@ -51,6 +51,8 @@ pub struct Case {
 /// The result of one case.
 pub struct Outcome {
     pub row: Row,
+    /// The plan that ran.
+    pub plan: Plan,
     /// `Some(Ok)` checked and right, `Some(Err(msg))` checked and wrong, `None` not checked.
     pub check: Option<Result<String, String>>,
     /// Why the peer has no number, when it has none.
@@ -178,6 +180,7 @@ pub fn run_case(gpu: &Gpu, peer: Option<&LtPeer>, c: &Case) -> Result<Outcome, S
             ceiling_tflops: ceilings().0,
             ceiling_gbs: ceilings().1,
         },
+        plan,
         check,
         peer_note,
         peer_check,

@@ -14,6 +14,7 @@ use blockscaled_tests::{random_matrix, random_values};
 use cudarc::driver::{CudaSlice, CudaStream, CudaView};
 use half::bf16;
 
+use crate::report::{Entry, row};
 use crate::timing::{Timing, time_on_stream};
 
 type R<T> = Result<T, String>;
@@ -60,7 +61,7 @@ fn line(what: &str, owned: &Timing, view: &Timing) {
 
 /// Every family: owned against views, the same plan, interleaved rounds (the medians of each
 /// round's samples, then the median over rounds).
-fn views_against_owned(g: &Gpu, iters: usize) -> R<()> {
+fn views_against_owned(g: &Gpu, iters: usize) -> R<Vec<Entry>> {
     println!("GEMM on caller views against crate-owned matrices (bf16 output; median of rounds):");
     let cases = [
         (Recipe::DeepSeekFp8, (4096, 7168, 2048)),
@@ -69,6 +70,7 @@ fn views_against_owned(g: &Gpu, iters: usize) -> R<()> {
         (Recipe::Nvfp4, (2048, 4096, 4096)),
         (Recipe::W4A8(Fp4Weights::Mxfp4), (16, 7168, 2048)),
     ];
+    let mut entries = Vec::new();
     for (i, (recipe, (m, n, k))) in cases.into_iter().enumerate() {
         let (_, a) = random_matrix(900 + i as u64, m, k, 1, recipe.a());
         let (_, b) = random_matrix(950 + i as u64, n, k, 1, recipe.b());
@@ -91,23 +93,38 @@ fn views_against_owned(g: &Gpu, iters: usize) -> R<()> {
                 .map_err(e)?;
             view.push(t.median_ms);
         }
-        line(
-            &format!("{recipe} {m}×{n}×{k}"),
-            &Timing::from_samples(&mut own),
-            &Timing::from_samples(&mut view),
+        let (own, view) = (
+            Timing::from_samples(&mut own),
+            Timing::from_samples(&mut view),
         );
+        line(&format!("{recipe} {m}×{n}×{k}"), &own, &view);
+        let bytes = a.data().len() + a.scales().len() + b.data().len() + b.scales().len();
+        entries.push(Entry::new(
+            "engine",
+            row(
+                format!("{recipe} GEMM on caller views"),
+                (m, n, k, 1),
+                (
+                    view.median_ms,
+                    2.0 * (m * n * k) as f64,
+                    (bytes + 2 * m * n) as f64,
+                ),
+                Some(("crate-owned matrices", own.median_ms)),
+            ),
+        ));
     }
-    Ok(())
+    Ok(entries)
 }
 
 /// quantize → GEMM on a caller's stream through views (no allocation), against the allocating
 /// `quantize` call.
-fn quantize_then_gemm(g: &Gpu, iters: usize) -> R<()> {
+fn quantize_then_gemm(g: &Gpu, iters: usize) -> R<Vec<Entry>> {
     println!("quantize (bf16 → DeepSeek FP8 1×128) then GEMM, on a caller's stream:");
     let h = g
         .with_stream(g.context().new_stream().map_err(e)?)
         .map_err(e)?;
     let s = h.stream().clone();
+    let mut entries = Vec::new();
     for (m, n, k) in [(4096, 7168, 2048), (16, 7168, 2048)] {
         let v: Vec<u16> = random_values(3, m * k, k)
             .iter()
@@ -146,14 +163,26 @@ fn quantize_then_gemm(g: &Gpu, iters: usize) -> R<()> {
             allocs,
             iters + 3
         );
+        let name = format!("quantize_into + GEMM ({recipe}, a caller's stream)");
+        let flops = 2.0 * (m * n * k) as f64;
+        let note = format!(
+            "quantize {:.2} µs (allocating), quantize_into {:.2} µs, GEMM {:.2} µs; {allocs} \
+             device allocations in {} steps",
+            alloc.median_ms * 1e3,
+            into.median_ms * 1e3,
+            gemm.median_ms * 1e3,
+            iters + 3
+        );
+        let r = row(name, (m, n, k, 1), (both.median_ms, flops, 0.0), None);
+        entries.push(Entry::new("engine", r).note(note));
     }
-    Ok(())
+    Ok(entries)
 }
 
 /// Two threads, each with its own handle and stream, each running `steps` small GEMMs; the wall
 /// time of both together against the sum of each alone (each alone is its kernels' time: one
 /// stream, nothing else running).
-fn two_streams(g: &Gpu, steps: usize) -> R<()> {
+fn two_streams(g: &Gpu, steps: usize) -> R<Vec<Entry>> {
     println!("two threads on two streams of one GPU, {steps} GEMMs each (16×7168×2048 FP8):");
     let (m, n, k) = (16, 7168, 2048);
     let recipe = Recipe::DeepSeekFp8;
@@ -224,13 +253,19 @@ fn two_streams(g: &Gpu, steps: usize) -> R<()> {
         together.median_ms,
         together.median_ms / alone.median_ms
     );
-    Ok(())
+    let r = row(
+        format!("two threads on two streams, {steps} GEMMs each ({recipe})"),
+        (m, n, k, 1),
+        (together.median_ms, 4.0 * (steps * m * n * k) as f64, 0.0),
+        Some(("each alone, summed", alone.median_ms)),
+    );
+    Ok(vec![Entry::new("engine", r)])
 }
 
-/// The whole `--engine` report.
-pub fn run_engine(g: &Gpu, iters: usize) -> R<()> {
-    views_against_owned(g, iters)?;
-    quantize_then_gemm(g, iters)?;
-    two_streams(g, 200)?;
-    Ok(())
+/// The whole `--engine` report, and its rows ([`crate::report`]).
+pub fn run_engine(g: &Gpu, iters: usize) -> R<Vec<Entry>> {
+    let mut entries = views_against_owned(g, iters)?;
+    entries.extend(quantize_then_gemm(g, iters)?);
+    entries.extend(two_streams(g, 200)?);
+    Ok(entries)
 }

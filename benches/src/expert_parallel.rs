@@ -19,6 +19,7 @@ use blockscaled_tests::random_values;
 use cudarc::driver::CudaSlice;
 
 use crate::parallel::timed;
+use crate::report::{Entry, row};
 use crate::timing::median;
 
 type R<T> = Result<T, String>;
@@ -85,7 +86,8 @@ fn one_expert(s: MoeShape) -> R<(ScaledMatrix, ScaledMatrix)> {
 
 /// The layer on one GPU alone (`blockscaled-run --moe`): each preset at 256 and 8192 tokens, the
 /// step and its grouped GEMMs alone (a run a kernel profiler can attach to: no NCCL).
-pub fn run_moe(g: &Gpu, iters: usize) -> R<()> {
+pub fn run_moe(g: &Gpu, iters: usize) -> R<Vec<Entry>> {
+    let mut entries = Vec::new();
     println!(
         "MoE layer on one GPU (DeepSeek FP8 experts, SwiGLU, bf16 out; medians of {iters} steps):"
     );
@@ -141,9 +143,24 @@ pub fn run_moe(g: &Gpu, iters: usize) -> R<()> {
                 gemms * 1e3,
                 flops / (gemms * 1e-3) / 1e12
             );
+            let shape = (tokens, hidden, inter, experts);
+            let r = row(
+                format!("{name} layer step"),
+                shape,
+                (step, flops, 0.0),
+                None,
+            );
+            entries.push(Entry::new("moe", r));
+            let r = row(
+                format!("{name} grouped GEMMs alone"),
+                shape,
+                (gemms, flops, 0.0),
+                None,
+            );
+            entries.push(Entry::new("moe", r));
         }
     }
-    Ok(())
+    Ok(entries)
 }
 
 /// The grouped GEMMs alone on a step's rows, into outputs of their own (medians, ms).
@@ -166,8 +183,10 @@ fn gemms_alone(
     Ok(median(&mut v[3..].to_vec()))
 }
 
-/// The table (module doc).
-pub fn run_ep(iters: usize) -> R<()> {
+/// The table (module doc), and its rows ([`crate::report`]): the layer on two GPUs, plain, as two
+/// micro-batches, and with the GEMMs on fewer CTAs, each against the one GPU.
+pub fn run_ep(iters: usize) -> R<Vec<Entry>> {
+    let mut entries = Vec::new();
     let n = cudarc::driver::CudaContext::device_count().map_err(e)?;
     if n < 2 {
         return Err(format!("--ep needs two GPUs; this machine has {n}"));
@@ -306,9 +325,29 @@ pub fn run_ep(iters: usize) -> R<()> {
                 single / reserved,
                 100.0 * (whole - reserved) / comm,
             );
+            let shape = (tokens, hidden, inter, experts);
+            let one = format!("1 GPU, {} tokens", world * tokens);
+            let note = format!(
+                "route+pack {:.1}, send tokens {:.1}, experts {:.1}, send rows {:.1}, combine \
+                 {:.1} µs; {dropped} entries dropped",
+                p0 * 1e3,
+                p1 * 1e3,
+                p2 * 1e3,
+                p3 * 1e3,
+                p4 * 1e3
+            );
+            for (what, ms) in [
+                ("", whole),
+                (", two micro-batches", piped),
+                (", two micro-batches, GEMMs on 16 fewer CTAs", reserved),
+            ] {
+                let name = format!("{name} on {world} GPUs{what}");
+                let r = row(name, shape, (ms, flops, 0.0), Some((&one, single)));
+                entries.push(Entry::new("ep", r).note(note.clone()));
+            }
         }
     }
-    Ok(())
+    Ok(entries)
 }
 
 /// A peer capacity a quarter above an even share of `tokens · top_k` entries over `world` GPUs,

@@ -12,6 +12,7 @@ use blockscaled::{
 use blockscaled_tests::{random_values, upload_tensor_as};
 
 use crate::cases::L2_BYTES;
+use crate::report::Entry;
 use crate::timing::{rotation_count, time_on_stream};
 
 fn err(e: Error) -> String {
@@ -30,6 +31,16 @@ pub struct EpilogueSpec {
 }
 
 impl EpilogueSpec {
+    /// The spec as `--epilogue` spells it, every step named (`alpha=1,bias,silu`).
+    pub fn name(&self) -> String {
+        let mut spec = vec![format!("alpha={}", self.alpha)];
+        spec.extend(self.beta.then(|| "beta".to_string()));
+        spec.extend(self.bias.then(|| "bias".to_string()));
+        spec.push(self.activation.name().to_string());
+        spec.extend(self.residual.then(|| "residual".to_string()));
+        spec.join(",")
+    }
+
     pub fn parse(spec: &str) -> Result<Self, String> {
         let mut s = EpilogueSpec {
             alpha: 1.0,
@@ -103,6 +114,9 @@ pub struct FusedOutcome {
     /// with the fused quantized output, and whether that output is bit-identical to the
     /// quantizer of the same epilogue's f32 output.
     pub quantized: Option<(f64, f64, bool)>,
+    /// The bytes a call with bf16 output must move at least: the operands with their scales, the
+    /// epilogue's tensors, the output.
+    pub min_bytes: f64,
 }
 
 /// Times `case` on `gpu` (random operands and epilogue tensors from `case.seed`).
@@ -193,9 +207,15 @@ pub fn run_fused(gpu: &Gpu, case: &FusedCase) -> Result<FusedOutcome, String> {
             Some((q.median_ms, t.median_ms, same_bits))
         }
     };
+    let epilogue_bytes = 2
+        * (spec.beta as usize * m * n * l
+            + spec.bias as usize * n
+            + spec.residual as usize * m * n_out * l);
+    let operand_bytes = a.data().len() + a.scales().len() + b.data().len() + b.scales().len();
     Ok(FusedOutcome {
         plain_plan,
         fused_plan,
+        min_bytes: (operand_bytes + epilogue_bytes + 2 * m * n_out * l) as f64,
         flops: 2.0 * (m * n * k * l) as f64,
         plain_ms: plain.median_ms,
         plain_on_fused_plan_ms: same.median_ms,
@@ -215,16 +235,10 @@ pub fn fused_lines(case: &FusedCase, o: &FusedOutcome) -> (Vec<String>, bool) {
             ms / o.plain_ms
         )
     };
-    let e = &case.epilogue;
-    let mut spec = vec![format!("alpha={}", e.alpha)];
-    spec.extend(e.beta.then(|| "beta".to_string()));
-    spec.extend(e.bias.then(|| "bias".to_string()));
-    spec.push(e.activation.name().to_string());
-    spec.extend(e.residual.then(|| "residual".to_string()));
     let mut lines = vec![
         format!(
             "fused epilogue `{}`{} on {} {l}×{m}×{n}×{k}",
-            spec.join(","),
+            case.epilogue.name(),
             case.quant
                 .as_deref()
                 .map(|q| format!(" → {q}"))
@@ -259,6 +273,55 @@ pub fn fused_lines(case: &FusedCase, o: &FusedOutcome) -> (Vec<String>, bool) {
         ok &= same_bits;
     }
     (lines, ok)
+}
+
+/// The records of `o` ([`crate::report`]): the plain GEMM with bf16 output (on its plan and on
+/// the fused plan), the fused epilogue with bf16 output against the plain GEMM and, for a
+/// quantized output, the fused quantized output against the fused bf16 GEMM followed by the
+/// standalone quantizer.
+pub fn fused_entries(case: &FusedCase, o: &FusedOutcome) -> Vec<Entry> {
+    let [m, n, k, l] = case.mnkl;
+    let (recipe, spec) = (case.recipe.name(), case.epilogue.name());
+    let entry = |name: String, ms: f64, peer: Option<(&str, f64)>, plan: &Plan| {
+        let row = crate::report::row(name, (m, n, k, l), (ms, o.flops, o.min_bytes), peer);
+        Entry::new("fused", row).plan(crate::cases::plan_name(plan))
+    };
+    let plain = "plain GEMM → bf16";
+    let mut out = vec![
+        entry(format!("{recipe} {plain}"), o.plain_ms, None, &o.plain_plan),
+        entry(
+            format!("{recipe} {plain}, fused plan"),
+            o.plain_on_fused_plan_ms,
+            None,
+            &o.fused_plan,
+        ),
+        entry(
+            format!("{recipe} {spec} → bf16"),
+            o.fused_bf16_ms,
+            Some((plain, o.plain_ms)),
+            &o.fused_plan,
+        ),
+    ];
+    if let Some((q, t, same_bits)) = o.quantized {
+        let name = case.quant.as_deref().unwrap_or("");
+        let unfused = format!("{spec} → bf16 + quantizer");
+        let e = entry(
+            format!("{recipe} {spec} → {name}"),
+            t,
+            Some((&unfused, o.fused_bf16_ms + q)),
+            &o.fused_plan,
+        );
+        out.push(e.note(format!(
+            "standalone quantizer {:.2} µs; {}",
+            q * 1e3,
+            if same_bits {
+                "bit-identical to the quantizer of the fused f32 output"
+            } else {
+                "DIFFERS from the quantizer of the fused f32 output"
+            }
+        )));
+    }
+    out
 }
 
 /// One device quantizer's measurement: its median time, its bytes read and written, and how it
@@ -427,6 +490,36 @@ pub fn quantizer_lines(rows: &[QuantizerRow]) -> (Vec<String>, bool) {
     (lines, ok)
 }
 
+/// The records of a quantizer table ([`crate::report`]): `(rows, k, batch)` of `input` values
+/// into each format (N is none: 0), the bytes read and written, no FLOPs; the check and the
+/// allocating call's time in the note. Formats the device quantizers do not take have no row.
+pub fn quantizer_entries(
+    rows: &[QuantizerRow],
+    (m, k, l): (usize, usize, usize),
+    input: &str,
+) -> Vec<Entry> {
+    rows.iter()
+        .filter(|r| r.ms.is_finite())
+        .map(|r| {
+            let row = crate::report::row(
+                format!("{} from {input}", r.name),
+                (m, 0, k, l),
+                (r.ms, 0.0, r.bytes as f64),
+                None,
+            );
+            let check = match &r.check {
+                Ok(s) | Err(s) => s.clone(),
+            };
+            let note = if r.call_ms.is_nan() {
+                check
+            } else {
+                format!("{check}; allocating call {:.2} µs", r.call_ms * 1e3)
+            };
+            Entry::new("quantize", row).note(note)
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -454,6 +547,11 @@ mod tests {
                 .contains("tanh")
         );
         assert!(EpilogueSpec::parse("alpha=x").is_err());
+        assert_eq!(s.name(), "alpha=2,bias,silu,residual");
+        assert_eq!(
+            EpilogueSpec::parse("beta").unwrap().name(),
+            "alpha=1,beta,none"
+        );
         assert_eq!(out_quant("nvfp4").unwrap().1, Some(0.01));
         assert!(out_quant("fp8").unwrap_err().contains("fp8-1x128"));
     }

@@ -9,6 +9,7 @@ use blockscaled::{Gpu, GroupLayout, OutType, Plan, Recipe, ScaledMatrix};
 use cudarc::driver::{CudaSlice, CudaStream};
 
 use crate::cublaslt::{LtPeer, blk128_len, vec128_len};
+use crate::report::Entry;
 use crate::timing::{Timing, time_on_stream};
 use blockscaled_tests::random_values;
 
@@ -357,6 +358,46 @@ pub fn grouped_line(c: &GroupedCase, o: &GroupedOutcome) -> String {
         ratio,
         peer_note
     )
+}
+
+/// The case as a record ([`crate::report`]): M the rows summed over the groups, L the groups;
+/// the useful FLOPs and the bytes every expert with rows must read at least; the peer the loop
+/// of cuBLASLt calls.
+pub fn grouped_entry(c: &GroupedCase, o: &GroupedOutcome) -> Entry {
+    let layout = match c.layout {
+        GroupLayout::Contiguous => "contiguous".to_string(),
+        GroupLayout::Masked => format!("masked, capacity {}", c.capacity),
+    };
+    let route = match c.route {
+        GroupedRoute::Chosen => "",
+        GroupedRoute::Exact => ", exact kernels",
+        GroupedRoute::Fold => ", folded per call",
+        GroupedRoute::FoldedOnce => ", B folded once",
+    };
+    // The rows of each group where they fit in a cell, else the largest.
+    let sizes = if c.sizes.len() <= 8 {
+        format!("{:?}", c.sizes).replace(' ', "")
+    } else {
+        format!("≤{} rows", c.sizes.iter().max().unwrap_or(&0))
+    };
+    let name = format!("{} {layout}{route} {sizes}", c.recipe.name());
+    let peer = if c.recipe == Recipe::DeepSeekFp8 {
+        "cuBLASLt fp8 1x128/128x128 loop"
+    } else {
+        "cuBLASLt bf16 loop"
+    };
+    let total = c.sizes.iter().sum::<usize>();
+    let row = crate::report::row(
+        name,
+        (total, c.n, c.k, c.sizes.len()),
+        (o.ours.median_ms, o.flops, o.min_bytes),
+        o.peer.map(|t| (peer, t.median_ms)),
+    );
+    let e = Entry::new("grouped", row).plan(o.plan.clone());
+    match (o.peer_padded, o.peer_bf16) {
+        (0, 0) => e,
+        (p, b) => e.note(format!("peer: {p} groups padded to 16 rows, {b} in bf16")),
+    }
 }
 
 /// `cargo bench`'s grouped set: the seed's four cases in FP8 blockwise, MXFP4 experts with FP8

@@ -7,5 +7,8 @@ pub mod expert_parallel;
 pub mod fused;
 pub mod grouped;
 pub mod parallel;
+pub mod perf_md;
+pub mod report;
+pub mod runner;
 pub mod table;
 pub mod timing;

@@ -15,6 +15,7 @@ use blockscaled_tests::{random_matrix, random_values, weight_cols, weight_rows};
 use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaSlice, DevicePtr};
 
+use crate::report::{Entry, row};
 use crate::timing::median;
 
 type R<T> = Result<T, String>;
@@ -116,7 +117,8 @@ pub(crate) fn timed(gpus: &[&Gpu], f: &mut dyn FnMut() -> R<()>) -> R<f64> {
 
 /// The table (see the module doc): DeepSeek-V3's dense MLP (hidden 7168, intermediate 18432) at
 /// 16 and 4096 tokens, and a Mixtral-sized one (4096, 14336).
-pub fn run_tp(iters: usize) -> R<()> {
+pub fn run_tp(iters: usize) -> R<Vec<Entry>> {
+    let mut entries = Vec::new();
     let n = cudarc::driver::CudaContext::device_count().map_err(e)?;
     if n < 2 {
         return Err(format!("--tp needs two GPUs; this machine has {n}"));
@@ -180,7 +182,15 @@ pub fn run_tp(iters: usize) -> R<()> {
                 t1 / t2,
                 tr * 1e3
             );
+            let r = row(
+                format!("{name} MLP on {world} GPUs"),
+                (m, hidden, inter, 1),
+                (t2, flops, 0.0),
+                Some(("1 GPU", t1)),
+            );
+            let note = format!("the all-reduce alone {:.1} µs", tr * 1e3);
+            entries.push(Entry::new("tp", r).note(note));
         }
     }
-    Ok(())
+    Ok(entries)
 }
