@@ -7,7 +7,9 @@ use std::path::{Path, PathBuf};
 use crate::ptx::{Bounds, edit_ptx};
 use crate::ptxas::{assemble, find_ptxas, ptxas_version, spilling_kernels};
 use crate::rustc::{Toolchain, compile};
-use crate::{Arch, BuildError, BuiltPtx, PINNED_PTXAS_VERSION, PINNED_TOOLCHAIN, PTXAS_FLAGS};
+use crate::{
+    Arch, BuildError, BuiltPtx, PINNED_PTXAS_VERSION, PINNED_TOOLCHAIN, PTXAS_FLAGS, nvdisasm,
+};
 
 /// The kernel-crate builder (the shape of Rust-CUDA's `cuda_builder`).
 #[derive(Clone, Debug)]
@@ -107,6 +109,7 @@ impl Builder {
             crate_path.join("Cargo.toml").display()
         );
         println!("cargo:rerun-if-env-changed=PTXAS");
+        println!("cargo:rerun-if-env-changed=NVDISASM");
         println!("cargo:rerun-if-env-changed=BLOCKSCALED_REQUIRE_PTXAS");
 
         println!("cargo:rerun-if-env-changed=BLOCKSCALED_TOOLS");
@@ -142,6 +145,17 @@ impl Builder {
             }
             println!("cargo:warning={msg}");
         }
+        // Step 5 reads the cubins, and is the only step that may be skipped where ptxas is found.
+        let nvdisasm = ptxas.as_ref().and_then(|p| {
+            let found = nvdisasm::find_nvdisasm(p);
+            if found.is_none() {
+                println!(
+                    "cargo:warning=no nvdisasm found (`eval \"$(scripts/setup.sh)\"` installs it and \
+                     sets NVDISASM): spills inside K loops were not looked for"
+                );
+            }
+            found
+        });
 
         let mut built = Vec::new();
         for &arch in &self.archs {
@@ -164,7 +178,21 @@ impl Builder {
             let (ptxas_report, spilling_kernels, cubin) = match (&ptxas, &ptxas_version) {
                 (Some(p), Some(v)) => {
                     let report = assemble(p, arch, &ptx, &cubin)?;
-                    let spills = spilling_kernels(&report);
+                    let mut spills = spilling_kernels(&report);
+                    if let Some(nvdisasm) = nvdisasm.as_deref().filter(|_| !spills.is_empty()) {
+                        let kernels: Vec<&str> = spills.iter().map(|s| s.kernel.as_str()).collect();
+                        match nvdisasm::k_loop_spills(nvdisasm, &cubin, &kernels) {
+                            Ok(found) => {
+                                for s in &mut spills {
+                                    s.in_k_loop = found.get(&s.kernel).copied();
+                                }
+                            }
+                            Err(e) => println!(
+                                "cargo:warning={}: spills inside K loops were not looked for: {e}",
+                                arch.name()
+                            ),
+                        }
+                    }
                     let header = format!(
                         "ptxas {v} ({}) -arch={} {}\n",
                         p.display(),

@@ -34,16 +34,24 @@
 //!    headed by the ptxas version that made it. A ptxas other than [`PINNED_PTXAS_VERSION`] is a
 //!    warning, or an error when ptxas is required (CI): the cubin is shipped, so its SASS must not
 //!    depend on what happens to be installed.
+//! 5. If an `nvdisasm` is found too (`NVDISASM`, the pinned install `scripts/setup.sh` makes, the
+//!    one beside ptxas, or the `PATH`), the spilling kernels' SASS is read back from the cubin and
+//!    each [`Spill`] gets the local-memory accesses inside its K loop ([`LoopSpills`]): a spill
+//!    there is paid once per K block, not once per tile. Without one that check alone is skipped,
+//!    with a one-line note.
 //!
-//! The modules follow these steps: `rustc` (1, 2), `ptx` (3), `ptxas` (4); `builder` runs them.
+//! The modules follow these steps: `rustc` (1, 2), `ptx` (3), `ptxas` (4), `nvdisasm` and `sass`
+//! (5); `builder` runs them.
 
 use std::fmt;
 use std::path::PathBuf;
 
 mod builder;
+mod nvdisasm;
 mod ptx;
 mod ptxas;
 mod rustc;
+mod sass;
 
 pub use builder::Builder;
 pub use ptxas::{find_ptxas, ptxas_version, spilling_kernels};
@@ -54,6 +62,11 @@ pub use rustc::toolchain_install_command;
 /// 13.0 is the JIT compiler of the r580 drivers, so the cubin's SASS is what those drivers make of
 /// the PTX.
 pub const PINNED_PTXAS_VERSION: &str = "13.0.88";
+
+/// The nvdisasm release `scripts/setup.sh` installs to read the cubins' SASS back (step 5). It only
+/// reads what the pinned ptxas made, so any release that knows the targets would do; NVIDIA
+/// publishes nvdisasm as a pip package from CUDA 13.2 on (none of 13.0), and this is a 13.2 one.
+pub const PINNED_NVDISASM_VERSION: &str = "13.2.86";
 
 /// The toolchain that compiles the kernels, named explicitly whatever toolchain runs the outer
 /// build: nvptx64 needs nightly (`-Zbuild-std=core`, `asm!` for nvptx, the `ptx-kernel` ABI), and
@@ -164,6 +177,18 @@ pub struct Spill {
     pub stack: u64,
     pub stores: u64,
     pub loads: u64,
+    /// Its local-memory accesses inside its K loop, from the cubin's SASS; `None` where that was
+    /// not read (no nvdisasm, or it failed: the build said why).
+    pub in_k_loop: Option<LoopSpills>,
+}
+
+/// Local-memory instructions (`STL` stores, `LDL` loads: counts of instructions, not bytes) inside
+/// a kernel's K loop, the innermost loop that holds its tensor-core MMAs (its nested loops, such as
+/// barrier waits, included). Kernels without MMAs (the quantizers) have no K loop: zero.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LoopSpills {
+    pub stores: u64,
+    pub loads: u64,
 }
 
 #[cfg(test)]
@@ -183,6 +208,20 @@ mod tests {
             .find_map(|l| l.strip_prefix("PTXAS_VERSION="))
             .expect("scripts/setup.sh sets PTXAS_VERSION");
         assert_eq!(pinned.trim(), PINNED_PTXAS_VERSION);
+    }
+
+    /// The nvdisasm pin is written twice too.
+    #[test]
+    fn pinned_nvdisasm_matches_setup_script() {
+        let setup = std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/setup.sh"),
+        )
+        .unwrap();
+        let pinned = setup
+            .lines()
+            .find_map(|l| l.strip_prefix("NVDISASM_VERSION="))
+            .expect("scripts/setup.sh sets NVDISASM_VERSION");
+        assert_eq!(pinned.trim(), PINNED_NVDISASM_VERSION);
     }
 
     /// The kernel toolchain and the workspace's `rust-toolchain.toml` name one nightly.

@@ -139,6 +139,7 @@ pub fn spilling_kernels(report: &str) -> Vec<Spill> {
                 stack: n(stack),
                 stores: n(stores),
                 loads: n(loads),
+                in_k_loop: None,
             };
             if spill.stack + spill.stores + spill.loads > 0
                 && !bad.iter().any(|b| b.kernel == current)
@@ -174,6 +175,7 @@ mod tests {
             stack: 16,
             stores: 8,
             loads: 8,
+            in_k_loop: None,
         };
         assert_eq!(spilling_kernels(r), vec![b]);
     }
