@@ -112,46 +112,95 @@ fn build_from_source(package: &Path, shipped: &Path) -> PathBuf {
 }
 
 /// The kernels' stack frames and spills: those `KNOWN-SPILLS` (beside the shipped images) accepts,
-/// at most its bytes, in one line; any other, or more bytes than listed, a warning of its own.
+/// at most its bytes and K-loop accesses, in one line; any other, more bytes than listed, or local
+/// memory in a K loop that it does not accept, a warning of its own.
 fn report_spills(built: &[BuiltPtx], shipped: &Path) {
     let list = shipped.join(KNOWN_SPILLS);
     println!("cargo:rerun-if-changed={}", list.display());
-    let known: Vec<(String, String, u64, u64)> = std::fs::read_to_string(&list)
+    let known: Vec<Known> = std::fs::read_to_string(&list)
         .unwrap_or_default()
         .lines()
         .filter(|l| !l.trim_start().starts_with('#') && !l.trim().is_empty())
-        .filter_map(|l| {
-            let f: Vec<&str> = l.split_whitespace().collect();
-            Some((
-                f.first()?.to_string(),
-                f.get(1)?.to_string(),
-                f.get(2)?.parse().ok()?,
-                f.get(3)?.parse().ok()?,
-            ))
-        })
+        .filter_map(Known::parse)
         .collect();
-    let mut within = 0;
+    let (mut within, mut unchecked) = (0, 0);
     for b in built {
         let arch = b.arch.name();
         for s in &b.spilling_kernels {
-            let listed = known.iter().find(|k| k.0 == arch && k.1 == s.kernel);
+            let listed = known
+                .iter()
+                .find(|k| k.arch == arch && k.kernel == s.kernel);
+            let mut fine = true;
             match listed {
-                Some(k) if s.stack <= k.2 && s.stores <= k.3 => within += 1,
-                Some(k) => println!(
-                    "cargo:warning={arch}: kernel {} now has a {}-byte stack frame and {} bytes of spill stores, more than the {} and {} {KNOWN_SPILLS} accepts (target/*/ptx/{arch}.ptxas.txt)",
-                    s.kernel, s.stack, s.stores, k.2, k.3
-                ),
-                None => println!(
-                    "cargo:warning={arch}: kernel {} spills: a {}-byte stack frame, {} bytes of spill stores (target/*/ptx/{arch}.ptxas.txt); not in {KNOWN_SPILLS}",
-                    s.kernel, s.stack, s.stores
-                ),
+                Some(k) if s.stack <= k.stack && s.stores <= k.stores => {}
+                Some(k) => {
+                    fine = false;
+                    println!(
+                        "cargo:warning={arch}: kernel {} now has a {}-byte stack frame and {} bytes of spill stores, more than the {} and {} {KNOWN_SPILLS} accepts (target/*/ptx/{arch}.ptxas.txt)",
+                        s.kernel, s.stack, s.stores, k.stack, k.stores
+                    )
+                }
+                None => {
+                    fine = false;
+                    println!(
+                        "cargo:warning={arch}: kernel {} spills: a {}-byte stack frame, {} bytes of spill stores (target/*/ptx/{arch}.ptxas.txt); not in {KNOWN_SPILLS}",
+                        s.kernel, s.stack, s.stores
+                    )
+                }
+            }
+            let accepted = listed.map_or(0, |k| k.k_loop);
+            match s.in_k_loop {
+                Some(l) if l.stores + l.loads > accepted => {
+                    fine = false;
+                    println!(
+                        "cargo:warning={arch}: kernel {} accesses local memory inside its K loop: {} stores (STL) and {} loads (LDL) in the loop around its MMAs, paid every K block; {KNOWN_SPILLS} accepts {accepted} (`nvdisasm -c target/*/ptx/{arch}.cubin`)",
+                        s.kernel, l.stores, l.loads
+                    )
+                }
+                Some(_) => {}
+                None => unchecked += 1,
+            }
+            if fine {
+                within += 1;
             }
         }
     }
     if within > 0 {
+        let (what, note) = if unchecked == 0 {
+            ("stack frames, spills and K-loop accesses", "")
+        } else {
+            ("stack frames and spills", "; K loops not read")
+        };
         println!(
-            "cargo:warning={within} kernels have the stack frames and spills {KNOWN_SPILLS} accepts (host/kernel-images/{KNOWN_SPILLS})"
+            "cargo:warning={within} kernels have the {what} {KNOWN_SPILLS} accepts (host/kernel-images/{KNOWN_SPILLS}{note})"
         );
+    }
+}
+
+/// One line of `KNOWN-SPILLS`: `target kernel stack-bytes spill-store-bytes [k-loop=N]`.
+struct Known {
+    arch: String,
+    kernel: String,
+    stack: u64,
+    stores: u64,
+    /// Local-memory instructions (STL + LDL) accepted inside the K loop; 0 when not given.
+    k_loop: u64,
+}
+
+impl Known {
+    fn parse(line: &str) -> Option<Known> {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        let k_loop = match f.get(4) {
+            Some(field) => field.strip_prefix("k-loop=")?.parse().ok()?,
+            None => 0,
+        };
+        Some(Known {
+            arch: f.first()?.to_string(),
+            kernel: f.get(1)?.to_string(),
+            stack: f.get(2)?.parse().ok()?,
+            stores: f.get(3)?.parse().ok()?,
+            k_loop,
+        })
     }
 }
 
