@@ -60,126 +60,142 @@ pub struct QuantizeKernel {
 
 const TARGETS: &[&str] = &["sm_90a", "sm_100a"];
 
-/// The maximum-magnitude pass.
-pub const AMAX_KERNEL: KernelInfo = KernelInfo {
-    name: "quantize_amax",
-    max_threads: Some(QUANTIZE_THREADS),
-    min_blocks_per_sm: 1,
-    targets: TARGETS,
-};
+impl QuantizeKernel {
+    /// The row of the quantizer `name` of `elem` codes with `scale` scales from `input`.
+    pub const fn new(
+        name: &'static str,
+        elem: ElemType,
+        scale: ScaleType,
+        input: InputType,
+    ) -> Self {
+        QuantizeKernel {
+            elem,
+            scale,
+            input,
+            info: KernelInfo {
+                name,
+                max_threads: Some(QUANTIZE_THREADS),
+                min_blocks_per_sm: QUANTIZE_MIN_BLOCKS,
+                targets: TARGETS,
+            },
+        }
+    }
+
+    /// The row of the per-row quantizer `name` of `elem` codes from `input` (a whole row's lanes
+    /// in one block).
+    pub const fn per_row(name: &'static str, elem: ElemType, input: InputType) -> Self {
+        QuantizeKernel {
+            elem,
+            scale: ScaleType::F32,
+            input,
+            info: KernelInfo {
+                name,
+                max_threads: Some(ROW_THREADS_MAX),
+                min_blocks_per_sm: 1,
+                targets: TARGETS,
+            },
+        }
+    }
+}
 
 /// The maximum pass as a one-row list (the registry gathers lists of rows with an `info`).
 pub struct AmaxKernel {
     pub info: KernelInfo,
 }
 
-/// [`AMAX_KERNEL`]'s list.
-pub const AMAX: &[AmaxKernel] = &[AmaxKernel { info: AMAX_KERNEL }];
-
-macro_rules! quantize_kernels {
-    ($(($name:literal, $elem:ident, $scale:ident)),*) => {
-        /// Every quantizer kernel (the registry's rows): each format from each input type.
-        pub const KERNELS: &[QuantizeKernel] = &[$(
-            quantize_kernels!(@row concat!($name, "_from_f32"), $elem, $scale, F32),
-            quantize_kernels!(@row concat!($name, "_from_bf16"), $elem, $scale, Bf16),
-            quantize_kernels!(@row concat!($name, "_from_f16"), $elem, $scale, F16),
-        )*];
-        #[cfg(target_arch = "nvptx64")]
-        mod entries {
-            use super::{InputType, QuantizeParams, quantize_elems};
-            use crate::format::{ElemType, ScaleType};
-            $(
-                quantize_kernels!(@entry concat!($name, "_from_f32"), $elem, $scale, F32, false);
-                quantize_kernels!(@entry concat!($name, "_from_bf16"), $elem, $scale, Bf16, false);
-                quantize_kernels!(@entry concat!($name, "_from_f16"), $elem, $scale, F16, false);
-            )*
-            /// # Safety
-            /// As [`super::device::amax`].
-            #[unsafe(export_name = "quantize_amax")]
-            unsafe extern "ptx-kernel" fn amax(p: QuantizeParams) {
-                // SAFETY: the launch's contract.
-                unsafe { super::device::amax(&p) }
-            }
-        }
-    };
-    (@row $name:expr, $elem:ident, $scale:ident, $input:ident) => {
-        QuantizeKernel {
-            elem: ElemType::$elem,
-            scale: ScaleType::$scale,
-            input: InputType::$input,
+impl AmaxKernel {
+    /// The row of the maximum pass `name`.
+    pub const fn new(name: &'static str) -> Self {
+        AmaxKernel {
             info: KernelInfo {
-                name: $name,
+                name,
                 max_threads: Some(QUANTIZE_THREADS),
-                min_blocks_per_sm: QUANTIZE_MIN_BLOCKS,
-                targets: TARGETS,
-            },
-        }
-    };
-    // (`$rows`: a per-row kernel, `device::quantize`'s `ROWS`.)
-    (@entry $name:expr, $elem:ident, $scale:ident, $input:ident, $rows:literal) => {
-        const _: () = {
-            /// # Safety
-            /// As [`super::device::quantize`].
-            #[unsafe(export_name = $name)]
-            unsafe extern "ptx-kernel" fn kernel(p: QuantizeParams) {
-                // SAFETY: the launch's contract (`p.input` is this kernel's input type; for a
-                // per-row kernel the span a row and the block a whole row's lanes).
-                unsafe {
-                    super::device::quantize::<
-                        { ElemType::$elem as u32 },
-                        { ScaleType::$scale as u32 },
-                        { InputType::$input as u32 },
-                        { quantize_elems(InputType::$input) as usize },
-                        $rows,
-                    >(&p)
-                }
-            }
-        };
-    };
-}
-
-macro_rules! row_kernels {
-    ($(($name:literal, $elem:ident, $input:ident)),*) => {
-        /// Every per-row quantizer (the registry's rows): FP8 with one fp32 scale per row, a whole
-        /// row in one block, its maximum reduced in shared memory (no maximum pass: the input is
-        /// read once).
-        pub const ROW_KERNELS: &[QuantizeKernel] = &[$(QuantizeKernel {
-            elem: ElemType::$elem,
-            scale: ScaleType::F32,
-            input: InputType::$input,
-            info: KernelInfo {
-                name: $name,
-                max_threads: Some(ROW_THREADS_MAX),
                 min_blocks_per_sm: 1,
                 targets: TARGETS,
             },
-        }),*];
-        #[cfg(target_arch = "nvptx64")]
-        mod row_entries {
-            use super::{InputType, QuantizeParams, quantize_elems};
-            use crate::format::{ElemType, ScaleType};
-            $(quantize_kernels!(@entry $name, $elem, F32, $input, true);)*
         }
-    };
+    }
 }
 
-row_kernels! {
-    ("quantize_rows_e4m3_from_f32", E4M3, F32),
-    ("quantize_rows_e4m3_from_bf16", E4M3, Bf16),
-    ("quantize_rows_e4m3_from_f16", E4M3, F16),
-    ("quantize_rows_e5m2_from_f32", E5M2, F32),
-    ("quantize_rows_e5m2_from_bf16", E5M2, Bf16),
-    ("quantize_rows_e5m2_from_f16", E5M2, F16)
+crate::entry::kernel_table! {
+    /// # Safety
+    /// As [`device::quantize`] (`p.input` is this kernel's input type).
+    #[cfg(target_arch = "nvptx64")]
+    unsafe extern "ptx-kernel" fn |K| {
+        call(QuantizeParams) => device::quantize::<
+            { K.elem as u32 },
+            { K.scale as u32 },
+            { K.input as u32 },
+            { quantize_elems(K.input) as usize },
+            false,
+        >;
+    }
+
+    /// Every quantizer kernel (the registry's rows): each format from each input type.
+    pub const KERNELS: &[QuantizeKernel] = QuantizeKernel::new [
+        call("quantize_e4m3_f32_from_f32", ElemType::E4M3, ScaleType::F32, InputType::F32),
+        call("quantize_e4m3_f32_from_bf16", ElemType::E4M3, ScaleType::F32, InputType::Bf16),
+        call("quantize_e4m3_f32_from_f16", ElemType::E4M3, ScaleType::F32, InputType::F16),
+        call("quantize_e5m2_f32_from_f32", ElemType::E5M2, ScaleType::F32, InputType::F32),
+        call("quantize_e5m2_f32_from_bf16", ElemType::E5M2, ScaleType::F32, InputType::Bf16),
+        call("quantize_e5m2_f32_from_f16", ElemType::E5M2, ScaleType::F32, InputType::F16),
+        call("quantize_e4m3_e8m0_from_f32", ElemType::E4M3, ScaleType::E8M0, InputType::F32),
+        call("quantize_e4m3_e8m0_from_bf16", ElemType::E4M3, ScaleType::E8M0, InputType::Bf16),
+        call("quantize_e4m3_e8m0_from_f16", ElemType::E4M3, ScaleType::E8M0, InputType::F16),
+        call("quantize_e5m2_e8m0_from_f32", ElemType::E5M2, ScaleType::E8M0, InputType::F32),
+        call("quantize_e5m2_e8m0_from_bf16", ElemType::E5M2, ScaleType::E8M0, InputType::Bf16),
+        call("quantize_e5m2_e8m0_from_f16", ElemType::E5M2, ScaleType::E8M0, InputType::F16),
+        call("quantize_e2m1_e8m0_from_f32", ElemType::E2M1, ScaleType::E8M0, InputType::F32),
+        call("quantize_e2m1_e8m0_from_bf16", ElemType::E2M1, ScaleType::E8M0, InputType::Bf16),
+        call("quantize_e2m1_e8m0_from_f16", ElemType::E2M1, ScaleType::E8M0, InputType::F16),
+        call("quantize_e2m1_ue4m3_from_f32", ElemType::E2M1, ScaleType::UE4M3, InputType::F32),
+        call("quantize_e2m1_ue4m3_from_bf16", ElemType::E2M1, ScaleType::UE4M3, InputType::Bf16),
+        call("quantize_e2m1_ue4m3_from_f16", ElemType::E2M1, ScaleType::UE4M3, InputType::F16),
+    ];
 }
 
-quantize_kernels! {
-    ("quantize_e4m3_f32", E4M3, F32),
-    ("quantize_e5m2_f32", E5M2, F32),
-    ("quantize_e4m3_e8m0", E4M3, E8M0),
-    ("quantize_e5m2_e8m0", E5M2, E8M0),
-    ("quantize_e2m1_e8m0", E2M1, E8M0),
-    ("quantize_e2m1_ue4m3", E2M1, UE4M3)
+crate::entry::kernel_table! {
+    /// # Safety
+    /// As [`device::quantize`] for a per-row kernel (`p.input` is this kernel's input type, the
+    /// span a row and the block a whole row's lanes).
+    #[cfg(target_arch = "nvptx64")]
+    unsafe extern "ptx-kernel" fn |K| {
+        call(QuantizeParams) => device::quantize::<
+            { K.elem as u32 },
+            { K.scale as u32 },
+            { K.input as u32 },
+            { quantize_elems(K.input) as usize },
+            true,
+        >;
+    }
+
+    /// Every per-row quantizer (the registry's rows): FP8 with one fp32 scale per row, a whole
+    /// row in one block, its maximum reduced in shared memory (no maximum pass: the input is
+    /// read once).
+    pub const ROW_KERNELS: &[QuantizeKernel] = QuantizeKernel::per_row [
+        call("quantize_rows_e4m3_from_f32", ElemType::E4M3, InputType::F32),
+        call("quantize_rows_e4m3_from_bf16", ElemType::E4M3, InputType::Bf16),
+        call("quantize_rows_e4m3_from_f16", ElemType::E4M3, InputType::F16),
+        call("quantize_rows_e5m2_from_f32", ElemType::E5M2, InputType::F32),
+        call("quantize_rows_e5m2_from_bf16", ElemType::E5M2, InputType::Bf16),
+        call("quantize_rows_e5m2_from_f16", ElemType::E5M2, InputType::F16),
+    ];
 }
+
+crate::entry::kernel_table! {
+    /// # Safety
+    /// As [`device::amax`].
+    #[cfg(target_arch = "nvptx64")]
+    unsafe extern "ptx-kernel" fn |K| {
+        call(QuantizeParams) => device::amax;
+    }
+
+    /// The maximum pass's list.
+    pub const AMAX: &[AmaxKernel] = AmaxKernel::new [call("quantize_amax")];
+}
+
+/// The maximum-magnitude pass.
+pub const AMAX_KERNEL: KernelInfo = AMAX[0].info;
 
 /// The quantizer for `elem` codes with `scale` scales from `input`.
 pub fn kernel(
@@ -196,3 +212,54 @@ pub use crate::format::quantize::{NON_FINITE, magnitude_bits};
 
 #[cfg(target_arch = "nvptx64")]
 pub(crate) mod device;
+
+#[cfg(test)]
+mod tests {
+    extern crate std;
+    use super::*;
+    use std::format;
+
+    fn input_name(input: InputType) -> &'static str {
+        match input {
+            InputType::F32 => "f32",
+            InputType::Bf16 => "bf16",
+            InputType::F16 => "f16",
+        }
+    }
+
+    /// Every format has a quantizer from every input type, and the FP8 formats per-row ones,
+    /// each named by them (a table line is written by hand).
+    #[test]
+    fn every_format_and_input_has_a_kernel_named_by_them() {
+        let inputs = [InputType::F32, InputType::Bf16, InputType::F16];
+        for (i, k) in KERNELS.iter().enumerate() {
+            let (e, s) = (k.elem.name(), k.scale.name());
+            let want = format!("quantize_{e}_{s}_from_{}", input_name(k.input));
+            assert_eq!(k.info.name, want);
+            assert_eq!(kernel(k.elem, k.scale, k.input), Some(k), "{i}");
+            if i % inputs.len() == 0 {
+                for input in inputs {
+                    assert!(kernel(k.elem, k.scale, input).is_some(), "{want} {input:?}");
+                }
+            }
+        }
+        assert_eq!(ROW_KERNELS.len(), 2 * inputs.len());
+        for k in ROW_KERNELS {
+            let want = format!(
+                "quantize_rows_{}_from_{}",
+                k.elem.name(),
+                input_name(k.input)
+            );
+            assert_eq!(k.info.name, want);
+            assert_eq!(k.scale, ScaleType::F32);
+            assert!(
+                ROW_KERNELS
+                    .iter()
+                    .filter(|o| o.elem == k.elem && o.input == k.input)
+                    .count()
+                    == 1
+            );
+        }
+        assert_eq!(AMAX_KERNEL.name, "quantize_amax");
+    }
+}
