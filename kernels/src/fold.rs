@@ -64,46 +64,42 @@ pub struct FoldKernel {
     pub info: KernelInfo,
 }
 
-macro_rules! fold_kernels {
-    ($(($name:literal, $elem:ident, $scale:ident)),*) => {
-        /// Every fold kernel (the registry's rows).
-        pub const KERNELS: &[FoldKernel] = &[$(FoldKernel {
-            elem: ElemType::$elem,
-            scale: MxScale::$scale,
+impl FoldKernel {
+    /// The row of the kernel `name` for `elem` codes with scales `scale`.
+    pub const fn new(name: &'static str, elem: ElemType, scale: MxScale) -> Self {
+        FoldKernel {
+            elem,
+            scale,
             info: KernelInfo {
-                name: $name,
+                name,
                 max_threads: Some(FOLD_THREADS),
                 min_blocks_per_sm: 1,
                 targets: &["sm_90a"],
             },
-        }),*];
-        #[cfg(all(target_arch = "nvptx64", target_feature = "sm_90a"))]
-        mod entries {
-            use super::FoldParams;
-            use crate::format::ElemType;
-            use crate::format::MxScale;
-            $(const _: () = {
-                /// # Safety
-                /// As [`super::device::fold`].
-                #[unsafe(export_name = $name)]
-                unsafe extern "ptx-kernel" fn kernel(p: FoldParams) {
-                    const NV: bool = matches!(MxScale::$scale.ty, crate::format::ScaleType::UE4M3);
-                    // SAFETY: the launch's contract.
-                    unsafe {
-                        crate::fold::device::fold::<{ ElemType::$elem as u32 }, { MxScale::$scale.block }, NV>(&p)
-                    }
-                }
-            };)*
         }
-    };
+    }
 }
 
-fold_kernels! {
-    ("fold_fp8_e4m3_e8m0x32", E4M3, E8M0X32),
-    ("fold_fp8_e5m2_e8m0x32", E5M2, E8M0X32),
-    ("fold_fp8_e2m1_e8m0x32", E2M1, E8M0X32),
-    ("fold_fp8_e2m1_e8m0x16", E2M1, E8M0X16),
-    ("fold_fp8_e2m1_ue4m3x16", E2M1, UE4M3X16)
+crate::entry::kernel_table! {
+    /// # Safety
+    /// As [`device::fold`].
+    #[cfg(all(target_arch = "nvptx64", target_feature = "sm_90a"))]
+    unsafe extern "ptx-kernel" fn |K| {
+        call(FoldParams) => device::fold::<
+            { K.elem as u32 },
+            { K.scale.block },
+            { matches!(K.scale.ty, crate::format::ScaleType::UE4M3) },
+        >;
+    }
+
+    /// Every fold kernel (the registry's rows).
+    pub const KERNELS: &[FoldKernel] = FoldKernel::new [
+        call("fold_fp8_e4m3_e8m0x32", ElemType::E4M3, MxScale::E8M0X32),
+        call("fold_fp8_e5m2_e8m0x32", ElemType::E5M2, MxScale::E8M0X32),
+        call("fold_fp8_e2m1_e8m0x32", ElemType::E2M1, MxScale::E8M0X32),
+        call("fold_fp8_e2m1_e8m0x16", ElemType::E2M1, MxScale::E8M0X16),
+        call("fold_fp8_e2m1_ue4m3x16", ElemType::E2M1, MxScale::UE4M3X16),
+    ];
 }
 
 /// The fold kernel for `elem` codes with scales `scale`.
@@ -273,3 +269,22 @@ const _: () = {
     assert!(FOLD_K == crate::sm90::BLOCK_K);
     assert!(FOLD_ROWS == FOLD_THREADS);
 };
+
+#[cfg(test)]
+mod tests {
+    extern crate std;
+    use super::*;
+    use std::format;
+
+    /// Every row's entry point is named by its element type and scale format (a table line is
+    /// written by hand).
+    #[test]
+    fn every_kernel_is_named_by_its_formats() {
+        for (i, k) in KERNELS.iter().enumerate() {
+            let (ty, block) = (k.scale.ty.name(), k.scale.block);
+            let want = format!("fold_fp8_{}_{ty}x{block}", k.elem.name());
+            assert_eq!(k.info.name, want);
+            assert_eq!(kernel(k.elem, k.scale), Some(k), "{i}");
+        }
+    }
+}

@@ -17,13 +17,16 @@
 //! registers, with bf16, FP8 or FP4 activations; [`reference`]: the SIMT
 //! reference for every format); [`quantize`] holds the device quantizers and [`prepare`] the
 //! copies of a quantized matrix the families read beside it (scale layouts, 4-bit weights
-//! reordered), described once for the host's and the device's preparation.
+//! reordered), described once for the host's and the device's preparation. Each family declares
+//! its kernels in one table ([`entry`]), from which come both its list of kernels and, on the
+//! GPU, their entry points.
 #![no_std]
 #![cfg_attr(
     target_arch = "nvptx64",
     feature(abi_ptx, asm_experimental_arch, stdarch_nvptx, core_float_math)
 )]
 
+pub mod entry;
 pub mod fold;
 pub mod format;
 pub mod gemm;

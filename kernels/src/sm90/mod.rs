@@ -18,9 +18,13 @@ pub mod fp8_swapped;
 mod schedule;
 
 use crate::format::ElemType;
+use crate::format::ElemType::{E4M3, E5M2};
+use crate::gemm::Mode::{Dense, Fused, FusedInRegisters, FusedInRegistersMx, Grouped, Sparse};
 use crate::gemm::layout::{ScaleBox, StageContents, StageLayout, fused_out};
 use crate::gemm::scheduler::MAX_CLUSTER;
 use crate::kernel_info::KernelInfo;
+#[cfg(all(target_arch = "nvptx64", target_feature = "sm_90a"))]
+use crate::ptx::wgmma::Fp8;
 
 /// Columns of one 128×128 B-scale block, and of the widest tile.
 pub const BLOCK_N: u32 = 128;
@@ -328,260 +332,161 @@ impl Sm90Fp8Kernel {
             _ => self.tile.layout(),
         }
     }
-}
-
-/// An exported kernel taking `$arg: $param` (the family's parameters, or for a fused kernel
-/// those and the epilogue's): `$gemm` the kernel's type for the tile `$tile` (a [`Tile`]
-/// constant), written with `Tile` and `ElemType` in scope, made of the fields `$field…` and its
-/// types; the driver runs it with the tile's register budgets.
-#[cfg(all(target_arch = "nvptx64", target_feature = "sm_90a"))]
-macro_rules! export {
-    ($name:expr, $tile:ident, $arg:ident: $param:ty => { $($field:tt)* }, $gemm:ty) => {
-        const _: () = {
-            /// # Safety
-            /// Launched as [`crate::gemm::driver::run`] says for the tile, with parameters made
-            /// from validated operands as [`Sm90Fp8Params`] describes (`k % 128 == 0`, `out` sized
-            /// for the output or the split-K workspace; swapped tiles: `tmap_a`'s box `Tile::rows`
-            /// rows, `tmap_c` 0, no groups; fused: the epilogue's buffers as
-            /// [`crate::params::EpilogueParams`] describes).
-            #[unsafe(export_name = $name)]
-            unsafe extern "ptx-kernel" fn kernel($arg: $param) {
-                use $crate::format::ElemType;
-                use $crate::sm90::Tile;
-                type Gemm = $gemm;
-                let k = Gemm {
-                    $($field)*
-                    types: core::marker::PhantomData,
-                };
-                // SAFETY: the caller's contract.
-                unsafe {
-                    $crate::gemm::driver::run::<
-                        _,
-                        {
-                            Tile::$tile.producer_regs_with(
-                                <Gemm as $crate::gemm::driver::GemmKernel>::FINISHERS,
-                            )
-                        },
-                        {
-                            Tile::$tile.consumer_regs_with(
-                                <Gemm as $crate::gemm::driver::GemmKernel>::FINISHERS,
-                            )
-                        },
-                    >(&k)
-                }
-            }
-        };
-    };
-}
-
-/// The kernel type of an unswapped tile: `$tile` a [`Tile`] constant, `$a`, `$b` the FP8
-/// `ElemType`s, `$mode` a [`Mode`] variant.
-#[cfg(all(target_arch = "nvptx64", target_feature = "sm_90a"))]
-macro_rules! fp8_gemm {
-    ($tile:ident, $a:ident, $b:ident, $mode:ident) => {
-        $crate::sm90::fp8::Fp8Gemm::<
-            { Tile::$tile.consumers },
-            { Tile::$tile.waves as usize },
-            [f32; { (Tile::$tile.block_n / 2) as usize }],
-            $crate::ptx::wgmma::Fp8<{ ElemType::$a as u32 }, { ElemType::$b as u32 }>,
-            { $crate::gemm::Mode::$mode as u32 },
-        >
-    };
-}
-
-/// An exported kernel of an unswapped tile: `$tile` a [`Tile`] constant, `$a`, `$b` the FP8
-/// `ElemType`s, `$mode` a [`Mode`] variant; a fused kernel takes the epilogue's parameters beside
-/// the family's ([`crate::params::FusedParams`]).
-#[cfg(all(target_arch = "nvptx64", target_feature = "sm_90a"))]
-macro_rules! entry {
-    ($name:expr, $tile:ident, $a:ident, $b:ident) => {
-        entry!($name, $tile, $a, $b, Dense);
-    };
-    ($name:expr, $tile:ident, $a:ident, $b:ident, Fused) => {
-        entry!(@fused $name, $tile, $a, $b, Fused);
-    };
-    ($name:expr, $tile:ident, $a:ident, $b:ident, FusedInRegisters) => {
-        entry!(@fused $name, $tile, $a, $b, FusedInRegisters);
-    };
-    ($name:expr, $tile:ident, $a:ident, $b:ident, FusedInRegistersMx) => {
-        entry!(@fused $name, $tile, $a, $b, FusedInRegistersMx);
-    };
-    (@fused $name:expr, $tile:ident, $a:ident, $b:ident, $mode:ident) => {
-        export!(
-            $name,
-            $tile,
-            q: $crate::params::FusedParams<$crate::sm90::Sm90Fp8Params> => { p: q.p, epi: q.epi, },
-            fp8_gemm!($tile, $a, $b, $mode)
-        );
-    };
-    ($name:expr, $tile:ident, $a:ident, $b:ident, $mode:ident) => {
-        export!(
-            $name,
-            $tile,
-            p: $crate::sm90::Sm90Fp8Params => { p, epi: $crate::params::EpilogueParams::plain(), },
-            fp8_gemm!($tile, $a, $b, $mode)
-        );
-    };
-}
-
-/// An exported swapped kernel ([`Tile::swapped`]): `$tile` a swapped [`Tile`] constant, `$a`,
-/// `$b` the FP8 `ElemType`s of A and B (the `wgmma` pair is B's type, then A's).
-#[cfg(all(target_arch = "nvptx64", target_feature = "sm_90a"))]
-macro_rules! swapped_entry {
-    ($name:expr, $tile:ident, $a:ident, $b:ident) => {
-        export!(
-            $name,
-            $tile,
-            p: $crate::sm90::Sm90Fp8Params => { p, },
-            $crate::sm90::fp8_swapped::Fp8SwappedGemm::<
-                [f32; { (Tile::$tile.rows / 2) as usize }],
-                $crate::ptx::wgmma::Fp8<{ ElemType::$b as u32 }, { ElemType::$a as u32 }>,
-            >
-        );
-    };
-}
-
-/// The kernel list, written once: every tile × every pair of FP8 element types, each pair part of
-/// the `wgmma` instruction and so a kernel of its own. `$tile` names a [`Tile`] constant and
-/// `$a`, `$b` [`ElemType`] variants; the entry point is `sm90_fp8_blockscaled_gemm` followed by
-/// the two suffixes. This expands to [`KERNELS`] (host and device) and, on sm_90a, to the entry
-/// points in [`fp8`].
-macro_rules! kernel_list {
-    (tiles: [$(($tile:ident, $tn:literal, $entry:ident)),*], types: $types:tt) => {
-        /// Every kernel of the family (the registry's rows).
-        pub const KERNELS: &[Sm90Fp8Kernel] =
-            &kernel_list!(@rows [] [$(($tile, $tn, $entry)),*] $types);
-        #[cfg(all(target_arch = "nvptx64", target_feature = "sm_90a"))]
-        kernel_list!(@entries [$(($tile, $tn, $entry)),*] $types);
-    };
-    (@rows [$($out:tt)*] [] $types:tt) => { [$($out)*] };
-    (@rows [$($out:tt)*] [($tile:ident, $tn:literal, $entry:ident) $(, $rest:tt)*]
-        [$(($a:ident, $b:ident, $yn:literal)),*]) => {
-        kernel_list!(@rows
-            [$($out)* $(Sm90Fp8Kernel {
-                tile: Tile::$tile,
-                a: ElemType::$a,
-                b: ElemType::$b,
-                mode: Mode::Dense,
-                info: KernelInfo {
-                    name: concat!("sm90_fp8_blockscaled_gemm", $tn, $yn),
-                    max_threads: Some(Tile::$tile.threads()),
-                    min_blocks_per_sm: 1,
-                    // wgmma exists on sm_90a only.
-                    targets: &["sm_90a"],
-                },
-            },)*]
-            [$($rest),*] [$(($a, $b, $yn)),*])
-    };
-    (@entries [] $types:tt) => {};
-    (@entries [($tile:ident, $tn:literal, $entry:ident) $(, $rest:tt)*]
-        [$(($a:ident, $b:ident, $yn:literal)),*]) => {
-        $($entry!(concat!("sm90_fp8_blockscaled_gemm", $tn, $yn), $tile, $a, $b);)*
-        kernel_list!(@entries [$($rest),*] [$(($a, $b, $yn)),*]);
-    };
-}
-
-kernel_list! {
-    tiles: [
-        (M128, "", entry),
-        (M256, "_m256", entry),
-        (M192, "_m192", entry),
-        (M128N64, "_n64", entry),
-        (M128N144, "_n144", entry),
-        (M128N160, "_n160", entry),
-        (M128N192, "_n192", entry),
-        (S16, "_s16", swapped_entry),
-        (S32, "_s32", swapped_entry),
-        (S64, "_s64", swapped_entry)
-    ],
-    types: [
-        (E4M3, E4M3, ""),
-        (E5M2, E5M2, "_e5m2_e5m2"),
-        (E4M3, E5M2, "_e4m3_e5m2"),
-        (E5M2, E4M3, "_e5m2_e4m3")
-    ]
-}
-
-/// The kernels of one mode other than dense: `$list` of `$mode` kernels, every listed tile,
-/// e4m3 × e4m3; the entry point is `$prefix` followed by the tile's suffix.
-macro_rules! mode_list {
-    ($list:ident, $mode:ident, $prefix:literal, $(($tile:ident, $tn:literal)),*) => {
-        pub const $list: &[Sm90Fp8Kernel] = &[$(Sm90Fp8Kernel {
-            tile: Tile::$tile,
-            a: ElemType::E4M3,
-            b: ElemType::E4M3,
-            mode: Mode::$mode,
+    /// The row of the kernel `name`.
+    pub const fn new(name: &'static str, tile: Tile, a: ElemType, b: ElemType, mode: Mode) -> Self {
+        Sm90Fp8Kernel {
+            tile,
+            a,
+            b,
+            mode,
             info: KernelInfo {
-                name: concat!($prefix, $tn),
-                max_threads: Some(Tile::$tile.threads()),
+                name,
+                max_threads: Some(tile.threads()),
                 min_blocks_per_sm: 1,
+                // wgmma exists on sm_90a only.
                 targets: &["sm_90a"],
             },
-        }),*];
-        #[cfg(all(target_arch = "nvptx64", target_feature = "sm_90a"))]
-        const _: () = {
-            $(entry!(concat!($prefix, $tn), $tile, E4M3, E4M3, $mode);)*
-        };
-    };
+        }
+    }
+    /// Whether the kernel ends in the fused epilogue (its parameter a
+    /// [`crate::params::FusedParams`]).
+    pub const fn fused(&self) -> bool {
+        matches!(
+            self.mode,
+            Mode::Fused | Mode::FusedInRegisters | Mode::FusedInRegistersMx
+        )
+    }
+    /// Its finishing warps: the fused epilogue's in [`Mode::Fused`] (`gemm::epilogue::fuse`).
+    pub const fn finishers(&self) -> u32 {
+        if matches!(self.mode, Mode::Fused) {
+            crate::gemm::FINISHERS
+        } else {
+            0
+        }
+    }
+    /// The register budgets after `setmaxnreg` ([`Tile::producer_regs_with`]).
+    pub const fn producer_regs(&self) -> u32 {
+        self.tile.producer_regs_with(self.finishers())
+    }
+    pub const fn consumer_regs(&self) -> u32 {
+        self.tile.consumer_regs_with(self.finishers())
+    }
 }
 
-mode_list!(
-    GROUPED_KERNELS,
-    Grouped,
-    "sm90_fp8_blockscaled_grouped_gemm",
-    (M128, ""),
-    (M256, "_m256"),
-    (M192, "_m192"),
-    (M128N64, "_n64")
-);
+crate::entry::kernel_table! {
+    /// # Safety
+    /// Launched as [`crate::gemm::driver::run`] says for the tile, with parameters made from
+    /// validated operands as [`Sm90Fp8Params`] describes (`k % 128 == 0`, `out` sized for the
+    /// output or the split-K workspace; swapped tiles: `tmap_a`'s box `Tile::rows` rows, `tmap_c`
+    /// 0, no groups; fused: the epilogue's buffers as [`crate::params::EpilogueParams`]
+    /// describes).
+    #[cfg(all(target_arch = "nvptx64", target_feature = "sm_90a"))]
+    unsafe extern "ptx-kernel" fn |K| {
+        gemm(Sm90Fp8Params) => fp8::Fp8Gemm<
+            { K.tile.consumers },
+            { K.tile.waves as usize },
+            [f32; K.tile.block_n as usize / 2],
+            Fp8<{ K.a as u32 }, { K.b as u32 }>,
+            { K.mode as u32 },
+        >;
+        // The `wgmma` pair of a swapped tile is B's type, then A's.
+        bare(Sm90Fp8Params) => fp8_swapped::Fp8SwappedGemm<
+            [f32; K.tile.rows as usize / 2],
+            Fp8<{ K.b as u32 }, { K.a as u32 }>,
+        >;
+    }
 
-// The block-sparse kernels: tiles no wider than one 128-row block of the sparse operand (a tile's
-// columns share one list of stored blocks), e4m3 × e4m3 (DeepSeek-style weights, pruned in
-// 128 × 128 blocks, each block its own scale). Not the 256-row tile: with the segment walk its
-// consumers spill (2.6 KiB at 224 registers), so tall M runs 128-row tiles in pairs along M.
-mode_list!(
-    SPARSE_KERNELS,
-    Sparse,
-    "sm90_fp8_blockscaled_bsr_gemm",
-    (M128, ""),
-    (M128N64, "_n64")
-);
+    /// Every dense kernel (the registry's rows): every tile × every pair of FP8 element types,
+    /// each pair part of the `wgmma` instruction and so a kernel of its own.
+    pub const KERNELS: &[Sm90Fp8Kernel] = Sm90Fp8Kernel::new [
+        plain("sm90_fp8_blockscaled_gemm", Tile::M128, E4M3, E4M3, Dense),
+        plain("sm90_fp8_blockscaled_gemm_e5m2_e5m2", Tile::M128, E5M2, E5M2, Dense),
+        plain("sm90_fp8_blockscaled_gemm_e4m3_e5m2", Tile::M128, E4M3, E5M2, Dense),
+        plain("sm90_fp8_blockscaled_gemm_e5m2_e4m3", Tile::M128, E5M2, E4M3, Dense),
+        plain("sm90_fp8_blockscaled_gemm_m256", Tile::M256, E4M3, E4M3, Dense),
+        plain("sm90_fp8_blockscaled_gemm_m256_e5m2_e5m2", Tile::M256, E5M2, E5M2, Dense),
+        plain("sm90_fp8_blockscaled_gemm_m256_e4m3_e5m2", Tile::M256, E4M3, E5M2, Dense),
+        plain("sm90_fp8_blockscaled_gemm_m256_e5m2_e4m3", Tile::M256, E5M2, E4M3, Dense),
+        plain("sm90_fp8_blockscaled_gemm_m192", Tile::M192, E4M3, E4M3, Dense),
+        plain("sm90_fp8_blockscaled_gemm_m192_e5m2_e5m2", Tile::M192, E5M2, E5M2, Dense),
+        plain("sm90_fp8_blockscaled_gemm_m192_e4m3_e5m2", Tile::M192, E4M3, E5M2, Dense),
+        plain("sm90_fp8_blockscaled_gemm_m192_e5m2_e4m3", Tile::M192, E5M2, E4M3, Dense),
+        plain("sm90_fp8_blockscaled_gemm_n64", Tile::M128N64, E4M3, E4M3, Dense),
+        plain("sm90_fp8_blockscaled_gemm_n64_e5m2_e5m2", Tile::M128N64, E5M2, E5M2, Dense),
+        plain("sm90_fp8_blockscaled_gemm_n64_e4m3_e5m2", Tile::M128N64, E4M3, E5M2, Dense),
+        plain("sm90_fp8_blockscaled_gemm_n64_e5m2_e4m3", Tile::M128N64, E5M2, E4M3, Dense),
+        plain("sm90_fp8_blockscaled_gemm_n144", Tile::M128N144, E4M3, E4M3, Dense),
+        plain("sm90_fp8_blockscaled_gemm_n144_e5m2_e5m2", Tile::M128N144, E5M2, E5M2, Dense),
+        plain("sm90_fp8_blockscaled_gemm_n144_e4m3_e5m2", Tile::M128N144, E4M3, E5M2, Dense),
+        plain("sm90_fp8_blockscaled_gemm_n144_e5m2_e4m3", Tile::M128N144, E5M2, E4M3, Dense),
+        plain("sm90_fp8_blockscaled_gemm_n160", Tile::M128N160, E4M3, E4M3, Dense),
+        plain("sm90_fp8_blockscaled_gemm_n160_e5m2_e5m2", Tile::M128N160, E5M2, E5M2, Dense),
+        plain("sm90_fp8_blockscaled_gemm_n160_e4m3_e5m2", Tile::M128N160, E4M3, E5M2, Dense),
+        plain("sm90_fp8_blockscaled_gemm_n160_e5m2_e4m3", Tile::M128N160, E5M2, E4M3, Dense),
+        plain("sm90_fp8_blockscaled_gemm_n192", Tile::M128N192, E4M3, E4M3, Dense),
+        plain("sm90_fp8_blockscaled_gemm_n192_e5m2_e5m2", Tile::M128N192, E5M2, E5M2, Dense),
+        plain("sm90_fp8_blockscaled_gemm_n192_e4m3_e5m2", Tile::M128N192, E4M3, E5M2, Dense),
+        plain("sm90_fp8_blockscaled_gemm_n192_e5m2_e4m3", Tile::M128N192, E5M2, E4M3, Dense),
+        bare("sm90_fp8_blockscaled_gemm_s16", Tile::S16, E4M3, E4M3, Dense),
+        bare("sm90_fp8_blockscaled_gemm_s16_e5m2_e5m2", Tile::S16, E5M2, E5M2, Dense),
+        bare("sm90_fp8_blockscaled_gemm_s16_e4m3_e5m2", Tile::S16, E4M3, E5M2, Dense),
+        bare("sm90_fp8_blockscaled_gemm_s16_e5m2_e4m3", Tile::S16, E5M2, E4M3, Dense),
+        bare("sm90_fp8_blockscaled_gemm_s32", Tile::S32, E4M3, E4M3, Dense),
+        bare("sm90_fp8_blockscaled_gemm_s32_e5m2_e5m2", Tile::S32, E5M2, E5M2, Dense),
+        bare("sm90_fp8_blockscaled_gemm_s32_e4m3_e5m2", Tile::S32, E4M3, E5M2, Dense),
+        bare("sm90_fp8_blockscaled_gemm_s32_e5m2_e4m3", Tile::S32, E5M2, E4M3, Dense),
+        bare("sm90_fp8_blockscaled_gemm_s64", Tile::S64, E4M3, E4M3, Dense),
+        bare("sm90_fp8_blockscaled_gemm_s64_e5m2_e5m2", Tile::S64, E5M2, E5M2, Dense),
+        bare("sm90_fp8_blockscaled_gemm_s64_e4m3_e5m2", Tile::S64, E4M3, E5M2, Dense),
+        bare("sm90_fp8_blockscaled_gemm_s64_e5m2_e4m3", Tile::S64, E5M2, E4M3, Dense),
+    ];
 
-// The fused-epilogue kernels (`gemm::fuse`): the 128 × 128 tile, its f32 rows staged in shared
-// memory ([`Tile::fused_layout`]); one wave (with two, the second wave's fragment would be live
-// while the first is finished); e4m3 × e4m3, what DeepSeek-style inference and the MX / NVFP4
-// operands folded onto FP8 run. Kernels of their own: in the dense kernels the epilogue's code
-// made ptxas spill in the K loop (docs/PERF.md v42).
-mode_list!(
-    FUSED_KERNELS,
-    Fused,
-    "sm90_fp8_blockscaled_fused_gemm",
-    (M128, "")
-);
+    /// The grouped-GEMM kernels: the tiles its plan picks from (not the swapped or wide ones),
+    /// e4m3 × e4m3.
+    pub const GROUPED_KERNELS: &[Sm90Fp8Kernel] = Sm90Fp8Kernel::new [
+        plain("sm90_fp8_blockscaled_grouped_gemm", Tile::M128, E4M3, E4M3, Grouped),
+        plain("sm90_fp8_blockscaled_grouped_gemm_m256", Tile::M256, E4M3, E4M3, Grouped),
+        plain("sm90_fp8_blockscaled_grouped_gemm_m192", Tile::M192, E4M3, E4M3, Grouped),
+        plain("sm90_fp8_blockscaled_grouped_gemm_n64", Tile::M128N64, E4M3, E4M3, Grouped),
+    ];
 
-// The fused epilogue in the consumers' registers (`gemm::fuse::apply`): the epilogues without
-// β·C, residual or SwiGLU, to any unquantized output or FP8 1×128 (MXFP8: the list after) — the
-// dense kernel's layout,
-// K loop and stores, with the steps applied to the fragments before them. One-wave tiles of 128
-// columns (a quantized output's 1×128 block is one tile's row): 128 and 192 rows. Not the
-// 256-row tile: its consumers' two waves of sums and the epilogue spill in its K loop (about
-// 900 bytes).
-mode_list!(
-    FUSED_IN_REGISTERS_KERNELS,
-    FusedInRegisters,
-    "sm90_fp8_blockscaled_fused_regs_gemm",
-    (M128, ""),
-    (M192, "_m192")
-);
+    /// The block-sparse kernels: tiles no wider than one 128-row block of the sparse operand (a
+    /// tile's columns share one list of stored blocks), e4m3 × e4m3 (DeepSeek-style weights,
+    /// pruned in 128 × 128 blocks, each block its own scale). Not the 256-row tile: with the
+    /// segment walk its consumers spill (2.6 KiB at 224 registers), so tall M runs 128-row tiles
+    /// in pairs along M.
+    pub const SPARSE_KERNELS: &[Sm90Fp8Kernel] = Sm90Fp8Kernel::new [
+        plain("sm90_fp8_blockscaled_bsr_gemm", Tile::M128, E4M3, E4M3, Sparse),
+        plain("sm90_fp8_blockscaled_bsr_gemm_n64", Tile::M128N64, E4M3, E4M3, Sparse),
+    ];
 
-// The same with MXFP8 output (`gemm::fuse::quantize_fragment_mx`).
-mode_list!(
-    FUSED_IN_REGISTERS_MX_KERNELS,
-    FusedInRegistersMx,
-    "sm90_fp8_blockscaled_fused_regs_mx_gemm",
-    (M128, ""),
-    (M192, "_m192")
-);
+    /// The fused-epilogue kernels (`gemm::epilogue::fuse`): the 128 × 128 tile, its f32 rows
+    /// staged in shared memory ([`Tile::fused_layout`]); one wave (with two, the second wave's
+    /// fragment would be live while the first is finished); e4m3 × e4m3, what DeepSeek-style
+    /// inference and the MX / NVFP4 operands folded onto FP8 run. Kernels of their own: in the
+    /// dense kernels the epilogue's code made ptxas spill in the K loop.
+    pub const FUSED_KERNELS: &[Sm90Fp8Kernel] = Sm90Fp8Kernel::new [
+        fused("sm90_fp8_blockscaled_fused_gemm", Tile::M128, E4M3, E4M3, Fused),
+    ];
+
+    /// The fused epilogue in the consumers' registers (`gemm::epilogue::fuse::apply`): the
+    /// epilogues without β·C, residual or SwiGLU, to any unquantized output or FP8 1×128 (MXFP8:
+    /// [`FUSED_IN_REGISTERS_MX_KERNELS`]) — the dense kernel's layout, K loop and stores, with
+    /// the steps applied to the fragments before them. One-wave tiles of 128 columns (a
+    /// quantized output's 1×128 block is one tile's row): 128 and 192 rows. Not the 256-row
+    /// tile: its consumers' two waves of sums and the epilogue spill in its K loop (about 900
+    /// bytes).
+    pub const FUSED_IN_REGISTERS_KERNELS: &[Sm90Fp8Kernel] = Sm90Fp8Kernel::new [
+        fused("sm90_fp8_blockscaled_fused_regs_gemm", Tile::M128, E4M3, E4M3, FusedInRegisters),
+        fused("sm90_fp8_blockscaled_fused_regs_gemm_m192", Tile::M192, E4M3, E4M3, FusedInRegisters),
+    ];
+
+    /// The same with MXFP8 output (`gemm::epilogue::fuse::quantize_fragment_mx`).
+    pub const FUSED_IN_REGISTERS_MX_KERNELS: &[Sm90Fp8Kernel] = Sm90Fp8Kernel::new [
+        fused("sm90_fp8_blockscaled_fused_regs_mx_gemm", Tile::M128, E4M3, E4M3, FusedInRegistersMx),
+        fused("sm90_fp8_blockscaled_fused_regs_mx_gemm_m192", Tile::M192, E4M3, E4M3, FusedInRegistersMx),
+    ];
+}
 
 /// Every list of the family's kernels, one per [`Mode`].
 pub const LISTS: [&[Sm90Fp8Kernel]; 6] = [
@@ -637,7 +542,50 @@ pub fn fused_kernel(
 
 #[cfg(test)]
 mod tests {
+    extern crate std;
+    use std::format;
+    use std::string::String;
+
     use super::*;
+
+    /// Every row's entry point is named by its mode, tile and element types, as the host and
+    /// the builder expect (a table line is written by hand).
+    #[test]
+    fn every_kernel_is_named_by_its_mode_tile_and_types() {
+        for k in LISTS.concat() {
+            let mode = match k.mode {
+                Mode::Dense => "",
+                Mode::Grouped => "_grouped",
+                Mode::Sparse => "_bsr",
+                Mode::Fused => "_fused",
+                Mode::FusedInRegisters => "_fused_regs",
+                Mode::FusedInRegistersMx => "_fused_regs_mx",
+            };
+            let t = k.tile;
+            let tile = if t.is_swapped() {
+                format!("_s{}", t.rows)
+            } else {
+                let m = if t.block_m() == 128 {
+                    String::new()
+                } else {
+                    format!("_m{}", t.block_m())
+                };
+                let n = if t.block_n == 128 {
+                    String::new()
+                } else {
+                    format!("_n{}", t.block_n)
+                };
+                m + &n
+            };
+            let types = if (k.a, k.b) == (E4M3, E4M3) {
+                String::new()
+            } else {
+                format!("_{}_{}", k.a.name(), k.b.name())
+            };
+            let want = format!("sm90_fp8_blockscaled{mode}_gemm{tile}{types}");
+            assert_eq!(k.info.name, want);
+        }
+    }
 
     #[test]
     fn every_tile_has_a_kernel_for_every_fp8_pair_with_a_unique_name() {

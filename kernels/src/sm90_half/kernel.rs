@@ -17,7 +17,8 @@
 
 use core::marker::PhantomData;
 
-use super::{BLOCK_K, CONSUMERS, HalfTile, ROW_BYTES, Sm90HalfParams, WG_ROWS};
+use super::{BLOCK_K, CONSUMERS, HalfTile, HalfType, ROW_BYTES, Sm90HalfParams, WG_ROWS};
+use crate::entry::Named;
 use crate::gemm::Mode;
 use crate::gemm::driver::{Ctx, GemmKernel};
 use crate::gemm::epilogue::fuse;
@@ -33,6 +34,18 @@ const MMA_K: u32 = 16;
 /// Rows of one TMA box of A (a box may have at most 256 rows; 128 keeps one map for both
 /// heights).
 const A_BOX_ROWS: u32 = 128;
+
+/// The `wgmma` input type named by its [`HalfType`] value `T` (`as u32`), for the kernel table
+/// ([`crate::entry::Named`]).
+pub(crate) struct Fp16Of<const T: u32>;
+
+impl Named for Fp16Of<{ HalfType::Bf16 as u32 }> {
+    type T = wgmma::Bf16;
+}
+
+impl Named for Fp16Of<{ HalfType::F16 as u32 }> {
+    type T = wgmma::F16;
+}
 
 /// The kernel for a tile of `WAVES` waves × `F::N` columns, input type `T`, running `MODE`
 /// ([`Mode`] as u32): dense or block-sparse (`Sm90HalfParams::sparse`).

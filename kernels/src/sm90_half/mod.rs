@@ -16,6 +16,8 @@ pub mod kernel;
 
 mod schedule;
 
+#[cfg(all(target_arch = "nvptx64", target_feature = "sm_90a"))]
+use crate::entry::Of;
 use crate::gemm::Mode;
 use crate::gemm::layout::{StageContents, StageLayout, fused_out, out_staging};
 use crate::kernel_info::KernelInfo;
@@ -221,6 +223,32 @@ pub struct Sm90HalfKernel {
 }
 
 impl Sm90HalfKernel {
+    /// The row of the kernel `name`.
+    pub const fn new(name: &'static str, tile: HalfTile, ty: HalfType, mode: Mode) -> Self {
+        Sm90HalfKernel {
+            tile,
+            ty,
+            mode,
+            info: KernelInfo {
+                name,
+                max_threads: Some(tile.threads()),
+                min_blocks_per_sm: 1,
+                // wgmma exists on sm_90a only.
+                targets: &["sm_90a"],
+            },
+        }
+    }
+    /// Whether the kernel ends in the fused epilogue.
+    pub const fn fused(&self) -> bool {
+        matches!(self.mode, Mode::Fused)
+    }
+    /// The register budgets after `setmaxnreg`.
+    pub const fn producer_regs(&self) -> u32 {
+        self.tile.producer_regs(self.mode)
+    }
+    pub const fn consumer_regs(&self) -> u32 {
+        self.tile.consumer_regs(self.mode)
+    }
     /// The kernel's shared memory: its tile's layout ([`HalfTile::fused_layout`] for a fused
     /// kernel).
     pub const fn layout(&self) -> StageLayout {
@@ -231,115 +259,50 @@ impl Sm90HalfKernel {
     }
 }
 
-/// One exported kernel: `$name` its entry point, `$tile` a [`HalfTile`] constant, `$ty` the
-/// `wgmma` input type (`Bf16` or `F16`), `$mode` a [`Mode`] variant; it takes `$arg: $param`
-/// (the family's parameters, or for a fused kernel those and the epilogue's), from which the
-/// kernel's fields `$field…` are made.
-#[cfg(all(target_arch = "nvptx64", target_feature = "sm_90a"))]
-macro_rules! export {
-    ($name:expr, $tile:ident, $ty:ident, $mode:ident, $arg:ident: $param:ty => { $($field:tt)* }) => {
-        const _: () = {
-            /// # Safety
-            /// Launched as [`crate::gemm::driver::run`] says for the tile, with parameters made
-            /// from validated operands as [`Sm90HalfParams`] describes (`out` sized for the
-            /// output, `splitk` for the schedule; sparse: every segment's positions are stored
-            /// blocks of its tile's block row and `cols` their in-range K blocks; fused: the
-            /// epilogue's buffers as [`crate::params::EpilogueParams`] describes).
-            #[unsafe(export_name = $name)]
-            unsafe extern "ptx-kernel" fn kernel($arg: $param) {
-                use $crate::sm90_half::HalfTile;
-                let k = $crate::sm90_half::kernel::HalfGemm::<
-                    { HalfTile::$tile.waves as usize },
-                    [f32; { (HalfTile::$tile.block_n / 2) as usize }],
-                    $crate::ptx::wgmma::$ty,
-                    { $crate::gemm::Mode::$mode as u32 },
-                > {
-                    $($field)*
-                    types: core::marker::PhantomData,
-                };
-                // SAFETY: the caller's contract.
-                unsafe {
-                    $crate::gemm::driver::run::<
-                        _,
-                        { HalfTile::$tile.producer_regs($crate::gemm::Mode::$mode) },
-                        { HalfTile::$tile.consumer_regs($crate::gemm::Mode::$mode) },
-                    >(&k)
-                }
-            }
-        };
-    };
-}
+crate::entry::kernel_table! {
+    /// # Safety
+    /// Launched as [`crate::gemm::driver::run`] says for the tile, with parameters made from
+    /// validated operands as [`Sm90HalfParams`] describes (`out` sized for the output, `splitk`
+    /// for the schedule; sparse: every segment's positions are stored blocks of its tile's
+    /// block row and `cols` their in-range K blocks; fused: the epilogue's buffers as
+    /// [`crate::params::EpilogueParams`] describes).
+    #[cfg(all(target_arch = "nvptx64", target_feature = "sm_90a"))]
+    unsafe extern "ptx-kernel" fn |K| {
+        gemm(Sm90HalfParams) => kernel::HalfGemm<
+            { K.tile.waves as usize },
+            [f32; K.tile.block_n as usize / 2],
+            Of<kernel::Fp16Of<{ K.ty as u32 }>>,
+            { K.mode as u32 },
+        >;
+    }
 
-/// [`export`] of a kernel taking the family's parameters (dense, sparse) or, fused, those and the
-/// epilogue's ([`crate::params::FusedParams`]).
-#[cfg(all(target_arch = "nvptx64", target_feature = "sm_90a"))]
-macro_rules! entry {
-    ($name:expr, $tile:ident, $ty:ident, Fused) => {
-        export!($name, $tile, $ty, Fused,
-            q: $crate::params::FusedParams<$crate::sm90_half::Sm90HalfParams> =>
-                { p: q.p, epi: q.epi, });
-    };
-    ($name:expr, $tile:ident, $ty:ident, $mode:ident) => {
-        export!($name, $tile, $ty, $mode,
-            p: $crate::sm90_half::Sm90HalfParams =>
-                { p, epi: $crate::params::EpilogueParams::plain(), });
-    };
+    /// Every kernel of the family (the registry's rows): every tile × type, dense and, where the
+    /// tile has them, block-sparse ([`HalfTile::sparse`]); the fused epilogue
+    /// (`gemm::epilogue::fuse`) on the 128 × 128 tile (one wave: see the FP8 family's fused
+    /// list).
+    pub const KERNELS: &[Sm90HalfKernel] = Sm90HalfKernel::new [
+        plain("sm90_bf16_gemm", HalfTile::M128, HalfType::Bf16, Mode::Dense),
+        plain("sm90_bf16_bsr_gemm", HalfTile::M128, HalfType::Bf16, Mode::Sparse),
+        plain("sm90_f16_gemm", HalfTile::M128, HalfType::F16, Mode::Dense),
+        plain("sm90_f16_bsr_gemm", HalfTile::M128, HalfType::F16, Mode::Sparse),
+        plain("sm90_bf16_gemm_m256", HalfTile::M256, HalfType::Bf16, Mode::Dense),
+        plain("sm90_bf16_bsr_gemm_m256", HalfTile::M256, HalfType::Bf16, Mode::Sparse),
+        plain("sm90_f16_gemm_m256", HalfTile::M256, HalfType::F16, Mode::Dense),
+        plain("sm90_f16_bsr_gemm_m256", HalfTile::M256, HalfType::F16, Mode::Sparse),
+        plain("sm90_bf16_gemm_n64", HalfTile::M128N64, HalfType::Bf16, Mode::Dense),
+        plain("sm90_bf16_bsr_gemm_n64", HalfTile::M128N64, HalfType::Bf16, Mode::Sparse),
+        plain("sm90_f16_gemm_n64", HalfTile::M128N64, HalfType::F16, Mode::Dense),
+        plain("sm90_f16_bsr_gemm_n64", HalfTile::M128N64, HalfType::F16, Mode::Sparse),
+        plain("sm90_bf16_gemm_m256_n64", HalfTile::M256N64, HalfType::Bf16, Mode::Dense),
+        plain("sm90_bf16_bsr_gemm_m256_n64", HalfTile::M256N64, HalfType::Bf16, Mode::Sparse),
+        plain("sm90_f16_gemm_m256_n64", HalfTile::M256N64, HalfType::F16, Mode::Dense),
+        plain("sm90_f16_bsr_gemm_m256_n64", HalfTile::M256N64, HalfType::F16, Mode::Sparse),
+        plain("sm90_bf16_gemm_n256", HalfTile::M128N256, HalfType::Bf16, Mode::Dense),
+        plain("sm90_f16_gemm_n256", HalfTile::M128N256, HalfType::F16, Mode::Dense),
+        fused("sm90_bf16_fused_gemm", HalfTile::M128, HalfType::Bf16, Mode::Fused),
+        fused("sm90_f16_fused_gemm", HalfTile::M128, HalfType::F16, Mode::Fused),
+    ];
 }
-
-/// The kernel list, written once: every tile × type × mode (dense-only tiles: dense; fused tiles:
-/// dense and fused too); the entry point is `sm90_<type>_gemm` (dense), `sm90_<type>_bsr_gemm`
-/// (block-sparse) or `sm90_<type>_fused_gemm` (the fused epilogue) followed by the tile's suffix.
-macro_rules! kernel_list {
-    ($(($tile:ident, $tn:literal)),*; dense only: $(($dtile:ident, $dtn:literal)),*;
-     fused: $(($ftile:ident, $ftn:literal)),*) => {
-        /// Every kernel of the family (the registry's rows).
-        pub const KERNELS: &[Sm90HalfKernel] = &[
-            $(kernel_list!(@row $tile, Bf16, Dense, concat!("sm90_bf16_gemm", $tn)),
-              kernel_list!(@row $tile, Bf16, Sparse, concat!("sm90_bf16_bsr_gemm", $tn)),
-              kernel_list!(@row $tile, F16, Dense, concat!("sm90_f16_gemm", $tn)),
-              kernel_list!(@row $tile, F16, Sparse, concat!("sm90_f16_bsr_gemm", $tn)),)*
-            $(kernel_list!(@row $dtile, Bf16, Dense, concat!("sm90_bf16_gemm", $dtn)),
-              kernel_list!(@row $dtile, F16, Dense, concat!("sm90_f16_gemm", $dtn)),)*
-            $(kernel_list!(@row $ftile, Bf16, Fused, concat!("sm90_bf16_fused_gemm", $ftn)),
-              kernel_list!(@row $ftile, F16, Fused, concat!("sm90_f16_fused_gemm", $ftn)),)*
-        ];
-        #[cfg(all(target_arch = "nvptx64", target_feature = "sm_90a"))]
-        const _: () = {
-            $(entry!(concat!("sm90_bf16_gemm", $tn), $tile, Bf16, Dense);
-              entry!(concat!("sm90_bf16_bsr_gemm", $tn), $tile, Bf16, Sparse);
-              entry!(concat!("sm90_f16_gemm", $tn), $tile, F16, Dense);
-              entry!(concat!("sm90_f16_bsr_gemm", $tn), $tile, F16, Sparse);)*
-            $(entry!(concat!("sm90_bf16_gemm", $dtn), $dtile, Bf16, Dense);
-              entry!(concat!("sm90_f16_gemm", $dtn), $dtile, F16, Dense);)*
-            $(entry!(concat!("sm90_bf16_fused_gemm", $ftn), $ftile, Bf16, Fused);
-              entry!(concat!("sm90_f16_fused_gemm", $ftn), $ftile, F16, Fused);)*
-        };
-    };
-    (@row $tile:ident, $ty:ident, $mode:ident, $name:expr) => {
-        Sm90HalfKernel {
-            tile: HalfTile::$tile,
-            ty: HalfType::$ty,
-            mode: Mode::$mode,
-            info: KernelInfo {
-                name: $name,
-                max_threads: Some(HalfTile::$tile.threads()),
-                min_blocks_per_sm: 1,
-                // wgmma exists on sm_90a only.
-                targets: &["sm_90a"],
-            },
-        }
-    };
-}
-
-// Fused (`gemm::epilogue::fuse`): the 128 × 128 tile (one wave: see the FP8 family's fused list).
-kernel_list!(
-    (M128, ""),
-    (M256, "_m256"),
-    (M128N64, "_n64"),
-    (M256N64, "_m256_n64");
-    dense only: (M128N256, "_n256");
-    fused: (M128, "")
-);
 
 /// The kernel for a tile, a type and a mode (dense, sparse or fused).
 pub fn kernel(tile: HalfTile, ty: HalfType, mode: Mode) -> Option<&'static Sm90HalfKernel> {
@@ -350,7 +313,37 @@ pub fn kernel(tile: HalfTile, ty: HalfType, mode: Mode) -> Option<&'static Sm90H
 
 #[cfg(test)]
 mod tests {
+    extern crate std;
+    use std::format;
+    use std::string::String;
+
     use super::*;
+
+    /// Every row's entry point is named by its type, mode and tile (a table line is written by
+    /// hand).
+    #[test]
+    fn every_kernel_is_named_by_its_type_mode_and_tile() {
+        for k in KERNELS {
+            let mode = match k.mode {
+                Mode::Sparse => "_bsr",
+                Mode::Fused => "_fused",
+                _ => "",
+            };
+            let t = k.tile;
+            let m = if t.block_m() == 128 {
+                String::new()
+            } else {
+                format!("_m{}", t.block_m())
+            };
+            let n = if t.block_n == 128 {
+                String::new()
+            } else {
+                format!("_n{}", t.block_n)
+            };
+            let want = format!("sm90_{}{mode}_gemm{m}{n}", k.ty.name());
+            assert_eq!(k.info.name, want);
+        }
+    }
 
     #[test]
     fn every_tile_type_and_mode_has_one_kernel_with_a_unique_name() {

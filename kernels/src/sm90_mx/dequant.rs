@@ -145,6 +145,37 @@ impl Dequant for E2m1 {
     }
 }
 
+/// The conversion of the element type `E` (an [`ElemType`](crate::format::ElemType) as u32), for
+/// the kernel tables ([`crate::entry::Named`]).
+#[cfg(all(target_arch = "nvptx64", target_feature = "sm_90a"))]
+pub struct ElemOf<const E: u32>;
+
+#[cfg(all(target_arch = "nvptx64", target_feature = "sm_90a"))]
+mod named {
+    use super::{E2m1, E4m3, E5m2, E8m0x16, E8m0x32, ElemOf, ScaleOf, Ue4m3x16};
+    use crate::entry::Named;
+    use crate::format::{ElemType, ScaleType};
+
+    impl Named for ElemOf<{ ElemType::E4M3 as u32 }> {
+        type T = E4m3;
+    }
+    impl Named for ElemOf<{ ElemType::E5M2 as u32 }> {
+        type T = E5m2;
+    }
+    impl Named for ElemOf<{ ElemType::E2M1 as u32 }> {
+        type T = E2m1;
+    }
+    impl Named for ScaleOf<{ ScaleType::E8M0 as u32 }, 32> {
+        type T = E8m0x32;
+    }
+    impl Named for ScaleOf<{ ScaleType::E8M0 as u32 }, 16> {
+        type T = E8m0x16;
+    }
+    impl Named for ScaleOf<{ ScaleType::UE4M3 as u32 }, 16> {
+        type T = Ue4m3x16;
+    }
+}
+
 /// One scale type's conversion to a bf16x2 word (the scale in both halves).
 pub trait ScaleDecode {
     /// Elements per scale along K (32 or 16).
@@ -161,6 +192,11 @@ pub struct E8m0x32;
 pub struct E8m0x16;
 /// UE4M3 per 16 (NVFP4): as E4M3 with the sign bit ignored.
 pub struct Ue4m3x16;
+
+/// The conversion of the scale format of type `TY` (a [`ScaleType`](crate::format::ScaleType) as
+/// u32) per `BLOCK` elements, for the kernel tables ([`crate::entry::Named`]).
+#[cfg(all(target_arch = "nvptx64", target_feature = "sm_90a"))]
+pub struct ScaleOf<const TY: u32, const BLOCK: u32>;
 
 /// Without branches: a `match` here compiled to two divergent branches per scale in the
 /// consumers' loop, next to `wgmma` (ncu: 4–8× the branch-resolving stalls of ue4m3 scales).

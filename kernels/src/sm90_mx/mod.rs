@@ -17,7 +17,10 @@ pub mod kernel;
 
 mod schedule;
 
+#[cfg(all(target_arch = "nvptx64", target_feature = "sm_90a"))]
+use crate::entry::Of;
 use crate::format::ElemType;
+use crate::format::ElemType::{E2M1, E4M3, E5M2};
 use crate::gemm::layout::{HANDOFF_BYTES, StageContents, StageLayout};
 use crate::kernel_info::KernelInfo;
 
@@ -143,128 +146,101 @@ pub struct Sm90MxKernel {
 }
 
 impl Sm90MxKernel {
+    /// The row of the kernel `name`.
+    pub const fn new(
+        name: &'static str,
+        tile: MxTile,
+        a: ElemType,
+        b: ElemType,
+        scale: MxScale,
+        fused: bool,
+    ) -> Self {
+        Sm90MxKernel {
+            tile,
+            a,
+            b,
+            scale,
+            fused,
+            info: KernelInfo {
+                name,
+                max_threads: Some(tile.threads()),
+                min_blocks_per_sm: 1,
+                targets: &["sm_90a"],
+            },
+        }
+    }
+    /// Whether the kernel ends in the fused epilogue.
+    pub const fn fused(&self) -> bool {
+        self.fused
+    }
+    /// The register budgets after `setmaxnreg`: the fused kernels' finishing warps are the
+    /// producer warpgroup's ([`crate::gemm::producer_budget`]).
+    pub const fn producer_regs(&self) -> u32 {
+        let finishers = if self.fused {
+            crate::gemm::FINISHERS
+        } else {
+            0
+        };
+        crate::gemm::producer_budget(
+            self.tile.producer_regs(),
+            CONSUMERS,
+            self.tile.consumer_regs(),
+            finishers,
+        )
+    }
+    pub const fn consumer_regs(&self) -> u32 {
+        self.tile.consumer_regs()
+    }
     pub const fn layout(&self) -> StageLayout {
         self.tile
             .layout(self.a.bits(), self.scale.block, self.fused)
     }
 }
 
-/// An exported kernel taking `$arg: $param` (the family's parameters, or for a fused kernel
-/// those and the epilogue's), from which the kernel's fields `$field…` are made.
-#[cfg(all(target_arch = "nvptx64", target_feature = "sm_90a"))]
-macro_rules! mx_export {
-    ($name:expr, $n:literal, $a:ident, $b:ident, $s:ident, $fused:literal,
-     $arg:ident: $param:ty => { $($field:tt)* }) => {
-        const _: () = {
-            /// # Safety
-            /// Launched as [`crate::gemm::driver::run`] says, with parameters made from validated
-            /// operands as [`Sm90MxParams`] describes (fused: the epilogue's buffers and scratch
-            /// as [`crate::params::EpilogueParams`] describes).
-            #[unsafe(export_name = $name)]
-            unsafe extern "ptx-kernel" fn kernel($arg: $param) {
-                use $crate::sm90_mx::dequant;
-                let k = $crate::sm90_mx::kernel::MxGemm::<
-                    [f32; $n / 2],
-                    dequant::$a,
-                    dequant::$b,
-                    dequant::$s,
-                    $fused,
-                > {
-                    $($field)*
-                    types: core::marker::PhantomData,
-                };
-                const TILE: $crate::sm90_mx::MxTile = $crate::sm90_mx::MxTile { block_n: $n };
-                // SAFETY: the caller's contract.
-                unsafe {
-                    $crate::gemm::driver::run::<
-                        _,
-                        {
-                            $crate::gemm::producer_budget(
-                                TILE.producer_regs(),
-                                $crate::sm90_mx::CONSUMERS,
-                                TILE.consumer_regs(),
-                                if $fused { $crate::gemm::FINISHERS } else { 0 },
-                            )
-                        },
-                        { TILE.consumer_regs() },
-                    >(&k)
-                }
-            }
-        };
-    };
-}
+crate::entry::kernel_table! {
+    /// # Safety
+    /// Launched as [`crate::gemm::driver::run`] says, with parameters made from validated
+    /// operands as [`Sm90MxParams`] describes (fused: the epilogue's buffers and scratch as
+    /// [`crate::params::EpilogueParams`] describes).
+    #[cfg(all(target_arch = "nvptx64", target_feature = "sm_90a"))]
+    unsafe extern "ptx-kernel" fn |K| {
+        gemm(Sm90MxParams) => kernel::MxGemm<
+            [f32; K.tile.block_n as usize / 2],
+            Of<dequant::ElemOf<{ K.a as u32 }>>,
+            Of<dequant::ElemOf<{ K.b as u32 }>>,
+            Of<dequant::ScaleOf<{ K.scale.ty as u32 }, { K.scale.block }>>,
+            { K.fused },
+        >;
+    }
 
-/// [`mx_export`] of a plain kernel (the family's parameters) or a fused one (those and the
-/// epilogue's: [`crate::params::FusedParams`]).
-#[cfg(all(target_arch = "nvptx64", target_feature = "sm_90a"))]
-macro_rules! mx_entry {
-    ($name:expr, $n:literal, $a:ident, $b:ident, $s:ident, true) => {
-        mx_export!($name, $n, $a, $b, $s, true,
-            q: $crate::params::FusedParams<$crate::sm90_mx::Sm90MxParams> =>
-                { p: q.p, epi: q.epi, });
-    };
-    ($name:expr, $n:literal, $a:ident, $b:ident, $s:ident, false) => {
-        mx_export!($name, $n, $a, $b, $s, false,
-            p: $crate::sm90_mx::Sm90MxParams =>
-                { p, epi: $crate::params::EpilogueParams::plain(), });
-    };
-}
-
-/// The kernel list, written once: tiles (columns, whether fused, entry-point prefix) × (A, B,
-/// scale) combinations. Expands to [`KERNELS`] and, on sm_90a, the entry points
-/// `<prefix>_<a>_<b>_<scale>`.
-macro_rules! mx_kernel_list {
-    (tiles: [$($tile:tt),*], types: $types:tt) => {
-        /// Every kernel of the family (the registry's rows).
-        pub const KERNELS: &[Sm90MxKernel] = &mx_kernel_list!(@rows [] [$($tile),*] $types);
-        #[cfg(all(target_arch = "nvptx64", target_feature = "sm_90a"))]
-        mx_kernel_list!(@entries [$($tile),*] $types);
-    };
-    (@rows [$($out:tt)*] [] $types:tt) => { [$($out)*] };
-    (@rows [$($out:tt)*] [($n:literal, $fused:tt, $pre:literal) $(, $rest:tt)*]
-        [$(($a:ident, $b:ident, $s:ident, $ea:ident, $eb:ident, $ms:ident, $yn:literal)),*]) => {
-        mx_kernel_list!(@rows
-            [$($out)* $(Sm90MxKernel {
-                tile: MxTile { block_n: $n },
-                a: ElemType::$ea,
-                b: ElemType::$eb,
-                scale: MxScale::$ms,
-                fused: $fused,
-                info: KernelInfo {
-                    name: concat!($pre, $yn),
-                    max_threads: Some(MxTile { block_n: $n }.threads()),
-                    min_blocks_per_sm: 1,
-                    targets: &["sm_90a"],
-                },
-            },)*]
-            [$($rest),*] [$(($a, $b, $s, $ea, $eb, $ms, $yn)),*])
-    };
-    (@entries [] $types:tt) => {};
-    (@entries [($n:literal, $fused:tt, $pre:literal) $(, $rest:tt)*]
-        [$(($a:ident, $b:ident, $s:ident, $ea:ident, $eb:ident, $ms:ident, $yn:literal)),*]) => {
-        $(mx_entry!(concat!($pre, $yn), $n, $a, $b, $s, $fused);)*
-        mx_kernel_list!(@entries [$($rest),*] [$(($a, $b, $s, $ea, $eb, $ms, $yn)),*]);
-    };
-}
-
-// The fused-epilogue kernels (`gemm::epilogue::fuse`) on the 256-column tile: the MX kernel has no output
-// staging (its shared memory holds the converted bf16 buffers), so a warp stages its rows in a
-// global scratch the host gives (`EpilogueParams::scratch`, L2-resident).
-mx_kernel_list! {
-    tiles: [
-        (256, false, "sm90_mx_gemm_n256"),
-        (128, false, "sm90_mx_gemm_n128"),
-        (256, true, "sm90_mx_fused_gemm_n256")
-    ],
-    types: [
-        (E4m3, E4m3, E8m0x32, E4M3, E4M3, E8M0X32, "_e4m3_e4m3_e8m0x32"),
-        (E5m2, E5m2, E8m0x32, E5M2, E5M2, E8M0X32, "_e5m2_e5m2_e8m0x32"),
-        (E4m3, E5m2, E8m0x32, E4M3, E5M2, E8M0X32, "_e4m3_e5m2_e8m0x32"),
-        (E5m2, E4m3, E8m0x32, E5M2, E4M3, E8M0X32, "_e5m2_e4m3_e8m0x32"),
-        (E2m1, E2m1, E8m0x32, E2M1, E2M1, E8M0X32, "_e2m1_e2m1_e8m0x32"),
-        (E2m1, E2m1, Ue4m3x16, E2M1, E2M1, UE4M3X16, "_e2m1_e2m1_ue4m3x16"),
-        (E2m1, E2m1, E8m0x16, E2M1, E2M1, E8M0X16, "_e2m1_e2m1_e8m0x16")
-    ]
+    /// Every kernel of the family (the registry's rows): tiles × (A, B, scale) combinations.
+    /// The fused-epilogue kernels (`gemm::epilogue::fuse`) are on the 256-column tile: the MX
+    /// kernel has no output staging (its shared memory holds the converted bf16 buffers), so a
+    /// warp stages its rows in a global scratch the host gives (`EpilogueParams::scratch`,
+    /// L2-resident).
+    pub const KERNELS: &[Sm90MxKernel] = Sm90MxKernel::new [
+        plain("sm90_mx_gemm_n256_e4m3_e4m3_e8m0x32", MxTile::N256, E4M3, E4M3, MxScale::E8M0X32, false),
+        plain("sm90_mx_gemm_n256_e5m2_e5m2_e8m0x32", MxTile::N256, E5M2, E5M2, MxScale::E8M0X32, false),
+        plain("sm90_mx_gemm_n256_e4m3_e5m2_e8m0x32", MxTile::N256, E4M3, E5M2, MxScale::E8M0X32, false),
+        plain("sm90_mx_gemm_n256_e5m2_e4m3_e8m0x32", MxTile::N256, E5M2, E4M3, MxScale::E8M0X32, false),
+        plain("sm90_mx_gemm_n256_e2m1_e2m1_e8m0x32", MxTile::N256, E2M1, E2M1, MxScale::E8M0X32, false),
+        plain("sm90_mx_gemm_n256_e2m1_e2m1_ue4m3x16", MxTile::N256, E2M1, E2M1, MxScale::UE4M3X16, false),
+        plain("sm90_mx_gemm_n256_e2m1_e2m1_e8m0x16", MxTile::N256, E2M1, E2M1, MxScale::E8M0X16, false),
+        plain("sm90_mx_gemm_n128_e4m3_e4m3_e8m0x32", MxTile::N128, E4M3, E4M3, MxScale::E8M0X32, false),
+        plain("sm90_mx_gemm_n128_e5m2_e5m2_e8m0x32", MxTile::N128, E5M2, E5M2, MxScale::E8M0X32, false),
+        plain("sm90_mx_gemm_n128_e4m3_e5m2_e8m0x32", MxTile::N128, E4M3, E5M2, MxScale::E8M0X32, false),
+        plain("sm90_mx_gemm_n128_e5m2_e4m3_e8m0x32", MxTile::N128, E5M2, E4M3, MxScale::E8M0X32, false),
+        plain("sm90_mx_gemm_n128_e2m1_e2m1_e8m0x32", MxTile::N128, E2M1, E2M1, MxScale::E8M0X32, false),
+        plain("sm90_mx_gemm_n128_e2m1_e2m1_ue4m3x16", MxTile::N128, E2M1, E2M1, MxScale::UE4M3X16, false),
+        plain("sm90_mx_gemm_n128_e2m1_e2m1_e8m0x16", MxTile::N128, E2M1, E2M1, MxScale::E8M0X16, false),
+        fused("sm90_mx_fused_gemm_n256_e4m3_e4m3_e8m0x32", MxTile::N256, E4M3, E4M3, MxScale::E8M0X32, true),
+        fused("sm90_mx_fused_gemm_n256_e5m2_e5m2_e8m0x32", MxTile::N256, E5M2, E5M2, MxScale::E8M0X32, true),
+        fused("sm90_mx_fused_gemm_n256_e4m3_e5m2_e8m0x32", MxTile::N256, E4M3, E5M2, MxScale::E8M0X32, true),
+        fused("sm90_mx_fused_gemm_n256_e5m2_e4m3_e8m0x32", MxTile::N256, E5M2, E4M3, MxScale::E8M0X32, true),
+        fused("sm90_mx_fused_gemm_n256_e2m1_e2m1_e8m0x32", MxTile::N256, E2M1, E2M1, MxScale::E8M0X32, true),
+        fused("sm90_mx_fused_gemm_n256_e2m1_e2m1_ue4m3x16", MxTile::N256, E2M1, E2M1, MxScale::UE4M3X16, true),
+        fused("sm90_mx_fused_gemm_n256_e2m1_e2m1_e8m0x16", MxTile::N256, E2M1, E2M1, MxScale::E8M0X16, true),
+    ];
 }
 
 /// The kernel for a tile, element types and scale format, plain or `fused`.
@@ -297,7 +273,28 @@ const _: () = {
 
 #[cfg(test)]
 mod tests {
+    extern crate std;
+    use std::format;
+
     use super::*;
+
+    /// Every row's entry point is named by its tile, types and scale format (a table line is
+    /// written by hand).
+    #[test]
+    fn every_kernel_is_named_by_its_tile_types_and_scale() {
+        for k in KERNELS {
+            let fused = if k.fused { "_fused" } else { "" };
+            let want = format!(
+                "sm90_mx{fused}_gemm_n{}_{}_{}_{}x{}",
+                k.tile.block_n,
+                k.a.name(),
+                k.b.name(),
+                k.scale.ty.name(),
+                k.scale.block
+            );
+            assert_eq!(k.info.name, want);
+        }
+    }
 
     #[test]
     fn every_kernel_has_a_unique_name_and_a_layout_that_fits() {

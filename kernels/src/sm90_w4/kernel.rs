@@ -15,6 +15,7 @@ use core::marker::PhantomData;
 use super::{
     ACT_BUFFERS, Activation, BLOCK_K, CONSUMERS, Sm90W4Params, WEIGHT_ROW_BYTES, WEIGHT_ROWS,
 };
+use crate::entry::Named;
 use crate::gemm::barriers;
 use crate::gemm::driver::{Ctx, GemmKernel};
 use crate::gemm::epilogue::{self, Output};
@@ -98,6 +99,22 @@ impl<S: ScaleDecode> Activations for Fp4<S> {
         // SAFETY: the caller's contract.
         S::x2(unsafe { smem::load_u8(sf + q * UNIT / S::BLOCK) })
     }
+}
+
+/// The activations' format named by its [`Activation`] value `A` (`as u32`) with the scale type
+/// `S`, for the kernel table ([`crate::entry::Named`]).
+pub(crate) struct ActOf<const A: u32, S>(PhantomData<S>);
+
+impl<S> Named for ActOf<{ Activation::Bf16 as u32 }, S> {
+    type T = Bf16<S>;
+}
+
+impl<S> Named for ActOf<{ Activation::E4m3Row128 as u32 }, S> {
+    type T = E4m3Row128<S>;
+}
+
+impl<S> Named for ActOf<{ Activation::Fp4 as u32 }, S> {
+    type T = Fp4<S>;
 }
 
 /// The kernel for `F::N` activation rows, activations `A` and weight scales `S`.

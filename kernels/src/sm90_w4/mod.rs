@@ -25,6 +25,9 @@ use crate::format::ScaleType;
 use crate::gemm::layout::{ScaleBox, StageContents, StageLayout};
 use crate::kernel_info::KernelInfo;
 use crate::sm90_mx::{BF16_ROW_BYTES, MxScale};
+#[cfg(all(target_arch = "nvptx64", target_feature = "sm_90a"))]
+use crate::{entry::Of, sm90_mx::dequant::ScaleOf};
+use Activation::{Bf16, E4m3Row128, Fp4};
 
 pub use crate::sm90_mx::{BLOCK_K, SCALE_ROWS_PAD};
 
@@ -115,6 +118,27 @@ pub struct Sm90W4Kernel {
 }
 
 impl Sm90W4Kernel {
+    /// The row of the kernel `name`.
+    pub const fn new(name: &'static str, tile: W4Tile, act: Activation, scale: MxScale) -> Self {
+        Sm90W4Kernel {
+            tile,
+            act,
+            scale,
+            info: KernelInfo {
+                name,
+                max_threads: Some(tile.threads()),
+                min_blocks_per_sm: 1,
+                targets: &["sm_90a"],
+            },
+        }
+    }
+    /// The register budgets after `setmaxnreg`.
+    pub const fn producer_regs(&self) -> u32 {
+        self.tile.producer_regs()
+    }
+    pub const fn consumer_regs(&self) -> u32 {
+        self.tile.consumer_regs()
+    }
     pub const fn layout(&self) -> StageLayout {
         layout(self.tile, self.act, self.scale.block)
     }
@@ -223,77 +247,44 @@ pub struct Sm90W4Params {
     pub groups: crate::params::GroupParams,
 }
 
-/// An exported kernel.
-#[cfg(all(target_arch = "nvptx64", target_feature = "sm_90a"))]
-macro_rules! w4_entry {
-    ($name:expr, $n:literal, $act:ident, $s:ident) => {
-        const _: () = {
-            /// # Safety
-            /// Launched as [`crate::gemm::driver::run`] says, with parameters made from validated
-            /// operands as [`Sm90W4Params`] describes.
-            #[unsafe(export_name = $name)]
-            unsafe extern "ptx-kernel" fn kernel(p: $crate::sm90_w4::Sm90W4Params) {
-                use $crate::sm90_w4::kernel as k;
-                let g = k::W4Gemm::<[f32; $n / 2], k::$act<$crate::sm90_mx::dequant::$s>, $crate::sm90_mx::dequant::$s> {
-                    p,
-                    types: core::marker::PhantomData,
-                };
-                const TILE: $crate::sm90_w4::W4Tile = $crate::sm90_w4::W4Tile { n: $n };
-                // SAFETY: the caller's contract.
-                unsafe {
-                    $crate::gemm::driver::run::<_, { TILE.producer_regs() }, { TILE.consumer_regs() }>(&g)
-                }
-            }
-        };
-    };
-}
+crate::entry::kernel_table! {
+    /// # Safety
+    /// Launched as [`crate::gemm::driver::run`] says, with parameters made from validated
+    /// operands as [`Sm90W4Params`] describes.
+    #[cfg(all(target_arch = "nvptx64", target_feature = "sm_90a"))]
+    unsafe extern "ptx-kernel" fn |K| {
+        bare(Sm90W4Params) => kernel::W4Gemm<
+            [f32; K.tile.n as usize / 2],
+            Of<kernel::ActOf<
+                { K.act as u32 },
+                Of<ScaleOf<{ K.scale.ty as u32 }, { K.scale.block }>>,
+            >>,
+            Of<ScaleOf<{ K.scale.ty as u32 }, { K.scale.block }>>,
+        >;
+    }
 
-/// The kernel list, written once: tiles × (activation, scale) pairs. Expands to [`KERNELS`] and,
-/// on sm_90a, the entry points `sm90_w4_gemm_n<N>_<activation>_e2m1_<scale>`.
-macro_rules! w4_kernel_list {
-    (tiles: [$($n:literal),*], kinds: $kinds:tt) => {
-        /// Every kernel of the family (the registry's rows).
-        pub const KERNELS: &[Sm90W4Kernel] = &w4_kernel_list!(@rows [] [$($n),*] $kinds);
-        #[cfg(all(target_arch = "nvptx64", target_feature = "sm_90a"))]
-        w4_kernel_list!(@entries [$($n),*] $kinds);
-    };
-    (@rows [$($out:tt)*] [] $kinds:tt) => { [$($out)*] };
-    (@rows [$($out:tt)*] [$n:literal $(, $rest:literal)*]
-        [$(($act:ident, $s:ident, $ms:ident, $yn:literal)),*]) => {
-        w4_kernel_list!(@rows
-            [$($out)* $(Sm90W4Kernel {
-                tile: W4Tile { n: $n },
-                act: Activation::$act,
-                scale: MxScale::$ms,
-                info: KernelInfo {
-                    name: concat!("sm90_w4_gemm_n", stringify!($n), $yn),
-                    max_threads: Some(W4Tile { n: $n }.threads()),
-                    min_blocks_per_sm: 1,
-                    targets: &["sm_90a"],
-                },
-            },)*]
-            [$($rest),*] [$(($act, $s, $ms, $yn)),*])
-    };
-    (@entries [] $kinds:tt) => {};
-    (@entries [$n:literal $(, $rest:literal)*] [$(($act:ident, $s:ident, $ms:ident, $yn:literal)),*]) => {
-        $(w4_entry!(concat!("sm90_w4_gemm_n", stringify!($n), $yn), $n, $act, $s);)*
-        w4_kernel_list!(@entries [$($rest),*] [$(($act, $s, $ms, $yn)),*]);
-    };
-}
-
-w4_kernel_list! {
-    tiles: [16, 128],
-    kinds: [
-        (Bf16, E8m0x32, E8M0X32, "_bf16_e2m1_e8m0x32"),
-        (Bf16, Ue4m3x16, UE4M3X16, "_bf16_e2m1_ue4m3x16"),
-        (Bf16, E8m0x16, E8M0X16, "_bf16_e2m1_e8m0x16"),
-        (E4m3Row128, E8m0x32, E8M0X32, "_e4m3r128_e2m1_e8m0x32"),
-        (E4m3Row128, Ue4m3x16, UE4M3X16, "_e4m3r128_e2m1_ue4m3x16"),
-        (E4m3Row128, E8m0x16, E8M0X16, "_e4m3r128_e2m1_e8m0x16"),
-        (Fp4, E8m0x32, E8M0X32, "_e2m1_e2m1_e8m0x32"),
-        (Fp4, Ue4m3x16, UE4M3X16, "_e2m1_e2m1_ue4m3x16"),
-        (Fp4, E8m0x16, E8M0X16, "_e2m1_e2m1_e8m0x16")
-    ]
+    /// Every kernel of the family (the registry's rows): each tile × activation format × weight
+    /// scale format.
+    pub const KERNELS: &[Sm90W4Kernel] = Sm90W4Kernel::new [
+        bare("sm90_w4_gemm_n16_bf16_e2m1_e8m0x32", W4Tile::N16, Bf16, MxScale::E8M0X32),
+        bare("sm90_w4_gemm_n16_bf16_e2m1_ue4m3x16", W4Tile::N16, Bf16, MxScale::UE4M3X16),
+        bare("sm90_w4_gemm_n16_bf16_e2m1_e8m0x16", W4Tile::N16, Bf16, MxScale::E8M0X16),
+        bare("sm90_w4_gemm_n16_e4m3r128_e2m1_e8m0x32", W4Tile::N16, E4m3Row128, MxScale::E8M0X32),
+        bare("sm90_w4_gemm_n16_e4m3r128_e2m1_ue4m3x16", W4Tile::N16, E4m3Row128, MxScale::UE4M3X16),
+        bare("sm90_w4_gemm_n16_e4m3r128_e2m1_e8m0x16", W4Tile::N16, E4m3Row128, MxScale::E8M0X16),
+        bare("sm90_w4_gemm_n16_e2m1_e2m1_e8m0x32", W4Tile::N16, Fp4, MxScale::E8M0X32),
+        bare("sm90_w4_gemm_n16_e2m1_e2m1_ue4m3x16", W4Tile::N16, Fp4, MxScale::UE4M3X16),
+        bare("sm90_w4_gemm_n16_e2m1_e2m1_e8m0x16", W4Tile::N16, Fp4, MxScale::E8M0X16),
+        bare("sm90_w4_gemm_n128_bf16_e2m1_e8m0x32", W4Tile::N128, Bf16, MxScale::E8M0X32),
+        bare("sm90_w4_gemm_n128_bf16_e2m1_ue4m3x16", W4Tile::N128, Bf16, MxScale::UE4M3X16),
+        bare("sm90_w4_gemm_n128_bf16_e2m1_e8m0x16", W4Tile::N128, Bf16, MxScale::E8M0X16),
+        bare("sm90_w4_gemm_n128_e4m3r128_e2m1_e8m0x32", W4Tile::N128, E4m3Row128, MxScale::E8M0X32),
+        bare("sm90_w4_gemm_n128_e4m3r128_e2m1_ue4m3x16", W4Tile::N128, E4m3Row128, MxScale::UE4M3X16),
+        bare("sm90_w4_gemm_n128_e4m3r128_e2m1_e8m0x16", W4Tile::N128, E4m3Row128, MxScale::E8M0X16),
+        bare("sm90_w4_gemm_n128_e2m1_e2m1_e8m0x32", W4Tile::N128, Fp4, MxScale::E8M0X32),
+        bare("sm90_w4_gemm_n128_e2m1_e2m1_ue4m3x16", W4Tile::N128, Fp4, MxScale::UE4M3X16),
+        bare("sm90_w4_gemm_n128_e2m1_e2m1_e8m0x16", W4Tile::N128, Fp4, MxScale::E8M0X16),
+    ];
 }
 
 /// The kernel for a tile, activation format and weight scale format.
@@ -321,7 +312,36 @@ const _: () = {
 
 #[cfg(test)]
 mod tests {
+    extern crate std;
+    use std::format;
+
     use super::*;
+
+    /// Every tile, activation format and weight scale format has its kernel, named by them (a
+    /// table line is written by hand).
+    #[test]
+    fn every_combination_has_a_kernel_named_by_it() {
+        let scales = [MxScale::E8M0X32, MxScale::UE4M3X16, MxScale::E8M0X16];
+        let acts = [Activation::Bf16, Activation::E4m3Row128, Activation::Fp4];
+        assert_eq!(KERNELS.len(), W4Tile::ALL.len() * acts.len() * scales.len());
+        for t in W4Tile::ALL {
+            for act in acts {
+                for s in scales {
+                    assert!(kernel(t, act, s).is_some(), "{t:?} {act:?} {s:?}");
+                }
+            }
+        }
+        for k in KERNELS {
+            let act = match k.act {
+                Activation::Bf16 => "bf16",
+                Activation::E4m3Row128 => "e4m3r128",
+                Activation::Fp4 => "e2m1",
+            };
+            let (ty, block) = (k.scale.ty.name(), k.scale.block);
+            let want = format!("sm90_w4_gemm_n{}_{act}_e2m1_{ty}x{block}", k.tile.n);
+            assert_eq!(k.info.name, want);
+        }
+    }
 
     #[test]
     fn the_weight_order_is_a_permutation_that_feeds_each_fragment_word_its_columns() {
