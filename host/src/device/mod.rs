@@ -18,7 +18,7 @@ use crate::error::{Error, Result, shape};
 use crate::families::Families;
 use crate::format::OutType;
 use crate::matrix::ScaledMatrix;
-use crate::plan::{self, GpuArch};
+use crate::plan::GpuArch;
 use crate::prepare::{Preparers, Source};
 use crate::quantizer::TensorElement;
 use crate::quantizer::{DeviceTensor, Quantizers};
@@ -155,7 +155,7 @@ impl Gpu {
             as u32;
         let (module, image) = image::load(&ctx, (major, minor), images)?;
         let preparers = Preparers::load(&module, sm_count)?;
-        let families = plan::load_families(&module, &stream, arch, sm_count, &preparers)?;
+        let families = crate::families::load(&module, &stream, arch, sm_count, &preparers)?;
         let quantizers = Quantizers::load(&module, sm_count)?;
         let moe = crate::moe::MoeKernels::load(&module, sm_count)?;
         Ok(Gpu {
@@ -270,13 +270,8 @@ impl Gpu {
         // A scale buffer is never empty (every matrix has at least one block).
         let scales = Mem::Owned(crate::alloc::copy_of(&self.stream, m.scales())?);
         let mut prepared = Prepared::default();
-        for family in self.dev.families.iter() {
-            if let Some(p) =
-                family.prepare_operand(&self.stream, &Source::Host(m), &data, &prepared)?
-            {
-                prepared.insert(p);
-            }
-        }
+        let families = &self.dev.families;
+        families.prepare_operand(&self.stream, &Source::Host(m), &data, &mut prepared)?;
         Ok(DeviceMatrix {
             gpu: self.dev.id,
             desc: *m.desc(),

@@ -211,11 +211,8 @@ impl Gpu {
                 kernels: &self.dev.preparers,
                 unit_scale: false,
             };
-            let mut all = true;
-            for family in self.dev.families.iter() {
-                all &= family.refresh_operand(&self.stream, &src, &mut dst.prepared, written)?;
-            }
-            if all {
+            let families = &self.dev.families;
+            if families.refresh_operand(&self.stream, &src, &mut dst.prepared, written)? {
                 return Ok(());
             }
         }
@@ -238,12 +235,8 @@ impl Gpu {
             kernels: &self.dev.preparers,
             unit_scale,
         };
-        for family in self.dev.families.iter() {
-            if let Some(p) = family.prepare_operand(&self.stream, &src, &m.data, &m.prepared)? {
-                m.prepared.insert(p);
-            }
-        }
-        Ok(())
+        let families = &self.dev.families;
+        families.prepare_operand(&self.stream, &src, &m.data, &mut m.prepared)
     }
 
     /// What the families prepare of an output (its tensor maps).

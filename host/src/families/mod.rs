@@ -6,7 +6,7 @@ use std::any::Any;
 use std::fmt;
 use std::sync::Arc;
 
-use cudarc::driver::{CudaSlice, CudaStream};
+use cudarc::driver::{CudaModule, CudaSlice, CudaStream};
 
 use crate::bsr::BsrMatrix;
 use crate::buffers::{DeviceMatrix, DeviceOutput, Mem, Prepared, PreparedValue};
@@ -42,33 +42,10 @@ pub(crate) trait Family: Any + Send + Sync {
         None
     }
 
-    /// What the family needs of a matrix beside its data and scales (tensor maps, scales in the
-    /// kernel's layout), read from the host's copy or the device's ([`Source`]); `None` when the
-    /// matrix cannot run on it or it needs nothing. `made`: what the families before it
-    /// prepared of the same matrix (a family may read another's copy rather than make its own).
-    fn prepare_operand(
-        &self,
-        _stream: &Arc<CudaStream>,
-        _matrix: &Source<'_>,
-        _data: &Mem<'_>,
-        _made: &Prepared,
-    ) -> Result<Option<PreparedValue>> {
-        Ok(None)
-    }
-
-    /// Rewrites, in its own buffers, what `prepared` holds of this family for a matrix whose codes
-    /// and scales were rewritten in place (same description and buffers, so its tensor maps stay
-    /// valid), reading `matrix`; `written`: the copies the writer rewrote itself. `Ok(false)`
-    /// where it cannot (the matrix is then prepared anew); `Ok(true)` where the family holds
-    /// nothing of it.
-    fn refresh_operand(
-        &self,
-        _stream: &Arc<CudaStream>,
-        _matrix: &Source<'_>,
-        _prepared: &mut Prepared,
-        _written: Rewritten,
-    ) -> Result<bool> {
-        Ok(true)
+    /// The operand copy the family makes of every uploaded matrix it can take (tensor maps,
+    /// scales in its kernels' layout), if any ([`operands::OperandCopy`]).
+    fn operand_copy(&self) -> Option<operands::CopyKind> {
+        None
     }
 
     /// Makes now the copies the family makes of `m` at its first use as weights (the B role:
@@ -101,6 +78,34 @@ pub(crate) trait Family: Any + Send + Sync {
     }
 }
 
+/// Loads every kernel family the module built for `arch` contains (`preparers`: the GPU's, for
+/// the families that make a matrix's weight-role copies at its first use as weights), in the
+/// order in which they prepare a matrix (a family may read the copies of those before it: the
+/// 4-bit-weights family reads the FP8 and MX copies).
+pub(crate) fn load(
+    module: &Arc<CudaModule>,
+    stream: &Arc<CudaStream>,
+    arch: crate::plan::GpuArch,
+    sm_count: u32,
+    preparers: &crate::prepare::Preparers,
+) -> Result<Families> {
+    let cx = persistent::Loader {
+        module,
+        stream,
+        target: arch.target(),
+        sm_count,
+        preparers,
+    };
+    let mut families = Families::default();
+    families.add(reference::ReferenceKernel::load(&cx)?);
+    families.add_some(fp8::Sm90Fp8::load(&cx)?);
+    families.add_some(mx::Sm90Mx::load(&cx)?);
+    families.add_some(w4::Sm90W4::load(&cx)?);
+    families.add_some(fold::Sm90MxFp8::load(&cx)?);
+    families.add_some(half::Sm90Half::load(&cx)?);
+    Ok(families)
+}
+
 /// The families loaded on one GPU.
 #[derive(Default)]
 pub(crate) struct Families(Vec<Box<dyn Family>>);
@@ -108,6 +113,12 @@ pub(crate) struct Families(Vec<Box<dyn Family>>);
 impl Families {
     pub(crate) fn add(&mut self, family: impl Family) {
         self.0.push(Box::new(family));
+    }
+
+    fn add_some(&mut self, family: Option<impl Family>) {
+        if let Some(f) = family {
+            self.add(f);
+        }
     }
 
     pub(crate) fn get<F: Family>(&self) -> Option<&F> {
@@ -118,6 +129,40 @@ impl Families {
 
     pub(crate) fn iter(&self) -> impl Iterator<Item = &dyn Family> {
         self.0.iter().map(|f| f.as_ref())
+    }
+
+    /// Adds to `prepared` each family's copy of the matrix `matrix` (codes in `data`), in the
+    /// families' order: a family may read the copies of those before it.
+    pub(crate) fn prepare_operand(
+        &self,
+        stream: &Arc<CudaStream>,
+        matrix: &Source<'_>,
+        data: &Mem<'_>,
+        prepared: &mut Prepared,
+    ) -> Result<()> {
+        for kind in self.iter().filter_map(|f| f.operand_copy()) {
+            if let Some(p) = (kind.make)(stream, matrix, data, prepared)? {
+                prepared.insert(p);
+            }
+        }
+        Ok(())
+    }
+
+    /// Rewrites each family's copy in `prepared` for `matrix`, whose codes and scales were
+    /// rewritten in place (`written`: the copies the writer rewrote itself); `false` where one
+    /// cannot be (the matrix is then prepared anew).
+    pub(crate) fn refresh_operand(
+        &self,
+        stream: &Arc<CudaStream>,
+        matrix: &Source<'_>,
+        prepared: &mut Prepared,
+        written: Rewritten,
+    ) -> Result<bool> {
+        let mut all = true;
+        for kind in self.iter().filter_map(|f| f.operand_copy()) {
+            all &= (kind.refresh)(stream, matrix, prepared, written)?;
+        }
+        Ok(all)
     }
 }
 

@@ -14,7 +14,87 @@ use crate::launch::Launch;
 use crate::matrix::GemmShape;
 use crate::splitk::{self, SplitK};
 use blockscaled_kernels::gemm::scheduler::{ClusterShape, MAX_CLUSTER, Schedule};
+use blockscaled_kernels::kernel_info::KernelInfo;
 use blockscaled_kernels::params::{GroupParams, SplitKParams};
+use blockscaled_kernels::sm90::Sm90Fp8Kernel;
+use blockscaled_kernels::sm90_half::Sm90HalfKernel;
+use blockscaled_kernels::sm90_mx::Sm90MxKernel;
+use blockscaled_kernels::sm90_w4::Sm90W4Kernel;
+
+/// A row of a family's kernel list, as the host loads it: its registry entry, threads per CTA
+/// and dynamic shared memory.
+pub(crate) trait KernelRow: PartialEq + Sync + 'static {
+    fn info(&self) -> &KernelInfo;
+    fn launch_shape(&self) -> (u32, u32);
+}
+
+/// [`KernelRow`] for the kernel crate's row types, which share the field and method names.
+macro_rules! kernel_rows {
+    ($($t:ty),+) => {$(
+        impl KernelRow for $t {
+            fn info(&self) -> &KernelInfo {
+                &self.info
+            }
+            fn launch_shape(&self) -> (u32, u32) {
+                (self.tile.threads(), self.layout().bytes())
+            }
+        }
+    )+};
+}
+kernel_rows!(Sm90Fp8Kernel, Sm90MxKernel, Sm90W4Kernel, Sm90HalfKernel);
+
+/// What loading a family on one GPU takes: the module built for its architecture (`target`,
+/// as the registry names it), a stream of the GPU, its SMs, and the device preparers (for the
+/// families that make weight-role copies at a matrix's first use as weights).
+pub(crate) struct Loader<'a> {
+    pub(crate) module: &'a Arc<CudaModule>,
+    pub(crate) stream: &'a Arc<CudaStream>,
+    pub(crate) target: &'static str,
+    pub(crate) sm_count: u32,
+    pub(crate) preparers: &'a crate::prepare::Preparers,
+}
+
+impl Loader<'_> {
+    /// Whether the module has the kernels of a list whose first row is `first`.
+    pub(crate) fn has<D: KernelRow>(&self, first: &D) -> bool {
+        first.info().targets.contains(&self.target)
+    }
+
+    /// Every kernel of `rows` ([`Kernel::load`]), or `None` where the module has none of the
+    /// list (the family is not on this GPU).
+    pub(crate) fn kernels<D: KernelRow>(
+        &self,
+        rows: &'static [D],
+        clustered: bool,
+    ) -> Result<Option<Vec<Kernel<D>>>> {
+        self.kernels_of(rows.iter(), clustered)
+    }
+
+    /// [`Self::kernels`] of rows from several lists.
+    pub(crate) fn kernels_of<D: KernelRow>(
+        &self,
+        rows: impl IntoIterator<Item = &'static D>,
+        clustered: bool,
+    ) -> Result<Option<Vec<Kernel<D>>>> {
+        let mut rows = rows.into_iter().peekable();
+        if !rows.peek().is_some_and(|r| self.has(*r)) {
+            return Ok(None);
+        }
+        rows.map(|def| {
+            let (name, shape) = (def.info().name, def.launch_shape());
+            Kernel::load(
+                self.module,
+                self.stream,
+                (def, name),
+                shape,
+                self.sm_count,
+                clustered,
+            )
+        })
+        .collect::<Result<_>>()
+        .map(Some)
+    }
+}
 
 /// One loaded persistent kernel: its row of the family's kernel list (`def`), its function,
 /// threads per CTA and dynamic shared memory, and how many of its CTAs can be resident at once

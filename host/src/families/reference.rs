@@ -1,11 +1,10 @@
 //! Host side of the SIMT reference kernel (`reference_blockscaled_gemm`): every format and scale
 //! layout, float64 accumulation; what `Gpu::reference_gemm` runs and what checks the fast kernels.
 
-use std::sync::Arc;
-
-use cudarc::driver::{CudaFunction, CudaModule};
+use cudarc::driver::CudaFunction;
 
 use crate::error::{Result, shape};
+use crate::families::persistent::Loader;
 use crate::families::{Family, Gemm};
 use crate::launch::Launch;
 use crate::matrix::GemmShape;
@@ -35,9 +34,9 @@ pub(crate) fn validate(s: &GemmShape) -> Result<()> {
 }
 
 impl ReferenceKernel {
-    pub(crate) fn load(module: &Arc<CudaModule>) -> Result<Self> {
+    pub(crate) fn load(cx: &Loader) -> Result<Self> {
         Ok(ReferenceKernel {
-            func: module.load_function(registry::REFERENCE_GEMM.name)?,
+            func: cx.module.load_function(registry::REFERENCE_GEMM.name)?,
         })
     }
 

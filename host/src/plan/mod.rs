@@ -4,10 +4,6 @@
 //! `Plan::launch`; nothing of a family lives on [`Gpu`](crate::Gpu) or the device buffers.
 //! `heuristics.rs` holds each family's configuration rules and their tuning constants.
 
-use std::sync::Arc;
-
-use cudarc::driver::{CudaModule, CudaStream};
-
 use crate::buffers::DeviceMatrix;
 use crate::error::{Error, Result, config, shape};
 use crate::families::fold::{self as sm90_mx_fp8, Sm90MxFp8};
@@ -20,7 +16,6 @@ use crate::families::{Families, Gemm};
 use crate::format::{ElemType, ScaleType};
 use crate::grouped::DeviceGroups;
 use crate::matrix::{GemmShape, MatrixDesc};
-use crate::prepare::Preparers;
 use crate::workspace::WorkspaceSize;
 use blockscaled_kernels::format::fold::target as fold_target;
 use blockscaled_kernels::sm90::{self, BLOCK_K, Mode, Tile};
@@ -328,35 +323,6 @@ pub(crate) fn choose_fused(
     alt.check_fused(needs)?;
     alt.validate(shape)?;
     Ok(alt)
-}
-
-/// Loads every kernel family the module built for `arch` contains (`preparers`: the GPU's, for
-/// the families that make a matrix's weight-role copies at its first use as weights).
-pub(crate) fn load_families(
-    module: &Arc<CudaModule>,
-    stream: &Arc<CudaStream>,
-    arch: GpuArch,
-    sm_count: u32,
-    preparers: &Preparers,
-) -> Result<Families> {
-    let mut families = Families::default();
-    families.add(ReferenceKernel::load(module)?);
-    if let Some(f) = Sm90Fp8::load(module, stream, arch.target(), sm_count, preparers)? {
-        families.add(f);
-    }
-    if let Some(f) = Sm90Mx::load(module, stream, arch.target(), sm_count)? {
-        families.add(f);
-    }
-    if let Some(f) = Sm90W4::load(module, stream, arch.target(), sm_count, preparers)? {
-        families.add(f);
-    }
-    if let Some(f) = Sm90MxFp8::load(module, arch.target(), preparers)? {
-        families.add(f);
-    }
-    if let Some(f) = Sm90Half::load(module, stream, arch.target(), sm_count)? {
-        families.add(f);
-    }
-    Ok(families)
 }
 
 /// Picks the kernel for A (M×K) · Bᵀ (N×K) on `arch` with `sm_count` SMs.

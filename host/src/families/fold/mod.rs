@@ -19,12 +19,13 @@
 use std::any::Any;
 use std::sync::Arc;
 
-use cudarc::driver::{CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
+use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 
 use crate::buffers::DeviceMatrix;
 use crate::error::{Error, Result, shape};
 use crate::families::operands::{BRole, Sm90Operand, fp8 as sm90_fp8};
 use crate::families::operands::{MxOperand, mx as sm90_mx};
+use crate::families::persistent::Loader;
 use crate::families::{Family, Gemm};
 use crate::format::ElemType;
 use crate::launch::Launch;
@@ -128,22 +129,16 @@ impl Family for Sm90MxFp8 {
 
 impl Sm90MxFp8 {
     /// Loads the fold kernels when the module built for `target` has them.
-    pub(crate) fn load(
-        module: &Arc<CudaModule>,
-        target: &str,
-        preparers: &Preparers,
-    ) -> Result<Option<Self>> {
-        if !family::KERNELS[0].info.targets.contains(&target) {
+    pub(crate) fn load(cx: &Loader) -> Result<Option<Self>> {
+        if !family::KERNELS[0].info.targets.contains(&cx.target) {
             return Ok(None);
         }
         let kernels = family::KERNELS
             .iter()
-            .map(|def| Ok((def, module.load_function(def.info.name)?)))
+            .map(|def| Ok((def, cx.module.load_function(def.info.name)?)))
             .collect::<Result<_>>()?;
-        Ok(Some(Sm90MxFp8 {
-            kernels,
-            preparers: preparers.clone(),
-        }))
+        let preparers = cx.preparers.clone();
+        Ok(Some(Sm90MxFp8 { kernels, preparers }))
     }
 
     /// Folds A and B into the workspace where they need it, then runs `fp8` (the FP8 kernel's

@@ -5,20 +5,20 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaModule, CudaSlice, CudaStream};
+use cudarc::driver::{CudaSlice, CudaStream};
 
 use crate::bsr::BsrMatrix;
-use crate::buffers::{DeviceMatrix, DeviceOutput, Mem, Prepared, PreparedValue};
+use crate::buffers::{DeviceMatrix, DeviceOutput, Mem, PreparedValue};
 use crate::error::{Error, Result, config};
 pub(crate) use crate::families::operands::fp8::unsupported;
-use crate::families::operands::{Sm90Operand, Sm90Output};
-use crate::families::persistent::{self, Persistent};
-use crate::families::{Family, Gemm, Rewritten};
+use crate::families::operands::{CopyKind, Sm90Operand, Sm90Output};
+use crate::families::persistent::{self, Loader, Persistent};
+use crate::families::{Family, Gemm};
 use crate::format::{ElemType, OutType};
 use crate::fused::Fused;
 use crate::grouped::DeviceGroups;
 use crate::matrix::GemmShape;
-use crate::prepare::{Preparers, Source};
+use crate::prepare::Preparers;
 use crate::splitk;
 use crate::workspace::WorkspaceSize;
 use blockscaled_kernels::gemm::layout::out_box_n;
@@ -65,31 +65,8 @@ impl Family for Sm90Fp8 {
         ))
     }
 
-    fn prepare_operand(
-        &self,
-        stream: &Arc<CudaStream>,
-        matrix: &Source<'_>,
-        data: &Mem<'_>,
-        made: &Prepared,
-    ) -> Result<Option<PreparedValue>> {
-        // (Already made by the writer: the device quantizers' A-role scales, written in place.)
-        if made.get::<Sm90Operand>().is_some() {
-            return Ok(None);
-        }
-        Ok(Sm90Operand::prepare(stream, matrix, data)?.map(|p| Box::new(p) as PreparedValue))
-    }
-
-    fn refresh_operand(
-        &self,
-        stream: &Arc<CudaStream>,
-        matrix: &Source<'_>,
-        prepared: &mut Prepared,
-        written: Rewritten,
-    ) -> Result<bool> {
-        if let Some(op) = prepared.get_mut::<Sm90Operand>() {
-            op.refresh(stream, matrix, written.sfa)?;
-        }
-        Ok(true)
+    fn operand_copy(&self) -> Option<CopyKind> {
+        Some(CopyKind::of::<Sm90Operand>())
     }
 
     fn prepare_output(
@@ -114,32 +91,12 @@ impl Family for Sm90Fp8 {
 
 impl Sm90Fp8 {
     /// Loads the kernels when the module built for `target` has them.
-    pub(crate) fn load(
-        module: &Arc<CudaModule>,
-        stream: &Arc<CudaStream>,
-        target: &str,
-        sm_count: u32,
-        preparers: &Preparers,
-    ) -> Result<Option<Self>> {
-        if !family::KERNELS[0].info.targets.contains(&target) {
+    pub(crate) fn load(cx: &Loader) -> Result<Option<Self>> {
+        let Some(kernels) = cx.kernels_of(family::LISTS.into_iter().flatten(), true)? else {
             return Ok(None);
-        }
-        let mut kernels = Vec::new();
-        for def in family::LISTS.into_iter().flatten() {
-            let shape = (def.tile.threads(), def.layout().bytes());
-            kernels.push(Kernel::load(
-                module,
-                stream,
-                (def, def.info.name),
-                shape,
-                sm_count,
-                true,
-            )?);
-        }
-        Ok(Some(Sm90Fp8 {
-            kernels,
-            preparers: preparers.clone(),
-        }))
+        };
+        let preparers = cx.preparers.clone();
+        Ok(Some(Sm90Fp8 { kernels, preparers }))
     }
 
     /// The workspace a GEMM of `shape` with `cfg` takes (split K's buffers).

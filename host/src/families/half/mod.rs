@@ -4,14 +4,14 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaModule, CudaSlice, CudaStream, DevicePtr};
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 
 use crate::bsr::{BsrMatrix, DeviceBsr, DeviceWork, SparseSide};
 use crate::buffers::{DeviceMatrix, DeviceOutput, Mem, Prepared, PreparedValue};
 use crate::error::{Error, Result, config, shape};
-use crate::families::operands::Sm90Output;
-use crate::families::persistent::{self, Persistent};
-use crate::families::{Family, Gemm};
+use crate::families::operands::{CopyKind, OperandCopy, Sm90Output};
+use crate::families::persistent::{self, Loader, Persistent};
+use crate::families::{Family, Gemm, Rewritten};
 use crate::format::{ElemType, ScaleBlock, ScaleType};
 use crate::fused::Fused;
 use crate::launch::Launch;
@@ -233,8 +233,19 @@ const BOX_ROWS: [u32; 4] = [256, 128, 64, 32];
 /// Tensor maps of one operand by box height.
 type BoxMaps = Vec<(u32, CudaSlice<u8>)>;
 
-impl HalfOperand {
-    fn prepare(stream: &Arc<CudaStream>, m: &Source<'_>, data: &Mem<'_>) -> Result<Option<Self>> {
+impl OperandCopy for HalfOperand {
+    /// Its maps are over the codes' buffer and its scale is the tensor scale, which a rewrite in
+    /// place leaves as they were.
+    fn refresh(&mut self, _: &Arc<CudaStream>, _: &Source<'_>, _: Rewritten) -> Result<bool> {
+        Ok(true)
+    }
+
+    fn make(
+        stream: &Arc<CudaStream>,
+        m: &Source<'_>,
+        data: &Mem<'_>,
+        _made: &Prepared,
+    ) -> Result<Option<Self>> {
         let d = m.desc();
         if unsupported(d).is_some() {
             return Ok(None);
@@ -313,14 +324,8 @@ pub(crate) struct Sm90Half {
 }
 
 impl Family for Sm90Half {
-    fn prepare_operand(
-        &self,
-        stream: &Arc<CudaStream>,
-        matrix: &Source<'_>,
-        data: &Mem<'_>,
-        _made: &Prepared,
-    ) -> Result<Option<PreparedValue>> {
-        Ok(HalfOperand::prepare(stream, matrix, data)?.map(|p| Box::new(p) as PreparedValue))
+    fn operand_copy(&self) -> Option<CopyKind> {
+        Some(CopyKind::of::<HalfOperand>())
     }
 
     fn prepare_sparse(
@@ -338,24 +343,12 @@ impl Family for Sm90Half {
 
 impl Sm90Half {
     /// Loads the kernels when the module built for `target` has them.
-    pub(crate) fn load(
-        module: &Arc<CudaModule>,
-        stream: &Arc<CudaStream>,
-        target: &str,
-        sm_count: u32,
-    ) -> Result<Option<Self>> {
-        if !family::KERNELS[0].info.targets.contains(&target) {
-            return Ok(None);
-        }
-        let mut kernels = Vec::with_capacity(family::KERNELS.len());
-        for def in family::KERNELS {
-            // One CTA per SM (the tile's shared memory allows no second); pairs as the driver
-            // finds room for them.
-            let shape = (def.tile.threads(), def.layout().bytes());
-            let name = (def, def.info.name);
-            kernels.push(Kernel::load(module, stream, name, shape, sm_count, true)?);
-        }
-        Ok(Some(Sm90Half { kernels }))
+    pub(crate) fn load(cx: &Loader) -> Result<Option<Self>> {
+        // One CTA per SM (the tile's shared memory allows no second); pairs as the driver finds
+        // room for them.
+        Ok(cx
+            .kernels(family::KERNELS, true)?
+            .map(|kernels| Sm90Half { kernels }))
     }
 
     fn kernel(&self, tile: HalfTile, ty: HalfType, mode: Mode) -> Result<&Kernel> {

@@ -2,20 +2,15 @@
 //! its configuration and the rules that configuration obeys, the tensor maps and kernel-layout
 //! scale bytes made once per uploaded matrix, and the launch (with the split-K reduction after it).
 
-use std::sync::Arc;
-
-use cudarc::driver::{CudaModule, CudaStream};
-
-use crate::buffers::{DeviceOutput, Mem, Prepared, PreparedValue};
+use crate::buffers::DeviceOutput;
 use crate::error::{Error, Result, config};
-use crate::families::operands::MxOperand;
 pub(crate) use crate::families::operands::mx::{scale_format, unsupported};
-use crate::families::persistent::{self, Persistent, persistent_ctas};
-use crate::families::{Family, Gemm, Rewritten};
+use crate::families::operands::{CopyKind, MxOperand};
+use crate::families::persistent::{self, Loader, Persistent, persistent_ctas};
+use crate::families::{Family, Gemm};
 use crate::fused::Fused;
 use crate::grouped::DeviceGroups;
 use crate::matrix::{GemmShape, MatrixDesc};
-use crate::prepare::Source;
 use crate::splitk;
 use crate::workspace::WorkspaceSize;
 use blockscaled_kernels::gemm::scheduler::{ClusterShape, Schedule};
@@ -106,48 +101,18 @@ pub(crate) struct Sm90Mx {
 }
 
 impl Family for Sm90Mx {
-    fn prepare_operand(
-        &self,
-        stream: &Arc<CudaStream>,
-        matrix: &Source<'_>,
-        data: &Mem<'_>,
-        _made: &Prepared,
-    ) -> Result<Option<PreparedValue>> {
-        Ok(MxOperand::prepare(stream, matrix, data)?.map(|p| Box::new(p) as PreparedValue))
-    }
-
-    fn refresh_operand(
-        &self,
-        stream: &Arc<CudaStream>,
-        matrix: &Source<'_>,
-        prepared: &mut Prepared,
-        written: Rewritten,
-    ) -> Result<bool> {
-        if let Some(op) = prepared.get_mut::<MxOperand>() {
-            op.refresh(stream, matrix, written.mx_scales)?;
-        }
-        Ok(true)
+    fn operand_copy(&self) -> Option<CopyKind> {
+        Some(CopyKind::of::<MxOperand>())
     }
 }
 
 impl Sm90Mx {
     /// Loads the kernels when the module built for `target` has them.
-    pub(crate) fn load(
-        module: &Arc<CudaModule>,
-        stream: &Arc<CudaStream>,
-        target: &str,
-        sm_count: u32,
-    ) -> Result<Option<Self>> {
-        if !family::KERNELS[0].info.targets.contains(&target) {
-            return Ok(None);
-        }
-        let mut kernels = Vec::new();
-        for def in family::KERNELS {
-            let shape = (def.tile.threads(), def.layout().bytes());
-            let name = (def, def.info.name);
-            kernels.push(Kernel::load(module, stream, name, shape, sm_count, false)?);
-        }
-        Ok(Some(Sm90Mx { kernels, sm_count }))
+    pub(crate) fn load(cx: &Loader) -> Result<Option<Self>> {
+        let sm_count = cx.sm_count;
+        Ok(cx
+            .kernels(family::KERNELS, false)?
+            .map(|kernels| Sm90Mx { kernels, sm_count }))
     }
 
     /// The persistent CTAs of a launch of `schedule`: one per SM at most (the stages fill its

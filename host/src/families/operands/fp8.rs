@@ -7,8 +7,10 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 
-use crate::buffers::{DeviceMatrix, OnFirstUse};
+use super::OperandCopy;
+use crate::buffers::{DeviceMatrix, Mem, OnFirstUse, Prepared};
 use crate::error::{Error, Result, config};
+use crate::families::Rewritten;
 use crate::format::{ElemType, ScaleType};
 use crate::matrix::MatrixDesc;
 use crate::prepare::{GatherTo, Preparers, Source};
@@ -105,29 +107,6 @@ impl BRole {
 }
 
 impl Sm90Operand {
-    /// `None` when the matrix can take neither role.
-    pub(crate) fn prepare(
-        stream: &Arc<CudaStream>,
-        m: &Source<'_>,
-        data: &impl DevicePtr<u8>,
-    ) -> Result<Option<Self>> {
-        let d = *m.desc();
-        let (as_a, as_b) = (
-            unsupported(&d, false).is_none(),
-            unsupported(&d, true).is_none(),
-        );
-        if !as_a && !as_b {
-            return Ok(None);
-        }
-        let sfa = if as_a {
-            let m_pad = m_pad(d.rows as u32);
-            Some((m.gather(stream, scales_to(&d, Scales::A(m_pad)))?, m_pad))
-        } else {
-            None
-        };
-        Sm90Operand::written(stream, &d, data, sfa).map(Some)
-    }
-
     /// A matrix's operand (`d`, its codes `data`) over its A-role scales `sfa` (made by
     /// [`Self::prepare`], or filled by a device writer: a quantizer, a GEMM's quantized output),
     /// with the B role made at first use where the format can take it.
@@ -206,28 +185,6 @@ fn scales_to(d: &MatrixDesc, s: Scales) -> GatherTo {
 /// Whether `d`'s B-role scales are per row (the epilogue's column scales; the tiles' all 1).
 pub(crate) fn column_scales(d: &MatrixDesc) -> bool {
     unsupported(d, true).is_none() && per_row(d) && d.block_extent().0 < d.rows
-}
-
-impl Sm90Operand {
-    /// Its scale copies for `m` (rewritten in place): the A role's made again in the same buffer
-    /// where the writer did not rewrite them (`sfa_written`), the B role's at its next use.
-    pub(crate) fn refresh(
-        &mut self,
-        stream: &Arc<CudaStream>,
-        m: &Source<'_>,
-        sfa_written: bool,
-    ) -> Result<()> {
-        let d = *m.desc();
-        if let Some((sfa, m_pad)) = &mut self.sfa
-            && !sfa_written
-        {
-            m.gather_into(stream, scales_to(&d, Scales::A(*m_pad)), sfa)?;
-        }
-        if let Some(b) = &mut self.b_role {
-            b.forget();
-        }
-        Ok(())
-    }
 }
 
 impl Sm90Operand {
@@ -339,6 +296,52 @@ fn encode_tensor_map(
         [ROW_BYTES, box_rows],
         Swizzle::CU_TENSOR_MAP_SWIZZLE_128B,
     )
+}
+
+impl OperandCopy for Sm90Operand {
+    /// `None` when the matrix can take neither role.
+    fn make(
+        stream: &Arc<CudaStream>,
+        m: &Source<'_>,
+        data: &Mem<'_>,
+        _made: &Prepared,
+    ) -> Result<Option<Self>> {
+        let d = *m.desc();
+        let (as_a, as_b) = (
+            unsupported(&d, false).is_none(),
+            unsupported(&d, true).is_none(),
+        );
+        if !as_a && !as_b {
+            return Ok(None);
+        }
+        let sfa = if as_a {
+            let m_pad = m_pad(d.rows as u32);
+            Some((m.gather(stream, scales_to(&d, Scales::A(m_pad)))?, m_pad))
+        } else {
+            None
+        };
+        Sm90Operand::written(stream, &d, data, sfa).map(Some)
+    }
+
+    /// Its scale copies for `m` (rewritten in place): the A role's made again in the same buffer
+    /// where the writer did not rewrite them ([`Rewritten::sfa`]), the B role's at its next use.
+    fn refresh(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        m: &Source<'_>,
+        written: Rewritten,
+    ) -> Result<bool> {
+        let d = *m.desc();
+        if let Some((sfa, m_pad)) = &mut self.sfa
+            && !written.sfa
+        {
+            m.gather_into(stream, scales_to(&d, Scales::A(*m_pad)), sfa)?;
+        }
+        if let Some(b) = &mut self.b_role {
+            b.forget();
+        }
+        Ok(true)
+    }
 }
 
 crate::buffers::held!(Sm90Operand: tmaps, sfa, sfa_map, b_role);

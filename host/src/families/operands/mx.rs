@@ -7,8 +7,10 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 
+use super::OperandCopy;
 use crate::buffers::{DeviceMatrix, Mem, OnFirstUse, Prepared};
 use crate::error::Result;
+use crate::families::Rewritten;
 use crate::format::{ElemType, ScaleBlock, ScaleType};
 use crate::matrix::MatrixDesc;
 use crate::prepare::{GatherTo, Preparers, Source};
@@ -102,68 +104,6 @@ pub(crate) struct MxOperand {
 }
 
 impl MxOperand {
-    pub(crate) fn prepare(
-        stream: &Arc<CudaStream>,
-        m: &Source<'_>,
-        data: &Mem<'_>,
-    ) -> Result<Option<Self>> {
-        let d = m.desc();
-        if unsupported(d).is_some() {
-            return Ok(None);
-        }
-        let scale = scale_format(d).expect("checked by `unsupported`");
-        let (scales, rows_pad) = kernel_scales(stream, m, scale)?;
-        let (rows, k, l) = (d.rows, d.k, d.batch);
-        let (ptr, _g) = data.device_ptr(stream);
-        let row_bytes = k * d.format.elem.bits() as usize / 8;
-        let stage_bytes = BLOCK_K * d.format.elem.bits() / 8;
-        let map = |box_rows: u32| {
-            encode_3d(
-                stream,
-                ptr,
-                DataType::CU_TENSOR_MAP_DATA_TYPE_UINT8,
-                [row_bytes, rows, l],
-                1,
-                [stage_bytes, box_rows],
-                Swizzle::CU_TENSOR_MAP_SWIZZLE_NONE,
-            )
-        };
-        let scale_map = {
-            let (sp, _g) = scales.device_ptr(stream);
-            let entry = (BLOCK_K / scale.block) as usize;
-            let dims = (rows_pad, k.div_ceil(BLOCK_K as usize), l);
-            encode_scale_rows(stream, sp, entry, dims, family::sfa_box(scale.block).rows())?
-        };
-        Ok(Some(MxOperand {
-            tmap_128: map(128)?,
-            tmap_256: map(256)?,
-            scales,
-            rows_pad: rows_pad as u32,
-            scale_map,
-            row_tops: OnFirstUse::default(),
-        }))
-    }
-
-    /// Its copies for `m`, rewritten in place: the scale layout made again in the same buffer
-    /// where the writer did not write it (`scales_written`), the row maxima at their next use.
-    pub(crate) fn refresh(
-        &mut self,
-        stream: &Arc<CudaStream>,
-        m: &Source<'_>,
-        scales_written: bool,
-    ) -> Result<()> {
-        if !scales_written {
-            let scale = scale_format(m.desc()).expect("prepared, so supported");
-            m.gather_into(
-                stream,
-                kernel_scales_to(m.desc(), scale).0,
-                &mut self.scales,
-            )?;
-        }
-        self.row_tops.forget();
-        Ok(())
-    }
-
     /// The kernel-layout scale buffer of `prepared`'s operand, for a family whose kernels read
     /// the same layout (the 4-bit-weights family) rather than keeping a copy of their own.
     pub(crate) fn layout_scales(prepared: &Prepared) -> Option<&CudaSlice<u8>> {
@@ -205,6 +145,72 @@ impl MxOperand {
         } else {
             &self.tmap_128
         }
+    }
+}
+
+impl OperandCopy for MxOperand {
+    fn make(
+        stream: &Arc<CudaStream>,
+        m: &Source<'_>,
+        data: &Mem<'_>,
+        _made: &Prepared,
+    ) -> Result<Option<Self>> {
+        let d = m.desc();
+        if unsupported(d).is_some() {
+            return Ok(None);
+        }
+        let scale = scale_format(d).expect("checked by `unsupported`");
+        let (scales, rows_pad) = kernel_scales(stream, m, scale)?;
+        let (rows, k, l) = (d.rows, d.k, d.batch);
+        let (ptr, _g) = data.device_ptr(stream);
+        let row_bytes = k * d.format.elem.bits() as usize / 8;
+        let stage_bytes = BLOCK_K * d.format.elem.bits() / 8;
+        let map = |box_rows: u32| {
+            encode_3d(
+                stream,
+                ptr,
+                DataType::CU_TENSOR_MAP_DATA_TYPE_UINT8,
+                [row_bytes, rows, l],
+                1,
+                [stage_bytes, box_rows],
+                Swizzle::CU_TENSOR_MAP_SWIZZLE_NONE,
+            )
+        };
+        let scale_map = {
+            let (sp, _g) = scales.device_ptr(stream);
+            let entry = (BLOCK_K / scale.block) as usize;
+            let dims = (rows_pad, k.div_ceil(BLOCK_K as usize), l);
+            encode_scale_rows(stream, sp, entry, dims, family::sfa_box(scale.block).rows())?
+        };
+        Ok(Some(MxOperand {
+            tmap_128: map(128)?,
+            tmap_256: map(256)?,
+            scales,
+            rows_pad: rows_pad as u32,
+            scale_map,
+            row_tops: OnFirstUse::default(),
+        }))
+    }
+
+    /// Its copies for `m`, rewritten in place: the scale layout made again in the same buffer
+    /// where the writer did not write it ([`Rewritten::mx_scales`]), the row maxima at their
+    /// next use.
+    fn refresh(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        m: &Source<'_>,
+        written: Rewritten,
+    ) -> Result<bool> {
+        if !written.mx_scales {
+            let scale = scale_format(m.desc()).expect("prepared, so supported");
+            m.gather_into(
+                stream,
+                kernel_scales_to(m.desc(), scale).0,
+                &mut self.scales,
+            )?;
+        }
+        self.row_tops.forget();
+        Ok(true)
     }
 }
 

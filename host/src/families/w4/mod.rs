@@ -4,13 +4,14 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaModule, CudaSlice, CudaStream, DevicePtr};
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 
-use crate::buffers::{DeviceMatrix, DeviceOutput, Mem, OnFirstUse, Prepared, PreparedValue};
+use crate::buffers::{DeviceMatrix, DeviceOutput, Mem, OnFirstUse, Prepared};
 use crate::error::{Error, Result, config};
 use crate::families::operands::Sm90Operand;
 use crate::families::operands::mx::{MxOperand, kernel_scales, kernel_scales_to, scale_format};
-use crate::families::persistent::{self, Persistent};
+use crate::families::operands::{CopyKind, OperandCopy};
+use crate::families::persistent::{self, Loader, Persistent};
 use crate::families::{Family, Gemm, Rewritten};
 use crate::format::{ElemType, ScaleBlock, ScaleType};
 use crate::grouped::DeviceGroups;
@@ -221,135 +222,6 @@ impl W4Operand {
             (None, false) => None,
         }
     }
-
-    fn prepare(
-        stream: &Arc<CudaStream>,
-        m: &Source<'_>,
-        data: &Mem<'_>,
-        made: &Prepared,
-    ) -> Result<Option<Self>> {
-        let d = *m.desc();
-        let f = &d.format;
-        let (rows, k, l) = (d.rows, d.k, d.batch);
-        let rows_pad = rows.next_multiple_of(SCALE_ROWS_PAD as usize);
-        let (ptr, _g) = data.device_ptr(stream);
-        let bits = f.elem.bits() as usize;
-        if !(k * bits / 8).is_multiple_of(16) {
-            return Ok(None);
-        }
-        let code_map = |box_rows: u32| {
-            encode_3d(
-                stream,
-                ptr,
-                DataType::CU_TENSOR_MAP_DATA_TYPE_UINT8,
-                [k * bits / 8, rows, l],
-                1,
-                [BLOCK_K * bits as u32 / 8, box_rows],
-                Swizzle::CU_TENSOR_MAP_SWIZZLE_NONE,
-            )
-        };
-        let (mut weights, mut scales, mut uniform_scale) = (None, None, None);
-        let (mut fp8_scales, mut mx_scales) = (false, false);
-        // The activation role's scale maps: entries of `entry` bytes, `rows` per plane, `planes`
-        // per batch entry.
-        let scale_maps = |sp: u64, act: Activation, block: u32, (rows, planes): (usize, usize)| {
-            let entry = act.scale_bytes(block) as usize;
-            let map = |tile| {
-                let box_rows = family::act_scale_rows(tile, act, block);
-                encode_scale_rows(stream, sp, entry, (rows, planes, l), box_rows)
-            };
-            Ok::<_, crate::Error>([map(W4Tile::N16)?, map(W4Tile::N128)?])
-        };
-        let mut maps = None;
-        let (tmap_16, tmap_128) = match (f.elem, f.scale, f.block) {
-            (ElemType::E2M1, _, _) => {
-                let Some(scale) = scale_format(&d) else {
-                    return Ok(None);
-                };
-                // The MX family's copy of this layout where the matrix has one (read it, no copy
-                // of our own), else our own.
-                let sp = match MxOperand::layout_scales(made) {
-                    Some(buf) => {
-                        mx_scales = true;
-                        buf.device_ptr(stream).0
-                    }
-                    None => {
-                        let buf = scales.insert(kernel_scales(stream, m, scale)?.0);
-                        buf.device_ptr(stream).0
-                    }
-                };
-                let stages = k.div_ceil(BLOCK_K as usize);
-                maps = Some(scale_maps(
-                    sp,
-                    Activation::Fp4,
-                    scale.block,
-                    (rows_pad, stages),
-                )?);
-                weights = Some(OnFirstUse::default());
-                let rows16 = family::act_box_rows(W4Tile::N16, Activation::Fp4);
-                (code_map(rows16)?, code_map(128)?)
-            }
-            (
-                ElemType::E4M3,
-                ScaleType::F32,
-                ScaleBlock::Tile {
-                    rows: 1,
-                    k: A8_SCALE_K,
-                },
-            ) => {
-                // fp32 `[l][⌈k/128⌉][rows_pad]`, zero past the rows.
-                let chunks = k.div_ceil(A8_SCALE_K as usize);
-                let act = Activation::E4m3Row128;
-                match fp8_a_role(made, &d) {
-                    // The FP8 family's A-role scales are this layout with `m_pad` rows (what
-                    // the device quantizers write in place): read them, no copy of our own.
-                    Some((sfa, m_pad)) => {
-                        let (sp, _g) = sfa.device_ptr(stream);
-                        maps = Some(scale_maps(sp, act, 0, (m_pad as usize, chunks))?);
-                        fp8_scales = true;
-                    }
-                    None => {
-                        let buf = m.gather(stream, a8_scales_to(&d))?;
-                        let (sp, _g) = buf.device_ptr(stream);
-                        maps = Some(scale_maps(sp, act, 0, (rows_pad, chunks))?);
-                        drop(_g);
-                        scales = Some(buf);
-                    }
-                }
-                (code_map(16)?, code_map(128)?)
-            }
-            (ElemType::BF16, ScaleType::F32, ScaleBlock::PerTensor) => {
-                let Some(s) = m.uniform_scale() else {
-                    return Ok(None);
-                };
-                uniform_scale = Some(s / d.tensor_scale);
-                let map = |box_rows: u32| {
-                    encode_3d(
-                        stream,
-                        ptr,
-                        DataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
-                        [k, rows, l],
-                        2,
-                        [BLOCK_K, box_rows],
-                        Swizzle::CU_TENSOR_MAP_SWIZZLE_128B,
-                    )
-                };
-                (map(16)?, map(128)?)
-            }
-            _ => return Ok(None),
-        };
-        Ok(Some(W4Operand {
-            fp8_scales,
-            mx_scales,
-            weights,
-            tmap_16,
-            tmap_128,
-            scales,
-            rows_pad: rows_pad as u32,
-            scale_maps: maps,
-            uniform_scale,
-        }))
-    }
 }
 
 /// One loaded kernel.
@@ -370,49 +242,8 @@ impl Family for Sm90W4 {
         Ok(())
     }
 
-    fn prepare_operand(
-        &self,
-        stream: &Arc<CudaStream>,
-        matrix: &Source<'_>,
-        data: &Mem<'_>,
-        made: &Prepared,
-    ) -> Result<Option<PreparedValue>> {
-        Ok(W4Operand::prepare(stream, matrix, data, made)?.map(|p| Box::new(p) as PreparedValue))
-    }
-
-    fn refresh_operand(
-        &self,
-        stream: &Arc<CudaStream>,
-        m: &Source<'_>,
-        prepared: &mut Prepared,
-        _written: Rewritten,
-    ) -> Result<bool> {
-        let Some(op) = prepared.get_mut::<W4Operand>() else {
-            return Ok(true);
-        };
-        let d = *m.desc();
-        let mx_scales = op.mx_scales;
-        match (d.format.elem, &mut op.scales) {
-            // (Reading the MX family's scale layout, which it or the writer refreshed.)
-            (ElemType::E2M1, scales) if scales.is_some() || mx_scales => {
-                if let Some(scales) = scales {
-                    let scale = scale_format(&d).expect("prepared, so supported");
-                    m.gather_into(stream, kernel_scales_to(&d, scale).0, scales)?;
-                }
-                if let Some(w) = &mut op.weights {
-                    w.forget();
-                }
-                Ok(true)
-            }
-            (ElemType::E4M3, Some(scales)) => {
-                m.gather_into(stream, a8_scales_to(&d), scales)?;
-                Ok(true)
-            }
-            // (Reading the FP8 family's A-role scales, which it or the writer refreshed.)
-            (ElemType::E4M3, None) if op.fp8_scales => Ok(true),
-            // bf16: a per-tensor scale read on the host (uploads only).
-            _ => Ok(false),
-        }
+    fn operand_copy(&self) -> Option<CopyKind> {
+        Some(CopyKind::of::<W4Operand>())
     }
 }
 
@@ -426,26 +257,12 @@ fn dense_schedule(cfg: &Sm90W4Config, shape: GemmShape, groups: Option<&DeviceGr
 
 impl Sm90W4 {
     /// Loads the kernels when the module built for `target` has them.
-    pub(crate) fn load(
-        module: &Arc<CudaModule>,
-        stream: &Arc<CudaStream>,
-        target: &str,
-        sm_count: u32,
-        preparers: &Preparers,
-    ) -> Result<Option<Self>> {
-        if !family::KERNELS[0].info.targets.contains(&target) {
+    pub(crate) fn load(cx: &Loader) -> Result<Option<Self>> {
+        let Some(kernels) = cx.kernels(family::KERNELS, false)? else {
             return Ok(None);
-        }
-        let mut kernels = Vec::new();
-        for def in family::KERNELS {
-            let shape = (def.tile.threads(), def.layout().bytes());
-            let name = (def, def.info.name);
-            kernels.push(Kernel::load(module, stream, name, shape, sm_count, false)?);
-        }
-        Ok(Some(Sm90W4 {
-            kernels,
-            preparers: preparers.clone(),
-        }))
+        };
+        let preparers = cx.preparers.clone();
+        Ok(Some(Sm90W4 { kernels, preparers }))
     }
 
     /// The workspace a GEMM of `shape` with `cfg` takes (split K's buffers).
@@ -579,6 +396,169 @@ impl Sm90W4 {
         // l·m·n elements of `out_type` (and `splitk` is sized for the schedule).
         let _gemm = unsafe { launch.launch(&params) }?;
         Ok(())
+    }
+}
+
+impl OperandCopy for W4Operand {
+    fn make(
+        stream: &Arc<CudaStream>,
+        m: &Source<'_>,
+        data: &Mem<'_>,
+        made: &Prepared,
+    ) -> Result<Option<Self>> {
+        let d = *m.desc();
+        let f = &d.format;
+        let (rows, k, l) = (d.rows, d.k, d.batch);
+        let rows_pad = rows.next_multiple_of(SCALE_ROWS_PAD as usize);
+        let (ptr, _g) = data.device_ptr(stream);
+        let bits = f.elem.bits() as usize;
+        if !(k * bits / 8).is_multiple_of(16) {
+            return Ok(None);
+        }
+        let code_map = |box_rows: u32| {
+            encode_3d(
+                stream,
+                ptr,
+                DataType::CU_TENSOR_MAP_DATA_TYPE_UINT8,
+                [k * bits / 8, rows, l],
+                1,
+                [BLOCK_K * bits as u32 / 8, box_rows],
+                Swizzle::CU_TENSOR_MAP_SWIZZLE_NONE,
+            )
+        };
+        let (mut weights, mut scales, mut uniform_scale) = (None, None, None);
+        let (mut fp8_scales, mut mx_scales) = (false, false);
+        // The activation role's scale maps: entries of `entry` bytes, `rows` per plane, `planes`
+        // per batch entry.
+        let scale_maps = |sp: u64, act: Activation, block: u32, (rows, planes): (usize, usize)| {
+            let entry = act.scale_bytes(block) as usize;
+            let map = |tile| {
+                let box_rows = family::act_scale_rows(tile, act, block);
+                encode_scale_rows(stream, sp, entry, (rows, planes, l), box_rows)
+            };
+            Ok::<_, crate::Error>([map(W4Tile::N16)?, map(W4Tile::N128)?])
+        };
+        let mut maps = None;
+        let (tmap_16, tmap_128) = match (f.elem, f.scale, f.block) {
+            (ElemType::E2M1, _, _) => {
+                let Some(scale) = scale_format(&d) else {
+                    return Ok(None);
+                };
+                // The MX family's copy of this layout where the matrix has one (read it, no copy
+                // of our own), else our own.
+                let sp = match MxOperand::layout_scales(made) {
+                    Some(buf) => {
+                        mx_scales = true;
+                        buf.device_ptr(stream).0
+                    }
+                    None => {
+                        let buf = scales.insert(kernel_scales(stream, m, scale)?.0);
+                        buf.device_ptr(stream).0
+                    }
+                };
+                let stages = k.div_ceil(BLOCK_K as usize);
+                maps = Some(scale_maps(
+                    sp,
+                    Activation::Fp4,
+                    scale.block,
+                    (rows_pad, stages),
+                )?);
+                weights = Some(OnFirstUse::default());
+                let rows16 = family::act_box_rows(W4Tile::N16, Activation::Fp4);
+                (code_map(rows16)?, code_map(128)?)
+            }
+            (
+                ElemType::E4M3,
+                ScaleType::F32,
+                ScaleBlock::Tile {
+                    rows: 1,
+                    k: A8_SCALE_K,
+                },
+            ) => {
+                // fp32 `[l][⌈k/128⌉][rows_pad]`, zero past the rows.
+                let chunks = k.div_ceil(A8_SCALE_K as usize);
+                let act = Activation::E4m3Row128;
+                match fp8_a_role(made, &d) {
+                    // The FP8 family's A-role scales are this layout with `m_pad` rows (what
+                    // the device quantizers write in place): read them, no copy of our own.
+                    Some((sfa, m_pad)) => {
+                        let (sp, _g) = sfa.device_ptr(stream);
+                        maps = Some(scale_maps(sp, act, 0, (m_pad as usize, chunks))?);
+                        fp8_scales = true;
+                    }
+                    None => {
+                        let buf = m.gather(stream, a8_scales_to(&d))?;
+                        let (sp, _g) = buf.device_ptr(stream);
+                        maps = Some(scale_maps(sp, act, 0, (rows_pad, chunks))?);
+                        drop(_g);
+                        scales = Some(buf);
+                    }
+                }
+                (code_map(16)?, code_map(128)?)
+            }
+            (ElemType::BF16, ScaleType::F32, ScaleBlock::PerTensor) => {
+                let Some(s) = m.uniform_scale() else {
+                    return Ok(None);
+                };
+                uniform_scale = Some(s / d.tensor_scale);
+                let map = |box_rows: u32| {
+                    encode_3d(
+                        stream,
+                        ptr,
+                        DataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+                        [k, rows, l],
+                        2,
+                        [BLOCK_K, box_rows],
+                        Swizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+                    )
+                };
+                (map(16)?, map(128)?)
+            }
+            _ => return Ok(None),
+        };
+        Ok(Some(W4Operand {
+            fp8_scales,
+            mx_scales,
+            weights,
+            tmap_16,
+            tmap_128,
+            scales,
+            rows_pad: rows_pad as u32,
+            scale_maps: maps,
+            uniform_scale,
+        }))
+    }
+
+    fn refresh(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        m: &Source<'_>,
+        _written: Rewritten,
+    ) -> Result<bool> {
+        let op = self;
+        let d = *m.desc();
+        let mx_scales = op.mx_scales;
+        match (d.format.elem, &mut op.scales) {
+            // (Reading the MX family's scale layout, which it or the writer refreshed.)
+            (ElemType::E2M1, scales) if scales.is_some() || mx_scales => {
+                if let Some(scales) = scales {
+                    let scale = scale_format(&d).expect("prepared, so supported");
+                    m.gather_into(stream, kernel_scales_to(&d, scale).0, scales)?;
+                }
+                if let Some(w) = &mut op.weights {
+                    w.forget();
+                }
+                Ok(true)
+            }
+            (ElemType::E4M3, Some(scales)) => {
+                m.gather_into(stream, a8_scales_to(&d), scales)?;
+                Ok(true)
+            }
+            // (Reading the FP8 family's A-role scales, which it or the writer refreshed.)
+            (ElemType::E4M3, None) if op.fp8_scales => Ok(true),
+            // bf16: a per-tensor scale read on the host (uploads only).
+            _ => Ok(false),
+        }
     }
 }
 
