@@ -1,6 +1,20 @@
-//! What a kernel family's host side provides: data prepared once per uploaded matrix and per
-//! output, kept in their [`Prepared`](crate::buffers::Prepared) slot, and a launch (each family's
-//! own `gemm`, called by [`Plan::launch`](crate::Plan)). The list of families is in `plan.rs`.
+//! The kernel families' host sides, one folder each (`fp8`, `half`, `mx`, `fold`, `w4`, and
+//! `reference.rs`), on one skeleton:
+//! - [`Family`]: what a family provides besides its launch (its operand copy, weight-role
+//!   copies, output and block-sparse maps);
+//! - `operands/`: the copies of a matrix or output that more than one family reads (the FP8
+//!   layout, the MX scale layout, the output's TMA maps), typed, made once; a family reads
+//!   another's layout from there, never through that family — no family imports another;
+//! - `persistent.rs`: the loaded kernel with its resident CTAs, the kernel loader, and the
+//!   shared steps of every persistent launch (grid, groups, split-K workspace);
+//! - `heuristic.rs`: what the configuration rules share; each family's own rules and tuning
+//!   constants are in its `heuristic.rs`, crate-private but for the configuration functions
+//!   `crate::plan` re-exports.
+//!
+//! Each family folder holds its configuration type and the rules it obeys for a shape, its
+//! kernel choice, its parameters and launch; the schedule a launch sizes its grid by is the
+//! kernel crate's function for the family's tile, the one the kernel runs. [`load`] loads the
+//! families a GPU's module has; `crate::plan` chooses among them.
 
 use std::any::Any;
 use std::fmt;
@@ -19,6 +33,7 @@ use crate::prepare::Source;
 pub(crate) mod fold;
 pub(crate) mod fp8;
 pub(crate) mod half;
+pub(crate) mod heuristic;
 pub(crate) mod mx;
 pub(crate) mod operands;
 pub(crate) mod persistent;

@@ -1,8 +1,9 @@
 //! Which kernel runs a GEMM, and with what configuration: one function, rules stated as data.
-//! This file is also the list of kernel families: each has its host file (`reference_kernel`,
-//! `sm90_fp8`), a [`Plan`] variant, a rule in [`choose`], and an entry in `load_families` and
-//! `Plan::launch`; nothing of a family lives on [`Gpu`](crate::Gpu) or the device buffers.
-//! `heuristics.rs` holds each family's configuration rules and their tuning constants.
+//! A family (`crate::families`) appears here as a [`Plan`] variant holding its configuration,
+//! a rule in [`choose`] (asking the families which operands they take, and their configuration
+//! rules for the shape), and an arm of `Plan::launch`; nothing of a family lives on
+//! [`Gpu`](crate::Gpu) or the device buffers. The choice between families (the thresholds
+//! below) is the plan's; each family's own rules and tuning constants are in its folder.
 
 use crate::buffers::DeviceMatrix;
 use crate::error::{Error, Result, config, shape};
@@ -22,11 +23,28 @@ use blockscaled_kernels::sm90::{self, BLOCK_K, Mode, Tile};
 use blockscaled_kernels::sm90_half::{self as half, HalfTile, HalfType};
 use blockscaled_kernels::sm90_mx::{self as mx, MxTile};
 
-mod heuristics;
 #[cfg(test)]
 mod tests;
 
-pub use heuristics::*;
+pub use crate::families::fp8::heuristic::{
+    sm90_bsr_default, sm90_decode_default, sm90_default, sm90_grouped_default,
+};
+pub use crate::families::half::heuristic::{sm90_half_bsr_default, sm90_half_default};
+pub use crate::families::mx::heuristic::sm90_mx_default;
+pub use crate::families::w4::heuristic::sm90_w4_default;
+
+/// Smallest M for which MX and NVFP4 pairs run folded onto the FP8 kernel ([`Plan::Sm90MxFp8`])
+/// rather than on the MX kernel: the pre-pass converts each operand once, where the MX kernel
+/// converts A once per N tile and B once per M tile, and FP8 `wgmma` runs at twice bf16's rate.
+/// Measured at M × 7168 × 4096 (docs/PERF.md, MX operands folded, µs, fold against MX kernel): at M = 128 the MX
+/// kernel wins (MXFP8 39.1 against 48.5, NVFP4 36.2 against 43.4, MXFP4 36.6 against 42.4),
+/// from M = 256 the fold (MXFP8 53.2 against 61.0, NVFP4 48.5 against 55.3, MXFP4 46.9 against
+/// 56.5).
+pub(crate) const FOLD_MIN_M: usize = 256;
+
+/// Largest M for which e2m1 pairs run the 4-bit-weights kernel rather than the MX kernel
+/// (measured, docs/PERF.md, the 4-bit-weights kernel: faster at M ≤ 16, slower at M = 128).
+pub(crate) const W4_MAX_M: usize = 16;
 
 /// Which kernels a GPU gets.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

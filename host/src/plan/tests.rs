@@ -1,6 +1,7 @@
 //! The choice's and the heuristics' tests.
 
 use super::*;
+use crate::families::heuristic::GROUP_ROWS;
 use blockscaled_kernels::gemm::scheduler::ClusterShape;
 
 #[test]

@@ -5,6 +5,8 @@
 
 use std::sync::Arc;
 
+pub(crate) mod heuristic;
+
 use cudarc::driver::{CudaSlice, CudaStream};
 
 use crate::bsr::BsrMatrix;

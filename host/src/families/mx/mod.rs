@@ -16,6 +16,8 @@ use crate::workspace::WorkspaceSize;
 use blockscaled_kernels::gemm::scheduler::{ClusterShape, Schedule};
 use blockscaled_kernels::sm90_mx::{self as family, BLOCK_K, BLOCK_M, MxTile, Sm90MxParams};
 
+pub(crate) mod heuristic;
+
 /// Configuration of one launch (chosen by `plan::choose`, or forced through `Gpu::gemm_with`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]

@@ -4,6 +4,8 @@
 
 use std::sync::Arc;
 
+pub(crate) mod heuristic;
+
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 
 use crate::buffers::{DeviceMatrix, DeviceOutput, Mem, OnFirstUse, Prepared};

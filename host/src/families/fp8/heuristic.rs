@@ -1,149 +1,11 @@
-//! Each family's configuration rules, fitted to sweeps, and their tuning constants.
+//! The FP8 family's configuration rules, fitted to sweeps, and their tuning constants: dense
+//! (a cost model of tiles and rounds), decode (swapped tiles and the K split), block-sparse and
+//! grouped.
 
-use crate::families::fp8::Sm90Config;
-use crate::families::half::Sm90HalfConfig;
-use crate::families::mx::Sm90MxConfig;
-use crate::families::w4::Sm90W4Config;
-use blockscaled_kernels::gemm::scheduler::{ClusterShape, MAX_CLUSTER};
+use super::Sm90Config;
+use crate::families::heuristic::{GROUP_ROWS, MIN_SPLIT_K_BLOCKS, split_k};
+use blockscaled_kernels::gemm::scheduler::ClusterShape;
 use blockscaled_kernels::sm90::{BLOCK_K, Tile};
-use blockscaled_kernels::sm90_half::HalfTile;
-use blockscaled_kernels::sm90_mx::{self as mx, MxTile};
-use blockscaled_kernels::sm90_w4::{self as w4, W4Tile};
-
-/// The 16-bit block-sparse configuration for `m` dense rows, blocks of `block` rows and `runs`
-/// stored blocks per block row on average: tiles as wide as a block (a tile's columns share one
-/// run); 256 rows from `HALF_M256_MIN_M` rows when runs average at least `HALF_M256_MIN_RUN`
-/// blocks (each stage feeds twice the MMAs), else 128 (twice the tiles to balance short runs:
-/// 4096³ at 10%, 40 µs against 48; at 100%, 243 against 211; docs/PERF.md, block-sparse bf16); runs cut into
-/// up to 16 parts (`bsr::MAX_PARTS`) where they are longer than a CTA's share of the work.
-pub fn sm90_half_bsr_default(m: usize, block: usize, runs: f64, sm_count: u32) -> Sm90HalfConfig {
-    let tall = m >= HALF_M256_MIN_M && runs >= HALF_M256_MIN_RUN;
-    let tile = match (tall, block >= 128) {
-        (true, true) => HalfTile::M256,
-        (false, true) => HalfTile::M128,
-        (true, false) => HalfTile::M256N64,
-        (false, false) => HalfTile::M128N64,
-    };
-    Sm90HalfConfig {
-        split_k: crate::bsr::MAX_PARTS,
-        ..half_config(tile, 1, m, sm_count)
-    }
-}
-
-/// Fewest stored blocks per block row, on average, for the 16-bit block-sparse 256-row tiles.
-pub(crate) const HALF_M256_MIN_RUN: f64 = 8.0;
-
-/// The dense 16-bit configuration: from `HALF_M256_MIN_M` rows, 128 × 256 tiles in pairs along
-/// M (each pair shares its 256-row B tile by multicast) where they fill at least half the SMs;
-/// else 128 × 128 tiles, or 128 × 64 where 128-column tiles would leave most SMs idle. Measured
-/// (H100, against cuBLASLt bf16 in the same run, 4096³, 8192³ and 4096 × 7168 × 2048):
-/// 128 × 256 pairs 0.98–1.02×, 256 × 128 alone 0.96–0.98×, 128 × 256 alone 0.91–0.93×, 128 × 128
-/// 0.68–0.71×.
-pub fn sm90_half_default(m: usize, n: usize, sm_count: u32) -> Sm90HalfConfig {
-    let tiles = |t: HalfTile| m.div_ceil(t.block_m() as usize) * n.div_ceil(t.block_n as usize);
-    let half_the_sms = sm_count as usize / 2;
-    let (tile, cluster_m) = if m >= HALF_M256_MIN_M && tiles(HalfTile::M128N256) >= half_the_sms {
-        (HalfTile::M128N256, MAX_CLUSTER)
-    } else if tiles(HalfTile::M128) >= half_the_sms {
-        (HalfTile::M128, 1)
-    } else {
-        (HalfTile::M128N64, 1)
-    };
-    half_config(tile, cluster_m, m, sm_count)
-}
-
-/// `tile` alone or in pairs along M (`cluster_m`), in bands of about `GROUP_ROWS` rows, on
-/// every SM, K unsplit.
-pub(super) fn half_config(
-    tile: HalfTile,
-    cluster_m: u32,
-    m: usize,
-    sm_count: u32,
-) -> Sm90HalfConfig {
-    let unit = tile.block_m() * cluster_m;
-    let m_units = m.div_ceil(unit as usize);
-    Sm90HalfConfig {
-        tile,
-        cluster_m,
-        group_m: m_units.clamp(1, (GROUP_ROWS / unit).max(1) as usize) as u32,
-        ctas: sm_count.max(1),
-        split_k: 1,
-    }
-}
-
-/// Smallest M for the 16-bit kernel's 256-row units (256-row tiles, or 128 × 256 tiles in pairs).
-pub(crate) const HALF_M256_MIN_M: usize = 1024;
-
-/// The block-sparse configuration for `m` dense rows and `n` sparse rows: 128 × 64 tiles at
-/// M ≤ `N64_MAX_M` (twice the tiles), else 128 × 128, in pairs along M (sharing each stored
-/// block by multicast) from `BSR_PAIR_MIN_M` rows; runs cut into up to
-/// 16 parts (`bsr::MAX_PARTS`) where they are longer than a CTA's share of the work.
-pub fn sm90_bsr_default(m: usize, n: usize, sm_count: u32) -> Sm90Config {
-    let _ = n;
-    let tile = if m <= N64_MAX_M {
-        Tile::M128N64
-    } else {
-        Tile::M128
-    };
-    let cluster = if m >= BSR_PAIR_MIN_M && tile == Tile::M128 {
-        ClusterShape { m: 2, n: 1 }
-    } else {
-        ClusterShape::ONE
-    };
-    let m_units = m.div_ceil((tile.block_m() * cluster.m) as usize);
-    Sm90Config {
-        tile,
-        cluster,
-        group_m: m_units.clamp(1, (GROUP_ROWS / (tile.block_m() * cluster.m)) as usize) as u32,
-        ctas: sm_count.max(1),
-        split_k: crate::bsr::MAX_PARTS,
-    }
-}
-
-/// Smallest M for block-sparse pairs along M.
-pub(crate) const BSR_PAIR_MIN_M: usize = 1024;
-
-/// The FP8 kernel's configuration for a grouped GEMM: `groups` groups of about `per_group` rows
-/// (`rows` in all), N, K. Large groups take the dense rule for one group ([`sm90_default`],
-/// without split-K: each group is a GEMM of its own size). Small groups (MoE: tens to hundreds
-/// of rows) take 128 × 128 tiles, one cluster-free CTA per tile, or 128 × 64 when twice as many
-/// of those still fit one round of the SMs (twice the CTAs stream the experts' weights).
-pub fn sm90_grouped_default(
-    rows: usize,
-    n: usize,
-    k: usize,
-    groups: usize,
-    per_group: usize,
-    sm_count: u32,
-) -> Sm90Config {
-    if per_group >= GROUPED_DENSE_ROWS {
-        let mut cfg = sm90_unswapped(per_group, n, k, 1, sm_count, false);
-        cfg.split_k = 1;
-        let m_units = rows.div_ceil((cfg.tile.block_m() * cfg.cluster.m) as usize);
-        cfg.group_m = cfg.group_m.min(m_units.max(1) as u32);
-        return cfg;
-    }
-    // About half a tile wasted per group where the groups' rows do not fill their last tile.
-    // 128 × 64 tiles only where twice the tiles still fit in one round: otherwise the second
-    // round of half tiles costs more than the idle SMs of one round of whole ones (seed case 3,
-    // 120 tiles on 132 SMs: 24.3 µs at 128 × 128, 30.5 at 128 × 64; docs/PERF.md, grouped GEMM).
-    let m_tiles = rows.div_ceil(128) + groups / 2;
-    let tile = if 2 * m_tiles * n.div_ceil(128) <= sm_count as usize {
-        Tile::M128N64
-    } else {
-        Tile::M128
-    };
-    Sm90Config {
-        tile,
-        cluster: ClusterShape::ONE,
-        group_m: 1,
-        ctas: sm_count.max(1),
-        split_k: 1,
-    }
-}
-
-/// Rows per group from which a grouped FP8 GEMM configures as a dense one.
-pub(crate) const GROUPED_DENSE_ROWS: usize = 1024;
 
 /// The sm90 configuration `choose` uses for an A of `m` rows and a B of `n` rows (`l` batch
 /// entries) on a GPU with `sm_count` SMs (the runner starts from it when it forces a field).
@@ -168,7 +30,7 @@ pub fn sm90_default(m: usize, n: usize, k: usize, l: usize, sm_count: u32) -> Sm
 
 /// [`sm90_default`]'s choice among the unswapped tiles, the wide ones only if `wide` (the
 /// grouped kernels have none).
-pub(super) fn sm90_unswapped(
+pub(crate) fn sm90_unswapped(
     m: usize,
     n: usize,
     k: usize,
@@ -327,7 +189,7 @@ pub(crate) const DECODE_REDUCE_US: f64 = 2.2;
 /// pair whose second tile is past N still takes a slot). Pairs along M (sharing B) and 128 × 128
 /// tiles in pairs measured slower (docs/PERF.md, the sm90 FP8 kernel): they run alone. (The wide
 /// tiles' costs were measured in pairs along N; 128 × 192 alone was within 1–3% of its pairs.)
-pub(super) fn cluster(
+pub(crate) fn cluster(
     tile: Tile,
     m_tiles: usize,
     n_tiles: usize,
@@ -350,97 +212,10 @@ pub(super) fn cluster(
     }
 }
 
-/// The sm90 MX configuration `choose` uses (the runner starts from it when it forces a field).
-///
-/// Tile: rounds × the time of one tile, as for [`sm90_default`]: a 128 × 256 tile costs
-/// `MX_N256_COST` 128 × 128 tiles. Split-K where the tiles fill less than half the SMs (small
-/// M: decode), with the split's cost in 64-wide K blocks. Band: `GROUP_ROWS` rows of A.
-pub fn sm90_mx_default(m: usize, n: usize, k: usize, l: usize, sm_count: u32) -> Sm90MxConfig {
-    let tiles =
-        |t: MxTile| m.div_ceil(mx::BLOCK_M as usize) * n.div_ceil(t.block_n as usize) * l.max(1);
-    let cost = |t: MxTile| {
-        let rounds = tiles(t).div_ceil(sm_count.max(1) as usize) as f64;
-        rounds * if t == MxTile::N256 { MX_N256_COST } else { 1.0 }
-    };
-    let tile = if cost(MxTile::N256) <= cost(MxTile::N128) {
-        MxTile::N256
-    } else {
-        MxTile::N128
-    };
-    let k_blocks = k.div_ceil(mx::BLOCK_K as usize);
-    let m_tiles = m.div_ceil(mx::BLOCK_M as usize);
-    Sm90MxConfig {
-        tile,
-        group_m: m_tiles.clamp(1, (GROUP_ROWS / mx::BLOCK_M) as usize) as u32,
-        ctas: sm_count.max(1),
-        split_k: split_k(tiles(tile), k_blocks, sm_count, MX_SPLIT_K_COST_BLOCKS),
-    }
-}
-
-/// Time of a 128 × 256 MX tile in 128 × 128 tiles: twice the MACs, read with fewer shared-memory
-/// bytes per MAC (a first estimate; docs/PERF.md, the sm90 MX kernel).
-pub(crate) const MX_N256_COST: f64 = 1.8;
-
-/// Smallest M for which MX and NVFP4 pairs run folded onto the FP8 kernel ([`Plan::Sm90MxFp8`](super::Plan::Sm90MxFp8))
-/// rather than on the MX kernel: the pre-pass converts each operand once, where the MX kernel
-/// converts A once per N tile and B once per M tile, and FP8 `wgmma` runs at twice bf16's rate.
-/// Measured at M × 7168 × 4096 (docs/PERF.md, MX operands folded, µs, fold against MX kernel): at M = 128 the MX
-/// kernel wins (MXFP8 39.1 against 48.5, NVFP4 36.2 against 43.4, MXFP4 36.6 against 42.4),
-/// from M = 256 the fold (MXFP8 53.2 against 61.0, NVFP4 48.5 against 55.3, MXFP4 46.9 against
-/// 56.5).
-pub(crate) const FOLD_MIN_M: usize = 256;
-
-/// Largest M for which e2m1 pairs run the 4-bit-weights kernel rather than the MX kernel
-/// (measured, docs/PERF.md, the 4-bit-weights kernel: faster at M ≤ 16, slower at M = 128).
-pub(crate) const W4_MAX_M: usize = 16;
-/// Split-K's cost for the 4-bit-weights kernel, in K blocks (see [`split_k`]).
-pub(super) const W4_SPLIT_K_COST_BLOCKS: usize = 8;
-
-/// The sm90 4-bit-weights configuration: 16 activation rows per tile when M fits one (decode),
-/// else 128; K split where the tiles leave most SMs idle.
-pub fn sm90_w4_default(m: usize, n: usize, k: usize, l: usize, sm_count: u32) -> Sm90W4Config {
-    let tile = if m <= 16 { W4Tile::N16 } else { W4Tile::N128 };
-    let weight_tiles = n.div_ceil(w4::WEIGHT_ROWS as usize);
-    let tiles = weight_tiles * m.div_ceil(tile.n as usize) * l.max(1);
-    Sm90W4Config {
-        tile,
-        group_m: weight_tiles.clamp(1, (GROUP_ROWS / w4::WEIGHT_ROWS) as usize) as u32,
-        ctas: sm_count.max(1),
-        split_k: split_k(
-            tiles,
-            k.div_ceil(w4::BLOCK_K as usize),
-            sm_count,
-            W4_SPLIT_K_COST_BLOCKS,
-        ),
-    }
-}
-/// What a split costs the MX kernel, in 64-wide K blocks of one tile (the FP8
-/// kernel's 10 blocks of 128).
-pub(super) const MX_SPLIT_K_COST_BLOCKS: usize = 20;
-
-/// Split-K when the tiles fill less than half the SMs: as many K ranges as keep every CTA busy
-/// without a second round, each at least `MIN_SPLIT_K_BLOCKS` K blocks long, and only when the
-/// shorter K loop saves more than the split costs (`cost_blocks`).
-pub(super) fn split_k(tiles: usize, k_blocks: usize, sm_count: u32, cost_blocks: usize) -> u32 {
-    if 2 * tiles > sm_count as usize {
-        return 1;
-    }
-    let split = (sm_count as usize / tiles.max(1))
-        .min(k_blocks / MIN_SPLIT_K_BLOCKS)
-        .max(1);
-    if k_blocks.div_ceil(split) + cost_blocks < k_blocks {
-        split as u32
-    } else {
-        1
-    }
-}
-
-/// Shortest K range of a split, in blocks of 128.
-pub(super) const MIN_SPLIT_K_BLOCKS: usize = 4;
 /// What the f32 workspace round trip and the partials' sum cost, in K blocks of one 128×128
 /// tile (docs/PERF.md, the sm90 FP8 kernel; summing the partials in the last CTA of each tile
 /// measured the same or faster at M = 128).
-pub(super) const SPLIT_K_COST_BLOCKS: usize = 10;
+pub(crate) const SPLIT_K_COST_BLOCKS: usize = 10;
 
 /// Time of one tile in units of a 128 × 128 tile's, measured on the H100 with every SM busy
 /// (8192 × 8192 × 2048, each tile alone or in its pairs; docs/PERF.md, the tile sweep): 256 × 128 1.86,
@@ -466,6 +241,73 @@ pub(crate) fn tile_cost(t: Tile) -> f64 {
 /// pays where A is a single tile that stays in L2 and B (from DRAM) is what the SMs wait for.
 pub(crate) const N64_MAX_M: usize = 128;
 
-/// Rows of A in one scheduler band: a band's A tiles (2048 × K bytes) stay small next to the
-/// 50 MB L2 for K up to 16k (the band sweep: docs/PERF.md, the sm90 FP8 kernel).
-pub(crate) const GROUP_ROWS: u32 = 2048;
+/// The block-sparse configuration for `m` dense rows and `n` sparse rows: 128 × 64 tiles at
+/// M ≤ `N64_MAX_M` (twice the tiles), else 128 × 128, in pairs along M (sharing each stored
+/// block by multicast) from `BSR_PAIR_MIN_M` rows; runs cut into up to
+/// 16 parts (`bsr::MAX_PARTS`) where they are longer than a CTA's share of the work.
+pub fn sm90_bsr_default(m: usize, n: usize, sm_count: u32) -> Sm90Config {
+    let _ = n;
+    let tile = if m <= N64_MAX_M {
+        Tile::M128N64
+    } else {
+        Tile::M128
+    };
+    let cluster = if m >= BSR_PAIR_MIN_M && tile == Tile::M128 {
+        ClusterShape { m: 2, n: 1 }
+    } else {
+        ClusterShape::ONE
+    };
+    let m_units = m.div_ceil((tile.block_m() * cluster.m) as usize);
+    Sm90Config {
+        tile,
+        cluster,
+        group_m: m_units.clamp(1, (GROUP_ROWS / (tile.block_m() * cluster.m)) as usize) as u32,
+        ctas: sm_count.max(1),
+        split_k: crate::bsr::MAX_PARTS,
+    }
+}
+
+/// Smallest M for block-sparse pairs along M.
+pub(crate) const BSR_PAIR_MIN_M: usize = 1024;
+
+/// The FP8 kernel's configuration for a grouped GEMM: `groups` groups of about `per_group` rows
+/// (`rows` in all), N, K. Large groups take the dense rule for one group ([`sm90_default`],
+/// without split-K: each group is a GEMM of its own size). Small groups (MoE: tens to hundreds
+/// of rows) take 128 × 128 tiles, one cluster-free CTA per tile, or 128 × 64 when twice as many
+/// of those still fit one round of the SMs (twice the CTAs stream the experts' weights).
+pub fn sm90_grouped_default(
+    rows: usize,
+    n: usize,
+    k: usize,
+    groups: usize,
+    per_group: usize,
+    sm_count: u32,
+) -> Sm90Config {
+    if per_group >= GROUPED_DENSE_ROWS {
+        let mut cfg = sm90_unswapped(per_group, n, k, 1, sm_count, false);
+        cfg.split_k = 1;
+        let m_units = rows.div_ceil((cfg.tile.block_m() * cfg.cluster.m) as usize);
+        cfg.group_m = cfg.group_m.min(m_units.max(1) as u32);
+        return cfg;
+    }
+    // About half a tile wasted per group where the groups' rows do not fill their last tile.
+    // 128 × 64 tiles only where twice the tiles still fit in one round: otherwise the second
+    // round of half tiles costs more than the idle SMs of one round of whole ones (seed case 3,
+    // 120 tiles on 132 SMs: 24.3 µs at 128 × 128, 30.5 at 128 × 64; docs/PERF.md, grouped GEMM).
+    let m_tiles = rows.div_ceil(128) + groups / 2;
+    let tile = if 2 * m_tiles * n.div_ceil(128) <= sm_count as usize {
+        Tile::M128N64
+    } else {
+        Tile::M128
+    };
+    Sm90Config {
+        tile,
+        cluster: ClusterShape::ONE,
+        group_m: 1,
+        ctas: sm_count.max(1),
+        split_k: 1,
+    }
+}
+
+/// Rows per group from which a grouped FP8 GEMM configures as a dense one.
+pub(crate) const GROUPED_DENSE_ROWS: usize = 1024;
