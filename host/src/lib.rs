@@ -34,12 +34,12 @@
 //! Modules: `error`; `format`; `matrix`, `quantize`, `output`, `bsr` (block-sparse operands),
 //! [`reference`](mod@reference) (CPU); [`image`] (the kernels' cubin or PTX); `alloc` (every
 //! device allocation, counted); `buffers` (device matrices and outputs over owned or caller
-//! memory), `grouped` (a grouped GEMM's groups); `launch` (the one launch path); `family` (what a
-//! kernel family provides); `config` (what every configuration type provides); one file per family
-//! (`reference_kernel`, `sm90_fp8`, `sm90_half`, `sm90_mx`, `sm90_mx_fp8`, `sm90_w4`), with what
-//! they share (`splitk`, `tensor_map`, `workspace`); [`plan`] (the family list and the choice of
-//! kernel); `device` ([`Gpu`]), `views` (its constructors over caller memory), `call` ([`Call`]
-//! and the per-kind methods over it).
+//! memory), `grouped` (a grouped GEMM's groups); `launch` (the one launch path); `families` (one
+//! folder per kernel family on one skeleton: the `Family` trait, the shared operand copies, the
+//! persistent launch; docs/ARCHITECTURE.md); `config` (what every configuration type provides),
+//! `splitk`, `tensor_map`, `workspace`; [`plan`] (the choice of kernel); `device` ([`Gpu`]),
+//! `views` (its constructors over caller memory), `call` ([`Call`] and the per-kind methods over
+//! it).
 
 #![warn(missing_docs)]
 

@@ -21,5 +21,5 @@ pub(crate) fn split_k(tiles: usize, k_blocks: usize, sm_count: u32, cost_blocks:
 pub(crate) const MIN_SPLIT_K_BLOCKS: usize = 4;
 
 /// Rows of A in one scheduler band: a band's A tiles (2048 × K bytes) stay small next to the
-/// 50 MB L2 for K up to 16k (the band sweep: docs/PERF.md, the sm90 FP8 kernel).
+/// 50 MB L2 for K up to 16k (the band sweep: docs/perf-log, the sm90 FP8 kernel).
 pub(crate) const GROUP_ROWS: u32 = 2048;

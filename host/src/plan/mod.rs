@@ -36,14 +36,14 @@ pub use crate::families::w4::heuristic::sm90_w4_default;
 /// Smallest M for which MX and NVFP4 pairs run folded onto the FP8 kernel ([`Plan::Sm90MxFp8`])
 /// rather than on the MX kernel: the pre-pass converts each operand once, where the MX kernel
 /// converts A once per N tile and B once per M tile, and FP8 `wgmma` runs at twice bf16's rate.
-/// Measured at M × 7168 × 4096 (docs/PERF.md, MX operands folded, µs, fold against MX kernel): at M = 128 the MX
+/// Measured at M × 7168 × 4096 (docs/perf-log, MX operands folded, µs, fold against MX kernel): at M = 128 the MX
 /// kernel wins (MXFP8 39.1 against 48.5, NVFP4 36.2 against 43.4, MXFP4 36.6 against 42.4),
 /// from M = 256 the fold (MXFP8 53.2 against 61.0, NVFP4 48.5 against 55.3, MXFP4 46.9 against
 /// 56.5).
 pub(crate) const FOLD_MIN_M: usize = 256;
 
 /// Largest M for which e2m1 pairs run the 4-bit-weights kernel rather than the MX kernel
-/// (measured, docs/PERF.md, the 4-bit-weights kernel: faster at M ≤ 16, slower at M = 128).
+/// (measured, docs/perf-log, the 4-bit-weights kernel: faster at M ≤ 16, slower at M = 128).
 pub(crate) const W4_MAX_M: usize = 16;
 
 /// Which kernels a GPU gets.
@@ -451,7 +451,7 @@ pub fn choose_bsr(
 /// - MX and NVFP4 operands that fold to e4m3, with each other or with an FP8 one (experts folded
 ///   once by [`Gpu::fold_to_fp8`](crate::Gpu::fold_to_fp8), DeepSeek-style activations): folded
 ///   onto the FP8 kernel ([`Plan::Sm90MxFp8`]; lossy within the fold's bound). Experts folded
-///   per call still beat the kernels that convert in their pipeline (docs/PERF.md, grouped GEMM);
+///   per call still beat the kernels that convert in their pipeline (docs/perf-log, grouped GEMM);
 /// - the rest as [`choose_grouped_exact`].
 pub fn choose_grouped(p: &GroupedProblem<'_>) -> Result<Plan> {
     let (a, b) = (p.a, p.b);
@@ -476,7 +476,7 @@ pub fn choose_grouped(p: &GroupedProblem<'_>) -> Result<Plan> {
 /// once ahead of time); per call for 4-bit experts with e8m0 scales (folded exactly but for
 /// subnormals) or with FP8 activations (the 4-bit-weights kernel is slower than the fold); not
 /// for the rest (NVFP4 and MXFP8 pairs), whose fold per call is no faster than the MX kernel
-/// (docs/PERF.md, grouped GEMM).
+/// (docs/perf-log, grouped GEMM).
 fn fold_grouped(a: &MatrixDesc, b: &MatrixDesc) -> bool {
     let ready = |d: &MatrixDesc, as_b| sm90_fp8::unsupported(d, as_b).is_none();
     let fp4_b = b.format.elem == ElemType::E2M1;

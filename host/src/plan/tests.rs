@@ -185,7 +185,7 @@ fn tall_tiles_for_large_m_short_tiles_where_they_would_idle_sms() {
     }
 }
 
-/// The tile sweep (docs/PERF.md): per shape, the tile the cost model picks. Each ran
+/// The tile sweep (docs/perf-log): per shape, the tile the cost model picks. Each ran
 /// within 2.5% of the fastest of the six tiles measured there (0.3% on average).
 #[test]
 fn tiles_follow_the_measured_sweep() {
@@ -294,7 +294,7 @@ fn split_k_only_where_tiles_leave_most_sms_idle() {
     assert_eq!(sm90_default(128, 24576, 1536, 1, h100).split_k, 1);
     assert_eq!(sm90_default(4096, 4096, 7168, 1, h100).split_k, 1);
     // Too little K to split: 512 = 4 blocks is one range of 4; at K = 2048 (16 blocks) two
-    // ranges of 8 save less than the split costs (docs/PERF.md, the sm90 FP8 kernel's split K).
+    // ranges of 8 save less than the split costs (docs/perf-log, the sm90 FP8 kernel's split K).
     assert_eq!(sm90_default(128, 128, 512, 1, h100).split_k, 1);
     assert_eq!(sm90_default(128, 7168, 2048, 1, h100).split_k, 1);
     // 112 tiles of 128 × 64: no split (at 128 columns, 56 tiles took 2).
@@ -330,7 +330,7 @@ fn decode_sizes_take_the_swapped_tile_that_holds_m_and_split_as_measured() {
     assert!(!sm90_default(64, 7168, 2048, 1, h100).tile.is_swapped());
     assert!(sm90_default(64, 7168, 4096, 1, h100).tile.is_swapped());
     let split = |m, n, k| sm90_default(m, n, k, 1, h100).split_k;
-    // The decode sweep (docs/PERF.md, decode-sized M): the splits measured within 7% of the fastest
+    // The decode sweep (docs/perf-log, decode-sized M): the splits measured within 7% of the fastest
     // (and the untimed ones between two such).
     for (m, n, k, best) in [
         (16, 7168, 16384, &[1, 2, 3, 4][..]),

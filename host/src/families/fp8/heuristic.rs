@@ -87,7 +87,7 @@ pub(crate) const SWAPPED_MAX_M: usize = 64;
 /// Smallest K for which 33 to 64 rows take the 64-row swapped tile: with less K there are
 /// many tiles per SM and the swapped tile's heavier MMA work per byte of B (m64n64 for every
 /// 64 rows of B) costs more than the unswapped tiles' half-empty A; measured at M = 64
-/// (docs/PERF.md, decode-sized M, µs swapped against unswapped): K = 512, 1536 and 2048 15.2 / 23.7 / 13.7
+/// (docs/perf-log, decode-sized M, µs swapped against unswapped): K = 512, 1536 and 2048 15.2 / 23.7 / 13.7
 /// against 14.0 / 23.1 / 13.2; K = 7168 and 16384 15.7 / 20.7 / 50.8 against 16.6 / 23.6 / 66.7.
 pub(crate) const SWAPPED_64_MIN_K: usize = 4096;
 
@@ -134,7 +134,7 @@ pub fn sm90_decode_default(m: usize, n: usize, k: usize, l: usize, sm_count: u32
 ///   and read back, `2 · 4 · s · outputs` bytes.
 ///
 /// Splits range over 1..=16 with at least `MIN_SPLIT_K_BLOCKS` K blocks each; ties go to the
-/// smaller split. Checked against a sweep of splits 1–8 on the decode set (docs/PERF.md, decode-sized M).
+/// smaller split. Checked against a sweep of splits 1–8 on the decode set (docs/perf-log, decode-sized M).
 pub(crate) fn decode_split(
     tile: Tile,
     tiles: usize,
@@ -178,7 +178,7 @@ pub(crate) fn decode_sm_rate(tile: Tile) -> f64 {
     }
 }
 
-/// What a split adds after the K loop, µs: fitted to the decode sweep (docs/PERF.md, decode-sized
+/// What a split adds after the K loop, µs: fitted to the decode sweep (docs/perf-log, decode-sized
 /// M); with the partials summed by the last CTA of each tile, as now, a second sweep measured the
 /// same within ±5%.
 pub(crate) const DECODE_REDUCE_US: f64 = 2.2;
@@ -187,7 +187,7 @@ pub(crate) const DECODE_REDUCE_US: f64 = 2.2;
 /// shares the A tile by TMA multicast, halving its L2 reads) when the tiles fill at least one round
 /// and pairing them (units of two tiles on half as many pairs of SMs) takes no more rounds (a
 /// pair whose second tile is past N still takes a slot). Pairs along M (sharing B) and 128 × 128
-/// tiles in pairs measured slower (docs/PERF.md, the sm90 FP8 kernel): they run alone. (The wide
+/// tiles in pairs measured slower (docs/perf-log, the sm90 FP8 kernel): they run alone. (The wide
 /// tiles' costs were measured in pairs along N; 128 × 192 alone was within 1–3% of its pairs.)
 pub(crate) fn cluster(
     tile: Tile,
@@ -213,12 +213,12 @@ pub(crate) fn cluster(
 }
 
 /// What the f32 workspace round trip and the partials' sum cost, in K blocks of one 128×128
-/// tile (docs/PERF.md, the sm90 FP8 kernel; summing the partials in the last CTA of each tile
+/// tile (docs/perf-log, the sm90 FP8 kernel; summing the partials in the last CTA of each tile
 /// measured the same or faster at M = 128).
 pub(crate) const SPLIT_K_COST_BLOCKS: usize = 10;
 
 /// Time of one tile in units of a 128 × 128 tile's, measured on the H100 with every SM busy
-/// (8192 × 8192 × 2048, each tile alone or in its pairs; docs/PERF.md, the tile sweep): 256 × 128 1.86,
+/// (8192 × 8192 × 2048, each tile alone or in its pairs; docs/perf-log, the tile sweep): 256 × 128 1.86,
 /// 192 × 128 1.50, 128 × 192 1.55, 128 × 160 1.41, 128 × 144 1.42 (the narrower wide tiles do
 /// less work per shared-memory byte of their epilogue boxes and per MMA: per FLOP 0.89 and 0.79 of
 /// a 128 × 128 tile, where 256 × 128 does 1.07); 128 × 64 0.6 (the cost that reproduces
@@ -293,7 +293,7 @@ pub fn sm90_grouped_default(
     // About half a tile wasted per group where the groups' rows do not fill their last tile.
     // 128 × 64 tiles only where twice the tiles still fit in one round: otherwise the second
     // round of half tiles costs more than the idle SMs of one round of whole ones (seed case 3,
-    // 120 tiles on 132 SMs: 24.3 µs at 128 × 128, 30.5 at 128 × 64; docs/PERF.md, grouped GEMM).
+    // 120 tiles on 132 SMs: 24.3 µs at 128 × 128, 30.5 at 128 × 64; docs/perf-log, grouped GEMM).
     let m_tiles = rows.div_ceil(128) + groups / 2;
     let tile = if 2 * m_tiles * n.div_ceil(128) <= sm_count as usize {
         Tile::M128N64

@@ -50,7 +50,7 @@ pub(crate) const HALF_M256_MIN_M: usize = 1024;
 /// stored blocks per block row on average: tiles as wide as a block (a tile's columns share one
 /// run); 256 rows from `HALF_M256_MIN_M` rows when runs average at least `HALF_M256_MIN_RUN`
 /// blocks (each stage feeds twice the MMAs), else 128 (twice the tiles to balance short runs:
-/// 4096³ at 10%, 40 µs against 48; at 100%, 243 against 211; docs/PERF.md, block-sparse bf16); runs cut into
+/// 4096³ at 10%, 40 µs against 48; at 100%, 243 against 211; docs/perf-log, block-sparse bf16); runs cut into
 /// up to 16 parts (`bsr::MAX_PARTS`) where they are longer than a CTA's share of the work.
 pub fn sm90_half_bsr_default(m: usize, block: usize, runs: f64, sm_count: u32) -> Sm90HalfConfig {
     let tall = m >= HALF_M256_MIN_M && runs >= HALF_M256_MIN_RUN;

@@ -32,7 +32,7 @@ pub fn sm90_mx_default(m: usize, n: usize, k: usize, l: usize, sm_count: u32) ->
 }
 
 /// Time of a 128 × 256 MX tile in 128 × 128 tiles: twice the MACs, read with fewer shared-memory
-/// bytes per MAC (a first estimate; docs/PERF.md, the sm90 MX kernel).
+/// bytes per MAC (a first estimate; docs/perf-log, the sm90 MX kernel).
 pub(crate) const MX_N256_COST: f64 = 1.8;
 
 /// What a split costs the MX kernel, in 64-wide K blocks of one tile (the FP8

@@ -87,7 +87,7 @@ pub struct TileStore<'a> {
     pub out: Output,
     /// The fused epilogue and where it runs: `Some` only in a family's fused kernels (a constant
     /// of the kernel, so the plain kernels carry none of its code: in the same kernel, its
-    /// registers made ptxas spill in the FP8 K loop, docs/PERF.md, fused epilogue). The host launches a
+    /// registers made ptxas spill in the FP8 K loop, docs/perf-log, fused epilogue). The host launches a
     /// fused kernel only with an active epilogue and never with Cᵀ tiles.
     pub epi: Option<(&'a EpilogueParams, Finish)>,
     pub staging: Staging,

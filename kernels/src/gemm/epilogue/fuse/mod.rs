@@ -12,7 +12,7 @@
 //!   SwiGLU, to any unquantized output, FP8 1×128 or MXFP8 (kernels of their own). The
 //!   kernels are the dense FP8 kernel with the steps applied to each fragment before its store
 //!   (the dense layout and K loop, no finishing warps); the steps are in series with the MMAs, a
-//!   few instructions a value (docs/PERF.md, fused epilogue).
+//!   few instructions a value (docs/perf-log, fused epilogue).
 //! - *In finishing warps*, every other epilogue (and every epilogue of the 16-bit and MX
 //!   families), on rows, not on fragments: each consumer warp writes
 //! its whole fragment (16 rows) as f32 into its staging rows ([`stage_unit`]) and goes on to the
