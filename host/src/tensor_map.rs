@@ -51,6 +51,51 @@ pub(crate) fn encode_3d(
     crate::alloc::copy_of(stream, &bytes)
 }
 
+/// One 3-D operand's tensor maps by box height (`encode_3d` with boxes of `box_x` × each
+/// height, the same layout otherwise): a kernel reads a tile's rows through the map whose boxes
+/// are that many rows.
+pub(crate) struct BoxMaps(Vec<(u32, CudaSlice<u8>)>);
+
+/// What [`BoxMaps::new`] encodes: the data type, dims (innermost first), bytes per element, the
+/// boxes' inner extent, and the swizzle.
+pub(crate) type MapLayout = (DataType, [usize; 3], usize, u32, Swizzle);
+
+impl BoxMaps {
+    /// The maps over `ptr` of `layout` with boxes of each height of `rows`.
+    pub(crate) fn new(
+        stream: &Arc<CudaStream>,
+        ptr: u64,
+        (dtype, dims, elem, box_x, swizzle): MapLayout,
+        rows: impl IntoIterator<Item = u32>,
+    ) -> Result<Self> {
+        rows.into_iter()
+            .map(|r| {
+                Ok((
+                    r,
+                    encode_3d(stream, ptr, dtype, dims, elem, [box_x, r], swizzle)?,
+                ))
+            })
+            .collect::<Result<_>>()
+            .map(BoxMaps)
+    }
+
+    /// The map whose boxes are `rows` rows ([`Error::Config`](crate::Error::Config) where there
+    /// is none: a configuration the operand's maps were not made for).
+    pub(crate) fn get(&self, rows: u32) -> Result<&CudaSlice<u8>> {
+        self.0
+            .iter()
+            .find(|(r, _)| *r == rows)
+            .map(|(_, m)| m)
+            .ok_or_else(|| crate::error::config(format!("no tensor map with boxes of {rows} rows")))
+    }
+}
+
+impl crate::buffers::Held for BoxMaps {
+    fn device_bytes(&self) -> usize {
+        crate::buffers::Held::device_bytes(&self.0)
+    }
+}
+
 /// The tensor map of a scale buffer `[l][planes][rows_pad]` whose entries are one row's scales of
 /// one plane (`elem` = 2 or 4 bytes), in boxes of `box_rows` rows of one plane, no swizzle: the
 /// kernels copy a tile's scales from any first row (a grouped GEMM's groups start mid-tile; a

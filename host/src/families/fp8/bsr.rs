@@ -9,12 +9,12 @@ use super::config::{Sm90Config, b_box_rows};
 use super::{Kernel, Sm90Fp8, unsupported};
 use crate::bsr::{BsrMatrix, DeviceBsr, DeviceWork, FP8_BLOCK, SparseSide};
 use crate::buffers::{DeviceMatrix, DeviceOutput};
-use crate::error::{Error, Result, config};
+use crate::error::{Error, Result};
 use crate::families::operands::{Sm90Operand, Sm90Output};
-use crate::families::persistent::Persistent;
+use crate::families::persistent::{self, Persistent};
 use crate::format::ElemType;
 use crate::splitk;
-use crate::tensor_map::{DataType, Swizzle, encode_3d};
+use crate::tensor_map::{BoxMaps, DataType, Swizzle};
 use crate::workspace::{Workspace, WorkspaceSize};
 use blockscaled_kernels::gemm::layout::out_box_n;
 use blockscaled_kernels::gemm::scheduler::Schedule;
@@ -45,46 +45,26 @@ fn bsr_schedule(
 /// bytes of K, 128 rows, stored blocks; 128-byte swizzle) with boxes of 128 rows (a 128-column
 /// tile) and 64 (a 64-column tile, or a CTA's half of a tile shared along M).
 pub(super) struct Sm90Sparse {
-    tmaps: [CudaSlice<u8>; 2],
+    tmaps: BoxMaps,
 }
 
 impl Sm90Sparse {
-    const BOX_ROWS: [u32; 2] = [128, 64];
-
     pub(super) fn prepare(
         stream: &Arc<CudaStream>,
         m: &BsrMatrix,
         values: &CudaSlice<u8>,
     ) -> Result<Self> {
-        let blocks = m.nnz().max(1);
-        let bs = FP8_BLOCK;
+        let (bs, blocks) = (FP8_BLOCK, m.nnz().max(1));
         let (ptr, _g) = values.device_ptr(stream);
-        let map = |rows: u32| {
-            encode_3d(
-                stream,
-                ptr,
-                DataType::CU_TENSOR_MAP_DATA_TYPE_UINT8,
-                [bs, bs, blocks],
-                1,
-                [ROW_BYTES, rows],
-                Swizzle::CU_TENSOR_MAP_SWIZZLE_128B,
-            )
-        };
-        Ok(Sm90Sparse {
-            tmaps: [map(Self::BOX_ROWS[0])?, map(Self::BOX_ROWS[1])?],
-        })
-    }
-
-    fn tmap(&self, rows: u32) -> Result<&CudaSlice<u8>> {
-        Self::BOX_ROWS
-            .iter()
-            .position(|&r| r == rows)
-            .map(|i| &self.tmaps[i])
-            .ok_or_else(|| {
-                config(format!(
-                    "no block-sparse tensor map with boxes of {rows} rows"
-                ))
-            })
+        let layout = (
+            DataType::CU_TENSOR_MAP_DATA_TYPE_UINT8,
+            [bs, bs, blocks],
+            1,
+            ROW_BYTES,
+            Swizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+        );
+        let tmaps = BoxMaps::new(stream, ptr, layout, [128, 64])?;
+        Ok(Sm90Sparse { tmaps })
     }
 }
 
@@ -93,15 +73,12 @@ impl Sm90Fp8 {
     fn bsr_kernel(&self, dense: &DeviceMatrix, cfg: &Sm90Config) -> Result<&Kernel> {
         let ea = dense.desc.format.elem;
         let def = family::kernel(cfg.tile, ea, ElemType::E4M3, Mode::Sparse);
-        self.kernels
-            .iter()
-            .find(|kr| Some(kr.def) == def)
-            .ok_or_else(|| {
-                Error::Format(format!(
-                    "block-sparse GEMM takes an e4m3 dense operand, not {}",
-                    ea.name()
-                ))
-            })
+        persistent::find(&self.kernels, def, || {
+            Error::Format(format!(
+                "block-sparse GEMM takes an e4m3 dense operand, not {}",
+                ea.name()
+            ))
+        })
     }
 
     /// The workspace of a block-sparse GEMM with `cfg` (split K's buffers where the work list
@@ -180,7 +157,7 @@ impl Sm90Fp8 {
         };
         let params = Sm90Fp8Params {
             tmap_a: launch.ptr(ao.tmap(tile.a_box_rows(1))?),
-            tmap_b: launch.ptr(bo.tmap(b_rows)?),
+            tmap_b: launch.ptr(bo.tmaps.get(b_rows)?),
             tmap_c,
             tmap_sfa: launch.ptr(sfa_map),
             sfb: launch.ptr(&sparse.scales),

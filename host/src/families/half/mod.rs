@@ -20,7 +20,7 @@ use crate::launch::Launch;
 use crate::matrix::{GemmShape, MatrixDesc};
 use crate::prepare::Source;
 use crate::splitk;
-use crate::tensor_map::{DataType, Swizzle, encode_3d};
+use crate::tensor_map::{BoxMaps, DataType, MapLayout, Swizzle};
 use crate::workspace::{Workspace, WorkspaceSize};
 use blockscaled_kernels::gemm::Mode;
 use blockscaled_kernels::gemm::layout::out_box_n;
@@ -232,9 +232,6 @@ struct HalfOperand {
 /// of half of them (a pair along M). A sparse operand's boxes are at most a block.
 const BOX_ROWS: [u32; 4] = [256, 128, 64, 32];
 
-/// Tensor maps of one operand by box height.
-type BoxMaps = Vec<(u32, CudaSlice<u8>)>;
-
 impl OperandCopy for HalfOperand {
     /// Its maps are over the codes' buffer and its scale is the tensor scale, which a rewrite in
     /// place leaves as they were.
@@ -257,33 +254,22 @@ impl OperandCopy for HalfOperand {
             return Ok(None);
         };
         let (ptr, _g) = data.device_ptr(stream);
-        let map = |rows: u32| {
-            encode_3d(
-                stream,
-                ptr,
-                DataType::CU_TENSOR_MAP_DATA_TYPE_UINT16,
-                [d.k, d.rows, d.batch],
-                2,
-                [BLOCK_K, rows],
-                Swizzle::CU_TENSOR_MAP_SWIZZLE_128B,
-            )
-        };
-        Ok(Some(HalfOperand {
-            tmaps: BOX_ROWS
-                .iter()
-                .map(|&r| Ok((r, map(r)?)))
-                .collect::<Result<_>>()?,
-            scale,
-        }))
+        let layout = half_layout([d.k, d.rows, d.batch]);
+        let tmaps = BoxMaps::new(stream, ptr, layout, BOX_ROWS)?;
+        Ok(Some(HalfOperand { tmaps, scale }))
     }
 }
 
-/// The map of `maps` whose boxes are `rows` rows.
-fn box_map(maps: &BoxMaps, rows: u32) -> Result<&CudaSlice<u8>> {
-    maps.iter()
-        .find(|(r, _)| *r == rows)
-        .map(|(_, m)| m)
-        .ok_or_else(|| config(format!("no 16-bit tensor map with boxes of {rows} rows")))
+/// The maps' layout over 16-bit values of `dims`: boxes of 64 of K, 128-byte swizzle.
+fn half_layout(dims: [usize; 3]) -> MapLayout {
+    let swizzle = Swizzle::CU_TENSOR_MAP_SWIZZLE_128B;
+    (
+        DataType::CU_TENSOR_MAP_DATA_TYPE_UINT16,
+        dims,
+        2,
+        BLOCK_K,
+        swizzle,
+    )
 }
 
 /// A block-sparse operand's stored blocks as tensor maps (3-D: K of a block, rows of a block,
@@ -296,24 +282,9 @@ impl HalfSparse {
     fn prepare(stream: &Arc<CudaStream>, m: &BsrMatrix, values: &CudaSlice<u8>) -> Result<Self> {
         let (bs, blocks) = (m.block(), m.nnz().max(1));
         let (ptr, _g) = values.device_ptr(stream);
-        let map = |rows: u32| {
-            encode_3d(
-                stream,
-                ptr,
-                DataType::CU_TENSOR_MAP_DATA_TYPE_UINT16,
-                [bs, bs, blocks],
-                2,
-                [BLOCK_K, rows],
-                Swizzle::CU_TENSOR_MAP_SWIZZLE_128B,
-            )
-        };
-        Ok(HalfSparse {
-            tmaps: BOX_ROWS
-                .iter()
-                .filter(|&&r| r as usize <= bs)
-                .map(|&r| Ok((r, map(r)?)))
-                .collect::<Result<_>>()?,
-        })
+        let rows = BOX_ROWS.into_iter().filter(|&r| r as usize <= bs);
+        let tmaps = BoxMaps::new(stream, ptr, half_layout([bs, bs, blocks]), rows)?;
+        Ok(HalfSparse { tmaps })
     }
 }
 
@@ -407,8 +378,8 @@ impl Sm90Half {
             mut launch, splitk, ..
         } = kernel.persistent(stream, &schedule, (cfg.ctas, cl), None, slot.as_mut())?;
         let (tmap_a, tmap_b) = (
-            launch.ptr(box_map(&ao.tmaps, 128)?),
-            launch.ptr(box_map(&bo.tmaps, tile.block_n / cl.m)?),
+            launch.ptr(ao.tmaps.get(128)?),
+            launch.ptr(bo.tmaps.get(tile.block_n / cl.m)?),
         );
         // A fused epilogue stores directly: no output map.
         let staged = epi.is_none();
@@ -497,8 +468,8 @@ impl Sm90Half {
             mut launch, splitk, ..
         } = kernel.persistent(stream, &schedule, (cfg.ctas, cl), None, slot.as_mut())?;
         let (tmap_a, tmap_b) = (
-            launch.ptr(box_map(&ao.tmaps, 128)?),
-            launch.ptr(box_map(&bo.tmaps, tile.block_n / cl.m)?),
+            launch.ptr(ao.tmaps.get(128)?),
+            launch.ptr(bo.tmaps.get(tile.block_n / cl.m)?),
         );
         // With A sparse the tile is Cᵀ: stored directly.
         let params = output_params(

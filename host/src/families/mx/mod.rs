@@ -199,8 +199,8 @@ impl Sm90Mx {
         let scratch = Fused::scratch(&epi, stream, geometry, &mut staging)?;
         let out_ptr = launch.ptr_mut(out);
         let params = Sm90MxParams {
-            tmap_a: launch.ptr(ao.tmap(BLOCK_M)),
-            tmap_b: launch.ptr(bo.tmap(tile.block_n)),
+            tmap_a: launch.ptr(ao.tmap(BLOCK_M)?),
+            tmap_b: launch.ptr(bo.tmap(tile.block_n)?),
             tmap_sfa: launch.ptr(&ao.scale_map),
             sfb: launch.ptr(&bo.scales),
             out: out_ptr,

@@ -9,12 +9,12 @@ use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 
 use super::OperandCopy;
 use crate::buffers::{DeviceMatrix, Mem, OnFirstUse, Prepared};
-use crate::error::{Error, Result, config};
+use crate::error::{Error, Result};
 use crate::families::Rewritten;
 use crate::format::{ElemType, ScaleType};
 use crate::matrix::MatrixDesc;
 use crate::prepare::{GatherTo, Preparers, Source};
-use crate::tensor_map::{DataType, Swizzle, encode_3d, encode_scale_rows};
+use crate::tensor_map::{BoxMaps, DataType, Swizzle, encode_scale_rows};
 use blockscaled_kernels::gemm::scheduler::MAX_CLUSTER;
 use blockscaled_kernels::sm90::{
     self as family, BLOCK_K, BLOCK_N, ROW_BYTES, Tile, WG_ROWS, m_pad,
@@ -67,7 +67,7 @@ pub(crate) struct Sm90Operand {
     /// swizzle) in device memory: 128 rows (a wave; a 256-row A tile is two boxes); 64 (each CTA's
     /// share of a multicast B tile, 128 / MAX_CLUSTER, or one consumer's rows of a
     /// three-consumer A tile); 32 and 16 (the A tiles of swapped tiles).
-    tmaps: [CudaSlice<u8>; BOX_ROWS.len()],
+    tmaps: BoxMaps,
     /// A-role scales `[l][k/128][m_pad]`, rows contiguous, zero-padded (None if not eligible as A).
     pub(crate) sfa: Option<(CudaSlice<f32>, u32)>,
     /// Their tensor map (boxes of `SFA_BOX` rows), when `sfa` is set.
@@ -213,12 +213,17 @@ impl Sm90Operand {
             }
             None => None,
         };
-        let mut tmaps = Vec::with_capacity(BOX_ROWS.len());
-        for box_rows in BOX_ROWS {
-            tmaps.push(encode_tensor_map(stream, data, k, rows, l, box_rows)?);
-        }
+        // (Row strides are multiples of 16 bytes: K % 128 == 0.)
+        let (ptr, _g) = data.device_ptr(stream);
+        let layout = (
+            DataType::CU_TENSOR_MAP_DATA_TYPE_UINT8,
+            [k, rows, l],
+            1,
+            ROW_BYTES,
+            Swizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+        );
         Ok(Sm90Operand {
-            tmaps: tmaps.try_into().expect("one map per box height"),
+            tmaps: BoxMaps::new(stream, ptr, layout, BOX_ROWS)?,
             sfa,
             sfa_map,
             b_role: b_role.map(OnFirstUse::made),
@@ -229,11 +234,7 @@ impl Sm90Operand {
 impl Sm90Operand {
     /// The tensor map whose boxes are `rows` rows ([`BOX_ROWS`]).
     pub(crate) fn tmap(&self, rows: u32) -> Result<&CudaSlice<u8>> {
-        BOX_ROWS
-            .iter()
-            .position(|&r| r == rows)
-            .map(|i| &self.tmaps[i])
-            .ok_or_else(|| config(format!("no sm90 tensor map with boxes of {rows} rows")))
+        self.tmaps.get(rows)
     }
 }
 
@@ -274,29 +275,6 @@ const _: () = {
         i += 1;
     }
 };
-
-/// Encodes the TMA descriptor of a K-major e4m3 operand (box: 128 bytes of K × `box_rows` rows,
-/// 128-byte swizzle) and copies it to device memory.
-fn encode_tensor_map(
-    stream: &Arc<CudaStream>,
-    data: &impl DevicePtr<u8>,
-    k: usize,
-    rows: usize,
-    l: usize,
-    box_rows: u32,
-) -> Result<CudaSlice<u8>> {
-    let (ptr, _g) = data.device_ptr(stream);
-    // Byte strides of dims 1 and 2 (dim 0 is contiguous): multiples of 16 since K % 128 == 0.
-    encode_3d(
-        stream,
-        ptr,
-        DataType::CU_TENSOR_MAP_DATA_TYPE_UINT8,
-        [k, rows, l],
-        1,
-        [ROW_BYTES, box_rows],
-        Swizzle::CU_TENSOR_MAP_SWIZZLE_128B,
-    )
-}
 
 impl OperandCopy for Sm90Operand {
     /// `None` when the matrix can take neither role.

@@ -14,7 +14,7 @@ use crate::families::Rewritten;
 use crate::format::{ElemType, ScaleBlock, ScaleType};
 use crate::matrix::MatrixDesc;
 use crate::prepare::{GatherTo, Preparers, Source};
-use crate::tensor_map::{DataType, Swizzle, encode_3d, encode_scale_rows};
+use crate::tensor_map::{BoxMaps, DataType, Swizzle, encode_scale_rows};
 use blockscaled_kernels::sm90_mx::{self as family, BLOCK_K, MxScale, SCALE_ROWS_PAD};
 
 /// The scale format of an operand the kernel takes (`None`: none of its kernels does).
@@ -89,8 +89,7 @@ pub(crate) fn kernel_scales_to(d: &MatrixDesc, scale: MxScale) -> (GatherTo, usi
 pub(crate) struct MxOperand {
     /// CUtensorMaps (3-D: K bytes, rows, L; boxes of one stage's row bytes × 128 and × 256 rows;
     /// no swizzle) in device memory.
-    tmap_128: CudaSlice<u8>,
-    tmap_256: CudaSlice<u8>,
+    tmaps: BoxMaps,
     /// Scale bytes `[l][⌈k/64⌉][rows_pad][64 / block]`, zero past the rows and past K.
     pub(crate) scales: CudaSlice<u8>,
     pub(crate) rows_pad: u32,
@@ -139,12 +138,8 @@ impl MxOperand {
         )
     }
 
-    pub(crate) fn tmap(&self, box_rows: u32) -> &CudaSlice<u8> {
-        if box_rows == 256 {
-            &self.tmap_256
-        } else {
-            &self.tmap_128
-        }
+    pub(crate) fn tmap(&self, box_rows: u32) -> Result<&CudaSlice<u8>> {
+        self.tmaps.get(box_rows)
     }
 }
 
@@ -165,17 +160,13 @@ impl OperandCopy for MxOperand {
         let (ptr, _g) = data.device_ptr(stream);
         let row_bytes = k * d.format.elem.bits() as usize / 8;
         let stage_bytes = BLOCK_K * d.format.elem.bits() / 8;
-        let map = |box_rows: u32| {
-            encode_3d(
-                stream,
-                ptr,
-                DataType::CU_TENSOR_MAP_DATA_TYPE_UINT8,
-                [row_bytes, rows, l],
-                1,
-                [stage_bytes, box_rows],
-                Swizzle::CU_TENSOR_MAP_SWIZZLE_NONE,
-            )
-        };
+        let layout = (
+            DataType::CU_TENSOR_MAP_DATA_TYPE_UINT8,
+            [row_bytes, rows, l],
+            1,
+            stage_bytes,
+            Swizzle::CU_TENSOR_MAP_SWIZZLE_NONE,
+        );
         let scale_map = {
             let (sp, _g) = scales.device_ptr(stream);
             let entry = (BLOCK_K / scale.block) as usize;
@@ -183,8 +174,7 @@ impl OperandCopy for MxOperand {
             encode_scale_rows(stream, sp, entry, dims, family::sfa_box(scale.block).rows())?
         };
         Ok(Some(MxOperand {
-            tmap_128: map(128)?,
-            tmap_256: map(256)?,
+            tmaps: BoxMaps::new(stream, ptr, layout, [128, 256])?,
             scales,
             rows_pad: rows_pad as u32,
             scale_map,
@@ -214,4 +204,4 @@ impl OperandCopy for MxOperand {
     }
 }
 
-crate::buffers::held!(MxOperand: tmap_128, tmap_256, scales, scale_map, row_tops);
+crate::buffers::held!(MxOperand: tmaps, scales, scale_map, row_tops);
