@@ -8,16 +8,19 @@
 #                  checkout (copy $OUT/PERF.md to docs/PERF.md otherwise)
 # Usage: bash stage/perf-md.sh [SET...]  (default: all sets but `multi`, which runs where there
 # are two GPUs). Sets: seed deepseek decode mx w4 half grouped bsr fused quantize moe engine multi.
-# The sets follow `cargo bench`'s (benches/benches/gemm.rs) and the seeds' runs, trimmed to about
-# four minutes on one H200: each run is a process of its own (start-up and the ceilings' measurement,
-# about a second), decode sizes at M = 1, 16 and 64, block-sparse at a few densities. ITERS sets
+# The sets follow `cargo bench`'s (benches/benches/gemm.rs) and the seeds' runs: each run is a
+# process of its own (start-up and the ceilings' measurement, a few seconds), decode sizes at M = 1,
+# 16 and 64, block-sparse at a few densities. All of them take about 13 minutes on two H200s
+# (seed to grouped about 11, the rest 2): where one call is limited to 10 minutes, run them in two
+# (`perf-md.sh seed deepseek decode mx w4 half`, then `APPEND=1 perf-md.sh grouped bsr fused
+# quantize moe engine multi`; APPEND=1 keeps the rows already in $OUT/perf.jsonl). ITERS sets
 # --iterations (default 20); a run past TIMEOUT seconds (default 120) is stopped and counted as
 # failed, and the others go on.
 set -uo pipefail
 cd "$(dirname "$0")"
 OUT=${OUT:-/tmp/blockscaled-out}; mkdir -p "$OUT"
 jsonl="$OUT/perf.jsonl"; log="$OUT/perf-runs.log"
-rm -f "$jsonl" "$log"
+[ "${APPEND:-0}" = 1 ] || rm -f "$jsonl" "$log"
 lt=$(find / -name 'libcublasLt.so.1[0-9]*' -not -path '/proc/*' 2>/dev/null | head -1)
 [ -n "$lt" ] && export LD_LIBRARY_PATH="$(dirname "$lt"):${LD_LIBRARY_PATH:-}"
 # NCCL for `multi` (as run-gpu.sh): NVIDIA's pip package ships libnccl.so.2, cudarc loads

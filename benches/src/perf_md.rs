@@ -154,10 +154,12 @@ This file is generated: `blockscaled-perf-table` writes it from the JSON Lines t
 case, M N K L, times, TFLOP/s, GB/s, fraction of the ceiling, peer). Do not edit it by hand:
 measure again and regenerate it. On a GPU machine, after `scripts/stage-gpu.sh` built the staged
 folder, `bash stage/perf-md.sh` runs the standard bench sets into `$OUT/perf.jsonl` and writes
-`$OUT/PERF.md` (copy it here); from runs already made,
-`blockscaled-perf-table RUN.jsonl... --out docs/PERF.md`. A case measured more than once shows
-its latest measurement. The history — what each version changed, the experiments, the
-measurements behind them — is in [docs/perf-log/](perf-log/).
+`$OUT/PERF.md` (copy it here). The rows behind this file are kept in
+[docs/perf-data/](perf-data/), one JSON Lines file per GPU: after a new run on one GPU, replace
+its file and run `blockscaled-perf-table docs/perf-data/*.jsonl --out docs/PERF.md`. A case
+measured more than once shows its latest measurement. GPUs without a file here (the H100, not
+lent since the runner wrote JSON) are measured in the history — what each version changed, the
+experiments, the measurements behind them — in [docs/perf-log/](perf-log/).
 
 Times are medians of CUDA-event timings (µs). *% of ceiling* is the larger of TFLOP/s over the
 compute ceiling and GB/s over the bandwidth ceiling, both measured on that GPU at the start of the
