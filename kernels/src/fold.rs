@@ -70,12 +70,7 @@ impl FoldKernel {
         FoldKernel {
             elem,
             scale,
-            info: KernelInfo {
-                name,
-                max_threads: Some(FOLD_THREADS),
-                min_blocks_per_sm: 1,
-                targets: &["sm_90a"],
-            },
+            info: KernelInfo::sm90(name, FOLD_THREADS),
         }
     }
 }

@@ -15,3 +15,16 @@ pub struct KernelInfo {
     /// The GPU targets whose module contains this kernel (`llc -mcpu` names).
     pub targets: &'static [&'static str],
 }
+
+impl KernelInfo {
+    /// A Hopper-only kernel (`wgmma`, TMA multicast and the sm_90a conversions exist there only)
+    /// written for `threads` per block, one block per SM at least.
+    pub const fn sm90(name: &'static str, threads: u32) -> KernelInfo {
+        KernelInfo {
+            name,
+            max_threads: Some(threads),
+            min_blocks_per_sm: 1,
+            targets: &["sm_90a"],
+        }
+    }
+}

@@ -339,13 +339,7 @@ impl Sm90Fp8Kernel {
             a,
             b,
             mode,
-            info: KernelInfo {
-                name,
-                max_threads: Some(tile.threads()),
-                min_blocks_per_sm: 1,
-                // wgmma exists on sm_90a only.
-                targets: &["sm_90a"],
-            },
+            info: KernelInfo::sm90(name, tile.threads()),
         }
     }
     /// Whether the kernel ends in the fused epilogue (its parameter a

@@ -229,13 +229,7 @@ impl Sm90HalfKernel {
             tile,
             ty,
             mode,
-            info: KernelInfo {
-                name,
-                max_threads: Some(tile.threads()),
-                min_blocks_per_sm: 1,
-                // wgmma exists on sm_90a only.
-                targets: &["sm_90a"],
-            },
+            info: KernelInfo::sm90(name, tile.threads()),
         }
     }
     /// Whether the kernel ends in the fused epilogue.

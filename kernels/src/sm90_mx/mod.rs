@@ -161,12 +161,7 @@ impl Sm90MxKernel {
             b,
             scale,
             fused,
-            info: KernelInfo {
-                name,
-                max_threads: Some(tile.threads()),
-                min_blocks_per_sm: 1,
-                targets: &["sm_90a"],
-            },
+            info: KernelInfo::sm90(name, tile.threads()),
         }
     }
     /// Whether the kernel ends in the fused epilogue.

@@ -124,12 +124,7 @@ impl Sm90W4Kernel {
             tile,
             act,
             scale,
-            info: KernelInfo {
-                name,
-                max_threads: Some(tile.threads()),
-                min_blocks_per_sm: 1,
-                targets: &["sm_90a"],
-            },
+            info: KernelInfo::sm90(name, tile.threads()),
         }
     }
     /// The register budgets after `setmaxnreg`.
