@@ -3,12 +3,12 @@
 //! makes none, and [`device_allocations`] lets a test or a caller check it. (`host/clippy.toml`
 //! refuses cudarc's allocating calls anywhere else.)
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
 
-use crate::error::Result;
+use crate::error::{Result, shape};
 
 static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
 
@@ -51,4 +51,24 @@ pub(crate) unsafe fn uninit<T: DeviceRepr>(
 #[allow(clippy::disallowed_methods)]
 pub(crate) fn copy_of<T: DeviceRepr>(stream: &Arc<CudaStream>, src: &[T]) -> Result<CudaSlice<T>> {
     counted(stream.clone_htod(src))
+}
+
+/// A workspace slot, locked while one launch is enqueued (an error-free lock: a thread that
+/// panicked while holding it left a buffer that is still whole).
+pub(crate) fn lock<T>(slot: &Mutex<T>) -> MutexGuard<'_, T> {
+    slot.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// `slot` holding at least `len` elements: kept if large enough, else replaced by a zeroed one
+/// (in stream order: earlier launches that use the old one are ordered before its free).
+pub(crate) fn grown<'a, T: DeviceRepr + ValidAsZeroBits>(
+    slot: &'a mut Option<CudaSlice<T>>,
+    stream: &Arc<CudaStream>,
+    len: u64,
+) -> Result<&'a mut CudaSlice<T>> {
+    let len = usize::try_from(len).map_err(|_| shape("a workspace size overflows"))?;
+    Ok(match slot.take() {
+        Some(w) if w.len() >= len => slot.insert(w),
+        _ => slot.insert(crate::alloc::zeros::<T>(stream, len.max(1))?),
+    })
 }

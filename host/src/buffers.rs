@@ -13,6 +13,7 @@ use cudarc::driver::{
 
 use crate::error::{Error, Result};
 use crate::format::OutType;
+pub(crate) use crate::held::Held;
 use crate::matrix::MatrixDesc;
 use crate::output::HostOutput;
 
@@ -47,60 +48,6 @@ pub(crate) struct Prepared(Vec<PreparedValue>);
 
 /// Data a family keeps of one buffer.
 pub(crate) type PreparedValue = Box<dyn Held>;
-
-/// What a [`Prepared`] slot holds: any value that says how much device memory it keeps.
-pub(crate) trait Held: Any + Send + Sync {
-    /// Bytes of device memory the value keeps alive (its own buffers, not the matrix's).
-    fn device_bytes(&self) -> usize;
-}
-
-impl<T: cudarc::driver::DeviceRepr + Send + Sync + 'static> Held for CudaSlice<T> {
-    fn device_bytes(&self) -> usize {
-        self.len() * std::mem::size_of::<T>()
-    }
-}
-
-impl<T: Held> Held for Option<T> {
-    fn device_bytes(&self) -> usize {
-        self.as_ref().map_or(0, Held::device_bytes)
-    }
-}
-
-impl<T: Held> Held for Vec<T> {
-    fn device_bytes(&self) -> usize {
-        self.iter().map(Held::device_bytes).sum()
-    }
-}
-
-impl<T: Held, const N: usize> Held for [T; N] {
-    fn device_bytes(&self) -> usize {
-        self.iter().map(Held::device_bytes).sum()
-    }
-}
-
-impl<T: Held> Held for (T, u32) {
-    fn device_bytes(&self) -> usize {
-        self.0.device_bytes()
-    }
-}
-
-impl<T: Held> Held for (u32, T) {
-    fn device_bytes(&self) -> usize {
-        self.1.device_bytes()
-    }
-}
-
-/// [`Held`] for a struct: the sum of its fields' device bytes.
-macro_rules! held {
-    ($t:ty: $($f:ident),+) => {
-        impl $crate::buffers::Held for $t {
-            fn device_bytes(&self) -> usize {
-                0 $(+ $crate::buffers::Held::device_bytes(&self.$f))+
-            }
-        }
-    };
-}
-pub(crate) use held;
 
 impl<T: Held> Held for OnFirstUse<T> {
     fn device_bytes(&self) -> usize {
@@ -279,6 +226,12 @@ pub(crate) enum MemMut<'a> {
 }
 
 impl<'a> MemMut<'a> {
+    /// The address for `launch`'s kernel, which writes it (its guard held by the launch).
+    pub(crate) fn bind(self, launch: &mut crate::launch::Launch<'a>) -> u64 {
+        let stream = launch.stream();
+        launch.ptr_guarded(self.into_ptr(stream))
+    }
+
     /// The address for a kernel that writes it on `stream`, ordered after earlier reads and
     /// writes cudarc knows of; the guard records the write when dropped after the launch.
     pub(crate) fn into_ptr(self, stream: &'a CudaStream) -> (sys::CUdeviceptr, SyncOnDrop<'a>) {
@@ -420,13 +373,13 @@ impl QuantScratch {
         if len == 0 {
             return Ok(None);
         }
-        let s = crate::workspace::grown(slot, stream, len as u64)?;
+        let s = crate::alloc::grown(slot, stream, len as u64)?;
         stream.memset_zeros(s)?;
         Ok(Some(s))
     }
 }
 
-held!(QuantScratch: amax, tensor);
+crate::held::held!(QuantScratch: amax, tensor);
 
 /// A block-scaled matrix on the GPU: in buffers this crate allocated ([`Gpu::upload`],
 /// the quantizers: `DeviceMatrix<'static>`), or over the caller's device memory for `'a`

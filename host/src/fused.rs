@@ -304,7 +304,7 @@ impl<'a> Fused<'a> {
         if fused.is_none() {
             return Ok(None);
         }
-        crate::workspace::grown(
+        crate::alloc::grown(
             slot,
             stream,
             Self::staging_bytes((ctas, consumers, block_n)),
@@ -343,7 +343,7 @@ impl<'a> Fused<'a> {
             p.q_stride_r = d.scale_layout.row_stride as u64;
             p.q_stride_k = d.scale_layout.k_stride as u64;
             p.q_m_pad = q.spec.m_pad;
-            p.q_scales = launch.ptr_into(q.scales);
+            p.q_scales = q.scales.bind(launch);
             p.q_sfa = match q.sfa {
                 Some(s) => launch.ptr_mut(s),
                 None => 0,

@@ -145,11 +145,16 @@ impl<'a> Launch<'a> {
         p
     }
 
-    /// The device address of memory borrowed for this launch's write ([`MemMut`]).
-    pub(crate) fn ptr_into(&mut self, buf: crate::buffers::MemMut<'a>) -> u64 {
-        let (p, g) = buf.into_ptr(self.stream);
+    /// The device address of memory borrowed for this launch's write, with its guard (made for
+    /// this launch's stream) held until the launch is enqueued.
+    pub(crate) fn ptr_guarded(&mut self, (p, g): (u64, SyncOnDrop<'a>)) -> u64 {
         self.guards.push(g);
         p
+    }
+
+    /// The stream the launch is enqueued on.
+    pub(crate) fn stream(&self) -> &'a CudaStream {
+        self.stream
     }
 
     /// [`Launch::ptr`], or 0 (the kernels' "absent") for `None`.

@@ -54,6 +54,7 @@ mod families;
 pub mod format;
 mod fused;
 mod grouped;
+mod held;
 pub mod image;
 mod launch;
 mod matrix;

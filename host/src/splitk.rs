@@ -7,10 +7,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use cudarc::driver::{CudaSlice, CudaStream};
 
+use crate::alloc::grown;
 use crate::error::{Result, shape};
 use crate::launch::Launch;
 use crate::matrix::GemmShape;
-use crate::workspace::{WorkspaceSize, grown};
 use blockscaled_kernels::gemm::scheduler::{ClusterShape, Schedule};
 use blockscaled_kernels::params::SplitKParams;
 
@@ -61,25 +61,11 @@ pub(crate) fn check_split(split_k: u32, k_blocks: usize, block_k: u32, k: usize)
 }
 
 /// (partial sums, counters) of `schedule`'s workspace in clusters of `cluster`.
-fn sizes(schedule: &Schedule, cluster: ClusterShape) -> Result<(u64, u64)> {
+pub(crate) fn sizes(schedule: &Schedule, cluster: ClusterShape) -> Result<(u64, u64)> {
     schedule
         .splitk_workspace(cluster)
         .filter(|&(f, c)| f.checked_add(c).and_then(|x| x.checked_mul(4)).is_some())
         .ok_or_else(|| shape("split-K workspace size overflows"))
-}
-
-/// Split K's workspace for `schedule` in clusters of `cluster`: f32 partial sums and u32
-/// counters where the launch splits K (`split`), else none.
-pub(crate) fn bytes(
-    schedule: &Schedule,
-    cluster: ClusterShape,
-    split: bool,
-) -> Result<WorkspaceSize> {
-    if !split {
-        return Ok(WorkspaceSize::default());
-    }
-    let (floats, counters) = sizes(schedule, cluster)?;
-    WorkspaceSize::split(floats, counters)
 }
 
 impl SplitK {
@@ -90,7 +76,7 @@ impl SplitK {
         floats: u64,
         counters: u64,
     ) -> Result<()> {
-        let mut b = crate::workspace::lock(&self.workspace);
+        let mut b = crate::alloc::lock(&self.workspace);
         let Buffers {
             counters: c,
             partials: p,
@@ -102,14 +88,14 @@ impl SplitK {
 
     /// The device bytes the buffers hold.
     pub(crate) fn bytes(&self) -> usize {
-        let b = crate::workspace::lock(&self.workspace);
+        let b = crate::alloc::lock(&self.workspace);
         b.counters.as_ref().map_or(0, |c| c.len() * 4)
             + b.partials.as_ref().map_or(0, |p| p.len() * 4)
     }
 
     /// The workspace slot, locked when `split_k > 1`; held until the GEMM is enqueued.
     pub(crate) fn slot(&self, split_k: u32) -> Option<Workspace<'_>> {
-        (split_k > 1).then(|| crate::workspace::lock(&self.workspace))
+        (split_k > 1).then(|| crate::alloc::lock(&self.workspace))
     }
 
     /// The GEMM's split-K parameters: with a `slot` (K split), the workspace grown for

@@ -90,9 +90,9 @@ impl BoxMaps {
     }
 }
 
-impl crate::buffers::Held for BoxMaps {
+impl crate::held::Held for BoxMaps {
     fn device_bytes(&self) -> usize {
-        crate::buffers::Held::device_bytes(&self.0)
+        crate::held::Held::device_bytes(&self.0)
     }
 }
 

@@ -7,14 +7,16 @@
 //! as cuBLASLt's workspace is. Calls on different streams with different workspaces never wait
 //! on each other's locks or memory.
 
-use std::any::Any;
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
-use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
+use cudarc::driver::{CudaSlice, CudaStream};
 
+use crate::alloc::{grown, lock};
 use crate::buffers::GpuId;
 use crate::error::{Result, shape};
+use crate::held::Held;
 use crate::splitk::SplitK;
+use blockscaled_kernels::gemm::scheduler::{ClusterShape, Schedule};
 
 /// Memory a GEMM call uses beside its operands and output (the module doc). Made empty; grown by
 /// the calls that run in it ([`Gpu::reserve`](crate::Gpu::reserve) grows it ahead). Used by one
@@ -25,7 +27,7 @@ use crate::splitk::SplitK;
 pub struct Workspace {
     pub(crate) splitk: SplitK,
     /// The fold pre-pass's copies of A and B (the fold family's type, which it alone reads).
-    pub(crate) fold: Mutex<[Option<Box<dyn Any + Send + Sync>>; 2]>,
+    pub(crate) fold: Mutex<[Option<Box<dyn Held>>; 2]>,
     /// The rows a fused epilogue stages in global memory where the kernel's shared memory has no
     /// room for them (the MX kernel).
     pub(crate) staging: Mutex<Option<CudaSlice<u8>>>,
@@ -52,7 +54,7 @@ impl Workspace {
         let fold = lock(&self.fold)
             .iter()
             .flatten()
-            .map(|f| crate::families::fold::folded_bytes(f.as_ref()))
+            .map(|f| f.device_bytes())
             .sum::<usize>();
         self.splitk.bytes() + staging + fold
     }
@@ -98,6 +100,20 @@ impl WorkspaceSize {
         self.split_k + self.fold + self.staging
     }
 
+    /// Split K's workspace for `schedule` in clusters of `cluster`: f32 partial sums and u32
+    /// counters where the launch splits K (`split`), else none.
+    pub(crate) fn split_k(
+        schedule: &Schedule,
+        cluster: ClusterShape,
+        split: bool,
+    ) -> Result<WorkspaceSize> {
+        if !split {
+            return Ok(WorkspaceSize::default());
+        }
+        let (floats, counters) = crate::splitk::sizes(schedule, cluster)?;
+        WorkspaceSize::split(floats, counters)
+    }
+
     /// Split K's `floats` partial sums and `counters` counters.
     pub(crate) fn split(floats: u64, counters: u64) -> Result<WorkspaceSize> {
         let bytes = floats
@@ -112,26 +128,6 @@ impl WorkspaceSize {
             ..WorkspaceSize::default()
         })
     }
-}
-
-/// A workspace slot, locked while one launch is enqueued (an error-free lock: a thread that
-/// panicked while holding it left a buffer that is still whole).
-pub(crate) fn lock<T>(slot: &Mutex<T>) -> MutexGuard<'_, T> {
-    slot.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// `slot` holding at least `len` elements: kept if large enough, else replaced by a zeroed one
-/// (in stream order: earlier launches that use the old one are ordered before its free).
-pub(crate) fn grown<'a, T: DeviceRepr + ValidAsZeroBits>(
-    slot: &'a mut Option<CudaSlice<T>>,
-    stream: &Arc<CudaStream>,
-    len: u64,
-) -> Result<&'a mut CudaSlice<T>> {
-    let len = usize::try_from(len).map_err(|_| shape("a workspace size overflows"))?;
-    Ok(match slot.take() {
-        Some(w) if w.len() >= len => slot.insert(w),
-        _ => slot.insert(crate::alloc::zeros::<T>(stream, len.max(1))?),
-    })
 }
 
 #[cfg(test)]

@@ -41,7 +41,7 @@ struct Device {
     /// The kernels that prepare a device-quantized matrix for the GEMM families.
     preparers: Preparers,
     /// The mixture-of-experts routing and token-movement kernels.
-    moe: crate::moe::MoeKernels,
+    moe: crate::moe::kernels::MoeKernels,
     arch: GpuArch,
     /// The kernels' image: ptxas' cubin, or the PTX (JIT) where the cubin does not fit.
     image: KernelImage,
@@ -59,7 +59,7 @@ impl Device {
         stream: &Arc<CudaStream>,
         count: usize,
     ) -> Result<Arc<cudarc::driver::CudaSlice<u8>>> {
-        let mut ones = crate::workspace::lock(&self.ones);
+        let mut ones = crate::alloc::lock(&self.ones);
         match &*ones {
             Some(o) if o.len() >= count * 4 => Ok(o.clone()),
             _ => {
@@ -155,9 +155,10 @@ impl Gpu {
             as u32;
         let (module, image) = image::load(&ctx, (major, minor), images)?;
         let preparers = Preparers::load(&module, sm_count)?;
-        let families = crate::families::load(&module, &stream, arch, sm_count, &preparers)?;
+        let families =
+            crate::families::load(&module, &stream, arch.target(), sm_count, &preparers)?;
         let quantizers = Quantizers::load(&module, sm_count)?;
-        let moe = crate::moe::MoeKernels::load(&module, sm_count)?;
+        let moe = crate::moe::kernels::MoeKernels::load(&module, sm_count)?;
         Ok(Gpu {
             dev: Arc::new(Device {
                 id: GpuId::next(),
@@ -256,7 +257,7 @@ impl Gpu {
     }
 
     /// The identity buffers made on this GPU record.
-    pub(crate) fn moe_kernels(&self) -> &crate::moe::MoeKernels {
+    pub(crate) fn moe_kernels(&self) -> &crate::moe::kernels::MoeKernels {
         &self.dev.moe
     }
 

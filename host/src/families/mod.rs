@@ -93,21 +93,21 @@ pub(crate) trait Family: Any + Send + Sync {
     }
 }
 
-/// Loads every kernel family the module built for `arch` contains (`preparers`: the GPU's, for
+/// Loads every kernel family the module built for `target` (as the registry names it) contains (`preparers`: the GPU's, for
 /// the families that make a matrix's weight-role copies at its first use as weights), in the
 /// order in which they prepare a matrix (a family may read the copies of those before it: the
 /// 4-bit-weights family reads the FP8 and MX copies).
 pub(crate) fn load(
     module: &Arc<CudaModule>,
     stream: &Arc<CudaStream>,
-    arch: crate::plan::GpuArch,
+    target: &'static str,
     sm_count: u32,
     preparers: &crate::prepare::Preparers,
 ) -> Result<Families> {
     let cx = persistent::Loader {
         module,
         stream,
-        target: arch.target(),
+        target,
         sm_count,
         preparers,
     };

@@ -19,7 +19,7 @@
 //! `kernels.rs` loads and launches the kernels; `local.rs` holds one GPU's share of a layer (its
 //! step buffers and the phases both layers run).
 
-mod kernels;
+pub(crate) mod kernels;
 mod local;
 
 use crate::buffers::{DeviceMatrix, DeviceOutput};
@@ -31,7 +31,6 @@ use crate::plan::Plan;
 use crate::quantizer::DeviceTensor;
 use cudarc::driver::CudaView;
 
-pub(crate) use kernels::MoeKernels;
 #[cfg(feature = "nccl")]
 pub(crate) use local::Chunks;
 pub(crate) use local::Local;

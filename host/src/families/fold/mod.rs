@@ -28,6 +28,7 @@ use crate::families::operands::{MxOperand, mx as sm90_mx};
 use crate::families::persistent::Loader;
 use crate::families::{Family, Gemm};
 use crate::format::ElemType;
+use crate::held::Held;
 use crate::launch::Launch;
 use crate::matrix::{MatrixDesc, ScaleLayout};
 use crate::prepare::Preparers;
@@ -154,7 +155,7 @@ impl Sm90MxFp8 {
         if let Some(e) = unsupported_pair(&a.desc, &b.desc) {
             return Err(Error::Format(e));
         }
-        let mut ws = crate::workspace::lock(&g.work.fold);
+        let mut ws = crate::alloc::lock(&g.work.fold);
         let [wa, wb] = &mut *ws;
         let ao = self.operand(stream, a, wa, false)?;
         let bo = self.operand(stream, b, wb, true)?;
@@ -167,7 +168,7 @@ impl Sm90MxFp8 {
         &self,
         stream: &Arc<CudaStream>,
         src: &'w DeviceMatrix,
-        slot: &'w mut Option<Box<dyn Any + Send + Sync>>,
+        slot: &'w mut Option<Box<dyn Held>>,
         as_b: bool,
     ) -> Result<&'w Sm90Operand> {
         if route(&src.desc, as_b).map_err(Error::Format)? == Route::Ready {
@@ -205,7 +206,7 @@ impl Sm90MxFp8 {
         ws: &Workspace,
         (a, b): (&DeviceMatrix, &DeviceMatrix),
     ) -> Result<()> {
-        let mut slots = crate::workspace::lock(&ws.fold);
+        let mut slots = crate::alloc::lock(&ws.fold);
         let [wa, wb] = &mut *slots;
         for (m, slot, as_b) in [(a, wa, false), (b, wb, true)] {
             if route(&m.desc, as_b).map_err(Error::Format)? == Route::Fold {
@@ -355,7 +356,7 @@ impl Sm90MxFp8 {
     }
 }
 
-crate::buffers::held!(Folded: data, op);
+crate::held::held!(Folded: data, op);
 
 /// The dimensions a folded copy of `d` is made for.
 fn dims_of(d: &MatrixDesc) -> (usize, usize, usize) {
@@ -366,14 +367,14 @@ fn dims_of(d: &MatrixDesc) -> (usize, usize, usize) {
 /// dimensions. (A workspace keeps one folded copy a role; it is this family's type.)
 fn slot_for<'w>(
     stream: &Arc<CudaStream>,
-    slot: &'w mut Option<Box<dyn Any + Send + Sync>>,
+    slot: &'w mut Option<Box<dyn Held>>,
     d: &MatrixDesc,
     as_b: bool,
 ) -> Result<&'w mut Folded> {
     let dims = dims_of(d);
-    let fits = |s: &Option<Box<dyn Any + Send + Sync>>| {
-        s.as_ref()
-            .and_then(|f| f.downcast_ref::<Folded>())
+    let fits = |s: &Option<Box<dyn Held>>| {
+        s.as_deref()
+            .and_then(|f| (f as &dyn Any).downcast_ref::<Folded>())
             .is_some_and(|f| f.dims == dims)
     };
     if !fits(slot) {
@@ -381,15 +382,9 @@ fn slot_for<'w>(
         *slot = Some(Box::new(Folded::alloc(stream, dims, as_b)?));
     }
     Ok(slot
-        .as_mut()
-        .and_then(|f| f.downcast_mut::<Folded>())
+        .as_deref_mut()
+        .and_then(|f| (f as &mut dyn Any).downcast_mut::<Folded>())
         .expect("filled above with a Folded"))
-}
-
-/// The device bytes a workspace's fold slot holds.
-pub(crate) fn folded_bytes(slot: &(dyn Any + Send + Sync)) -> usize {
-    slot.downcast_ref::<Folded>()
-        .map_or(0, crate::buffers::Held::device_bytes)
 }
 
 impl Folded {

@@ -13,7 +13,6 @@ use crate::error::{Error, Result};
 use crate::families::operands::{Sm90Operand, Sm90Output};
 use crate::families::persistent::{self, Persistent};
 use crate::format::ElemType;
-use crate::splitk;
 use crate::tensor_map::{BoxMaps, DataType, Swizzle};
 use crate::workspace::{Workspace, WorkspaceSize};
 use blockscaled_kernels::gemm::layout::out_box_n;
@@ -96,7 +95,7 @@ impl Sm90Fp8 {
         let kernel = self.bsr_kernel(dense, &cfg)?;
         let resident = kernel.resident(cfg.cluster.size());
         let (schedule, work) = bsr_schedule(stream, resident, dense, sparse, &cfg)?;
-        splitk::bytes(&schedule, cfg.cluster, work.slots > 0)
+        WorkspaceSize::split_k(&schedule, cfg.cluster, work.slots > 0)
     }
 
     /// C = A · Bᵀ with one operand block-sparse (`side`) and `dense` the other, on the
@@ -200,4 +199,4 @@ impl Sm90Fp8 {
     }
 }
 
-crate::buffers::held!(Sm90Sparse: tmaps);
+crate::held::held!(Sm90Sparse: tmaps);

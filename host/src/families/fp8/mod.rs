@@ -21,7 +21,6 @@ use crate::fused::Fused;
 use crate::grouped::DeviceGroups;
 use crate::matrix::GemmShape;
 use crate::prepare::Preparers;
-use crate::splitk;
 use crate::workspace::WorkspaceSize;
 use blockscaled_kernels::gemm::layout::out_box_n;
 use blockscaled_kernels::params::SparseParams;
@@ -108,7 +107,7 @@ impl Sm90Fp8 {
         groups: Option<&DeviceGroups>,
     ) -> Result<WorkspaceSize> {
         let schedule = dense_schedule(cfg, shape, groups);
-        splitk::bytes(&schedule, cfg.cluster, cfg.split_k > 1)
+        WorkspaceSize::split_k(&schedule, cfg.cluster, cfg.split_k > 1)
     }
 
     /// C = A · Bᵀ with `cfg` (validated for `g.shape`): one launch, split K included.

@@ -190,7 +190,7 @@ fn dense_schedule(cfg: &Sm90HalfConfig, shape: GemmShape) -> Schedule {
 
 /// The workspace a dense GEMM of `shape` with `cfg` takes (split K's buffers).
 pub(crate) fn workspace(cfg: &Sm90HalfConfig, shape: GemmShape) -> Result<WorkspaceSize> {
-    splitk::bytes(&dense_schedule(cfg, shape), cfg.cluster(), cfg.split_k > 1)
+    WorkspaceSize::split_k(&dense_schedule(cfg, shape), cfg.cluster(), cfg.split_k > 1)
 }
 
 /// A block-sparse GEMM's schedule with `cfg` and its work list (made once per key on the
@@ -422,7 +422,7 @@ impl Sm90Half {
         let cl = cfg.cluster();
         let resident = kernel.resident(cl.m);
         let (schedule, work) = bsr_schedule(stream, resident, dense, sparse, &cfg)?;
-        splitk::bytes(&schedule, cl, work.slots > 0)
+        WorkspaceSize::split_k(&schedule, cl, work.slots > 0)
     }
 
     /// C = alpha · A · Bᵀ with the operand on `side` block-sparse (`sparse`, bf16 blocks) and
@@ -557,8 +557,8 @@ fn output_params<'a>(
     }
 }
 
-crate::buffers::held!(HalfOperand: tmaps);
-crate::buffers::held!(HalfSparse: tmaps);
+crate::held::held!(HalfOperand: tmaps);
+crate::held::held!(HalfSparse: tmaps);
 
 #[cfg(test)]
 mod tests {

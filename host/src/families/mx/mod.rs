@@ -11,7 +11,6 @@ use crate::families::{Family, Gemm};
 use crate::fused::Fused;
 use crate::grouped::DeviceGroups;
 use crate::matrix::{GemmShape, MatrixDesc};
-use crate::splitk;
 use crate::workspace::WorkspaceSize;
 use blockscaled_kernels::gemm::scheduler::{ClusterShape, Schedule};
 use blockscaled_kernels::sm90_mx::{self as family, BLOCK_K, BLOCK_M, MxTile, Sm90MxParams};
@@ -141,7 +140,7 @@ impl Sm90Mx {
         Ok(WorkspaceSize {
             staging: usize::try_from(staging)
                 .map_err(|_| crate::error::shape("the staging overflows"))?,
-            ..splitk::bytes(&schedule, ClusterShape::ONE, cfg.split_k > 1)?
+            ..WorkspaceSize::split_k(&schedule, ClusterShape::ONE, cfg.split_k > 1)?
         })
     }
 
@@ -181,7 +180,7 @@ impl Sm90Mx {
             buf: out, dtype, ..
         } = c;
         let schedule = dense_schedule(&cfg, shape, groups);
-        let mut staging = crate::workspace::lock(&work.staging);
+        let mut staging = crate::alloc::lock(&work.staging);
         let Persistent {
             mut launch,
             ctas,

@@ -322,5 +322,5 @@ impl OperandCopy for Sm90Operand {
     }
 }
 
-crate::buffers::held!(Sm90Operand: tmaps, sfa, sfa_map, b_role);
-crate::buffers::held!(BRole: sfb, sfb_col);
+crate::held::held!(Sm90Operand: tmaps, sfa, sfa_map, b_role);
+crate::held::held!(BRole: sfb, sfb_col);

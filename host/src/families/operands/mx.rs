@@ -204,4 +204,4 @@ impl OperandCopy for MxOperand {
     }
 }
 
-crate::buffers::held!(MxOperand: tmaps, scales, scale_map, row_tops);
+crate::held::held!(MxOperand: tmaps, scales, scale_map, row_tops);

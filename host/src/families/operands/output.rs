@@ -60,4 +60,4 @@ impl Sm90Output {
     }
 }
 
-crate::buffers::held!(Sm90Output: tmaps);
+crate::held::held!(Sm90Output: tmaps);

@@ -19,7 +19,6 @@ use crate::format::{ElemType, ScaleBlock, ScaleType};
 use crate::grouped::DeviceGroups;
 use crate::matrix::{GemmShape, MatrixDesc};
 use crate::prepare::{GatherTo, Preparers, Source};
-use crate::splitk;
 use crate::tensor_map::{DataType, Swizzle, encode_3d, encode_scale_rows};
 use crate::workspace::WorkspaceSize;
 use blockscaled_kernels::gemm::scheduler::{ClusterShape, Schedule};
@@ -274,7 +273,7 @@ impl Sm90W4 {
         groups: Option<&DeviceGroups>,
     ) -> Result<WorkspaceSize> {
         let schedule = dense_schedule(cfg, shape, groups);
-        splitk::bytes(&schedule, ClusterShape::ONE, cfg.split_k > 1)
+        WorkspaceSize::split_k(&schedule, ClusterShape::ONE, cfg.split_k > 1)
     }
 
     /// C = A · Bᵀ (computed as Cᵀ = B · Aᵀ) with `cfg` (validated for `g.shape`): one launch,
@@ -564,8 +563,8 @@ impl OperandCopy for W4Operand {
     }
 }
 
-crate::buffers::held!(W4Operand: weights, tmap_16, tmap_128, scales, scale_maps);
-crate::buffers::held!(Weights: data, tmap);
+crate::held::held!(W4Operand: weights, tmap_16, tmap_128, scales, scale_maps);
+crate::held::held!(Weights: data, tmap);
 
 #[cfg(test)]
 mod tests {
