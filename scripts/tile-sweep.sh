@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine from stage/: the sm90 kernel on many shapes (not only the benchmark's)
 # with each unswapped tile, alone and in pairs along N, and the heuristic's own choice, to check
-# `plan::tile_cost` (docs/perf-log, v36). One line per run: shape, forced tile and cluster (or
+# `plan::tile_cost`. One line per run: shape, forced tile and cluster (or
 # "auto"), the configuration the runner reports, time (µs). Usage:
 #   bash stage/tile-sweep.sh [extra runner args]        SHAPES="M,N,K,L ..." overrides the list
 set -uo pipefail

@@ -479,7 +479,7 @@ impl Quantizers {
             let grid_x = (per_block * blocks).div_ceil(QUANTIZE_THREADS);
             // One wave at the kernels' occupancy (`QUANTIZE_MIN_BLOCKS` blocks an SM): each
             // thread goes round several rows, its next rows' loads in flight during this row's
-            // work, and no second wave leaves a tail (H100, 4096×7168 bf16, v50: DeepSeek FP8
+            // work, and no second wave leaves a tail (H100, 4096×7168 bf16: DeepSeek FP8
             // 38.1 → 37.4–37.6 µs, MXFP8 42.6 → 41.7–41.8, MXFP4 60.1 → 59.0–59.5 against two
             // waves; a wave and a half, 42.0 µs for DeepSeek). NVFP4 keeps two waves: its f64
             // quotients measured 78.3 → 80.0 µs with one.

@@ -36,7 +36,7 @@ pub const fn launch_regs(warpgroups: u32) -> u32 {
 /// code needs more than the producer thread's address arithmetic. (A fourth warpgroup of
 /// finishers was tried: 512 threads leave 128 registers per thread at launch, and ptxas then
 /// kept the FP8 consumers' K loop within about 132 registers, spilling, though `setmaxnreg`
-/// raised their budget to 184 or 200; docs/perf-log v45.)
+/// raised their budget to 184 or 200.)
 pub const fn producer_budget(
     producer: u32,
     consumers: u32,

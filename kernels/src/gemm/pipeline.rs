@@ -9,7 +9,7 @@
 //! stage only when all are done). Each thread's reads are then ordered before the refill by its
 //! own release, which compute-sanitizer's racecheck can follow; one elected thread per warp after
 //! `bar.warp.sync` is ordered as well under the PTX memory model, but racecheck reports it as a
-//! WAR hazard (docs/perf-log, v3).
+//! WAR hazard.
 
 use super::barriers::{TURN_FIRST, WARPGROUP};
 use crate::ptx::{mbarrier, thread};

@@ -444,7 +444,7 @@ impl TileScheduler {
 
     /// The sparse unit at position `t`: the unit of the band-ordered M tiles × segments grid,
     /// with its segment's tile and stored blocks. (Loading the segment one unit ahead measured
-    /// no faster: docs/perf-log, v37.)
+    /// no faster.)
     /// # Safety
     /// `t` < the total; `sp` is the schedule's.
     #[inline(always)]

@@ -52,8 +52,8 @@ pub unsafe fn arrive_expect_tx(bar: u32, bytes: u32) {
 /// Arrival on the barrier at the same offset in CTA `cta` of the cluster (`mapa` + remote arrive),
 /// used by consumers to release a stage that a multicast TMA of another CTA fills. Default
 /// semantics (release at CTA scope), as CUTLASS's cluster barrier uses: `.release.cluster` makes
-/// every arriving thread execute a cluster-wide memory fence, which stalls every release
-/// (docs/perf-log, v3). The releasing thread's reads of the stage have completed (their
+/// every arriving thread execute a cluster-wide memory fence, which stalls every release.
+/// The releasing thread's reads of the stage have completed (their
 /// values are consumed) before it arrives.
 /// # Safety
 /// `bar` is an initialized barrier in every CTA of the cluster; `cta` < cluster size.

@@ -365,8 +365,8 @@ impl<const CONS: u32, const WAVES: usize, F: Fp8Fragment, T: Fp8Pair, const MODE
     /// One-wave tiles' consumers take their turns on every batch. Two-wave tiles' consumers run
     /// freely: a consumer promotes one wave while the other consumer's batch runs; only the very
     /// first batch is ordered (`STAGGER`: consumer 1 waits for consumer 0's), a one-time offset
-    /// that keeps their promotions apart (a turn on every batch measured slower, docs/perf-log
-    /// v36).
+    /// that keeps their promotions apart (a turn on every batch measured
+    /// slower).
     /// `(scale_b, split, shift)`: this K block's B scales, the wide tiles' column split and the
     /// tile's first row in its A-scale boxes. `ready`: use `st` was found filled already; `more`:
     /// another K block of this unit follows. Returns whether the next use was found filled
@@ -411,7 +411,7 @@ impl<const CONS: u32, const WAVES: usize, F: Fp8Fragment, T: Fp8Pair, const MODE
                     // release it before the last promotion, so the producer refills it sooner.
                     ctx.pipe.consumer_release(st, ctx.rank);
                     // Two-wave tiles only: with one wave the consumers take turns, and the test
-                    // measured slower there (docs/perf-log, v36).
+                    // measured slower there.
                     next_ready = WAVES > 1 && more && ctx.pipe.consumer_test(st.next());
                 }
                 let f = (sa0 * scale_b.0, sa1 * scale_b.0);
@@ -583,8 +583,7 @@ pub(super) unsafe fn mma_block<F: Fp8Fragment, T: Fp8Pair>(a: u32, a_row: u32, b
     // For batches of 128 columns or more, the tiles' addresses as warp-uniform values: the
     // descriptors are then computed in uniform registers, which `wgmma` reads them from, instead
     // of moved there one by one (`R2UR`) before every batch. Narrower batches (128 × 64 and the
-    // swapped decode tiles) are short enough that the shuffles' own latency measured slower
-    // (docs/perf-log, v36).
+    // swapped decode tiles) are short enough that the shuffles' own latency measured slower.
     let a = a + a_row * ROW_BYTES;
     let (a, b) = if F::N >= 128 {
         (thread::warp_uniform(a), thread::warp_uniform(b))

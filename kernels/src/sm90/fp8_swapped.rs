@@ -124,7 +124,7 @@ impl<F: Fp8Fragment, T: Fp8Pair> GemmKernel for Fp8SwappedGemm<F, T> {
         let mut kb = own.k_begin;
         // Two K blocks are issued before the first is promoted, so the tensor cores work under
         // that promotion. (Rolling — each block issued before the previous one is promoted,
-        // unrolled by two — measured 5–20% slower: docs/perf-log, v34.)
+        // unrolled by two — measured 5–20% slower.)
         // SAFETY (each block): `st` counts this warpgroup's uses in order; a stage is read after
         // its `consumer_wait` (in `issue`) and released after its MMAs completed and its scales
         // were read; `kb` (and `kb + 1` for a pair) < k_end ≤ k_blocks, inside `sfb`'s row.

@@ -143,7 +143,7 @@ impl Tile {
     /// two consumers 128·(40 + 2·224) — 128 sums + 64 scratch + addressing for the 256-row tile;
     /// wide tiles 128·(40 + 2·232) — 96 sums + 96 scratch + addressing at 192 columns;
     /// three consumers 128·(32 + 3·160) — 64 sums + 64 scratch + addressing. The budgets are
-    /// the largest at which ptxas spills nothing in any role (docs/perf-log, v20, v36).
+    /// the largest at which ptxas spills nothing in any role.
     pub const fn producer_regs(self) -> u32 {
         if self.consumers == 2 { 40 } else { 32 }
     }
