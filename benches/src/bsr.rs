@@ -4,6 +4,7 @@
 //! the same run (the target: time ≤ 1.2 × density × dense + 3 µs, dense being our FP8
 //! kernel or cuBLASLt of the 16-bit type).
 
+use blockscaled::Call;
 use blockscaled::{
     BsrMatrix, ElemType, Fp4Weights, Gpu, OperandFormat, OutType, Plan, Recipe, ScaledMatrix,
     SparseSide,
@@ -217,7 +218,7 @@ pub fn run_bsr(gpu: &Gpu, peer: Option<&LtPeer>, c: &BsrCase) -> Result<BsrOutco
         None => gpu.bsr_plan(&dd, &ds).map_err(e)?,
     };
     let sparse_t = time_on_stream(gpu.stream(), c.warmup, c.iters, |_| {
-        gpu.bsr_gemm_with(&dd, &ds, c.side, &mut out, plan)
+        gpu.run(&Call::sparse(&dd, &ds, c.side).with_plan(plan), &mut out)
     })
     .map_err(e)?;
     // Dense: the same product with every block stored, on our dense kernel (with A sparse, as

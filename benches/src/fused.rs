@@ -6,8 +6,8 @@
 //! same epilogue's f32 output, each quantizer against the host's.
 
 use blockscaled::{
-    Activation, DeviceTensor, Epilogue, Error, Fp8, Gpu, InputType, OperandFormat, OutType, Plan,
-    QuantizeOptions, Recipe, ScaleType, ScaledMatrix,
+    Activation, Call, DeviceTensor, Epilogue, Error, Fp8, Gpu, InputType, OperandFormat, OutType,
+    Plan, QuantizeOptions, Recipe, ScaleType, ScaledMatrix,
 };
 use blockscaled_tests::{random_values, upload_tensor_as};
 
@@ -171,7 +171,10 @@ pub fn run_fused(gpu: &Gpu, case: &FusedCase) -> Result<FusedOutcome, String> {
     .map_err(err)?;
     let mut o = gpu.output(m, n_out, l, OutType::Bf16).map_err(err)?;
     let fused = time_on_stream(gpu.stream(), wu, it, |_| {
-        gpu.gemm_fused_with(&da, &db, &epi, &mut o, fused_plan)
+        gpu.run(
+            &Call::new(&da, &db).epilogue(&epi).with_plan(fused_plan),
+            &mut o,
+        )
     })
     .map_err(err)?;
     let quantized = match quant {
@@ -182,19 +185,29 @@ pub fn run_fused(gpu: &Gpu, case: &FusedCase) -> Result<FusedOutcome, String> {
                 ..Default::default()
             };
             let mut f = gpu.output(m, n_out, l, OutType::F32).map_err(err)?;
-            gpu.gemm_fused_with(&da, &db, &epi, &mut f, fused_plan)
-                .map_err(err)?;
+            gpu.run(
+                &Call::new(&da, &db).epilogue(&epi).with_plan(fused_plan),
+                &mut f,
+            )
+            .map_err(err)?;
             let ft = gpu.output_as_tensor(f).map_err(err)?;
             let want = gpu.quantize_with(&ft, format, &opts).map_err(err)?.matrix;
             let got = gpu
-                .gemm_quantized_with(&da, &db, &epi, format, &opts, fused_plan)
+                .run_quantized_new(
+                    &Call::new(&da, &db).epilogue(&epi).with_plan(fused_plan),
+                    format,
+                    &opts,
+                )
                 .map_err(err)?;
             let (g, w) = (got.to_host().map_err(err)?, want.to_host().map_err(err)?);
             let same_bits = g.data() == w.data() && g.scales() == w.scales();
             // Both paths write into matrices made once (`_into`), as a serving loop does.
             let mut dst = got;
             let t = time_on_stream(gpu.stream(), wu, it, |_| {
-                gpu.gemm_quantized_into(&da, &db, &epi, &mut dst, fused_plan)
+                gpu.run_quantized(
+                    &Call::new(&da, &db).epilogue(&epi).with_plan(fused_plan),
+                    &mut dst,
+                )
             })
             .map_err(err)?;
             // The unfused path's second half: the standalone quantizer of the bf16 output.

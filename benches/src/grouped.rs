@@ -5,6 +5,7 @@
 
 use std::sync::Arc;
 
+use blockscaled::Call;
 use blockscaled::{Gpu, GroupLayout, OutType, Plan, Recipe, ScaledMatrix};
 use cudarc::driver::{CudaSlice, CudaStream};
 
@@ -134,7 +135,10 @@ pub fn run_grouped(
         (p, _) => p,
     };
     let ours = time_on_stream(gpu.stream(), c.warmup, c.iters, |_| {
-        gpu.grouped_gemm_with(&da, &db, &groups, &mut out, plan)
+        gpu.run(
+            &Call::new(&da, &db).groups(&groups).with_plan(plan),
+            &mut out,
+        )
     })
     .map_err(e)?;
     let (peer, peer_padded, peer_bf16) = match peer {

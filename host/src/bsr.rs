@@ -520,6 +520,12 @@ pub(crate) fn sparse_work(
     sparse.work(stream, (unit_n as usize, m_units, clusters, split_k))
 }
 
+/// A block-sparse GEMM's schedule and its work list.
+pub(crate) type SparseSchedule = (
+    blockscaled_kernels::gemm::scheduler::Schedule,
+    std::sync::Arc<DeviceWork>,
+);
+
 /// A [`WorkList`] on the GPU: its segments as u32 words.
 pub(crate) struct DeviceWork {
     pub(crate) segments: CudaSlice<u32>,
@@ -529,6 +535,27 @@ pub(crate) struct DeviceWork {
 }
 
 impl DeviceWork {
+    /// The kernel's block-sparse parameters for it over `sparse` (its column indices bound to
+    /// `launch`), with `side` sparse and blocks of 2^`sub_log2` stages of K.
+    pub(crate) fn params<'a>(
+        &'a self,
+        launch: &mut crate::launch::Launch<'a>,
+        sparse: &'a DeviceBsr,
+        side: SparseSide,
+        sub_log2: u32,
+    ) -> blockscaled_kernels::params::SparseParams {
+        blockscaled_kernels::params::SparseParams {
+            segments: launch.ptr(&self.segments),
+            cols: launch.ptr(&sparse.col),
+            count: self.count,
+            slots: self.slots,
+            counters: self.counters,
+            transposed: (side == SparseSide::A) as u32,
+            sub_log2,
+            _pad: 0,
+        }
+    }
+
     /// The scheduler's view of it (host side: grid and workspace sizing, where the segments'
     /// address is not used).
     pub(crate) fn sparse(&self) -> Sparse {

@@ -469,12 +469,25 @@ impl std::fmt::Debug for DeviceMatrix<'_> {
 
 impl std::fmt::Debug for DeviceOutput<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("DeviceOutput")
-            .field("dtype", &self.dtype)
-            .field("dims", &(self.m, self.n, self.l))
-            .field("buf", &self.buf)
-            .finish()
+        let dims = (self.m, self.n, self.l);
+        debug_buffer(f, "DeviceOutput", ("dtype", &self.dtype), dims, &self.buf)
     }
+}
+
+/// A device buffer's `Debug`: its type's name, its element type (`kind`: the field's name and
+/// value), its dims, and the buffer (its address and length, not its contents).
+pub(crate) fn debug_buffer(
+    f: &mut std::fmt::Formatter<'_>,
+    name: &str,
+    (kind, value): (&str, &dyn std::fmt::Debug),
+    dims: (usize, usize, usize),
+    buf: &Mem<'_>,
+) -> std::fmt::Result {
+    f.debug_struct(name)
+        .field(kind, value)
+        .field("dims", &dims)
+        .field("buf", buf)
+        .finish()
 }
 
 /// Bytes of an `l` × `m` × `n` output of `dtype`: `Error::Shape` when empty or past `usize`.

@@ -4,12 +4,15 @@
 //! quantized matrix. The stream is the [`Gpu`] handle's ([`Gpu::with_stream`] makes one per
 //! stream); the workspace the handle's, or the call's own ([`Call::workspace`], sized before by
 //! [`Gpu::workspace_size`] and [`Gpu::reserve`]). The per-kind methods (`gemm`, `gemm_fused`,
-//! `grouped_gemm`, `bsr_gemm`, their `_with` and `_plan` forms) are one-line wrappers over it.
+//! `grouped_gemm`, `bsr_gemm`, `gemm_with`, and the `_plan` forms) are one-line wrappers over
+//! it; a forced plan for any other kind is [`Call::with_plan`].
 
 use crate::bsr::{DeviceBsr, SparseSide};
 use crate::buffers::{DeviceMatrix, DeviceOutput};
 use crate::device::Gpu;
+use crate::device::{DenseCall, EpilogueCall};
 use crate::error::{Error, Result};
+use crate::families::{BsrOperands, Sizing, SparseGemm};
 use crate::format::OperandFormat;
 use crate::fused::Epilogue;
 use crate::grouped::DeviceGroups;
@@ -190,12 +193,49 @@ impl Gpu {
                 dense,
                 sparse,
                 side,
-            } => self.sparse_on(ws, dense, sparse, side, c, plan),
+            } => {
+                let stream = self.stream();
+                let g = SparseGemm {
+                    work: ws,
+                    ops: BsrOperands {
+                        stream,
+                        dense,
+                        sparse,
+                    },
+                    side,
+                    c,
+                };
+                self.sparse_on(g, plan)
+            }
             Operands::Dense { a, b } => match (call.groups, call.fused()) {
-                (Some(g), None) => self.grouped_on(ws, a, b, g, c, plan),
+                (_, None) => {
+                    let groups = call.groups;
+                    let work = ws;
+                    self.dense_on(
+                        DenseCall {
+                            a,
+                            b,
+                            groups,
+                            plan,
+                            work,
+                        },
+                        c,
+                    )
+                }
                 (Some(_), Some(_)) => Err(grouped_fused()),
-                (None, Some(epi)) => self.fused_on(ws, a, b, epi, c, plan),
-                (None, None) => self.dense_on(ws, a, b, c, plan),
+                (None, Some(epi)) => {
+                    let work = ws;
+                    self.fused_on(
+                        EpilogueCall {
+                            a,
+                            b,
+                            epi,
+                            plan,
+                            work,
+                        },
+                        c,
+                    )
+                }
             },
         }
     }
@@ -207,9 +247,8 @@ impl Gpu {
     /// [`Gpu::quantize_with`] of the epilogue's f32 output; no allocation.
     pub fn run_quantized(&self, call: &Call<'_>, dst: &mut DeviceMatrix<'_>) -> Result<()> {
         let plain = Epilogue::default();
-        let (a, b, epi, plan) = self.quantized_call(call, dst.desc.format, &plain)?;
-        let ws = self.workspace_of(call)?;
-        self.quantized_into_on(ws, a, b, epi, dst, plan)
+        let q = self.quantized_call(call, dst.desc.format, &plain)?;
+        self.quantized_into_on(q, dst)
     }
 
     /// [`Gpu::run_quantized`] into a new matrix of `format` (`opts`: the scales' major order;
@@ -222,9 +261,8 @@ impl Gpu {
         opts: &QuantizeOptions,
     ) -> Result<DeviceMatrix<'static>> {
         let plain = Epilogue::default();
-        let (a, b, epi, plan) = self.quantized_call(call, format, &plain)?;
-        let ws = self.workspace_of(call)?;
-        self.quantized_new_on(ws, a, b, epi, format, opts, plan)
+        let q = self.quantized_call(call, format, &plain)?;
+        self.quantized_new_on(q, (format, opts))
     }
 
     /// The workspace `call` runs in: its own (bound to this GPU at its first use), or the
@@ -253,7 +291,7 @@ impl Gpu {
             None => (self.plan_call(call)?, call.fused().is_some()),
             Some(format) => {
                 let plain = Epilogue::default();
-                (self.quantized_call(call, format, &plain)?.3, true)
+                (self.quantized_call(call, format, &plain)?.plan, true)
             }
         };
         match call.operands {
@@ -263,7 +301,14 @@ impl Gpu {
                     Some(g) => self.check_grouped(a, b, g)?,
                     None => self.check_operands(a, b)?,
                 };
-                plan.workspace(self.families(), (a, b), s, call.groups, fused)
+                plan.workspace(&Sizing {
+                    families: self.families(),
+                    a,
+                    b,
+                    shape: s,
+                    groups: call.groups,
+                    fused,
+                })
             }
         }
     }
@@ -288,20 +333,14 @@ impl Gpu {
         Ok(())
     }
 
-    /// A quantized-output call's operands, epilogue (`plain` where it has none) and plan (its
-    /// own, or the one chosen for an output of `format`): dense, not grouped.
-    #[allow(clippy::type_complexity)]
+    /// A quantized-output call's operands, epilogue (`plain` where it has none), plan (its
+    /// own, or the one chosen for an output of `format`) and workspace: dense, not grouped.
     fn quantized_call<'c>(
-        &self,
+        &'c self,
         call: &Call<'c>,
         format: OperandFormat,
         plain: &'c Epilogue<'c>,
-    ) -> Result<(
-        &'c DeviceMatrix<'c>,
-        &'c DeviceMatrix<'c>,
-        &'c Epilogue<'c>,
-        Plan,
-    )> {
+    ) -> Result<EpilogueCall<'c>> {
         let (a, b) = call.dense("quantized output")?;
         if call.groups.is_some() {
             return Err(grouped_fused());
@@ -311,7 +350,14 @@ impl Gpu {
             Some(p) => p,
             None => self.fused_plan(a, b, epi, Some(format))?,
         };
-        Ok((a, b, epi, plan))
+        let work = self.workspace_of(call)?;
+        Ok(EpilogueCall {
+            a,
+            b,
+            epi,
+            plan,
+            work,
+        })
     }
 
     /// C = A · Bᵀ for every batch entry, with the fastest kernel this GPU has for the formats
@@ -359,60 +405,6 @@ impl Gpu {
         self.run(&Call::new(a, b).epilogue(epi), c)
     }
 
-    /// [`Gpu::gemm_fused`] on a given plan ([`Error::Config`] where its kernel cannot run the
-    /// epilogue: the reference kernel; the kernels that compute Cᵀ; a tile or pair of element
-    /// types without a fused kernel).
-    pub fn gemm_fused_with(
-        &self,
-        a: &DeviceMatrix,
-        b: &DeviceMatrix,
-        epi: &Epilogue<'_>,
-        c: &mut DeviceOutput,
-        plan: Plan,
-    ) -> Result<()> {
-        self.run(&Call::new(a, b).epilogue(epi).with_plan(plan), c)
-    }
-
-    /// The epilogue `epi` of A · Bᵀ quantized into `format` by the GEMM's kernel
-    /// ([`Gpu::run_quantized_new`]): the next GEMM's A, without an output in memory in between
-    /// or a quantizer launch.
-    pub fn gemm_quantized(
-        &self,
-        a: &DeviceMatrix,
-        b: &DeviceMatrix,
-        epi: &Epilogue<'_>,
-        format: OperandFormat,
-        opts: &QuantizeOptions,
-    ) -> Result<DeviceMatrix<'static>> {
-        self.run_quantized_new(&Call::new(a, b).epilogue(epi), format, opts)
-    }
-
-    /// [`Gpu::gemm_quantized`] on a given plan.
-    pub fn gemm_quantized_with(
-        &self,
-        a: &DeviceMatrix,
-        b: &DeviceMatrix,
-        epi: &Epilogue<'_>,
-        format: OperandFormat,
-        opts: &QuantizeOptions,
-        plan: Plan,
-    ) -> Result<DeviceMatrix<'static>> {
-        let call = Call::new(a, b).epilogue(epi).with_plan(plan);
-        self.run_quantized_new(&call, format, opts)
-    }
-
-    /// [`Gpu::run_quantized`] on a given plan: the epilogue's output quantized into `dst`.
-    pub fn gemm_quantized_into(
-        &self,
-        a: &DeviceMatrix,
-        b: &DeviceMatrix,
-        epi: &Epilogue<'_>,
-        dst: &mut DeviceMatrix,
-        plan: Plan,
-    ) -> Result<()> {
-        self.run_quantized(&Call::new(a, b).epilogue(epi).with_plan(plan), dst)
-    }
-
     /// Block-sparse GEMM ([`Call::sparse`]).
     pub fn bsr_gemm(
         &self,
@@ -428,19 +420,6 @@ impl Gpu {
     /// rows, N the sparse operand's).
     pub fn bsr_plan(&self, dense: &DeviceMatrix, sparse: &DeviceBsr) -> Result<Plan> {
         self.plan_call(&Call::sparse(dense, sparse, SparseSide::B))
-    }
-
-    /// [`Gpu::bsr_gemm`] on a given plan (`Plan::Sm90Fp8` or `Plan::Sm90Half` with a
-    /// block-sparse tile).
-    pub fn bsr_gemm_with(
-        &self,
-        dense: &DeviceMatrix,
-        sparse: &DeviceBsr,
-        side: SparseSide,
-        c: &mut DeviceOutput,
-        plan: Plan,
-    ) -> Result<()> {
-        self.run(&Call::sparse(dense, sparse, side).with_plan(plan), c)
     }
 
     /// Grouped GEMM (mixture of experts), one persistent launch over every group's tiles
@@ -474,18 +453,6 @@ impl Gpu {
         groups: &DeviceGroups,
     ) -> Result<Plan> {
         self.plan_call(&Call::new(a, b).groups(groups))
-    }
-
-    /// [`Gpu::grouped_gemm`] on a given plan (the runner's forced configurations).
-    pub fn grouped_gemm_with(
-        &self,
-        a: &DeviceMatrix,
-        b: &DeviceMatrix,
-        groups: &DeviceGroups,
-        c: &mut DeviceOutput,
-        plan: Plan,
-    ) -> Result<()> {
-        self.run(&Call::new(a, b).groups(groups).with_plan(plan), c)
     }
 }
 

@@ -42,11 +42,8 @@ pub struct DeviceTensor<'a> {
 
 impl std::fmt::Debug for DeviceTensor<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("DeviceTensor")
-            .field("input", &self.input)
-            .field("dims", &(self.rows, self.k, self.batch))
-            .field("buf", &self.buf)
-            .finish()
+        let dims = (self.rows, self.k, self.batch);
+        crate::buffers::debug_buffer(f, "DeviceTensor", ("input", &self.input), dims, &self.buf)
     }
 }
 

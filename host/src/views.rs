@@ -160,7 +160,7 @@ impl Gpu {
     }
 
     /// [`Gpu::matrix_view`] over memory this crate may write: the destination of
-    /// [`Gpu::quantize_into`] and [`Gpu::gemm_quantized_into`] in the caller's memory (an
+    /// [`Gpu::quantize_into`] and [`Gpu::run_quantized`] in the caller's memory (an
     /// engine's activation buffer, quantized in place every step).
     pub fn matrix_view_mut<'a>(
         &self,

@@ -7,6 +7,7 @@
 
 use std::sync::OnceLock;
 
+use blockscaled::Call;
 use blockscaled::{
     BsrMatrix, ClusterShape, Error, Gpu, HostOutput, OutType, Plan, Recipe, Sm90Config, Sm90Tile,
     SparseSide, reference,
@@ -80,7 +81,8 @@ fn bsr_on(
         Some(cfg) => Plan::Sm90Fp8(cfg),
         None => g.bsr_plan(&dd, &ds).map_err(e)?,
     };
-    g.bsr_gemm_with(&dd, &ds, side, &mut c, plan).map_err(e)?;
+    g.run(&Call::sparse(&dd, &ds, side).with_plan(plan), &mut c)
+        .map_err(e)?;
     c.to_host().map_err(e)
 }
 
@@ -284,10 +286,16 @@ fn mismatched_shapes_and_plans_are_typed_errors() {
         ok.with_split_k(17),
         ok.with_ctas(0),
     ] {
-        let r = g.bsr_gemm_with(&dd, &ds, SparseSide::B, &mut c, Plan::Sm90Fp8(cfg));
+        let r = g.run(
+            &Call::sparse(&dd, &ds, SparseSide::B).with_plan(Plan::Sm90Fp8(cfg)),
+            &mut c,
+        );
         assert!(matches!(r, Err(Error::Config(_))), "{cfg:?}: {r:?}");
     }
-    let r = g.bsr_gemm_with(&dd, &ds, SparseSide::B, &mut c, Plan::Reference);
+    let r = g.run(
+        &Call::sparse(&dd, &ds, SparseSide::B).with_plan(Plan::Reference),
+        &mut c,
+    );
     assert!(matches!(r, Err(Error::Config(_))), "{r:?}");
     // The good call still works after the refusals.
     g.bsr_gemm(&dd, &ds, SparseSide::B, &mut c).unwrap();

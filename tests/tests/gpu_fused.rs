@@ -5,7 +5,7 @@
 //! for bit against the device quantizer of the same epilogue's f32 output.
 
 use blockscaled::{
-    Activation, DeviceTensor, Epilogue, Fp8, Gpu, InputType, OperandFormat, OutType,
+    Activation, Call, DeviceTensor, Epilogue, Fp8, Gpu, InputType, OperandFormat, OutType,
     QuantizeOptions, Recipe, ScaledMatrix,
 };
 use blockscaled_tests::{random_pair, random_values, upload_tensor_as};
@@ -130,8 +130,11 @@ fn fused_epilogues_match_the_host_steps_on_the_plain_product() {
                              {bias} residual {with_r} {dtype:?} on {plan:?}"
                         );
                         let mut out = gpu.output(m, n_out, l, dtype).unwrap(); // NaN-poisoned
-                        gpu.gemm_fused_with(&da, &db, &epi, &mut out, plan)
-                            .unwrap_or_else(|e| panic!("{what}: {e}"));
+                        gpu.run(
+                            &Call::new(&da, &db).epilogue(&epi).with_plan(plan),
+                            &mut out,
+                        )
+                        .unwrap_or_else(|e| panic!("{what}: {e}"));
                         let got = out.to_host().unwrap().values;
                         let mut worst = 0f64;
                         for ll in 0..l {
@@ -262,12 +265,16 @@ fn quantized_output_is_the_quantizer_of_the_fused_f32_output() {
                         }
                     };
                     let mut f = gpu.output(m, n_out, l, OutType::F32).unwrap();
-                    gpu.gemm_fused_with(&da, &db, &epi, &mut f, plan)
+                    gpu.run(&Call::new(&da, &db).epilogue(&epi).with_plan(plan), &mut f)
                         .unwrap_or_else(|e| panic!("{what}: {e}"));
                     let ft = gpu.output_as_tensor(f).unwrap();
                     let want = gpu.quantize_with(&ft, *format, &opts).unwrap();
                     let got = gpu
-                        .gemm_quantized_with(&da, &db, &epi, *format, &opts, plan)
+                        .run_quantized_new(
+                            &Call::new(&da, &db).epilogue(&epi).with_plan(plan),
+                            *format,
+                            &opts,
+                        )
                         .unwrap_or_else(|e| panic!("{what}: {e}"));
                     let (g, w) = (got.to_host().unwrap(), want.matrix.to_host().unwrap());
                     assert_same_quantized(&g, &w, &format!("{what} on {plan:?}"));
@@ -276,8 +283,11 @@ fn quantized_output_is_the_quantizer_of_the_fused_f32_output() {
                     let mut reused = gpu.quantize_with(&ft, *format, &opts).unwrap().matrix;
                     let other = held(&gpu, seed + 3, InputType::F32, (m, n_out, l));
                     gpu.quantize_into(&other.t, &mut reused, &opts).unwrap();
-                    gpu.gemm_quantized_into(&da, &db, &epi, &mut reused, plan)
-                        .unwrap_or_else(|e| panic!("{what}: into: {e}"));
+                    gpu.run_quantized(
+                        &Call::new(&da, &db).epilogue(&epi).with_plan(plan),
+                        &mut reused,
+                    )
+                    .unwrap_or_else(|e| panic!("{what}: into: {e}"));
                     let r = reused.to_host().unwrap();
                     assert_same_quantized(&r, &w, &format!("{what} on {plan:?}: into"));
                     if *qname == "fp8-1x128" {
@@ -387,11 +397,14 @@ fn every_fused_configuration_matches_the_host_steps_bit_for_bit() {
                 if with_r && matches!(plan, Plan::Sm90Fp8(c) if c.tile == Sm90Tile::M192) {
                     // (A typed error: no kernel with finishing warps for that tile.)
                     let mut out = gpu.output(m, n, l, dtype).unwrap();
-                    assert!(gpu.gemm_fused_with(&da, &db, e, &mut out, plan).is_err());
+                    assert!(
+                        gpu.run(&Call::new(&da, &db).epilogue(e).with_plan(plan), &mut out)
+                            .is_err()
+                    );
                     continue;
                 }
                 let mut out = gpu.output(m, n, l, dtype).unwrap(); // NaN-poisoned
-                gpu.gemm_fused_with(&da, &db, e, &mut out, plan)
+                gpu.run(&Call::new(&da, &db).epilogue(e).with_plan(plan), &mut out)
                     .unwrap_or_else(|e| panic!("{name} on {plan:?}: {e}"));
                 let got = out.to_host().unwrap().values;
                 for ll in 0..l {
@@ -438,13 +451,17 @@ fn every_fused_configuration_matches_the_host_steps_bit_for_bit() {
                 let opts = QuantizeOptions::default();
                 let what = format!("{name} → {} × {cols} on {plan:?}", format.scale.name());
                 let mut f = gpu.output(m, cols, l, OutType::F32).unwrap();
-                gpu.gemm_fused_with(&da2, &db2, &e, &mut f, plan)
+                gpu.run(&Call::new(&da2, &db2).epilogue(&e).with_plan(plan), &mut f)
                     .unwrap_or_else(|e| panic!("{what}: {e}"));
                 let want = gpu
                     .quantize_with(&gpu.output_as_tensor(f).unwrap(), format, &opts)
                     .unwrap();
                 let got = gpu
-                    .gemm_quantized_with(&da2, &db2, &e, format, &opts, plan)
+                    .run_quantized_new(
+                        &Call::new(&da2, &db2).epilogue(&e).with_plan(plan),
+                        format,
+                        &opts,
+                    )
                     .unwrap_or_else(|e| panic!("{what}: {e}"));
                 let (g, w) = (got.to_host().unwrap(), want.matrix.to_host().unwrap());
                 assert_same_quantized(&g, &w, &what);

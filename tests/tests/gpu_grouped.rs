@@ -15,6 +15,7 @@
 
 use std::sync::OnceLock;
 
+use blockscaled::Call;
 use blockscaled::plan::{GroupedProblem, choose_grouped_exact};
 use blockscaled::{
     DeviceGroups, ElemType, Error, Fp4Weights, GemmShape, Gpu, GroupLayout, HostOutput, OutType,
@@ -197,7 +198,7 @@ fn check(
         }
         How::Chosen | How::Prefolded => g.grouped_plan(&da, &db, &groups).map_err(e)?,
     };
-    g.grouped_gemm_with(&da, &db, &groups, &mut c, plan)
+    g.run(&Call::new(&da, &db).groups(&groups).with_plan(plan), &mut c)
         .map_err(e)?;
     let got = c.to_host().map_err(e)?;
     let owned = group_rows(layout, values, rows);
@@ -417,7 +418,10 @@ fn grouped_inputs_the_host_can_see_are_typed_errors() {
     ));
     // Plans without a grouped kernel, and split K.
     assert!(matches!(
-        g.grouped_gemm_with(&da, &db, &ok, &mut c, Plan::Reference),
+        g.run(
+            &Call::new(&da, &db).groups(&ok).with_plan(Plan::Reference),
+            &mut c
+        ),
         Err(Error::Config(_))
     ));
     let Plan::Sm90Fp8(cfg) = g.grouped_plan(&da, &db, &ok).unwrap() else {
@@ -425,7 +429,7 @@ fn grouped_inputs_the_host_can_see_are_typed_errors() {
     };
     let split = Plan::Sm90Fp8(cfg.with_split_k(2));
     assert!(matches!(
-        g.grouped_gemm_with(&da, &db, &ok, &mut c, split),
+        g.run(&Call::new(&da, &db).groups(&ok).with_plan(split), &mut c),
         Err(Error::Config(_))
     ));
     g.grouped_gemm(&da, &db, &ok, &mut c).unwrap();

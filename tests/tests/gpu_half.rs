@@ -8,6 +8,7 @@
 
 use std::sync::OnceLock;
 
+use blockscaled::Call;
 use blockscaled::{
     BsrMatrix, ElemType, Error, Fp4Weights, Gpu, HostOutput, OperandFormat, OutType, Plan, Recipe,
     ScaledMatrix, Sm90HalfConfig, Sm90HalfTile, SparseSide, reference,
@@ -110,7 +111,8 @@ fn bsr_on(
         Some(cfg) => Plan::Sm90Half(cfg),
         None => g.bsr_plan(&dd, &ds).map_err(e)?,
     };
-    g.bsr_gemm_with(&dd, &ds, side, &mut c, plan).map_err(e)?;
+    g.run(&Call::sparse(&dd, &ds, side).with_plan(plan), &mut c)
+        .map_err(e)?;
     c.to_host().map_err(e)
 }
 
@@ -393,11 +395,17 @@ fn mismatched_types_shapes_and_plans_are_typed_errors() {
         ok.with_split_k(17),
         ok.with_ctas(0),
     ] {
-        let r = g.bsr_gemm_with(&dd, &ds, SparseSide::B, &mut c, Plan::Sm90Half(cfg));
+        let r = g.run(
+            &Call::sparse(&dd, &ds, SparseSide::B).with_plan(Plan::Sm90Half(cfg)),
+            &mut c,
+        );
         assert!(matches!(r, Err(Error::Config(_))), "{cfg:?}: {r:?}");
     }
     let fp8_plan = Plan::Sm90Fp8(blockscaled::plan::sm90_bsr_default(256, 256, 132));
-    let r = g.bsr_gemm_with(&dd, &ds, SparseSide::B, &mut c, fp8_plan);
+    let r = g.run(
+        &Call::sparse(&dd, &ds, SparseSide::B).with_plan(fp8_plan),
+        &mut c,
+    );
     assert!(matches!(r, Err(Error::Config(_))), "{r:?}");
     // An FP8 dense operand with bf16 blocks.
     let (_, fp8) = random_matrix(9, 256, 512, 1, Recipe::DeepSeekFp8.a());

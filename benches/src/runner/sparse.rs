@@ -2,6 +2,7 @@
 //! flags force, or the chosen one — checked against the CPU reference unless skipped, and timed
 //! against our dense kernel and cuBLASLt's dense GEMM on the same shape.
 
+use blockscaled::Call;
 use blockscaled::{Gpu, OutType, Plan, Sm90Tile, SparseSide};
 
 use super::{Args, JsonSink, Setup};
@@ -111,7 +112,8 @@ pub(super) fn run_bsr(
             Some(p) => p,
             None => gpu.bsr_plan(&dd, &ds).map_err(e)?,
         };
-        gpu.bsr_gemm_with(&dd, &ds, side, &mut c, p).map_err(e)?;
+        gpu.run(&Call::sparse(&dd, &ds, side).with_plan(p), &mut c)
+            .map_err(e)?;
         let got = c.to_host().map_err(e)?;
         let (want, abs) =
             blockscaled::reference::bsr_gemm(&dense, &sparse, side, OutType::Bf16).map_err(e)?;

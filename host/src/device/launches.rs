@@ -1,12 +1,12 @@
 //! The per-kind launches (dense, fused, quantized output, block-sparse, grouped), their plans,
 //! and the checks they share.
 
-use crate::bsr::{self, BsrMatrix, DeviceBsr, SparseSide};
-use crate::buffers::{DeviceMatrix, DeviceOutput, Mem, MemMut, Prepared};
+use crate::bsr::{self, BsrMatrix, DeviceBsr};
+use crate::buffers::{DeviceMatrix, DeviceOutput, GpuId, Mem, MemMut, Prepared};
 use crate::error::{Error, Result, shape};
 use crate::families::fp8::Sm90Fp8;
 use crate::families::half::Sm90Half;
-use crate::families::{Gemm, Rewritten};
+use crate::families::{BsrOperands, Gemm, Rewritten, SparseGemm, StoredBlocks};
 use crate::format::{ElemType, OperandFormat, ScaleType};
 use crate::fused::{self, Epilogue, Fused, QuantOut};
 use crate::grouped::{self, DeviceGroups, GroupLayout, GroupValues};
@@ -19,22 +19,55 @@ use crate::workspace::{Workspace, WorkspaceSize};
 use super::Gpu;
 use super::quantize::{a_role_scales, major_of, writable};
 
+/// A dense call without an epilogue, as its launch takes it: the operands, the groups (if any),
+/// the plan and the workspace.
+#[derive(Clone, Copy)]
+pub(crate) struct DenseCall<'c> {
+    pub a: &'c DeviceMatrix<'c>,
+    pub b: &'c DeviceMatrix<'c>,
+    pub groups: Option<&'c DeviceGroups<'c>>,
+    pub plan: Plan,
+    pub work: &'c Workspace,
+}
+
+/// A dense, ungrouped call with an epilogue, as its launch takes it: the operands, the epilogue
+/// (a plain one where the call has none) and the plan.
+#[derive(Clone, Copy)]
+pub(crate) struct EpilogueCall<'c> {
+    pub a: &'c DeviceMatrix<'c>,
+    pub b: &'c DeviceMatrix<'c>,
+    pub epi: &'c Epilogue<'c>,
+    pub plan: Plan,
+    /// The workspace it runs in (the handle's, or the call's own bound to this GPU).
+    pub work: &'c Workspace,
+}
+
 impl Gpu {
-    /// [`Gpu::gemm_fused`] with a given plan ([`Error::Config`] where its kernel cannot run the
-    /// epilogue: the reference kernel; the kernels that compute Cᵀ; a tile or pair of element
-    /// types without a fused kernel, see [`Gpu::fused_plan`]).
-    pub(crate) fn fused_on(
+    /// The shape of `call`'s product, its operands, its epilogue and `out` (its output's GPU, and
+    /// what the output is) checked to belong to this GPU and to fit each other.
+    fn check_epilogue_call(
         &self,
-        work: &Workspace,
-        a: &DeviceMatrix,
-        b: &DeviceMatrix,
-        epi: &Epilogue<'_>,
-        c: &mut DeviceOutput,
-        plan: Plan,
-    ) -> Result<()> {
-        let s = self.check_operands(a, b)?;
-        epi.check(self.dev.id, &s)?;
-        self.dev.id.check(c.gpu, "the output")?;
+        call: &EpilogueCall<'_>,
+        out: (GpuId, &str),
+    ) -> Result<GemmShape> {
+        let s = self.check_operands(call.a, call.b)?;
+        call.epi.check(self.dev.id, &s)?;
+        self.dev.id.check(out.0, out.1)?;
+        Ok(s)
+    }
+
+    /// `call` into `c` ([`Error::Config`] where the plan's kernel cannot run the epilogue: the
+    /// reference kernel; the kernels that compute Cᵀ; a tile or pair of element types without a
+    /// fused kernel, see [`Gpu::fused_plan`]).
+    pub(crate) fn fused_on(&self, call: EpilogueCall<'_>, c: &mut DeviceOutput) -> Result<()> {
+        let s = self.check_epilogue_call(&call, (c.gpu, "the output"))?;
+        let EpilogueCall {
+            a,
+            b,
+            epi,
+            plan,
+            work,
+        } = call;
         let n_out = epi.out_cols(s.n);
         if (c.m, c.n, c.l) != (s.m, n_out, s.l) {
             return Err(shape(format!(
@@ -57,20 +90,14 @@ impl Gpu {
         plan.launch(&self.dev.families, g)
     }
 
-    /// [`Gpu::gemm_quantized`] with a given plan.
-    #[allow(clippy::too_many_arguments)]
+    /// `call` with its epilogue's output quantized into a new matrix of `format`.
     pub(crate) fn quantized_new_on(
         &self,
-        work: &Workspace,
-        a: &DeviceMatrix,
-        b: &DeviceMatrix,
-        epi: &Epilogue<'_>,
-        format: OperandFormat,
-        opts: &QuantizeOptions,
-        plan: Plan,
+        call: EpilogueCall<'_>,
+        (format, opts): (OperandFormat, &QuantizeOptions),
     ) -> Result<DeviceMatrix<'static>> {
-        let s = self.check_operands(a, b)?;
-        epi.check(self.dev.id, &s)?;
+        let s = self.check_epilogue_call(&call, (self.dev.id, "the output"))?;
+        let (a, b, epi, plan) = (call.a, call.b, call.epi, call.plan);
         let block = fused::quant_block(&format)? as usize;
         if opts.swizzled_scales {
             return Err(format.error(
@@ -97,7 +124,7 @@ impl Gpu {
             scales: MemMut::View(t.scales.slice_mut(..)),
             sfa: t.sfa.as_mut(),
         };
-        self.launch_quantized(work, s, (a, b, epi, plan), &mut codes, q)?;
+        self.launch_quantized(s, call, &mut codes, q)?;
         drop(codes);
         let q = crate::quantizer::Quantized {
             desc: spec.desc,
@@ -109,23 +136,18 @@ impl Gpu {
         Ok(self.finish_quantized(q)?.matrix)
     }
 
-    /// [`Gpu::gemm_quantized_with`] into `dst`, a matrix of the output's shape and format made by
-    /// [`Gpu::gemm_quantized`] or [`Gpu::quantize_with`] (the same checks as
+    /// `call` with its epilogue's output quantized into `dst`, a matrix of the output's shape and
+    /// format made by [`Gpu::run_quantized_new`] or [`Gpu::quantize_with`] (the same checks as
     /// [`Gpu::quantize_into`]; an NVFP4 `dst`'s tensor scale is the one the output is quantized
     /// with), reusing its buffers: for FP8 with fp32 scales per 1×128 nothing but the GEMM's
     /// launch.
     pub(crate) fn quantized_into_on(
         &self,
-        work: &Workspace,
-        a: &DeviceMatrix,
-        b: &DeviceMatrix,
-        epi: &Epilogue<'_>,
+        call: EpilogueCall,
         dst: &mut DeviceMatrix,
-        plan: Plan,
     ) -> Result<()> {
-        let s = self.check_operands(a, b)?;
-        epi.check(self.dev.id, &s)?;
-        self.dev.id.check(dst.gpu, "the destination")?;
+        let s = self.check_epilogue_call(&call, (dst.gpu, "the destination"))?;
+        let (a, b, epi, plan) = (call.a, call.b, call.epi, call.plan);
         writable(dst)?;
         let format = dst.desc.format;
         let block = fused::quant_block(&format)? as usize;
@@ -150,7 +172,7 @@ impl Gpu {
             scales: dst.scales.reborrow_mut()?,
             sfa,
         };
-        self.launch_quantized(work, s, (a, b, epi, plan), &mut dst.data, q)?;
+        self.launch_quantized(s, call, &mut dst.data, q)?;
         // (The tensor scale is the destination's own: a rewrite keeps it.)
         let finite = dst.desc.tensor_scale.is_finite();
         self.after_rewrite(dst, written, finite)
@@ -160,32 +182,31 @@ impl Gpu {
     /// by the caller): `data` is the launch's output, reborrowed.
     pub(super) fn launch_quantized(
         &self,
-        work: &Workspace,
         s: GemmShape,
-        (a, b, epi, plan): (&DeviceMatrix, &DeviceMatrix, &Epilogue<'_>, Plan),
+        call: EpilogueCall<'_>,
         data: &mut Mem<'_>,
         q: QuantOut<'_>,
     ) -> Result<()> {
-        let n_out = epi.out_cols(s.n);
+        let n_out = call.epi.out_cols(s.n);
         let codes = data.reborrow_mut()?.into();
         let mut shell = fused::codes_shell(self.dev.id, codes, (s.m, n_out, s.l));
         let g = Gemm {
             stream: &self.stream,
-            work,
+            work: call.work,
             shape: s,
-            a,
-            b,
+            a: call.a,
+            b: call.b,
             c: &mut shell,
             groups: None,
             epi: Some(Fused {
-                epi,
+                epi: call.epi,
                 quant: Some(q),
             }),
         };
-        plan.launch(&self.dev.families, g)
+        call.plan.launch(&self.dev.families, g)
     }
 
-    /// The plan [`Gpu::gemm_fused`] (`quantized` `None`) or [`Gpu::gemm_quantized`] would run:
+    /// The plan [`Gpu::gemm_fused`] (`quantized` `None`) or [`Gpu::run_quantized_new`] would run:
     /// the plain plan where its kernel has a fused variant, else the nearest that has (the FP8
     /// 128 × 128 tile, e4m3 × e4m3; the 16-bit 128 × 128 tile; the MX 256-column tile, which
     /// also takes MX / NVFP4 pairs whose FP8 fold would be e5m2).
@@ -246,25 +267,37 @@ impl Gpu {
         })
     }
 
-    /// Checks A, B and C, validates `plan` for their shape and launches it.
-    pub(crate) fn dense_on(
-        &self,
-        work: &Workspace,
-        a: &DeviceMatrix,
-        b: &DeviceMatrix,
-        c: &mut DeviceOutput,
-        plan: Plan,
-    ) -> Result<()> {
-        let shape = self.check(a, b, c)?;
-        plan.validate(&shape)?;
+    /// Checks A, B, the groups (if any) and C, validates the plan for their shape and launches
+    /// it.
+    pub(crate) fn dense_on(&self, call: DenseCall<'_>, c: &mut DeviceOutput) -> Result<()> {
+        let (a, b, groups, plan) = (call.a, call.b, call.groups, call.plan);
+        let shape = match groups {
+            None => {
+                let s = self.check(a, b, c)?;
+                plan.validate(&s)?;
+                s
+            }
+            Some(groups) => {
+                let s = self.check_grouped(a, b, groups)?;
+                self.dev.id.check(c.gpu, "the output")?;
+                if (c.m, c.n, c.l) != (s.m, s.n, s.l) {
+                    return Err(shape(format!(
+                        "output is {}×{}×{} but the grouped product is {}×{}×{}",
+                        c.l, c.m, c.n, s.l, s.m, s.n
+                    )));
+                }
+                plan.validate_grouped(&s)?;
+                s
+            }
+        };
         let g = Gemm {
             stream: &self.stream,
-            work,
+            work: call.work,
             shape,
             a,
             b,
             c,
-            groups: None,
+            groups,
             epi: None,
         };
         plan.launch(&self.dev.families, g)
@@ -295,7 +328,13 @@ impl Gpu {
         };
         let mut prepared = Prepared::default();
         for family in self.dev.families.iter() {
-            if let Some(p) = family.prepare_sparse(&self.stream, m, &values)? {
+            if let Some(p) = family.prepare_sparse(
+                &self.stream,
+                StoredBlocks {
+                    matrix: m,
+                    values: &values,
+                },
+            )? {
                 prepared.insert(p);
             }
         }
@@ -317,31 +356,20 @@ impl Gpu {
 
     /// [`Gpu::bsr_gemm`] with a given plan (`Plan::Sm90Fp8` with a block-sparse tile; the
     /// runner's forced configurations).
-    pub(crate) fn sparse_on(
-        &self,
-        work: &Workspace,
-        dense: &DeviceMatrix,
-        sparse: &DeviceBsr,
-        side: SparseSide,
-        c: &mut DeviceOutput,
-        plan: Plan,
-    ) -> Result<()> {
-        let s = self.check_bsr(dense, sparse)?;
+    pub(crate) fn sparse_on(&self, g: SparseGemm<'_, '_>, plan: Plan) -> Result<()> {
+        let (ops, c) = (g.ops, &g.c);
+        let s = self.check_bsr(ops.dense, ops.sparse)?;
         self.dev.id.check(c.gpu, "the output")?;
-        let (m, n) = bsr::output_dims(side, s.m, s.n);
+        let (m, n) = bsr::output_dims(g.side, s.m, s.n);
         if (c.m, c.n, c.l) != (m, n, 1) {
             return Err(shape(format!(
                 "output is {}×{}×{} but the block-sparse product is 1×{m}×{n}",
                 c.l, c.m, c.n
             )));
         }
-        match self.sparse_family(plan, sparse, &s)? {
-            SparseFamily::Fp8(f, cfg) => {
-                f.bsr_gemm((&self.stream, work), dense, sparse, side, c, cfg)
-            }
-            SparseFamily::Half(f, cfg) => {
-                f.bsr_gemm((&self.stream, work), dense, sparse, side, c, cfg)
-            }
+        match self.sparse_family(plan, ops.sparse, &s)? {
+            SparseFamily::Fp8(f, cfg) => f.bsr_gemm(g, cfg),
+            SparseFamily::Half(f, cfg) => f.bsr_gemm(g, cfg),
         }
     }
 
@@ -353,9 +381,15 @@ impl Gpu {
         plan: Plan,
     ) -> Result<WorkspaceSize> {
         let s = self.check_bsr(dense, sparse)?;
+        let stream = &self.stream;
+        let ops = BsrOperands {
+            stream,
+            dense,
+            sparse,
+        };
         match self.sparse_family(plan, sparse, &s)? {
-            SparseFamily::Fp8(f, cfg) => f.bsr_workspace(&self.stream, dense, sparse, cfg),
-            SparseFamily::Half(f, cfg) => f.bsr_workspace(&self.stream, dense, sparse, cfg),
+            SparseFamily::Fp8(f, cfg) => f.bsr_workspace(ops, cfg),
+            SparseFamily::Half(f, cfg) => f.bsr_workspace(ops, cfg),
         }
     }
 
@@ -451,38 +485,6 @@ impl Gpu {
             values: GroupValues::Owned(crate::alloc::zeros::<i32>(&self.stream, g)?),
             host_top: None,
         })
-    }
-
-    /// [`Gpu::grouped_gemm`] with a given plan (the runner's forced configurations).
-    pub(crate) fn grouped_on(
-        &self,
-        work: &Workspace,
-        a: &DeviceMatrix,
-        b: &DeviceMatrix,
-        groups: &DeviceGroups,
-        c: &mut DeviceOutput,
-        plan: Plan,
-    ) -> Result<()> {
-        let s = self.check_grouped(a, b, groups)?;
-        self.dev.id.check(c.gpu, "the output")?;
-        if (c.m, c.n, c.l) != (s.m, s.n, s.l) {
-            return Err(shape(format!(
-                "output is {}×{}×{} but the grouped product is {}×{}×{}",
-                c.l, c.m, c.n, s.l, s.m, s.n
-            )));
-        }
-        plan.validate_grouped(&s)?;
-        let g = Gemm {
-            stream: &self.stream,
-            work,
-            shape: s,
-            a,
-            b,
-            c,
-            groups: Some(groups),
-            epi: None,
-        };
-        plan.launch(&self.dev.families, g)
     }
 
     /// A, B and the groups belong to this GPU and fit together.

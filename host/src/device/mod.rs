@@ -28,6 +28,7 @@ use crate::image::{self, KernelImage};
 use crate::workspace::Workspace;
 
 mod launches;
+pub(crate) use launches::{DenseCall, EpilogueCall};
 mod quantize;
 
 /// One GPU's kernels, loaded once into a context and shared by every [`Gpu`] handle on it.

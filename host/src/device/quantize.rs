@@ -59,7 +59,7 @@ impl Gpu {
     }
 
     /// Quantizes `t` into `dst`, a matrix of `t`'s dimensions made by [`Gpu::quantize_with`] (or
-    /// [`Gpu::gemm_quantized`]) with the same options, reusing its buffers: no allocation, and for
+    /// [`Gpu::run_quantized_new`]) with the same options, reusing its buffers: no allocation, and for
     /// FP8 with fp32 scales per 1×128 nothing but the kernel (its tensor maps stay valid), so a
     /// serving loop quantizes each step's activations into the same matrix. `opts` as for
     /// `quantize_with`, but no swizzled copy (`Error::Config`), and `opts.major` `None` keeps
@@ -242,9 +242,7 @@ impl Gpu {
     /// What the families prepare of an output (its tensor maps).
     pub(crate) fn prepare_output(&self, out: &mut DeviceOutput<'_>) -> Result<()> {
         for family in self.dev.families.iter() {
-            if let Some(p) =
-                family.prepare_output(&self.stream, &out.buf, out.dtype, (out.m, out.n, out.l))?
-            {
+            if let Some(p) = family.prepare_output(&self.stream, out)? {
                 out.prepared.insert(p);
             }
         }

@@ -154,7 +154,8 @@ impl<D: 'static> Kernel<D> {
 
     /// The shared steps of a launch of `schedule` in clusters of `cluster`: at most `wanted`
     /// CTAs ([`persistent_ctas`]), the groups' values (`groups`) and split-K's workspace (`slot`,
-    /// held where K is split) bound to the launch, whose guards keep them ordered on `stream`.
+    /// held where K is split) bound to the launch, whose guards keep them ordered on `stream`;
+    /// the launch, and the parameters they give.
     pub(crate) fn persistent<'a>(
         &'a self,
         stream: &'a Arc<CudaStream>,
@@ -162,19 +163,21 @@ impl<D: 'static> Kernel<D> {
         (wanted, cluster): (u32, ClusterShape),
         groups: Option<&'a DeviceGroups>,
         slot: Option<&'a mut splitk::Workspace<'_>>,
-    ) -> Result<Persistent<'a>> {
+    ) -> Result<(Launch<'a>, Persistent)> {
         let size = cluster.size();
         let ctas = persistent_ctas(*schedule, wanted, self.resident(size), size)?;
         let mut launch =
             Launch::persistent(stream, &self.func, ctas, self.threads, self.smem, size);
         let groups = DeviceGroups::params(groups, &mut launch);
         let splitk = SplitK::params(&mut launch, slot, stream, schedule, cluster)?;
-        Ok(Persistent {
+        Ok((
             launch,
-            ctas,
-            groups,
-            splitk,
-        })
+            Persistent {
+                ctas,
+                groups,
+                splitk,
+            },
+        ))
     }
 }
 
@@ -190,10 +193,10 @@ pub(crate) fn find<'k, D: PartialEq>(
         .ok_or_else(missing)
 }
 
-/// A persistent launch after the shared steps: the family sets its operands' addresses on
-/// `launch` and enqueues it with its parameters, which carry `groups` and `splitk`.
-pub(crate) struct Persistent<'a> {
-    pub(crate) launch: Launch<'a>,
+/// What the shared steps of a persistent launch set (beside the launch itself, on which the
+/// family then sets its operands' addresses): the grid and the parameters the family's carry.
+#[derive(Clone, Copy)]
+pub(crate) struct Persistent {
     /// CTAs in the grid.
     pub(crate) ctas: u32,
     pub(crate) groups: GroupParams,

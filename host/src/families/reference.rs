@@ -3,9 +3,9 @@
 
 use cudarc::driver::CudaFunction;
 
-use crate::error::{Result, shape};
+use crate::error::{Result, config, shape};
 use crate::families::persistent::Loader;
-use crate::families::{Family, Gemm};
+use crate::families::{Families, Family, Gemm, PlanConfig};
 use crate::launch::Launch;
 use crate::matrix::GemmShape;
 use blockscaled_kernels::params::{GemmParams, REFERENCE_BLOCK_M, REFERENCE_BLOCK_N};
@@ -20,6 +20,28 @@ pub(crate) struct ReferenceKernel {
 }
 
 impl Family for ReferenceKernel {}
+
+/// The reference kernel's configuration: it has none (a thread per output element).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Reference;
+
+impl PlanConfig for Reference {
+    fn validate(&self, shape: &GemmShape) -> Result<()> {
+        validate(shape)
+    }
+
+    fn fused_columns(&self) -> Result<u32> {
+        Err(config(
+            "the reference kernel has no fused epilogue (the sm90 kernels have)",
+        ))
+    }
+
+    fn launch(&self, families: &Families, g: Gemm<'_, '_>) -> Result<()> {
+        families
+            .require::<ReferenceKernel>("reference kernel")?
+            .gemm(g)
+    }
+}
 
 /// The grid is (N / 32, M / 8, L) blocks: M and L must fit its y and z.
 pub(crate) fn validate(s: &GemmShape) -> Result<()> {

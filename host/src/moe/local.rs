@@ -6,6 +6,7 @@ use cudarc::driver::CudaSlice;
 use super::kernels::{a_role_ptr, go, has_a_role, no_step, not_owned, scale_rows};
 use super::{MoeOptions, MoeShape, MoeStep};
 use crate::buffers::{DeviceMatrix, DeviceOutput};
+use crate::call::Call;
 use crate::device::Gpu;
 use crate::error::{Error, Result, shape};
 use crate::format::{OutType, Recipe};
@@ -461,12 +462,11 @@ impl<'a> Local<'a> {
         let step = self.step.as_mut().ok_or_else(no_step)?;
         let written = has_a_role(&step.a);
         g.rewritten(&mut step.a, written)?;
-        match plans {
-            Some((p1, _)) => {
-                g.grouped_gemm_with(&step.a, self.w1, &step.groups, &mut step.out1, p1)?
-            }
-            None => g.grouped_gemm(&step.a, self.w1, &step.groups, &mut step.out1)?,
-        }
+        let call = Call::new(&step.a, self.w1).groups(&step.groups);
+        g.run(
+            &plans.map_or(call, |(p1, _)| call.with_plan(p1)),
+            &mut step.out1,
+        )?;
         let rows = step.out1.m * step.out1.l;
         let masked = step.groups.layout == GroupLayout::Masked;
         let mut l = Launch::new(g.stream(), &k.swiglu)
@@ -499,12 +499,11 @@ impl<'a> Local<'a> {
         unsafe { go(l, p) }?;
         let written = has_a_role(&step.h);
         g.rewritten(&mut step.h, written)?;
-        match plans {
-            Some((_, p2)) => {
-                g.grouped_gemm_with(&step.h, self.w2, &step.groups, &mut step.out2, p2)
-            }
-            None => g.grouped_gemm(&step.h, self.w2, &step.groups, &mut step.out2),
-        }
+        let call = Call::new(&step.h, self.w2).groups(&step.groups);
+        g.run(
+            &plans.map_or(call, |(_, p2)| call.with_plan(p2)),
+            &mut step.out2,
+        )
     }
 
     /// Each token's weighted sum of its entries' rows into `out`: the rows the experts returned

@@ -5,23 +5,22 @@
 //! [`Gpu`](crate::Gpu) or the device buffers. The choice between families (the thresholds
 //! below) is the plan's; each family's own rules and tuning constants are in its folder.
 
-use crate::buffers::DeviceMatrix;
 use crate::error::{Error, Result, config, shape};
+pub(crate) use crate::families::FusedNeeds;
 use crate::families::fold::{self as sm90_mx_fp8, Sm90MxFp8};
 use crate::families::fp8::{self as sm90_fp8, Sm90Config, Sm90Fp8};
-use crate::families::half::{self as sm90_half, Sm90Half, Sm90HalfConfig};
-use crate::families::mx::{self as sm90_mx, Sm90Mx, Sm90MxConfig};
-use crate::families::reference::{self as reference_kernel, ReferenceKernel};
-use crate::families::w4::{self as sm90_w4, Sm90W4, Sm90W4Config};
-use crate::families::{Families, Gemm};
+use crate::families::half::{self as sm90_half, Sm90HalfConfig};
+use crate::families::mx::{self as sm90_mx, Sm90MxConfig};
+use crate::families::reference::Reference;
+use crate::families::w4::{self as sm90_w4, Sm90W4Config};
+use crate::families::{Families, Gemm, PlanConfig, Sizing};
 use crate::format::{ElemType, ScaleType};
-use crate::grouped::DeviceGroups;
 use crate::matrix::{GemmShape, MatrixDesc};
 use crate::workspace::WorkspaceSize;
 use blockscaled_kernels::format::fold::target as fold_target;
 use blockscaled_kernels::sm90::{self, BLOCK_K, Mode, Tile};
-use blockscaled_kernels::sm90_half::{self as half, HalfTile, HalfType};
-use blockscaled_kernels::sm90_mx::{self as mx, MxTile};
+use blockscaled_kernels::sm90_half::HalfTile;
+use blockscaled_kernels::sm90_mx::MxTile;
 
 #[cfg(test)]
 mod tests;
@@ -88,19 +87,25 @@ pub enum Plan {
 }
 
 impl Plan {
+    /// The plan's configuration as its family runs it ([`PlanConfig`]), handed to `f`: the one
+    /// place that tells the variants apart for validation, sizing, fused epilogues and launch.
+    fn with_config<R>(&self, f: impl FnOnce(&dyn PlanConfig) -> R) -> R {
+        match *self {
+            Plan::Reference => f(&Reference),
+            Plan::Sm90Fp8(c) => f(&c),
+            Plan::Sm90Mx(c) => f(&c),
+            Plan::Sm90W4(c) => f(&c),
+            Plan::Sm90MxFp8(c) => f(&Folded(c)),
+            Plan::Sm90Half(c) => f(&c),
+        }
+    }
+
     /// Checks that the plan's kernel can run a GEMM of `shape` with this configuration:
     /// [`Error::Config`] for a configuration the kernel is not built for or that does not fit
     /// the shape, [`Error::Shape`] for a shape past the kernel's limits. `Gpu::gemm_with` calls
     /// it once; the launch trusts what passes.
     pub fn validate(&self, shape: &GemmShape) -> Result<()> {
-        match self {
-            Plan::Reference => reference_kernel::validate(shape),
-            Plan::Sm90Fp8(cfg) => cfg.validate(shape),
-            Plan::Sm90Mx(cfg) => cfg.validate(shape),
-            Plan::Sm90W4(cfg) => cfg.validate(shape),
-            Plan::Sm90MxFp8(cfg) => cfg.validate(shape),
-            Plan::Sm90Half(cfg) => cfg.validate(shape),
-        }
+        self.with_config(|c| c.validate(shape))
     }
 
     /// [`Plan::validate`] for a grouped GEMM whose C is `shape` (`crate::grouped`): the plan's
@@ -109,153 +114,40 @@ impl Plan {
     /// is sized (`Schedule::units`).
     pub fn validate_grouped(&self, shape: &GemmShape) -> Result<()> {
         self.validate(shape)?;
-        let split = match self {
-            Plan::Sm90Fp8(cfg) => cfg.split_k,
-            Plan::Sm90Mx(cfg) => cfg.split_k,
-            Plan::Sm90W4(cfg) => cfg.split_k,
-            Plan::Sm90MxFp8(cfg) => cfg.split_k,
-            Plan::Reference | Plan::Sm90Half(_) => {
-                return Err(config(format!(
-                    "{self:?} has no grouped kernel: grouped GEMM runs on the sm90 FP8, MX, \
-                     4-bit-weights and fold (MX → FP8) kernels"
-                )));
-            }
-        };
-        if split != 1 {
-            return Err(config(format!(
+        match self.with_config(|c| c.grouped_split()) {
+            None => Err(config(format!(
+                "{self:?} has no grouped kernel: grouped GEMM runs on the sm90 FP8, MX, \
+                 4-bit-weights and fold (MX → FP8) kernels"
+            ))),
+            Some(1) => Ok(()),
+            Some(split) => Err(config(format!(
                 "split_k = {split}: a grouped GEMM does not split K"
-            )));
+            ))),
         }
-        Ok(())
     }
 
     /// Launches the plan's kernel on `families` (the plan validated for `g.shape`).
     pub(crate) fn launch(&self, families: &Families, g: Gemm<'_, '_>) -> Result<()> {
-        let missing = |what: &str| Error::Architecture(format!("this GPU has no {what}"));
-        match *self {
-            Plan::Reference => families
-                .get::<ReferenceKernel>()
-                .ok_or_else(|| missing("reference kernel"))?
-                .gemm(g),
-            Plan::Sm90Fp8(cfg) => families
-                .get::<Sm90Fp8>()
-                .ok_or_else(|| missing("sm90 FP8 kernel (it needs compute capability 9.0)"))?
-                .gemm(g, cfg),
-            Plan::Sm90Mx(cfg) => families
-                .get::<Sm90Mx>()
-                .ok_or_else(|| missing("sm90 MX kernel (it needs compute capability 9.0)"))?
-                .gemm(g, cfg),
-            Plan::Sm90W4(cfg) => families
-                .get::<Sm90W4>()
-                .ok_or_else(|| {
-                    missing("sm90 4-bit-weights kernel (it needs compute capability 9.0)")
-                })?
-                .gemm(g, cfg),
-            Plan::Sm90MxFp8(cfg) => {
-                let fp8 = families
-                    .get::<Sm90Fp8>()
-                    .ok_or_else(|| missing("sm90 FP8 kernel (it needs compute capability 9.0)"))?;
-                families
-                    .get::<Sm90MxFp8>()
-                    .ok_or_else(|| {
-                        missing("MX → FP8 fold kernel (it needs compute capability 9.0)")
-                    })?
-                    .gemm(g, |g, ops, types| fp8.run(g, ops, types, cfg))
-            }
-            Plan::Sm90Half(cfg) => families
-                .get::<Sm90Half>()
-                .ok_or_else(|| missing("sm90 16-bit kernel (it needs compute capability 9.0)"))?
-                .gemm(g, cfg),
-        }
+        self.with_config(|c| match c.unsupported(&g.a.desc, &g.b.desc) {
+            Some(e) => Err(Error::Format(e)),
+            None => c.launch(families, g),
+        })
     }
-}
 
-impl Plan {
-    /// The workspace a GEMM of `a` and `b` (forming `shape`, over `groups`) takes on this plan,
-    /// with a fused epilogue or a quantized output where `fused`: each family's own schedule,
-    /// sized ([`crate::Gpu::workspace_size`]).
-    pub(crate) fn workspace(
-        &self,
-        families: &Families,
-        (a, b): (&DeviceMatrix, &DeviceMatrix),
-        shape: GemmShape,
-        groups: Option<&DeviceGroups>,
-        fused: bool,
-    ) -> Result<WorkspaceSize> {
-        match *self {
-            Plan::Reference => Ok(WorkspaceSize::default()),
-            Plan::Sm90Fp8(cfg) => Sm90Fp8::workspace(&cfg, shape, groups),
-            Plan::Sm90Mx(cfg) => families
-                .get::<Sm90Mx>()
-                .ok_or_else(|| {
-                    Error::Architecture(
-                        "this GPU has no sm90 MX kernel (it needs compute capability 9.0)".into(),
-                    )
-                })?
-                .workspace(&cfg, shape, groups, fused),
-            Plan::Sm90W4(cfg) => Sm90W4::workspace(&cfg, shape, groups),
-            Plan::Sm90MxFp8(cfg) => {
-                let fold = Sm90MxFp8::workspace((a, b))?;
-                let run = Sm90Fp8::workspace(&cfg, shape, groups)?;
-                Ok(WorkspaceSize {
-                    fold: fold.fold,
-                    ..run
-                })
-            }
-            Plan::Sm90Half(cfg) => sm90_half::workspace(&cfg, shape),
-        }
+    /// The workspace a GEMM takes on this plan (`q`: its operands, shape, groups, and whether
+    /// it has a fused epilogue or a quantized output): each family's own schedule, sized
+    /// ([`crate::Gpu::workspace_size`]).
+    pub(crate) fn workspace(&self, q: &Sizing<'_>) -> Result<WorkspaceSize> {
+        self.with_config(|c| c.workspace(q))
     }
-}
 
-/// What a fused epilogue needs of a plan's kernel: `block_cols`, a quantized output's scale
-/// block in product columns (doubled by SwiGLU; 0: not quantized), which must lie in one warp's
-/// pass over a staged row (128 columns: see `blockscaled_kernels::gemm::epilogue::fuse`) and divide the
-/// tile's columns, so that no block straddles two tiles; and a fused kernel for the operands'
-/// element types `elems` (A, B) on the plan's tile: one with finishing warps, or, for an
-/// epilogue the consumers can run in their registers (`in_registers`), one that runs it there.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct FusedNeeds {
-    pub block_cols: u32,
-    pub elems: (ElemType, ElemType),
-    pub in_registers: sm90::InRegisters,
-}
-
-impl Plan {
     /// [`Error::Config`] when the plan's kernel cannot run a fused epilogue that `needs` this.
     pub(crate) fn check_fused(&self, needs: FusedNeeds) -> Result<()> {
-        let cols = match self {
-            Plan::Reference => {
-                return Err(config(
-                    "the reference kernel has no fused epilogue (the sm90 kernels have)",
-                ));
-            }
-            Plan::Sm90Fp8(c) | Plan::Sm90MxFp8(c) => {
-                (!c.tile.is_swapped()).then_some(c.tile.block_n)
-            }
-            Plan::Sm90Half(c) => Some(c.tile.block_n),
-            Plan::Sm90Mx(c) => Some(c.tile.block_n),
-            Plan::Sm90W4(_) => None,
-        };
-        let Some(n) = cols else {
-            return Err(config(format!(
-                "{self:?} computes Cᵀ and stores it transposed: a fused epilogue needs a kernel \
-                 that computes C"
-            )));
-        };
         // The fused epilogue runs in kernels of its own (the plain ones carry none of its code):
         // is there one for this tile and these types (the families' kernel lists say)?
+        let (n, fused_kernel) =
+            self.with_config(|c| Ok::<_, Error>((c.fused_columns()?, c.has_fused_kernel(&needs))))?;
         let (ea, eb) = needs.elems;
-        let fp8 = |tile, (ea, eb)| sm90::fused_kernel(tile, ea, eb, needs.in_registers).is_some();
-        let fused_kernel = match self {
-            Plan::Sm90Fp8(c) => fp8(c.tile, (ea, eb)),
-            // The fold's FP8 types.
-            Plan::Sm90MxFp8(c) => fp8(c.tile, (fold_target(ea), fold_target(eb))),
-            Plan::Sm90Half(c) => [HalfType::Bf16, HalfType::F16]
-                .into_iter()
-                .any(|ty| half::kernel(c.tile, ty, Mode::Fused).is_some()),
-            Plan::Sm90Mx(c) => mx::KERNELS.iter().any(|k| k.fused && k.tile == c.tile),
-            _ => false,
-        };
         if !fused_kernel {
             return Err(config(format!(
                 "{self:?}: no fused-epilogue kernel for this tile and {} · {} (they are: FP8 \
@@ -280,6 +172,52 @@ impl Plan {
             )));
         }
         Ok(())
+    }
+}
+
+/// MX and NVFP4 operands folded onto the FP8 kernel ([`Plan::Sm90MxFp8`]): the FP8
+/// configuration, run by the fold family on the FP8 family's launch (the plan joins the two, so
+/// that neither imports the other).
+#[derive(Clone, Copy, Debug)]
+struct Folded(Sm90Config);
+
+impl PlanConfig for Folded {
+    fn validate(&self, shape: &GemmShape) -> Result<()> {
+        self.0.validate(shape)
+    }
+
+    fn grouped_split(&self) -> Option<u32> {
+        Some(self.0.split_k)
+    }
+
+    /// The folded copies' and the FP8 launch's.
+    fn workspace(&self, q: &Sizing<'_>) -> Result<WorkspaceSize> {
+        let fold = Sm90MxFp8::workspace((q.a, q.b))?;
+        let run = PlanConfig::workspace(&self.0, q)?;
+        Ok(WorkspaceSize {
+            fold: fold.fold,
+            ..run
+        })
+    }
+
+    fn fused_columns(&self) -> Result<u32> {
+        self.0.fused_columns()
+    }
+
+    /// The FP8 kernel's, for the types the operands fold to.
+    fn has_fused_kernel(&self, needs: &FusedNeeds) -> bool {
+        let (ea, eb) = needs.elems;
+        let elems = (fold_target(ea), fold_target(eb));
+        self.0.has_fused_kernel(&FusedNeeds { elems, ..*needs })
+    }
+
+    fn launch(&self, families: &Families, g: Gemm<'_, '_>) -> Result<()> {
+        let fp8 = families.require::<Sm90Fp8>(sm90_fp8::NEEDS_SM90)?;
+        let what = "MX → FP8 fold kernel (it needs compute capability 9.0)";
+        let cfg = self.0;
+        families
+            .require::<Sm90MxFp8>(what)?
+            .gemm(g, |g, ops, types| fp8.run(g, ops, types, cfg))
     }
 }
 

@@ -7,29 +7,24 @@ use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 
 use super::config::{Sm90Config, b_box_rows};
 use super::{Kernel, Sm90Fp8, unsupported};
-use crate::bsr::{BsrMatrix, DeviceBsr, DeviceWork, FP8_BLOCK, SparseSide};
+use crate::bsr::{BsrMatrix, FP8_BLOCK, SparseSchedule, SparseSide};
 use crate::buffers::{DeviceMatrix, DeviceOutput};
 use crate::error::{Error, Result};
+use crate::families::operands::fp8::code_layout;
 use crate::families::operands::{Sm90Operand, Sm90Output};
-use crate::families::persistent::{self, Persistent};
+use crate::families::persistent;
+use crate::families::{BsrOperands, SparseGemm};
 use crate::format::ElemType;
-use crate::tensor_map::{BoxMaps, DataType, Swizzle};
-use crate::workspace::{Workspace, WorkspaceSize};
+use crate::tensor_map::BoxMaps;
+use crate::workspace::WorkspaceSize;
 use blockscaled_kernels::gemm::layout::out_box_n;
-use blockscaled_kernels::gemm::scheduler::Schedule;
-use blockscaled_kernels::params::SparseParams;
 use blockscaled_kernels::sm90::{self as family};
-use blockscaled_kernels::sm90::{BLOCK_N, Mode, ROW_BYTES, Sm90Fp8Params};
+use blockscaled_kernels::sm90::{BLOCK_N, Mode, Sm90Fp8Params};
 
 /// A block-sparse GEMM's schedule with `cfg` and its work list (made once per key on the
 /// sparse operand), for a kernel with `resident` CTAs resident at once.
-fn bsr_schedule(
-    stream: &Arc<CudaStream>,
-    resident: u32,
-    dense: &DeviceMatrix,
-    sparse: &DeviceBsr,
-    cfg: &Sm90Config,
-) -> Result<(Schedule, Arc<DeviceWork>)> {
+fn bsr_schedule(resident: u32, ops: BsrOperands, cfg: &Sm90Config) -> Result<SparseSchedule> {
+    let (stream, dense, sparse) = (ops.stream, ops.dense, ops.sparse);
     let (tile, cl) = (cfg.tile, cfg.cluster);
     let clusters = (cfg.ctas.min(resident) / cl.size()).max(1) as usize;
     let (m, n, k) = (dense.desc.rows, sparse.matrix_rows, dense.desc.k);
@@ -55,14 +50,7 @@ impl Sm90Sparse {
     ) -> Result<Self> {
         let (bs, blocks) = (FP8_BLOCK, m.nnz().max(1));
         let (ptr, _g) = values.device_ptr(stream);
-        let layout = (
-            DataType::CU_TENSOR_MAP_DATA_TYPE_UINT8,
-            [bs, bs, blocks],
-            1,
-            ROW_BYTES,
-            Swizzle::CU_TENSOR_MAP_SWIZZLE_128B,
-        );
-        let tmaps = BoxMaps::new(stream, ptr, layout, [128, 64])?;
+        let tmaps = BoxMaps::new(stream, ptr, code_layout([bs, bs, blocks]), [128, 64])?;
         Ok(Sm90Sparse { tmaps })
     }
 }
@@ -82,35 +70,21 @@ impl Sm90Fp8 {
 
     /// The workspace of a block-sparse GEMM with `cfg` (split K's buffers where the work list
     /// splits runs of blocks; the sparse operand's work list is made as the launch makes it).
-    pub(crate) fn bsr_workspace(
-        &self,
-        stream: &Arc<CudaStream>,
-        dense: &DeviceMatrix,
-        sparse: &DeviceBsr,
-        cfg: Sm90Config,
-    ) -> Result<WorkspaceSize> {
+    pub(crate) fn bsr_workspace(&self, ops: BsrOperands, cfg: Sm90Config) -> Result<WorkspaceSize> {
+        let dense = ops.dense;
         if let Some(e) = unsupported(&dense.desc, false) {
             return Err(Error::Format(e));
         }
         let kernel = self.bsr_kernel(dense, &cfg)?;
         let resident = kernel.resident(cfg.cluster.size());
-        let (schedule, work) = bsr_schedule(stream, resident, dense, sparse, &cfg)?;
+        let (schedule, work) = bsr_schedule(resident, ops, &cfg)?;
         WorkspaceSize::split_k(&schedule, cfg.cluster, work.slots > 0)
     }
 
-    /// C = A · Bᵀ with one operand block-sparse (`side`) and `dense` the other, on the
-    /// block-sparse kernel with `cfg` (validated for the kernel's shape: M the dense operand's
-    /// rows, N the sparse operand's). C is `c`; with A sparse the kernel computes Cᵀ and stores
-    /// it transposed.
-    pub(crate) fn bsr_gemm(
-        &self,
-        (stream, ws): (&Arc<CudaStream>, &Workspace),
-        dense: &DeviceMatrix,
-        sparse: &DeviceBsr,
-        side: SparseSide,
-        c: &mut DeviceOutput,
-        cfg: Sm90Config,
-    ) -> Result<()> {
+    /// The block-sparse GEMM `g` (e4m3 blocks) with `cfg` validated for the kernel's shape.
+    pub(crate) fn bsr_gemm(&self, g: SparseGemm<'_, '_>, cfg: Sm90Config) -> Result<()> {
+        let (ws, side, c) = (g.work, g.side, g.c);
+        let (stream, dense, sparse) = (g.ops.stream, g.ops.dense, g.ops.sparse);
         if let Some(e) = unsupported(&dense.desc, false) {
             return Err(Error::Format(e));
         }
@@ -133,7 +107,7 @@ impl Sm90Fp8 {
         let (tile, cl) = (cfg.tile, cfg.cluster);
         let (m, n, k) = (dense.desc.rows, sparse.matrix_rows, dense.desc.k);
         let resident = kernel.resident(cl.size());
-        let (schedule, work) = bsr_schedule(stream, resident, dense, sparse, &cfg)?;
+        let (schedule, work) = bsr_schedule(resident, g.ops, &cfg)?;
         let mut slot = ws.splitk.slot(if work.slots > 0 { 2 } else { 1 });
         let DeviceOutput {
             buf: out,
@@ -141,9 +115,8 @@ impl Sm90Fp8 {
             dtype,
             ..
         } = c;
-        let Persistent {
-            mut launch, splitk, ..
-        } = kernel.persistent(stream, &schedule, (cfg.ctas, cl), None, slot.as_mut())?;
+        let (mut launch, run) =
+            kernel.persistent(stream, &schedule, (cfg.ctas, cl), None, slot.as_mut())?;
         let b_rows = b_box_rows(tile, cl).unwrap_or(BLOCK_N);
         // With A sparse the tile is Cᵀ: stored directly.
         let tmap_c = match side {
@@ -162,7 +135,7 @@ impl Sm90Fp8 {
             sfb: launch.ptr(&sparse.scales),
             sfb_col: 0,
             out: launch.ptr_mut(out),
-            splitk,
+            splitk: run.splitk,
             m: m as u32,
             n: n as u32,
             k: k as u32,
@@ -174,17 +147,8 @@ impl Sm90Fp8 {
             cluster_n: 1,
             _pad: 0,
             groups: Default::default(),
-            sparse: SparseParams {
-                segments: launch.ptr(&work.segments),
-                cols: launch.ptr(&sparse.col),
-                count: work.count,
-                slots: work.slots,
-                counters: work.counters,
-                transposed: (side == SparseSide::A) as u32,
-                // (FP8 blocks are 128 × 128 e4m3: one stage of K each.)
-                sub_log2: 0,
-                _pad: 0,
-            },
+            // (FP8 blocks are 128 × 128 e4m3: one stage of K each.)
+            sparse: work.params(&mut launch, sparse, side, 0),
         };
         // SAFETY: `cfg` was validated for the kernel's shape (`validate_sparse`: a block-sparse
         // tile, pairs along M only, 32-bit indexing); the dense operand's maps and A-role scales
@@ -192,7 +156,7 @@ impl Sm90Fp8 {
         // one), `sfb` holds a scale and `cols` an in-range column for each, and every segment's
         // positions are stored blocks of its tile's block row (`work_list` over the validated
         // structure); the output holds m·n elements of `out_type` (C or, transposed, its
-        // product's shape); `splitk` is sized for the schedule's slots and counters; the grid is
+        // product's shape); `run.splitk` is sized for the schedule's slots and counters; the grid is
         // a whole number of clusters.
         let _gemm = unsafe { launch.launch(&params) }?;
         Ok(())

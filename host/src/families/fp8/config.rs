@@ -43,7 +43,7 @@ crate::config::config_fields!(Sm90Config {
 impl Sm90Config {
     /// Checks every field against the kernel and against `s` ([`Error::Config`](crate::Error::Config)), and the shape
     /// against the kernel's 32-bit indexing ([`Error::Shape`](crate::Error::Shape)). The launch trusts what passes.
-    pub fn validate(&self, s: &GemmShape) -> Result<()> {
+    pub(crate) fn validate(&self, s: &GemmShape) -> Result<()> {
         let Sm90Config {
             tile,
             cluster: cl,
@@ -146,7 +146,7 @@ impl Sm90Config {
         }
     }
 
-    /// [`Sm90Config::validate`] for a block-sparse GEMM whose kernel shape is `s` (M: the dense
+    /// `Plan::Sm90Fp8(self).validate(s)` for a block-sparse GEMM whose kernel shape is `s` (M: the dense
     /// operand's rows, N: the sparse operand's): a tile with a block-sparse kernel (at most one
     /// 128-row block wide: a tile's columns share one run of stored blocks), clusters along M
     /// only (a pair along N would need two runs), and `split_k` the most parts a run is cut into
@@ -228,11 +228,8 @@ pub(super) fn dense_schedule(
 mod tests {
     use super::*;
     use crate::error::Error;
+    use crate::families::test_util::shape;
     use crate::plan::sm90_default;
-
-    fn shape(m: usize, n: usize, k: usize, l: usize) -> GemmShape {
-        GemmShape { m, n, k, l }
-    }
 
     /// 128-row tiles alone, one band, 132 CTAs, K in `split_k` ranges.
     fn m128(split_k: u32) -> Sm90Config {

@@ -7,18 +7,18 @@ use std::sync::Arc;
 
 pub(crate) mod heuristic;
 
-use cudarc::driver::{CudaSlice, CudaStream};
+use cudarc::driver::CudaStream;
 
-use crate::bsr::BsrMatrix;
-use crate::buffers::{DeviceMatrix, DeviceOutput, Mem, PreparedValue};
+use crate::buffers::{DeviceMatrix, DeviceOutput, PreparedValue};
 use crate::error::{Error, Result, config};
 pub(crate) use crate::families::operands::fp8::unsupported;
 use crate::families::operands::{CopyKind, Sm90Operand, Sm90Output};
-use crate::families::persistent::{self, Loader, Persistent};
-use crate::families::{Family, Gemm};
-use crate::format::{ElemType, OutType};
+use crate::families::persistent::{self, Loader};
+use crate::families::{
+    Families, Family, FusedNeeds, Gemm, Made, PlanConfig, Sizing, StoredBlocks, computes_transposed,
+};
+use crate::format::ElemType;
 use crate::fused::Fused;
-use crate::grouped::DeviceGroups;
 use crate::matrix::GemmShape;
 use crate::prepare::Preparers;
 use crate::workspace::WorkspaceSize;
@@ -70,25 +70,52 @@ impl Family for Sm90Fp8 {
         Some(CopyKind::of::<Sm90Operand>())
     }
 
-    fn prepare_output(
-        &self,
-        stream: &Arc<CudaStream>,
-        buf: &Mem<'_>,
-        dtype: OutType,
-        dims: (usize, usize, usize),
-    ) -> Result<Option<PreparedValue>> {
-        Ok(Sm90Output::prepare(stream, buf, dtype, dims)?.map(|p| Box::new(p) as PreparedValue))
+    fn prepare_output(&self, stream: &Arc<CudaStream>, out: &DeviceOutput<'_>) -> Made {
+        let dims = (out.m, out.n, out.l);
+        let maps = Sm90Output::prepare(stream, &out.buf, out.dtype, dims)?;
+        Ok(maps.map(|p| Box::new(p) as PreparedValue))
     }
 
-    fn prepare_sparse(
-        &self,
-        stream: &Arc<CudaStream>,
-        matrix: &BsrMatrix,
-        values: &CudaSlice<u8>,
-    ) -> Result<Option<PreparedValue>> {
-        Ok(Some(Box::new(Sm90Sparse::prepare(stream, matrix, values)?)))
+    fn prepare_sparse(&self, stream: &Arc<CudaStream>, blocks: StoredBlocks<'_>) -> Made {
+        let copy = Sm90Sparse::prepare(stream, blocks.matrix, blocks.values)?;
+        Ok(Some(Box::new(copy)))
     }
 }
+
+impl PlanConfig for Sm90Config {
+    fn validate(&self, shape: &GemmShape) -> Result<()> {
+        Sm90Config::validate(self, shape)
+    }
+
+    fn grouped_split(&self) -> Option<u32> {
+        Some(self.split_k)
+    }
+
+    /// Split K's buffers.
+    fn workspace(&self, q: &Sizing<'_>) -> Result<WorkspaceSize> {
+        let schedule = dense_schedule(self, q.shape, q.groups);
+        WorkspaceSize::split_k(&schedule, self.cluster, self.split_k > 1)
+    }
+
+    fn fused_columns(&self) -> Result<u32> {
+        match self.tile.is_swapped() {
+            true => Err(computes_transposed(self)),
+            false => Ok(self.tile.block_n),
+        }
+    }
+
+    fn has_fused_kernel(&self, needs: &FusedNeeds) -> bool {
+        let (ea, eb) = needs.elems;
+        family::fused_kernel(self.tile, ea, eb, needs.in_registers).is_some()
+    }
+
+    fn launch(&self, families: &Families, g: Gemm<'_, '_>) -> Result<()> {
+        families.require::<Sm90Fp8>(NEEDS_SM90)?.gemm(g, *self)
+    }
+}
+
+/// What [`Families::require`] says of the FP8 family where the GPU's module has none.
+pub(crate) const NEEDS_SM90: &str = "sm90 FP8 kernel (it needs compute capability 9.0)";
 
 impl Sm90Fp8 {
     /// Loads the kernels when the module built for `target` has them.
@@ -98,16 +125,6 @@ impl Sm90Fp8 {
         };
         let preparers = cx.preparers.clone();
         Ok(Some(Sm90Fp8 { kernels, preparers }))
-    }
-
-    /// The workspace a GEMM of `shape` with `cfg` takes (split K's buffers).
-    pub(crate) fn workspace(
-        cfg: &Sm90Config,
-        shape: GemmShape,
-        groups: Option<&DeviceGroups>,
-    ) -> Result<WorkspaceSize> {
-        let schedule = dense_schedule(cfg, shape, groups);
-        WorkspaceSize::split_k(&schedule, cfg.cluster, cfg.split_k > 1)
     }
 
     /// C = A · Bᵀ with `cfg` (validated for `g.shape`): one launch, split K included.
@@ -126,15 +143,8 @@ impl Sm90Fp8 {
         (ea, eb): (ElemType, ElemType),
         cfg: Sm90Config,
     ) -> Result<()> {
-        let Gemm {
-            stream,
-            work,
-            shape,
-            c,
-            groups,
-            epi,
-            ..
-        } = g;
+        let (stream, work, shape, groups) = (g.stream, g.work, g.shape, g.groups);
+        let (c, epi) = (g.c, g.epi);
         let GemmShape { m, n, k, l } = shape;
         if tile_refuses(cfg.tile, epi.as_ref()) {
             return Err(config(format!(
@@ -198,12 +208,8 @@ impl Sm90Fp8 {
             ..
         } = c;
         let schedule = dense_schedule(&cfg, shape, groups);
-        let Persistent {
-            mut launch,
-            groups: group_params,
-            splitk,
-            ..
-        } = kernel.persistent(stream, &schedule, (cfg.ctas, cl), groups, slot.as_mut())?;
+        let (mut launch, run) =
+            kernel.persistent(stream, &schedule, (cfg.ctas, cl), groups, slot.as_mut())?;
         // A in boxes of `Tile::a_box_rows`; B in boxes of block_n / cluster_m rows (each CTA's
         // share of a pair along M; validated).
         let tmap_a = launch.ptr(ao.tmap(tile.a_box_rows(cl.n))?);
@@ -230,7 +236,7 @@ impl Sm90Fp8 {
             sfb: launch.ptr(&b_role.sfb),
             sfb_col: launch.opt_ptr(b_role.sfb_col.as_ref()),
             out: out_ptr,
-            splitk,
+            splitk: run.splitk,
             m: m as u32,
             n: n as u32,
             k: k as u32,
@@ -241,7 +247,7 @@ impl Sm90Fp8 {
             cluster_m: cl.m,
             cluster_n: cl.n,
             _pad: 0,
-            groups: group_params,
+            groups: run.groups,
             sparse: SparseParams::default(),
         };
         // (The fused kernel stages its rows in shared memory, `Tile::fused_layout`: no scratch.)
@@ -249,7 +255,7 @@ impl Sm90Fp8 {
         // SAFETY: `cfg` was validated for this shape (tile, cluster, band, split and the 32-bit
         // indexing; grouped: no split, and `groups` holds `count` int32 values on this GPU); the tensor maps cover the live data buffers of the prepared operands, the
         // scale buffers have the documented sizes (A scales padded to whole clusters), the output
-        // holds l·m·n elements of `out_type`, `splitk` is sized for the schedule, and the grid is
+        // holds l·m·n elements of `out_type`, `run.splitk` is sized for the schedule, and the grid is
         // a whole number of clusters; the kernel is the fused one exactly when `epi` is set,
         // whose buffers `Epilogue::check` and the output check sized for the product.
         let _gemm = unsafe { launch.launch_fused(params, epi) }?;

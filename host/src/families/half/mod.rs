@@ -8,20 +8,22 @@ pub(crate) mod heuristic;
 
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 
-use crate::bsr::{BsrMatrix, DeviceBsr, DeviceWork, SparseSide};
-use crate::buffers::{DeviceMatrix, DeviceOutput, Mem, Prepared, PreparedValue};
+use crate::bsr::{BsrMatrix, SparseSchedule, SparseSide};
+use crate::buffers::DeviceOutput;
 use crate::error::{Error, Result, config, shape};
-use crate::families::operands::{CopyKind, OperandCopy, Sm90Output};
-use crate::families::persistent::{self, Loader, Persistent};
-use crate::families::{Family, Gemm, Rewritten};
+use crate::families::operands::{CopyKind, OperandCopy, Rewrite, Sm90Output, Upload};
+use crate::families::persistent::{self, Loader};
+use crate::families::{
+    BsrOperands, Families, Family, FusedNeeds, Gemm, Made, PlanConfig, Sizing, SparseGemm,
+    StoredBlocks,
+};
 use crate::format::{ElemType, ScaleBlock, ScaleType};
 use crate::fused::Fused;
 use crate::launch::Launch;
 use crate::matrix::{GemmShape, MatrixDesc};
-use crate::prepare::Source;
 use crate::splitk;
 use crate::tensor_map::{BoxMaps, DataType, MapLayout, Swizzle};
-use crate::workspace::{Workspace, WorkspaceSize};
+use crate::workspace::WorkspaceSize;
 use blockscaled_kernels::gemm::Mode;
 use blockscaled_kernels::gemm::layout::out_box_n;
 use blockscaled_kernels::gemm::scheduler::{ClusterShape, MAX_CLUSTER, Schedule};
@@ -58,61 +60,7 @@ crate::config::config_fields!(Sm90HalfConfig {
 });
 
 impl Sm90HalfConfig {
-    /// Checks the configuration against a dense GEMM of shape `s`: [`Error::Config`] for a tile
-    /// the kernel lacks, a band outside 1..=M tiles, no CTAs or a split outside 1..=K stages;
-    /// [`Error::Shape`] for K not a multiple of 8 (TMA's 16-byte rows) or sizes past the
-    /// kernel's 32-bit indexing.
-    pub fn validate(&self, s: &GemmShape) -> Result<()> {
-        let tiles = HalfTile::ALL
-            .map(|t| format!("{} × {}", t.block_m(), t.block_n))
-            .join(", ");
-        if !HalfTile::ALL.contains(&self.tile) {
-            return Err(config(format!(
-                "tile {:?}: the sm90 16-bit kernel has tiles of {tiles}",
-                self.tile
-            )));
-        }
-        if self.ctas == 0 {
-            return Err(config("ctas = 0: a launch needs at least one CTA"));
-        }
-        if !(1..=MAX_CLUSTER).contains(&self.cluster_m) {
-            return Err(config(format!(
-                "cluster_m = {}: the sm90 16-bit kernel runs alone or in pairs along M",
-                self.cluster_m
-            )));
-        }
-        if !s.k.is_multiple_of(8) {
-            return Err(shape(format!(
-                "K = {}: 16-bit operands need K a multiple of 8 (16-byte rows for TMA)",
-                s.k
-            )));
-        }
-        if s.m > i32::MAX as usize || s.n > i32::MAX as usize || s.k > i32::MAX as usize {
-            return Err(shape("M, N and K must fit TMA's 32-bit coordinates"));
-        }
-        let stages = s.k.div_ceil(BLOCK_K as usize);
-        splitk::check_split(self.split_k, stages, BLOCK_K, s.k)?;
-        let (m_units, n_units) = self.units(s);
-        if !(1..=m_units).contains(&(self.group_m as usize)) {
-            return Err(config(format!(
-                "group_m = {}: M = {} has {m_units} units of {} rows (tile × cluster) to band",
-                self.group_m,
-                s.m,
-                self.tile.block_m() * self.cluster_m
-            )));
-        }
-        let units = [n_units, s.l, self.split_k as usize]
-            .iter()
-            .try_fold(m_units, |acc, &x| acc.checked_mul(x));
-        if units.is_none_or(|u| u > u32::MAX as usize) {
-            return Err(shape(
-                "the sm90 16-bit kernel's scheduler counts at most 2³² − 1 tiles",
-            ));
-        }
-        splitk::validate(s, self.split_k)
-    }
-
-    /// [`Sm90HalfConfig::validate`] for a block-sparse GEMM of kernel shape `s` (M the dense
+    /// `Plan::Sm90Half(self).validate(s)` for a block-sparse GEMM of kernel shape `s` (M the dense
     /// operand's rows, N the sparse operand's) with blocks of `block`: a tile no wider than a
     /// block (a tile's columns share one run of stored blocks), one batch entry, and `split_k`
     /// the most parts a run is cut into (1 to 16, `bsr::MAX_PARTS`).
@@ -188,20 +136,87 @@ fn dense_schedule(cfg: &Sm90HalfConfig, shape: GemmShape) -> Schedule {
         .schedule(shape.dims(), cfg.cluster().m, split, None)
 }
 
-/// The workspace a dense GEMM of `shape` with `cfg` takes (split K's buffers).
-pub(crate) fn workspace(cfg: &Sm90HalfConfig, shape: GemmShape) -> Result<WorkspaceSize> {
-    WorkspaceSize::split_k(&dense_schedule(cfg, shape), cfg.cluster(), cfg.split_k > 1)
+impl PlanConfig for Sm90HalfConfig {
+    /// Checks the configuration against a dense GEMM of shape `s`: [`Error::Config`] for a tile
+    /// the kernel lacks, a band outside 1..=M tiles, no CTAs or a split outside 1..=K stages;
+    /// [`Error::Shape`] for K not a multiple of 8 (TMA's 16-byte rows) or sizes past the
+    /// kernel's 32-bit indexing.
+    fn validate(&self, s: &GemmShape) -> Result<()> {
+        let tiles = HalfTile::ALL
+            .map(|t| format!("{} × {}", t.block_m(), t.block_n))
+            .join(", ");
+        if !HalfTile::ALL.contains(&self.tile) {
+            return Err(config(format!(
+                "tile {:?}: the sm90 16-bit kernel has tiles of {tiles}",
+                self.tile
+            )));
+        }
+        if self.ctas == 0 {
+            return Err(config("ctas = 0: a launch needs at least one CTA"));
+        }
+        if !(1..=MAX_CLUSTER).contains(&self.cluster_m) {
+            return Err(config(format!(
+                "cluster_m = {}: the sm90 16-bit kernel runs alone or in pairs along M",
+                self.cluster_m
+            )));
+        }
+        if !s.k.is_multiple_of(8) {
+            return Err(shape(format!(
+                "K = {}: 16-bit operands need K a multiple of 8 (16-byte rows for TMA)",
+                s.k
+            )));
+        }
+        if s.m > i32::MAX as usize || s.n > i32::MAX as usize || s.k > i32::MAX as usize {
+            return Err(shape("M, N and K must fit TMA's 32-bit coordinates"));
+        }
+        let stages = s.k.div_ceil(BLOCK_K as usize);
+        splitk::check_split(self.split_k, stages, BLOCK_K, s.k)?;
+        let (m_units, n_units) = self.units(s);
+        if !(1..=m_units).contains(&(self.group_m as usize)) {
+            return Err(config(format!(
+                "group_m = {}: M = {} has {m_units} units of {} rows (tile × cluster) to band",
+                self.group_m,
+                s.m,
+                self.tile.block_m() * self.cluster_m
+            )));
+        }
+        let units = [n_units, s.l, self.split_k as usize]
+            .iter()
+            .try_fold(m_units, |acc, &x| acc.checked_mul(x));
+        if units.is_none_or(|u| u > u32::MAX as usize) {
+            return Err(shape(
+                "the sm90 16-bit kernel's scheduler counts at most 2³² − 1 tiles",
+            ));
+        }
+        splitk::validate(s, self.split_k)
+    }
+
+    /// Split K's buffers (a dense GEMM's: the block-sparse one sizes its own).
+    fn workspace(&self, q: &Sizing<'_>) -> Result<WorkspaceSize> {
+        let schedule = dense_schedule(self, q.shape);
+        WorkspaceSize::split_k(&schedule, self.cluster(), self.split_k > 1)
+    }
+
+    fn fused_columns(&self) -> Result<u32> {
+        Ok(self.tile.block_n)
+    }
+
+    fn has_fused_kernel(&self, _needs: &FusedNeeds) -> bool {
+        [HalfType::Bf16, HalfType::F16]
+            .into_iter()
+            .any(|ty| family::kernel(self.tile, ty, Mode::Fused).is_some())
+    }
+
+    fn launch(&self, families: &Families, g: Gemm<'_, '_>) -> Result<()> {
+        let what = "sm90 16-bit kernel (it needs compute capability 9.0)";
+        families.require::<Sm90Half>(what)?.gemm(g, *self)
+    }
 }
 
 /// A block-sparse GEMM's schedule with `cfg` and its work list (made once per key on the
 /// sparse operand), for a kernel with `resident` CTAs resident at once.
-fn bsr_schedule(
-    stream: &Arc<CudaStream>,
-    resident: u32,
-    dense: &DeviceMatrix,
-    sparse: &DeviceBsr,
-    cfg: &Sm90HalfConfig,
-) -> Result<(Schedule, Arc<DeviceWork>)> {
+fn bsr_schedule(resident: u32, ops: BsrOperands, cfg: &Sm90HalfConfig) -> Result<SparseSchedule> {
+    let (stream, dense, sparse) = (ops.stream, ops.dense, ops.sparse);
     let (tile, cl) = (cfg.tile, cfg.cluster());
     let clusters = (cfg.ctas.min(resident) / cl.m).max(1) as usize;
     let (m, n, k) = (dense.desc.rows, sparse.matrix_rows, dense.desc.k);
@@ -235,16 +250,12 @@ const BOX_ROWS: [u32; 4] = [256, 128, 64, 32];
 impl OperandCopy for HalfOperand {
     /// Its maps are over the codes' buffer and its scale is the tensor scale, which a rewrite in
     /// place leaves as they were.
-    fn refresh(&mut self, _: &Arc<CudaStream>, _: &Source<'_>, _: Rewritten) -> Result<bool> {
+    fn refresh(&mut self, _: &Rewrite<'_>) -> Result<bool> {
         Ok(true)
     }
 
-    fn make(
-        stream: &Arc<CudaStream>,
-        m: &Source<'_>,
-        data: &Mem<'_>,
-        _made: &Prepared,
-    ) -> Result<Option<Self>> {
+    fn make(up: &Upload<'_>) -> Result<Option<Self>> {
+        let (stream, m, data) = (up.stream, up.matrix, up.data);
         let d = m.desc();
         if unsupported(d).is_some() {
             return Ok(None);
@@ -301,16 +312,12 @@ impl Family for Sm90Half {
         Some(CopyKind::of::<HalfOperand>())
     }
 
-    fn prepare_sparse(
-        &self,
-        stream: &Arc<CudaStream>,
-        matrix: &BsrMatrix,
-        values: &CudaSlice<u8>,
-    ) -> Result<Option<PreparedValue>> {
-        if half_type(matrix.elem()).is_none() {
+    fn prepare_sparse(&self, stream: &Arc<CudaStream>, blocks: StoredBlocks<'_>) -> Made {
+        if half_type(blocks.matrix.elem()).is_none() {
             return Ok(None);
         }
-        Ok(Some(Box::new(HalfSparse::prepare(stream, matrix, values)?)))
+        let copy = HalfSparse::prepare(stream, blocks.matrix, blocks.values)?;
+        Ok(Some(Box::new(copy)))
     }
 }
 
@@ -339,16 +346,8 @@ impl Sm90Half {
     /// C = alpha · A · Bᵀ with `cfg` (validated for `g.shape`): one launch, split K included.
     pub(crate) fn gemm(&self, g: Gemm<'_, '_>, cfg: Sm90HalfConfig) -> Result<()> {
         g.dense_only("the sm90 16-bit kernel")?;
-        let Gemm {
-            stream,
-            work,
-            shape,
-            a,
-            b,
-            c,
-            epi,
-            ..
-        } = g;
+        let (stream, work, shape) = (g.stream, g.work, g.shape);
+        let (a, b, c, epi) = (g.a, g.b, g.c, g.epi);
         let (Some(ao), Some(bo)) = (
             a.prepared.get::<HalfOperand>(),
             b.prepared.get::<HalfOperand>(),
@@ -374,16 +373,15 @@ impl Sm90Half {
         let (tile, cl) = (cfg.tile, cfg.cluster());
         let schedule = dense_schedule(&cfg, shape);
         let mut slot = work.splitk.slot(cfg.split_k);
-        let Persistent {
-            mut launch, splitk, ..
-        } = kernel.persistent(stream, &schedule, (cfg.ctas, cl), None, slot.as_mut())?;
+        let (mut launch, run) =
+            kernel.persistent(stream, &schedule, (cfg.ctas, cl), None, slot.as_mut())?;
         let (tmap_a, tmap_b) = (
             launch.ptr(ao.tmaps.get(128)?),
             launch.ptr(bo.tmaps.get(tile.block_n / cl.m)?),
         );
         // A fused epilogue stores directly: no output map.
         let staged = epi.is_none();
-        let params = output_params(&mut launch, c, tile, staged, (tmap_a, tmap_b, splitk));
+        let params = output_params(&mut launch, c, tile, staged, (tmap_a, tmap_b, run.splitk));
         // (The fused kernels stage their rows in shared memory, `HalfTile::fused_layout`.)
         let epi = Fused::params(epi, &mut launch, params.out, None);
         let params = Sm90HalfParams {
@@ -400,7 +398,7 @@ impl Sm90Half {
         };
         // SAFETY: `cfg` was validated for this shape (tile, band, split, 32-bit coordinates);
         // the maps cover the operands' live data (K, rows, L); the output holds l·m·n elements
-        // of `out_type` and its map (if any) covers them; `splitk` is sized for the schedule;
+        // of `out_type` and its map (if any) covers them; `run.splitk` is sized for the schedule;
         // the kernel is the fused one exactly when `epi` is set.
         let _gemm = unsafe { launch.launch_fused(params, epi) }?;
         Ok(())
@@ -410,34 +408,25 @@ impl Sm90Half {
     /// splits runs of blocks; the sparse operand's work list is made as the launch makes it).
     pub(crate) fn bsr_workspace(
         &self,
-        stream: &Arc<CudaStream>,
-        dense: &DeviceMatrix,
-        sparse: &DeviceBsr,
+        ops: BsrOperands,
         cfg: Sm90HalfConfig,
     ) -> Result<WorkspaceSize> {
+        let dense = ops.dense;
         let ty = half_type(dense.desc.format.elem).ok_or_else(|| {
             Error::Format(unsupported(&dense.desc).unwrap_or_else(|| "not 16-bit".into()))
         })?;
         let kernel = self.kernel(cfg.tile, ty, Mode::Sparse)?;
         let cl = cfg.cluster();
         let resident = kernel.resident(cl.m);
-        let (schedule, work) = bsr_schedule(stream, resident, dense, sparse, &cfg)?;
+        let (schedule, work) = bsr_schedule(resident, ops, &cfg)?;
         WorkspaceSize::split_k(&schedule, cl, work.slots > 0)
     }
 
-    /// C = alpha · A · Bᵀ with the operand on `side` block-sparse (`sparse`, bf16 blocks) and
-    /// `dense` the other, with `cfg` validated for the kernel's shape (M the dense operand's
-    /// rows, N the sparse operand's). With A sparse the kernel computes Cᵀ and stores it
-    /// transposed.
-    pub(crate) fn bsr_gemm(
-        &self,
-        (stream, ws): (&Arc<CudaStream>, &Workspace),
-        dense: &DeviceMatrix,
-        sparse: &DeviceBsr,
-        side: SparseSide,
-        c: &mut DeviceOutput,
-        cfg: Sm90HalfConfig,
-    ) -> Result<()> {
+    /// The block-sparse GEMM `g` (bf16 or fp16 blocks, C = alpha · A · Bᵀ) with `cfg` validated
+    /// for the kernel's shape.
+    pub(crate) fn bsr_gemm(&self, g: SparseGemm<'_, '_>, cfg: Sm90HalfConfig) -> Result<()> {
+        let (ws, side, c) = (g.work, g.side, g.c);
+        let (stream, dense, sparse) = (g.ops.stream, g.ops.dense, g.ops.sparse);
         let (Some(ao), Some(bo)) = (
             dense.prepared.get::<HalfOperand>(),
             sparse.prepared.get::<HalfSparse>(),
@@ -462,11 +451,10 @@ impl Sm90Half {
         let (tile, cl) = (cfg.tile, cfg.cluster());
         let (m, n, k) = (dense.desc.rows, sparse.matrix_rows, dense.desc.k);
         let resident = kernel.resident(cl.m);
-        let (schedule, work) = bsr_schedule(stream, resident, dense, sparse, &cfg)?;
+        let (schedule, work) = bsr_schedule(resident, g.ops, &cfg)?;
         let mut slot = ws.splitk.slot(if work.slots > 0 { 2 } else { 1 });
-        let Persistent {
-            mut launch, splitk, ..
-        } = kernel.persistent(stream, &schedule, (cfg.ctas, cl), None, slot.as_mut())?;
+        let (mut launch, run) =
+            kernel.persistent(stream, &schedule, (cfg.ctas, cl), None, slot.as_mut())?;
         let (tmap_a, tmap_b) = (
             launch.ptr(ao.tmaps.get(128)?),
             launch.ptr(bo.tmaps.get(tile.block_n / cl.m)?),
@@ -477,7 +465,7 @@ impl Sm90Half {
             c,
             tile,
             side == SparseSide::B,
-            (tmap_a, tmap_b, splitk),
+            (tmap_a, tmap_b, run.splitk),
         );
         let params = Sm90HalfParams {
             m: m as u32,
@@ -488,16 +476,12 @@ impl Sm90Half {
             split_k: 1,
             alpha: ao.scale,
             cluster_m: cl.m,
-            sparse: SparseParams {
-                segments: launch.ptr(&work.segments),
-                cols: launch.ptr(&sparse.col),
-                count: work.count,
-                slots: work.slots,
-                counters: work.counters,
-                transposed: (side == SparseSide::A) as u32,
-                sub_log2: sparse.stages_per_block().trailing_zeros(),
-                _pad: 0,
-            },
+            sparse: work.params(
+                &mut launch,
+                sparse,
+                side,
+                sparse.stages_per_block().trailing_zeros(),
+            ),
             ..params
         };
         // SAFETY: `cfg` was validated for the kernel's shape (`validate_sparse`: a tile no wider
@@ -505,7 +489,7 @@ impl Sm90Half {
         // sparse operand's map covers its stored blocks (at least one) and `cols` holds an
         // in-range column for each; every segment's positions are stages of stored blocks of its
         // tile's block row (`work_list` over the validated structure, in stages); the output
-        // holds m·n elements of `out_type` (C or, transposed, its product's shape); `splitk` is
+        // holds m·n elements of `out_type` (C or, transposed, its product's shape); `run.splitk` is
         // sized for the schedule's slots and counters.
         let _gemm = unsafe { launch.launch(&params) }?;
         Ok(())
@@ -563,10 +547,7 @@ crate::held::held!(HalfSparse: tmaps);
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn s(m: usize, n: usize, k: usize, l: usize) -> GemmShape {
-        GemmShape { m, n, k, l }
-    }
+    use crate::families::test_util::{broken_knobs, shape as s};
 
     fn cfg(tile: HalfTile) -> Sm90HalfConfig {
         Sm90HalfConfig {
@@ -609,11 +590,6 @@ mod tests {
                 },
                 ..ok
             },
-            Sm90HalfConfig { ctas: 0, ..ok },
-            Sm90HalfConfig { split_k: 0, ..ok },
-            Sm90HalfConfig { split_k: 3, ..ok },
-            Sm90HalfConfig { group_m: 0, ..ok },
-            Sm90HalfConfig { group_m: 4, ..ok },
             Sm90HalfConfig { cluster_m: 0, ..ok },
             Sm90HalfConfig { cluster_m: 3, ..ok },
             // Pairs: 300 rows are 2 units of 256.
@@ -622,7 +598,11 @@ mod tests {
                 group_m: 3,
                 ..ok
             },
-        ] {
+        ]
+        .into_iter()
+        // 300 rows are 3 units of 128; K = 72 is 2 stages of 64.
+        .chain(broken_knobs!(ok, bands: 3, stages: 2))
+        {
             assert!(
                 matches!(bad.validate(&s(300, 200, 72, 2)), Err(Error::Config(_))),
                 "{bad:?}"

@@ -6,8 +6,8 @@ use crate::buffers::DeviceOutput;
 use crate::error::{Error, Result, config};
 pub(crate) use crate::families::operands::mx::{scale_format, unsupported};
 use crate::families::operands::{CopyKind, MxOperand};
-use crate::families::persistent::{self, Loader, Persistent, persistent_ctas};
-use crate::families::{Family, Gemm};
+use crate::families::persistent::{self, Loader, persistent_ctas};
+use crate::families::{Families, Family, FusedNeeds, Gemm, PlanConfig, Sizing};
 use crate::fused::Fused;
 use crate::grouped::DeviceGroups;
 use crate::matrix::{GemmShape, MatrixDesc};
@@ -37,28 +37,6 @@ crate::config::config_fields!(Sm90MxConfig {
     ctas: u32 => with_ctas,
     split_k: u32 => with_split_k,
 });
-
-impl Sm90MxConfig {
-    /// Checks every field against the kernel and `s` ([`Error::Config`]) and the shape against
-    /// the kernel's 32-bit indexing ([`Error::Shape`]). The launch trusts what passes.
-    pub fn validate(&self, s: &GemmShape) -> Result<()> {
-        let Sm90MxConfig {
-            tile,
-            group_m,
-            ctas,
-            split_k,
-        } = *self;
-        if !MxTile::ALL.contains(&tile) {
-            return Err(config(format!(
-                "tile 128 × {}: the sm90 MX kernel has 128 × 256 and 128 × 128",
-                tile.block_n
-            )));
-        }
-        let m_tiles = s.m.div_ceil(BLOCK_M as usize);
-        let n_tiles = s.n.div_ceil(tile.block_n as usize);
-        persistent::validate_schedule(s, (m_tiles, n_tiles), BLOCK_K, (group_m, ctas, split_k))
-    }
-}
 
 /// The schedule of a GEMM of `shape` with `cfg`: the kernel's own function.
 fn dense_schedule(cfg: &Sm90MxConfig, shape: GemmShape, groups: Option<&DeviceGroups>) -> Schedule {
@@ -107,6 +85,53 @@ impl Family for Sm90Mx {
     }
 }
 
+impl PlanConfig for Sm90MxConfig {
+    /// Checks every field against the kernel and `s` ([`Error::Config`]) and the shape against
+    /// the kernel's 32-bit indexing ([`Error::Shape`]). The launch trusts what passes.
+    fn validate(&self, s: &GemmShape) -> Result<()> {
+        let n = self.tile.block_n;
+        if !MxTile::ALL.contains(&self.tile) {
+            let tiles = "128 × 256 and 128 × 128";
+            return Err(config(format!(
+                "tile 128 × {n}: the sm90 MX kernel has {tiles}"
+            )));
+        }
+        let tiles = (s.m.div_ceil(BLOCK_M as usize), s.n.div_ceil(n as usize));
+        let knobs = (self.group_m, self.ctas, self.split_k);
+        persistent::validate_schedule(s, tiles, BLOCK_K, knobs)
+    }
+
+    fn unsupported(&self, a: &MatrixDesc, b: &MatrixDesc) -> Option<String> {
+        unsupported_pair(a, b)
+    }
+
+    fn grouped_split(&self) -> Option<u32> {
+        Some(self.split_k)
+    }
+
+    fn workspace(&self, q: &Sizing<'_>) -> Result<WorkspaceSize> {
+        let mx = q.families.require::<Sm90Mx>(NEEDS_SM90)?;
+        mx.workspace(self, q.shape, q.groups, q.fused)
+    }
+
+    fn fused_columns(&self) -> Result<u32> {
+        Ok(self.tile.block_n)
+    }
+
+    fn has_fused_kernel(&self, _needs: &FusedNeeds) -> bool {
+        family::KERNELS
+            .iter()
+            .any(|k| k.fused && k.tile == self.tile)
+    }
+
+    fn launch(&self, families: &Families, g: Gemm<'_, '_>) -> Result<()> {
+        families.require::<Sm90Mx>(NEEDS_SM90)?.gemm(g, *self)
+    }
+}
+
+/// What [`Families::require`] says of the MX family where the GPU's module has none.
+const NEEDS_SM90: &str = "sm90 MX kernel (it needs compute capability 9.0)";
+
 impl Sm90Mx {
     /// Loads the kernels when the module built for `target` has them.
     pub(crate) fn load(cx: &Loader) -> Result<Option<Self>> {
@@ -146,20 +171,9 @@ impl Sm90Mx {
 
     /// C = A · Bᵀ with `cfg` (validated for `g.shape`): one launch, split K included.
     pub(crate) fn gemm(&self, g: Gemm<'_, '_>, cfg: Sm90MxConfig) -> Result<()> {
-        let Gemm {
-            stream,
-            work,
-            shape,
-            a,
-            b,
-            c,
-            groups,
-            epi,
-        } = g;
+        let (stream, work, shape, groups) = (g.stream, g.work, g.shape, g.groups);
+        let (a, b, c, epi) = (g.a, g.b, g.c, g.epi);
         let GemmShape { m, n, k, l } = shape;
-        if let Some(e) = unsupported_pair(&a.desc, &b.desc) {
-            return Err(Error::Format(e));
-        }
         let def = family_kernel(cfg.tile, &a.desc, &b.desc, epi.is_some());
         let kernel = persistent::find(&self.kernels, def, || {
             config(format!(
@@ -181,20 +195,15 @@ impl Sm90Mx {
         } = c;
         let schedule = dense_schedule(&cfg, shape, groups);
         let mut staging = crate::alloc::lock(&work.staging);
-        let Persistent {
-            mut launch,
-            ctas,
-            groups: group_params,
-            splitk,
-        } = kernel.persistent(
-            stream,
-            &schedule,
-            (cfg.ctas, ClusterShape::ONE),
-            groups,
-            slot.as_mut(),
-        )?;
+        let grid = (cfg.ctas, ClusterShape::ONE);
+        let (mut launch, run) =
+            kernel.persistent(stream, &schedule, grid, groups, slot.as_mut())?;
         // The MX kernel has no output staging: a fused epilogue stages its rows in global memory.
-        let geometry = (ctas, blockscaled_kernels::sm90_mx::CONSUMERS, tile.block_n);
+        let geometry = (
+            run.ctas,
+            blockscaled_kernels::sm90_mx::CONSUMERS,
+            tile.block_n,
+        );
         let scratch = Fused::scratch(&epi, stream, geometry, &mut staging)?;
         let out_ptr = launch.ptr_mut(out);
         let params = Sm90MxParams {
@@ -203,7 +212,7 @@ impl Sm90Mx {
             tmap_sfa: launch.ptr(&ao.scale_map),
             sfb: launch.ptr(&bo.scales),
             out: out_ptr,
-            splitk,
+            splitk: run.splitk,
             m: m as u32,
             n: n as u32,
             k: k as u32,
@@ -214,14 +223,14 @@ impl Sm90Mx {
             group_m: cfg.group_m,
             split_k: cfg.split_k,
             alpha: a.desc.tensor_scale * b.desc.tensor_scale,
-            groups: group_params,
+            groups: run.groups,
         };
         let epi = Fused::params(epi, &mut launch, out_ptr, scratch);
         // SAFETY: `cfg` was validated for this shape (grouped: no split, `groups` holds `count`
         // int32 values on this GPU); the tensor maps cover the live data of the
         // prepared operands with boxes of the tile's rows; the scale buffers hold
         // l·⌈k/64⌉·rows_pad·(64/block) bytes with rows_pad a multiple of 256 ≥ every tile's rows;
-        // the output holds l·m·n elements of `out_type` (and `splitk` is sized for the schedule);
+        // the output holds l·m·n elements of `out_type` (and `run.splitk` is sized for the schedule);
         // the kernel is the fused one exactly when `epi` is set (its scratch sized for the grid).
         let _gemm = unsafe { launch.launch_fused(params, epi) }?;
         Ok(())
@@ -231,27 +240,13 @@ impl Sm90Mx {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::families::test_util::{broken_knobs, desc, takes_mx_pairs_only};
     use crate::format::Recipe;
-
-    fn desc(recipe: Recipe, rows: usize, k: usize, b: bool) -> MatrixDesc {
-        MatrixDesc::of_recipe(recipe, rows, k, b)
-    }
 
     #[test]
     fn every_mx_and_nvfp4_recipe_runs_on_the_kernel_and_fp32_scaled_fp8_does_not() {
         use crate::format::Fp8;
-        for r in [
-            Recipe::Mxfp8(Fp8::E4M3),
-            Recipe::Mxfp8(Fp8::E5M2),
-            Recipe::Mxfp4,
-            Recipe::Nvfp4,
-            Recipe::E2m1E8m0x16,
-        ] {
-            let (a, b) = (desc(r, 100, 256, false), desc(r, 70, 256, true));
-            assert_eq!(unsupported_pair(&a, &b), None, "{r}");
-        }
-        let ds = Recipe::DeepSeekFp8;
-        assert!(unsupported_pair(&desc(ds, 64, 256, false), &desc(ds, 64, 256, true)).is_some());
+        takes_mx_pairs_only(unsupported_pair);
         // Mixed widths, mixed scale formats, and e2m1 rows that are not 16-byte multiples.
         let (fp8, fp4) = (
             desc(Recipe::Mxfp8(Fp8::E4M3), 64, 256, false),
@@ -279,17 +274,15 @@ mod tests {
             split_k: 4,
         };
         assert!(ok.validate(&s).is_ok());
-        for bad in [
-            Sm90MxConfig {
-                tile: MxTile { block_n: 64 },
-                ..ok
-            },
-            Sm90MxConfig { group_m: 0, ..ok },
-            Sm90MxConfig { group_m: 3, ..ok },
-            Sm90MxConfig { ctas: 0, ..ok },
-            Sm90MxConfig { split_k: 0, ..ok },
-            Sm90MxConfig { split_k: 5, ..ok },
-        ] {
+        let narrow = Sm90MxConfig {
+            tile: MxTile { block_n: 64 },
+            ..ok
+        };
+        // 256 rows are 2 units of 128; K = 256 is 4 stages of 64.
+        for bad in [narrow]
+            .into_iter()
+            .chain(broken_knobs!(ok, bands: 2, stages: 4))
+        {
             assert!(matches!(bad.validate(&s), Err(Error::Config(_))), "{bad:?}");
         }
     }

@@ -7,14 +7,13 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 
-use super::OperandCopy;
-use crate::buffers::{DeviceMatrix, Mem, OnFirstUse, Prepared};
+use super::{OperandCopy, Rewrite, Upload};
+use crate::buffers::{DeviceMatrix, OnFirstUse};
 use crate::error::{Error, Result};
-use crate::families::Rewritten;
 use crate::format::{ElemType, ScaleType};
 use crate::matrix::MatrixDesc;
 use crate::prepare::{GatherTo, Preparers, Source};
-use crate::tensor_map::{BoxMaps, DataType, Swizzle, encode_scale_rows};
+use crate::tensor_map::{BoxMaps, DataType, MapLayout, Swizzle, encode_scale_rows};
 use blockscaled_kernels::gemm::scheduler::MAX_CLUSTER;
 use blockscaled_kernels::sm90::{
     self as family, BLOCK_K, BLOCK_N, ROW_BYTES, Tile, WG_ROWS, m_pad,
@@ -215,15 +214,8 @@ impl Sm90Operand {
         };
         // (Row strides are multiples of 16 bytes: K % 128 == 0.)
         let (ptr, _g) = data.device_ptr(stream);
-        let layout = (
-            DataType::CU_TENSOR_MAP_DATA_TYPE_UINT8,
-            [k, rows, l],
-            1,
-            ROW_BYTES,
-            Swizzle::CU_TENSOR_MAP_SWIZZLE_128B,
-        );
         Ok(Sm90Operand {
-            tmaps: BoxMaps::new(stream, ptr, layout, BOX_ROWS)?,
+            tmaps: BoxMaps::new(stream, ptr, code_layout([k, rows, l]), BOX_ROWS)?,
             sfa,
             sfa_map,
             b_role: b_role.map(OnFirstUse::made),
@@ -276,14 +268,23 @@ const _: () = {
     }
 };
 
+/// FP8 codes of `dims` (K, rows, batch) as the kernels' maps read them: bytes, boxes of
+/// [`ROW_BYTES`] of K (one 128-byte swizzle row).
+pub(crate) fn code_layout(dims: [usize; 3]) -> MapLayout {
+    let swizzle = Swizzle::CU_TENSOR_MAP_SWIZZLE_128B;
+    (
+        DataType::CU_TENSOR_MAP_DATA_TYPE_UINT8,
+        dims,
+        1,
+        ROW_BYTES,
+        swizzle,
+    )
+}
+
 impl OperandCopy for Sm90Operand {
     /// `None` when the matrix can take neither role.
-    fn make(
-        stream: &Arc<CudaStream>,
-        m: &Source<'_>,
-        data: &Mem<'_>,
-        _made: &Prepared,
-    ) -> Result<Option<Self>> {
+    fn make(up: &Upload<'_>) -> Result<Option<Self>> {
+        let (stream, m, data) = (up.stream, up.matrix, up.data);
         let d = *m.desc();
         let (as_a, as_b) = (
             unsupported(&d, false).is_none(),
@@ -303,12 +304,9 @@ impl OperandCopy for Sm90Operand {
 
     /// Its scale copies for `m` (rewritten in place): the A role's made again in the same buffer
     /// where the writer did not rewrite them ([`Rewritten::sfa`]), the B role's at its next use.
-    fn refresh(
-        &mut self,
-        stream: &Arc<CudaStream>,
-        m: &Source<'_>,
-        written: Rewritten,
-    ) -> Result<bool> {
+    fn refresh(&mut self, re: &Rewrite<'_>) -> Result<bool> {
+        let (stream, m) = (re.stream, re.matrix);
+        let written = re.written;
         let d = *m.desc();
         if let Some((sfa, m_pad)) = &mut self.sfa
             && !written.sfa

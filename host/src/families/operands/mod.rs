@@ -23,31 +23,42 @@ pub(crate) use output::Sm90Output;
 /// A copy a family keeps of each uploaded matrix it can take, beside the matrix's codes and
 /// scales, in the matrix's [`Prepared`] slot.
 pub(crate) trait OperandCopy: Held + Sized {
-    /// The copy of `m` (its codes in `data`), read from the host's copy or the device's
-    /// ([`Source`]); `None` where the matrix has none. `made`: the copies made before it of the
-    /// same matrix, which it may read rather than keep a layout of its own.
-    fn make(
-        stream: &Arc<CudaStream>,
-        m: &Source<'_>,
-        data: &Mem<'_>,
-        made: &Prepared,
-    ) -> Result<Option<Self>>;
+    /// The copy of the uploaded matrix; `None` where the matrix has none.
+    fn make(up: &Upload<'_>) -> Result<Option<Self>>;
 
     /// Rewrites it in its own buffers for `m`, rewritten in place (same description and
     /// buffers, so its tensor maps stay valid); `written`: the copies the writer rewrote itself.
     /// `Ok(false)` where it cannot (the matrix is then prepared anew).
-    fn refresh(
-        &mut self,
-        stream: &Arc<CudaStream>,
-        m: &Source<'_>,
-        written: Rewritten,
-    ) -> Result<bool>;
+    fn refresh(&mut self, re: &Rewrite<'_>) -> Result<bool>;
+}
+
+/// A matrix as its copies are made: at upload, or when a device writer made it.
+#[derive(Clone, Copy)]
+pub(crate) struct Upload<'a> {
+    pub stream: &'a Arc<CudaStream>,
+    /// The matrix, read from the host's copy or the device's ([`Source`]).
+    pub matrix: &'a Source<'a>,
+    /// Its codes.
+    pub data: &'a Mem<'a>,
+    /// The copies made before this one of the same matrix, which it may read rather than keep a
+    /// layout of its own.
+    pub made: &'a Prepared,
+}
+
+/// A matrix whose codes and scales a device writer rewrote in place (same description and
+/// buffers).
+#[derive(Clone, Copy)]
+pub(crate) struct Rewrite<'a> {
+    pub stream: &'a Arc<CudaStream>,
+    pub matrix: &'a Source<'a>,
+    /// The copies the writer rewrote itself.
+    pub written: Rewritten,
 }
 
 /// [`OperandCopy::make`] of one type, boxed for a [`Prepared`] slot.
-type Make = fn(&Arc<CudaStream>, &Source<'_>, &Mem<'_>, &Prepared) -> Result<Option<PreparedValue>>;
+type Make = fn(&Upload<'_>) -> Result<Option<PreparedValue>>;
 /// [`OperandCopy::refresh`] of one type, in a [`Prepared`] slot.
-type Refresh = fn(&Arc<CudaStream>, &Source<'_>, &mut Prepared, Rewritten) -> Result<bool>;
+type Refresh = fn(&Rewrite<'_>, &mut Prepared) -> Result<bool>;
 
 /// An [`OperandCopy`] type's two operations, as a family names its copy
 /// ([`Family::operand_copy`](super::Family::operand_copy)).
@@ -62,14 +73,14 @@ pub(crate) struct CopyKind {
 impl CopyKind {
     pub(crate) fn of<C: OperandCopy>() -> CopyKind {
         CopyKind {
-            make: |stream, m, data, made| {
-                if made.get::<C>().is_some() {
+            make: |up| {
+                if up.made.get::<C>().is_some() {
                     return Ok(None);
                 }
-                Ok(C::make(stream, m, data, made)?.map(|c| Box::new(c) as PreparedValue))
+                Ok(C::make(up)?.map(|c| Box::new(c) as PreparedValue))
             },
-            refresh: |stream, m, prepared, written| match prepared.get_mut::<C>() {
-                Some(c) => c.refresh(stream, m, written),
+            refresh: |re, prepared| match prepared.get_mut::<C>() {
+                Some(c) => c.refresh(re),
                 None => Ok(true),
             },
         }

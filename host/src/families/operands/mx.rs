@@ -7,10 +7,9 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 
-use super::OperandCopy;
-use crate::buffers::{DeviceMatrix, Mem, OnFirstUse, Prepared};
+use super::{OperandCopy, Rewrite, Upload};
+use crate::buffers::{DeviceMatrix, OnFirstUse, Prepared};
 use crate::error::Result;
-use crate::families::Rewritten;
 use crate::format::{ElemType, ScaleBlock, ScaleType};
 use crate::matrix::MatrixDesc;
 use crate::prepare::{GatherTo, Preparers, Source};
@@ -144,12 +143,8 @@ impl MxOperand {
 }
 
 impl OperandCopy for MxOperand {
-    fn make(
-        stream: &Arc<CudaStream>,
-        m: &Source<'_>,
-        data: &Mem<'_>,
-        _made: &Prepared,
-    ) -> Result<Option<Self>> {
+    fn make(up: &Upload<'_>) -> Result<Option<Self>> {
+        let (stream, m, data) = (up.stream, up.matrix, up.data);
         let d = m.desc();
         if unsupported(d).is_some() {
             return Ok(None);
@@ -185,12 +180,9 @@ impl OperandCopy for MxOperand {
     /// Its copies for `m`, rewritten in place: the scale layout made again in the same buffer
     /// where the writer did not write it ([`Rewritten::mx_scales`]), the row maxima at their
     /// next use.
-    fn refresh(
-        &mut self,
-        stream: &Arc<CudaStream>,
-        m: &Source<'_>,
-        written: Rewritten,
-    ) -> Result<bool> {
+    fn refresh(&mut self, re: &Rewrite<'_>) -> Result<bool> {
+        let (stream, m) = (re.stream, re.matrix);
+        let written = re.written;
         if !written.mx_scales {
             let scale = scale_format(m.desc()).expect("prepared, so supported");
             m.gather_into(

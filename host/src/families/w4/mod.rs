@@ -8,17 +8,17 @@ pub(crate) mod heuristic;
 
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 
-use crate::buffers::{DeviceMatrix, DeviceOutput, Mem, OnFirstUse, Prepared};
+use crate::buffers::{DeviceMatrix, DeviceOutput, OnFirstUse, Prepared};
 use crate::error::{Error, Result, config};
 use crate::families::operands::Sm90Operand;
 use crate::families::operands::mx::{MxOperand, kernel_scales, kernel_scales_to, scale_format};
-use crate::families::operands::{CopyKind, OperandCopy};
-use crate::families::persistent::{self, Loader, Persistent};
-use crate::families::{Family, Gemm, Rewritten};
+use crate::families::operands::{CopyKind, OperandCopy, Rewrite, Upload};
+use crate::families::persistent::{self, Loader};
+use crate::families::{Families, Family, Gemm, PlanConfig, Sizing, computes_transposed};
 use crate::format::{ElemType, ScaleBlock, ScaleType};
 use crate::grouped::DeviceGroups;
 use crate::matrix::{GemmShape, MatrixDesc};
-use crate::prepare::{GatherTo, Preparers, Source};
+use crate::prepare::{GatherTo, Preparers};
 use crate::tensor_map::{DataType, Swizzle, encode_3d, encode_scale_rows};
 use crate::workspace::WorkspaceSize;
 use blockscaled_kernels::gemm::scheduler::{ClusterShape, Schedule};
@@ -47,33 +47,6 @@ crate::config::config_fields!(Sm90W4Config {
     ctas: u32 => with_ctas,
     split_k: u32 => with_split_k,
 });
-
-impl Sm90W4Config {
-    /// Checks every field against the kernel and `s` ([`Error::Config`]) and the shape against
-    /// the kernel's 32-bit indexing ([`Error::Shape`]). The launch trusts what passes.
-    pub fn validate(&self, s: &GemmShape) -> Result<()> {
-        let Sm90W4Config {
-            tile,
-            group_m,
-            ctas,
-            split_k,
-        } = *self;
-        if !W4Tile::ALL.contains(&tile) {
-            return Err(config(format!(
-                "tile of {} activation rows: the sm90 4-bit-weights kernel has 16 and 128",
-                tile.n
-            )));
-        }
-        let weight_tiles = s.n.div_ceil(WEIGHT_ROWS as usize);
-        let act_tiles = s.m.div_ceil(tile.n as usize);
-        persistent::validate_schedule(
-            s,
-            (weight_tiles, act_tiles),
-            BLOCK_K,
-            (group_m, ctas, split_k),
-        )
-    }
-}
 
 /// The activations' kind for A, if the kernel takes it beside weights of scale format `b`.
 fn activation(a: &MatrixDesc, b: &MatrixDesc) -> Option<Activation> {
@@ -256,6 +229,48 @@ fn dense_schedule(cfg: &Sm90W4Config, shape: GemmShape, groups: Option<&DeviceGr
         .schedule(shape.dims(), (cfg.split_k, cfg.group_m), groups)
 }
 
+impl PlanConfig for Sm90W4Config {
+    /// Checks every field against the kernel and `s` ([`Error::Config`]) and the shape against
+    /// the kernel's 32-bit indexing ([`Error::Shape`]). The launch trusts what passes.
+    fn validate(&self, s: &GemmShape) -> Result<()> {
+        // Weight rows along the band, activation rows across it.
+        let rows = self.tile.n;
+        if !W4Tile::ALL.contains(&self.tile) {
+            let kernel = "the sm90 4-bit-weights kernel has 16 and 128";
+            return Err(config(format!("tile of {rows} activation rows: {kernel}")));
+        }
+        let tiles = (
+            s.n.div_ceil(WEIGHT_ROWS as usize),
+            s.m.div_ceil(rows as usize),
+        );
+        persistent::validate_schedule(s, tiles, BLOCK_K, (self.group_m, self.ctas, self.split_k))
+    }
+
+    fn unsupported(&self, a: &MatrixDesc, b: &MatrixDesc) -> Option<String> {
+        unsupported_pair(a, b)
+    }
+
+    fn grouped_split(&self) -> Option<u32> {
+        Some(self.split_k)
+    }
+
+    /// Split K's buffers.
+    fn workspace(&self, q: &Sizing<'_>) -> Result<WorkspaceSize> {
+        let schedule = dense_schedule(self, q.shape, q.groups);
+        WorkspaceSize::split_k(&schedule, ClusterShape::ONE, self.split_k > 1)
+    }
+
+    /// None: the kernel computes Cᵀ.
+    fn fused_columns(&self) -> Result<u32> {
+        Err(computes_transposed(self))
+    }
+
+    fn launch(&self, families: &Families, g: Gemm<'_, '_>) -> Result<()> {
+        let what = "sm90 4-bit-weights kernel (it needs compute capability 9.0)";
+        families.require::<Sm90W4>(what)?.gemm(g, *self)
+    }
+}
+
 impl Sm90W4 {
     /// Loads the kernels when the module built for `target` has them.
     pub(crate) fn load(cx: &Loader) -> Result<Option<Self>> {
@@ -266,33 +281,12 @@ impl Sm90W4 {
         Ok(Some(Sm90W4 { kernels, preparers }))
     }
 
-    /// The workspace a GEMM of `shape` with `cfg` takes (split K's buffers).
-    pub(crate) fn workspace(
-        cfg: &Sm90W4Config,
-        shape: GemmShape,
-        groups: Option<&DeviceGroups>,
-    ) -> Result<WorkspaceSize> {
-        let schedule = dense_schedule(cfg, shape, groups);
-        WorkspaceSize::split_k(&schedule, ClusterShape::ONE, cfg.split_k > 1)
-    }
-
     /// C = A · Bᵀ (computed as Cᵀ = B · Aᵀ) with `cfg` (validated for `g.shape`): one launch,
     /// split K included.
     pub(crate) fn gemm(&self, g: Gemm<'_, '_>, cfg: Sm90W4Config) -> Result<()> {
-        let Gemm {
-            stream,
-            work,
-            shape,
-            a,
-            b,
-            c,
-            groups,
-            epi,
-        } = g;
+        let (stream, work, shape, groups) = (g.stream, g.work, g.shape, g.groups);
+        let (a, b, c, epi) = (g.a, g.b, g.c, g.epi);
         let GemmShape { m, n, k, l } = shape;
-        if let Some(e) = unsupported_pair(&a.desc, &b.desc) {
-            return Err(Error::Format(e));
-        }
         if epi.is_some() {
             return Err(config(
                 "the 4-bit-weights kernel computes Cᵀ: it has no fused epilogue (the sm90 MX \
@@ -330,18 +324,9 @@ impl Sm90W4 {
             buf: out, dtype, ..
         } = c;
         let schedule = dense_schedule(&cfg, shape, groups);
-        let Persistent {
-            mut launch,
-            groups: group_params,
-            splitk,
-            ..
-        } = kernel.persistent(
-            stream,
-            &schedule,
-            (cfg.ctas, ClusterShape::ONE),
-            groups,
-            slot.as_mut(),
-        )?;
+        let grid = (cfg.ctas, ClusterShape::ONE);
+        let (mut launch, run) =
+            kernel.persistent(stream, &schedule, grid, groups, slot.as_mut())?;
         // The FP8 family's A-role scales, where the maps read them (`W4Operand::fp8_scales`).
         let a8_shared = match ao.fp8_scales {
             true => Some(
@@ -375,7 +360,7 @@ impl Sm90W4 {
                 _ => 0,
             },
             out: launch.ptr_mut(out),
-            splitk,
+            splitk: run.splitk,
             m: m as u32,
             n: n as u32,
             k: k as u32,
@@ -386,7 +371,7 @@ impl Sm90W4 {
             group_m: cfg.group_m,
             split_k: cfg.split_k,
             alpha: a_scale * a.desc.tensor_scale * b.desc.tensor_scale,
-            groups: group_params,
+            groups: run.groups,
         };
         // Keep the reordered weights alive and ordered with the launch.
         let _ = launch.ptr(&w.data);
@@ -394,19 +379,16 @@ impl Sm90W4 {
         // int32 values on this GPU); the maps cover the live data of the
         // prepared operands (weights reordered with K padded to 64) with boxes of the tile's rows;
         // the scale buffers hold whole padded tiles of rows and stages of K; the output holds
-        // l·m·n elements of `out_type` (and `splitk` is sized for the schedule).
+        // l·m·n elements of `out_type` (and `run.splitk` is sized for the schedule).
         let _gemm = unsafe { launch.launch(&params) }?;
         Ok(())
     }
 }
 
 impl OperandCopy for W4Operand {
-    fn make(
-        stream: &Arc<CudaStream>,
-        m: &Source<'_>,
-        data: &Mem<'_>,
-        made: &Prepared,
-    ) -> Result<Option<Self>> {
+    fn make(up: &Upload<'_>) -> Result<Option<Self>> {
+        let (stream, m, data) = (up.stream, up.matrix, up.data);
+        let made = up.made;
         let d = *m.desc();
         let f = &d.format;
         let (rows, k, l) = (d.rows, d.k, d.batch);
@@ -530,12 +512,8 @@ impl OperandCopy for W4Operand {
         }))
     }
 
-    fn refresh(
-        &mut self,
-        stream: &Arc<CudaStream>,
-        m: &Source<'_>,
-        _written: Rewritten,
-    ) -> Result<bool> {
+    fn refresh(&mut self, re: &Rewrite<'_>) -> Result<bool> {
+        let (stream, m) = (re.stream, re.matrix);
         let op = self;
         let d = *m.desc();
         let mx_scales = op.mx_scales;
@@ -569,13 +547,10 @@ crate::held::held!(Weights: data, tmap);
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::families::test_util::desc;
     use crate::format::{Fp4Weights, Recipe};
     use crate::matrix::ScaledMatrix;
     use blockscaled_kernels::sm90_w4::weight_k;
-
-    fn desc(recipe: Recipe, rows: usize, k: usize, b: bool) -> MatrixDesc {
-        MatrixDesc::of_recipe(recipe, rows, k, b)
-    }
 
     #[test]
     fn weight_only_and_fp4_pairs_run_on_the_kernel_and_others_do_not() {
