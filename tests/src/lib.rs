@@ -162,6 +162,127 @@ pub fn no_cancellation_matrix(
     ScaledMatrix::quantize(&v, rows, k, batch, format).expect("valid random matrix")
 }
 
+/// The error a kernel may make on operands that do not cancel (A ≥ 0, each row of B of one
+/// sign: [`no_cancellation_matrix`]), where |C| = Σ_k |a_k·b_k| in every element: per element at
+/// most `below` of it under the exact sum and `above` over it; the mean relative deviation
+/// ([`mean_relative_deviation`]) within `mean`. Each family's kernels state theirs from their
+/// arithmetic.
+#[derive(Clone, Copy, Debug)]
+pub struct NoCancellation {
+    pub below: f64,
+    pub above: f64,
+    pub mean: (f64, f64),
+}
+
+impl NoCancellation {
+    /// Hopper FP8 tensor cores with partial sums promoted to fp32 every 128 of K: truncation
+    /// toward zero, [`FP8_ACCUMULATION_REL`] below and nothing but roundings (2^-16) above; the
+    /// mean within 2^-9 below (truncation's spread) and 2^-16 above.
+    pub const FP8: NoCancellation = NoCancellation {
+        below: FP8_ACCUMULATION_REL,
+        above: 1.0 / 65536.0,
+        mean: (-1.0 / 512.0, 1.0 / 65536.0),
+    };
+
+    /// bf16 or fp16 tensor cores on operands exact in that type (the MX, 16-bit and
+    /// 4-bit-weights kernels), K = `k`: [`bf16_mma_rel`] on either side and for the mean.
+    pub fn half(k: usize) -> NoCancellation {
+        let r = bf16_mma_rel(k);
+        NoCancellation {
+            below: r,
+            above: r,
+            mean: (-r, r),
+        }
+    }
+
+    /// `self` scaled by `factor` ≥ 1 (an epilogue's α applied to a product, whose output adds
+    /// one rounding of its own).
+    pub fn scaled(self, factor: f64) -> NoCancellation {
+        NoCancellation {
+            below: self.below * factor,
+            above: self.above * factor,
+            mean: (self.mean.0 * factor, self.mean.1 * factor),
+        }
+    }
+}
+
+/// Checks `got` (f32 outputs of a GEMM on operands that do not cancel) against `want`, its exact
+/// values, with `abs` = Σ_k |a_k·b_k| per element: every element one-sided within `bounds`
+/// ([`compare_magnitudes`]; NaN and a sign flip never pass), the mean deviation within
+/// `bounds.mean` — and the check itself sensitive: the same result with a planted error of
+/// × 1.005 or × 0.995 must fail it. Returns the largest relative error and the mean deviation.
+pub fn check_no_cancellation(
+    got: &HostOutput,
+    want: &HostOutput,
+    abs: &[f64],
+    bounds: NoCancellation,
+) -> Result<(f64, f64), String> {
+    if got.dtype != OutType::F32 {
+        return Err("a no-cancellation check reads f32 outputs (a 16-bit rounding is 0.4%)".into());
+    }
+    let below: Vec<f64> = abs.iter().map(|s| s * bounds.below).collect();
+    let above: Vec<f64> = abs.iter().map(|s| s * bounds.above).collect();
+    let check = |o: &HostOutput| {
+        compare_magnitudes(o, want, 1.0, &below, &above)?;
+        let mean = mean_relative_deviation(o, want);
+        let (lo, hi) = bounds.mean;
+        if (lo..=hi).contains(&mean) {
+            Ok(())
+        } else {
+            Err(format!(
+                "mean deviation {mean:.3e} outside [{lo:.1e}, {hi:.1e}]"
+            ))
+        }
+    };
+    check(got)?;
+    for factor in [1.005f32, 0.995] {
+        let mut planted = got.clone();
+        planted.values.iter_mut().for_each(|v| *v *= factor);
+        if check(&planted).is_ok() {
+            return Err(format!("a planted error (× {factor}) passes the check"));
+        }
+    }
+    Ok((
+        max_relative_error(got, want),
+        mean_relative_deviation(got, want),
+    ))
+}
+
+/// A · Bᵀ on `g` with the plan `plan` picks, on fresh operands of formats `(fa, fb)` and sizes
+/// `(m, n, k, l)` that do not cancel ([`no_cancellation_matrix`]), checked with
+/// [`check_no_cancellation`] against the float64 reference of the operands the kernel multiplies
+/// (`kernel_operands`: the matrices themselves, or the copies a pre-pass makes of them, such as
+/// the fold's). Returns the largest relative error and the mean deviation.
+pub fn no_cancellation_gemm(
+    g: &Gpu,
+    (m, n, k, l): (usize, usize, usize, usize),
+    (fa, fb): (OperandFormat, OperandFormat),
+    seed: u64,
+    bounds: NoCancellation,
+    plan: impl FnOnce(&DeviceMatrix, &DeviceMatrix) -> Result<Plan, String>,
+    kernel_operands: impl Fn(
+        &ScaledMatrix,
+        &ScaledMatrix,
+    ) -> Result<(ScaledMatrix, ScaledMatrix), String>,
+) -> Result<(f64, f64), String> {
+    let a = no_cancellation_matrix(seed, m, k, l, fa, false);
+    let b = no_cancellation_matrix(seed ^ 0x5851_F42D, n, k, l, fb, true);
+    let (ka, kb) = kernel_operands(&a, &b)?;
+    let (want, abs) = reference_output(&ka, &kb, OutType::F32)?;
+    let got = gemm_on(g, &a, &b, OutType::F32, plan)?;
+    check_no_cancellation(&got, &want, &abs, bounds)
+        .map_err(|e| format!("{fa} · {fb} {m}x{n}x{k}x{l} seed {seed}: {e}"))
+}
+
+/// The operands as they are ([`no_cancellation_gemm`]'s `kernel_operands` for kernels that read
+/// them directly).
+pub fn as_they_are(
+    a: &ScaledMatrix,
+    b: &ScaledMatrix,
+) -> Result<(ScaledMatrix, ScaledMatrix), String> {
+    Ok((a.clone(), b.clone()))
+}
+
 /// The largest |got − want| / |want| over elements with want ≠ 0 (NaN or a zero/non-zero mismatch
 /// gives infinity): a relative error, meaningful where nothing cancels.
 pub fn max_relative_error(got: &HostOutput, want: &HostOutput) -> f64 {
@@ -430,6 +551,25 @@ mod tests {
             )
             .is_err()
         );
+    }
+
+    #[test]
+    fn the_no_cancellation_check_passes_exact_values_and_fails_a_half_percent_error_or_nan() {
+        let want = out(OutType::F32, &[100.0, -50.0, 3.0]);
+        let abs = [100.0, 50.0, 3.0];
+        for bounds in [NoCancellation::FP8, NoCancellation::half(1024)] {
+            assert!(check_no_cancellation(&want, &want, &abs, bounds).is_ok());
+            for f in [1.005f32, 0.995] {
+                let mut off = want.clone();
+                off.values.iter_mut().for_each(|v| *v *= f);
+                assert!(check_no_cancellation(&off, &want, &abs, bounds).is_err());
+            }
+            let nan = out(OutType::F32, &[f32::NAN, -50.0, 3.0]);
+            assert!(check_no_cancellation(&nan, &want, &abs, bounds).is_err());
+        }
+        // (Half a 16-bit unit is 0.4%: such outputs would hide the planted error.)
+        let bf16 = out(OutType::Bf16, &[100.0, -50.0, 3.0]);
+        assert!(check_no_cancellation(&bf16, &bf16, &abs, NoCancellation::FP8).is_err());
     }
 
     #[test]

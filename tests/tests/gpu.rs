@@ -6,12 +6,12 @@
 use std::sync::OnceLock;
 
 use blockscaled::{
-    ClusterShape, Error, Fp8, GemmShape, Gpu, HostOutput, OutType, Plan, Recipe, Sm90Config,
-    Sm90Tile, reference,
+    ClusterShape, Error, Fp8, GemmShape, Gpu, OutType, Plan, Recipe, Sm90Config, Sm90Tile,
+    reference,
 };
 use blockscaled_tests::{
-    abs_matrix, compare_magnitudes, compare_outputs, fp8_accumulation_slack, gemm_on,
-    random_matrix, random_pair, reference_output,
+    NoCancellation, abs_matrix, as_they_are, compare_outputs, fp8_accumulation_slack, gemm_on,
+    no_cancellation_gemm, random_matrix, random_pair, reference_output,
 };
 use proptest::prelude::*;
 
@@ -699,6 +699,113 @@ fn operands_and_outputs_of_another_gpu_are_rejected() {
     assert!(c1.to_host().unwrap().values.iter().all(|v| v.is_finite()));
 }
 
+/// Every entry point that takes device data refuses data of another context with
+/// `Error::WrongGpu`: here a second, non-primary context on the same GPU, whose buffers the
+/// first context's kernels would fault on (each context maps only its own), so a missing check
+/// shows as a crash rather than passing quietly. Operands, outputs, epilogue tensors, groups,
+/// block-sparse matrices, quantizer inputs and destinations, the fold, weight preparation, views
+/// of the caller's memory, streams and workspaces; nothing is written, and each context's own
+/// calls still run.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn every_entry_point_rejects_device_data_of_another_context() {
+    use blockscaled::{
+        BsrMatrix, Call, Epilogue, InputType, QuantizeOptions, SparseSide, Workspace,
+    };
+    let g1 = gpu();
+    let ctx2 = cudarc::driver::CudaContext::new_non_primary(0, 0).unwrap();
+    let g2 = Gpu::from_context(ctx2).unwrap();
+    let (m, n, k) = (128, 256, 256);
+    let ds = Recipe::DeepSeekFp8;
+    let (_, a) = random_matrix(20, m, k, 1, ds.a());
+    let (_, b) = random_matrix(21, n, k, 1, ds.b());
+    let (_, experts) = random_matrix(22, n, k, 2, ds.b());
+    let (_, mx) = random_matrix(23, n, k, 1, Recipe::Mxfp8(Fp8::E4M3).b());
+    let (a1, b1, e1, mx1) = (
+        g1.upload(&a).unwrap(),
+        g1.upload(&b).unwrap(),
+        g1.upload(&experts).unwrap(),
+        g1.upload(&mx).unwrap(),
+    );
+    let (a2, b2) = (g2.upload(&a).unwrap(), g2.upload(&b).unwrap());
+    let mut c1 = g1.output(m, n, 1, OutType::F32).unwrap();
+    let mut c2 = g2.output(m, n, 1, OutType::F32).unwrap();
+    let wrong = |what: &str, r: blockscaled::Result<()>| {
+        assert!(matches!(r, Err(Error::WrongGpu(_))), "{what}: {r:?}")
+    };
+    // Operands and outputs.
+    wrong("operands", g2.gemm(&a1, &b1, &mut c2));
+    wrong("output", g1.gemm(&a1, &b1, &mut c1_of(&g2, m, n)));
+    wrong("one operand of each", g1.gemm(&a1, &b2, &mut c1));
+    wrong("reference", g2.reference_gemm(&a1, &b1, &mut c2));
+    wrong("plan", g2.plan(&a1, &b1).map(|_| ()));
+    // Epilogue tensors.
+    let bias2 = g2.upload_tensor(&vec![1f32; n], 1, n, 1).unwrap();
+    let epi = Epilogue::new().bias(&bias2);
+    wrong("bias", g1.run(&Call::new(&a1, &b1).epilogue(&epi), &mut c1));
+    let opts = QuantizeOptions::default();
+    let q = g1.run_quantized_new(&Call::new(&a1, &b1).epilogue(&epi), ds.a(), &opts);
+    wrong("bias, quantized output", q.map(|_| ()));
+    // Groups and experts.
+    let groups2 = g2.group_ends(&[64, 128]).unwrap();
+    wrong("groups", g1.grouped_gemm(&a1, &e1, &groups2, &mut c1));
+    // Block-sparse.
+    let bsr = BsrMatrix::from_dense_blocks(&b, |_, _| true).unwrap();
+    let s2 = g2.upload_bsr(&bsr).unwrap();
+    wrong("sparse", g1.bsr_gemm(&a1, &s2, SparseSide::B, &mut c1));
+    // Quantizers, the fold, weight preparation.
+    let vals: Vec<f32> = (0..m * k).map(|i| (i % 7) as f32 - 3.0).collect();
+    let (t1, t2) = (
+        g1.upload_tensor(&vals, m, k, 1).unwrap(),
+        g2.upload_tensor(&vals, m, k, 1).unwrap(),
+    );
+    wrong(
+        "quantizer input",
+        g1.quantize_with(&t2, ds.a(), &opts).map(|_| ()),
+    );
+    let mut q1 = g1.quantize_with(&t1, ds.a(), &opts).unwrap().matrix;
+    wrong(
+        "quantizer destination",
+        g2.quantize_into(&t2, &mut q1, &opts),
+    );
+    wrong("fold", g2.fold_to_fp8(&mx1, true).map(|_| ()));
+    wrong("weights", g2.prepare_weights(&b1));
+    wrong(
+        "output as tensor",
+        g1.output_as_tensor(c1_of(&g2, m, n)).map(|_| ()),
+    );
+    // Views of memory of the other context, its stream, a workspace bound to it.
+    let data2 = g2.stream().clone_htod(a.data()).unwrap();
+    let scales2 = g2.stream().clone_htod(a.scales()).unwrap();
+    wrong(
+        "view",
+        g1.matrix_view(*a.desc(), &data2, &scales2).map(|_| ()),
+    );
+    wrong(
+        "tensor view",
+        g1.tensor_view(&data2, InputType::Bf16, (m, k / 2, 1))
+            .map(|_| ()),
+    );
+    wrong("stream", g1.with_stream(g2.stream().clone()).map(|_| ()));
+    let ws = Workspace::new();
+    g2.run(&Call::new(&a2, &b2).workspace(&ws), &mut c2)
+        .unwrap();
+    wrong(
+        "workspace",
+        g1.run(&Call::new(&a1, &b1).workspace(&ws), &mut c1),
+    );
+    // Nothing of g1's was written; each context's own calls run.
+    assert!(c1.to_host().unwrap().values.iter().all(|v| v.is_nan()));
+    g1.gemm(&a1, &b1, &mut c1).unwrap();
+    assert!(c1.to_host().unwrap().values.iter().all(|v| v.is_finite()));
+    assert!(c2.to_host().unwrap().values.iter().all(|v| v.is_finite()));
+}
+
+/// A fresh output of `g`.
+fn c1_of(g: &Gpu, m: usize, n: usize) -> blockscaled::DeviceOutput<'static> {
+    g.output(m, n, 1, OutType::F32).unwrap()
+}
+
 /// Every tile × cluster of the sm90 kernel, alone and in pairs, with and without split-K.
 const SM90_FORCES: [Force; 26] = [
     ((128, 128), (1, 1), 1),
@@ -750,75 +857,38 @@ enum Kernel {
 /// must fail it. Returns the largest relative error and the mean deviation.
 fn check_no_cancellation(
     recipes: impl Recipes,
-    (m, n, k, l): (usize, usize, usize, usize),
+    shape: (usize, usize, usize, usize),
     kernel: Kernel,
     seed: u64,
 ) -> Result<(f64, f64), String> {
     let (ra, rb) = recipes.pair();
-    let g = gpu();
-    let e = |x: Error| x.to_string();
-    let a = blockscaled_tests::no_cancellation_matrix(seed, m, k, l, ra.a(), false);
-    let b = blockscaled_tests::no_cancellation_matrix(seed ^ 0x5851_F42D, n, k, l, rb.b(), true);
-    let dtype = OutType::F32;
-    let (want, abs) = reference_output(&a, &b, dtype)?;
-    let (da, db) = (g.upload(&a).map_err(e)?, g.upload(&b).map_err(e)?);
-    let mut c = g.output(m, n, l, dtype).map_err(e)?; // poisoned with NaN
-    let (below, above): (Vec<f64>, Vec<f64>) = match kernel {
+    let k = shape.2;
+    let (bounds, plan) = match kernel {
+        // Float64 sums: the sum's own rounding on either side, the f32 output's in the mean.
         Kernel::Reference => {
-            g.reference_gemm(&da, &db, &mut c).map_err(e)?;
-            abs.iter()
-                .map(|&s| {
-                    let b = reference::sum_error_bound(k, s);
-                    (b, b)
-                })
-                .unzip()
+            let r = blockscaled::reference::sum_error_bound(k, 1.0);
+            let bounds = NoCancellation {
+                below: r,
+                above: r,
+                mean: (-(2f64.powi(-20)), 2f64.powi(-16)),
+            };
+            (bounds, None)
         }
-        Kernel::Sm90(force) => {
-            let plan = sm90_plan(&da, &db, Some(force))?;
-            g.gemm_with(&da, &db, &mut c, plan).map_err(e)?;
-            abs.iter()
-                .map(|&s| {
-                    (
-                        s * blockscaled_tests::FP8_ACCUMULATION_REL,
-                        s * 2f64.powi(-16),
-                    )
-                })
-                .unzip()
-        }
+        Kernel::Sm90(force) => (NoCancellation::FP8, Some(force)),
     };
-    let got = c.to_host().map_err(e)?;
-    let what = format!("{ra} · {rb} {m}x{n}x{k}x{l} {kernel:?} seed {seed}");
-    // The mean's allowance: the f32 output rounding (2^-24 per element) for the reference kernel,
-    // truncation's range for the sm90 one.
-    let mean_below = match kernel {
-        Kernel::Reference => 2f64.powi(-20),
-        Kernel::Sm90(_) => 2f64.powi(-9),
-    };
-    let check = |o: &HostOutput| {
-        compare_magnitudes(o, &want, 1.0, &below, &above)?;
-        let mean = blockscaled_tests::mean_relative_deviation(o, &want);
-        if (-mean_below..=2f64.powi(-16)).contains(&mean) {
-            Ok(())
-        } else {
-            Err(format!(
-                "mean deviation {mean:.3e} outside [−{mean_below:.1e}, 2^-16]"
-            ))
-        }
-    };
-    check(&got).map_err(|x| format!("{what}: {x}"))?;
-    for factor in [1.005f32, 0.995] {
-        let mut planted = got.clone();
-        planted.values.iter_mut().for_each(|v| *v *= factor);
-        if check(&planted).is_ok() {
-            return Err(format!(
-                "{what}: a planted error (× {factor}) passes the check"
-            ));
-        }
-    }
-    Ok((
-        blockscaled_tests::max_relative_error(&got, &want),
-        blockscaled_tests::mean_relative_deviation(&got, &want),
-    ))
+    no_cancellation_gemm(
+        gpu(),
+        shape,
+        (ra.a(), rb.b()),
+        seed,
+        bounds,
+        |da, db| match plan {
+            Some(force) => sm90_plan(da, db, Some(force)),
+            None => Ok(Plan::Reference),
+        },
+        as_they_are,
+    )
+    .map_err(|x| format!("{ra} · {rb} {kernel:?}: {x}"))
 }
 
 #[test]

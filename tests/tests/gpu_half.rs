@@ -75,6 +75,18 @@ fn operands(
     let scale = [1.0, 0.375, 4.0, 1.0 / 3.0][rng.random_range(0..4)];
     let dense = half_matrix(elem, seed, (dense_rows, k, 1), scale);
     let full = half_matrix(elem, seed ^ 0xB5B5_0F0F, (sparse_rows, k, 1), 1.0);
+    (dense, sparsified(elem, &full, block, keep, &mut rng))
+}
+
+/// `full`'s `block` × `block` blocks that `keep` keeps, as a block-sparse matrix of `elem`.
+fn sparsified(
+    elem: ElemType,
+    full: &ScaledMatrix,
+    block: usize,
+    keep: Keep,
+    rng: &mut StdRng,
+) -> BsrMatrix {
+    let (sparse_rows, k) = (full.rows(), full.k());
     let (brs, bcs) = (sparse_rows.div_ceil(block), k / block);
     let empty_row = rng.random_range(0..brs);
     let keep = |br, bc| match keep {
@@ -83,9 +95,8 @@ fn operands(
         Keep::All => true,
         Keep::One(r, c) => (br, bc) == (r % brs, c % bcs),
     };
-    let sparse = BsrMatrix::from_dense_16bit(elem, &bits(&full), (sparse_rows, k), block, keep)
-        .expect("valid BSR");
-    (dense, sparse)
+    BsrMatrix::from_dense_16bit(elem, &bits(full), (sparse_rows, k), block, keep)
+        .expect("valid BSR")
 }
 
 /// Runs the block-sparse GEMM with `cfg` (or the chosen plan) into a NaN-poisoned output.
@@ -465,4 +476,64 @@ fn mismatched_types_shapes_and_plans_are_typed_errors() {
         Vec::new(),
     );
     assert!(matches!(odd, Err(Error::Format(_))), "{odd:?}");
+}
+
+/// No systematic error (`blockscaled_tests::check_no_cancellation`): on operands that do not
+/// cancel (bf16 and fp16, one scale per tensor), the dense 16-bit kernel and the block-sparse one
+/// (either operand sparse, blocks of 64 and 128, some kept) within the 16-bit tensor cores' bound
+/// on either side; each check fails a planted 0.5% error.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn dense_and_block_sparse_16_bit_kernels_have_no_systematic_error_on_operands_that_do_not_cancel() {
+    use blockscaled_tests::{
+        NoCancellation, as_they_are, check_no_cancellation, no_cancellation_gemm,
+        no_cancellation_matrix, run_seed,
+    };
+    let (g, seed, k) = (gpu(), run_seed(), 1024);
+    for (i, elem) in TYPES.into_iter().enumerate() {
+        let format = OperandFormat {
+            elem,
+            ..Recipe::W4A16(Fp4Weights::Nvfp4).a()
+        };
+        let plan = |da: &blockscaled::DeviceMatrix, db: &blockscaled::DeviceMatrix| {
+            g.plan(da, db).map_err(|e| e.to_string())
+        };
+        let (rel, mean) = no_cancellation_gemm(
+            g,
+            (300, 264, k, 1),
+            (format, format),
+            seed + i as u64,
+            NoCancellation::half(k),
+            plan,
+            as_they_are,
+        )
+        .unwrap_or_else(|e| panic!("16-bit dense, {}: {e}", elem.name()));
+        eprintln!(
+            "16-bit dense, {}: largest relative error {rel:.2e}, mean {mean:.2e}",
+            elem.name()
+        );
+        for (j, (side, block)) in [(SparseSide::B, 64), (SparseSide::A, 128)]
+            .into_iter()
+            .enumerate()
+        {
+            let s = seed + 10 * (i + 1) as u64 + j as u64;
+            let dense = no_cancellation_matrix(s, 300, k, 1, format, false);
+            let full = no_cancellation_matrix(s ^ 0xB5B5_0F0F, 520, k, 1, format, true);
+            let mut rng = StdRng::seed_from_u64(s);
+            let sparse = sparsified(elem, &full, block, Keep::Random(0.5), &mut rng);
+            let (want, abs) = reference::bsr_gemm(&dense, &sparse, side, OutType::F32).unwrap();
+            let got = bsr_on(&dense, &sparse, side, OutType::F32, None).unwrap();
+            let (rel, mean) = check_no_cancellation(&got, &want, &abs, NoCancellation::half(k))
+                .unwrap_or_else(|e| {
+                    panic!(
+                        "16-bit {side:?} sparse, {}, blocks of {block}, seed {s}: {e}",
+                        elem.name()
+                    )
+                });
+            eprintln!(
+                "16-bit {side:?} sparse, {}: largest relative error {rel:.2e}, mean {mean:.2e}",
+                elem.name()
+            );
+        }
+    }
 }

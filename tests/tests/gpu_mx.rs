@@ -16,8 +16,9 @@ use blockscaled::{
     Sm90MxTile, reference, round_output,
 };
 use blockscaled_tests::{
-    bf16_mma_rel, compare_outputs, fp8_accumulation_slack, gemm_on, random_matrix, random_pair,
-    random_values, reference_output, with_parts, with_scales,
+    NoCancellation, as_they_are, bf16_mma_rel, compare_outputs, fp8_accumulation_slack, gemm_on,
+    no_cancellation_gemm, random_matrix, random_pair, random_values, reference_output, run_seed,
+    with_parts, with_scales,
 };
 use proptest::prelude::*;
 
@@ -565,5 +566,52 @@ fn fold_path_error_is_below_the_formats_own_quantization_error() {
         if r.a().scale == blockscaled::ScaleType::E8M0 {
             assert!(path.0 < quant.1, "{r}");
         }
+    }
+}
+
+/// No systematic error (the bar every family is held to, `check_no_cancellation`): on operands
+/// that do not cancel, the MX kernel on every recipe within the bf16 tensor cores' bound of the
+/// module doc on either side, and the fold path (the MX → FP8 pre-pass, then the FP8 kernel)
+/// within the FP8 kernel's one-sided bound of the host's bit-identical folds; each check fails
+/// a planted 0.5% error.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn mx_kernel_and_fold_path_have_no_systematic_error_on_operands_that_do_not_cancel() {
+    let seed = run_seed();
+    let k = 1024;
+    for (i, r) in MX_RECIPES.into_iter().enumerate() {
+        let shape = (200 + 17 * i, 264, k, 2);
+        let plan = |da: &DeviceMatrix, db: &DeviceMatrix| mx_plan(da, db, None);
+        let (rel, mean) = no_cancellation_gemm(
+            gpu(),
+            shape,
+            (r.a(), r.b()),
+            seed + i as u64,
+            NoCancellation::half(k),
+            plan,
+            as_they_are,
+        )
+        .unwrap_or_else(|e| panic!("MX kernel, {r}: {e}"));
+        eprintln!("MX kernel, {r}: largest relative error {rel:.2e}, mean {mean:.2e}");
+    }
+    for (i, r) in FOLD_RECIPES.into_iter().enumerate() {
+        let folds = |a: &ScaledMatrix, b: &ScaledMatrix| {
+            let e = |x: Error| x.to_string();
+            Ok((
+                a.fold_to_fp8(false).map_err(e)?,
+                b.fold_to_fp8(true).map_err(e)?,
+            ))
+        };
+        let (rel, mean) = no_cancellation_gemm(
+            gpu(),
+            (300, 264 + 8 * i, k, 2),
+            (r.a(), r.b()),
+            seed + 10 + i as u64,
+            NoCancellation::FP8,
+            fold_plan,
+            folds,
+        )
+        .unwrap_or_else(|e| panic!("fold path, {r}: {e}"));
+        eprintln!("fold path, {r}: largest relative error {rel:.2e}, mean {mean:.2e}");
     }
 }

@@ -218,3 +218,36 @@ fn nan_weight_scales_and_nan_activations_give_nan_columns_and_rows() {
         check_nan_line(&a_nan, &b, 7, false);
     }
 }
+
+/// No systematic error (`blockscaled_tests::check_no_cancellation`): on operands that do not
+/// cancel, every recipe the 4-bit-weights kernel takes, at a decode size and a 128-row one, within
+/// the bf16 tensor cores' bound on either side (weights and activations are exact in bf16); each
+/// check fails a planted 0.5% error.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn w4_kernel_has_no_systematic_error_on_operands_that_do_not_cancel() {
+    use blockscaled_tests::{NoCancellation, as_they_are, no_cancellation_gemm, run_seed};
+    let (g, seed, k) = (gpu(), run_seed(), 1024);
+    for (i, r) in W4_RECIPES.into_iter().enumerate() {
+        for m in [16, 128] {
+            let plan = |da: &blockscaled::DeviceMatrix, db: &blockscaled::DeviceMatrix| {
+                let (a, b) = (da.desc(), db.desc());
+                let cfg = blockscaled::plan::sm90_w4_default(a.rows, b.rows, k, 2, g.sm_count());
+                Ok(Plan::Sm90W4(cfg))
+            };
+            let (rel, mean) = no_cancellation_gemm(
+                g,
+                (m, 264 + 8 * i, k, 2),
+                (r.a(), r.b()),
+                seed + (2 * i + m / 128) as u64,
+                NoCancellation::half(k),
+                plan,
+                as_they_are,
+            )
+            .unwrap_or_else(|e| panic!("4-bit weights, {r}, M = {m}: {e}"));
+            eprintln!(
+                "4-bit weights, {r}, M = {m}: largest relative error {rel:.2e}, mean {mean:.2e}"
+            );
+        }
+    }
+}
