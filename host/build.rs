@@ -13,12 +13,17 @@
 //! table (names, launch bounds) comes from the kernel crate itself. The result is compared with the
 //! shipped images: a difference is a warning, or an error with `BLOCKSCALED_CHECK_IMAGES=1` (CI),
 //! so the images in the package can never drift from the sources.
+//!
+//! **A planted error** (`BLOCKSCALED_PLANT=<site>`, from source only; `scripts/plant-error.sh`):
+//! the kernels built with `--cfg blockscaled_plant="<site>"`, which makes that site's values 0.5%
+//! off (`blockscaled_kernels::plant`), to show that the tests fail. Not compared with the shipped
+//! images (it differs from them by design) and never written over them.
 
 use std::path::{Path, PathBuf};
 use std::process::exit;
 
 use blockscaled_builder::{Arch, Builder, BuiltPtx, PINNED_PTXAS_VERSION, PINNED_TOOLCHAIN};
-use blockscaled_kernels::registry;
+use blockscaled_kernels::{plant, registry};
 
 /// The targets and the files of one image set.
 const ARCHS: [Arch; 2] = [Arch::Sm90a, Arch::Sm100a];
@@ -30,11 +35,23 @@ fn main() {
     println!("cargo:rerun-if-env-changed=BLOCKSCALED_BUILD_KERNELS");
     println!("cargo:rerun-if-env-changed=BLOCKSCALED_KERNELS_DIR");
     println!("cargo:rerun-if-env-changed=BLOCKSCALED_CHECK_IMAGES");
+    println!("cargo:rerun-if-env-changed=BLOCKSCALED_PLANT");
+    let plant = match std::env::var("BLOCKSCALED_PLANT").as_deref() {
+        Err(_) | Ok("") => None,
+        Ok(site) if plant::SITES.contains(&site) => Some(site.to_string()),
+        Ok(other) => fail(&format!(
+            "BLOCKSCALED_PLANT={other}: the sites are {}",
+            plant::SITES.join(", ")
+        )),
+    };
     let package = PathBuf::from(env("CARGO_MANIFEST_DIR"));
     let shipped = package.join("kernel-images");
     let dir = match std::env::var("BLOCKSCALED_BUILD_KERNELS").as_deref() {
+        Err(_) | Ok("") | Ok("0") if plant.is_some() => fail(
+            "BLOCKSCALED_PLANT builds the kernels from source: set BLOCKSCALED_BUILD_KERNELS=1",
+        ),
         Err(_) | Ok("") | Ok("0") => use_shipped(&shipped),
-        Ok("1") => build_from_source(&package, &shipped),
+        Ok("1") => build_from_source(&package, &shipped, plant.as_deref()),
         Ok(other) => fail(&format!(
             "BLOCKSCALED_BUILD_KERNELS={other}: want 1 (build the kernels from source) or 0 / unset \
              (use the shipped images)"
@@ -66,7 +83,7 @@ fn use_shipped(shipped: &Path) -> PathBuf {
 
 /// Builds the kernels into `OUT_DIR/kernel-images`, writes their manifest, compares the set with the
 /// shipped one, and keeps a copy with ptxas' resource report in `target/<profile>/ptx/`.
-fn build_from_source(package: &Path, shipped: &Path) -> PathBuf {
+fn build_from_source(package: &Path, shipped: &Path, plant: Option<&str>) -> PathBuf {
     let kernels = match std::env::var_os("BLOCKSCALED_KERNELS_DIR") {
         Some(d) => PathBuf::from(d),
         None => package.join("../kernels"),
@@ -85,6 +102,9 @@ fn build_from_source(package: &Path, shipped: &Path) -> PathBuf {
         .dynamic_shared(registry::DYNAMIC_SMEM_SYMBOL, registry::DYNAMIC_SMEM_ALIGN);
     for &arch in &ARCHS {
         builder = builder.arch(arch);
+    }
+    if let Some(site) = plant {
+        builder = builder.cfg(format!("blockscaled_plant=\"{site}\""));
     }
     for k in registry::KERNELS {
         if let Some(t) = k.max_threads {
@@ -105,6 +125,13 @@ fn build_from_source(package: &Path, shipped: &Path) -> PathBuf {
         }
     }
     write(&out.join(MANIFEST), manifest(&out, &built).as_bytes());
+    if let Some(site) = plant {
+        println!(
+            "cargo:warning=kernels built with a planted error at `{site}` (BLOCKSCALED_PLANT): for \
+             the tests' sensitivity check only"
+        );
+        return out;
+    }
     compare_with_shipped(&out, shipped);
     keep_for_developers(&out, &built);
     report_spills(&built, shipped);

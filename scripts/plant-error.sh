@@ -1,30 +1,70 @@
 #!/usr/bin/env bash
-# Builds the GPU test binary from HEAD with a planted 0.5% error in the sm90 kernel — every
-# promoted partial sum multiplied by 1.005 in `gemm/promote.rs` (what a bf16-rounded scale or a
-# slightly wrong tensor scale does) — into stage-planted/ (git-ignored), to show which GPU checks
-# see such an error. On the GPU machine:
-#   stage-planted/gpu --include-ignored sm90_kernel_has_no_systematic_error   # must FAIL
-#   stage-planted/gpu --include-ignored sm90_kernel_matches_cpu_reference_on_random_ragged_shapes
-#     (random signs: passes — the blind spot the no-cancellation check closes)
+# Shows that the GPU tests catch a 0.5% systematic error wherever one could hide. For each site of
+# `blockscaled_kernels::plant` (the FP8 promotion, the fold, the MX, 4-bit-weights and 16-bit
+# kernels' scaling of their products, the fused epilogue), builds the GPU test binaries that cover
+# it with BLOCKSCALED_PLANT=<site> (the kernels compiled with that site's factor 1.005 instead of
+# 1; the source is not edited) into stage-planted/<site>/, beside plant-check.sh, which runs them
+# on the GPU machine and exits non-zero unless every planted build fails its tests.
+#   here:     scripts/plant-error.sh [SITE...]     (default every site; a few minutes each)
+#   GPU box:  bash stage-planted/plant-check.sh    (OUT: where the logs go)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 eval "$(scripts/setup.sh)"
-export BLOCKSCALED_REQUIRE_PTXAS=1
-src=target/planted/src
-rm -rf "$src" && mkdir -p "$src"
-git archive HEAD | tar -x -C "$src"
-f="$src/kernels/src/gemm/promote.rs"
-sed -i 's|let f = if (i / 2) % 2 == 0 { f0 } else { f1 };|let f = 1.005 * if (i / 2) % 2 == 0 { f0 } else { f1 };|' "$f"
-grep -q "1.005 \*" "$f" || { echo "plant-error.sh: the promotion line was not found in $f" >&2; exit 1; }
-json=$(cd "$src" && CARGO_TARGET_DIR="$PWD/../target" cargo test --release -p blockscaled-tests \
-  --test gpu --no-run --message-format=json 2>/dev/null)
-exe=$(echo "$json" | python3 -c '
-import json, sys
+export BLOCKSCALED_REQUIRE_PTXAS=1 BLOCKSCALED_BUILD_KERNELS=1
+# The site's tests: the no-cancellation checks of every binary whose kernels the site touches.
+declare -A binaries=(
+  [promote]="gpu gpu_grouped gpu_bsr gpu_mx"
+  [fold]="gpu_mx gpu_grouped"
+  [mx]="gpu_mx"
+  [w4]="gpu_w4"
+  [half]="gpu_half"
+  [fused]="gpu_fused"
+)
+sites=("$@"); [ ${#sites[@]} -gt 0 ] || sites=(promote fold mx w4 half fused)
+rm -rf stage-planted && mkdir -p stage-planted
+for site in "${sites[@]}"; do
+  [ -n "${binaries[$site]:-}" ] || { echo "plant-error.sh: unknown site $site" >&2; exit 2; }
+  echo "== $site: ${binaries[$site]}"
+  tests=(); for b in ${binaries[$site]}; do tests+=(--test "$b"); done
+  # One target folder for every site: only the kernels, the host crate and the tests rebuild.
+  json=$(BLOCKSCALED_PLANT=$site CARGO_TARGET_DIR=target/planted cargo test --release \
+    -p blockscaled-tests "${tests[@]}" --no-run --message-format=json 2>/dev/null)
+  mkdir -p "stage-planted/$site"
+  echo "$json" | python3 -c '
+import json, sys, shutil
+site, want = sys.argv[1], sys.argv[2].split()
 for line in sys.stdin:
     try: m = json.loads(line)
     except Exception: continue
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "gpu":
-        print(m["executable"])')
-rm -rf stage-planted && mkdir -p stage-planted
-cp "$exe" stage-planted/gpu && strip stage-planted/gpu
-ls -la stage-planted
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] in want:
+        shutil.copy(m["executable"], "stage-planted/%s/%s" % (site, m["target"]["name"]))
+' "$site" "${binaries[$site]}"
+  for b in ${binaries[$site]}; do
+    [ -x "stage-planted/$site/$b" ] || { echo "plant-error.sh: $site: $b was not built" >&2; exit 1; }
+  done
+  strip "stage-planted/$site"/*
+done
+cat > stage-planted/plant-check.sh <<'CHECK'
+#!/usr/bin/env bash
+# On the GPU machine: every planted build's no-cancellation tests must fail (the error caught);
+# exits non-zero when one passes.
+set -uo pipefail
+cd "$(dirname "$0")"
+OUT=${OUT:-/tmp/plant}; mkdir -p "$OUT"
+status=0
+for site in */; do
+  site=${site%/}
+  for b in "$site"/*; do
+    log="$OUT/$site-$(basename "$b").log"
+    if "./$b" --include-ignored no_systematic_error >"$log" 2>&1; then
+      echo "NOT CAUGHT: $site, $(basename "$b") passes with the error planted"; status=1
+    elif grep -q "planted error\|outside\|mean deviation" "$log"; then
+      echo "caught: $site, $(basename "$b"): $(grep -m1 -o "mean deviation [^ ]* outside[^,]*\|[0-9]* of [0-9]* elements outside[^:]*" "$log" | head -1)"
+    else
+      echo "FAILED OTHERWISE: $site, $(basename "$b") (see $log)"; status=1
+    fi
+  done
+done
+exit $status
+CHECK
+du -sh stage-planted

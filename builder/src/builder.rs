@@ -20,6 +20,7 @@ pub struct Builder {
     shared: Option<(String, u32)>,
     bounds: BTreeMap<String, Bounds>,
     require_ptxas: bool,
+    cfgs: Vec<String>,
 }
 
 impl Builder {
@@ -33,7 +34,15 @@ impl Builder {
             shared: None,
             bounds: BTreeMap::new(),
             require_ptxas: std::env::var_os("BLOCKSCALED_REQUIRE_PTXAS").is_some(),
+            cfgs: Vec::new(),
         }
+    }
+
+    /// Compiles the kernel crate with `--cfg spec` (e.g. `name="value"`) as well: a build
+    /// variant the crate's code selects with `cfg!`, such as a planted error for the tests.
+    pub fn cfg(mut self, spec: impl Into<String>) -> Self {
+        self.cfgs.push(spec.into());
+        self
     }
 
     /// Adds a target; each gets its own PTX.
@@ -159,7 +168,7 @@ impl Builder {
 
         let mut built = Vec::new();
         for &arch in &self.archs {
-            let raw = compile(&tools, &crate_path, &out_dir, arch)?;
+            let raw = compile(&tools, &crate_path, &out_dir, arch, &self.cfgs)?;
             let ptx_text = std::fs::read_to_string(&raw)?;
             let bounds: BTreeMap<String, Bounds> = self
                 .bounds

@@ -12,6 +12,7 @@ pub(crate) fn compile(
     crate_path: &Path,
     out_dir: &Path,
     arch: Arch,
+    cfgs: &[String],
 ) -> Result<PathBuf, BuildError> {
     let target_dir = out_dir.join(format!("kernels-{}", arch.name()));
     std::fs::create_dir_all(&target_dir)?;
@@ -44,10 +45,13 @@ pub(crate) fn compile(
             cmd.env_remove(&*k);
         }
     }
-    let flags = [
+    let mut flags = vec![
         format!("-Clinker={}", linker.display()),
         format!("-Ctarget-cpu={}", arch.name()),
     ];
+    for c in cfgs {
+        flags.extend(["--cfg".to_string(), c.clone()]);
+    }
     cmd.env("CARGO_ENCODED_RUSTFLAGS", flags.join("\u{1f}"))
         .env("RUSTC", &tools.rustc)
         // Any rustup proxy the nested build reaches resolves to the pinned toolchain, not to

@@ -178,7 +178,7 @@ mod device {
         } else {
             pow2(top as i32 - 127 - fold::headroom(elem))
         };
-        let v = (unit * p.tensor_scale).to_bits();
+        let v = (unit * p.tensor_scale * crate::plant::FOLD).to_bits();
         if b_role {
             let at = li as u64 * p.rows as u64 + r as u64;
             // SAFETY: inside the B-role layout when r < rows.

@@ -33,6 +33,7 @@ pub mod gemm;
 pub mod kernel_info;
 pub mod moe;
 pub mod params;
+pub mod plant;
 pub mod prepare;
 pub mod quantize;
 pub mod registry;

@@ -2,6 +2,7 @@
 //! kernel accumulates each scale block's K range into a scratch fragment and adds it, scaled, into
 //! fp32 sums (every 128 of K here).
 
+use crate::plant;
 use crate::ptx::wgmma::Fragment;
 
 /// `acc += part · f`, with `f0` for the thread's first row and `f1` for its second (fragment value
@@ -35,7 +36,7 @@ pub fn promote_split<F: Fragment>(
         };
         for e in 0..4 {
             let i = 4 * q + e;
-            let f = if e / 2 == 0 { h0 } else { h1 };
+            let f = plant::PROMOTE * if e / 2 == 0 { h0 } else { h1 };
             sums[i] = core::f32::math::mul_add(part[i], f, sums[i]);
         }
     }
@@ -53,7 +54,7 @@ pub fn promote_columns<F: Fragment>(acc: &mut F, part: &F, lane: u32, f: impl Fn
     let (sums, part) = (acc.as_mut(), part.as_ref());
     for q in 0..(F::N / 8) as usize {
         for h in 0..2 {
-            let factor = f(8 * q as u32 + 2 * (lane % 4) + h as u32);
+            let factor = plant::PROMOTE * f(8 * q as u32 + 2 * (lane % 4) + h as u32);
             for r in 0..2 {
                 let i = 4 * q + 2 * r + h;
                 sums[i] = core::f32::math::mul_add(part[i], factor, sums[i]);

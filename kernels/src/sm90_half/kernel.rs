@@ -26,6 +26,7 @@ use crate::gemm::epilogue::{self, Output, Staging, TileStore};
 use crate::gemm::layout::StageLayout;
 use crate::gemm::pipeline::PipelineState;
 use crate::gemm::scheduler::{ClusterShape, MAX_CLUSTER, Schedule, WorkUnit};
+use crate::plant;
 use crate::ptx::wgmma::{self, Descriptor, Fp16, Fp16Fragment, Fragment, Swizzle};
 use crate::ptx::{global, thread, tma};
 
@@ -259,9 +260,9 @@ impl<const WAVES: usize, F: Fp16Fragment, T: Fp16, const MODE: u32> GemmKernel
     #[inline(always)]
     fn epilogue(&self, ctx: &Ctx, cons: &Consumer, own: &WorkUnit, mut acc: [F; WAVES]) {
         let p = &self.p;
-        if p.alpha != 1.0 {
+        if p.alpha * plant::HALF != 1.0 {
             for a in acc.iter_mut() {
-                epilogue::scale(a, p.alpha);
+                epilogue::scale(a, p.alpha * plant::HALF);
             }
         }
         let dst = self.tile_store(ctx, own);

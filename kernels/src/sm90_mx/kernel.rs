@@ -20,6 +20,7 @@ use crate::gemm::epilogue::{self, Output, Staging, TileStore};
 use crate::gemm::layout::{FRAGMENT_ROWS, ScaleBox, StageLayout};
 use crate::gemm::pipeline::PipelineState;
 use crate::gemm::scheduler::{ClusterShape, Schedule, WorkUnit};
+use crate::plant;
 use crate::ptx::wgmma::{self, Bf16, Descriptor, Fp16Fragment, Fragment, Swizzle};
 use crate::ptx::{smem, tma};
 
@@ -352,8 +353,8 @@ impl<F: Fp16Fragment, EA: Dequant, EB: Dequant, S: ScaleDecode, const FUSED: boo
     #[inline(always)]
     fn epilogue(&self, ctx: &Ctx, cons: &Consumer, own: &WorkUnit, mut acc: F) {
         let p = &self.p;
-        if p.alpha != 1.0 {
-            epilogue::scale(&mut acc, p.alpha);
+        if p.alpha * plant::MX != 1.0 {
+            epilogue::scale(&mut acc, p.alpha * plant::MX);
         }
         let dst = self.tile_store(ctx, own);
         let (who, acc) = (

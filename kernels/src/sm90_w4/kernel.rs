@@ -24,6 +24,7 @@ use crate::gemm::pipeline::PipelineState;
 use crate::gemm::promote::promote_columns;
 use crate::gemm::scheduler::{ClusterShape, Schedule, WorkUnit};
 use crate::gemm::splitk;
+use crate::plant;
 use crate::ptx::wgmma::{self, Bf16RsFragment, Fragment};
 use crate::ptx::{smem, tma};
 use crate::sm90_mx::dequant::{self, Dequant, E2m1, E4m3, ScaleDecode, mul_bf16x2};
@@ -358,8 +359,8 @@ impl<F: Bf16RsFragment, A: Activations, S: ScaleDecode> GemmKernel for W4Gemm<F,
     #[inline(always)]
     fn epilogue(&self, _ctx: &Ctx, cons: &Consumer, own: &WorkUnit, mut acc: F) {
         let p = &self.p;
-        if p.alpha != 1.0 {
-            epilogue::scale(&mut acc, p.alpha);
+        if p.alpha * plant::W4 != 1.0 {
+            epilogue::scale(&mut acc, p.alpha * plant::W4);
         }
         let (who, acc) = (
             (cons.c, CONSUMERS, cons.local),

@@ -10,6 +10,7 @@ use crate::gemm::layout::FRAGMENT_ROWS;
 use crate::gemm::pipeline::Handoff;
 use crate::gemm::scheduler::WorkUnit;
 use crate::params::{EpilogueParams, OutType};
+use crate::plant;
 use crate::ptx::wgmma::Fragment;
 use crate::ptx::{convert, global, math, smem, thread};
 use crate::quantize::device::{Quotient, encode4};
@@ -214,7 +215,7 @@ pub(super) unsafe fn rows_fast<const ACT: u32, const OUT: u32>(
     // The lane's element of the fragment's first row; a row is `n` further.
     let base = (r.l as u64 * out.m as u64 + r.first as u64) * n as u64 + r.col as u64;
     let apply = |v: [f32; 4]| {
-        let mut t = v.map(|x| math::mul_rn(e.alpha, x));
+        let mut t = v.map(|x| math::mul_rn(e.alpha * plant::FUSED, x));
         if let Some(b) = bias {
             for k in 0..4 {
                 t[k] = math::add_rn(t[k], b[k]);

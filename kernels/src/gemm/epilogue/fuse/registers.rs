@@ -7,6 +7,7 @@ use crate::format::{ElemType, ScaleType};
 use crate::gemm::epilogue::target::Output;
 use crate::gemm::layout::FUSED_WARP_ROWS;
 use crate::params::{EpilogueParams, OutType};
+use crate::plant;
 use crate::ptx::wgmma::Fragment;
 use crate::ptx::{bits, global, math, smem, thread};
 use crate::quantize::device::{Quotient, encode4};
@@ -49,7 +50,8 @@ pub(super) unsafe fn apply_as<const ACT: u32, F: Fragment>(
     // Value `4g + k`: row `lane / 4 + 8·(k / 2)`, column `8g + 2·(lane % 4) + k % 2`.
     for g in 0..(F::N / 8).min(16) as usize {
         for k in 0..4 {
-            let t = math::add_rn(math::mul_rn(e.alpha, v[4 * g + k]), bias[g][k % 2]);
+            let alpha = e.alpha * plant::FUSED;
+            let t = math::add_rn(math::mul_rn(alpha, v[4 * g + k]), bias[g][k % 2]);
             v[4 * g + k] = activate(ACT, t);
         }
     }

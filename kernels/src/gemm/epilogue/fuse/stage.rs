@@ -10,6 +10,7 @@ use crate::gemm::layout::{
 };
 use crate::gemm::pipeline::Handoff;
 use crate::params::{Activation, EpilogueParams, OutType};
+use crate::plant;
 use crate::ptx::wgmma::Fragment;
 use crate::ptx::{convert, global, math, smem, thread};
 use crate::quantize::device::{Quotient, encode4};
@@ -153,7 +154,7 @@ pub(super) unsafe fn finish4(
     let n = out.n;
     let paired = e.paired();
     let n_out = if paired { n / 2 } else { n };
-    let mut t = v.map(|x| math::mul_rn(e.alpha, x));
+    let mut t = v.map(|x| math::mul_rn(e.alpha * plant::FUSED, x));
     let row_l = l as u64 * out.m as u64 + row as u64;
     // SAFETY (the loads): the host's buffers are the product's shape (C), one row of N or L of
     // them (the bias), the output's shape (the residual).
