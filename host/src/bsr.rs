@@ -122,6 +122,8 @@ impl BsrMatrix {
         if rows == 0 || cols == 0 {
             return Err(shape(format!("empty BSR matrix {rows} × {cols}")));
         }
+        // (K = 2³¹ − 1 itself is odd, so the block check below refuses it too: `>` and `>=` on
+        // K give the same result.)
         if rows > i32::MAX as usize || cols > i32::MAX as usize {
             return Err(shape(format!(
                 "BSR matrix {rows} × {cols}: the kernels index rows and K with 32 bits"
@@ -226,6 +228,8 @@ impl BsrMatrix {
     ) -> Result<Self> {
         let d = m.desc();
         let block = FP8_BLOCK;
+        // (`from_parts` below refuses element types other than e4m3 as well, with the same error
+        // kind: the first test is for the message.)
         if d.format.elem != ElemType::E4M3
             || d.format.scale != ScaleType::F32
             || d.block_extent() != (block, block)
@@ -887,5 +891,147 @@ mod tests {
             BsrMatrix::from_dense_16bit(ElemType::E4M3, &dense, (100, 128), 64, |_, _| true)
                 .is_err()
         );
+    }
+
+    /// Blocks cut from a dense DeepSeek-style B (fp32 scale per 128 × 128) are its codes and
+    /// scales where kept and zeros elsewhere, rows past the matrix stored as zero codes; formats
+    /// with other scale blocks and batches are refused.
+    #[test]
+    fn blocks_cut_from_a_dense_matrix_are_its_values_where_kept() {
+        use crate::format::{Fp8, Recipe};
+        let (rows, cols) = (200, 384);
+        // Each block its own magnitude, so each its own scale.
+        let vals: Vec<f32> = (0..rows * cols)
+            .map(|i| {
+                let (r, k) = (i / cols, i % cols);
+                let block = 1.0 + 2.0 * (r / 128) as f32 + 0.5 * (k / 128) as f32;
+                block * ((i * 37 % 101) as f32 - 50.0) / 7.0
+            })
+            .collect();
+        let m = ScaledMatrix::quantize(&vals, rows, cols, 1, Recipe::DeepSeekFp8.b()).unwrap();
+        let keep = |br: usize, bc: usize| (br + bc).is_multiple_of(2);
+        let b = BsrMatrix::from_dense_blocks(&m, keep).unwrap();
+        assert_eq!(
+            (b.rows(), b.cols(), b.block(), b.nnz()),
+            (rows, cols, 128, 3)
+        );
+        assert_eq!(
+            (b.crow_indices(), b.col_indices()),
+            (&[0, 2, 3][..], &[0, 2, 1][..])
+        );
+        let scale = |r, k| m.scale_value(0, r, k) as f32;
+        assert_eq!(b.scales(), &[scale(0, 0), scale(0, 256), scale(128, 128)]);
+        assert_eq!(b.values().len(), 3 * 128 * 128);
+        // Block (1, 1): rows 128..200 hold codes, rows 200..256 (72.. of the block) zeros.
+        let last = &b.values()[2 * 128 * 128..];
+        assert_eq!(last[5], m.code(0, 128, 128 + 5) as u8);
+        assert!(last[72 * 128..].iter().all(|&c| c == 0));
+        let (dm, db) = (m.dequantize(), b.dequantize());
+        for r in 0..rows {
+            for k in 0..cols {
+                let want = if keep(r / 128, k / 128) {
+                    dm[r * cols + k]
+                } else {
+                    0.0
+                };
+                assert_eq!(db[r * cols + k], want, "({r}, {k})");
+            }
+        }
+        for r in [
+            Recipe::Mxfp8(Fp8::E4M3),
+            Recipe::Fp8PerTensor(Fp8::E4M3),
+            Recipe::Fp8PerRow(Fp8::E4M3),
+        ] {
+            let x = ScaledMatrix::quantize(&vals, rows, cols, 1, r.b()).unwrap();
+            let e = BsrMatrix::from_dense_blocks(&x, |_, _| true);
+            assert!(matches!(e, Err(Error::Format(_))), "{r}: {e:?}");
+        }
+        let a = ScaledMatrix::quantize(&vals, rows, cols, 1, Recipe::DeepSeekFp8.a()).unwrap();
+        let e = BsrMatrix::from_dense_blocks(&a, |_, _| true);
+        assert!(matches!(e, Err(Error::Format(_))), "1×128 blocks: {e:?}");
+        // e5m2 with the same scale blocks: not e4m3.
+        let e5m2 = crate::format::OperandFormat {
+            elem: ElemType::E5M2,
+            ..Recipe::DeepSeekFp8.b()
+        };
+        let x = ScaledMatrix::quantize(&vals, rows, cols, 1, e5m2).unwrap();
+        let e = BsrMatrix::from_dense_blocks(&x, |_, _| true);
+        assert!(matches!(e, Err(Error::Format(_))), "e5m2: {e:?}");
+        let two = ScaledMatrix::quantize(&vals, 100, cols, 2, Recipe::DeepSeekFp8.b()).unwrap();
+        let e = BsrMatrix::from_dense_blocks(&two, |_, _| true);
+        assert!(matches!(e, Err(Error::Shape(_))), "batch 2: {e:?}");
+    }
+
+    /// `from_parts`' checks in their order: block sizes per type, empty sides, 32-bit sides (the
+    /// largest one passes that check and fails the next, its row pointers).
+    #[test]
+    fn parts_are_checked_for_block_size_emptiness_and_32_bit_sides() {
+        let half = |block: usize| {
+            BsrMatrix::from_parts(
+                ElemType::BF16,
+                128,
+                128,
+                block,
+                &[0, 0],
+                &[],
+                vec![],
+                vec![],
+            )
+        };
+        assert!(matches!(half(32), Err(Error::Format(_))));
+        assert!(half(64).is_err() && !matches!(half(64), Err(Error::Format(_))));
+        let sized = |rows: usize, cols: usize| {
+            BsrMatrix::from_parts(
+                ElemType::E4M3,
+                rows,
+                cols,
+                128,
+                &[0, 0],
+                &[],
+                vec![],
+                vec![],
+            )
+        };
+        assert!(matches!(sized(0, 128), Err(Error::Shape(_))));
+        assert!(matches!(sized(128, 0), Err(Error::Shape(_))));
+        let big = i32::MAX as usize;
+        assert!(matches!(sized(big + 1, 128), Err(Error::Shape(_))));
+        assert!(matches!(sized(big, 128), Err(Error::Sparse(_))));
+        assert!(matches!(sized(128, big + 1), Err(Error::Shape(_))));
+        // The widest K that passes: a matrix with no stored blocks. (K = 2³¹ − 1 itself is odd,
+        // never a multiple of a block: `>` against `>=` there cannot change the result.)
+        assert!(sized(128, big - 127).is_ok());
+    }
+
+    /// C's shape from the operands': the sparse operand's rows are C's rows when it is A.
+    #[test]
+    fn the_output_is_the_products_shape_on_either_side() {
+        assert_eq!(output_dims(SparseSide::A, 300, 520), (520, 300));
+        assert_eq!(output_dims(SparseSide::B, 300, 520), (300, 520));
+    }
+
+    /// A work list needs the row pointers up to the last tile's block row, no more; tiles whose
+    /// runs are not cut take no split-K slot or counter.
+    #[test]
+    fn work_lists_need_the_row_pointers_they_read_and_uncut_runs_take_no_slots() {
+        let w = work_list(&[0, 1, 2, 3], 128, 128, 300, 1, 132, 16).unwrap();
+        assert_eq!((w.segments.len(), w.slots, w.counters), (3, 0, 0));
+        assert!(
+            w.segments
+                .iter()
+                .all(|s| (s.parts, s.slot, s.counter) == (1, 0, 0))
+        );
+        // A part is the stored blocks over the CTAs: 53 blocks over 10 CTAs, 6 each, cut the
+        // 40-block run into 7.
+        let w = work_list(&[0, 0, 9, 10, 50, 53], 128, 128, 640, 1, 10, 16).unwrap();
+        let long = w.segments.iter().find(|s| s.n == 3).unwrap();
+        assert_eq!(long.parts, 7);
+        // 16-bit blocks of no size, or not dividing K: shape errors, not a division by zero.
+        let codes = vec![0u16; 128 * 128];
+        for block in [0, 96] {
+            let e =
+                BsrMatrix::from_dense_16bit(ElemType::BF16, &codes, (128, 128), block, |_, _| true);
+            assert!(matches!(e, Err(Error::Shape(_))), "block {block}: {e:?}");
+        }
     }
 }

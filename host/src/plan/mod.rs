@@ -126,7 +126,8 @@ impl Plan {
         }
     }
 
-    /// Launches the plan's kernel on `families` (the plan validated for `g.shape`).
+    /// Launches the plan's kernel on `families` (the plan validated for `g.shape`). (What it does
+    /// is on the device: every GPU test, whose outputs are poisoned first, checks it.)
     pub(crate) fn launch(&self, families: &Families, g: Gemm<'_, '_>) -> Result<()> {
         self.with_config(|c| match c.unsupported(&g.a.desc, &g.b.desc) {
             Some(e) => Err(Error::Format(e)),
@@ -136,7 +137,9 @@ impl Plan {
 
     /// The workspace a GEMM takes on this plan (`q`: its operands, shape, groups, and whether
     /// it has a fused epilogue or a quantized output): each family's own schedule, sized
-    /// ([`crate::Gpu::workspace_size`]).
+    /// ([`crate::Gpu::workspace_size`]). (Sized from device operands: gpu_engine's
+    /// `a_reserved_workspace_is_the_size_queried_and_a_call_in_it_allocates_nothing` checks it for
+    /// split K, the fold and a fused epilogue's staging.)
     pub(crate) fn workspace(&self, q: &Sizing<'_>) -> Result<WorkspaceSize> {
         self.with_config(|c| c.workspace(q))
     }

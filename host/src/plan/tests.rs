@@ -479,3 +479,261 @@ fn grouped_tiles_are_narrow_only_where_twice_the_tiles_fit_one_round() {
     let large = tile(32768, 4096, 4, 8192);
     assert_eq!((large.tile.block_m(), large.split_k), (256, 1));
 }
+
+/// The choice's ladder, rung by rung, on Hopper and on an architecture with only the reference
+/// kernel: each pair on the family that takes it, the thresholds on their right side, ragged K
+/// of FP8 with fp32 scales an error, and everything else the reference kernel.
+#[test]
+fn each_pair_runs_on_the_family_that_takes_it_and_the_rest_on_the_reference() {
+    use crate::format::{Fp4Weights, Fp8, Recipe};
+    let pair = |r: Recipe, m: usize, k: usize| {
+        (
+            MatrixDesc::of_recipe(r, m, k, false),
+            MatrixDesc::of_recipe(r, 512, k, true),
+        )
+    };
+    let plan = |(a, b): (MatrixDesc, MatrixDesc)| choose(GpuArch::Hopper, 132, &a, &b);
+    let ds = Recipe::DeepSeekFp8;
+    assert!(matches!(plan(pair(ds, 256, 512)), Ok(Plan::Sm90Fp8(_))));
+    let (a, b) = pair(ds, 256, 512);
+    assert_eq!(
+        choose(GpuArch::Blackwell, 148, &a, &b).unwrap(),
+        Plan::Reference
+    );
+    assert_eq!(
+        (GpuArch::Hopper.target(), GpuArch::Blackwell.target()),
+        ("sm_90a", "sm_100a")
+    );
+    // FP8 with fp32 scales and K not a multiple of 128: an error, not the slow kernel.
+    for r in [ds, Recipe::Fp8PerTensor(Fp8::E4M3)] {
+        assert!(
+            matches!(plan(pair(r, 64, 200)), Err(Error::Shape(_))),
+            "{r}"
+        );
+    }
+    // ...but only when both are: an FP8 A with a bf16 B, or MXFP8 with K = 200 (no MX block
+    // multiple either), run the reference kernel.
+    let (a, _) = pair(ds, 64, 200);
+    let (_, b16) = pair(Recipe::W4A16(Fp4Weights::Mxfp4), 64, 200);
+    let mut bf16_b = b16;
+    bf16_b.format = Recipe::W4A16(Fp4Weights::Mxfp4).a();
+    assert_eq!(
+        choose(GpuArch::Hopper, 132, &a, &bf16_b).unwrap(),
+        Plan::Reference
+    );
+    assert_eq!(
+        plan(pair(Recipe::Mxfp8(Fp8::E4M3), 64, 200)).unwrap(),
+        Plan::Reference
+    );
+    // An FP8 A with an MXFP8 B: not the FP8 kernel (B is not FP8 with fp32 scales); folded.
+    let (a, _) = pair(ds, 64, 512);
+    let (_, b) = pair(Recipe::Mxfp8(Fp8::E4M3), 64, 512);
+    let p = choose(GpuArch::Hopper, 132, &a, &b).unwrap();
+    assert!(matches!(p, Plan::Sm90MxFp8(_)), "{p:?}");
+    // 4-bit weights: bf16 activations at any M; FP4 pairs up to W4_MAX_M = 16 rows, then the
+    // MX kernel, then the fold from FOLD_MIN_M = 256.
+    let w4a16 = Recipe::W4A16(Fp4Weights::Mxfp4);
+    assert!(matches!(plan(pair(w4a16, 256, 512)), Ok(Plan::Sm90W4(_))));
+    let fp4 = |m| plan(pair(Recipe::Mxfp4, m, 512)).unwrap();
+    let kinds: Vec<&str> = [16, 17, 255, 256]
+        .map(|m| match fp4(m) {
+            Plan::Sm90W4(_) => "w4",
+            Plan::Sm90Mx(_) => "mx",
+            Plan::Sm90MxFp8(_) => "fold",
+            _ => "other",
+        })
+        .into();
+    assert_eq!(kinds, ["w4", "mx", "mx", "fold"]);
+}
+
+/// `Plan::validate` and `validate_grouped` go to the plan's own configuration: a configuration
+/// the kernel lacks is refused through the plan for every family, the fold's included; grouped
+/// GEMM refuses the families without grouped kernels and a split K, naming which.
+#[test]
+fn a_plan_validates_through_its_familys_configuration() {
+    let s = GemmShape {
+        m: 300,
+        n: 520,
+        k: 1024,
+        l: 1,
+    };
+    let fp8 = sm90_default(s.m, s.n, s.k, s.l, 132);
+    for p in [
+        Plan::Sm90Fp8(fp8.with_ctas(0)),
+        Plan::Sm90MxFp8(fp8.with_ctas(0)),
+        Plan::Sm90Mx(sm90_mx_default(s.m, s.n, s.k, s.l, 132).with_ctas(0)),
+        Plan::Sm90W4(sm90_w4_default(s.m, s.n, s.k, s.l, 132).with_ctas(0)),
+        Plan::Sm90Half(sm90_half_default(s.m, s.n, 132).with_ctas(0)),
+    ] {
+        assert!(matches!(p.validate(&s), Err(Error::Config(_))), "{p:?}");
+        assert!(p.validate_grouped(&s).is_err(), "{p:?}");
+    }
+    let huge = GemmShape { m: 1 << 30, ..s };
+    assert!(matches!(
+        Plan::Reference.validate(&huge),
+        Err(Error::Shape(_))
+    ));
+    assert!(Plan::Reference.validate(&s).is_ok());
+    for p in [Plan::Sm90Fp8(fp8), Plan::Sm90MxFp8(fp8)] {
+        let one = |c: Sm90Config| match p {
+            Plan::Sm90Fp8(_) => Plan::Sm90Fp8(c),
+            _ => Plan::Sm90MxFp8(c),
+        };
+        assert!(
+            one(fp8.with_split_k(1)).validate_grouped(&s).is_ok(),
+            "{p:?}"
+        );
+        let split = one(fp8.with_split_k(2)).validate_grouped(&s);
+        assert!(
+            matches!(&split, Err(Error::Config(m)) if m.contains("split_k")),
+            "{split:?}"
+        );
+    }
+    for p in [
+        Plan::Reference,
+        Plan::Sm90Half(sm90_half_default(s.m, s.n, 132)),
+    ] {
+        let r = p.validate_grouped(&s);
+        assert!(
+            matches!(&r, Err(Error::Config(m)) if m.contains("no grouped kernel")),
+            "{r:?}"
+        );
+    }
+}
+
+/// The fold's fused epilogue is the FP8 kernel's on the types the operands fold to (NVFP4's
+/// e2m1 folds to e4m3, which fuses), on a tile that computes C (the swapped ones are refused as
+/// computing Cᵀ); FP4 pairs at decode size move from the 4-bit-weights kernel to the MX one
+/// where they fuse, bf16 activations with 4-bit weights have no fused kernel, and a 16-bit plan
+/// moves to its fused 128 × 128 tile.
+#[test]
+fn fused_plans_take_the_folds_types_and_the_kernels_that_fuse() {
+    use crate::format::{Fp4Weights, Recipe};
+    let needs = |elems, block_cols| FusedNeeds {
+        block_cols,
+        elems,
+        in_registers: sm90::InRegisters::No,
+    };
+    let s = GemmShape {
+        m: 4096,
+        n: 7168,
+        k: 2048,
+        l: 1,
+    };
+    let cfg = sm90_default(s.m, s.n, s.k, s.l, 132).with_tile_for(Tile::M128, &s);
+    let fp4 = (ElemType::E2M1, ElemType::E2M1);
+    assert!(Plan::Sm90MxFp8(cfg).check_fused(needs(fp4, 128)).is_ok());
+    let swapped = sm90_default(16, 7168, 2048, 1, 132);
+    let r = Plan::Sm90MxFp8(swapped).check_fused(needs(fp4, 0));
+    assert!(
+        matches!(&r, Err(Error::Config(m)) if m.contains("Cᵀ")),
+        "{r:?}"
+    );
+    let fused = |r: Recipe, m: usize| {
+        let (a, b) = (
+            MatrixDesc::of_recipe(r, m, 2048, false),
+            MatrixDesc::of_recipe(r, 512, 2048, true),
+        );
+        let elems = (a.format.elem, b.format.elem);
+        let shape = GemmShape {
+            m,
+            n: 512,
+            k: 2048,
+            l: 1,
+        };
+        choose_fused(GpuArch::Hopper, 132, &shape, (&a, &b), needs(elems, 0))
+    };
+    assert!(matches!(fused(Recipe::Mxfp4, 16), Ok(Plan::Sm90Mx(_))));
+    assert!(fused(Recipe::W4A16(Fp4Weights::Mxfp4), 16).is_err());
+    let half = Recipe::W4A16(Fp4Weights::Mxfp4).a();
+    let (a, b) = (
+        MatrixDesc {
+            format: half,
+            ..MatrixDesc::of_recipe(Recipe::Mxfp4, 4096, 4096, false)
+        },
+        MatrixDesc {
+            format: half,
+            ..MatrixDesc::of_recipe(Recipe::Mxfp4, 4096, 4096, true)
+        },
+    );
+    let shape = GemmShape {
+        m: 4096,
+        n: 4096,
+        k: 4096,
+        l: 1,
+    };
+    assert_ne!(sm90_half_default(4096, 4096, 132).tile, HalfTile::M128);
+    let elems = (ElemType::BF16, ElemType::BF16);
+    match choose_fused(GpuArch::Hopper, 132, &shape, (&a, &b), needs(elems, 0)) {
+        Ok(Plan::Sm90Half(c)) => assert_eq!(c.tile, HalfTile::M128),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// Block-sparse plans: Hopper only; e4m3 blocks on the FP8 kernel, 16-bit ones on the 16-bit
+/// kernel with 256-row tiles where M is large and the block rows hold enough stored blocks on
+/// average (stored blocks over block columns), 128-row tiles otherwise.
+#[test]
+fn block_sparse_plans_follow_the_blocks_type_and_their_runs() {
+    let s = GemmShape {
+        m: 8192,
+        n: 1024,
+        k: 4096,
+        l: 1,
+    };
+    assert!(choose_bsr(GpuArch::Blackwell, 148, &s, (ElemType::E4M3, 128, 64)).is_err());
+    assert!(matches!(
+        choose_bsr(GpuArch::Hopper, 132, &s, (ElemType::E4M3, 128, 64)),
+        Ok(Plan::Sm90Fp8(_))
+    ));
+    let half = |nnz| match choose_bsr(GpuArch::Hopper, 132, &s, (ElemType::BF16, 128, nnz)) {
+        Ok(Plan::Sm90Half(c)) => c.tile,
+        other => panic!("{other:?}"),
+    };
+    // 1024 columns are 8 blocks of 128: 64 stored blocks are 8 per block row, 8 are 1.
+    assert_eq!(half(64), HalfTile::M256);
+    assert_eq!(half(8), HalfTile::M128);
+}
+
+/// Rows per group as the grouped rules see them: the capacity of masked groups, the mean of
+/// contiguous ones (rounded up).
+#[test]
+fn a_groups_rows_are_the_capacity_or_the_mean() {
+    use crate::format::Recipe;
+    let (a, b) = (
+        MatrixDesc::of_recipe(Recipe::DeepSeekFp8, 64, 512, false),
+        MatrixDesc::of_recipe(Recipe::DeepSeekFp8, 512, 512, true),
+    );
+    let problem = |m, l, groups| GroupedProblem {
+        arch: GpuArch::Hopper,
+        sm_count: 132,
+        shape: GemmShape {
+            m,
+            n: 512,
+            k: 512,
+            l,
+        },
+        a: &a,
+        b: &b,
+        groups,
+    };
+    assert_eq!(problem(64, 4, 4).per_group(), 64);
+    assert_eq!(problem(1000, 1, 8).per_group(), 125);
+    assert_eq!(problem(1001, 1, 8).per_group(), 126);
+}
+
+/// The shared split-K rule: no split once the tiles fill half the SMs; else as many ranges as
+/// fill the SMs, at least `MIN_SPLIT_K_BLOCKS` blocks each, and only where the shorter loop
+/// saves more than the split costs.
+#[test]
+fn split_k_fills_idle_sms_only_where_it_pays() {
+    use crate::families::heuristic::split_k;
+    // 66 tiles on 132 SMs: exactly half, so split in 2 (64 blocks: 32 each).
+    assert_eq!(split_k(66, 64, 132, 0), 2);
+    assert_eq!(split_k(67, 64, 132, 0), 1);
+    // Ranges of at least 4 blocks: 16 blocks allow 4 ranges, not 132.
+    assert_eq!(split_k(1, 16, 132, 0), 4);
+    // The split must save more than it costs: 32 + 32 blocks is no saving over 64.
+    assert_eq!(split_k(66, 64, 132, 32), 1);
+    assert_eq!(split_k(66, 64, 132, 31), 2);
+}
