@@ -375,9 +375,57 @@ pub(crate) fn codes_shell(
 mod tests {
     use super::*;
 
+    /// What the host knows of an epilogue without a device: its steps, whether it is plain, its
+    /// output's columns, where the kernels run it, and the staging its rows take.
+    #[test]
+    fn an_epilogues_steps_decide_its_columns_and_where_it_runs() {
+        use crate::format::{Fp8, Recipe};
+        assert!(Epilogue::new().is_plain());
+        assert!(
+            Epilogue::new()
+                .alpha(1.0)
+                .activation(Activation::None)
+                .is_plain()
+        );
+        let alpha = Epilogue::new().alpha(2.0);
+        assert!(!alpha.is_plain() && alpha.alpha == 2.0);
+        let silu = Epilogue::new().activation(Activation::Silu);
+        assert!(!silu.is_plain() && silu.activation == Activation::Silu);
+        let swiglu = Epilogue::new().activation(Activation::SwiGlu);
+        assert_eq!((silu.out_cols(512), swiglu.out_cols(512)), (512, 256));
+        // In registers: not SwiGLU; quantized to FP8 1×128 (the same kernels) or MXFP8 (kernels
+        // of their own); other outputs go to the finishing warps.
+        let (fp8, mx) = (Recipe::DeepSeekFp8.a(), Recipe::Mxfp8(Fp8::E4M3).a());
+        assert_eq!(silu.in_registers(None), InRegisters::Yes);
+        assert_eq!(swiglu.in_registers(None), InRegisters::No);
+        assert_eq!(silu.in_registers(Some((fp8, 128))), InRegisters::Yes);
+        assert_eq!(silu.in_registers(Some((mx, 32))), InRegisters::Mx);
+        assert_eq!(
+            silu.in_registers(Some((Recipe::Nvfp4.a(), 16))),
+            InRegisters::No
+        );
+        // Staging: every CTA's rows, the same per CTA.
+        let one = Fused::staging_bytes((1, 2, 256));
+        assert!(one > 0);
+        assert_eq!(Fused::staging_bytes((132, 2, 256)), 132 * one);
+        assert_eq!(
+            [InputType::F32, InputType::Bf16, InputType::F16].map(out_type),
+            [OutType::F32, OutType::Bf16, OutType::F16]
+        );
+    }
+
     #[test]
     fn empty_or_overflowing_halves_are_shape_errors_not_panics() {
         let v = [1.0f32; 4];
+        // (No values for no rows or no K is still refused, not an empty reordering.)
+        assert!(matches!(
+            interleave_gate_up::<f32>(&[], 2, 0),
+            Err(Error::Shape(_))
+        ));
+        assert!(matches!(
+            interleave_gate_up::<f32>(&[], 0, 2),
+            Err(Error::Shape(_))
+        ));
         for (rows, k) in [(2, 0), (0, 2), (usize::MAX / 2, 3), (3, usize::MAX)] {
             assert!(
                 matches!(interleave_gate_up(&v, rows, k), Err(Error::Shape(_))),

@@ -317,5 +317,23 @@ mod tests {
                 "{groups:?}"
             );
         }
+        // The kernels' group mode of each layout.
+        assert!(matches!(GroupLayout::Masked.mode(), GroupMode::Masked));
+        assert!(matches!(
+            GroupLayout::Contiguous.mode(),
+            GroupMode::Contiguous
+        ));
+        // A's rows and N are int32 on the device: 2³¹ − 1 of either fits, 2³¹ does not.
+        let top = i32::MAX as usize;
+        let contiguous = gd(GroupLayout::Contiguous, 4, None);
+        for (ra, rb, fits) in [
+            (top, 512, true),
+            (top + 1, 512, false),
+            (300, top, true),
+            (300, top + 1, false),
+        ] {
+            let r = grouped_shape(&desc(ra, 256, 1), &desc(rb, 256, 4), contiguous);
+            assert_eq!(r.is_ok(), fits, "{ra} × {rb}: {r:?}");
+        }
     }
 }
