@@ -187,7 +187,7 @@ impl Gpu {
     /// call's size. [`DeviceOutput::to_host`] waits for it.
     pub fn run(&self, call: &Call<'_>, c: &mut DeviceOutput<'_>) -> Result<()> {
         let plan = self.plan_call(call)?;
-        let ws = self.workspace_of(call)?;
+        let work = self.workspace_of(call)?;
         match call.operands {
             Operands::Sparse {
                 dense,
@@ -196,7 +196,7 @@ impl Gpu {
             } => {
                 let stream = self.stream();
                 let g = SparseGemm {
-                    work: ws,
+                    work,
                     ops: BsrOperands {
                         stream,
                         dense,
@@ -210,7 +210,6 @@ impl Gpu {
             Operands::Dense { a, b } => match (call.groups, call.fused()) {
                 (_, None) => {
                     let groups = call.groups;
-                    let work = ws;
                     self.dense_on(
                         DenseCall {
                             a,
@@ -223,19 +222,16 @@ impl Gpu {
                     )
                 }
                 (Some(_), Some(_)) => Err(grouped_fused()),
-                (None, Some(epi)) => {
-                    let work = ws;
-                    self.fused_on(
-                        EpilogueCall {
-                            a,
-                            b,
-                            epi,
-                            plan,
-                            work,
-                        },
-                        c,
-                    )
-                }
+                (None, Some(epi)) => self.fused_on(
+                    EpilogueCall {
+                        a,
+                        b,
+                        epi,
+                        plan,
+                        work,
+                    },
+                    c,
+                ),
             },
         }
     }

@@ -2,7 +2,7 @@
 //! and the checks they share.
 
 use crate::bsr::{self, BsrMatrix, DeviceBsr};
-use crate::buffers::{DeviceMatrix, DeviceOutput, GpuId, Mem, MemMut, Prepared};
+use crate::buffers::{DeviceMatrix, DeviceOutput, Mem, MemMut, Prepared};
 use crate::error::{Error, Result, shape};
 use crate::families::fp8::Sm90Fp8;
 use crate::families::half::Sm90Half;
@@ -43,16 +43,11 @@ pub(crate) struct EpilogueCall<'c> {
 }
 
 impl Gpu {
-    /// The shape of `call`'s product, its operands, its epilogue and `out` (its output's GPU, and
-    /// what the output is) checked to belong to this GPU and to fit each other.
-    fn check_epilogue_call(
-        &self,
-        call: &EpilogueCall<'_>,
-        out: (GpuId, &str),
-    ) -> Result<GemmShape> {
+    /// The shape of `call`'s product, its operands and epilogue checked to belong to this GPU
+    /// and to fit each other.
+    fn check_epilogue_call(&self, call: &EpilogueCall<'_>) -> Result<GemmShape> {
         let s = self.check_operands(call.a, call.b)?;
         call.epi.check(self.dev.id, &s)?;
-        self.dev.id.check(out.0, out.1)?;
         Ok(s)
     }
 
@@ -60,7 +55,8 @@ impl Gpu {
     /// reference kernel; the kernels that compute Cᵀ; a tile or pair of element types without a
     /// fused kernel, see [`Gpu::fused_plan`]).
     pub(crate) fn fused_on(&self, call: EpilogueCall<'_>, c: &mut DeviceOutput) -> Result<()> {
-        let s = self.check_epilogue_call(&call, (c.gpu, "the output"))?;
+        let s = self.check_epilogue_call(&call)?;
+        self.dev.id.check(c.gpu, "the output")?;
         let EpilogueCall {
             a,
             b,
@@ -96,7 +92,7 @@ impl Gpu {
         call: EpilogueCall<'_>,
         (format, opts): (OperandFormat, &QuantizeOptions),
     ) -> Result<DeviceMatrix<'static>> {
-        let s = self.check_epilogue_call(&call, (self.dev.id, "the output"))?;
+        let s = self.check_epilogue_call(&call)?;
         let (a, b, epi, plan) = (call.a, call.b, call.epi, call.plan);
         let block = fused::quant_block(&format)? as usize;
         if opts.swizzled_scales {
@@ -146,7 +142,8 @@ impl Gpu {
         call: EpilogueCall,
         dst: &mut DeviceMatrix,
     ) -> Result<()> {
-        let s = self.check_epilogue_call(&call, (dst.gpu, "the destination"))?;
+        let s = self.check_epilogue_call(&call)?;
+        self.dev.id.check(dst.gpu, "the destination")?;
         let (a, b, epi, plan) = (call.a, call.b, call.epi, call.plan);
         writable(dst)?;
         let format = dst.desc.format;
@@ -354,8 +351,8 @@ impl Gpu {
         })
     }
 
-    /// [`Gpu::bsr_gemm`] with a given plan (`Plan::Sm90Fp8` with a block-sparse tile; the
-    /// runner's forced configurations).
+    /// The block-sparse call `g` on `plan` (`Plan::Sm90Fp8` or `Plan::Sm90Half` with a
+    /// block-sparse tile: the chosen one, or the call's own).
     pub(crate) fn sparse_on(&self, g: SparseGemm<'_, '_>, plan: Plan) -> Result<()> {
         let (ops, c) = (g.ops, &g.c);
         let s = self.check_bsr(ops.dense, ops.sparse)?;

@@ -50,8 +50,8 @@ pub(super) unsafe fn apply_as<const ACT: u32, F: Fragment>(
     // Value `4g + k`: row `lane / 4 + 8·(k / 2)`, column `8g + 2·(lane % 4) + k % 2`.
     for g in 0..(F::N / 8).min(16) as usize {
         for k in 0..4 {
-            let alpha = e.alpha * plant::FUSED;
-            let t = math::add_rn(math::mul_rn(alpha, v[4 * g + k]), bias[g][k % 2]);
+            let product = math::mul_rn(e.alpha * plant::FUSED, v[4 * g + k]);
+            let t = math::add_rn(product, bias[g][k % 2]);
             v[4 * g + k] = activate(ACT, t);
         }
     }
