@@ -2,7 +2,8 @@
 # Runs on the GPU machine from stage/: the sm90 kernel on many shapes (not only the benchmark's)
 # with each unswapped tile, alone and in pairs along N, and the heuristic's own choice, to check
 # `plan::tile_cost`. One line per run: shape, forced tile and cluster (or
-# "auto"), the configuration the runner reports, time (µs). Usage:
+# "auto"), the configuration the runner reports, time (µs). A config is TILE:CLUSTER or
+# TILE:CLUSTER:SPLIT_K (e.g. 64,128:1,1:2 for the swapped 64-row tile, K in two). Usage:
 #   bash stage/tile-sweep.sh [extra runner args]        SHAPES="M,N,K,L ..." overrides the list
 set -uo pipefail
 cd "$(dirname "$0")"
@@ -16,7 +17,11 @@ configs=${CONFIGS:-"auto 256,128:1,2 192,128:1,2 128,128:1,1 128,192:1,1 128,192
 for mnkl in $shapes; do
   for cfg in $configs; do
     args=()
-    if [ "$cfg" != auto ]; then args=(--mma_tiler_mn "${cfg%%:*}" --cluster_shape_mn "${cfg##*:}"); fi
+    if [ "$cfg" != auto ]; then
+      IFS=: read -r tile cluster split <<<"$cfg"
+      args=(--mma_tiler_mn "$tile" --cluster_shape_mn "$cluster")
+      [ -n "$split" ] && args+=(--split_k "$split")
+    fi
     line=$(./blockscaled-run --mnkl "$mnkl" --recipe deepseek-fp8 --kernel sm90 "${args[@]}" \
       --skip_ref_check --no_peer --iterations ${ITERS:-20} --warmup_iterations 3 "$@" 2>&1 \
       | grep -E "deepseek-fp8 \(|rror" | tail -1)

@@ -143,13 +143,7 @@ impl BsrMatrix {
             )));
         }
         let nnz = col_indices.len();
-        // The kernels count stages of stored blocks (128 bytes of K each) in 32 bits.
-        let stages = (block * elem.bits() as usize / 8 / 128).max(1);
-        if nnz > i32::MAX as usize / stages {
-            return Err(shape(format!(
-                "{nnz} stored blocks of {stages} stages: at most 2³¹ − 1 stages"
-            )));
-        }
+        check_stage_count(nnz, stages_per_block(block, elem))?;
         if crow_indices[0] != 0 {
             return Err(structure(format!(
                 "crow_indices[0] = {}, must be 0",
@@ -620,10 +614,9 @@ impl DeviceBsr {
         self.elem
     }
 
-    /// Pipeline stages per stored block: a stage holds 128 bytes of K (128 e4m3 or 64 bf16
-    /// values), so a 128 × 128 bf16 block is 2 stages and the others 1.
+    /// Pipeline stages per stored block ([`stages_per_block`]).
     pub(crate) fn stages_per_block(&self) -> u32 {
-        (self.block * self.elem.bits() as usize / 8 / 128).max(1) as u32
+        stages_per_block(self.block, self.elem) as u32
     }
 
     /// The work list for `key` (made and uploaded once per key; `tile_rows` divides the block),
@@ -661,6 +654,22 @@ impl DeviceBsr {
         cache.insert(key, w.clone());
         Ok(w)
     }
+}
+
+/// Pipeline stages per stored block of `block` × `block` `elem` values: a stage holds 128 bytes
+/// of K (128 e4m3 or 64 bf16 values), so a 128 × 128 bf16 block is 2 stages and the others 1.
+pub(crate) fn stages_per_block(block: usize, elem: ElemType) -> usize {
+    (block * elem.bits() as usize / 8 / 128).max(1)
+}
+
+/// `nnz` stored blocks of `stages` stages each: the kernels count stages in 32 bits.
+fn check_stage_count(nnz: usize, stages: usize) -> Result<()> {
+    if nnz > i32::MAX as usize / stages {
+        return Err(shape(format!(
+            "{nnz} stored blocks of {stages} stages: at most 2³¹ − 1 stages"
+        )));
+    }
+    Ok(())
 }
 
 /// The shape of C for a dense operand of `dense_rows` × K and a sparse one of `sparse_rows` ×
@@ -1001,6 +1010,39 @@ mod tests {
         // The widest K that passes: a matrix with no stored blocks. (K = 2³¹ − 1 itself is odd,
         // never a multiple of a block: `>` against `>=` there cannot change the result.)
         assert!(sized(128, big - 127).is_ok());
+    }
+
+    /// Stages per stored block from its bytes of K, and the 32-bit count of stages checked at
+    /// its edge (a matrix that reaches it would not fit in memory, so only the rule is tested).
+    #[test]
+    fn stored_blocks_count_128_byte_stages_in_32_bits() {
+        assert_eq!(stages_per_block(128, ElemType::E4M3), 1);
+        assert_eq!(stages_per_block(128, ElemType::BF16), 2);
+        assert_eq!(stages_per_block(64, ElemType::F16), 1);
+        assert_eq!(stages_per_block(256, ElemType::BF16), 4);
+        let max = i32::MAX as usize;
+        assert!(check_stage_count(max, 1).is_ok());
+        assert!(matches!(check_stage_count(max + 1, 1), Err(Error::Shape(_))));
+        assert!(check_stage_count(max / 2, 2).is_ok());
+        assert!(matches!(check_stage_count(max / 2 + 1, 2), Err(Error::Shape(_))));
+    }
+
+    /// A dense matrix of another format is refused by `from_dense_blocks` itself, with a message
+    /// that names what a BSR matrix is made from (not `from_parts`' element-type message).
+    #[test]
+    fn blocks_are_cut_only_from_deepseek_style_weights() {
+        use crate::format::{Fp8, Recipe};
+        let vals: Vec<f32> = (0..128 * 256).map(|i| (i % 13) as f32 - 6.0).collect();
+        let mut e5m2 = Recipe::DeepSeekFp8.b();
+        e5m2.elem = ElemType::E5M2;
+        for f in [e5m2, Recipe::Mxfp8(Fp8::E4M3).b()] {
+            let m = ScaledMatrix::quantize(&vals, 128, 256, 1, f).unwrap();
+            let e = BsrMatrix::from_dense_blocks(&m, |_, _| true);
+            assert!(
+                matches!(&e, Err(Error::Format(s)) if s.contains("made from e4m3")),
+                "{f}: {e:?}"
+            );
+        }
     }
 
     /// C's shape from the operands': the sparse operand's rows are C's rows when it is A.
