@@ -39,6 +39,8 @@ pub struct GroupedCase {
     pub route: GroupedRoute,
     /// The FP8 kernel's tile instead of the plan's (plans on the FP8 kernel, folded or not).
     pub fp8_tile: Option<blockscaled::Sm90Tile>,
+    /// The FP8 kernel's band height in M tiles instead of the plan's (as `fp8_tile`).
+    pub fp8_group_m: Option<u32>,
 }
 
 /// Which of our plans a grouped case times.
@@ -129,10 +131,14 @@ pub fn run_grouped(
         GroupedRoute::Fold => Plan::Sm90MxFp8(problem.fp8_config()),
         _ => gpu.grouped_plan(&da, &db, &groups).map_err(e)?,
     };
-    let plan = match (plan, c.fp8_tile) {
-        (Plan::Sm90Fp8(cfg), Some(tile)) => Plan::Sm90Fp8(cfg.with_tile(tile)),
-        (Plan::Sm90MxFp8(cfg), Some(tile)) => Plan::Sm90MxFp8(cfg.with_tile(tile)),
-        (p, _) => p,
+    let force = |cfg: blockscaled::Sm90Config| {
+        let cfg = c.fp8_tile.map_or(cfg, |t| cfg.with_tile(t));
+        c.fp8_group_m.map_or(cfg, |g| cfg.with_group_m(g))
+    };
+    let plan = match plan {
+        Plan::Sm90Fp8(cfg) => Plan::Sm90Fp8(force(cfg)),
+        Plan::Sm90MxFp8(cfg) => Plan::Sm90MxFp8(force(cfg)),
+        p => p,
     };
     let ours = time_on_stream(gpu.stream(), c.warmup, c.iters, |_| {
         gpu.run(
@@ -422,6 +428,7 @@ pub fn bench_cases() -> Vec<GroupedCase> {
         seed,
         route,
         fp8_tile: None,
+        fp8_group_m: None,
     };
     let recipes = [
         Recipe::DeepSeekFp8,

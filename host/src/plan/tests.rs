@@ -326,9 +326,10 @@ fn decode_sizes_take_the_swapped_tile_that_holds_m_and_split_as_measured() {
         );
     }
     assert!(!sm90_default(65, 7168, 2048, 1, h100).tile.is_swapped());
-    // 33 to 64 rows: swapped only from K = 4096.
-    assert!(!sm90_default(64, 7168, 2048, 1, h100).tile.is_swapped());
-    assert!(sm90_default(64, 7168, 4096, 1, h100).tile.is_swapped());
+    // 33 to 64 rows: swapped only from K = 1024.
+    assert!(!sm90_default(64, 32768, 512, 1, h100).tile.is_swapped());
+    assert!(sm90_default(64, 24576, 1024, 1, h100).tile.is_swapped());
+    assert!(sm90_default(64, 7168, 2048, 1, h100).tile.is_swapped());
     let split = |m, n, k| sm90_default(m, n, k, 1, h100).split_k;
     // The decode sweep (docs/perf-log, decode-sized M): the splits measured within 7% of the fastest
     // (and the untimed ones between two such).

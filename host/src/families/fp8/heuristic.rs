@@ -86,10 +86,13 @@ pub(crate) const SWAPPED_MAX_M: usize = 64;
 
 /// Smallest K for which 33 to 64 rows take the 64-row swapped tile: with less K there are
 /// many tiles per SM and the swapped tile's heavier MMA work per byte of B (m64n64 for every
-/// 64 rows of B) costs more than the unswapped tiles' half-empty A; measured at M = 64
-/// (docs/perf-log, decode-sized M, µs swapped against unswapped): K = 512, 1536 and 2048 15.2 / 23.7 / 13.7
-/// against 14.0 / 23.1 / 13.2; K = 7168 and 16384 15.7 / 20.7 / 50.8 against 16.6 / 23.6 / 66.7.
-pub(crate) const SWAPPED_64_MIN_K: usize = 4096;
+/// 64 rows of B) costs more than the unswapped tiles' half-empty A. Where that turns depends
+/// on how fast B streams: at M = 64 (docs/perf-log, decode-sized M, µs swapped against
+/// unswapped), on the H100 K = 512, 1536 and 2048 took 15.2 / 23.7 / 13.7 against
+/// 14.0 / 23.1 / 13.2, and K = 7168 and 16384 15.7 / 20.7 / 50.8 against 16.6 / 23.6 / 66.7;
+/// on the H200 (faster HBM) K = 512 13.6 against 12.9, but K = 1536 and 2048 20.4 / 12.3
+/// against 23.8 / 13.3. The H200's gains at 1536 and 2048 outweigh the H100's losses there.
+pub(crate) const SWAPPED_64_MIN_K: usize = 1024;
 
 /// The sm90 configuration at decode sizes (M ≤ `SWAPPED_MAX_M`): the swapped tile of the
 /// fewest rows that holds M (16, 32 or 64), and K split by `decode_split`.
@@ -303,7 +306,10 @@ pub fn sm90_grouped_default(
     Sm90Config {
         tile,
         cluster: ClusterShape::ONE,
-        group_m: 1,
+        // Each group's tiles in bands of `GROUP_ROWS` rows, as the dense rule's: a group of
+        // several M tiles then reads its expert's B from DRAM once, not once per M tile (B of
+        // 14336 × 4096 is 58 MB, as large as L2). No band is taller than the grouped operand.
+        group_m: rows.div_ceil(128).clamp(1, (GROUP_ROWS / 128) as usize) as u32,
         ctas: sm_count.max(1),
         split_k: 1,
     }
