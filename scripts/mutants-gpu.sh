@@ -14,10 +14,10 @@ eval "$(scripts/setup.sh)" >/dev/null
 export BLOCKSCALED_BUILD_KERNELS=0 CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-target/mutants}
 # The GPU test binaries that cover each file.
 declare -A binaries=(
-  [host/src/bsr.rs]="gpu_bsr"
+  [host/src/bsr.rs]="gpu_bsr gpu_half"
   [host/src/fused.rs]="gpu_fused"
   [host/src/grouped.rs]="gpu_grouped gpu_moe"
-  [host/src/plan/mod.rs]="gpu gpu_mx"
+  [host/src/plan/mod.rs]="gpu gpu_mx gpu_engine"
   [host/src/families/heuristic.rs]="gpu gpu_half"
 )
 out=stage-mutants

@@ -243,7 +243,10 @@ impl DeviceGroups<'_> {
     }
 
     /// The groups' parameters without the values' address, or a dense GEMM's (`None`): what
-    /// the families' schedule functions read on the host (grid and workspace sizing).
+    /// the families' schedule functions read on the host (grid and workspace sizing). (Read as
+    /// a dense GEMM's instead, a grouped call would size its grid from every row of A or every
+    /// capacity row, no fewer units than its groups have, and still run the groups' units: the
+    /// results would not change, which is why the GPU tests cannot tell.)
     pub(crate) fn unplaced_or_dense(groups: Option<&Self>) -> GroupParams {
         groups.map_or_else(GroupParams::default, Self::unplaced)
     }

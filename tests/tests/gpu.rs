@@ -441,7 +441,7 @@ fn sm90_kernel_matches_cpu_reference_on_larger_ragged_shapes() {
 }
 
 /// Decode sizes: what `gemm` chooses by itself at M ≤ 64 (the swapped tiles, split-K as the
-/// plan decides; from 33 rows only with K ≥ 4096) on DeepSeek-V3's shapes and ragged ones, every
+/// plan decides; from 33 rows only with K ≥ 1024) on DeepSeek-V3's shapes and ragged ones, every
 /// recipe of the sm90 kernel.
 #[test]
 #[ignore = "needs a CUDA device"]
@@ -470,8 +470,8 @@ fn sm90_decode_sizes_take_swapped_tiles_and_match_cpu_reference() {
         let (_, b) = random_matrix(seed ^ i as u64, n, k, l, Recipe::DeepSeekFp8.b());
         let (da, db) = (g.upload(&a).unwrap(), g.upload(&b).unwrap());
         let plan = g.plan(&da, &db).unwrap();
-        // (The decode rule: swapped tiles to 32 rows, and to 64 rows from K = 4096.)
-        let swapped = m <= 32 || k >= 4096;
+        // (The decode rule: swapped tiles to 32 rows, and to 64 rows from K = 1024.)
+        let swapped = m <= 32 || k >= 1024;
         assert!(
             matches!(plan, Plan::Sm90Fp8(c)
                 if c.tile.is_swapped() == swapped && (!swapped || c.tile.block_m() as usize >= m)),

@@ -266,6 +266,13 @@ fn mismatched_shapes_and_plans_are_typed_errors() {
     let g = gpu();
     let (dense, sparse) = operands(5, 256, 256, 512, Keep::Random(0.5));
     let (dd, ds) = (g.upload(&dense).unwrap(), g.upload_bsr(&sparse).unwrap());
+    // What the upload keeps of a matrix with every block stored.
+    let (_, all) = operands(7, 128, 384, 512, Keep::All);
+    let d_all = g.upload_bsr(&all).unwrap();
+    assert_eq!(
+        (d_all.rows(), d_all.cols(), d_all.block(), d_all.nnz(), d_all.elem()),
+        (384, 512, 128, 12, all.elem())
+    );
     // K differs.
     let (other, _) = operands(6, 256, 256, 384, Keep::All);
     let d_other = g.upload(&other).unwrap();

@@ -536,3 +536,66 @@ fn fused_kernels_have_no_systematic_error_on_operands_that_do_not_cancel() {
         }
     }
 }
+
+/// Epilogue tensors that do not fit the product, a SwiGLU over an odd N and non-finite α or β
+/// are typed errors that launch nothing (the NaN-poisoned output stays poisoned); a bias of one
+/// batch entry is shared, but C and the residual need every entry.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn epilogues_that_do_not_fit_the_product_are_typed_errors() {
+    use blockscaled::Error;
+    let gpu = Gpu::new(0).expect("a GPU");
+    let recipe = Recipe::DeepSeekFp8;
+    let (m, n, k, l) = (200usize, 392usize, 512usize, 2usize);
+    let (a, b) = random_pair(7100, (m, n, k, l), recipe.a(), recipe.b());
+    let (da, db) = (gpu.upload(&a).unwrap(), gpu.upload(&b).unwrap());
+    let t = |seed, ty, dims| held(&gpu, seed, ty, dims);
+    let bias_short = t(7101, InputType::F32, (1, n - 8, l));
+    let bias_shared = t(7102, InputType::F32, (1, n, 1));
+    let c_one_entry = t(7103, InputType::Bf16, (m, n, 1));
+    let c_tall = t(7104, InputType::Bf16, (m + 1, n, l));
+    let residual_narrow = t(7105, InputType::Bf16, (m, n - 2, l));
+    let c = t(7106, InputType::Bf16, (m, n, l));
+    let refused = |epi: &Epilogue, n_out: usize, what: &str| -> Error {
+        let mut out = gpu.output(m, n_out, l, OutType::Bf16).unwrap(); // NaN-poisoned
+        let e = gpu
+            .run(&Call::new(&da, &db).epilogue(epi), &mut out)
+            .err()
+            .unwrap_or_else(|| panic!("{what}: accepted"));
+        let v = out.to_host().unwrap().values;
+        assert!(v.iter().all(|x| x.is_nan()), "{what}: the output was written");
+        e
+    };
+    let e = refused(&Epilogue::new().bias(&bias_short.t), n, "a short bias");
+    assert!(matches!(e, Error::Shape(_)), "a short bias: {e}");
+    let e = refused(&Epilogue::new().beta_c(1.0, &c_one_entry.t), n, "C of one batch entry");
+    assert!(matches!(e, Error::Shape(_)), "C of one batch entry: {e}");
+    let e = refused(&Epilogue::new().beta_c(1.0, &c_tall.t), n, "C one row too many");
+    assert!(matches!(e, Error::Shape(_)), "C one row too many: {e}");
+    let e = refused(&Epilogue::new().residual(&residual_narrow.t), n, "a narrow residual");
+    assert!(matches!(e, Error::Shape(_)), "a narrow residual: {e}");
+    let e = refused(&Epilogue::new().alpha(f32::NAN), n, "α = NaN");
+    assert!(matches!(e, Error::Config(_)), "α = NaN: {e}");
+    let e = refused(&Epilogue::new().beta_c(f32::INFINITY, &c.t), n, "β = ∞");
+    assert!(matches!(e, Error::Config(_)), "β = ∞: {e}");
+    // The shared bias runs.
+    let mut out = gpu.output(m, n, l, OutType::Bf16).unwrap();
+    gpu.run(
+        &Call::new(&da, &db).epilogue(&Epilogue::new().bias(&bias_shared.t)),
+        &mut out,
+    )
+    .unwrap();
+    // SwiGLU over an odd N.
+    let odd = n - 1;
+    let (a3, b3) = random_pair(7110, (m, odd, k, l), recipe.a(), recipe.b());
+    let (da3, db3) = (gpu.upload(&a3).unwrap(), gpu.upload(&b3).unwrap());
+    let mut out = gpu.output(m, odd / 2, l, OutType::Bf16).unwrap();
+    let swiglu = Epilogue::new().activation(Activation::SwiGlu);
+    let e = gpu
+        .run(&Call::new(&da3, &db3).epilogue(&swiglu), &mut out)
+        .expect_err("SwiGLU over an odd N");
+    assert!(
+        matches!(&e, Error::Shape(s) if s.contains("SwiGLU")),
+        "SwiGLU over an odd N: {e}"
+    );
+}

@@ -479,6 +479,13 @@ fn grouped_inputs_the_host_can_see_are_typed_errors() {
     let recipe = Recipe::DeepSeekFp8;
     assert!(matches!(g.group_ends(&[]), Err(Error::Shape(_))));
     assert!(matches!(g.group_ends(&[5, 3]), Err(Error::Shape(_))));
+    // What a good one reports of itself.
+    let three = g.group_ends(&[3, 5, 9]).unwrap();
+    let shown = format!("{three:?}");
+    assert!(
+        shown.contains("Contiguous") && shown.contains("count: 3") && shown.contains("Some(9)"),
+        "{shown}"
+    );
     assert!(matches!(g.group_counts(&[-1]), Err(Error::Shape(_))));
     assert!(matches!(
         g.device_groups(GroupLayout::Masked, 0),

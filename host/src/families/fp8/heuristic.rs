@@ -306,14 +306,25 @@ pub fn sm90_grouped_default(
     Sm90Config {
         tile,
         cluster: ClusterShape::ONE,
-        // Each group's tiles in bands of `GROUP_ROWS` rows, as the dense rule's: a group of
-        // several M tiles then reads its expert's B from DRAM once, not once per M tile (B of
-        // 14336 × 4096 is 58 MB, as large as L2). No band is taller than the grouped operand.
-        group_m: rows.div_ceil(128).clamp(1, (GROUP_ROWS / 128) as usize) as u32,
+        // Groups of `GROUPED_BAND_ROWS` rows or more: each group's tiles in bands of
+        // `GROUP_ROWS` rows, as the dense rule's, so a group of several M tiles reads its
+        // expert's B from DRAM about once, not once per M tile (B of 14336 × 4096 is 58 MB, as
+        // large as L2). No band is taller than the grouped operand.
+        group_m: if per_group >= GROUPED_BAND_ROWS {
+            rows.div_ceil(128).clamp(1, (GROUP_ROWS / 128) as usize) as u32
+        } else {
+            1
+        },
         ctas: sm_count.max(1),
         split_k: 1,
     }
 }
+
+/// Mean rows per group from which a grouped FP8 GEMM's small-group tiles are banded. Measured
+/// on the H200 (docs/perf-log, v59), µs with bands of 16 M tiles against one: a Mixtral-like
+/// prefill of 8 groups of 512 rows on average 549 against 591; the seed's cases of 128 rows a
+/// group 99.4 against 101.2 and 68.5 against 67.0 (no gain to take there).
+pub(crate) const GROUPED_BAND_ROWS: usize = 512;
 
 /// Rows per group from which a grouped FP8 GEMM configures as a dense one.
 pub(crate) const GROUPED_DENSE_ROWS: usize = 1024;
