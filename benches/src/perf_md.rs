@@ -99,13 +99,19 @@ pub fn parse(text: &str, source: &str) -> (Vec<Record>, Vec<String>) {
 }
 
 /// One record per case (GPU, kind, name, M N K L): the latest — the later date, and of one date
-/// the later line — in the place where the case first appears.
+/// the later line — in the place where the case first appears. A name that starts with the
+/// record's plan is the case without it: a run whose plan changed replaces the older one.
 pub fn latest(records: Vec<Record>) -> Vec<Record> {
     let key = |r: &Record| {
+        let name = r
+            .plan
+            .as_deref()
+            .and_then(|p| r.name.strip_prefix(p))
+            .unwrap_or(&r.name);
         (
             r.gpu.clone(),
             r.kind.clone(),
-            r.name.clone(),
+            name.trim().to_string(),
             (r.m, r.n, r.k, r.l),
         )
     };
@@ -386,6 +392,18 @@ mod tests {
         old.us = 1.0;
         let again = latest(vec![kept[1].clone(), old]);
         assert!((again[0].us - 45.0).abs() < 1e-9);
+        // A later run of the case on another plan replaces it; another shape does not.
+        let mut replanned = kept[1].clone();
+        replanned.plan = Some("sm90/m64g16c1".into());
+        replanned.name = "sm90/m64g16c1 deepseek-fp8 (bf16)".into();
+        replanned.date = "2026-12-01".into();
+        let mut other = replanned.clone();
+        other.m += 1;
+        let mut first = kept[1].clone();
+        first.plan = Some("sm90/m128g8c1".into());
+        let three = latest(vec![first, replanned, other]);
+        assert_eq!(three.len(), 2);
+        assert_eq!(three[0].name, "sm90/m64g16c1 deepseek-fp8 (bf16)");
     }
 
     #[test]

@@ -1022,9 +1022,15 @@ mod tests {
         assert_eq!(stages_per_block(256, ElemType::BF16), 4);
         let max = i32::MAX as usize;
         assert!(check_stage_count(max, 1).is_ok());
-        assert!(matches!(check_stage_count(max + 1, 1), Err(Error::Shape(_))));
+        assert!(matches!(
+            check_stage_count(max + 1, 1),
+            Err(Error::Shape(_))
+        ));
         assert!(check_stage_count(max / 2, 2).is_ok());
-        assert!(matches!(check_stage_count(max / 2 + 1, 2), Err(Error::Shape(_))));
+        assert!(matches!(
+            check_stage_count(max / 2 + 1, 2),
+            Err(Error::Shape(_))
+        ));
     }
 
     /// A dense matrix of another format is refused by `from_dense_blocks` itself, with a message

@@ -270,7 +270,13 @@ fn mismatched_shapes_and_plans_are_typed_errors() {
     let (_, all) = operands(7, 128, 384, 512, Keep::All);
     let d_all = g.upload_bsr(&all).unwrap();
     assert_eq!(
-        (d_all.rows(), d_all.cols(), d_all.block(), d_all.nnz(), d_all.elem()),
+        (
+            d_all.rows(),
+            d_all.cols(),
+            d_all.block(),
+            d_all.nnz(),
+            d_all.elem()
+        ),
         (384, 512, 128, 12, all.elem())
     );
     // K differs.

@@ -563,16 +563,31 @@ fn epilogues_that_do_not_fit_the_product_are_typed_errors() {
             .err()
             .unwrap_or_else(|| panic!("{what}: accepted"));
         let v = out.to_host().unwrap().values;
-        assert!(v.iter().all(|x| x.is_nan()), "{what}: the output was written");
+        assert!(
+            v.iter().all(|x| x.is_nan()),
+            "{what}: the output was written"
+        );
         e
     };
     let e = refused(&Epilogue::new().bias(&bias_short.t), n, "a short bias");
     assert!(matches!(e, Error::Shape(_)), "a short bias: {e}");
-    let e = refused(&Epilogue::new().beta_c(1.0, &c_one_entry.t), n, "C of one batch entry");
+    let e = refused(
+        &Epilogue::new().beta_c(1.0, &c_one_entry.t),
+        n,
+        "C of one batch entry",
+    );
     assert!(matches!(e, Error::Shape(_)), "C of one batch entry: {e}");
-    let e = refused(&Epilogue::new().beta_c(1.0, &c_tall.t), n, "C one row too many");
+    let e = refused(
+        &Epilogue::new().beta_c(1.0, &c_tall.t),
+        n,
+        "C one row too many",
+    );
     assert!(matches!(e, Error::Shape(_)), "C one row too many: {e}");
-    let e = refused(&Epilogue::new().residual(&residual_narrow.t), n, "a narrow residual");
+    let e = refused(
+        &Epilogue::new().residual(&residual_narrow.t),
+        n,
+        "a narrow residual",
+    );
     assert!(matches!(e, Error::Shape(_)), "a narrow residual: {e}");
     let e = refused(&Epilogue::new().alpha(f32::NAN), n, "α = NaN");
     assert!(matches!(e, Error::Config(_)), "α = NaN: {e}");
