@@ -45,7 +45,7 @@ mkdir -p stage/examples && cp target/release/examples/quickstart target/release/
 BLOCKSCALED_USER_BUILD_OUT="$PWD/stage/user" scripts/check-user-build.sh >/dev/null
 bench=$(ls -t target/release/deps/gemm-* 2>/dev/null | grep -v '\.d$' | head -1 || true)
 [ -n "$bench" ] && cp "$bench" stage/bench-gemm
-cp scripts/run-gpu.sh scripts/sanitize-gpu.sh scripts/profile-gpu.sh scripts/ncu-compare.sh scripts/ncu-source.sh scripts/tile-sweep.sh scripts/decode-sweep.sh scripts/ab-gpu.sh scripts/ab-runner.sh scripts/perf-md.sh stage/
+cp scripts/run-gpu.sh scripts/sanitize-gpu.sh scripts/profile-gpu.sh scripts/ncu-compare.sh scripts/ncu-source.sh scripts/tile-sweep.sh scripts/grouped-sweep.sh scripts/decode-sweep.sh scripts/ab-gpu.sh scripts/ab-runner.sh scripts/perf-md.sh stage/
 strip stage/tests/* stage/blockscaled-run stage/blockscaled-perf-table stage/bench-gemm stage/examples/* stage/user/* 2>/dev/null || true
 cp target/release/ptx/*.ptx target/release/ptx/*.cubin target/release/ptx/*.ptxas.txt stage/ 2>/dev/null || true
 du -sh stage

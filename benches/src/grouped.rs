@@ -39,8 +39,10 @@ pub struct GroupedCase {
     pub route: GroupedRoute,
     /// The FP8 kernel's tile instead of the plan's (plans on the FP8 kernel, folded or not).
     pub fp8_tile: Option<blockscaled::Sm90Tile>,
-    /// The FP8 kernel's band height in M tiles instead of the plan's (as `fp8_tile`).
+    /// The FP8 kernel's band height in M units instead of the plan's (as `fp8_tile`).
     pub fp8_group_m: Option<u32>,
+    /// The FP8 kernel's cluster instead of the plan's (as `fp8_tile`).
+    pub fp8_cluster: Option<blockscaled::ClusterShape>,
 }
 
 /// Which of our plans a grouped case times.
@@ -133,6 +135,7 @@ pub fn run_grouped(
     };
     let force = |cfg: blockscaled::Sm90Config| {
         let cfg = c.fp8_tile.map_or(cfg, |t| cfg.with_tile(t));
+        let cfg = c.fp8_cluster.map_or(cfg, |cl| cfg.with_cluster(cl));
         c.fp8_group_m.map_or(cfg, |g| cfg.with_group_m(g))
     };
     let plan = match plan {
@@ -429,6 +432,7 @@ pub fn bench_cases() -> Vec<GroupedCase> {
         route,
         fp8_tile: None,
         fp8_group_m: None,
+        fp8_cluster: None,
     };
     let recipes = [
         Recipe::DeepSeekFp8,

@@ -87,6 +87,7 @@ pub(super) fn run_grouped(
                 route,
                 fp8_tile,
                 fp8_group_m: args.group_m,
+                fp8_cluster: s.cluster,
             };
             // Folding takes MX and NVFP4 experts; FP8 ones run as they are.
             let c = if route == GroupedRoute::FoldedOnce
