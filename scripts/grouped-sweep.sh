@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine from stage/: the grouped FP8 kernel on prefill-sized groups (and the
 # seed's MoE cases) with each tile, band height and cluster the plan could choose, the plan's own
-# choice, and the dense kernel on the same rows, for fitting the grouped rule
-# (`sm90_grouped_default`). One line per run: case, forced configuration (or "auto"), the plan
-# the runner reports, µs. Usage:
+# choice, and for the prefill cases the dense kernel on the same rows with the same forced
+# configuration (what the groups cost beyond the configuration), for fitting the grouped rule
+# (`sm90_grouped_default`). One line per run: case, grouped or dense, forced configuration (or
+# "auto"), the runner's line (plan, µs). Usage:
 #   bash stage/grouped-sweep.sh [extra runner args]
 # CASES="GROUPS:N,K ..." overrides the cases (GROUPS a comma list of rows per group, or seedI for
 # the seed's case I); CONFIGS="TILE:CLUSTER:BAND ..." the configurations (any field may be empty:
@@ -34,11 +35,10 @@ for c in $cases; do
     fi
     ./blockscaled-run "${what[@]}" --recipe deepseek-fp8 "${args[@]}" --no_peer \
       --iterations ${ITERS:-30} "$@" 2>&1 | grep -E "^deepseek-fp8|rror" |
-      awk -v c="$groups" -v f="$cfg" '{print c, f, $0}'
+      awk -v c="$groups" -v f="$cfg" '{print c, "grouped", f, $0}'
+    [[ $groups == seed* ]] && continue
+    ./blockscaled-run --mnkl "$rows,$nk,1" --recipe deepseek-fp8 --kernel sm90 "${args[@]}" \
+      --skip_ref_check --no_peer --iterations ${ITERS:-30} "$@" 2>&1 |
+      grep -E "deepseek-fp8 \(|rror" | awk -v c="$groups" -v f="$cfg" '{print c, "dense", f, $0}'
   done
-  if [[ $groups != seed* ]]; then
-    ./blockscaled-run --mnkl "$rows,$nk,1" --recipe deepseek-fp8 --kernel sm90 --skip_ref_check \
-      --no_peer --iterations ${ITERS:-30} "$@" 2>&1 | grep -E "deepseek-fp8 \(" |
-      awk -v c="$groups" '{print c, "dense", $0}'
-  fi
 done
