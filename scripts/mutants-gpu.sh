@@ -32,25 +32,7 @@ list=$(mktemp); trap 'rm -f "$list"' EXIT
 cargo mutants -p blockscaled $(for f in $files; do echo --file "$f"; done) --list --json --diff >"$list"
 
 # build DIR FILE: the GPU test binaries covering FILE, stripped, into DIR.
-build() {
-  local dir=$1 tests=() b
-  for b in ${binaries[$2]}; do tests+=(--test "$b"); done
-  mkdir -p "$dir"
-  cargo test --release -p blockscaled-tests "${tests[@]}" --no-run --message-format=json 2>/dev/null |
-    python3 -c '
-import json, sys, shutil
-dir, want = sys.argv[1], sys.argv[2].split()
-for line in sys.stdin:
-    try: m = json.loads(line)
-    except Exception: continue
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] in want:
-        shutil.copy(m["executable"], "%s/%s" % (dir, m["target"]["name"]))
-' "$dir" "${binaries[$2]}"
-  for b in ${binaries[$2]}; do
-    [ -x "$dir/$b" ] || { echo "mutants-gpu.sh: $b was not built in $dir" >&2; return 1; }
-  done
-  strip "$dir"/*
-}
+build() { scripts/build-test-binaries.sh "$1" ${binaries[$2]}; }
 
 for f in $files; do build "$out/base" "$f"; done
 i=0

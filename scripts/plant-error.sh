@@ -25,24 +25,9 @@ rm -rf stage-planted && mkdir -p stage-planted
 for site in "${sites[@]}"; do
   [ -n "${binaries[$site]:-}" ] || { echo "plant-error.sh: unknown site $site" >&2; exit 2; }
   echo "== $site: ${binaries[$site]}"
-  tests=(); for b in ${binaries[$site]}; do tests+=(--test "$b"); done
   # One target folder for every site: only the kernels, the host crate and the tests rebuild.
-  json=$(BLOCKSCALED_PLANT=$site CARGO_TARGET_DIR=target/planted cargo test --release \
-    -p blockscaled-tests "${tests[@]}" --no-run --message-format=json 2>/dev/null)
-  mkdir -p "stage-planted/$site"
-  echo "$json" | python3 -c '
-import json, sys, shutil
-site, want = sys.argv[1], sys.argv[2].split()
-for line in sys.stdin:
-    try: m = json.loads(line)
-    except Exception: continue
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] in want:
-        shutil.copy(m["executable"], "stage-planted/%s/%s" % (site, m["target"]["name"]))
-' "$site" "${binaries[$site]}"
-  for b in ${binaries[$site]}; do
-    [ -x "stage-planted/$site/$b" ] || { echo "plant-error.sh: $site: $b was not built" >&2; exit 1; }
-  done
-  strip "stage-planted/$site"/*
+  BLOCKSCALED_PLANT=$site CARGO_TARGET_DIR=target/planted \
+    scripts/build-test-binaries.sh "stage-planted/$site" ${binaries[$site]}
 done
 cat > stage-planted/plant-check.sh <<'CHECK'
 #!/usr/bin/env bash
