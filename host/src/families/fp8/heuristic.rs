@@ -320,10 +320,9 @@ pub fn sm90_grouped_default(
     }
 }
 
-/// Mean rows per group from which a grouped FP8 GEMM's small-group tiles are banded. Measured
-/// on the H200 (docs/perf-log, v59), µs with bands of 16 M tiles against one: a Mixtral-like
-/// prefill of 8 groups of 512 rows on average 549 against 591; the seed's cases of 128 rows a
-/// group 99.4 against 101.2 and 68.5 against 67.0 (no gain to take there).
+/// Mean rows per group from which a grouped FP8 GEMM's small-group tiles are banded: a group of
+/// several M tiles then reads its expert's B about once; a group of one or two M tiles gains
+/// nothing from bands and can lose (docs/perf-log, grouped prefill: the measurements).
 pub(crate) const GROUPED_BAND_ROWS: usize = 512;
 
 /// Rows per group from which a grouped FP8 GEMM configures as a dense one.
