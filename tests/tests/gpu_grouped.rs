@@ -18,8 +18,8 @@ use std::sync::OnceLock;
 use blockscaled::Call;
 use blockscaled::plan::{GroupedProblem, choose_grouped_exact};
 use blockscaled::{
-    DeviceGroups, ElemType, Error, Fp4Weights, GemmShape, Gpu, GroupLayout, HostOutput, OutType,
-    Plan, Recipe, ScaleType, ScaledMatrix,
+    ClusterShape, DeviceGroups, ElemType, Error, Fp4Weights, GemmShape, Gpu, GroupLayout,
+    HostOutput, OutType, Plan, Recipe, ScaleType, ScaledMatrix, Sm90Tile,
 };
 use blockscaled_tests::{
     FP8_ACCUMULATION_REL, NoCancellation, bf16_mma_rel, check_no_cancellation, compare_outputs,
@@ -171,6 +171,9 @@ enum How {
     Exact,
     /// B folded once on the device (`Gpu::fold_to_fp8`), then `Gpu::grouped_gemm`'s choice.
     Prefolded,
+    /// The FP8 kernel with `Gpu::grouped_gemm`'s configuration but this tile and cluster, in
+    /// bands of one cluster's rows.
+    Forced(Sm90Tile, ClusterShape),
 }
 
 /// Runs one grouped GEMM of `recipe` with fresh random operands: G = `values.len()` experts of
@@ -254,6 +257,12 @@ fn check_on(
             .map_err(e)?
         }
         How::Chosen | How::Prefolded => g.grouped_plan(&da, &db, &groups).map_err(e)?,
+        How::Forced(tile, cluster) => match g.grouped_plan(&da, &db, &groups).map_err(e)? {
+            Plan::Sm90Fp8(cfg) => {
+                Plan::Sm90Fp8(cfg.with_tile(tile).with_cluster(cluster).with_group_m(1))
+            }
+            other => return Err(format!("{what}: not the FP8 kernel's plan: {other:?}")),
+        },
     };
     g.run(&Call::new(&da, &db).groups(&groups).with_plan(plan), &mut c)
         .map_err(e)?;
@@ -357,6 +366,55 @@ proptest! {
             (GroupLayout::Contiguous, values, rows)
         };
         check(recipe, how, layout, &values, rows, n, k, dtype, seed).map_err(TestCaseError::fail)?;
+    }
+}
+
+/// The FP8 kernel's two-wave (256-row) grouped tiles, alone and in pairs along either axis,
+/// on both layouts: a group's last tile computes only the waves its rows reach (each
+/// consumer's 64 rows of a wave past the group are skipped), so the groups end in every 64-row
+/// band of a tile (1–64, 65–128, 129–192, 193–256 rows into it), with an empty group, a group of
+/// one row and groups of several tiles; K of 3 blocks (the first, staggered batch and the
+/// steady state). Every owned row is checked, every other row keeps its poison.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn grouped_256_row_tiles_compute_only_the_rows_each_group_reaches() {
+    let sizes = [700usize, 0, 1, 64, 65, 128, 129, 192, 193, 256, 300, 511];
+    let mut seed = 4800u64;
+    for cluster in [(1, 1), (2, 1), (1, 2)] {
+        let how = How::Forced(
+            Sm90Tile::M256,
+            ClusterShape {
+                m: cluster.0,
+                n: cluster.1,
+            },
+        );
+        for layout in [GroupLayout::Contiguous, GroupLayout::Masked] {
+            seed += 1;
+            let (values, rows) = match layout {
+                GroupLayout::Masked => (sizes.iter().map(|&x| x as i32).collect(), 720),
+                GroupLayout::Contiguous => {
+                    let values = ends(&sizes);
+                    let rows = *values.last().unwrap() as usize + 37;
+                    (values, rows)
+                }
+            };
+            let plan = check(
+                Recipe::DeepSeekFp8,
+                how,
+                layout,
+                &values,
+                rows,
+                328,
+                384,
+                OutType::Bf16,
+                seed,
+            )
+            .unwrap();
+            assert!(
+                matches!(plan, Plan::Sm90Fp8(c) if c.tile == Sm90Tile::M256),
+                "{plan:?}"
+            );
+        }
     }
 }
 

@@ -481,6 +481,32 @@ fn grouped_tiles_are_narrow_only_where_twice_the_tiles_fit_one_round() {
     assert_eq!((large.tile.block_m(), large.split_k), (256, 1));
 }
 
+#[test]
+fn grouped_prefill_takes_the_dense_rule_for_all_its_rows() {
+    let h200 = 132;
+    // Mixtral-like prefill: 8 experts, 4096 tokens (a mean of 512 a group), N 14336, K 4096: the
+    // dense rule's 256-row tiles in pairs along N, in bands, one K range.
+    let pairs_n = ClusterShape { m: 1, n: 2 };
+    let g = sm90_grouped_default(4096, 14336, 4096, 8, 512, h200);
+    assert_eq!(
+        (g.tile, g.cluster, g.split_k),
+        (Tile::M256, pairs_n, 1),
+        "{g:?}"
+    );
+    assert!(g.group_m > 1, "{g:?}");
+    // Masked: 8 batch entries of 512 rows each are the same rows.
+    let masked = sm90_grouped_default(512, 14336, 4096, 8, 512, h200);
+    assert_eq!((masked.tile, masked.cluster), (Tile::M256, pairs_n));
+    // Bands never taller than the grouped operand.
+    assert!(masked.group_m as usize * 512 <= 512 * 2, "{masked:?}");
+    // Below the threshold: 128-row tiles, one CTA each, no bands.
+    let small = sm90_grouped_default(8 * 511, 14336, 4096, 8, 511, h200);
+    assert_eq!(
+        (small.tile, small.cluster, small.group_m),
+        (Tile::M128, ClusterShape::ONE, 1)
+    );
+}
+
 /// The choice's ladder, rung by rung, on Hopper and on an architecture with only the reference
 /// kernel: each pair on the family that takes it, the thresholds on their right side, ragged K
 /// of FP8 with fp32 scales an error, and everything else the reference kernel.

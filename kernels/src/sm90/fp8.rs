@@ -66,6 +66,9 @@ impl<const CONS: u32, const WAVES: usize, F: Fp8Fragment, T: Fp8Pair, const MODE
     const MX_OUT: bool = MODE == Mode::FusedInRegistersMx as u32;
     /// Whether the kernel has finishing warps: [`Mode::Fused`].
     const STAGED: bool = MODE == Mode::Fused as u32;
+    /// Whether a unit may compute fewer than all its waves ([`Self::live_waves`]): grouped tiles
+    /// of several waves.
+    const TAILS: bool = Self::GROUPED && WAVES > 1;
 }
 
 /// One consumer warpgroup's constants.
@@ -223,6 +226,7 @@ impl<const CONS: u32, const WAVES: usize, F: Fp8Fragment, T: Fp8Pair, const MODE
             0
         };
         let mut acc = [F::zeros(); WAVES];
+        let live = Self::live_waves(own, cons.c);
         let (mut kb, end) = (own.k_begin, own.k_end);
         if Self::SPARSE && kb >= end {
             // An empty block row of the sparse operand: its output is zero (and no scale of a
@@ -259,16 +263,26 @@ impl<const CONS: u32, const WAVES: usize, F: Fp8Fragment, T: Fp8Pair, const MODE
             // The very first batch staggers the consumers (below).
             let next = unsafe { sfb.at((kb + 1).min(end - 1)).load(F::N) };
             let more = kb + 1 < end;
+            let scales = (b, sfb.split, shift);
             ready = unsafe {
-                self.k_block::<true>(ctx, cons, &mut acc, *st, (b, sfb.split, shift), ready, more)
+                if Self::TAILS && live < WAVES as u32 {
+                    self.k_block_tail::<true>(ctx, cons, &mut acc, *st, scales, live)
+                } else {
+                    self.k_block::<true>(ctx, cons, &mut acc, *st, scales, ready, more)
+                }
             };
             (kb, *st, b) = (kb + 1, st.next(), next);
         }
         while kb < end {
             let next = unsafe { sfb.at((kb + 1).min(end - 1)).load(F::N) };
             let more = kb + 1 < end;
+            let scales = (b, sfb.split, shift);
             ready = unsafe {
-                self.k_block::<false>(ctx, cons, &mut acc, *st, (b, sfb.split, shift), ready, more)
+                if Self::TAILS && live < WAVES as u32 {
+                    self.k_block_tail::<false>(ctx, cons, &mut acc, *st, scales, live)
+                } else {
+                    self.k_block::<false>(ctx, cons, &mut acc, *st, scales, ready, more)
+                }
             };
             (kb, *st, b) = (kb + 1, st.next(), next);
         }
@@ -425,6 +439,74 @@ impl<const CONS: u32, const WAVES: usize, F: Fp8Fragment, T: Fp8Pair, const MODE
             }
         }
         next_ready
+    }
+
+    /// [`Self::k_block`] of a two-wave unit in which this consumer computes only its first
+    /// `live` waves, 0 or 1 ([`Self::live_waves`]): it waits for the stage, computes the live
+    /// wave, keeps the staggered first batch's turn, and releases the stage. Returns false (the
+    /// next use is waited for).
+    /// # Safety
+    /// As [`Self::k_block`].
+    #[inline(always)]
+    unsafe fn k_block_tail<const STAGGER: bool>(
+        &self,
+        ctx: &Ctx,
+        cons: &Consumer<CONS>,
+        acc: &mut [F; WAVES],
+        st: PipelineState,
+        (scale_b, split, shift): ((f32, f32), u32, u32),
+        live: u32,
+    ) -> bool {
+        let s = ctx.pipe.stage(st);
+        // SAFETY: the caller's contract; the stage is read only after `consumer_wait` and
+        // released after the live wave's MMAs completed and its scales were loaded.
+        unsafe {
+            ctx.pipe.consumer_wait(st);
+            if STAGGER && cons.c == 1 {
+                cons.turn.wait(st.is_first());
+            }
+            if live > 0 {
+                let mut part = Self::issue(&ctx.layout, cons.c, s, 0);
+                if STAGGER && cons.c == 0 {
+                    cons.turn.pass();
+                }
+                let (sa0, sa1) = Self::scales(&ctx.layout, cons.row, s, 0, shift);
+                wgmma::wait::<0>();
+                part.fence();
+                ctx.pipe.consumer_release(st, ctx.rank);
+                let f = (sa0 * scale_b.0, sa1 * scale_b.0);
+                if F::N > BLOCK_N {
+                    let g = (sa0 * scale_b.1, sa1 * scale_b.1);
+                    promote_split(&mut acc[0], &part, f, g, split);
+                } else {
+                    promote(&mut acc[0], &part, f.0, f.1);
+                }
+            } else {
+                // (A CTA of a pair along M whose tile lies wholly past its group: consumer 1
+                // still waits for this turn on the very first batch.)
+                if STAGGER && cons.c == 0 {
+                    cons.turn.pass();
+                }
+                ctx.pipe.consumer_release(st, ctx.rank);
+            }
+        }
+        false
+    }
+
+    /// How many of its waves consumer `c` computes in unit `own`: all of them, except in a
+    /// grouped tile of several waves that hangs past its group's last row (a group's last tile,
+    /// as its rows are rarely a multiple of the tile's), where a wave whose 64 rows of this
+    /// consumer all lie past the group is never stored, so not computed: its share of the
+    /// tensor cores goes to the other consumer.
+    #[inline(always)]
+    fn live_waves(own: &WorkUnit, c: u32) -> u32 {
+        if Self::TAILS {
+            let first = own.first_row(own.m, Self::TILE.block_m()) + c * WG_ROWS;
+            let rows = own.row_end.saturating_sub(first);
+            rows.div_ceil(Self::TILE.wave_m()).min(WAVES as u32)
+        } else {
+            WAVES as u32
+        }
     }
 
     /// 128-row tiles, two K blocks at once: issues use `st`'s four MMAs into one scratch fragment

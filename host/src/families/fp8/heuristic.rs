@@ -274,10 +274,13 @@ pub fn sm90_bsr_default(m: usize, n: usize, sm_count: u32) -> Sm90Config {
 pub(crate) const BSR_PAIR_MIN_M: usize = 1024;
 
 /// The FP8 kernel's configuration for a grouped GEMM: `groups` groups of about `per_group` rows
-/// (`rows` in all), N, K. Large groups take the dense rule for one group ([`sm90_default`],
-/// without split-K: each group is a GEMM of its own size). Small groups (MoE: tens to hundreds
-/// of rows) take 128 × 128 tiles, one cluster-free CTA per tile, or 128 × 64 when twice as many
-/// of those still fit one round of the SMs (twice the CTAs stream the experts' weights).
+/// (`rows` in all), N, K. Groups of 512 rows or more (a mean) take the dense rule for
+/// all their rows together ([`sm90_default`], without split-K): the groups' tiles fill the
+/// SMs together, and each group's last tile skips the waves (64 rows of a consumer) that lie
+/// wholly past the group's rows (the kernel's `live_waves`), so a 256-row tile on an uneven
+/// group computes its rows rounded up to 64, not to 256. Small groups (MoE: tens to hundreds of rows) take 128 × 128 tiles, one cluster-free
+/// CTA per tile, or 128 × 64 when twice as many of those still fit one round of the SMs (twice
+/// the CTAs stream the experts' weights).
 pub fn sm90_grouped_default(
     rows: usize,
     n: usize,
@@ -286,8 +289,10 @@ pub fn sm90_grouped_default(
     per_group: usize,
     sm_count: u32,
 ) -> Sm90Config {
-    if per_group >= GROUPED_DENSE_ROWS {
-        let mut cfg = sm90_unswapped(per_group, n, k, 1, sm_count, false);
+    if per_group >= GROUPED_BAND_ROWS {
+        // Masked groups are batch entries of `rows` (their capacity) each.
+        let all = rows.max(groups * per_group);
+        let mut cfg = sm90_unswapped(all, n, k, 1, sm_count, false);
         cfg.split_k = 1;
         let m_units = rows.div_ceil((cfg.tile.block_m() * cfg.cluster.m) as usize);
         cfg.group_m = cfg.group_m.min(m_units.max(1) as u32);
@@ -306,24 +311,14 @@ pub fn sm90_grouped_default(
     Sm90Config {
         tile,
         cluster: ClusterShape::ONE,
-        // Groups of `GROUPED_BAND_ROWS` rows or more: each group's tiles in bands of
-        // `GROUP_ROWS` rows, as the dense rule's, so a group of several M tiles reads its
-        // expert's B from DRAM about once, not once per M tile (B of 14336 × 4096 is 58 MB, as
-        // large as L2). No band is taller than the grouped operand.
-        group_m: if per_group >= GROUPED_BAND_ROWS {
-            rows.div_ceil(128).clamp(1, (GROUP_ROWS / 128) as usize) as u32
-        } else {
-            1
-        },
+        group_m: 1,
         ctas: sm_count.max(1),
         split_k: 1,
     }
 }
 
-/// Mean rows per group from which a grouped FP8 GEMM's small-group tiles are banded: a group of
-/// several M tiles then reads its expert's B about once; a group of one or two M tiles gains
-/// nothing from bands and can lose (docs/perf-log, grouped prefill: the measurements).
+/// Mean rows per group from which a grouped FP8 GEMM takes the dense rule for all its rows (its
+/// tiles, clusters and bands of M tiles: a group of several M tiles then reads its expert's B
+/// about once); a group of one or two 128-row tiles gains nothing from bands and can lose
+/// (docs/perf-log, grouped prefill: the measurements).
 pub(crate) const GROUPED_BAND_ROWS: usize = 512;
-
-/// Rows per group from which a grouped FP8 GEMM configures as a dense one.
-pub(crate) const GROUPED_DENSE_ROWS: usize = 1024;
