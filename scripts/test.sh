@@ -6,6 +6,7 @@
 # (its declared rust-version, and beside cudarc with candle's features). GPU tests are reported as
 # ignored here; run them on a GPU machine with scripts/stage-gpu.sh. blockscaled-candle is built
 # and checked on its own (scripts/check-candle.sh): it needs a CUDA toolkit, which setup.sh installs.
+# The Python package is built with pip and its CPU tests run (scripts/check-python.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 eval "$(scripts/setup.sh)"
@@ -17,3 +18,4 @@ scripts/check-candle.sh
 scripts/check-package.sh
 scripts/check-user-build.sh
 scripts/check-as-dependency.sh
+scripts/check-python.sh

@@ -1,0 +1,508 @@
+//! `blockscaled._native`: the Python package's compiled part. Tensors come in as they are (torch
+//! tensors, read through their own methods, or any `__cuda_array_interface__` producer), are
+//! wrapped as views over their device memory without a copy (the crate's raw-address
+//! constructors, which check size, alignment and context), and the GEMM is enqueued on the
+//! caller's stream: torch's current stream of the tensors' device, the interface's `stream`, or
+//! the `stream` argument. Errors are Python exceptions carrying the crate's typed error text.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use blockscaled::{
+    Call, ElemType, Error, Gpu, MatrixDesc, OutType, RawDevice, Recipe, ScaleLayout,
+};
+use cudarc::driver::{CudaContext, sys};
+use pyo3::create_exception;
+use pyo3::exceptions::{PyException, PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyTuple};
+
+create_exception!(
+    _native,
+    BlockscaledError,
+    PyException,
+    "An error of the blockscaled crate."
+);
+create_exception!(
+    _native,
+    ShapeError,
+    BlockscaledError,
+    "Shapes that do not fit (Error::Shape)."
+);
+create_exception!(
+    _native,
+    AlignmentError,
+    BlockscaledError,
+    "A buffer not 16-byte aligned."
+);
+create_exception!(
+    _native,
+    FormatError,
+    BlockscaledError,
+    "A format the call cannot take."
+);
+create_exception!(
+    _native,
+    ConfigError,
+    BlockscaledError,
+    "A configuration that cannot run."
+);
+create_exception!(
+    _native,
+    ArchitectureError,
+    BlockscaledError,
+    "A GPU without kernels."
+);
+create_exception!(
+    _native,
+    NoDeviceError,
+    BlockscaledError,
+    "No CUDA driver or no such GPU."
+);
+create_exception!(
+    _native,
+    WrongGpuError,
+    BlockscaledError,
+    "Memory of another GPU or the host."
+);
+create_exception!(
+    _native,
+    DriverError,
+    BlockscaledError,
+    "A CUDA driver error."
+);
+
+/// The crate's error as the Python exception of its kind, with its text.
+fn py_err(e: Error) -> PyErr {
+    let text = e.to_string();
+    match e {
+        Error::Shape(_) | Error::Sparse(_) => ShapeError::new_err(text),
+        Error::Alignment(_) => AlignmentError::new_err(text),
+        Error::Format(_) => FormatError::new_err(text),
+        Error::Config(_) => ConfigError::new_err(text),
+        Error::Architecture(_) => ArchitectureError::new_err(text),
+        Error::NoDevice(_) => NoDeviceError::new_err(text),
+        Error::WrongGpu(_) => WrongGpuError::new_err(text),
+        Error::Driver(_) => DriverError::new_err(text),
+        _ => BlockscaledError::new_err(text),
+    }
+}
+
+/// Element types a tensor can hold here.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Dtype {
+    E4m3,
+    E5m2,
+    F32,
+    Bf16,
+    F16,
+}
+
+impl Dtype {
+    /// torch's dtype names (`str(t.dtype)`).
+    fn of_torch(name: &str) -> Option<Dtype> {
+        Some(match name {
+            "torch.float8_e4m3fn" => Dtype::E4m3,
+            "torch.float8_e5m2" => Dtype::E5m2,
+            "torch.float32" => Dtype::F32,
+            "torch.bfloat16" => Dtype::Bf16,
+            "torch.float16" => Dtype::F16,
+            _ => return None,
+        })
+    }
+
+    /// `__cuda_array_interface__` type strings: NumPy's, so bytes (`|u1`) stand for FP8 e4m3
+    /// codes (NumPy has no FP8 or bfloat16).
+    fn of_typestr(s: &str) -> Option<Dtype> {
+        Some(match s {
+            "|u1" | "<u1" => Dtype::E4m3,
+            "<f4" => Dtype::F32,
+            "<f2" => Dtype::F16,
+            _ => return None,
+        })
+    }
+
+    fn bytes(self) -> usize {
+        match self {
+            Dtype::E4m3 | Dtype::E5m2 => 1,
+            Dtype::Bf16 | Dtype::F16 => 2,
+            Dtype::F32 => 4,
+        }
+    }
+}
+
+/// One tensor argument: where it is and how it is laid out.
+#[derive(Debug)]
+struct Tensor {
+    name: &'static str,
+    ptr: u64,
+    shape: Vec<usize>,
+    /// In elements.
+    strides: Vec<usize>,
+    dtype: Dtype,
+    /// The CUDA device's ordinal, where the producer says.
+    device: Option<usize>,
+    /// The producer's stream, where it says (`__cuda_array_interface__`).
+    stream: Option<u64>,
+}
+
+impl Tensor {
+    /// Reads a torch tensor (by its methods: no torch import) or a `__cuda_array_interface__`
+    /// producer.
+    fn of(name: &'static str, obj: &Bound<'_, PyAny>) -> PyResult<Tensor> {
+        if obj.hasattr("data_ptr")? && obj.hasattr("dtype")? && obj.hasattr("stride")? {
+            let dtype_name = obj.getattr("dtype")?.str()?.to_string();
+            let dtype = Dtype::of_torch(&dtype_name).ok_or_else(|| {
+                PyTypeError::new_err(format!(
+                    "{name}: dtype {dtype_name} is not one blockscaled takes here"
+                ))
+            })?;
+            if !obj.getattr("is_cuda")?.extract::<bool>()? {
+                return Err(PyValueError::new_err(format!(
+                    "{name}: a CUDA tensor is needed (this one is on {})",
+                    obj.getattr("device")?.str()?
+                )));
+            }
+            let device = obj
+                .getattr("device")?
+                .getattr("index")?
+                .extract::<Option<usize>>()?;
+            let strides: Vec<i64> = obj.call_method0("stride")?.extract()?;
+            let strides = strides
+                .into_iter()
+                .map(|s| {
+                    usize::try_from(s)
+                        .map_err(|_| PyValueError::new_err(format!("{name}: negative stride {s}")))
+                })
+                .collect::<PyResult<_>>()?;
+            return Ok(Tensor {
+                name,
+                ptr: obj.call_method0("data_ptr")?.extract()?,
+                shape: obj.getattr("shape")?.extract()?,
+                strides,
+                dtype,
+                device,
+                stream: None,
+            });
+        }
+        if obj.hasattr("__cuda_array_interface__")? {
+            let cai = obj.getattr("__cuda_array_interface__")?;
+            let cai = cai.cast::<PyDict>()?;
+            let get = |k: &str| -> PyResult<Bound<'_, PyAny>> {
+                cai.get_item(k)?.ok_or_else(|| {
+                    PyValueError::new_err(format!("{name}: __cuda_array_interface__ has no `{k}`"))
+                })
+            };
+            let typestr: String = get("typestr")?.extract()?;
+            let dtype = Dtype::of_typestr(&typestr).ok_or_else(|| {
+                PyTypeError::new_err(format!(
+                    "{name}: type {typestr} is not one blockscaled takes here"
+                ))
+            })?;
+            let shape: Vec<usize> = get("shape")?.extract()?;
+            let data = get("data")?;
+            let data = data.cast::<PyTuple>()?;
+            let ptr: u64 = data.get_item(0)?.extract()?;
+            let strides = match cai.get_item("strides")? {
+                Some(s) if !s.is_none() => {
+                    let bytes: Vec<usize> = s.extract()?;
+                    if bytes.iter().any(|b| b % dtype.bytes() != 0) {
+                        return Err(PyValueError::new_err(format!(
+                            "{name}: strides {bytes:?} are not whole elements"
+                        )));
+                    }
+                    bytes.into_iter().map(|b| b / dtype.bytes()).collect()
+                }
+                _ => contiguous_strides(&shape),
+            };
+            let stream = match cai.get_item("stream")? {
+                Some(s) if !s.is_none() => Some(s.extract::<u64>()?),
+                _ => None,
+            };
+            return Ok(Tensor {
+                name,
+                ptr,
+                shape,
+                strides,
+                dtype,
+                device: None,
+                stream,
+            });
+        }
+        Err(PyTypeError::new_err(format!(
+            "{name}: a torch tensor or an object with __cuda_array_interface__ is needed, not {}",
+            obj.get_type().name()?
+        )))
+    }
+
+    /// The shape as (batch, rows, cols) for a 2-D or 3-D tensor.
+    fn dims3(&self) -> PyResult<(usize, usize, usize)> {
+        match self.shape[..] {
+            [r, c] => Ok((1, r, c)),
+            [b, r, c] => Ok((b, r, c)),
+            _ => Err(PyValueError::new_err(format!(
+                "{}: 2 or 3 dimensions are needed, not shape {:?}",
+                self.name, self.shape
+            ))),
+        }
+    }
+
+    /// Requires row-major contiguity (the operands' codes and the output).
+    fn contiguous(&self) -> PyResult<()> {
+        if self.strides != contiguous_strides(&self.shape) {
+            return Err(PyValueError::new_err(format!(
+                "{}: a contiguous tensor is needed (shape {:?}, strides {:?}); call .contiguous()",
+                self.name, self.shape, self.strides
+            )));
+        }
+        Ok(())
+    }
+
+    fn need(&self, want: &[Dtype]) -> PyResult<()> {
+        if want.contains(&self.dtype) {
+            Ok(())
+        } else {
+            Err(PyTypeError::new_err(format!(
+                "{}: dtype {:?} given, one of {want:?} needed",
+                self.name, self.dtype
+            )))
+        }
+    }
+
+    /// The bytes from `ptr` up to the last element its shape and strides reach.
+    fn span_bytes(&self) -> usize {
+        let last: usize = self
+            .shape
+            .iter()
+            .zip(&self.strides)
+            .map(|(&d, &s)| d.saturating_sub(1).saturating_mul(s))
+            .fold(0usize, |a, x| a.saturating_add(x));
+        last.saturating_add(1).saturating_mul(self.dtype.bytes())
+    }
+
+    fn raw(&self) -> RawDevice {
+        RawDevice {
+            ptr: self.ptr as sys::CUdeviceptr,
+            len: self.span_bytes(),
+        }
+    }
+
+    /// A block-scale tensor's layout: (batch, row blocks, K blocks) of any strides.
+    fn scale_layout(&self, batch: usize) -> PyResult<ScaleLayout> {
+        let (b, rows, kb) = self.dims3()?;
+        if b != batch {
+            return Err(PyValueError::new_err(format!(
+                "{}: {b} batch entries where the operand has {batch}",
+                self.name
+            )));
+        }
+        let n = self.strides.len();
+        Ok(ScaleLayout {
+            row_blocks: rows,
+            k_blocks: kb,
+            row_stride: self.strides[n - 2],
+            k_stride: self.strides[n - 1],
+            batch_stride: if n == 3 { self.strides[0] } else { rows * kb },
+        })
+    }
+}
+
+fn contiguous_strides(shape: &[usize]) -> Vec<usize> {
+    let mut s = vec![1usize; shape.len()];
+    for i in (0..shape.len().saturating_sub(1)).rev() {
+        s[i] = s[i + 1] * shape[i + 1];
+    }
+    s
+}
+
+/// A handle per (GPU, stream): the kernels loaded once per GPU (its primary context, the one
+/// torch uses), a handle with its own workspace on each stream a call names.
+struct Handles {
+    base: HashMap<usize, Gpu>,
+    on_stream: HashMap<(usize, u64), Gpu>,
+}
+
+static HANDLES: Mutex<Option<Handles>> = Mutex::new(None);
+
+/// Runs `f` with the handle of GPU `ordinal` on `stream` (0: the legacy default stream).
+fn with_gpu<T>(
+    ordinal: usize,
+    stream: u64,
+    f: impl FnOnce(&Gpu) -> Result<T, Error>,
+) -> PyResult<T> {
+    let mut guard = HANDLES.lock().unwrap_or_else(|p| p.into_inner());
+    let h = guard.get_or_insert_with(|| Handles {
+        base: HashMap::new(),
+        on_stream: HashMap::new(),
+    });
+    if !h.on_stream.contains_key(&(ordinal, stream)) {
+        let Some(base) = h.base.get(&ordinal) else {
+            return Err(NoDeviceError::new_err(format!(
+                "GPU {ordinal} was not opened"
+            )));
+        };
+        let ctx: Arc<CudaContext> = base.stream().context().clone();
+        // SAFETY: `stream` is a stream of this GPU's primary context (torch's current stream of
+        // the tensors' device, or the caller's), alive while the caller uses it: the handle is
+        // only used inside calls that name it.
+        let s = unsafe { ctx.wrap_borrowed_stream(stream as sys::CUstream) };
+        let g = base.with_stream(s).map_err(py_err)?;
+        h.on_stream.insert((ordinal, stream), g);
+    }
+    f(&h.on_stream[&(ordinal, stream)]).map_err(py_err)
+}
+
+/// torch's current stream on `device`, if torch is loaded.
+fn torch_stream(py: Python<'_>, device: usize) -> PyResult<Option<u64>> {
+    let Ok(torch) = py.import("torch") else {
+        return Ok(None);
+    };
+    let s = torch
+        .getattr("cuda")?
+        .call_method1("current_stream", (device,))?
+        .getattr("cuda_stream")?
+        .extract::<u64>()?;
+    Ok(Some(s))
+}
+
+/// Opens GPU `ordinal` once (its kernels loaded into its primary context):
+/// [`NoDeviceError`] without a driver or such a GPU, before anything asks torch about it.
+fn open(ordinal: usize) -> PyResult<()> {
+    let mut guard = HANDLES.lock().unwrap_or_else(|p| p.into_inner());
+    let h = guard.get_or_insert_with(|| Handles {
+        base: HashMap::new(),
+        on_stream: HashMap::new(),
+    });
+    if let std::collections::hash_map::Entry::Vacant(e) = h.base.entry(ordinal) {
+        e.insert(Gpu::new(ordinal).map_err(py_err)?);
+    }
+    Ok(())
+}
+
+/// The device and stream of a call over `tensors`; the device opened.
+fn placement(py: Python<'_>, tensors: &[&Tensor], stream: Option<u64>) -> PyResult<(usize, u64)> {
+    let mut device = None;
+    for t in tensors {
+        match (device, t.device) {
+            (Some(d), Some(e)) if d != e => {
+                return Err(PyValueError::new_err(format!(
+                    "{} is on cuda:{e}, the others on cuda:{d}",
+                    t.name
+                )));
+            }
+            (None, Some(e)) => device = Some(e),
+            _ => {}
+        }
+    }
+    let device = device.unwrap_or(0);
+    open(device)?;
+    let stream = match stream.or_else(|| tensors.iter().find_map(|t| t.stream)) {
+        Some(s) => s,
+        None if tensors.iter().any(|t| t.device.is_some()) => {
+            torch_stream(py, device)?.unwrap_or(0)
+        }
+        None => 0,
+    };
+    Ok((device, stream))
+}
+
+/// `out = a · bᵀ` for DeepSeek-style FP8 operands (DeepGEMM's `fp8_gemm_nt`): `a` (M, K) or
+/// (L, M, K) FP8 (e4m3 or e5m2) with `sfa` (M, K/128) fp32 scales per 1×128, `b` (N, K) or
+/// (L, N, K) FP8 with `sfb` (N/128, K/128) fp32 scales per 128×128, `out` (M, N) or (L, M, N)
+/// bf16, fp16 or fp32. The codes and the output are contiguous; the scales may have any strides
+/// (DeepGEMM's M-major `sfa` as it is). Enqueued on `stream` (a `CUstream` as an integer), else
+/// on torch's current stream of the tensors' device.
+#[pyfunction]
+#[pyo3(signature = (a, sfa, b, sfb, out, *, stream = None))]
+fn fp8_gemm_nt(
+    py: Python<'_>,
+    a: &Bound<'_, PyAny>,
+    sfa: &Bound<'_, PyAny>,
+    b: &Bound<'_, PyAny>,
+    sfb: &Bound<'_, PyAny>,
+    out: &Bound<'_, PyAny>,
+    stream: Option<u64>,
+) -> PyResult<()> {
+    let (a, sfa) = (Tensor::of("a", a)?, Tensor::of("sfa", sfa)?);
+    let (b, sfb) = (Tensor::of("b", b)?, Tensor::of("sfb", sfb)?);
+    let out = Tensor::of("out", out)?;
+    let fp8 = [Dtype::E4m3, Dtype::E5m2];
+    a.need(&fp8)?;
+    b.need(&fp8)?;
+    sfa.need(&[Dtype::F32])?;
+    sfb.need(&[Dtype::F32])?;
+    out.need(&[Dtype::Bf16, Dtype::F16, Dtype::F32])?;
+    for t in [&a, &b, &out] {
+        t.contiguous()?;
+    }
+    let ((l, m, k), (lb, n, kb), (lo, mo, no)) = (a.dims3()?, b.dims3()?, out.dims3()?);
+    if kb != k || lb != l || (lo, mo, no) != (l, m, n) {
+        return Err(PyValueError::new_err(format!(
+            "a {:?} · b {:?}ᵀ does not give out {:?}",
+            a.shape, b.shape, out.shape
+        )));
+    }
+    let desc = |t: &Tensor, s: &Tensor, rows: usize, as_b: bool| -> PyResult<MatrixDesc> {
+        let recipe = Recipe::DeepSeekFp8;
+        let mut format = if as_b { recipe.b() } else { recipe.a() };
+        format.elem = if t.dtype == Dtype::E5m2 {
+            ElemType::E5M2
+        } else {
+            ElemType::E4M3
+        };
+        Ok(MatrixDesc {
+            format,
+            rows,
+            k,
+            batch: l,
+            scale_layout: s.scale_layout(l)?,
+            tensor_scale: 1.0,
+        })
+    };
+    let (da, db) = (desc(&a, &sfa, m, false)?, desc(&b, &sfb, n, true)?);
+    let dtype = match out.dtype {
+        Dtype::F16 => OutType::F16,
+        Dtype::F32 => OutType::F32,
+        _ => OutType::Bf16,
+    };
+    let (device, stream) = placement(py, &[&a, &sfa, &b, &sfb, &out], stream)?;
+    let raws = (a.raw(), sfa.raw(), b.raw(), sfb.raw(), out.raw());
+    py.detach(move || {
+        with_gpu(device, stream, |g| {
+            // SAFETY: the addresses and lengths are the tensors' own (their data pointers, and
+            // the bytes their shapes and strides reach), alive for this call (the Python caller
+            // holds them); the crate checks each against the driver's allocation and context.
+            let (ma, mb, mut c) = unsafe {
+                (
+                    g.matrix_from_raw(da, raws.0, raws.1, false)?,
+                    g.matrix_from_raw(db, raws.2, raws.3, false)?,
+                    g.output_from_raw(raws.4, dtype, (m, n, l))?,
+                )
+            };
+            g.run(&Call::new(&ma, &mb), &mut c)
+        })
+    })
+}
+
+/// The crate's version.
+#[pyfunction]
+fn version() -> &'static str {
+    env!("CARGO_PKG_VERSION")
+}
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
+    m.add_function(wrap_pyfunction!(fp8_gemm_nt, m)?)?;
+    m.add_function(wrap_pyfunction!(version, m)?)?;
+    m.add("BlockscaledError", py.get_type::<BlockscaledError>())?;
+    m.add("ShapeError", py.get_type::<ShapeError>())?;
+    m.add("AlignmentError", py.get_type::<AlignmentError>())?;
+    m.add("FormatError", py.get_type::<FormatError>())?;
+    m.add("ConfigError", py.get_type::<ConfigError>())?;
+    m.add("ArchitectureError", py.get_type::<ArchitectureError>())?;
+    m.add("NoDeviceError", py.get_type::<NoDeviceError>())?;
+    m.add("WrongGpuError", py.get_type::<WrongGpuError>())?;
+    m.add("DriverError", py.get_type::<DriverError>())?;
+    Ok(())
+}

@@ -1,0 +1,147 @@
+"""The package without a GPU: it imports, checks its arguments (dtype, shape, device, layout)
+before any GPU work, and a well-formed call raises NoDeviceError. Tensors are stand-ins with
+torch's interface (data_ptr, dtype, shape, stride, is_cuda, device), so torch is not needed."""
+
+import pytest
+
+import blockscaled as bs
+
+
+class Dtype:
+    def __init__(self, name):
+        self.name = name
+
+    def __str__(self):
+        return "torch." + self.name
+
+
+class Device:
+    def __init__(self, index):
+        self.index = index
+
+    def __str__(self):
+        return "cpu" if self.index is None else f"cuda:{self.index}"
+
+
+class FakeTensor:
+    """Just torch's tensor attributes the package reads."""
+
+    def __init__(self, shape, dtype, strides=None, device=0, ptr=0x7F0000000000):
+        self.shape = tuple(shape)
+        self.dtype = Dtype(dtype)
+        self._strides = strides
+        self.is_cuda = device is not None
+        self.device = Device(device)
+        self._ptr = ptr
+
+    def data_ptr(self):
+        return self._ptr
+
+    def stride(self):
+        if self._strides is not None:
+            return tuple(self._strides)
+        s, acc = [], 1
+        for d in reversed(self.shape):
+            s.append(acc)
+            acc *= d
+        return tuple(reversed(s))
+
+
+def operands(m=256, n=512, k=1024, out="bfloat16", a="float8_e4m3fn"):
+    kb = k // 128
+    return dict(
+        a=FakeTensor((m, k), a),
+        # DeepGEMM's M-major scales: (M, K/128) with strides (1, M).
+        sfa=FakeTensor((m, kb), "float32", strides=(1, m)),
+        b=FakeTensor((n, k), "float8_e4m3fn"),
+        sfb=FakeTensor((n // 128, kb), "float32"),
+        out=FakeTensor((m, n), out),
+    )
+
+
+def call(**kw):
+    args = operands()
+    args.update(kw)
+    bs.fp8_gemm_nt(args["a"], args["sfa"], args["b"], args["sfb"], args["out"])
+
+
+def test_imports_and_names_its_version():
+    assert bs.__version__ == bs.version() and bs.version().count(".") == 2
+    for e in [bs.ShapeError, bs.NoDeviceError, bs.AlignmentError, bs.WrongGpuError]:
+        assert issubclass(e, bs.BlockscaledError)
+
+
+def test_a_well_formed_call_without_a_gpu_raises_no_device():
+    with pytest.raises(bs.NoDeviceError, match="no CUDA device|libcuda|GPU"):
+        call()
+
+
+@pytest.mark.parametrize("out", ["bfloat16", "float16", "float32"])
+def test_every_output_dtype_reaches_the_device(out):
+    args = operands(out=out)
+    with pytest.raises(bs.NoDeviceError):
+        bs.fp8_gemm_nt(*args.values())
+
+
+def test_wrong_dtypes_are_type_errors():
+    m, k = 256, 1024
+    with pytest.raises(TypeError, match="a: dtype"):
+        call(a=FakeTensor((m, k), "bfloat16"))
+    with pytest.raises(TypeError, match="sfa: dtype"):
+        call(sfa=FakeTensor((m, k // 128), "float16"))
+    with pytest.raises(TypeError, match="out: dtype"):
+        call(out=FakeTensor((m, 512), "float8_e4m3fn"))
+    with pytest.raises(TypeError, match="int64 is not one"):
+        call(b=FakeTensor((512, k), "int64"))
+
+
+def test_shapes_that_do_not_multiply_are_value_errors():
+    with pytest.raises(ValueError, match="does not give out"):
+        call(out=FakeTensor((256, 384), "bfloat16"))
+    with pytest.raises(ValueError, match="does not give out"):
+        call(b=FakeTensor((512, 512), "float8_e4m3fn"))
+    with pytest.raises(ValueError, match="2 or 3 dimensions"):
+        call(a=FakeTensor((1024,), "float8_e4m3fn"))
+
+
+def test_non_contiguous_operands_and_host_tensors_are_value_errors():
+    with pytest.raises(ValueError, match="contiguous"):
+        call(a=FakeTensor((256, 1024), "float8_e4m3fn", strides=(1, 256)))
+    with pytest.raises(ValueError, match="CUDA tensor"):
+        call(out=FakeTensor((256, 512), "bfloat16", device=None))
+    with pytest.raises(ValueError, match="cuda:1"):
+        call(b=FakeTensor((512, 1024), "float8_e4m3fn", device=1))
+
+
+def test_scales_of_another_batch_count_are_value_errors():
+    with pytest.raises(ValueError, match="batch entries"):
+        call(sfb=FakeTensor((2, 4, 8), "float32"))
+
+
+def test_objects_that_are_not_tensors_are_type_errors():
+    with pytest.raises(TypeError, match="torch tensor or an object"):
+        call(a=[1, 2, 3])
+
+
+class Cai:
+    def __init__(self, shape, typestr, strides=None):
+        self.__cuda_array_interface__ = dict(
+            shape=shape, typestr=typestr, data=(0x7F0000000000, False), strides=strides, version=3
+        )
+
+
+def test_cuda_array_interface_producers_are_read():
+    m, n, k = 256, 512, 1024
+    args = dict(
+        a=Cai((m, k), "|u1"),
+        sfa=Cai((m, k // 128), "<f4"),
+        b=Cai((n, k), "|u1"),
+        sfb=Cai((n // 128, k // 128), "<f4"),
+        out=Cai((m, n), "<f2"),
+    )
+    with pytest.raises(bs.NoDeviceError):
+        bs.fp8_gemm_nt(*args.values())
+    with pytest.raises(TypeError, match="<f8 is not one"):
+        bs.fp8_gemm_nt(*{**args, "out": Cai((m, n), "<f8")}.values())
+    with pytest.raises(ValueError, match="not whole elements"):
+        bs.fp8_gemm_nt(*{**args, "sfa": Cai((m, k // 128), "<f4", strides=(4, 2))}.values())
