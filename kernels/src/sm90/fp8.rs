@@ -496,14 +496,13 @@ impl<const CONS: u32, const WAVES: usize, F: Fp8Fragment, T: Fp8Pair, const MODE
     /// How many of its waves consumer `c` computes in unit `own`: all of them, except in a
     /// grouped tile of several waves that hangs past its group's last row (a group's last tile,
     /// as its rows are rarely a multiple of the tile's), where a wave whose 64 rows of this
-    /// consumer all lie past the group is never stored, so not computed: its share of the
-    /// tensor cores goes to the other consumer.
+    /// consumer all lie past the group is not computed ([`Tile::live_waves`]): its share of
+    /// the tensor cores goes to the other consumer.
     #[inline(always)]
     fn live_waves(own: &WorkUnit, c: u32) -> u32 {
         if Self::TAILS {
-            let first = own.first_row(own.m, Self::TILE.block_m()) + c * WG_ROWS;
-            let rows = own.row_end.saturating_sub(first);
-            rows.div_ceil(Self::TILE.wave_m()).min(WAVES as u32)
+            let first = own.first_row(own.m, Self::TILE.block_m());
+            Self::TILE.live_waves(first, own.row_end, c)
         } else {
             WAVES as u32
         }

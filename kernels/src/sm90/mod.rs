@@ -135,6 +135,19 @@ impl Tile {
             self.wave_m() * self.waves
         }
     }
+    /// How many of its waves consumer `c` computes in a tile whose first row is `first_row`,
+    /// of a group whose rows end at `row_end`: those whose 64 rows of the consumer
+    /// (`first_row + w · wave_m + c · 64 ..`) reach into the group. A wave wholly past it is
+    /// never stored, so not computed (grouped tiles of several waves, a group's last tile).
+    pub const fn live_waves(self, first_row: u32, row_end: u32, c: u32) -> u32 {
+        let rows = row_end.saturating_sub(first_row + c * WG_ROWS);
+        let waves = rows.div_ceil(self.wave_m());
+        if waves < self.waves {
+            waves
+        } else {
+            self.waves
+        }
+    }
     /// One producer warpgroup and the consumers.
     pub const fn threads(self) -> u32 {
         128 * (1 + self.consumers)
@@ -541,6 +554,42 @@ mod tests {
     use std::string::String;
 
     use super::*;
+
+    /// A consumer computes wave `w` of a tile exactly when its 64 rows of it start inside the
+    /// group: every offset of the group's end in the two-wave tile, and the one-wave tiles.
+    #[test]
+    fn a_consumer_computes_the_waves_whose_rows_start_inside_the_group() {
+        for tile in [Tile::M256, Tile::M192, Tile::M128] {
+            for first in [0u32, 300, 4096] {
+                for rows in 0..=tile.block_m() + 70 {
+                    let end = first + rows;
+                    for c in 0..tile.consumers {
+                        let want = (0..tile.waves)
+                            .filter(|w| first + w * tile.wave_m() + c * WG_ROWS < end)
+                            .count() as u32;
+                        assert_eq!(
+                            tile.live_waves(first, end, c),
+                            want,
+                            "{tile:?} rows {rows} consumer {c}"
+                        );
+                    }
+                }
+            }
+            // A group that ended before the tile (a tile of a pair along M past its group).
+            assert_eq!(tile.live_waves(512, 300, 0), 0);
+        }
+        // The two-wave tile's bands: 1–64 rows, 65–128, 129–192, 193–256.
+        let t = Tile::M256;
+        let at = |rows| (t.live_waves(0, rows, 0), t.live_waves(0, rows, 1));
+        assert_eq!(
+            [at(1), at(64), at(65), at(128)],
+            [(1, 0), (1, 0), (1, 1), (1, 1)]
+        );
+        assert_eq!(
+            [at(129), at(192), at(193), at(256)],
+            [(2, 1), (2, 1), (2, 2), (2, 2)]
+        );
+    }
 
     /// Every row's entry point is named by its mode, tile and element types, as the host and
     /// the builder expect (a table line is written by hand).
