@@ -2,6 +2,8 @@
 # Runs on the GPU machine (no Rust there): every test binary with --include-ignored, then the
 # runner. Arguments are passed to the runner (default: every recipe at 2048x2048x512).
 # Each step's output also goes to a log file in $OUT (when set; default /tmp/blockscaled-out).
+# A test binary still running after TEST_TIMEOUT seconds (default 300) is stopped and counted as
+# failed, and the others go on (a hang costs one binary, not the machine's whole call).
 set -uo pipefail
 cd "$(dirname "$0")"
 OUT=${OUT:-/tmp/blockscaled-out}; mkdir -p "$OUT"
@@ -30,8 +32,11 @@ if [ "${SKIP_TESTS:-0}" != 1 ]; then
       echo "=== $t: skipped (it needs two GPUs; this machine has $gpus)"; continue
     fi
     echo "=== $t"
-    "./$t" --include-ignored 2>&1 | tee "$OUT/$(basename "$t").log" | grep -E "^test result|FAILED|panicked|failed" || true
-    [ "${PIPESTATUS[0]}" = 0 ] || status=1
+    timeout "${TEST_TIMEOUT:-300}" "./$t" --include-ignored 2>&1 | tee "$OUT/$(basename "$t").log" |
+      grep -E "^test result|FAILED|panicked|failed|running for over" || true
+    rc=${PIPESTATUS[0]}
+    [ "$rc" = 124 ] && echo "=== $t: TIMED OUT after ${TEST_TIMEOUT:-300} s (a hang? its log: $OUT/$(basename "$t").log)"
+    [ "$rc" = 0 ] || status=1
   done
 fi
 echo "=== runner"
