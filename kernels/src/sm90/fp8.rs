@@ -428,14 +428,7 @@ impl<const CONS: u32, const WAVES: usize, F: Fp8Fragment, T: Fp8Pair, const MODE
                     // measured slower there.
                     next_ready = WAVES > 1 && more && ctx.pipe.consumer_test(st.next());
                 }
-                let f = (sa0 * scale_b.0, sa1 * scale_b.0);
-                if F::N > BLOCK_N {
-                    // Columns from `split` on are in the next B-scale block.
-                    let g = (sa0 * scale_b.1, sa1 * scale_b.1);
-                    promote_split(acc, &part, f, g, split);
-                } else {
-                    promote(acc, &part, f.0, f.1);
-                }
+                Self::promote_wave(acc, &part, (sa0, sa1), scale_b, split);
             }
         }
         next_ready
@@ -474,13 +467,7 @@ impl<const CONS: u32, const WAVES: usize, F: Fp8Fragment, T: Fp8Pair, const MODE
                 wgmma::wait::<0>();
                 part.fence();
                 ctx.pipe.consumer_release(st, ctx.rank);
-                let f = (sa0 * scale_b.0, sa1 * scale_b.0);
-                if F::N > BLOCK_N {
-                    let g = (sa0 * scale_b.1, sa1 * scale_b.1);
-                    promote_split(&mut acc[0], &part, f, g, split);
-                } else {
-                    promote(&mut acc[0], &part, f.0, f.1);
-                }
+                Self::promote_wave(&mut acc[0], &part, (sa0, sa1), scale_b, split);
             } else {
                 // (A CTA of a pair along M whose tile lies wholly past its group: consumer 1
                 // still waits for this turn on the very first batch.)
@@ -491,6 +478,26 @@ impl<const CONS: u32, const WAVES: usize, F: Fp8Fragment, T: Fp8Pair, const MODE
             }
         }
         false
+    }
+
+    /// Adds one wave's scratch `part` into its sums `acc`, scaled by this thread's two rows' A
+    /// scales `(sa0, sa1)` times the K block's B scale (wide tiles: `scale_b.1` for the columns
+    /// from `split` on, which are in the next B-scale block).
+    #[inline(always)]
+    fn promote_wave(
+        acc: &mut F,
+        part: &F,
+        (sa0, sa1): (f32, f32),
+        scale_b: (f32, f32),
+        split: u32,
+    ) {
+        let f = (sa0 * scale_b.0, sa1 * scale_b.0);
+        if F::N > BLOCK_N {
+            let g = (sa0 * scale_b.1, sa1 * scale_b.1);
+            promote_split(acc, part, f, g, split);
+        } else {
+            promote(acc, part, f.0, f.1);
+        }
     }
 
     /// How many of its waves consumer `c` computes in unit `own`: all of them, except in a
