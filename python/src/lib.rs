@@ -6,7 +6,7 @@
 //! the `stream` argument. Errors are Python exceptions carrying the crate's typed error text.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, LazyLock, Mutex};
 
 use blockscaled::{
     Call, ElemType, Error, Gpu, MatrixDesc, OutType, RawDevice, Recipe, ScaleLayout,
@@ -322,7 +322,17 @@ struct Handles {
     on_stream: HashMap<(usize, u64), Gpu>,
 }
 
-static HANDLES: Mutex<Option<Handles>> = Mutex::new(None);
+static HANDLES: LazyLock<Mutex<Handles>> = LazyLock::new(|| {
+    Mutex::new(Handles {
+        base: HashMap::new(),
+        on_stream: HashMap::new(),
+    })
+});
+
+/// The handles, whatever a panicking call left behind (a handle is valid on its own).
+fn handles() -> std::sync::MutexGuard<'static, Handles> {
+    HANDLES.lock().unwrap_or_else(|p| p.into_inner())
+}
 
 /// Runs `f` with the handle of GPU `ordinal` on `stream` (0: the legacy default stream).
 fn with_gpu<T>(
@@ -330,11 +340,7 @@ fn with_gpu<T>(
     stream: u64,
     f: impl FnOnce(&Gpu) -> Result<T, Error>,
 ) -> PyResult<T> {
-    let mut guard = HANDLES.lock().unwrap_or_else(|p| p.into_inner());
-    let h = guard.get_or_insert_with(|| Handles {
-        base: HashMap::new(),
-        on_stream: HashMap::new(),
-    });
+    let mut h = handles();
     if !h.on_stream.contains_key(&(ordinal, stream)) {
         let Some(base) = h.base.get(&ordinal) else {
             return Err(NoDeviceError::new_err(format!(
@@ -368,11 +374,7 @@ fn torch_stream(py: Python<'_>, device: usize) -> PyResult<Option<u64>> {
 /// Opens GPU `ordinal` once (its kernels loaded into its primary context):
 /// [`NoDeviceError`] without a driver or such a GPU, before anything asks torch about it.
 fn open(ordinal: usize) -> PyResult<()> {
-    let mut guard = HANDLES.lock().unwrap_or_else(|p| p.into_inner());
-    let h = guard.get_or_insert_with(|| Handles {
-        base: HashMap::new(),
-        on_stream: HashMap::new(),
-    });
+    let mut h = handles();
     if let std::collections::hash_map::Entry::Vacant(e) = h.base.entry(ordinal) {
         e.insert(Gpu::new(ordinal).map_err(py_err)?);
     }
