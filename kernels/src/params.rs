@@ -57,6 +57,7 @@ impl GroupParams {
                 masked: self.mode == GroupMode::Masked as u32,
                 rows,
                 along_n,
+                skew: false,
             })
         }
     }

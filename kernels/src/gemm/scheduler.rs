@@ -85,6 +85,15 @@ pub struct Groups {
     pub rows: u32,
     /// The grouped rows run along the schedule's N (kernels computing Cᵀ).
     pub along_n: bool,
+    /// Skew the bands (grouped rows along M): in column `n` of a band of `rows` M tiles, the
+    /// `j`-th unit is M tile `(j + n) mod rows` instead of `j`. CTAs take every `stride`-th unit,
+    /// and for a group whose M tile count divides the stride (the strides of 132 SMs, 66 and
+    /// 132, are multiples of 2, 3, 6 and 11) every column would give the same CTAs the same
+    /// tile: all of the group's last, partial tiles to some CTAs and none to the others, whose
+    /// whole tiles then set the kernel's time. Skewed, each CTA's tiles rotate through the
+    /// group's. A band's columns hold the same units either way, so what the CTAs running at
+    /// the same time share in L2 is unchanged.
+    pub skew: bool,
 }
 
 impl Groups {
@@ -387,10 +396,11 @@ impl TileScheduler {
         self.total
     }
 
-    /// The unit at position `r` of a band-ordered grid of `m_tiles` × `n_tiles`: bands of
-    /// `group_m` M tiles, M fastest inside a band.
+    /// Where position `r` of a band-ordered grid of `m_tiles` × `n_tiles` lies: its band's first
+    /// M tile, the band's M tiles (`group_m`, or fewer in the last band) and its position in
+    /// the band.
     #[inline(always)]
-    const fn banded(&self, r: u32, m_tiles: u32, n_tiles: u32) -> (u32, u32) {
+    const fn band_of(&self, r: u32, m_tiles: u32, n_tiles: u32) -> (u32, u32, u32) {
         let group_m = self.group_m;
         // (Divisors are nonzero for every position of a unit; `checked_*` keeps a panic path,
         // which would make ptxas ignore `setmaxnreg`, out of the kernels where the compiler
@@ -402,11 +412,28 @@ impl TileScheduler {
         } else {
             group_m
         };
-        let in_band = r - band * group_m * n_tiles;
+        (first_m, rows, r - band * group_m * n_tiles)
+    }
+
+    /// The unit at position `r` of a band-ordered grid of `m_tiles` × `n_tiles`: bands of
+    /// `group_m` M tiles, M fastest inside a band.
+    #[inline(always)]
+    const fn banded(&self, r: u32, m_tiles: u32, n_tiles: u32) -> (u32, u32) {
+        let (first_m, rows, in_band) = self.band_of(r, m_tiles, n_tiles);
         (
             first_m + or_zero(in_band.checked_rem(rows)),
             or_zero(in_band.checked_div(rows)),
         )
+    }
+
+    /// [`Self::banded`] with each band column's M tiles rotated by the column's index
+    /// ([`Groups::skew`]).
+    #[inline(always)]
+    const fn banded_skewed(&self, r: u32, m_tiles: u32, n_tiles: u32) -> (u32, u32) {
+        let (first_m, rows, in_band) = self.band_of(r, m_tiles, n_tiles);
+        let col = or_zero(in_band.checked_div(rows));
+        let j = in_band - col * rows;
+        (first_m + or_zero((j + col).checked_rem(rows)), col)
     }
 
     /// The unit at position `t` of a dense problem's linear order.
@@ -499,7 +526,11 @@ impl TileScheduler {
         } else {
             (tiles, other)
         };
-        let (m, n) = self.banded(self.next - c.base, m_tiles, n_tiles);
+        let (m, n) = if gs.skew {
+            self.banded_skewed(self.next - c.base, m_tiles, n_tiles)
+        } else {
+            self.banded(self.next - c.base, m_tiles, n_tiles)
+        };
         let g = c.g - 1;
         let a_l = if gs.masked { g } else { 0 };
         Some(WorkUnit {
@@ -680,8 +711,7 @@ mod tests {
     /// Every CTA's grouped units, for `values` (ends or counts) of a grouped schedule.
     fn grouped_units(
         values: &[i32],
-        masked: bool,
-        along_n: bool,
+        (masked, along_n, skew): (bool, bool, bool),
         rows: u32,
         ctas: u32,
     ) -> Vec<WorkUnit> {
@@ -691,6 +721,7 @@ mod tests {
             masked,
             rows,
             along_n,
+            skew,
         };
         let (m, n) = if along_n { (512, rows) } else { (rows, 512) };
         let s = Schedule {
@@ -738,9 +769,10 @@ mod tests {
             (&[0, 1, 256, 300, -7, 129], true, 256),
         ];
         for &(values, masked, rows) in cases {
-            for along_n in [false, true] {
+            for (along_n, skew) in [(false, false), (true, false), (false, true), (true, true)] {
                 for ctas in [1, 3, 132] {
-                    let units = grouped_units(values, masked, along_n, rows, ctas);
+                    let layout = (masked, along_n, skew);
+                    let units = grouped_units(values, layout, rows, ctas);
                     let want = clamped(values, masked, rows);
                     // Per group: the rows its tiles start at cover [first, end) in tiles of 128,
                     // each (tile, other-axis tile) once.
@@ -817,7 +849,59 @@ mod tests {
     #[test]
     fn groups_without_rows_have_no_units() {
         let values = [0i32, 0, 0];
-        assert!(grouped_units(&values, false, false, 128, 4).is_empty());
-        assert!(grouped_units(&values, true, true, 128, 4).is_empty());
+        for skew in [false, true] {
+            assert!(grouped_units(&values, (false, false, skew), 128, 4).is_empty());
+            assert!(grouped_units(&values, (true, true, skew), 128, 4).is_empty());
+        }
+    }
+
+    #[test]
+    fn skewed_bands_spread_a_groups_last_tiles_over_the_ctas_with_the_same_units_per_window() {
+        // Groups of 3 tiles of 128 rows (two whole, a partial last), 66 tile columns, 66 CTAs
+        // (a multiple of 3): in group order a third of the CTAs get every last tile.
+        let ends: [i32; 4] = [300, 600, 900, 1200];
+        let walks = |skew: bool, ctas: u32| -> Vec<Vec<WorkUnit>> {
+            let groups = Groups {
+                ptr: ends.as_ptr() as u64,
+                count: 4,
+                masked: false,
+                rows: 1200,
+                along_n: false,
+                skew,
+            };
+            let s = Schedule {
+                groups: Some(groups),
+                ..schedule(1200, 66 * 128, 1, 5, 1, 8)
+            };
+            (0..ctas)
+                .map(|c| TileScheduler::new(s, c, ctas).collect())
+                .collect()
+        };
+        let last = |u: &WorkUnit| u.first_row(u.m, 128) + 128 >= u.row_end;
+        for skew in [false, true] {
+            let counts: Vec<usize> = walks(skew, 66)
+                .iter()
+                .map(|us| us.iter().filter(|u| last(u)).count())
+                .collect();
+            let (least, most) = (counts.iter().min(), counts.iter().max());
+            if skew {
+                assert!(most.unwrap() - least.unwrap() <= 1, "{counts:?}");
+            } else {
+                // 4 groups × 66 last tiles, all on the 22 CTAs 2 mod 3.
+                assert_eq!((least, most), (Some(&0), Some(&12)), "{counts:?}");
+            }
+        }
+        // One CTA walks the whole order: each window of 66 units (a round of 66 CTAs) holds the
+        // same units skewed or not.
+        let (plain, skewed) = (walks(false, 1).remove(0), walks(true, 1).remove(0));
+        let sorted = |us: &[WorkUnit]| {
+            let mut v: Vec<(u32, u32, u32)> = us.iter().map(|u| (u.l, u.n, u.m)).collect();
+            v.sort();
+            v
+        };
+        assert_eq!(plain.len(), skewed.len());
+        for (a, b) in plain.chunks(66).zip(skewed.chunks(66)) {
+            assert_eq!(sorted(a), sorted(b));
+        }
     }
 }

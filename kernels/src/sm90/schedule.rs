@@ -2,7 +2,7 @@
 //! workspaces by, so the two cannot disagree.
 
 use super::{BLOCK_K, Tile};
-use crate::gemm::scheduler::{ClusterShape, Schedule, Sparse};
+use crate::gemm::scheduler::{ClusterShape, Groups, Schedule, Sparse};
 use crate::params::GroupParams;
 
 impl Tile {
@@ -36,7 +36,15 @@ impl Tile {
             unit_n,
             group_m,
             groups: match groups {
-                Some(g) => g.groups(m, false),
+                // The two-wave tiles compute only the waves a group reaches (`Tile::live_waves`):
+                // their groups' tiles differ in cost, which skewed bands spread over the CTAs.
+                Some(g) => match g.groups(m, false) {
+                    Some(gs) => Some(Groups {
+                        skew: self.waves > 1,
+                        ..gs
+                    }),
+                    None => None,
+                },
                 None => None,
             },
             sparse,
@@ -75,6 +83,9 @@ mod tests {
         let s = Tile::M128.schedule(DIMS, ClusterShape::ONE, (1, 1), Some(masked), None);
         let g = s.groups.expect("grouped");
         assert!(g.masked && !g.along_n && g.rows == 1000 && g.count == 8);
+        assert!(!g.skew);
+        let s = Tile::M256.schedule(DIMS, ClusterShape::ONE, (1, 1), Some(masked), None);
+        assert!(s.groups.expect("grouped").skew);
         let w4 = crate::sm90_w4::W4Tile::N16.schedule(DIMS, (1, 1), masked);
         let g = w4.groups.expect("grouped");
         assert_eq!((w4.m, w4.n, w4.unit_m, w4.unit_n), (3000, 1000, 128, 16));
