@@ -71,15 +71,23 @@ def test_imports_and_names_its_version():
         assert issubclass(e, bs.BlockscaledError)
 
 
+# What a well-formed call with the stand-ins' pointers raises once it has passed every check:
+# NoDeviceError without a GPU; where there is one, its driver does not know the pointers.
+REACHES_THE_DEVICE = (bs.NoDeviceError, bs.WrongGpuError)
+
+
 def test_a_well_formed_call_without_a_gpu_raises_no_device():
-    with pytest.raises(bs.NoDeviceError, match="no CUDA device|libcuda|GPU"):
+    with pytest.raises(REACHES_THE_DEVICE) as raised:
         call()
+    if raised.type is bs.WrongGpuError:
+        pytest.skip("a GPU is present (its driver rejects the stand-ins' pointers)")
+    assert raised.match("no CUDA device|libcuda|GPU")
 
 
 @pytest.mark.parametrize("out", ["bfloat16", "float16", "float32"])
 def test_every_output_dtype_reaches_the_device(out):
     args = operands(out=out)
-    with pytest.raises(bs.NoDeviceError):
+    with pytest.raises(REACHES_THE_DEVICE):
         bs.fp8_gemm_nt(*args.values())
 
 
@@ -139,7 +147,7 @@ def test_cuda_array_interface_producers_are_read():
         sfb=Cai((n // 128, k // 128), "<f4"),
         out=Cai((m, n), "<f2"),
     )
-    with pytest.raises(bs.NoDeviceError):
+    with pytest.raises(REACHES_THE_DEVICE):
         bs.fp8_gemm_nt(*args.values())
     with pytest.raises(TypeError, match="<f8 is not one"):
         bs.fp8_gemm_nt(*{**args, "out": Cai((m, n), "<f8")}.values())

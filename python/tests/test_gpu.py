@@ -77,7 +77,10 @@ def test_bad_tensors_raise_clear_errors():
         bs.fp8_gemm_nt(a8.t().contiguous().t(), sa, b8, sb, out)
     with pytest.raises(ValueError, match="CUDA tensor"):
         bs.fp8_gemm_nt(a8, sa, b8, sb, out.cpu())
-    with pytest.raises(ValueError, match="does not give out"):
+    with pytest.raises(ValueError, match="contiguous"):
         bs.fp8_gemm_nt(a8, sa, b8, sb, out[:, :128])
+    narrow = torch.empty(m, n // 2, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="does not give out"):
+        bs.fp8_gemm_nt(a8, sa, b8, sb, narrow)
     with pytest.raises(bs.ShapeError):
         bs.fp8_gemm_nt(a8, sa[:, :2], b8, sb, out)
