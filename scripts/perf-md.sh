@@ -89,6 +89,9 @@ for set in "${sets[@]}"; do case $set in
     # and their top-2 8192.
     run --groups 759,249,651,385,898,320,510,324 --mnkl 4096,14336,4096,1 --recipe deepseek-fp8
     run --groups 1517,498,1302,771,1795,640,1021,648 --mnkl 8192,14336,4096,1 --recipe deepseek-fp8
+    # Equal groups of 576 rows: two whole 256-row tiles and a quarter-live last one each (3 M
+    # tiles a group, a divisor of the 66 clusters: where the units land decides the time).
+    run --groups 576,576,576,576,576,576,576,576 --mnkl 4608,14336,4096,1 --recipe deepseek-fp8
     # Masked decode: G = 8 and 32 groups of up to 64 rows each, capacity 256.
     for g in 41,7,63,0,22,58,12,35 \
       9,44,0,61,27,3,50,18,33,64,5,29,47,11,56,2,38,24,60,15,0,42,8,53,20,31,46,14,63,26,6,37; do
