@@ -55,6 +55,19 @@ pub trait GemmKernel {
     /// Thread 0, once, before the block's first barrier (e.g. prefetch tensor maps).
     fn prologue(&self);
 
+    /// Words per stage ([`StageLayout::words`], 0 to 2) that the producer thread copies itself:
+    /// values the consumers need per K block that are too small for a bulk copy (the FP8
+    /// kernel's B scales), as [`Self::copy_words`] says.
+    const STAGE_WORDS: u32 = 0;
+
+    /// The producer thread: issues the small asynchronous copies ([`crate::ptx::cp_async`]) of
+    /// K block `kb`'s words of `own` into `dst` (the stage's words); the stage's full barrier then
+    /// waits for them too.
+    /// # Safety
+    /// `kb` is one of `own`'s K blocks; `dst` is a free stage's words.
+    #[inline(always)]
+    unsafe fn copy_words(&self, _own: &WorkUnit, _kb: u32, _dst: u32) {}
+
     /// The producer thread: issues the copies of K block `kb` of `own` (this CTA's tile) into
     /// stage `s`, completing `layout().stage_bytes()` bytes on barrier `full` of every CTA they
     /// land in.
@@ -111,6 +124,7 @@ pub unsafe fn run<K: GemmKernel, const PREGS: u32, const CREGS: u32>(k: &K) {
     };
     const {
         assert!(K::FINISHERS == 0 || K::FINISHERS == super::FINISHERS);
+        assert!(K::STAGE_WORDS <= 2);
         let groups = 1 + K::CONSUMERS;
         assert!(PREGS + K::CONSUMERS * CREGS <= groups * launch_regs(groups));
     };
@@ -153,11 +167,17 @@ pub unsafe fn run<K: GemmKernel, const PREGS: u32, const CREGS: u32>(k: &K) {
             for unit in units {
                 let own = cluster.own(unit, rank);
                 for kb in own.k_blocks() {
-                    // SAFETY: the stage is free in every CTA we write into after the acquire
-                    // (every CTA's consumers release to our empty barrier); the copies deliver
-                    // the stage's bytes (`GemmKernel::load`'s contract).
+                    // SAFETY: the stage is free in every CTA we write into after the wait
+                    // (every CTA's consumers release to our empty barrier); the words are this
+                    // CTA's, their copies tracked by the phase before our own arrival; the
+                    // copies deliver the stage's bytes (`GemmKernel::load`'s contract).
                     unsafe {
-                        let full = pipe.producer_acquire(st, layout.stage_bytes());
+                        pipe.producer_wait(st);
+                        if K::STAGE_WORDS > 0 {
+                            k.copy_words(&own, kb, layout.words(pipe.stage(st)));
+                            pipe.producer_track_copies(st);
+                        }
+                        let full = pipe.producer_arrive(st, layout.stage_bytes());
                         k.load(&ctx, &own, kb, pipe.stage(st), full);
                     }
                     st.advance();

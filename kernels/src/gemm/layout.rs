@@ -1,8 +1,9 @@
 //! The shared memory of a pipelined GEMM, computed from what one stage holds: per stage an A tile,
-//! a B tile and A's scales; once, the output tile staged for its TMA store; last, the pipeline's
-//! two barriers per stage. All A tiles come first, then all B tiles, the output tile, all
-//! A-scale vectors and the barriers, so every tile stays 1024-byte aligned (what TMA destinations
-//! and `wgmma` descriptors with 128-byte swizzle need) when the tile sizes are multiples of 1024.
+//! a B tile, A's scales and the words the producer thread copies itself; once, the output tile
+//! staged for its TMA store; last, the pipeline's two barriers per stage. All A tiles come first,
+//! then all B tiles, the output tile, all A-scale vectors, all words and the barriers, so every
+//! tile stays 1024-byte aligned (what TMA destinations and `wgmma` descriptors with 128-byte
+//! swizzle need) when the tile sizes are multiples of 1024.
 //!
 //! Host and device use the same type: the host to size the launch's shared memory, the kernels to
 //! find each stage's buffers.
@@ -162,6 +163,10 @@ pub struct StageContents {
     pub b: u32,
     /// The tile's scales (multiples of 128: the boxes of [`ScaleBox`] and bulk copies).
     pub sfa: u32,
+    /// Bytes the producer thread copies into the stage with small asynchronous copies (a multiple
+    /// of 8; the FP8 kernel's B scales of the K block): the stage's full barrier waits for them,
+    /// but not as bytes of its transaction count.
+    pub words: u32,
     /// The output tile staged for its TMA store, or whatever else the kernel keeps once rather
     /// than per stage (`sm90_mx`: its two bf16 buffers; a fused kernel: its staging and hand-over,
     /// [`fused_out`]); a multiple of [`SWIZZLE_ALIGN`] where TMA stores read it, of 128 always, 0 for
@@ -182,7 +187,7 @@ impl StageLayout {
     /// As many stages as fit beside the output tile, each with its two barriers.
     pub const fn fit(contents: StageContents) -> Self {
         let c = contents;
-        let stage = c.a + c.b + c.sfa + BARRIER_BYTES;
+        let stage = c.a + c.b + c.sfa + c.words + BARRIER_BYTES;
         StageLayout {
             base: 0,
             stages: (SMEM_LIMIT - c.out) / stage,
@@ -196,7 +201,8 @@ impl StageLayout {
         StageLayout { base, ..self }
     }
 
-    /// Bytes one fill of a stage delivers (tiles and scales).
+    /// Bytes one fill of a stage's tensor and bulk copies deliver (tiles and scales; not the
+    /// words).
     #[inline(always)]
     pub const fn stage_bytes(&self) -> u32 {
         self.contents.a + self.contents.b + self.contents.sfa
@@ -204,7 +210,7 @@ impl StageLayout {
 
     /// The dynamic shared memory a launch needs.
     pub const fn bytes(&self) -> u32 {
-        self.stages * (self.stage_bytes() + BARRIER_BYTES) + self.contents.out
+        self.stages * (self.stage_bytes() + self.contents.words + BARRIER_BYTES) + self.contents.out
     }
 
     #[inline(always)]
@@ -224,6 +230,11 @@ impl StageLayout {
     pub const fn sfa(&self, s: u32) -> u32 {
         self.out() + self.contents.out + s * self.contents.sfa
     }
+    /// Stage `s`'s words ([`StageContents::words`]).
+    #[inline(always)]
+    pub const fn words(&self, s: u32) -> u32 {
+        self.sfa(0) + self.stages * self.contents.sfa + s * self.contents.words
+    }
     /// A fused kernel's hand-over ([`HANDOFF_BYTES`] at the end of the output region).
     #[inline(always)]
     pub const fn handoff(&self) -> u32 {
@@ -232,7 +243,7 @@ impl StageLayout {
     /// The pipeline's barriers (`stages` full, then `stages` empty).
     #[inline(always)]
     pub const fn barriers(&self) -> u32 {
-        self.base + self.stages * self.stage_bytes() + self.contents.out
+        self.base + self.stages * (self.stage_bytes() + self.contents.words) + self.contents.out
     }
 }
 
@@ -311,6 +322,7 @@ mod tests {
             a: 128 * 128,
             b: 128 * 128,
             sfa: 512,
+            words: 8,
             out: 128 * 128 * 2,
         };
         let l = StageLayout::fit(c);
@@ -318,7 +330,8 @@ mod tests {
         assert!(l.bytes() <= SMEM_LIMIT);
         let last = l.stages - 1;
         assert!(l.a(last) + c.a <= l.b(0) && l.b(last) + c.b <= l.out());
-        assert!(l.out() + c.out <= l.sfa(0) && l.sfa(last) + c.sfa <= l.barriers());
+        assert!(l.out() + c.out <= l.sfa(0) && l.sfa(last) + c.sfa <= l.words(0));
+        assert!(l.words(last) + c.words <= l.barriers() && l.barriers().is_multiple_of(8));
         assert_eq!(l.barriers() + l.stages * BARRIER_BYTES, l.bytes());
         for s in 0..l.stages {
             assert_eq!(l.a(s) % SWIZZLE_ALIGN, 0);

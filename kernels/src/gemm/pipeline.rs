@@ -12,7 +12,7 @@
 //! WAR hazard.
 
 use super::barriers::{TURN_FIRST, WARPGROUP};
-use crate::ptx::{mbarrier, thread};
+use crate::ptx::{cp_async, mbarrier, thread};
 
 // [`Pipeline::consumer_release`] arrives on the one peer of a pair.
 const _: () = assert!(super::scheduler::MAX_CLUSTER == 2);
@@ -156,11 +156,42 @@ impl Pipeline {
     pub unsafe fn producer_acquire(&self, st: PipelineState, bytes: u32) -> u32 {
         // SAFETY: the caller's contract.
         unsafe {
-            mbarrier::wait(self.empty(st), self.phase(st) ^ 1);
-            let bar = self.full(st);
-            mbarrier::arrive_expect_tx(bar, bytes);
-            bar
+            self.producer_wait(st);
+            self.producer_arrive(st, bytes)
         }
+    }
+
+    /// Producer: waits until the stage of use `st` is free ([`Self::producer_acquire`]'s first
+    /// half: the producer thread's own small copies into the stage go between the two).
+    /// # Safety
+    /// Initialized pipeline; `st` counts the producer's fills in order.
+    #[inline(always)]
+    pub unsafe fn producer_wait(&self, st: PipelineState) {
+        // SAFETY: the caller's contract.
+        unsafe { mbarrier::wait(self.empty(st), self.phase(st) ^ 1) };
+    }
+
+    /// Producer: the stage of use `st` is filled only when this thread's small copies into it
+    /// ([`cp_async::copy_4`]) have landed as well.
+    /// # Safety
+    /// After [`Self::producer_wait`] of the same use and before [`Self::producer_arrive`].
+    #[inline(always)]
+    pub unsafe fn producer_track_copies(&self, st: PipelineState) {
+        // SAFETY: the caller's contract (the producer's own arrival on the phase is to come).
+        unsafe { cp_async::arrive_on(self.full(st)) };
+    }
+
+    /// Producer: announces the `bytes` the copies into the stage of use `st` will deliver, and
+    /// returns its full barrier.
+    /// # Safety
+    /// After [`Self::producer_wait`] of the same use; the copies that follow deliver exactly
+    /// `bytes` to this CTA's full barrier.
+    #[inline(always)]
+    pub unsafe fn producer_arrive(&self, st: PipelineState, bytes: u32) -> u32 {
+        let bar = self.full(st);
+        // SAFETY: the caller's contract.
+        unsafe { mbarrier::arrive_expect_tx(bar, bytes) };
+        bar
     }
 
     /// Consumer: waits until the stage of use `st` is filled.

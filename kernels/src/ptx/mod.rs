@@ -7,6 +7,7 @@
 
 pub mod bits;
 pub mod convert;
+pub mod cp_async;
 pub mod global;
 pub mod half;
 pub mod math;

@@ -4,23 +4,26 @@
 //! per-row B scales (per column of C, constant over K) are multiplied in after the K loop.
 //!
 //! - Load (one producer thread, per K block of 128): the A tile (`block_m` × 128 FP8, in boxes of
-//!   a wave or of 64 rows), the B tile (`block_n` × 128) and the tile's A scales. In a pair along
-//!   M the two CTAs share the B tile (each loads half and multicasts it); along N the A tile (each
-//!   loads every other box).
+//!   a wave or of 64 rows), the B tile (`block_n` × 128) and the tile's A scales, and the K
+//!   block's B scales by small asynchronous copies beside them ([`B_SCALE_WORDS`]). In a
+//!   pair along M the two CTAs share the B tile (each loads half and multicasts it); along N the
+//!   A tile (each loads every other box).
 //! - Compute (consumer warpgroup `c`: 64 rows of each wave): per K block and wave, four `wgmma
 //!   m64nNk32` into a scratch fragment, then promotion into the wave's fp32 sums with
 //!   `scale_a[row] · scale_b` (wide tiles: two B scales, split by column). The waves share the
 //!   scratch (a thread holds N/2·(waves + 1) accumulators). One-wave tiles' consumers take turns
 //!   issuing ([`Turn`]); 128 × 128 and 128 × 64 tiles issue two K blocks into two scratch
 //!   fragments and promote the first while the second runs; two-wave tiles' consumers run
-//!   freely, each promoting while the other's batch runs. A K block's B scales are loaded one
-//!   block ahead, and its stage is released before the last promotion.
+//!   freely, each promoting while the other's batch runs. A K block's B scales are read from its
+//!   stage after the wait, and the stage is released before the last promotion.
 //! - Store: 16-bit output through shared boxes and TMA stores; f32 output, N % 8 ≠ 0 and split-K
 //!   partials directly.
 
 use core::marker::PhantomData;
 
-use super::{BLOCK_K, BLOCK_N, Mode, ROW_BYTES, SFA_BOX, Sm90Fp8Params, Tile, WG_ROWS};
+use super::{
+    B_SCALE_WORDS, BLOCK_K, BLOCK_N, Mode, ROW_BYTES, SFA_BOX, Sm90Fp8Params, Tile, WG_ROWS,
+};
 use crate::gemm::driver::{Ctx, GemmKernel};
 use crate::gemm::epilogue::fuse;
 use crate::gemm::epilogue::{self, Output, Staging, TileStore};
@@ -30,7 +33,7 @@ use crate::gemm::promote::{promote, promote_split};
 use crate::gemm::scheduler::{ClusterShape, MAX_CLUSTER, Schedule, WorkUnit};
 use crate::params::EpilogueParams;
 use crate::ptx::wgmma::{self, Descriptor, Fp8Fragment, Fp8Pair, Fragment, Swizzle};
-use crate::ptx::{global, smem, thread, tma};
+use crate::ptx::{cp_async, global, smem, thread, tma};
 
 /// K per `wgmma` (FP8): 32 elements = 32 bytes of a swizzled row.
 const MMA_K: u32 = 32;
@@ -93,6 +96,8 @@ impl<const CONS: u32, const WAVES: usize, F: Fp8Fragment, T: Fp8Pair, const MODE
     } else {
         0
     };
+    /// The K block's B scales ([`B_SCALE_WORDS`]; the second only for wide tiles).
+    const STAGE_WORDS: u32 = if F::N > BLOCK_N { 2 } else { 1 };
     type Consumer = Consumer<CONS>;
     type Acc = [F; WAVES];
 
@@ -131,6 +136,20 @@ impl<const CONS: u32, const WAVES: usize, F: Fp8Fragment, T: Fp8Pair, const MODE
                 None
             },
         )
+    }
+
+    #[inline(always)]
+    unsafe fn copy_words(&self, own: &WorkUnit, kb: u32, dst: u32) {
+        const { assert!(Self::TILE.layout().contents.words == B_SCALE_WORDS) };
+        let at = self.b_scales(own).at(kb);
+        // SAFETY: `kb` is one of the unit's K blocks (or, sparse, stored blocks), whose scales
+        // `BScales` keeps inside the buffer; `dst` holds two words.
+        unsafe {
+            cp_async::copy_4(dst, at.first as u64);
+            if F::N > BLOCK_N {
+                cp_async::copy_4(dst + 4, at.second as u64);
+            }
+        }
     }
 
     #[inline(always)]
@@ -214,11 +233,8 @@ impl<const CONS: u32, const WAVES: usize, F: Fp8Fragment, T: Fp8Pair, const MODE
         own: &WorkUnit,
         st: &mut PipelineState,
     ) -> [F; WAVES] {
-        let sfb = if Self::SPARSE {
-            BScales::per_block(&self.p)
-        } else {
-            BScales::of(&self.p, own, F::N)
-        };
+        // Wide tiles: where the tile's columns move to the second B-scale block.
+        let split = self.b_scales(own).split;
         // Where the tile's first row sits in its scale boxes (dense tiles start aligned).
         let shift = if Self::GROUPED {
             SFA_BOX.start(own.first_row(own.m, Self::TILE.block_m())).1
@@ -229,24 +245,21 @@ impl<const CONS: u32, const WAVES: usize, F: Fp8Fragment, T: Fp8Pair, const MODE
         let live = Self::live_waves(own, cons.c);
         let (mut kb, end) = (own.k_begin, own.k_end);
         if Self::SPARSE && kb >= end {
-            // An empty block row of the sparse operand: its output is zero (and no scale of a
-            // block past the stored ones is read below).
+            // An empty block row of the sparse operand: its output is zero.
             return acc;
         }
         // SAFETY (every call below): `st` counts this warpgroup's uses in order; each is waited
-        // for, used by every wave and released before the next; `kb + 1 < end` for a pair; the
-        // B scales are read at K blocks of the problem (`kb + 1` clamped to the last).
+        // for, used by every wave and released before the next; `kb + 1 < end` for a pair.
         // (Not in the kernel with finishing warps: its consumers leave the registers of the
         // second scratch fragment to them, `Tile::consumer_regs_with`.)
         if CONS == 2 && WAVES == 1 && F::N <= BLOCK_N && !Self::STAGED {
             while kb < end {
                 unsafe {
                     if kb + 1 < end {
-                        self.k_pair(ctx, cons, &mut acc[0], *st, sfb.at(kb), shift);
+                        self.k_pair(ctx, cons, &mut acc[0], *st, shift);
                         (kb, *st) = (kb + 2, st.next().next());
                     } else {
-                        let b = sfb.at(kb).load(F::N);
-                        let scales = (b, sfb.split, shift);
+                        let scales = (split, shift);
                         self.k_block::<false>(ctx, cons, &mut acc, *st, scales, false, false);
                         (kb, *st) = (kb + 1, st.next());
                     }
@@ -254,16 +267,13 @@ impl<const CONS: u32, const WAVES: usize, F: Fp8Fragment, T: Fp8Pair, const MODE
             }
             return acc;
         }
-        // One K block at a time, its B scales loaded one K block ahead (a global load's latency
-        // is longer than a K block's MMAs) and its stage tested before the previous block's last
-        // promotion (`ready`).
-        let mut b = unsafe { sfb.at(kb).load(F::N) };
+        // One K block at a time, its stage tested before the previous block's last promotion
+        // (`ready`).
         let mut ready = false;
+        let scales = (split, shift);
         if WAVES > 1 && st.is_first() && kb < end {
             // The very first batch staggers the consumers (below).
-            let next = unsafe { sfb.at((kb + 1).min(end - 1)).load(F::N) };
             let more = kb + 1 < end;
-            let scales = (b, sfb.split, shift);
             ready = unsafe {
                 if Self::TAILS && live < WAVES as u32 {
                     self.k_block_tail::<true>(ctx, cons, &mut acc, *st, scales, live)
@@ -271,12 +281,10 @@ impl<const CONS: u32, const WAVES: usize, F: Fp8Fragment, T: Fp8Pair, const MODE
                     self.k_block::<true>(ctx, cons, &mut acc, *st, scales, ready, more)
                 }
             };
-            (kb, *st, b) = (kb + 1, st.next(), next);
+            (kb, *st) = (kb + 1, st.next());
         }
         while kb < end {
-            let next = unsafe { sfb.at((kb + 1).min(end - 1)).load(F::N) };
             let more = kb + 1 < end;
-            let scales = (b, sfb.split, shift);
             ready = unsafe {
                 if Self::TAILS && live < WAVES as u32 {
                     self.k_block_tail::<false>(ctx, cons, &mut acc, *st, scales, live)
@@ -284,7 +292,7 @@ impl<const CONS: u32, const WAVES: usize, F: Fp8Fragment, T: Fp8Pair, const MODE
                     self.k_block::<false>(ctx, cons, &mut acc, *st, scales, ready, more)
                 }
             };
-            (kb, *st, b) = (kb + 1, st.next(), next);
+            (kb, *st) = (kb + 1, st.next());
         }
         acc
     }
@@ -381,13 +389,12 @@ impl<const CONS: u32, const WAVES: usize, F: Fp8Fragment, T: Fp8Pair, const MODE
     /// first batch is ordered (`STAGGER`: consumer 1 waits for consumer 0's), a one-time offset
     /// that keeps their promotions apart (a turn on every batch measured
     /// slower).
-    /// `(scale_b, split, shift)`: this K block's B scales, the wide tiles' column split and the
-    /// tile's first row in its A-scale boxes. `ready`: use `st` was found filled already; `more`:
+    /// `(split, shift)`: the wide tiles' column split (the K block's B scales are in its stage)
+    /// and the tile's first row in its A-scale boxes. `ready`: use `st` was found filled already; `more`:
     /// another K block of this unit follows. Returns whether the next use was found filled
     /// (tested before the last promotion, so that the barrier's latency hides behind it).
     /// # Safety
-    /// `st` is this warpgroup's next use; `scale_b` are this K block's B scales; `ready` only if
-    /// `consumer_test(st)` returned true.
+    /// `st` is this warpgroup's next use; `ready` only if `consumer_test(st)` returned true.
     #[inline(always)]
     unsafe fn k_block<const STAGGER: bool>(
         &self,
@@ -395,7 +402,7 @@ impl<const CONS: u32, const WAVES: usize, F: Fp8Fragment, T: Fp8Pair, const MODE
         cons: &Consumer<CONS>,
         acc: &mut [F; WAVES],
         st: PipelineState,
-        (scale_b, split, shift): ((f32, f32), u32, u32),
+        (split, shift): (u32, u32),
         ready: bool,
         more: bool,
     ) -> bool {
@@ -407,6 +414,7 @@ impl<const CONS: u32, const WAVES: usize, F: Fp8Fragment, T: Fp8Pair, const MODE
             if !ready {
                 ctx.pipe.consumer_wait(st);
             }
+            let scale_b = Self::b_scale(&ctx.layout, s);
             for (w, acc) in acc.iter_mut().enumerate() {
                 let w = w as u32;
                 let stagger = STAGGER && w == 0;
@@ -447,7 +455,7 @@ impl<const CONS: u32, const WAVES: usize, F: Fp8Fragment, T: Fp8Pair, const MODE
         cons: &Consumer<CONS>,
         acc: &mut [F; WAVES],
         st: PipelineState,
-        (scale_b, split, shift): ((f32, f32), u32, u32),
+        (split, shift): (u32, u32),
         live: u32,
     ) -> bool {
         let s = ctx.pipe.stage(st);
@@ -464,6 +472,7 @@ impl<const CONS: u32, const WAVES: usize, F: Fp8Fragment, T: Fp8Pair, const MODE
                     cons.turn.pass();
                 }
                 let (sa0, sa1) = Self::scales(&ctx.layout, cons.row, s, 0, shift);
+                let scale_b = Self::b_scale(&ctx.layout, s);
                 wgmma::wait::<0>();
                 part.fence();
                 ctx.pipe.consumer_release(st, ctx.rank);
@@ -520,8 +529,7 @@ impl<const CONS: u32, const WAVES: usize, F: Fp8Fragment, T: Fp8Pair, const MODE
     /// second while the other consumer's MMAs run. (One K block at a time, the tensor cores wait
     /// for every promotion of both consumers; a third scratch does not fit.)
     /// # Safety
-    /// As [`Self::k_block`], for uses `st` and `st.next()`; `sfb` are the first's B scales (the
-    /// second's follow them).
+    /// As [`Self::k_block`], for uses `st` and `st.next()`.
     #[inline(always)]
     unsafe fn k_pair(
         &self,
@@ -529,7 +537,6 @@ impl<const CONS: u32, const WAVES: usize, F: Fp8Fragment, T: Fp8Pair, const MODE
         cons: &Consumer<CONS>,
         acc: &mut F,
         st: PipelineState,
-        sfb: BScales,
         shift: u32,
     ) {
         let (pipe, layout) = (&ctx.pipe, &ctx.layout);
@@ -538,14 +545,14 @@ impl<const CONS: u32, const WAVES: usize, F: Fp8Fragment, T: Fp8Pair, const MODE
         // SAFETY: the caller's contract; each stage is read only after its `consumer_wait` and
         // released after its MMAs completed and its scales were loaded.
         unsafe {
-            // (Tiles of at most 128 columns: one B scale per K block.)
-            let (sb0, sb1) = (sfb.load(F::N).0, sfb.at(1).load(F::N).0);
             pipe.consumer_wait(st);
             cons.turn.wait(st.is_first());
             let mut part0 = Self::issue(layout, c, s0, 0);
             pipe.consumer_wait(st1);
             let mut part1 = Self::issue(layout, c, s1, 0);
             cons.turn.pass();
+            // (Tiles of at most 128 columns: one B scale per K block.)
+            let (sb0, sb1) = (Self::b_scale(layout, s0).0, Self::b_scale(layout, s1).0);
             let (a00, a01) = Self::scales(layout, cons.row, s0, 0, shift);
             let (a10, a11) = Self::scales(layout, cons.row, s1, 0, shift);
             let (f00, f01, f10, f11) = (a00 * sb0, a01 * sb0, a10 * sb1, a11 * sb1);
@@ -557,6 +564,35 @@ impl<const CONS: u32, const WAVES: usize, F: Fp8Fragment, T: Fp8Pair, const MODE
             part1.fence();
             pipe.consumer_release(st1, ctx.rank);
             promote(acc, &part1, f10, f11);
+        }
+    }
+
+    /// Where the unit's B scales are in global memory (the producer's [`Self::copy_words`]; the
+    /// consumers take only the wide tiles' column split from it).
+    #[inline(always)]
+    fn b_scales(&self, own: &WorkUnit) -> BScales {
+        if Self::SPARSE {
+            BScales::per_block(&self.p)
+        } else {
+            BScales::of(&self.p, own, F::N)
+        }
+    }
+
+    /// Stage `s`'s K block's B scales ([`B_SCALE_WORDS`]: the first block's, and the second's for
+    /// the columns from the split on in wide tiles; the first twice in the others).
+    /// # Safety
+    /// Stage `s` is filled.
+    #[inline(always)]
+    unsafe fn b_scale(layout: &StageLayout, s: u32) -> (f32, f32) {
+        // SAFETY: the caller's contract (the stage's phase waited for the producer's copies).
+        unsafe {
+            if F::N > BLOCK_N {
+                let [first, second] = smem::load_u32x2(layout.words(s));
+                (f32::from_bits(first), f32::from_bits(second))
+            } else {
+                let first = f32::from_bits(smem::load_u32(layout.words(s)));
+                (first, first)
+            }
         }
     }
 

@@ -43,6 +43,14 @@ pub const SFA_BOX: ScaleBox = ScaleBox {
     tile_rows: 128,
 };
 
+/// Bytes per stage of the K block's B scales, which the producer thread copies from global memory
+/// beside the tiles (`ptx::cp_async`: 4 bytes each; two f32 as wide tiles straddle two
+/// 128-column scale blocks), so that the consumers read them from shared memory after the
+/// stage's wait instead of loading them from global memory a K block ahead (an address
+/// computation and a global load per K block in the consumers' loop, where both warpgroups issue
+/// every instruction, and a load's latency at the start of every unit).
+pub const B_SCALE_WORDS: u32 = 8;
+
 /// One tile shape: `consumers` warpgroups × 64 rows × `waves` of A by `block_n` columns of B;
 /// or, swapped ([`Tile::swapped`]), `rows` rows of A by 128 columns of B computed as Cᵀ = B·Aᵀ.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -152,13 +160,16 @@ impl Tile {
     pub const fn threads(self) -> u32 {
         128 * (1 + self.consumers)
     }
-    /// Register budgets after `setmaxnreg` (multiples of 8, 24..=256) within [`SM_REGISTERS`]:
-    /// two consumers 128·(40 + 2·224) — 128 sums + 64 scratch + addressing for the 256-row tile;
-    /// wide tiles 128·(40 + 2·232) — 96 sums + 96 scratch + addressing at 192 columns;
-    /// three consumers 128·(32 + 3·160) — 64 sums + 64 scratch + addressing. The budgets are
-    /// the largest at which ptxas spills nothing in any role.
+    /// Register budgets after `setmaxnreg` (multiples of 8, 24..=256) within the launch's
+    /// (`gemm::launch_regs`): two consumers 128·(56 + 2·224) — 128 sums + 64 scratch +
+    /// addressing for the 256-row tile; wide tiles 128·(40 + 2·232) — 96 sums + 96 scratch +
+    /// addressing at 192 columns; three consumers 128·(32 + 3·160) — 64 sums + 64 scratch +
+    /// addressing. The consumers' budgets are the largest at which ptxas spills nothing in their
+    /// K loops; the producer's warpgroup takes what they leave (its thread walks the schedule,
+    /// grouped GEMM's groups included, and issues the copies).
     pub const fn producer_regs(self) -> u32 {
-        if self.consumers == 2 { 40 } else { 32 }
+        let groups = 1 + self.consumers;
+        (crate::gemm::launch_regs(groups) * groups - self.consumers * self.consumer_regs()) / 8 * 8
     }
     pub const fn consumer_regs(self) -> u32 {
         if self.is_wide() {
@@ -190,6 +201,7 @@ impl Tile {
             a: self.block_m() * ROW_BYTES,
             b: self.block_n * ROW_BYTES,
             sfa: self.sfa_boxes() * SFA_BOX.bytes(),
+            words: if self.is_swapped() { 0 } else { B_SCALE_WORDS },
             out: if self.is_swapped() {
                 0
             } else {

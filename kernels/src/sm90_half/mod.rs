@@ -133,6 +133,7 @@ impl HalfTile {
             a: self.block_m() * ROW_BYTES,
             b: self.block_n * ROW_BYTES,
             sfa: 0,
+            words: 0,
             out: out_staging(CONSUMERS, self.waves, self.block_n).0,
         })
     }

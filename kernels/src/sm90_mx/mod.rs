@@ -32,6 +32,9 @@ pub const BLOCK_M: u32 = 128;
 pub const CONSUMERS: u32 = 2;
 /// Codes per conversion unit (one row, 16 consecutive K): one scale covers a whole unit.
 pub const UNIT: u32 = 16;
+/// Registers a fused kernel's consumers give their finishing warps (a multiple of 8: the
+/// finishers get twice it more, as there are two consumer warpgroups per producer warpgroup).
+pub const FUSED_CONSUMER_GIVE: u32 = 24;
 /// Bytes of one row of a converted (bf16) tile.
 pub const BF16_ROW_BYTES: u32 = 2 * BLOCK_K;
 /// Scale rows are padded to a multiple of this (the widest tile), so every tile's scale copy
@@ -76,6 +79,7 @@ impl MxTile {
             a: BLOCK_M * raw_row,
             b: self.block_n * raw_row,
             sfa: sfa_box(scale_block).bytes() + self.block_n * scales_per_row,
+            words: 0,
             out: 2 * self.converted_bytes() + if fused { HANDOFF_BYTES } else { 0 },
         })
     }
@@ -179,12 +183,19 @@ impl Sm90MxKernel {
         crate::gemm::producer_budget(
             self.tile.producer_regs(),
             CONSUMERS,
-            self.tile.consumer_regs(),
+            self.consumer_regs(),
             finishers,
         )
     }
+    /// The consumers' budget: the tile's, less [`FUSED_CONSUMER_GIVE`] in a fused kernel, whose
+    /// finishing warps' row code (the general epilogue: C, residual, SwiGLU pairs, every output
+    /// type) spills kilobytes in the 40 registers the tile's consumers leave them.
     pub const fn consumer_regs(&self) -> u32 {
-        self.tile.consumer_regs()
+        if self.fused {
+            self.tile.consumer_regs() - FUSED_CONSUMER_GIVE
+        } else {
+            self.tile.consumer_regs()
+        }
     }
     pub const fn layout(&self) -> StageLayout {
         self.tile

@@ -184,6 +184,7 @@ pub const fn layout(tile: W4Tile, act: Activation, scale_block: u32) -> StageLay
         b: WEIGHT_ROWS * WEIGHT_ROW_BYTES,
         sfa: WEIGHT_ROWS * (BLOCK_K / scale_block)
             + act_scale_rows(tile, act, scale_block) * act.scale_bytes(scale_block),
+        words: 0,
         out: if act.converts() {
             ACT_BUFFERS * tile.n * BF16_ROW_BYTES
         } else {
