@@ -15,7 +15,9 @@
 # (`perf-md.sh seed deepseek decode mx w4 half`, then `APPEND=1 perf-md.sh grouped bsr fused
 # quantize moe engine multi`; APPEND=1 keeps the rows already in $OUT/perf.jsonl). ITERS sets
 # --iterations (default 20); a run past TIMEOUT seconds (default 120) is stopped and counted as
-# failed, and the others go on.
+# failed, and the others go on. SUSTAINED=1 times every row under sustained load (1,000 launches
+# before each timing, `blockscaled-run --sustained`); run a set once without it and once with it
+# (APPEND=1) and the tables show both times side by side.
 set -uo pipefail
 cd "$(dirname "$0")"
 OUT=${OUT:-/tmp/blockscaled-out}; mkdir -p "$OUT"
@@ -44,7 +46,7 @@ run() {
   printf '%4ds  %s\n' $((SECONDS - start)) "$*"
   echo "=== blockscaled-run $*" >>"$log"
   if ! timeout "${TIMEOUT:-120}" ./blockscaled-run "$@" --iterations "${ITERS:-20}" --seed 1 \
-      --json "$jsonl" >>"$log" 2>&1; then
+      $([ "${SUSTAINED:-0}" = 1 ] && echo --sustained) --json "$jsonl" >>"$log" 2>&1; then
     failed=$((failed + 1)); echo "      FAILED (see $log)"
   fi
 }

@@ -100,9 +100,13 @@ fn main() {
     // Sustained load: 1,000 back-to-back launches of each (ours and the peer) before timing,
     // so the power-capped board reaches its steady clocks.
     let sustained = std::env::var("BLOCKSCALED_SUSTAINED").is_ok_and(|v| v == "1");
-    let warmup = if sustained { 1000 } else { 2 };
+    let warmup = 2;
     if sustained {
-        println!("sustained load: 1000 launches before timing, ours and the peer");
+        blockscaled_benches::timing::set_sustained(blockscaled_benches::timing::SUSTAINED_LAUNCHES);
+        println!(
+            "sustained load: {} launches before every timing, ours and the peer",
+            blockscaled_benches::timing::SUSTAINED_LAUNCHES
+        );
     }
     let (mut rows, mut agreement, mut mismatch) = (Vec::new(), Vec::new(), false);
     for (i, (recipe, [m, n, k, l])) in shapes.into_iter().enumerate() {

@@ -1,7 +1,8 @@
 //! docs/PERF.md from the runner's JSON Lines (`blockscaled-run --json`, [`crate::report`]): one
 //! section per GPU with its measured ceilings, the runs' dates and versions, then one table per
 //! kind. A case measured more than once (the same GPU, kind, name and M N K L) shows its latest
-//! line, in the place of its first.
+//! line, in the place of its first. A case also measured under sustained load (`--sustained`)
+//! shows that time in a column beside the burst time.
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -113,6 +114,7 @@ pub fn latest(records: Vec<Record>) -> Vec<Record> {
             r.kind.clone(),
             name.trim().to_string(),
             (r.m, r.n, r.k, r.l),
+            r.sustained,
         )
     };
     let mut at = HashMap::new();
@@ -240,12 +242,40 @@ fn span<'a>(dates: impl Iterator<Item = &'a str>) -> String {
     }
 }
 
+/// Whether `a` (burst) and `b` (sustained) are the same case.
+fn same_case(a: &Record, b: &Record) -> bool {
+    let plain = |r: &Record| {
+        let name = r.plan.as_deref().and_then(|p| r.name.strip_prefix(p));
+        name.unwrap_or(&r.name).trim().to_string()
+    };
+    a.kind == b.kind && (a.m, a.n, a.k, a.l) == (b.m, b.n, b.k, b.l) && plain(a) == plain(b)
+}
+
 fn table<'a>(s: &mut String, rows: impl Iterator<Item = &'a Record>) {
+    let rows: Vec<&Record> = rows.collect();
+    let (burst, held): (Vec<&Record>, Vec<&Record>) = rows.iter().partition(|r| !r.sustained);
+    // Sustained times beside the burst ones; a case measured only under sustained load is a
+    // row of its own.
+    let column = !held.is_empty();
+    let alone = held
+        .iter()
+        .filter(|h| !burst.iter().any(|b| same_case(b, h)));
+    let mut lines: Vec<(&Record, Option<&Record>)> = burst
+        .iter()
+        .map(|b| (*b, held.iter().copied().find(|h| same_case(b, h))))
+        .collect();
+    lines.extend(alone.map(|h| (*h, Some(*h))));
     s.push_str(
-        "| case | M N K L | ours µs | TFLOP/s | GB/s | % of ceiling (bound) | peer | peer µs | peer/ours |\n",
+        "| case | M N K L | ours µs | TFLOP/s | GB/s | % of ceiling (bound) | peer | peer µs | peer/ours |",
     );
-    s.push_str("|---|---|--:|--:|--:|--:|---|--:|--:|\n");
-    for r in rows {
+    s.push_str(if column {
+        " sustained µs (ours / peer) |\n"
+    } else {
+        "\n"
+    });
+    s.push_str("|---|---|--:|--:|--:|--:|---|--:|--:|");
+    s.push_str(if column { "--:|\n" } else { "\n" });
+    for (r, under_load) in lines {
         let dim = |x: usize| {
             if x == 0 {
                 "-".to_string()
@@ -261,10 +291,15 @@ fn table<'a>(s: &mut String, rows: impl Iterator<Item = &'a Record>) {
             (Some(f), None) => format!("{:.1}%", 100.0 * f),
             _ => "-".to_string(),
         };
-        let _ = writeln!(
+        let name = if r.sustained {
+            format!("{} (sustained only)", r.name)
+        } else {
+            r.name.clone()
+        };
+        let _ = write!(
             s,
             "| {} | {} {} {} {} | {} | {} | {} | {} | {} | {} | {} |",
-            cell(&r.name),
+            cell(&name),
             dim(r.m),
             dim(r.n),
             dim(r.k),
@@ -278,6 +313,21 @@ fn table<'a>(s: &mut String, rows: impl Iterator<Item = &'a Record>) {
             r.peer_ratio
                 .map_or_else(|| "-".to_string(), |x| format!("{x:.2}×")),
         );
+        if column {
+            let _ = write!(
+                s,
+                " {} |",
+                under_load.map_or_else(
+                    || "-".to_string(),
+                    |h| format!(
+                        "{} / {}",
+                        micros(h.us),
+                        h.peer_us.map_or_else(|| "-".to_string(), micros)
+                    )
+                )
+            );
+        }
+        s.push('\n');
     }
 }
 
@@ -309,6 +359,7 @@ mod tests {
             sm_count: Some(132),
             date: date.into(),
             crate_version: "0.1.0".into(),
+            sustained: false,
         }
     }
 
@@ -404,6 +455,65 @@ mod tests {
         let three = latest(vec![first, replanned, other]);
         assert_eq!(three.len(), 2);
         assert_eq!(three[0].name, "sm90/m64g16c1 deepseek-fp8 (bf16)");
+    }
+
+    #[test]
+    fn sustained_times_sit_beside_the_burst_times_of_the_same_case() {
+        let burst = info("NVIDIA H200", "2026-11-29");
+        let held = RunInfo {
+            sustained: true,
+            ..burst.clone()
+        };
+        let name = "sm90/m128g8c1 deepseek-fp8 (bf16)";
+        let mut only_held = rec(
+            &held,
+            "fp8",
+            "sm90/m128g8c1 fp8-e4m3-row (bf16)",
+            80.0,
+            None,
+        );
+        only_held.m = 2048;
+        let lines = [
+            rec(&burst, "fp8", name, 50.0, Some(60.0)),
+            rec(&held, "fp8", name, 53.25, Some(61.5)),
+            only_held,
+            rec(&burst, "grouped", "deepseek-fp8 Contiguous G8", 100.0, None),
+        ];
+        let text: String = lines.iter().map(|r| r.to_line() + "\n").collect();
+        // The flag is written only where set, and rows without it read as burst rows.
+        assert_eq!(text.matches("\"sustained\":true").count(), 2, "{text}");
+        assert!(!text.contains("\"sustained\":false"), "{text}");
+        let kept = latest(parse(&text, "t").0);
+        assert_eq!(
+            kept.len(),
+            4,
+            "a sustained row does not replace the burst one"
+        );
+        let md = render(&kept);
+        let fp8: Vec<&str> = md.lines().filter(|l| l.starts_with("| sm90/")).collect();
+        assert_eq!(fp8.len(), 2, "{md}");
+        assert!(
+            fp8[0].starts_with(&format!("| {name} | 4096 4096 1024 1 | 50.0 |")),
+            "{md}"
+        );
+        assert!(fp8[0].ends_with("| 53.2 / 61.5 |"), "{}", fp8[0]);
+        assert!(
+            fp8[1].contains("(sustained only) | 2048 4096 1024 1 | 80.0 |"),
+            "{}",
+            fp8[1]
+        );
+        assert!(fp8[1].ends_with("| 80.0 / - |"), "{}", fp8[1]);
+        // The column only in the tables that have sustained rows.
+        assert_eq!(
+            md.matches("peer/ours | sustained µs (ours / peer) |")
+                .count(),
+            1
+        );
+        let grouped = md
+            .lines()
+            .find(|l| l.starts_with("| deepseek-fp8"))
+            .unwrap();
+        assert!(grouped.ends_with("| - | - | - |"), "{grouped}");
     }
 
     #[test]

@@ -27,6 +27,9 @@ pub struct RunInfo {
     pub date: String,
     /// The benches crate's version (the workspace's: the library's too).
     pub crate_version: String,
+    /// Whether every timing ran after [`crate::timing::SUSTAINED_LAUNCHES`] launches of its own
+    /// (the runner's `--sustained`) rather than after a short warm-up.
+    pub sustained: bool,
 }
 
 impl RunInfo {
@@ -42,6 +45,7 @@ impl RunInfo {
             sm_count,
             date: utc_date(SystemTime::now()),
             crate_version: env!("CARGO_PKG_VERSION").to_string(),
+            sustained: crate::timing::sustained() > 0,
         }
     }
 }
@@ -150,6 +154,10 @@ pub struct Record {
     pub peer_ratio: Option<f64>,
     pub plan: Option<String>,
     pub note: Option<String>,
+    /// Timed under sustained load ([`RunInfo::sustained`]); absent (false) in rows written
+    /// before the field existed.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub sustained: bool,
 }
 
 /// `x` where it is a finite number above zero.
@@ -197,6 +205,7 @@ impl Record {
             peer_ratio: peer_ms.map(|p| p / r.ms),
             plan: e.plan.clone(),
             note: e.note.clone(),
+            sustained: info.sustained,
         })
     }
 
@@ -279,6 +288,7 @@ mod tests {
             sm_count: Some(132),
             date: "2026-11-28".into(),
             crate_version: "0.1.0".into(),
+            sustained: false,
         }
     }
 

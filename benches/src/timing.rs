@@ -23,6 +23,7 @@
 //! never a hang.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::time::Duration;
 
@@ -87,13 +88,31 @@ pub fn rotation_count(bytes_per_set: usize, l2_bytes: usize) -> usize {
     target.div_ceil(bytes_per_set).clamp(1, MAX_ROTATION)
 }
 
+/// Launches before every timing under sustained load ([`set_sustained`]).
+pub const SUSTAINED_LAUNCHES: usize = 1000;
+
+static SUSTAINED: AtomicUsize = AtomicUsize::new(0);
+
+/// From now on, every [`time_on_stream`] in this process first runs at least `launches` untimed
+/// calls (ours and the peer's alike), so that the timed ones see the clocks and power draw of a
+/// GPU kept busy rather than of one starting from idle (0: the callers' warm-up alone).
+pub fn set_sustained(launches: usize) {
+    SUSTAINED.store(launches, Ordering::Relaxed);
+}
+
+/// The launches [`set_sustained`] asks for before every timing (0: none).
+pub fn sustained() -> usize {
+    SUSTAINED.load(Ordering::Relaxed)
+}
+
 /// Times `f` on `stream`.
 ///
 /// `f` is called `warmup + iters` times with a running index `0, 1, 2, …`
 /// (warm-up calls get `0..warmup`, timed calls `warmup..warmup+iters`), so a
 /// caller rotating among `r` input sets can use `i % r` throughout. `f` must
 /// only enqueue work on `stream` (it may enqueue several kernels; all of them
-/// are timed). Warm-up calls are not timed. `iters == 0` is treated as 1.
+/// are timed). Warm-up calls are not timed; under sustained load ([`set_sustained`]) there are
+/// at least that many. `iters == 0` is treated as 1.
 ///
 /// Errors from `f` are returned as is; CUDA errors from the event calls are
 /// converted with `E: From<DriverError>`.
@@ -103,7 +122,7 @@ pub fn time_on_stream<E: From<DriverError>>(
     iters: usize,
     mut f: impl FnMut(usize) -> Result<(), E>,
 ) -> Result<Timing, E> {
-    let iters = iters.max(1);
+    let (iters, warmup) = (iters.max(1), warmup.max(sustained()));
     let ctx = stream.context();
     for i in 0..warmup {
         f(i)?;

@@ -59,6 +59,12 @@ pub struct Args {
         default_value_t = 3
     )]
     pub warmup_iterations: usize,
+    /// Sustained load: every timing (ours and the peer's) after 1,000 launches of its own
+    /// instead of the warm-up, so the clocks and power draw are those of a busy GPU; --json rows
+    /// are marked so, and the perf tables show them beside the burst rows. The ceilings are
+    /// measured as without it.
+    #[arg(long)]
+    pub sustained: bool,
     /// Skip the comparison with the CPU reference.
     #[arg(long = "skip_ref_check", alias = "skip-ref-check")]
     pub skip_ref_check: bool,
@@ -346,6 +352,13 @@ pub fn run(args: &Args) -> Result<bool, String> {
         && let Err(why) = crate::ceilings::measure(&gpu)
     {
         println!("ceilings not measured ({why}): no fraction of the ceiling in the tables");
+    }
+    if args.sustained {
+        crate::timing::set_sustained(crate::timing::SUSTAINED_LAUNCHES);
+        println!(
+            "sustained load: {} launches before every timing",
+            crate::timing::SUSTAINED_LAUNCHES
+        );
     }
     let mut sink = JsonSink::open(args.json.as_deref(), RunInfo::of(&gpu))?;
     let setup = Setup {
