@@ -24,7 +24,7 @@ use cudarc::driver::{
     CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DeviceSlice, SyncOnDrop, sys,
 };
 
-use crate::buffers::GpuId;
+use crate::buffers::{GpuId, Mem};
 use crate::error::{Result, shape};
 use crate::launch::Launch;
 use crate::matrix::{GemmShape, MatrixDesc};
@@ -52,7 +52,8 @@ impl GroupLayout {
 /// buffer this crate allocated ([`Gpu::group_ends`](crate::Gpu::group_ends),
 /// [`Gpu::group_counts`](crate::Gpu::group_counts), [`Gpu::device_groups`](crate::Gpu::device_groups))
 /// or in the caller's memory for `'a` ([`Gpu::groups_view`](crate::Gpu::groups_view): a router's
-/// counts where its kernel wrote them).
+/// counts where its kernel wrote them; [`Gpu::groups_from_raw`](crate::Gpu::groups_from_raw): by
+/// address, as a framework's tensor gives it).
 pub struct DeviceGroups<'a> {
     pub(crate) gpu: GpuId,
     pub(crate) layout: GroupLayout,
@@ -66,6 +67,8 @@ pub struct DeviceGroups<'a> {
 pub(crate) enum GroupValues<'a> {
     Owned(CudaSlice<i32>),
     View(CudaView<'a, i32>),
+    /// The caller's memory by address (a [`Mem::Raw`], whose contract it carries).
+    Raw(Mem<'static>),
 }
 
 impl std::fmt::Debug for DeviceGroups<'_> {
@@ -87,11 +90,13 @@ impl DeviceGroups<'_> {
     pub fn count(&self) -> usize {
         self.values.len()
     }
-    /// The values on the device (ends or counts).
-    pub fn values(&self) -> CudaView<'_, i32> {
+    /// The values on the device (ends or counts); `None` for groups over the caller's memory by
+    /// address ([`Gpu::groups_from_raw`](crate::Gpu::groups_from_raw)), which it reads itself.
+    pub fn values(&self) -> Option<CudaView<'_, i32>> {
         match &self.values {
-            GroupValues::Owned(s) => s.slice(..),
-            GroupValues::View(v) => v.slice(..),
+            GroupValues::Owned(s) => Some(s.slice(..)),
+            GroupValues::View(v) => Some(v.slice(..)),
+            GroupValues::Raw(_) => None,
         }
     }
     /// The values on the device, for the caller's kernels to write (a router's counts, say)
@@ -102,7 +107,7 @@ impl DeviceGroups<'_> {
         self.host_top = None;
         match &mut self.values {
             GroupValues::Owned(s) => Some(s.slice_mut(..)),
-            GroupValues::View(_) => None,
+            GroupValues::View(_) | GroupValues::Raw(_) => None,
         }
     }
 }
@@ -112,6 +117,7 @@ impl DevicePtr<i32> for GroupValues<'_> {
         match self {
             GroupValues::Owned(s) => s.device_ptr(stream),
             GroupValues::View(v) => v.device_ptr(stream),
+            GroupValues::Raw(m) => m.device_ptr(stream),
         }
     }
 }
@@ -121,12 +127,14 @@ impl DeviceSlice<i32> for GroupValues<'_> {
         match self {
             GroupValues::Owned(s) => s.len(),
             GroupValues::View(v) => v.len(),
+            GroupValues::Raw(m) => m.len() / 4,
         }
     }
     fn stream(&self) -> &Arc<CudaStream> {
         match self {
             GroupValues::Owned(s) => s.stream(),
             GroupValues::View(v) => v.stream(),
+            GroupValues::Raw(m) => m.stream(),
         }
     }
 }

@@ -377,6 +377,34 @@ impl Gpu {
         })
     }
 
+    /// [`Gpu::groups_view`] over raw device memory: `buf.len / 4` int32 values (ends or counts
+    /// as `layout` says), as a framework's tensor gives them (torch's `offs`, DeepGEMM's
+    /// `masked_m`).
+    ///
+    /// # Safety
+    /// As [`Gpu::matrix_from_raw`], read only: `buf` is `buf.len` bytes of this GPU's memory,
+    /// valid until the work enqueued on them has finished.
+    pub unsafe fn groups_from_raw(
+        &self,
+        layout: GroupLayout,
+        buf: RawDevice,
+    ) -> Result<DeviceGroups<'static>> {
+        if buf.len == 0 || !buf.len.is_multiple_of(4) {
+            return Err(shape(format!(
+                "the groups: {} bytes are not a whole number of int32 values (at least one)",
+                buf.len
+            )));
+        }
+        aligned(buf.ptr, 4, "the groups")?;
+        let mem = self.raw(buf, false, "the groups")?;
+        Ok(DeviceGroups {
+            gpu: self.id(),
+            layout,
+            values: GroupValues::Raw(mem),
+            host_top: None,
+        })
+    }
+
     /// `mem` as a checked raw buffer: on this GPU, within its allocation where the driver knows
     /// it.
     fn raw(&self, r: RawDevice, writable: bool, what: &str) -> Result<Mem<'static>> {

@@ -21,10 +21,51 @@ from ._native import (
     ShapeError,
     WrongGpuError,
     fp8_gemm_nt,
+    m_grouped_fp8_gemm_nt_masked,
     version,
 )
+from ._native import m_grouped_fp8_gemm_nt_contiguous as _contiguous
 
 __version__ = version()
+
+
+def m_grouped_fp8_gemm_nt_contiguous(a, sfa, b, sfb, out, offs=None, *, m_indices=None, stream=None):
+    """Grouped ``out = a · bᵀ`` over groups of consecutive rows (DeepGEMM's
+    ``m_grouped_fp8_gemm_nt_contiguous``): ``a`` (R, K) FP8 with ``sfa`` (R, K/128) fp32, ``b``
+    (G, N, K) FP8 with ``sfb`` (G, N/128, K/128) fp32, ``out`` (R, N).
+
+    The groups as torch ``_grouped_mm``'s ``offs``: (G,) int32 on the GPU, group g is rows
+    ``offs[g-1]:offs[g]``; they stay on the GPU (no synchronization). Or as DeepGEMM's
+    ``m_indices``: (R,) int32, each row's group or -1 for padding, the groups in order; they are
+    turned into ``offs`` with torch and checked on the host first (one synchronization). Padding
+    rows inside the groups' span are computed with the next group's expert (their output is
+    unspecified, as in DeepGEMM); rows past the last group are not written.
+    """
+    if (offs is None) == (m_indices is None):
+        raise ValueError("the groups are needed as offs or m_indices (one of them)")
+    if m_indices is not None:
+        offs = offs_of_m_indices(m_indices, b.shape[0])
+    _contiguous(a, sfa, b, sfb, out, offs, stream=stream)
+
+
+def offs_of_m_indices(m_indices, groups):
+    """torch-style ``offs`` (each group's end row, (G,) int32) of DeepGEMM's ``m_indices`` (each
+    row's group in ``0..groups``, or -1 for padding; groups in order). Checks the indices on the
+    host (one synchronization): a group out of range or out of order is a ``ValueError``."""
+    import torch
+
+    if m_indices.dtype != torch.int32 or m_indices.dim() != 1:
+        raise TypeError(f"m_indices: a 1-D int32 tensor is needed, not {m_indices.dtype} {tuple(m_indices.shape)}")
+    if bool(((m_indices < -1) | (m_indices >= groups)).any()):
+        raise ValueError(f"m_indices: a value outside -1..{groups - 1} (-1: padding; {groups} experts)")
+    real = m_indices[m_indices >= 0]
+    if real.numel() > 1 and not bool((real[1:] >= real[:-1]).all()):
+        raise ValueError("m_indices: the groups' rows must come in group order")
+    rows = torch.arange(1, m_indices.numel() + 1, device=m_indices.device, dtype=torch.int64)
+    where = torch.where(m_indices >= 0, m_indices.long(), torch.full_like(m_indices, groups, dtype=torch.int64))
+    last = torch.zeros(groups + 1, device=m_indices.device, dtype=torch.int64)
+    last.scatter_reduce_(0, where, rows, reduce="amax")
+    return torch.cummax(last[:groups], 0).values.to(torch.int32)
 
 __all__ = [
     "AlignmentError",
@@ -37,5 +78,8 @@ __all__ = [
     "ShapeError",
     "WrongGpuError",
     "fp8_gemm_nt",
+    "m_grouped_fp8_gemm_nt_contiguous",
+    "m_grouped_fp8_gemm_nt_masked",
+    "offs_of_m_indices",
     "version",
 ]

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, LazyLock, Mutex};
 
 use blockscaled::{
-    Call, ElemType, Error, Gpu, MatrixDesc, OutType, RawDevice, Recipe, ScaleLayout,
+    Call, ElemType, Error, Gpu, GroupLayout, MatrixDesc, OutType, RawDevice, Recipe, ScaleLayout,
 };
 use cudarc::driver::{CudaContext, sys};
 use pyo3::create_exception;
@@ -96,6 +96,7 @@ enum Dtype {
     F32,
     Bf16,
     F16,
+    I32,
 }
 
 impl Dtype {
@@ -107,6 +108,7 @@ impl Dtype {
             "torch.float32" => Dtype::F32,
             "torch.bfloat16" => Dtype::Bf16,
             "torch.float16" => Dtype::F16,
+            "torch.int32" => Dtype::I32,
             _ => return None,
         })
     }
@@ -118,6 +120,7 @@ impl Dtype {
             "|u1" | "<u1" => Dtype::E4m3,
             "<f4" => Dtype::F32,
             "<f2" => Dtype::F16,
+            "<i4" => Dtype::I32,
             _ => return None,
         })
     }
@@ -126,7 +129,7 @@ impl Dtype {
         match self {
             Dtype::E4m3 | Dtype::E5m2 => 1,
             Dtype::Bf16 | Dtype::F16 => 2,
-            Dtype::F32 => 4,
+            Dtype::F32 | Dtype::I32 => 4,
         }
     }
 }
@@ -425,18 +428,7 @@ fn fp8_gemm_nt(
     out: &Bound<'_, PyAny>,
     stream: Option<u64>,
 ) -> PyResult<()> {
-    let (a, sfa) = (Tensor::of("a", a)?, Tensor::of("sfa", sfa)?);
-    let (b, sfb) = (Tensor::of("b", b)?, Tensor::of("sfb", sfb)?);
-    let out = Tensor::of("out", out)?;
-    let fp8 = [Dtype::E4m3, Dtype::E5m2];
-    a.need(&fp8)?;
-    b.need(&fp8)?;
-    sfa.need(&[Dtype::F32])?;
-    sfb.need(&[Dtype::F32])?;
-    out.need(&[Dtype::Bf16, Dtype::F16, Dtype::F32])?;
-    for t in [&a, &b, &out] {
-        t.contiguous()?;
-    }
+    let [a, sfa, b, sfb, out] = fp8_operands([a, sfa, b, sfb, out])?;
     let ((l, m, k), (lb, n, kb), (lo, mo, no)) = (a.dims3()?, b.dims3()?, out.dims3()?);
     if kb != k || lb != l || (lo, mo, no) != (l, m, n) {
         return Err(PyValueError::new_err(format!(
@@ -444,29 +436,11 @@ fn fp8_gemm_nt(
             a.shape, b.shape, out.shape
         )));
     }
-    let desc = |t: &Tensor, s: &Tensor, rows: usize, as_b: bool| -> PyResult<MatrixDesc> {
-        let recipe = Recipe::DeepSeekFp8;
-        let mut format = if as_b { recipe.b() } else { recipe.a() };
-        format.elem = if t.dtype == Dtype::E5m2 {
-            ElemType::E5M2
-        } else {
-            ElemType::E4M3
-        };
-        Ok(MatrixDesc {
-            format,
-            rows,
-            k,
-            batch: l,
-            scale_layout: s.scale_layout(l)?,
-            tensor_scale: 1.0,
-        })
-    };
-    let (da, db) = (desc(&a, &sfa, m, false)?, desc(&b, &sfb, n, true)?);
-    let dtype = match out.dtype {
-        Dtype::F16 => OutType::F16,
-        Dtype::F32 => OutType::F32,
-        _ => OutType::Bf16,
-    };
+    let (da, db) = (
+        fp8_desc(&a, &sfa, (m, k, l), false)?,
+        fp8_desc(&b, &sfb, (n, k, l), true)?,
+    );
+    let dtype = out_type(&out);
     let (device, stream) = placement(py, &[&a, &sfa, &b, &sfb, &out], stream)?;
     let raws = (a.raw(), sfa.raw(), b.raw(), sfb.raw(), out.raw());
     py.detach(move || {
@@ -486,6 +460,210 @@ fn fp8_gemm_nt(
     })
 }
 
+/// The description of an FP8 operand `t` (DeepSeek-style: A's scales `s` per 1×128, B's per
+/// 128×128, `as_b`) of `rows` × `k` × `batch`.
+fn fp8_desc(
+    t: &Tensor,
+    s: &Tensor,
+    (rows, k, batch): (usize, usize, usize),
+    as_b: bool,
+) -> PyResult<MatrixDesc> {
+    let recipe = Recipe::DeepSeekFp8;
+    let mut format = if as_b { recipe.b() } else { recipe.a() };
+    format.elem = if t.dtype == Dtype::E5m2 {
+        ElemType::E5M2
+    } else {
+        ElemType::E4M3
+    };
+    Ok(MatrixDesc {
+        format,
+        rows,
+        k,
+        batch,
+        scale_layout: s.scale_layout(batch)?,
+        tensor_scale: 1.0,
+    })
+}
+
+/// The output type of `out` (bf16, fp16 or fp32, checked before).
+fn out_type(out: &Tensor) -> OutType {
+    match out.dtype {
+        Dtype::F16 => OutType::F16,
+        Dtype::F32 => OutType::F32,
+        _ => OutType::Bf16,
+    }
+}
+
+/// The tensors of an FP8 call (`a`, `sfa`, `b`, `sfb`, `out`), read and checked: FP8 codes,
+/// fp32 scales, a 16- or 32-bit output, the codes and the output contiguous.
+fn fp8_operands(objs: [&Bound<'_, PyAny>; 5]) -> PyResult<[Tensor; 5]> {
+    let [a, sfa, b, sfb, out] = objs;
+    let (a, sfa) = (Tensor::of("a", a)?, Tensor::of("sfa", sfa)?);
+    let (b, sfb) = (Tensor::of("b", b)?, Tensor::of("sfb", sfb)?);
+    let out = Tensor::of("out", out)?;
+    let fp8 = [Dtype::E4m3, Dtype::E5m2];
+    a.need(&fp8)?;
+    b.need(&fp8)?;
+    sfa.need(&[Dtype::F32])?;
+    sfb.need(&[Dtype::F32])?;
+    out.need(&[Dtype::Bf16, Dtype::F16, Dtype::F32])?;
+    for t in [&a, &b, &out] {
+        t.contiguous()?;
+    }
+    Ok([a, sfa, b, sfb, out])
+}
+
+/// A grouped call's int32 groups (`name`: `offs` or `masked_m`), read and checked.
+fn group_values(name: &'static str, obj: &Bound<'_, PyAny>) -> PyResult<Tensor> {
+    let t = Tensor::of(name, obj)?;
+    t.need(&[Dtype::I32])?;
+    t.contiguous()?;
+    Ok(t)
+}
+
+/// Runs the grouped GEMM of the checked tensors on `device`'s handle on `stream`: A of
+/// `a_dims` (rows, K, batch), B of `b_dims` (N, K, G), the output `c_dims` (rows, N, batch).
+#[allow(clippy::too_many_arguments)]
+fn run_grouped(
+    py: Python<'_>,
+    (device, stream): (usize, u64),
+    (da, db): (MatrixDesc, MatrixDesc),
+    tensors: [&Tensor; 6],
+    layout: GroupLayout,
+    dtype: OutType,
+    c_dims: (usize, usize, usize),
+) -> PyResult<()> {
+    let [a, sfa, b, sfb, out, groups] = tensors.map(Tensor::raw);
+    py.detach(move || {
+        with_gpu(device, stream, |g| {
+            // SAFETY: the addresses and lengths are the tensors' own (their data pointers, and
+            // the bytes their shapes and strides reach), alive for this call (the Python caller
+            // holds them); the crate checks each against the driver's allocation and context.
+            let (ma, mb, groups, mut c) = unsafe {
+                (
+                    g.matrix_from_raw(da, a, sfa, false)?,
+                    g.matrix_from_raw(db, b, sfb, false)?,
+                    g.groups_from_raw(layout, groups)?,
+                    g.output_from_raw(out, dtype, c_dims)?,
+                )
+            };
+            g.grouped_gemm(&ma, &mb, &groups, &mut c)
+        })
+    })
+}
+
+/// Grouped `out = a · bᵀ` over groups of consecutive rows (mixture of experts, prefill):
+/// DeepGEMM's `m_grouped_fp8_gemm_nt_contiguous` with torch `_grouped_mm`'s `offs`. `a` (R, K)
+/// FP8 with `sfa` (R, K/128) fp32 per 1×128 (any strides), `b` (G, N, K) FP8 — expert g is
+/// `b[g]` — with `sfb` (G, N/128, K/128) fp32 per 128×128, `out` (R, N) bf16, fp16 or fp32, and
+/// `offs` (G,) int32 on the GPU: group g is rows `offs[g-1]..offs[g]` (`offs[-1]` = 0), ends
+/// not decreasing. Rows past `offs[G-1]` are not written. The ends stay on the GPU (no
+/// synchronization); values the host cannot see are clamped by the kernel (an end below the
+/// one before is an empty group, one past R stops at R).
+#[pyfunction]
+#[pyo3(signature = (a, sfa, b, sfb, out, offs, *, stream = None))]
+#[allow(clippy::too_many_arguments)]
+fn m_grouped_fp8_gemm_nt_contiguous(
+    py: Python<'_>,
+    a: &Bound<'_, PyAny>,
+    sfa: &Bound<'_, PyAny>,
+    b: &Bound<'_, PyAny>,
+    sfb: &Bound<'_, PyAny>,
+    out: &Bound<'_, PyAny>,
+    offs: &Bound<'_, PyAny>,
+    stream: Option<u64>,
+) -> PyResult<()> {
+    let [a, sfa, b, sfb, out] = fp8_operands([a, sfa, b, sfb, out])?;
+    let offs = group_values("offs", offs)?;
+    let (la, r, k) = a.dims3()?;
+    let (g, n, kb) = b.dims3()?;
+    let (lo, ro, no) = out.dims3()?;
+    if a.shape.len() != 2 || b.shape.len() != 3 || out.shape.len() != 2 || la != 1 || lo != 1 {
+        return Err(PyValueError::new_err(format!(
+            "a (R, K), b (G, N, K) and out (R, N) are needed: a {:?}, b {:?}, out {:?}",
+            a.shape, b.shape, out.shape
+        )));
+    }
+    if kb != k || (ro, no) != (r, n) || offs.shape != [g] {
+        return Err(PyValueError::new_err(format!(
+            "a {:?} · b {:?}ᵀ does not give out {:?} over offs {:?} (one end per expert)",
+            a.shape, b.shape, out.shape, offs.shape
+        )));
+    }
+    let (da, db) = (
+        fp8_desc(&a, &sfa, (r, k, 1), false)?,
+        fp8_desc(&b, &sfb, (n, k, g), true)?,
+    );
+    let dtype = out_type(&out);
+    let place = placement(py, &[&a, &sfa, &b, &sfb, &out, &offs], stream)?;
+    let tensors = [&a, &sfa, &b, &sfb, &out, &offs];
+    run_grouped(
+        py,
+        place,
+        (da, db),
+        tensors,
+        GroupLayout::Contiguous,
+        dtype,
+        (r, n, 1),
+    )
+}
+
+/// Grouped `out[g] = a[g] · b[g]ᵀ` on each group's first `masked_m[g]` rows (mixture of experts,
+/// decode): DeepGEMM's `m_grouped_fp8_gemm_nt_masked`. `a` (G, C, K) FP8 with `sfa` (G, C, K/128)
+/// fp32 per 1×128 (any strides), `b` (G, N, K) FP8 with `sfb` (G, N/128, K/128), `out` (G, C, N),
+/// `masked_m` (G,) int32 on the GPU: the rows of each group (a router's counts). Rows at or past
+/// a group's count are not written. `expected_m` (DeepGEMM's hint of the typical count) is
+/// accepted and not needed: the plan follows the capacity C, and the counts stay on the GPU.
+#[pyfunction]
+#[pyo3(signature = (a, sfa, b, sfb, out, masked_m, expected_m = None, *, stream = None))]
+#[allow(clippy::too_many_arguments)]
+fn m_grouped_fp8_gemm_nt_masked(
+    py: Python<'_>,
+    a: &Bound<'_, PyAny>,
+    sfa: &Bound<'_, PyAny>,
+    b: &Bound<'_, PyAny>,
+    sfb: &Bound<'_, PyAny>,
+    out: &Bound<'_, PyAny>,
+    masked_m: &Bound<'_, PyAny>,
+    expected_m: Option<usize>,
+    stream: Option<u64>,
+) -> PyResult<()> {
+    let _ = expected_m;
+    let [a, sfa, b, sfb, out] = fp8_operands([a, sfa, b, sfb, out])?;
+    let counts = group_values("masked_m", masked_m)?;
+    let (ga, cap, k) = a.dims3()?;
+    let (g, n, kb) = b.dims3()?;
+    let (go, co, no) = out.dims3()?;
+    if a.shape.len() != 3 || b.shape.len() != 3 || out.shape.len() != 3 {
+        return Err(PyValueError::new_err(format!(
+            "a (G, C, K), b (G, N, K) and out (G, C, N) are needed: a {:?}, b {:?}, out {:?}",
+            a.shape, b.shape, out.shape
+        )));
+    }
+    if kb != k || ga != g || (go, co, no) != (g, cap, n) || counts.shape != [g] {
+        return Err(PyValueError::new_err(format!(
+            "a {:?} · b {:?}ᵀ does not give out {:?} over masked_m {:?} (one count per expert)",
+            a.shape, b.shape, out.shape, counts.shape
+        )));
+    }
+    let (da, db) = (
+        fp8_desc(&a, &sfa, (cap, k, g), false)?,
+        fp8_desc(&b, &sfb, (n, k, g), true)?,
+    );
+    let dtype = out_type(&out);
+    let place = placement(py, &[&a, &sfa, &b, &sfb, &out, &counts], stream)?;
+    let tensors = [&a, &sfa, &b, &sfb, &out, &counts];
+    run_grouped(
+        py,
+        place,
+        (da, db),
+        tensors,
+        GroupLayout::Masked,
+        dtype,
+        (cap, n, g),
+    )
+}
+
 /// The crate's version.
 #[pyfunction]
 fn version() -> &'static str {
@@ -496,6 +674,8 @@ fn version() -> &'static str {
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
     m.add_function(wrap_pyfunction!(fp8_gemm_nt, m)?)?;
+    m.add_function(wrap_pyfunction!(m_grouped_fp8_gemm_nt_contiguous, m)?)?;
+    m.add_function(wrap_pyfunction!(m_grouped_fp8_gemm_nt_masked, m)?)?;
     m.add_function(wrap_pyfunction!(version, m)?)?;
     m.add("BlockscaledError", py.get_type::<BlockscaledError>())?;
     m.add("ShapeError", py.get_type::<ShapeError>())?;

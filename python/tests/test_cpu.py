@@ -153,3 +153,63 @@ def test_cuda_array_interface_producers_are_read():
         bs.fp8_gemm_nt(*{**args, "out": Cai((m, n), "<f8")}.values())
     with pytest.raises(ValueError, match="not whole elements"):
         bs.fp8_gemm_nt(*{**args, "sfa": Cai((m, k // 128), "<f4", strides=(4, 2))}.values())
+
+
+def grouped(g=4, r=512, n=256, k=512, cap=128):
+    """Stand-ins for a contiguous (R rows in all) and a masked (G × capacity) grouped call."""
+    kb = k // 128
+    experts = dict(
+        b=FakeTensor((g, n, k), "float8_e4m3fn"),
+        sfb=FakeTensor((g, n // 128, kb), "float32"),
+    )
+    contiguous = dict(
+        a=FakeTensor((r, k), "float8_e4m3fn"),
+        sfa=FakeTensor((r, kb), "float32", strides=(1, r)),
+        **experts,
+        out=FakeTensor((r, n), "bfloat16"),
+        offs=FakeTensor((g,), "int32"),
+    )
+    masked = dict(
+        a=FakeTensor((g, cap, k), "float8_e4m3fn"),
+        sfa=FakeTensor((g, cap, kb), "float32"),
+        **experts,
+        out=FakeTensor((g, cap, n), "bfloat16"),
+        masked_m=FakeTensor((g,), "int32"),
+    )
+    return contiguous, masked
+
+
+def test_well_formed_grouped_calls_reach_the_device():
+    contiguous, masked = grouped()
+    with pytest.raises(REACHES_THE_DEVICE):
+        bs.m_grouped_fp8_gemm_nt_contiguous(**contiguous)
+    with pytest.raises(REACHES_THE_DEVICE):
+        bs.m_grouped_fp8_gemm_nt_masked(**masked, expected_m=64)
+
+
+def test_grouped_calls_check_their_groups_and_shapes_first():
+    contiguous, masked = grouped()
+    c = lambda **kw: bs.m_grouped_fp8_gemm_nt_contiguous(**{**contiguous, **kw})
+    m = lambda **kw: bs.m_grouped_fp8_gemm_nt_masked(**{**masked, **kw})
+    with pytest.raises(TypeError, match="offs: dtype"):
+        c(offs=FakeTensor((4,), "float32"))
+    with pytest.raises(ValueError, match="one end per expert"):
+        c(offs=FakeTensor((5,), "int32"))
+    with pytest.raises(ValueError, match="one end per expert"):
+        c(out=FakeTensor((500, 256), "bfloat16"))
+    with pytest.raises(ValueError, match=r"a \(R, K\)"):
+        c(a=FakeTensor((1, 512, 512), "float8_e4m3fn"))
+    with pytest.raises(ValueError, match="contiguous"):
+        c(offs=FakeTensor((4,), "int32", strides=(2,)))
+    with pytest.raises(ValueError, match="offs or m_indices"):
+        bs.m_grouped_fp8_gemm_nt_contiguous(**{**contiguous, "offs": None})
+    with pytest.raises(ValueError, match="offs or m_indices"):
+        c(m_indices=FakeTensor((512,), "int32"))
+    with pytest.raises(TypeError, match="masked_m: dtype"):
+        m(masked_m=FakeTensor((4,), "int64"))
+    with pytest.raises(ValueError, match="one count per expert"):
+        m(out=FakeTensor((4, 64, 256), "bfloat16"))
+    with pytest.raises(ValueError, match="one count per expert"):
+        m(a=FakeTensor((3, 128, 512), "float8_e4m3fn"), sfa=FakeTensor((3, 128, 4), "float32"))
+    with pytest.raises(ValueError, match=r"a \(G, C, K\)"):
+        m(a=FakeTensor((128, 512), "float8_e4m3fn"))

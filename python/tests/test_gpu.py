@@ -84,3 +84,86 @@ def test_bad_tensors_raise_clear_errors():
         bs.fp8_gemm_nt(a8, sa, b8, sb, narrow)
     with pytest.raises(bs.ShapeError):
         bs.fp8_gemm_nt(a8, sa[:, :2], b8, sb, out)
+
+OUT_REL = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11, torch.float32: 2.0**-24}
+
+def assert_product(got, fa, fb, out_dtype, what):
+    """Every element of `got` within the FP8 products' bound of `fa · fbᵀ` (as `check`)."""
+    ref = fa.double() @ fb.double().t()
+    mag = fa.abs().double() @ fb.abs().double().t()
+    tol = 2.0**-7 * mag + OUT_REL[out_dtype] * ref.abs()
+    got = got.double()
+    assert torch.isfinite(got).all(), f"{what}: NaN or Inf in rows the call writes"
+    worst = ((got - ref).abs() / tol).max().item() if got.numel() else 0.0
+    assert worst <= 1.0, f"{what}: error {worst:.3f} of the bound"
+
+def experts(g, n, k, gen):
+    """G experts (G, N, K) FP8 with (G, N/128, K/128) scales, and their dequantized values."""
+    codes, scales, values = [], [], []
+    for _ in range(g):
+        b8, sb = quantize_blocks(torch.randn(n, k, device="cuda", generator=gen))
+        codes.append(b8)
+        scales.append(sb)
+        values.append(dequantized(b8, sb, 128))
+    return torch.stack(codes), torch.stack(scales), values
+
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32])
+def test_contiguous_groups_by_offs_match_torch_and_leave_the_rows_past_the_last_end(out_dtype):
+    gen = torch.Generator(device="cuda").manual_seed(21)
+    n, k, rows = 256, 512, [37, 0, 150, 81]
+    r = sum(rows) + 32  # 32 rows past the last end: not written
+    b8, sb, fb = experts(len(rows), n, k, gen)
+    a8, sa = quantize_rows(torch.randn(r, k, device="cuda", generator=gen))
+    fa = dequantized(a8, sa, 1)
+    offs = torch.tensor(rows, device="cuda").cumsum(0).to(torch.int32)
+    out = torch.full((r, n), float("nan"), device="cuda", dtype=out_dtype)
+    bs.m_grouped_fp8_gemm_nt_contiguous(a8, sa.t().contiguous().t(), b8, sb, out, offs)
+    torch.cuda.current_stream().synchronize()
+    start = 0
+    for g, end in enumerate(offs.tolist()):
+        assert_product(out[start:end], fa[start:end], fb[g], out_dtype, f"group {g}")
+        start = end
+    assert torch.isnan(out[start:].float()).all(), "rows past the last end were written"
+
+def test_contiguous_groups_by_m_indices_match_torch_on_every_real_row():
+    # DeepGEMM's layout: each group's rows padded to 128 with -1.
+    gen = torch.Generator(device="cuda").manual_seed(22)
+    n, k, rows = 256, 512, [100, 0, 128, 3]
+    b8, sb, fb = experts(len(rows), n, k, gen)
+    index = []
+    for g, m in enumerate(rows):
+        index += [g] * m + [-1] * ((-m) % 128)
+    m_indices = torch.tensor(index, device="cuda", dtype=torch.int32)
+    r = len(index)
+    a8, sa = quantize_rows(torch.randn(r, k, device="cuda", generator=gen))
+    fa = dequantized(a8, sa, 1)
+    out = torch.full((r, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    bs.m_grouped_fp8_gemm_nt_contiguous(a8, sa, b8, sb, out, m_indices=m_indices)
+    torch.cuda.current_stream().synchronize()
+    for g in range(len(rows)):
+        real = (m_indices == g).nonzero().flatten()
+        assert_product(out[real], fa[real], fb[g], torch.bfloat16, f"group {g}")
+    ends = bs.offs_of_m_indices(m_indices, len(rows)).tolist()
+    assert ends == [100, 100, 256, 259], ends
+    with pytest.raises(ValueError, match="group order"):
+        bs.offs_of_m_indices(m_indices.flip(0), len(rows))
+    with pytest.raises(ValueError, match="outside"):
+        bs.offs_of_m_indices(m_indices + 1, len(rows))
+
+def test_masked_groups_match_torch_and_leave_the_rows_past_each_count():
+    gen = torch.Generator(device="cuda").manual_seed(23)
+    n, k, cap, counts = 256, 512, 128, [5, 0, 128, 77]
+    g = len(counts)
+    b8, sb, fb = experts(g, n, k, gen)
+    a = torch.randn(g, cap, k, device="cuda", generator=gen)
+    coded = [quantize_rows(a[i]) for i in range(g)]
+    a8 = torch.stack([c for c, _ in coded])
+    sa = torch.stack([s for _, s in coded])
+    out = torch.full((g, cap, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    masked_m = torch.tensor(counts, device="cuda", dtype=torch.int32)
+    bs.m_grouped_fp8_gemm_nt_masked(a8, sa, b8, sb, out, masked_m, expected_m=64)
+    torch.cuda.current_stream().synchronize()
+    for i, m in enumerate(counts):
+        fa = dequantized(coded[i][0], coded[i][1], 1)
+        assert_product(out[i, :m], fa[:m], fb[i], torch.bfloat16, f"group {i}")
+        assert torch.isnan(out[i, m:].float()).all(), f"group {i}: rows past its count written"

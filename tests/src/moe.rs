@@ -231,7 +231,7 @@ impl StepOnHost {
             chosen: download(gpu, &s.chosen),
             weights: download(gpu, &s.weights),
             slot: download(gpu, &s.slot),
-            groups: download(gpu, &s.groups.values()),
+            groups: download(gpu, &s.groups.values().expect("the layer's own groups")),
             tokens: m(s.tokens),
             grouped: m(s.grouped),
             gate_up: o(s.gate_up),

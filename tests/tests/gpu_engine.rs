@@ -798,3 +798,59 @@ fn a_block_sparse_call_in_a_reserved_workspace_allocates_nothing() {
     let (got, want) = (got.to_host().unwrap(), want.to_host().unwrap());
     assert_bit_identical(&got, &want, "the call's workspace against the handle's");
 }
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn groups_by_address_are_the_groups_of_a_view_and_bad_addresses_are_refused() {
+    // A framework's int32 tensor (torch's `offs`) by address: the same grouped GEMM, bit for bit,
+    // as over a view of the same values; addresses that cannot be int32 values are errors.
+    let _serial = serial();
+    let g = gpu();
+    let step = Step::new(g, 93, 94);
+    let (m, n, _) = STEP;
+    let ends: CudaSlice<i32> = g.stream().clone_htod(&[64i32, 100, 200, 256]).unwrap();
+    let view = g
+        .groups_view(GroupLayout::Contiguous, ends.slice(..))
+        .unwrap();
+    let mut want = g.output(m, n, 1, OutType::Bf16).unwrap();
+    g.grouped_gemm(&step.a, &step.experts, &view, &mut want)
+        .unwrap();
+    let ptr = {
+        let (p, _sync) = ends.device_ptr(g.stream());
+        p
+    };
+    // SAFETY: `ends` holds 16 bytes of this GPU's memory and outlives the calls below (the
+    // results are read back, so the work has finished, before it drops).
+    let groups =
+        unsafe { g.groups_from_raw(GroupLayout::Contiguous, RawDevice { ptr, len: 16 }) }.unwrap();
+    assert!(groups.values().is_none(), "the caller's memory by address");
+    assert_eq!(groups.count(), 4);
+    let mut got = g.output(m, n, 1, OutType::Bf16).unwrap();
+    got.poison().unwrap();
+    g.grouped_gemm(&step.a, &step.experts, &groups, &mut got)
+        .unwrap();
+    assert_bit_identical(
+        &got.to_host().unwrap(),
+        &want.to_host().unwrap(),
+        "groups by address against the same groups in a view",
+    );
+    let bad = [
+        ("6 bytes", RawDevice { ptr, len: 6 }),
+        ("no bytes", RawDevice { ptr, len: 0 }),
+        (
+            "2 bytes off",
+            RawDevice {
+                ptr: ptr + 2,
+                len: 8,
+            },
+        ),
+        ("null", RawDevice { ptr: 0, len: 4 }),
+    ];
+    for (what, buf) in bad {
+        // SAFETY: refused before any use (the test's point); `ends` is live.
+        match unsafe { g.groups_from_raw(GroupLayout::Masked, buf) } {
+            Err(Error::Shape(_) | Error::Alignment(_)) => {}
+            other => panic!("{what}: {other:?}"),
+        }
+    }
+}
