@@ -22,6 +22,7 @@ from ._native import (
     WrongGpuError,
     fp8_gemm_nt,
     m_grouped_fp8_gemm_nt_masked,
+    per_token_group_quant_fp8_into,
     version,
 )
 from ._native import m_grouped_fp8_gemm_nt_contiguous as _contiguous
@@ -46,6 +47,27 @@ def m_grouped_fp8_gemm_nt_contiguous(a, sfa, b, sfb, out, offs=None, *, m_indice
     if m_indices is not None:
         offs = offs_of_m_indices(m_indices, b.shape[0])
     _contiguous(a, sfa, b, sfb, out, offs, stream=stream)
+
+
+def per_token_group_quant_fp8(x, group_size=128, *, column_major_scales=False, out=None, scales=None, stream=None):
+    """DeepSeek-style FP8 activations (SGLang / vLLM's ``per_token_group_quant_fp8``): ``x`` (M, K)
+    or (L, M, K) bf16, fp16 or fp32 to e4m3 codes of its shape and fp32 scales (M, K/128), one per
+    row and 128 columns; ``column_major_scales`` gives them DeepGEMM's M-major strides. Returns
+    ``(codes, scales)``; ``out`` / ``scales`` may be given (allocated with torch otherwise)."""
+    if group_size != 128:
+        raise ValueError(f"group_size {group_size}: the FP8 kernels take groups of 128")
+    if out is None or scales is None:
+        import torch
+    if out is None:
+        out = torch.empty(x.shape, device=x.device, dtype=torch.float8_e4m3fn)
+    if scales is None:
+        *lead, m, k = x.shape
+        shape = (*lead, k // 128, m) if column_major_scales else (*lead, m, k // 128)
+        scales = torch.empty(shape, device=x.device, dtype=torch.float32)
+        if column_major_scales:
+            scales = scales.transpose(-1, -2)
+    per_token_group_quant_fp8_into(x, out, scales, stream=stream)
+    return out, scales
 
 
 def offs_of_m_indices(m_indices, groups):
@@ -81,5 +103,7 @@ __all__ = [
     "m_grouped_fp8_gemm_nt_contiguous",
     "m_grouped_fp8_gemm_nt_masked",
     "offs_of_m_indices",
+    "per_token_group_quant_fp8",
+    "per_token_group_quant_fp8_into",
     "version",
 ]

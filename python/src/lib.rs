@@ -9,7 +9,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, LazyLock, Mutex};
 
 use blockscaled::{
-    Call, ElemType, Error, Gpu, GroupLayout, MatrixDesc, OutType, RawDevice, Recipe, ScaleLayout,
+    Call, ElemType, Error, Gpu, GroupLayout, InputType, MatrixDesc, OutType, QuantizeOptions,
+    RawDevice, Recipe, ScaleLayout,
 };
 use cudarc::driver::{CudaContext, sys};
 use pyo3::create_exception;
@@ -664,6 +665,75 @@ fn m_grouped_fp8_gemm_nt_masked(
     )
 }
 
+/// DeepSeek-style FP8 quantization of activations, as SGLang and vLLM name it
+/// (`per_token_group_quant_fp8` with groups of 128): `x` (M, K) or (L, M, K) bf16, fp16 or fp32
+/// into `out` of its shape, e4m3, and `scales` (M, K/128) fp32, one per row and 128 columns
+/// (`amax / 448`); `scales` row-major, or column-major (strides (1, M)) as DeepGEMM reads them.
+/// The codes are those of the crate's quantizer (bit for bit the host reference); enqueued on the
+/// caller's stream. The tensors are given (the package's Python wrapper allocates them).
+#[pyfunction]
+#[pyo3(signature = (x, out, scales, *, stream = None))]
+fn per_token_group_quant_fp8_into(
+    py: Python<'_>,
+    x: &Bound<'_, PyAny>,
+    out: &Bound<'_, PyAny>,
+    scales: &Bound<'_, PyAny>,
+    stream: Option<u64>,
+) -> PyResult<()> {
+    let (x, out, scales) = (
+        Tensor::of("x", x)?,
+        Tensor::of("out", out)?,
+        Tensor::of("scales", scales)?,
+    );
+    x.need(&[Dtype::Bf16, Dtype::F16, Dtype::F32])?;
+    out.need(&[Dtype::E4m3])?;
+    scales.need(&[Dtype::F32])?;
+    for t in [&x, &out] {
+        t.contiguous()?;
+    }
+    let (l, m, k) = x.dims3()?;
+    if out.shape != x.shape {
+        return Err(PyValueError::new_err(format!(
+            "out {:?} is not of x's shape {:?}",
+            out.shape, x.shape
+        )));
+    }
+    if !k.is_multiple_of(128) {
+        return Err(PyValueError::new_err(format!(
+            "x: K = {k} is not a multiple of the group size 128"
+        )));
+    }
+    let input = match x.dtype {
+        Dtype::Bf16 => InputType::Bf16,
+        Dtype::F16 => InputType::F16,
+        _ => InputType::F32,
+    };
+    let desc = MatrixDesc {
+        format: Recipe::DeepSeekFp8.a(),
+        rows: m,
+        k,
+        batch: l,
+        scale_layout: scales.scale_layout(l)?,
+        tensor_scale: 1.0,
+    };
+    let place = placement(py, &[&x, &out, &scales], stream)?;
+    let (raw_x, raw_out, raw_scales) = (x.raw(), out.raw(), scales.raw());
+    py.detach(move || {
+        with_gpu(place.0, place.1, |g| {
+            // SAFETY: the addresses and lengths are the tensors' own, alive for this call (the
+            // Python caller holds them), `out` and `scales` writable (torch tensors); the crate
+            // checks each against the driver's allocation and context.
+            let (t, mut q) = unsafe {
+                (
+                    g.tensor_from_raw(raw_x, input, (m, k, l))?,
+                    g.matrix_from_raw(desc, raw_out, raw_scales, true)?,
+                )
+            };
+            g.quantize_into(&t, &mut q, &QuantizeOptions::default())
+        })
+    })
+}
+
 /// The crate's version.
 #[pyfunction]
 fn version() -> &'static str {
@@ -676,6 +746,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(fp8_gemm_nt, m)?)?;
     m.add_function(wrap_pyfunction!(m_grouped_fp8_gemm_nt_contiguous, m)?)?;
     m.add_function(wrap_pyfunction!(m_grouped_fp8_gemm_nt_masked, m)?)?;
+    m.add_function(wrap_pyfunction!(per_token_group_quant_fp8_into, m)?)?;
     m.add_function(wrap_pyfunction!(version, m)?)?;
     m.add("BlockscaledError", py.get_type::<BlockscaledError>())?;
     m.add("ShapeError", py.get_type::<ShapeError>())?;

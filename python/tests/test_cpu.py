@@ -213,3 +213,26 @@ def test_grouped_calls_check_their_groups_and_shapes_first():
         m(a=FakeTensor((3, 128, 512), "float8_e4m3fn"), sfa=FakeTensor((3, 128, 4), "float32"))
     with pytest.raises(ValueError, match=r"a \(G, C, K\)"):
         m(a=FakeTensor((128, 512), "float8_e4m3fn"))
+
+
+def test_the_fp8_quantizer_checks_its_tensors_first():
+    m, k = 64, 512
+    x = FakeTensor((m, k), "bfloat16")
+    out = FakeTensor((m, k), "float8_e4m3fn")
+    scales = FakeTensor((m, k // 128), "float32")
+    with pytest.raises(REACHES_THE_DEVICE):
+        bs.per_token_group_quant_fp8(x, out=out, scales=scales)
+    with pytest.raises(REACHES_THE_DEVICE):
+        bs.per_token_group_quant_fp8_into(x, out, FakeTensor((m, k // 128), "float32", strides=(1, m)))
+    with pytest.raises(ValueError, match="group_size 64"):
+        bs.per_token_group_quant_fp8(x, 64, out=out, scales=scales)
+    with pytest.raises(TypeError, match="x: dtype"):
+        bs.per_token_group_quant_fp8_into(FakeTensor((m, k), "float8_e4m3fn"), out, scales)
+    with pytest.raises(TypeError, match="out: dtype"):
+        bs.per_token_group_quant_fp8_into(x, FakeTensor((m, k), "bfloat16"), scales)
+    with pytest.raises(ValueError, match="not of x's shape"):
+        bs.per_token_group_quant_fp8_into(x, FakeTensor((m, k + 128), "float8_e4m3fn"), scales)
+    with pytest.raises(ValueError, match="multiple of the group size"):
+        bs.per_token_group_quant_fp8_into(
+            FakeTensor((m, 200), "float32"), FakeTensor((m, 200), "float8_e4m3fn"), scales
+        )

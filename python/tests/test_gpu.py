@@ -167,3 +167,31 @@ def test_masked_groups_match_torch_and_leave_the_rows_past_each_count():
         fa = dequantized(coded[i][0], coded[i][1], 1)
         assert_product(out[i, :m], fa[:m], fb[i], torch.bfloat16, f"group {i}")
         assert torch.isnan(out[i, m:].float()).all(), f"group {i}: rows past its count written"
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("column_major", [False, True])
+def test_the_fp8_quantizer_matches_amax_scaling_and_feeds_the_gemm(dtype, column_major):
+    gen = torch.Generator(device="cuda").manual_seed(31)
+    m, n, k = 200, 256, 512
+    x = (torch.randn(m, k, device="cuda", generator=gen) * 3).to(dtype)
+    codes, scales = bs.per_token_group_quant_fp8(x, column_major_scales=column_major)
+    torch.cuda.current_stream().synchronize()
+    assert codes.dtype == torch.float8_e4m3fn and codes.shape == x.shape
+    assert scales.shape == (m, k // 128)
+    assert (scales.stride() == (1, m)) == column_major
+    # The scale of each row and 128 columns: its largest magnitude over 448, exactly.
+    want = x.float().view(m, k // 128, 128).abs().amax(dim=2) / E4M3_MAX
+    assert torch.equal(scales, want), (scales - want).abs().max()
+    # Each code within half a step of e4m3 (3 significand bits; subnormals from 2^-6) of x / scale.
+    xs = x.float() / scales.repeat_interleave(128, 1)
+    got = codes.float()
+    assert torch.isfinite(got).all()
+    bound = 2.0**-4 * xs.abs() + 2.0**-10
+    assert ((got - xs).abs() <= bound).all(), ((got - xs).abs() / bound).max()
+    # And the GEMM takes them as they are.
+    b8, sb = quantize_blocks(torch.randn(n, k, device="cuda", generator=gen))
+    out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    bs.fp8_gemm_nt(codes, scales, b8, sb, out)
+    torch.cuda.current_stream().synchronize()
+    assert_product(out, dequantized(codes, scales.contiguous(), 1), dequantized(b8, sb, 128),
+                   torch.bfloat16, "the quantizer's codes in the GEMM")
