@@ -12,7 +12,7 @@
 #     only include/cute and include/cutlass (the extension compiles against them, and setup.py's
 #     build_py copies both into the package, where the JIT's kernels find them through
 #     deep_gemm/include); of fmt only include/ (header-only, read by the build alone). With them
-#     benches/peers/deepgemm_bench.py, this script, and VERSIONS: the commits (a plain copy does
+#     benches/peers/deepgemm_bench.py and its harness.py, this script, and VERSIONS: the commits (a plain copy does
 #     not know them: DEEPGEMM_COMMIT, CUTLASS_COMMIT and FMT_COMMIT say them) and a hash of the
 #     staged files. Then: tar cf - stage-deepgemm | xz -T2 -6 > .stage-pack/deepgemm.tar.xz
 #
@@ -88,9 +88,9 @@ stage() {
   version=$(sed -n "s/^__version__ = ['\"]\([^'\"]*\)['\"].*/\1/p" "$out/deepgemm/deep_gemm/__init__.py")
   tree=$(cd "$out/deepgemm" && find . -type f -print0 | LC_ALL=C sort -z | xargs -0 sha256sum | sha256sum | cut -d' ' -f1)
   ours=$(git -C "$root" rev-parse HEAD 2>/dev/null || echo unknown)
-  dirty=$(git -C "$root" status --porcelain -- benches/peers/deepgemm_bench.py scripts/deepgemm-compare.sh 2>/dev/null)
-  [ -z "$dirty" ] || ours+=" (deepgemm_bench.py or this script not committed)"
-  cp "$bench" "$here/deepgemm-compare.sh" "$out/"
+  dirty=$(git -C "$root" status --porcelain -- benches/peers/deepgemm_bench.py benches/peers/harness.py scripts/deepgemm-compare.sh 2>/dev/null)
+  [ -z "$dirty" ] || ours+=" (deepgemm_bench.py, harness.py or this script not committed)"
+  cp "$bench" "$root/benches/peers/harness.py" "$here/deepgemm-compare.sh" "$out/"
   cat > "$out/VERSIONS" <<EOF
 deepgemm     $dg (version ${version:-?}; from a $kind)
 cutlass      $cut (include/cute, include/cutlass)

@@ -30,9 +30,10 @@ import argparse
 import glob
 import json
 import os
-import statistics
 import sys
 import time
+
+from harness import Timer
 
 # The large DeepSeek FP8 shapes, M × N × K.
 DENSE = [
@@ -56,13 +57,6 @@ SEED_CASES = [
     ([128, 384], 4096, 1536),
 ]
 
-# Rotation: enough sets to cover 4 × L2 (the harness's rule), at most 16; L2 is the device's
-# (60 MiB on H200), never taken below the 50 MiB the harness assumes.
-L2_FLOOR = 50 << 20
-MAX_ROTATION = 16
-# Longest run enqueued behind the gate (the harness's MAX_GATED): far below the driver's queue of
-# pending launches, which would block the host while the stream is held.
-MAX_GATED = 128
 MAX_REL_ERR = 1e-2
 
 
@@ -114,86 +108,17 @@ def import_deep_gemm():
         raise
 
 
-class Bench:
-    """torch, deep_gemm and the timing helpers, set up once per process."""
+class Bench(Timer):
+    """torch, deep_gemm and the timing helpers (harness.Timer), set up once per process."""
 
     def __init__(self, args):
-        import torch
-
-        self.torch = torch
+        Timer.__init__(self, args.warmup, args.iters)
         self.args = args
-        torch.backends.cuda.matmul.allow_tf32 = False
-        torch.set_float32_matmul_precision("highest")
         self.dg = import_deep_gemm()
         from deep_gemm import utils as dgu
 
         self.dgu = dgu
-        props = torch.cuda.get_device_properties(0)
-        self.gpu = props.name
-        self.l2 = max(int(getattr(props, "L2_cache_size", 0) or 0), L2_FLOOR)
         self.jit = "nvrtc" if os.environ.get("DG_JIT_USE_NVRTC", "0") not in ("", "0") else "nvcc"
-        self._rate = None
-
-    # Timing.
-
-    def sleep_rate(self):
-        """Cycles of torch.cuda._sleep per millisecond on this GPU (measured once)."""
-        if self._rate is None:
-            t = self.torch
-            s, e = t.cuda.Event(enable_timing=True), t.cuda.Event(enable_timing=True)
-            t.cuda._sleep(1000)
-            s.record()
-            t.cuda._sleep(5_000_000)
-            e.record()
-            e.synchronize()
-            self._rate = 5_000_000 / max(s.elapsed_time(e), 1e-3)
-        return self._rate
-
-    def time_launches(self, launch, sets):
-        """Median device time (µs) of `launch(i % sets)`: warm-up, then the timed launches, each
-        between its own pair of events, enqueued behind the gate. The gate is a spin kernel sized
-        from the host's time per launch in the warm-up; if it opened before the host had enqueued
-        the last launch (the event after it had completed by then), the run is repeated with a
-        longer one, twice at most, and the outcome is reported."""
-        t = self.torch
-        warmup, iters = self.args.warmup, max(self.args.iters, 1)
-        t.cuda.synchronize()
-        t0 = time.perf_counter()
-        for i in range(warmup):
-            launch(i % sets)
-        host_ms = (time.perf_counter() - t0) * 1e3 / max(warmup, 1)
-        t.cuda.synchronize()
-        pairs = [(t.cuda.Event(enable_timing=True), t.cuda.Event(enable_timing=True)) for _ in range(iters)]
-        gated = iters <= MAX_GATED
-        held = False
-        for attempt in range(3):
-            if gated:
-                gate_ms = (2.0 * iters * (host_ms + 0.02) + 1.0) * 4**attempt
-                t.cuda._sleep(int(gate_ms * self.sleep_rate()))
-                opened = t.cuda.Event()
-                opened.record()
-            for j, (s, e) in enumerate(pairs):
-                s.record()
-                launch((warmup + j) % sets)
-                e.record()
-            held = gated and not opened.query()
-            t.cuda.synchronize()
-            if not gated or held:
-                break
-        us = sorted(s.elapsed_time(e) * 1e3 for s, e in pairs)
-        return {
-            "us": statistics.median(us),
-            "us_min": us[0],
-            "us_max": us[-1],
-            "samples": len(us),
-            "gate": "held" if held else ("opened early" if gated else "none (over %d launches)" % MAX_GATED),
-            "host_us_per_call": host_ms * 1e3,
-        }
-
-    def rotation(self, bytes_per_set):
-        if bytes_per_set <= 0:
-            return 1
-        return max(1, min(MAX_ROTATION, -(-4 * self.l2 // bytes_per_set)))
 
     def kernels(self, launch):
         """The device activities of one call (kernels, memsets, copies), by name."""
