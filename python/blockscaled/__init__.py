@@ -23,6 +23,7 @@ from ._native import (
     fp8_gemm_nt,
     m_grouped_fp8_gemm_nt_masked,
     per_token_group_quant_fp8_into,
+    quantize_mxfp8_into,
     version,
 )
 from ._native import m_grouped_fp8_gemm_nt_contiguous as _contiguous
@@ -70,6 +71,25 @@ def per_token_group_quant_fp8(x, group_size=128, *, column_major_scales=False, o
     return out, scales
 
 
+def quantize_mxfp8(x, fp8="e4m3", *, out=None, scales=None, stream=None):
+    """MXFP8 (OCP MX): ``x`` (M, K) or (L, M, K) bf16, fp16 or fp32 to ``fp8`` ("e4m3" or "e5m2")
+    codes of its shape and one power-of-two scale per row and 32 columns, (M, K/32)
+    ``float8_e8m0fnu``, K-major. Returns ``(codes, scales)``; ``out`` / ``scales`` may be given
+    (allocated with torch otherwise)."""
+    if fp8 not in ("e4m3", "e5m2"):
+        raise ValueError(f"fp8 {fp8!r}: e4m3 or e5m2")
+    if out is None or scales is None:
+        import torch
+    if out is None:
+        code = torch.float8_e4m3fn if fp8 == "e4m3" else torch.float8_e5m2
+        out = torch.empty(x.shape, device=x.device, dtype=code)
+    if scales is None:
+        *lead, m, k = x.shape
+        scales = torch.empty((*lead, m, k // 32), device=x.device, dtype=torch.float8_e8m0fnu)
+    quantize_mxfp8_into(x, out, scales, stream=stream)
+    return out, scales
+
+
 def offs_of_m_indices(m_indices, groups):
     """torch-style ``offs`` (each group's end row, (G,) int32) of DeepGEMM's ``m_indices`` (each
     row's group in ``0..groups``, or -1 for padding; groups in order). Checks the indices on the
@@ -105,5 +125,7 @@ __all__ = [
     "offs_of_m_indices",
     "per_token_group_quant_fp8",
     "per_token_group_quant_fp8_into",
+    "quantize_mxfp8",
+    "quantize_mxfp8_into",
     "version",
 ]

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, LazyLock, Mutex};
 
 use blockscaled::{
-    Call, ElemType, Error, Gpu, GroupLayout, InputType, MatrixDesc, OutType, QuantizeOptions,
+    Call, ElemType, Error, Fp8, Gpu, GroupLayout, InputType, MatrixDesc, OutType, QuantizeOptions,
     RawDevice, Recipe, ScaleLayout,
 };
 use cudarc::driver::{CudaContext, sys};
@@ -98,6 +98,8 @@ enum Dtype {
     Bf16,
     F16,
     I32,
+    /// MX scales: a power of two per byte (torch's `float8_e8m0fnu`).
+    E8m0,
 }
 
 impl Dtype {
@@ -110,6 +112,7 @@ impl Dtype {
             "torch.bfloat16" => Dtype::Bf16,
             "torch.float16" => Dtype::F16,
             "torch.int32" => Dtype::I32,
+            "torch.float8_e8m0fnu" => Dtype::E8m0,
             _ => return None,
         })
     }
@@ -128,7 +131,7 @@ impl Dtype {
 
     fn bytes(self) -> usize {
         match self {
-            Dtype::E4m3 | Dtype::E5m2 => 1,
+            Dtype::E4m3 | Dtype::E5m2 | Dtype::E8m0 => 1,
             Dtype::Bf16 | Dtype::F16 => 2,
             Dtype::F32 | Dtype::I32 => 4,
         }
@@ -680,14 +683,48 @@ fn per_token_group_quant_fp8_into(
     scales: &Bound<'_, PyAny>,
     stream: Option<u64>,
 ) -> PyResult<()> {
+    let target = (Recipe::DeepSeekFp8, Dtype::E4m3, Dtype::F32);
+    quantize_fp8(py, [x, out, scales], target, stream)
+}
+
+/// MXFP8 quantization (OCP MX: a power-of-two scale per 32 elements of a row): `x` (M, K) or
+/// (L, M, K) bf16, fp16 or fp32 into `out` of its shape, e4m3 or e5m2 (its dtype says which), and
+/// `scales` (M, K/32) `float8_e8m0fnu`, K-major (the un-swizzled layout). The codes are those of
+/// the crate's quantizer, enqueued on the caller's stream.
+#[pyfunction]
+#[pyo3(signature = (x, out, scales, *, stream = None))]
+fn quantize_mxfp8_into(
+    py: Python<'_>,
+    x: &Bound<'_, PyAny>,
+    out: &Bound<'_, PyAny>,
+    scales: &Bound<'_, PyAny>,
+    stream: Option<u64>,
+) -> PyResult<()> {
+    let e5m2 = Tensor::of("out", out)?.dtype == Dtype::E5m2;
+    let (recipe, code) = if e5m2 {
+        (Recipe::Mxfp8(Fp8::E5M2), Dtype::E5m2)
+    } else {
+        (Recipe::Mxfp8(Fp8::E4M3), Dtype::E4m3)
+    };
+    quantize_fp8(py, [x, out, scales], (recipe, code, Dtype::E8m0), stream)
+}
+
+/// Quantizes `x` into `out` (codes of dtype `target.1`) and `scales` (`target.2`) in the A format
+/// of recipe `target.0`, on the crate's device quantizer.
+fn quantize_fp8(
+    py: Python<'_>,
+    [x, out, scales]: [&Bound<'_, PyAny>; 3],
+    (recipe, code, scale): (Recipe, Dtype, Dtype),
+    stream: Option<u64>,
+) -> PyResult<()> {
     let (x, out, scales) = (
         Tensor::of("x", x)?,
         Tensor::of("out", out)?,
         Tensor::of("scales", scales)?,
     );
     x.need(&[Dtype::Bf16, Dtype::F16, Dtype::F32])?;
-    out.need(&[Dtype::E4m3])?;
-    scales.need(&[Dtype::F32])?;
+    out.need(&[code])?;
+    scales.need(&[scale])?;
     for t in [&x, &out] {
         t.contiguous()?;
     }
@@ -698,9 +735,11 @@ fn per_token_group_quant_fp8_into(
             out.shape, x.shape
         )));
     }
-    if !k.is_multiple_of(128) {
+    let format = recipe.a();
+    let (_, group) = format.block.extent(m, k);
+    if !k.is_multiple_of(group) {
         return Err(PyValueError::new_err(format!(
-            "x: K = {k} is not a multiple of the group size 128"
+            "x: K = {k} is not a multiple of the group size {group}"
         )));
     }
     let input = match x.dtype {
@@ -709,7 +748,7 @@ fn per_token_group_quant_fp8_into(
         _ => InputType::F32,
     };
     let desc = MatrixDesc {
-        format: Recipe::DeepSeekFp8.a(),
+        format,
         rows: m,
         k,
         batch: l,
@@ -747,6 +786,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(m_grouped_fp8_gemm_nt_contiguous, m)?)?;
     m.add_function(wrap_pyfunction!(m_grouped_fp8_gemm_nt_masked, m)?)?;
     m.add_function(wrap_pyfunction!(per_token_group_quant_fp8_into, m)?)?;
+    m.add_function(wrap_pyfunction!(quantize_mxfp8_into, m)?)?;
     m.add_function(wrap_pyfunction!(version, m)?)?;
     m.add("BlockscaledError", py.get_type::<BlockscaledError>())?;
     m.add("ShapeError", py.get_type::<ShapeError>())?;

@@ -236,3 +236,25 @@ def test_the_fp8_quantizer_checks_its_tensors_first():
         bs.per_token_group_quant_fp8_into(
             FakeTensor((m, 200), "float32"), FakeTensor((m, 200), "float8_e4m3fn"), scales
         )
+
+
+def test_the_mxfp8_quantizer_checks_its_tensors_first():
+    m, k = 64, 256
+    x = FakeTensor((m, k), "float16")
+    scales = FakeTensor((m, k // 32), "float8_e8m0fnu")
+    for code in ["float8_e4m3fn", "float8_e5m2"]:
+        with pytest.raises(REACHES_THE_DEVICE):
+            bs.quantize_mxfp8_into(x, FakeTensor((m, k), code), scales)
+    out = FakeTensor((m, k), "float8_e4m3fn")
+    with pytest.raises(REACHES_THE_DEVICE):
+        bs.quantize_mxfp8(x, out=out, scales=scales)
+    with pytest.raises(ValueError, match="e4m3 or e5m2"):
+        bs.quantize_mxfp8(x, "e2m1", out=out, scales=scales)
+    with pytest.raises(TypeError, match="scales: dtype"):
+        bs.quantize_mxfp8_into(x, out, FakeTensor((m, k // 32), "float32"))
+    with pytest.raises(TypeError, match="out: dtype"):
+        bs.quantize_mxfp8_into(x, FakeTensor((m, k), "bfloat16"), scales)
+    with pytest.raises(ValueError, match="multiple of the group size 32"):
+        bs.quantize_mxfp8_into(
+            FakeTensor((m, 48), "float32"), FakeTensor((m, 48), "float8_e4m3fn"), scales
+        )

@@ -195,3 +195,23 @@ def test_the_fp8_quantizer_matches_amax_scaling_and_feeds_the_gemm(dtype, column
     torch.cuda.current_stream().synchronize()
     assert_product(out, dequantized(codes, scales.contiguous(), 1), dequantized(b8, sb, 128),
                    torch.bfloat16, "the quantizer's codes in the GEMM")
+
+@pytest.mark.parametrize("fp8", ["e4m3", "e5m2"])
+def test_the_mxfp8_quantizer_gives_power_of_two_scales_and_codes_within_the_format(fp8):
+    gen = torch.Generator(device="cuda").manual_seed(41)
+    m, k = 96, 512
+    x = torch.randn(m, k, device="cuda", generator=gen, dtype=torch.bfloat16) * 5
+    codes, scales = bs.quantize_mxfp8(x, fp8)
+    torch.cuda.current_stream().synchronize()
+    assert codes.shape == x.shape and scales.shape == (m, k // 32)
+    assert scales.dtype == torch.float8_e8m0fnu
+    s = scales.float()
+    assert torch.isfinite(s).all() and (s > 0).all()
+    assert torch.equal(torch.exp2(torch.log2(s).round()), s), "scales are powers of two"
+    deq = codes.float().view(m, k // 32, 32) * s[:, :, None]
+    xb = x.float().view(m, k // 32, 32)
+    amax = xb.abs().amax(dim=2, keepdim=True)
+    # A power-of-two scale leaves the block's largest value at most an eighth past the largest
+    # code (e4m3: 448 of [256, 512); e5m2: 57344 of [32768, 65536)), and rounding loses at most
+    # half a step (2^-4 of the value for e4m3, 2^-3 for e5m2): every element within amax / 4.
+    assert ((deq - xb).abs() <= amax / 4).all(), ((deq - xb).abs() / amax).max()
