@@ -104,15 +104,10 @@ pub fn parse(text: &str, source: &str) -> (Vec<Record>, Vec<String>) {
 /// record's plan is the case without it: a run whose plan changed replaces the older one.
 pub fn latest(records: Vec<Record>) -> Vec<Record> {
     let key = |r: &Record| {
-        let name = r
-            .plan
-            .as_deref()
-            .and_then(|p| r.name.strip_prefix(p))
-            .unwrap_or(&r.name);
         (
             r.gpu.clone(),
             r.kind.clone(),
-            name.trim().to_string(),
+            case_name(r).to_string(),
             (r.m, r.n, r.k, r.l),
             r.sustained,
         )
@@ -242,13 +237,16 @@ fn span<'a>(dates: impl Iterator<Item = &'a str>) -> String {
     }
 }
 
-/// Whether `a` (burst) and `b` (sustained) are the same case.
+/// The case a record measures: its name without the plan it starts with (a run whose plan
+/// changed measures the same case).
+fn case_name(r: &Record) -> &str {
+    let name = r.plan.as_deref().and_then(|p| r.name.strip_prefix(p));
+    name.unwrap_or(&r.name).trim()
+}
+
+/// Whether `a` (burst) and `b` (sustained) are the same case (of one GPU's table).
 fn same_case(a: &Record, b: &Record) -> bool {
-    let plain = |r: &Record| {
-        let name = r.plan.as_deref().and_then(|p| r.name.strip_prefix(p));
-        name.unwrap_or(&r.name).trim().to_string()
-    };
-    a.kind == b.kind && (a.m, a.n, a.k, a.l) == (b.m, b.n, b.k, b.l) && plain(a) == plain(b)
+    a.kind == b.kind && (a.m, a.n, a.k, a.l) == (b.m, b.n, b.k, b.l) && case_name(a) == case_name(b)
 }
 
 fn table<'a>(s: &mut String, rows: impl Iterator<Item = &'a Record>) {

@@ -683,8 +683,8 @@ fn per_token_group_quant_fp8_into(
     scales: &Bound<'_, PyAny>,
     stream: Option<u64>,
 ) -> PyResult<()> {
-    let target = (Recipe::DeepSeekFp8, Dtype::E4m3, Dtype::F32);
-    quantize_fp8(py, [x, out, scales], target, stream)
+    let tensors = quantizer_tensors([x, out, scales])?;
+    quantize_fp8(py, tensors, (Recipe::DeepSeekFp8, Dtype::F32), stream)
 }
 
 /// MXFP8 quantization (OCP MX: a power-of-two scale per 32 elements of a row): `x` (M, K) or
@@ -700,28 +700,39 @@ fn quantize_mxfp8_into(
     scales: &Bound<'_, PyAny>,
     stream: Option<u64>,
 ) -> PyResult<()> {
-    let e5m2 = Tensor::of("out", out)?.dtype == Dtype::E5m2;
-    let (recipe, code) = if e5m2 {
-        (Recipe::Mxfp8(Fp8::E5M2), Dtype::E5m2)
+    let tensors = quantizer_tensors([x, out, scales])?;
+    let fp8 = if tensors[1].dtype == Dtype::E5m2 {
+        Fp8::E5M2
     } else {
-        (Recipe::Mxfp8(Fp8::E4M3), Dtype::E4m3)
+        Fp8::E4M3
     };
-    quantize_fp8(py, [x, out, scales], (recipe, code, Dtype::E8m0), stream)
+    quantize_fp8(py, tensors, (Recipe::Mxfp8(fp8), Dtype::E8m0), stream)
 }
 
-/// Quantizes `x` into `out` (codes of dtype `target.1`) and `scales` (`target.2`) in the A format
-/// of recipe `target.0`, on the crate's device quantizer.
-fn quantize_fp8(
-    py: Python<'_>,
-    [x, out, scales]: [&Bound<'_, PyAny>; 3],
-    (recipe, code, scale): (Recipe, Dtype, Dtype),
-    stream: Option<u64>,
-) -> PyResult<()> {
-    let (x, out, scales) = (
+/// A quantizer call's `x`, `out` and `scales`, read.
+fn quantizer_tensors(objs: [&Bound<'_, PyAny>; 3]) -> PyResult<[Tensor; 3]> {
+    let [x, out, scales] = objs;
+    Ok([
         Tensor::of("x", x)?,
         Tensor::of("out", out)?,
         Tensor::of("scales", scales)?,
-    );
+    ])
+}
+
+/// Quantizes `x` into `out` (FP8 codes of the format's element type) and `scales` (of dtype
+/// `scale`) in the A format of `recipe`, on the crate's device quantizer.
+fn quantize_fp8(
+    py: Python<'_>,
+    [x, out, scales]: [Tensor; 3],
+    (recipe, scale): (Recipe, Dtype),
+    stream: Option<u64>,
+) -> PyResult<()> {
+    let format = recipe.a();
+    let code = if format.elem == ElemType::E5M2 {
+        Dtype::E5m2
+    } else {
+        Dtype::E4m3
+    };
     x.need(&[Dtype::Bf16, Dtype::F16, Dtype::F32])?;
     out.need(&[code])?;
     scales.need(&[scale])?;
@@ -735,7 +746,6 @@ fn quantize_fp8(
             out.shape, x.shape
         )));
     }
-    let format = recipe.a();
     let (_, group) = format.block.extent(m, k);
     if !k.is_multiple_of(group) {
         return Err(PyValueError::new_err(format!(

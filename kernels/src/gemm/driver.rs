@@ -55,10 +55,10 @@ pub trait GemmKernel {
     /// Thread 0, once, before the block's first barrier (e.g. prefetch tensor maps).
     fn prologue(&self);
 
-    /// Words per stage ([`StageLayout::words`], 0 to 2) that the producer thread copies itself:
-    /// values the consumers need per K block that are too small for a bulk copy (the FP8
-    /// kernel's B scales), as [`Self::copy_words`] says.
-    const STAGE_WORDS: u32 = 0;
+    /// Whether the producer thread copies words into each stage itself ([`Self::copy_words`],
+    /// into [`StageLayout::words`]): values the consumers need per K block that are too small
+    /// for a bulk copy (the FP8 kernel's B scales).
+    const COPIES_WORDS: bool = false;
 
     /// The producer thread: issues the small asynchronous copies ([`crate::ptx::cp_async`]) of
     /// K block `kb`'s words of `own` into `dst` (the stage's words); the stage's full barrier then
@@ -124,7 +124,6 @@ pub unsafe fn run<K: GemmKernel, const PREGS: u32, const CREGS: u32>(k: &K) {
     };
     const {
         assert!(K::FINISHERS == 0 || K::FINISHERS == super::FINISHERS);
-        assert!(K::STAGE_WORDS <= 2);
         let groups = 1 + K::CONSUMERS;
         assert!(PREGS + K::CONSUMERS * CREGS <= groups * launch_regs(groups));
     };
@@ -173,7 +172,7 @@ pub unsafe fn run<K: GemmKernel, const PREGS: u32, const CREGS: u32>(k: &K) {
                     // copies deliver the stage's bytes (`GemmKernel::load`'s contract).
                     unsafe {
                         pipe.producer_wait(st);
-                        if K::STAGE_WORDS > 0 {
+                        if K::COPIES_WORDS {
                             k.copy_words(&own, kb, layout.words(pipe.stage(st)));
                             pipe.producer_track_copies(st);
                         }

@@ -30,6 +30,15 @@ pub const fn launch_regs(warpgroups: u32) -> u32 {
     65_536 / (128 * warpgroups) / 8 * 8
 }
 
+/// The registers per thread that `consumers` consumer warpgroups of `consumer_regs` leave to the
+/// producer's warpgroup of the launch's ([`launch_regs`]), as `setmaxnreg` takes them (a multiple
+/// of 8, at most 256).
+pub const fn regs_left(consumers: u32, consumer_regs: u32) -> u32 {
+    let left = launch_regs(1 + consumers) * (1 + consumers) - consumers * consumer_regs;
+    let left = left / 8 * 8;
+    if left > 256 { 256 } else { left }
+}
+
 /// The producer warpgroup's register budget: `producer` where its warpgroup has no finishing
 /// warps; with them (fused kernels, `driver::GemmKernel::FINISHERS`), every register the
 /// `consumers` consumer warpgroups of `consumer_regs` leave of the launch's — the finishers' row
@@ -46,10 +55,7 @@ pub const fn producer_budget(
     if finishers == 0 {
         producer
     } else {
-        let left = launch_regs(1 + consumers) * (1 + consumers) - consumers * consumer_regs;
-        // (setmaxnreg takes 24..=256, in multiples of 8.)
-        let left = left / 8 * 8;
-        if left > 256 { 256 } else { left }
+        regs_left(consumers, consumer_regs)
     }
 }
 

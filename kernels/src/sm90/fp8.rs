@@ -5,7 +5,7 @@
 //!
 //! - Load (one producer thread, per K block of 128): the A tile (`block_m` × 128 FP8, in boxes of
 //!   a wave or of 64 rows), the B tile (`block_n` × 128) and the tile's A scales, and the K
-//!   block's B scales by small asynchronous copies beside them ([`B_SCALE_WORDS`]). In a
+//!   block's B scales by small asynchronous copies beside them ([`B_SCALE_BYTES`]). In a
 //!   pair along M the two CTAs share the B tile (each loads half and multicasts it); along N the
 //!   A tile (each loads every other box).
 //! - Compute (consumer warpgroup `c`: 64 rows of each wave): per K block and wave, four `wgmma
@@ -22,7 +22,7 @@
 use core::marker::PhantomData;
 
 use super::{
-    B_SCALE_WORDS, BLOCK_K, BLOCK_N, Mode, ROW_BYTES, SFA_BOX, Sm90Fp8Params, Tile, WG_ROWS,
+    B_SCALE_BYTES, BLOCK_K, BLOCK_N, Mode, ROW_BYTES, SFA_BOX, Sm90Fp8Params, Tile, WG_ROWS,
 };
 use crate::gemm::driver::{Ctx, GemmKernel};
 use crate::gemm::epilogue::fuse;
@@ -96,8 +96,8 @@ impl<const CONS: u32, const WAVES: usize, F: Fp8Fragment, T: Fp8Pair, const MODE
     } else {
         0
     };
-    /// The K block's B scales ([`B_SCALE_WORDS`]; the second only for wide tiles).
-    const STAGE_WORDS: u32 = if F::N > BLOCK_N { 2 } else { 1 };
+    /// The K block's B scales ([`B_SCALE_BYTES`]).
+    const COPIES_WORDS: bool = true;
     type Consumer = Consumer<CONS>;
     type Acc = [F; WAVES];
 
@@ -140,7 +140,7 @@ impl<const CONS: u32, const WAVES: usize, F: Fp8Fragment, T: Fp8Pair, const MODE
 
     #[inline(always)]
     unsafe fn copy_words(&self, own: &WorkUnit, kb: u32, dst: u32) {
-        const { assert!(Self::TILE.layout().contents.words == B_SCALE_WORDS) };
+        const { assert!(Self::TILE.layout().contents.words == B_SCALE_BYTES) };
         let at = self.b_scales(own).at(kb);
         // SAFETY: `kb` is one of the unit's K blocks (or, sparse, stored blocks), whose scales
         // `BScales` keeps inside the buffer; `dst` holds two words.
@@ -578,7 +578,7 @@ impl<const CONS: u32, const WAVES: usize, F: Fp8Fragment, T: Fp8Pair, const MODE
         }
     }
 
-    /// Stage `s`'s K block's B scales ([`B_SCALE_WORDS`]: the first block's, and the second's for
+    /// Stage `s`'s K block's B scales ([`B_SCALE_BYTES`]: the first block's, and the second's for
     /// the columns from the split on in wide tiles; the first twice in the others).
     /// # Safety
     /// Stage `s` is filled.

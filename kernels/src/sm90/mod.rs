@@ -49,7 +49,7 @@ pub const SFA_BOX: ScaleBox = ScaleBox {
 /// stage's wait instead of loading them from global memory a K block ahead (an address
 /// computation and a global load per K block in the consumers' loop, where both warpgroups issue
 /// every instruction, and a load's latency at the start of every unit).
-pub const B_SCALE_WORDS: u32 = 8;
+pub const B_SCALE_BYTES: u32 = 8;
 
 /// One tile shape: `consumers` warpgroups × 64 rows × `waves` of A by `block_n` columns of B;
 /// or, swapped ([`Tile::swapped`]), `rows` rows of A by 128 columns of B computed as Cᵀ = B·Aᵀ.
@@ -168,8 +168,7 @@ impl Tile {
     /// K loops; the producer's warpgroup takes what they leave (its thread walks the schedule,
     /// grouped GEMM's groups included, and issues the copies).
     pub const fn producer_regs(self) -> u32 {
-        let groups = 1 + self.consumers;
-        (crate::gemm::launch_regs(groups) * groups - self.consumers * self.consumer_regs()) / 8 * 8
+        crate::gemm::regs_left(self.consumers, self.consumer_regs())
     }
     pub const fn consumer_regs(self) -> u32 {
         if self.is_wide() {
@@ -201,7 +200,7 @@ impl Tile {
             a: self.block_m() * ROW_BYTES,
             b: self.block_n * ROW_BYTES,
             sfa: self.sfa_boxes() * SFA_BOX.bytes(),
-            words: if self.is_swapped() { 0 } else { B_SCALE_WORDS },
+            words: if self.is_swapped() { 0 } else { B_SCALE_BYTES },
             out: if self.is_swapped() {
                 0
             } else {
