@@ -414,7 +414,11 @@ pub fn plan_name(p: &Plan) -> String {
             } else {
                 String::new()
             };
-            format!("w4x{}{split}", c.tile.n)
+            if c.stream {
+                format!("w4stream{split}")
+            } else {
+                format!("w4x{}{split}", c.tile.n)
+            }
         }
         Plan::Sm90Fp8(c) => {
             // c2: pair along M; cn2: pair along N.

@@ -49,6 +49,8 @@ unsafe impl KernelParams for Sm90MxParams {}
 unsafe impl KernelParams for blockscaled_kernels::sm90_w4::Sm90W4Params {}
 // SAFETY: as above (`#[repr(C)]`, four u64 then six u32: no padding).
 unsafe impl KernelParams for blockscaled_kernels::fold::FoldParams {}
+// SAFETY: as above (`#[repr(C)]`, six u64 then ten 4-byte fields: no padding).
+unsafe impl KernelParams for blockscaled_kernels::sm90_w4::stream::W4StreamParams {}
 // SAFETY: as above (`#[repr(C)]`, six u64, eight 4-byte fields, then two u64 and six u32: no
 // padding).
 unsafe impl KernelParams for blockscaled_kernels::sm90_half::Sm90HalfParams {}

@@ -107,10 +107,23 @@ impl SplitK {
         schedule: &Schedule,
         cluster: ClusterShape,
     ) -> Result<SplitKParams> {
+        if slot.is_none() {
+            return Ok(SplitKParams::default());
+        }
+        Self::params_sized(launch, slot, stream, sizes(schedule, cluster)?)
+    }
+
+    /// [`Self::params`] for a kernel that sizes its own workspace: `floats` partial sums and
+    /// `counters` counters.
+    pub(crate) fn params_sized<'a>(
+        launch: &mut Launch<'a>,
+        slot: Option<&'a mut Workspace<'_>>,
+        stream: &Arc<CudaStream>,
+        (floats, counters): (u64, u64),
+    ) -> Result<SplitKParams> {
         let Some(slot) = slot else {
             return Ok(SplitKParams::default());
         };
-        let (floats, counters) = sizes(schedule, cluster)?;
         // Zeroed when made; every launch leaves its counters at zero again (the last CTA of each
         // tile resets its counter), so a reused buffer needs no clearing.
         let Buffers {

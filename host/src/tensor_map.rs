@@ -23,18 +23,43 @@ pub(crate) fn encode_3d(
     box_xy: [u32; 2],
     swizzle: Swizzle,
 ) -> Result<CudaSlice<u8>> {
-    let mut map = sys::CUtensorMap { opaque: [0; 16] };
     let sizes = dims.map(|d| d as u64);
     let strides = [(dims[0] * elem) as u64, (dims[0] * dims[1] * elem) as u64];
-    let boxes = [box_xy[0], box_xy[1], 1u32];
-    let elem_strides = [1u32; 3];
-    // SAFETY: every pointer refers to a live local array of the length the rank (3) implies;
-    // `ptr` is a live device allocation of the dims' size, 256-byte aligned by cuMemAlloc.
+    encode(
+        stream,
+        ptr,
+        dtype,
+        &sizes,
+        &strides,
+        &[box_xy[0], box_xy[1], 1],
+        swizzle,
+    )
+}
+
+/// A tensor map over `ptr` of `sizes` (innermost first, elements), `strides` (bytes, of every
+/// dimension after the first) and `boxes` (elements per dimension), no interleave, L2 promotion
+/// by 256 bytes, zeros past the sizes; copied to the device.
+pub(crate) fn encode(
+    stream: &Arc<CudaStream>,
+    ptr: u64,
+    dtype: DataType,
+    sizes: &[u64],
+    strides: &[u64],
+    boxes: &[u32],
+    swizzle: Swizzle,
+) -> Result<CudaSlice<u8>> {
+    let rank = sizes.len();
+    assert!(strides.len() + 1 == rank && boxes.len() == rank && (1..=5).contains(&rank));
+    let mut map = sys::CUtensorMap { opaque: [0; 16] };
+    let elem_strides = [1u32; 5];
+    // SAFETY: every pointer refers to a live local array of at least the length the rank
+    // implies (checked above); `ptr` is a live device allocation covering the sizes and strides
+    // (the callers' contract), 256-byte aligned by cuMemAlloc.
     let r = unsafe {
         sys::cuTensorMapEncodeTiled(
             &mut map,
             dtype,
-            3,
+            rank as u32,
             ptr as *mut std::ffi::c_void,
             sizes.as_ptr(),
             strides.as_ptr(),

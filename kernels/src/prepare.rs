@@ -154,9 +154,11 @@ impl RowTops {
     }
 }
 
-/// e2m1 weights reordered for the 4-bit-weights kernel: `[batch][rows][chunks · 32]` bytes, each
-/// 64-K chunk of a row with its codes at the positions [`crate::sm90_w4::weight_k`] gives, zero
-/// past K. Source codes `[batch][rows][k]`, two per byte (the even element in the low nibble), K a
+/// e2m1 weights reordered for the 4-bit-weights kernels: rows in groups of
+/// [`crate::sm90_w4::GROUP_ROWS`], `[batch][group][chunk][16 rows][32]` bytes
+/// ([`crate::sm90_w4::stored_chunk`]), each 64-K chunk of a row with its codes at the positions
+/// [`crate::sm90_w4::weight_k`] gives, zero past K and in the rows that pad the last group.
+/// Source codes `[batch][rows][k]`, two per byte (the even element in the low nibble), K a
 /// multiple of 32 (rows of whole 16 bytes, as the kernel's tensor maps need), so a chunk's source
 /// is 32 bytes, or 16 where K ends half-way through it.
 #[repr(C)]
@@ -171,24 +173,40 @@ pub struct W4Reorder {
 }
 
 impl W4Reorder {
-    /// Destination chunks (32 bytes each, at `32 · q`).
-    pub const fn entries(&self) -> u64 {
-        self.batch as u64 * self.rows as u64 * self.chunks as u64
+    /// Row groups per batch entry.
+    pub const fn groups(&self) -> u32 {
+        self.rows.div_ceil(crate::sm90_w4::GROUP_ROWS)
     }
 
-    /// Chunk `q`'s source: its byte offset and whether it has all 32 bytes (else the first 16).
+    /// Destination chunks (32 bytes each, at `32 · q`): every row of every group.
+    pub const fn entries(&self) -> u64 {
+        self.batch as u64 * (self.groups() * crate::sm90_w4::GROUP_ROWS) as u64 * self.chunks as u64
+    }
+
+    /// Chunk `q`'s source: its byte offset and whether it has all 32 bytes (else the first 16);
+    /// `None` for a row that pads the last group (zeros). Destination `q` is chunk `c` of row
+    /// `16·group + r` of batch entry `l` for `q = ((l·groups + group)·chunks + c)·16 + r`.
     #[inline(always)]
-    pub const fn source(&self, q: u64) -> (u64, bool) {
-        let (lr, c) = (q / self.chunks as u64, q % self.chunks as u64);
-        (
-            lr * (self.k as u64 / 2) + 32 * c,
+    pub const fn source(&self, q: u64) -> Option<(u64, bool)> {
+        let g = crate::sm90_w4::GROUP_ROWS as u64;
+        let (r, rest) = (q % g, q / g);
+        let (c, lg) = (rest % self.chunks as u64, rest / self.chunks as u64);
+        let groups = self.groups() as u64;
+        let (l, row) = (lg / groups, (lg % groups) * g + r);
+        if row >= self.rows as u64 {
+            return None;
+        }
+        Some((
+            (l * self.rows as u64 + row) * (self.k as u64 / 2) + 32 * c,
             64 * c + 64 <= self.k as u64,
-        )
+        ))
     }
 
     /// Chunk `q` read from the source codes `data` (the host's copy), reordered.
     pub fn chunk_of(&self, data: &[u8], q: u64) -> [u32; 8] {
-        let (at, whole) = self.source(q);
+        let Some((at, whole)) = self.source(q) else {
+            return [0; 8];
+        };
         let mut s = [0u32; 8];
         let bytes = &data[at as usize..][..if whole { 32 } else { 16 }];
         for (word, b) in s.iter_mut().zip(bytes.chunks_exact(4)) {
@@ -352,16 +370,20 @@ mod entries {
     #[unsafe(export_name = "prepare_w4_reorder")]
     unsafe extern "ptx-kernel" fn w4_reorder(p: W4Reorder) {
         each(p.entries(), |q| {
-            let (at, whole) = p.source(q);
             let bits = |v: [f32; 4]| v.map(f32::to_bits);
-            // SAFETY: the launch's contract: the chunk's first 16 source bytes always exist, the
+            // SAFETY: the launch's contract: a source chunk's first 16 bytes always exist, the
             // next 16 where `whole`.
             unsafe {
-                let lo = bits(global::load_f32x4(p.src + at));
-                let hi = if whole {
-                    bits(global::load_f32x4(p.src + at + 16))
-                } else {
-                    [0; 4]
+                let (lo, hi) = match p.source(q) {
+                    Some((at, whole)) => (
+                        bits(global::load_f32x4(p.src + at)),
+                        if whole {
+                            bits(global::load_f32x4(p.src + at + 16))
+                        } else {
+                            [0; 4]
+                        },
+                    ),
+                    None => ([0; 4], [0; 4]),
                 };
                 let d = W4Reorder::chunk([lo[0], lo[1], lo[2], lo[3], hi[0], hi[1], hi[2], hi[3]]);
                 let f = |i: usize| [d[i], d[i + 1], d[i + 2], d[i + 3]].map(f32::from_bits);

@@ -78,6 +78,122 @@ fn check(
     })
 }
 
+/// Runs A · Bᵀ on the stream kernel (bf16 activations, M ≤ 16; output poisoned first), with the
+/// split forced when given.
+fn run_stream(
+    a: &ScaledMatrix,
+    b: &ScaledMatrix,
+    dtype: OutType,
+    split: Option<u32>,
+) -> Result<HostOutput, String> {
+    let g = gpu();
+    let d = blockscaled::plan::sm90_w4_stream_default(
+        a.rows(),
+        b.rows(),
+        a.k(),
+        a.batch(),
+        g.sm_count(),
+    );
+    let plan = Plan::Sm90W4(split.map_or(d, |s| d.with_split_k(s)));
+    gemm_on(g, a, b, dtype, |_, _| Ok(plan))
+}
+
+/// [`check`] on the stream kernel.
+fn check_stream(
+    recipe: Recipe,
+    (m, n, k, l): (usize, usize, usize, usize),
+    dtype: OutType,
+    seed: u64,
+    split: Option<u32>,
+) -> Result<(), String> {
+    let (a, b) = random_pair(seed, (m, n, k, l), recipe.a(), recipe.b());
+    let (want, abs) = reference_output(&a, &b, dtype)?;
+    let got = run_stream(&a, &b, dtype, split)?;
+    compare_outputs(&got, &want, 1.0, &slack(k, &abs)).map_err(|e| {
+        format!(
+            "sm90 W4 stream {recipe} {m}x{n}x{k}x{l} {dtype:?} split {split:?} seed {seed}: {e}"
+        )
+    })
+}
+
+/// The weight-only recipes the stream kernel takes.
+const STREAM_RECIPES: [Recipe; 2] = [
+    Recipe::W4A16(Fp4Weights::Mxfp4),
+    Recipe::W4A16(Fp4Weights::Nvfp4),
+];
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    #[test]
+    #[ignore = "needs a CUDA device"]
+    fn w4_stream_kernel_matches_cpu_reference_on_random_ragged_shapes(
+        which in 0usize..2,
+        m in 1usize..=16,
+        n in 1usize..600,
+        k32 in 1usize..40,
+        l in 1usize..3,
+        out_i in 0usize..3,
+        split in 1u32..7,
+        seed in any::<u64>(),
+    ) {
+        let dtype = [OutType::Bf16, OutType::F16, OutType::F32][out_i];
+        // K a multiple of 32, often not of the 64 of a chunk (its second half zeros).
+        let k = 32 * k32;
+        let split = split.min(k.div_ceil(64) as u32);
+        check_stream(STREAM_RECIPES[which], (m, n, k, l), dtype, seed, Some(split))
+            .map_err(TestCaseError::fail)?;
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn w4_stream_kernel_matches_cpu_reference_at_decode_sizes_and_repeats_bit_for_bit() {
+    for (i, r) in STREAM_RECIPES.into_iter().enumerate() {
+        for (m, n, k, l) in [(1, 4096, 2048, 1), (16, 2048, 4096, 1), (9, 1000, 1056, 2)] {
+            let seed = 0x5EED + i as u64 * 1_000_003 + blockscaled_tests::run_seed();
+            check_stream(r, (m, n, k, l), OutType::Bf16, seed, None).unwrap();
+        }
+        // A split's partial sums are added in range order, whichever CTA arrives last.
+        let (a, b) = random_pair(77 + i as u64, (3, 1500, 4096, 1), r.a(), r.b());
+        let first = run_stream(&a, &b, OutType::F32, Some(7)).unwrap();
+        for _ in 0..3 {
+            let again = run_stream(&a, &b, OutType::F32, Some(7)).unwrap();
+            let same = first
+                .values
+                .iter()
+                .zip(&again.values)
+                .all(|(x, y)| x.to_bits() == y.to_bits());
+            assert!(
+                same,
+                "{r}: a split of 7 gave different sums on a second run"
+            );
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn the_stream_kernel_refuses_what_it_cannot_run() {
+    let g = gpu();
+    let r = Recipe::W4A16(Fp4Weights::Mxfp4);
+    let (a17, b) = random_pair(3, (17, 256, 256, 1), r.a(), r.b());
+    let d = blockscaled::plan::sm90_w4_stream_default(16, 256, 256, 1, g.sm_count());
+    let e = gemm_on(g, &a17, &b, OutType::Bf16, |_, _| Ok(Plan::Sm90W4(d))).unwrap_err();
+    assert!(e.contains("at most 16 activation rows"), "{e}");
+    let (a, b) = random_pair(4, (4, 256, 256, 1), r.a(), r.b());
+    let e = gemm_on(g, &a, &b, OutType::Bf16, |_, _| {
+        Ok(Plan::Sm90W4(d.with_split_k(5)))
+    })
+    .unwrap_err();
+    assert!(e.contains("split_k = 5"), "{e}");
+    // W4A8 activations are the pipelined kernel's.
+    let r8 = Recipe::W4A8(Fp4Weights::Mxfp4);
+    let (a8, b8) = random_pair(5, (4, 256, 256, 1), r8.a(), r8.b());
+    let e = gemm_on(g, &a8, &b8, OutType::Bf16, |_, _| Ok(Plan::Sm90W4(d))).unwrap_err();
+    assert!(e.contains("bf16 activations"), "{e}");
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(48))]
 
@@ -131,8 +247,10 @@ fn weight_only_recipes_and_small_fp4_pairs_plan_the_w4_kernel() {
         let plan = g
             .plan(&up(r, 16, 256, false), &up(r, 512, 256, true))
             .unwrap();
+        // bf16 activations stream the weights; the others take the pipelined 16-row tile.
+        let stream = STREAM_RECIPES.contains(&r);
         assert!(
-            matches!(plan, Plan::Sm90W4(c) if c.tile.n == 16),
+            matches!(plan, Plan::Sm90W4(c) if c.tile.n == 16 && c.stream == stream),
             "{r}: {plan:?}"
         );
     }
@@ -165,10 +283,14 @@ fn edited(m: &ScaledMatrix, edit: impl Fn(&mut Vec<u8>, &mut Vec<u8>)) -> Scaled
 }
 
 /// Column `col` (when `by_col`) or row `row` of C is NaN; every other element matches the CPU
-/// reference.
-fn check_nan_line(a: &ScaledMatrix, b: &ScaledMatrix, line: usize, by_col: bool) {
+/// reference (on the stream kernel when `stream`).
+fn check_nan_line(a: &ScaledMatrix, b: &ScaledMatrix, line: usize, by_col: bool, stream: bool) {
     let (m, n, k) = (a.rows(), b.rows(), a.k());
-    let got = run(a, b, OutType::F32, None).unwrap();
+    let got = if stream {
+        run_stream(a, b, OutType::F32, None).unwrap()
+    } else {
+        run(a, b, OutType::F32, None).unwrap()
+    };
     let (c64, abs) = reference::gemm_f64(a, b).unwrap();
     for (i, &g) in got.values.iter().enumerate() {
         let (r, c) = (i / n, i % n);
@@ -190,8 +312,9 @@ fn check_nan_line(a: &ScaledMatrix, b: &ScaledMatrix, line: usize, by_col: bool)
 #[test]
 #[ignore = "needs a CUDA device"]
 fn nan_weight_scales_and_nan_activations_give_nan_columns_and_rows() {
-    let (m, n, k) = (20, 300, 256);
-    for r in W4_RECIPES {
+    let runs = W4_RECIPES.into_iter().map(|r| (r, 20, false));
+    for (r, m, stream) in runs.chain(STREAM_RECIPES.into_iter().map(|r| (r, 13, true))) {
+        let (n, k) = (300, 256);
         let (_, a) = random_matrix(31, m, k, 1, r.a());
         let (_, b) = random_matrix(32, n, k, 1, r.b());
         // A NaN weight scale (e8m0 0xFF, ue4m3 0x7F) of row 201 makes column 201 of C NaN.
@@ -201,7 +324,7 @@ fn nan_weight_scales_and_nan_activations_give_nan_columns_and_rows() {
             let (br, bk) = d.block_extent();
             s[d.scale_layout.index(0, 201 / br, 100 / bk)] = if nv { 0x7F } else { 0xFF };
         });
-        check_nan_line(&a, &b_nan, 201, true);
+        check_nan_line(&a, &b_nan, 201, true, stream);
         // A NaN activation (bf16 0x7FC0, e4m3 0x7F; e2m1 has none: a NaN scale) makes row 7 NaN.
         let a_nan = edited(&a, |d, s| {
             let i = 7 * k + 150;
@@ -215,7 +338,7 @@ fn nan_weight_scales_and_nan_activations_give_nan_columns_and_rows() {
                 }
             }
         });
-        check_nan_line(&a_nan, &b, 7, false);
+        check_nan_line(&a_nan, &b, 7, false, stream);
     }
 }
 
@@ -228,25 +351,37 @@ fn nan_weight_scales_and_nan_activations_give_nan_columns_and_rows() {
 fn w4_kernel_has_no_systematic_error_on_operands_that_do_not_cancel() {
     use blockscaled_tests::{NoCancellation, as_they_are, no_cancellation_gemm, run_seed};
     let (g, seed, k) = (gpu(), run_seed(), 1024);
-    for (i, r) in W4_RECIPES.into_iter().enumerate() {
-        for m in [16, 128] {
+    // The pipelined kernel at M = 16 and 128, then the stream kernel (bf16 activations) at 1 and 16.
+    let pipelined = W4_RECIPES
+        .into_iter()
+        .flat_map(|r| [(r, 16, false), (r, 128, false)]);
+    let streamed = STREAM_RECIPES
+        .into_iter()
+        .flat_map(|r| [(r, 1, true), (r, 16, true)]);
+    for (i, (r, m, stream)) in pipelined.chain(streamed).enumerate() {
+        {
             let plan = |da: &blockscaled::DeviceMatrix, db: &blockscaled::DeviceMatrix| {
                 let (a, b) = (da.desc(), db.desc());
-                let cfg = blockscaled::plan::sm90_w4_default(a.rows, b.rows, k, 2, g.sm_count());
+                let cfg = if stream {
+                    blockscaled::plan::sm90_w4_stream_default(a.rows, b.rows, k, 2, g.sm_count())
+                } else {
+                    blockscaled::plan::sm90_w4_default(a.rows, b.rows, k, 2, g.sm_count())
+                };
                 Ok(Plan::Sm90W4(cfg))
             };
             let (rel, mean) = no_cancellation_gemm(
                 g,
                 (m, 264 + 8 * i, k, 2),
                 (r.a(), r.b()),
-                seed + (2 * i + m / 128) as u64,
+                seed + i as u64,
                 NoCancellation::half(k),
                 plan,
                 as_they_are,
             )
-            .unwrap_or_else(|e| panic!("4-bit weights, {r}, M = {m}: {e}"));
+            .unwrap_or_else(|e| panic!("4-bit weights, {r}, M = {m}, stream {stream}: {e}"));
             eprintln!(
-                "4-bit weights, {r}, M = {m}: largest relative error {rel:.2e}, mean {mean:.2e}"
+                "4-bit weights, {r}, M = {m}, stream {stream}: largest relative error {rel:.2e}, \
+                 mean {mean:.2e}"
             );
         }
     }

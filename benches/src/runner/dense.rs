@@ -88,10 +88,23 @@ pub(super) fn run_dense(
                     .with_split_k(args.split_k.unwrap_or(d.split_k)),
             ))
         }
+        "sm90w4stream" => {
+            let d = blockscaled::plan::sm90_w4_stream_default(
+                s.mnkl[0],
+                s.mnkl[1],
+                s.mnkl[2],
+                s.mnkl[3],
+                gpu.sm_count(),
+            );
+            Some(Plan::Sm90W4(
+                d.with_split_k(args.split_k.unwrap_or(d.split_k)),
+            ))
+        }
         "reference" => Some(Plan::Reference),
         k => {
             return Err(format!(
-                "--kernel `{k}`: want auto, reference, sm90, sm90mx, sm90mxfp8 or sm90w4"
+                "--kernel `{k}`: want auto, reference, sm90, sm90mx, sm90mxfp8, sm90w4 or \
+                 sm90w4stream"
             ));
         }
     };

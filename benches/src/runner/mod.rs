@@ -75,8 +75,9 @@ pub struct Args {
     pub device: usize,
     /// Kernel: auto (what `gemm` chooses), reference, sm90 (the Hopper FP8 kernel), sm90mx (the
     /// Hopper MX / NVFP4 kernel; --mma_tiler_mn 128,256 or 128,128), sm90mxfp8 (MX operands
-    /// folded into FP8 by a pre-pass, then the sm90 kernel with its tiles) or sm90w4 (the Hopper
-    /// 4-bit-weights kernel; --mma_tiler_mn 16,128 or 128,128).
+    /// folded into FP8 by a pre-pass, then the sm90 kernel with its tiles), sm90w4 (the Hopper
+    /// 4-bit-weights kernel; --mma_tiler_mn 16,128 or 128,128) or sm90w4stream (its stream
+    /// kernel: bf16 activations, M ≤ 16; --split_k).
     #[arg(long, default_value = "auto")]
     pub kernel: String,
     /// sm90 split-K: K ranges computed by separate CTAs and summed by the last of each tile (default: the
@@ -282,7 +283,7 @@ pub fn run(args: &Args) -> Result<bool, String> {
     let half = args.ab_dtype.as_deref().and_then(half_type);
     let tiler = match (args.kernel.as_str(), tiler_mn) {
         _ if half.is_some() => None,
-        ("sm90mx" | "sm90w4", _) | (_, None) => None,
+        ("sm90mx" | "sm90w4" | "sm90w4stream", _) | (_, None) => None,
         (_, Some(t)) => Some(fp8_tile(t)?),
     };
     let cluster = match &args.cluster_shape_mn {

@@ -21,6 +21,7 @@ use blockscaled_kernels::format::fold::target as fold_target;
 use blockscaled_kernels::sm90::{self, BLOCK_K, Mode, Tile};
 use blockscaled_kernels::sm90_half::HalfTile;
 use blockscaled_kernels::sm90_mx::MxTile;
+use blockscaled_kernels::sm90_w4::stream;
 
 #[cfg(test)]
 mod tests;
@@ -30,7 +31,7 @@ pub use crate::families::fp8::heuristic::{
 };
 pub use crate::families::half::heuristic::{sm90_half_bsr_default, sm90_half_default};
 pub use crate::families::mx::heuristic::sm90_mx_default;
-pub use crate::families::w4::heuristic::sm90_w4_default;
+pub use crate::families::w4::heuristic::{sm90_w4_default, sm90_w4_stream_default};
 
 /// Smallest M for which MX and NVFP4 pairs run folded onto the FP8 kernel ([`Plan::Sm90MxFp8`])
 /// rather than on the MX kernel: the pre-pass converts each operand once, where the MX kernel
@@ -299,7 +300,8 @@ pub(crate) fn choose_fused(
 ///   16-bit kernel ([`sm90_half_default`]); a bf16 × fp16 pair runs the reference kernel.
 /// - Hopper, 4-bit weights (e2m1 B with MX or NVFP4 scales) with bf16 activations (W4A16) or
 ///   e4m3 ones with fp32 scales per 1×128 (W4A8) runs the sm90 4-bit-weights kernel
-///   ([`sm90_w4_default`]).
+///   ([`sm90_w4_default`]); W4A16 with M ≤ 16 runs its stream kernel
+///   ([`sm90_w4_stream_default`]).
 /// - Everything else runs the reference kernel.
 ///
 /// The sm90 FP8 configuration is [`sm90_default`]'s.
@@ -329,6 +331,8 @@ pub(crate) fn choose_for(
         Ok(Plan::Sm90Fp8(sm90_default(m, n, k, l, sm_count)))
     } else if sm90_half::unsupported_pair(a, b).is_none() {
         Ok(Plan::Sm90Half(sm90_half_default(m, n, sm_count)))
+    } else if w4 && a.format.elem == ElemType::BF16 && m <= stream::MAX_M as usize {
+        Ok(Plan::Sm90W4(sm90_w4_stream_default(m, n, k, l, sm_count)))
     } else if w4 && (a.format.elem != ElemType::E2M1 || m <= W4_MAX_M) {
         Ok(Plan::Sm90W4(sm90_w4_default(m, n, k, l, sm_count)))
     } else if sm90_mx_fp8::unsupported_pair(a, b).is_none()

@@ -128,6 +128,22 @@ pub unsafe fn load_u32x2_nc(addr: u64) -> [u32; 2] {
     [x, y]
 }
 
+/// `ld.global.nc.L1::no_allocate.v2.u32`: 8 bytes through the read-only path that are read once
+/// (a weight stream): they do not displace what the SM's L1 holds for reuse (PTX ISA "Data
+/// Movement and Conversion Instructions: ld", eviction priority qualifiers).
+/// # Safety
+/// As [`load_u32x2_nc`].
+#[inline(always)]
+pub unsafe fn load_u32x2_stream(addr: u64) -> [u32; 2] {
+    let (x, y): (u32, u32);
+    // SAFETY: the caller's contract.
+    unsafe {
+        asm!("ld.global.nc.L1::no_allocate.v2.u32 {{{x}, {y}}}, [{p}];", x = out(reg32) x,
+             y = out(reg32) y, p = in(reg64) addr, options(nostack, readonly, preserves_flags))
+    };
+    [x, y]
+}
+
 /// [`load_u32_nc`] of an f32.
 /// # Safety
 /// As [`load_u32_nc`].

@@ -12,6 +12,8 @@ pub mod global;
 pub mod half;
 pub mod math;
 pub mod mbarrier;
+#[cfg(any(target_feature = "sm_90a", target_feature = "sm_100a"))]
+pub mod mma;
 pub mod smem;
 #[cfg(target_feature = "sm_100a")]
 pub mod tcgen05;

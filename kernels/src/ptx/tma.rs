@@ -36,6 +36,19 @@ pub unsafe fn load_3d(dst: u32, tmap: u64, x: i32, y: i32, z: i32, bar: u32) {
     };
 }
 
+/// Loads a 4-D box; completion is counted in bytes on `bar`.
+/// # Safety
+/// As [`load_3d`].
+#[inline(always)]
+pub unsafe fn load_4d(dst: u32, tmap: u64, [x, y, z, w]: [i32; 4], bar: u32) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        asm!("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [{d}], [{m}, {{{x}, {y}, {z}, {w}}}], [{b}];",
+             d = in(reg32) dst, m = in(reg64) tmap, x = in(reg32) x, y = in(reg32) y, z = in(reg32) z,
+             w = in(reg32) w, b = in(reg32) bar, options(nostack))
+    };
+}
+
 /// Loads a 3-D box into the same shared offset of every CTA in `cta_mask`; each destination CTA's
 /// barrier at offset `bar` receives the bytes that land in it.
 /// # Safety

@@ -189,14 +189,7 @@ impl<F: Fp8Fragment, T: Fp8Pair> GemmKernel for Fp8SwappedGemm<F, T> {
             )
         };
         let Some(out_l) = meet else { return };
-        let out = Output {
-            ptr: p.out,
-            tmap: 0,
-            m: p.m,
-            n: p.n,
-            out_type: p.out_type,
-            row_end: own.row_end,
-        };
+        let out = Output::direct(p.out, (p.m, p.n), p.out_type, own.row_end);
         let m0 = own.n * F::N + 2 * (cons.lane % 4);
         epilogue::store_transposed(&out, out_l, n0, m0, &acc[0]);
     }

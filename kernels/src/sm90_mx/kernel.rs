@@ -12,7 +12,7 @@
 use core::marker::PhantomData;
 
 use super::dequant::{self, Dequant, ScaleDecode};
-use super::{BF16_ROW_BYTES, BLOCK_K, BLOCK_M, CONSUMERS, MxTile, Sm90MxParams, UNIT};
+use super::{BF16_ROW_BYTES, BLOCK_K, BLOCK_M, CONSUMERS, MMA_K, MxTile, Sm90MxParams, UNIT};
 use crate::gemm::barriers;
 use crate::gemm::driver::{Ctx, GemmKernel};
 use crate::gemm::epilogue::fuse;
@@ -24,8 +24,6 @@ use crate::plant;
 use crate::ptx::wgmma::{self, Bf16, Descriptor, Fp16Fragment, Fragment, Swizzle};
 use crate::ptx::{smem, tma};
 
-/// K per bf16 `wgmma`: 16 elements = 32 bytes of a swizzled row.
-pub(crate) const MMA_K: u32 = 16;
 /// Units per row of a stage.
 const UNITS_PER_ROW: u32 = BLOCK_K / UNIT;
 /// Consumer threads, which share the conversion.
@@ -62,14 +60,7 @@ impl<F: Fp16Fragment, EA: Dequant, EB: Dequant, S: ScaleDecode, const FUSED: boo
     fn tile_store(&self, ctx: &Ctx, own: &WorkUnit) -> TileStore<'_> {
         let p = &self.p;
         TileStore {
-            out: Output {
-                ptr: p.out,
-                tmap: 0,
-                m: p.m,
-                n: p.n,
-                out_type: p.out_type,
-                row_end: own.row_end,
-            },
+            out: Output::direct(p.out, (p.m, p.n), p.out_type, own.row_end),
             epi: TileStore::fused_epi((FUSED, true, false), &self.epi, &ctx.layout),
             staging: Staging {
                 base: 0,

@@ -32,6 +32,9 @@ pub const BLOCK_M: u32 = 128;
 pub const CONSUMERS: u32 = 2;
 /// Codes per conversion unit (one row, 16 consecutive K): one scale covers a whole unit.
 pub const UNIT: u32 = 16;
+/// K per bf16 MMA step (`wgmma` m64nNk16, `mma` m16n8k16): 16 elements, 32 bytes of a
+/// swizzled bf16 row.
+pub const MMA_K: u32 = 16;
 /// Registers a fused kernel's consumers give their finishing warps (a multiple of 8: the
 /// finishers get twice it more, as there are two consumer warpgroups per producer warpgroup).
 pub const FUSED_CONSUMER_GIVE: u32 = 24;

@@ -13,7 +13,8 @@
 use core::marker::PhantomData;
 
 use super::{
-    ACT_BUFFERS, Activation, BLOCK_K, CONSUMERS, Sm90W4Params, WEIGHT_ROW_BYTES, WEIGHT_ROWS,
+    ACT_BUFFERS, Activation, BLOCK_K, CONSUMERS, GROUP_ROWS, Sm90W4Params, WEIGHT_ROW_BYTES,
+    WEIGHT_ROWS,
 };
 use crate::entry::Named;
 use crate::gemm::barriers;
@@ -27,8 +28,9 @@ use crate::gemm::splitk;
 use crate::plant;
 use crate::ptx::wgmma::{self, Bf16RsFragment, Fragment};
 use crate::ptx::{smem, tma};
-use crate::sm90_mx::dequant::{self, Dequant, E2m1, E4m3, ScaleDecode, mul_bf16x2};
-use crate::sm90_mx::kernel::{MMA_K, bf16_desc, store_unit_swizzled};
+use crate::sm90_mx::MMA_K;
+use crate::sm90_mx::dequant::{self, Dequant, E2m1, E4m3, ScaleDecode};
+use crate::sm90_mx::kernel::{bf16_desc, store_unit_swizzled};
 use crate::sm90_mx::{BF16_ROW_BYTES, UNIT};
 
 /// Consumer threads, which share the activations' conversion.
@@ -151,31 +153,15 @@ impl<F: Bf16RsFragment, A: Activations, S: ScaleDecode> W4Gemm<F, A, S> {
     #[inline(always)]
     unsafe fn weights(layout: &StageLayout, s: u32, row: u32, lane: u32) -> [[u32; 4]; 4] {
         let (tile, sf) = (layout.b(s), layout.sfa(s));
-        let t = lane % 4;
         let rows = [row, row + 8];
-        let mut v = [[0u32; 8]; 2];
-        for h in 0..2 {
-            let r = rows[h];
-            // SAFETY: the caller's contract; rows < 128, bytes < 32, scale bytes < W_SCALES.
-            unsafe {
-                let [w0, w1] = smem::load_u32x2(tile + r * WEIGHT_ROW_BYTES + 8 * t);
-                let pairs = E2m1::shifted([w0, w1, 0, 0]);
-                for kk in 0..4 {
-                    let byte = kk * MMA_K / S::BLOCK;
-                    let sc = S::x2(smem::load_u8(sf + r * Self::W_SCALES + byte));
-                    let i = 2 * kk as usize;
-                    v[h][i] = mul_bf16x2(mul_bf16x2(pairs[i], E2m1::BIAS_X2), sc);
-                    v[h][i + 1] = mul_bf16x2(mul_bf16x2(pairs[i + 1], E2m1::BIAS_X2), sc);
-                }
-            }
-        }
-        // Word j of K step kk: row `row + 8·(j%2)`, columns 8·(j/2) + 2t: pair 2kk + j/2.
-        [
-            [v[0][0], v[1][0], v[0][1], v[1][1]],
-            [v[0][2], v[1][2], v[0][3], v[1][3]],
-            [v[0][4], v[1][4], v[0][5], v[1][5]],
-            [v[0][6], v[1][6], v[0][7], v[1][7]],
-        ]
+        // SAFETY: the caller's contract; rows < 128, bytes < 32, scale bytes < W_SCALES.
+        let raw =
+            rows.map(|r| unsafe { smem::load_u32x2(tile + r * WEIGHT_ROW_BYTES + 8 * (lane % 4)) });
+        super::weight_fragments(raw, |h, kk| {
+            let byte = kk * MMA_K / S::BLOCK;
+            // SAFETY: as above.
+            S::x2(unsafe { smem::load_u8(sf + rows[h] * Self::W_SCALES + byte) })
+        })
     }
 
     /// Consumer thread `g` (of 256) converts its units of stage `s`'s activation tile into the
@@ -266,12 +252,14 @@ impl<F: Bf16RsFragment, A: Activations, S: ScaleDecode> GemmKernel for W4Gemm<F,
         let w_scales = p.sfw
             + ((l as u64 * stages + kb as u64) * p.rows_pad_w as u64 + n0 as u64)
                 * Self::W_SCALES as u64;
-        let x = (kb * WEIGHT_ROW_BYTES) as i32;
+        // The stored weights' groups of 16 rows (`super::stored_chunk`): 8 of them, chunk kb.
+        let group = (l * p.n.div_ceil(GROUP_ROWS) + n0 / GROUP_ROWS) as i32;
         // SAFETY: the driver's contract (the stage is free); the maps cover the operands (TMA
-        // zero-fills rows past N or M and elements past K); the scale buffers are padded to whole
-        // tiles of rows and stages of K.
+        // zero-fills rows past M and elements past K; past N the rows are the stored padding or
+        // the next batch entry's, whose sums are never stored); the scale buffers are padded to
+        // whole tiles of rows and stages of K.
         unsafe {
-            tma::load_3d(layout.b(s), p.tmap_w, x, n0 as i32, l as i32, full);
+            tma::load_4d(layout.b(s), p.tmap_w, [0, 0, kb as i32, group], full);
             let a_l = own.a_l as i32;
             tma::load_3d(layout.a(s), p.tmap_x, A::x(kb), m0 as i32, a_l, full);
             tma::load_bytes(layout.sfa(s), w_scales, WEIGHT_ROWS * Self::W_SCALES, full);
@@ -371,14 +359,7 @@ impl<F: Bf16RsFragment, A: Activations, S: ScaleDecode> GemmKernel for W4Gemm<F,
         let meet =
             unsafe { splitk::meet(&p.splitk, &self.schedule(), self.cluster(), own, who, acc) };
         let Some(out_l) = meet else { return };
-        let out = Output {
-            ptr: p.out,
-            tmap: 0,
-            m: p.m,
-            n: p.n,
-            out_type: p.out_type,
-            row_end: own.row_end,
-        };
+        let out = Output::direct(p.out, (p.m, p.n), p.out_type, own.row_end);
         let n0 = own.m * WEIGHT_ROWS + cons.row;
         let m0 = own.first_row(own.n, F::N) + 2 * (cons.local % 4);
         epilogue::store_transposed(&out, out_l, n0, m0, &acc[0]);

@@ -11,19 +11,25 @@
 //! W4A8 multiplies in the fp32 activation scale per stage (each stage of 64 K lies in one 128-wide
 //! scale block), as the FP8 kernel's promotion does. Every path is exact up to fp32 summation.
 //!
-//! The weights are stored for this kernel at upload: within each 64-K chunk of a row the codes are
-//! reordered ([`weight_k`]) so that a thread's 16 codes are 8 adjacent bytes, in the order the
-//! shift-and-mask conversion emits its bf16 pairs. Host and device share this module; the kernel
-//! body is [`kernel`] (sm_90a only).
+//! The weights are stored for this kernel at their first use as weights: within each 64-K chunk of
+//! a row the codes are reordered ([`weight_k`]) so that a thread's 16 codes are 8 adjacent bytes,
+//! in the order the shift-and-mask conversion emits its bf16 pairs, and the rows are stored in
+//! groups of [`GROUP_ROWS`], chunk by chunk ([`stored_chunk`]): one chunk of a group's rows is 512
+//! adjacent bytes, so that the reads of a tile's chunk (a TMA box here, a warp's loads in
+//! [`stream`]) are whole runs of memory, not 32-byte pieces a row apart (which left HBM at a
+//! quarter of its rate). Host and device share this module; the kernel body is [`kernel`] (sm_90a
+//! only).
 
 #[cfg(all(target_arch = "nvptx64", target_feature = "sm_90a"))]
 pub mod kernel;
 
 mod schedule;
+pub mod stream;
 
 use crate::format::ScaleType;
 use crate::gemm::layout::{ScaleBox, StageContents, StageLayout};
 use crate::kernel_info::KernelInfo;
+use crate::sm90_mx::dequant::{Dequant, E2m1, mul_bf16x2};
 use crate::sm90_mx::{BF16_ROW_BYTES, MxScale};
 #[cfg(all(target_arch = "nvptx64", target_feature = "sm_90a"))]
 use crate::{entry::Of, sm90_mx::dequant::ScaleOf};
@@ -193,6 +199,19 @@ pub const fn layout(tile: W4Tile, act: Activation, scale_block: u32) -> StageLay
     })
 }
 
+/// Weight rows stored together, chunk by chunk ([`stored_chunk`]): an `mma` / `wgmma` warp's rows.
+pub const GROUP_ROWS: u32 = 16;
+
+/// The byte offset of chunk `c` (of `chunks`) of row `row` of batch entry `l` in the stored
+/// weights of `rows` rows per entry: `[l][group][chunk][16 rows][32]`.
+#[inline(always)]
+pub const fn stored_chunk(l: u32, row: u32, c: u32, rows: u32, chunks: u32) -> u64 {
+    let groups = rows.div_ceil(GROUP_ROWS) as u64;
+    let (group, r) = ((row / GROUP_ROWS) as u64, (row % GROUP_ROWS) as u64);
+    (((l as u64 * groups + group) * chunks as u64 + c as u64) * GROUP_ROWS as u64 + r)
+        * WEIGHT_ROW_BYTES as u64
+}
+
 /// The K offset (within its 64-K chunk) of the code stored at position `p` (0..64) of a weight
 /// row's reordered chunk. Thread `t = lane % 4` of a warp reads positions `16t..16t + 16` (bytes
 /// `8t..8t + 8`, two words); word `w`'s nibbles `j` and `j + 4` become the bf16 pair `j` of the
@@ -203,6 +222,35 @@ pub const fn weight_k(p: u32) -> u32 {
     let (t, w, nib) = (p / 16, (p / 8) % 2, p % 8);
     let (j, hi) = (nib % 4, nib / 4);
     16 * (2 * w + j / 2) + 8 * (j % 2) + 2 * t + hi
+}
+
+/// The A fragments of K steps 0..4 of one 64-K chunk (`wgmma` m64nNk16's per warp, which are
+/// `mma` m16n8k16's) for the thread `4g + t` of a warp that holds weight rows `r` and `r + 8`:
+/// `raw[h]` is row `r + 8h`'s two words at byte `8t` of the reordered chunk ([`weight_k`]),
+/// `scale(h, kk)` that row's scale at K step `kk` as bf16x2. Exact, as [`crate::sm90_mx::dequant`]
+/// (e2m1 × scale is a bf16 unless it leaves bf16's range). Word `j` of step `kk` is row
+/// `r + 8·(j%2)`, columns `8·(j/2) + 2t` and the next: pair `2kk + j/2` of that row.
+#[inline(always)]
+pub fn weight_fragments(raw: [[u32; 2]; 2], scale: impl Fn(usize, u32) -> u32) -> [[u32; 4]; 4] {
+    let mut v = [[0u32; 8]; 2];
+    for h in 0..2 {
+        let pairs = E2m1::shifted([raw[h][0], raw[h][1], 0, 0]);
+        // (Index loops: an array's by-value iterator stays a loop, its values in local memory.)
+        for kk in 0..4 {
+            let sc = scale(h, kk as u32);
+            for i in 2 * kk..2 * kk + 2 {
+                v[h][i] = mul_bf16x2(mul_bf16x2(pairs[i], E2m1::BIAS_X2), sc);
+            }
+        }
+    }
+    core::array::from_fn(|kk| {
+        [
+            v[0][2 * kk],
+            v[1][2 * kk],
+            v[0][2 * kk + 1],
+            v[1][2 * kk + 1],
+        ]
+    })
 }
 
 /// Parameters of the sm90 4-bit-weights GEMM. Tensor maps (device memory, 64-byte aligned), 3-D:
@@ -356,6 +404,65 @@ mod tests {
                     let kk = 2 * w + j / 2;
                     assert_eq!(lo, 16 * kk + 2 * t + 8 * (j % 2));
                     assert_eq!(hi, lo + 1);
+                }
+            }
+        }
+    }
+
+    /// Each fragment word of a thread's two reordered rows is the mma A fragment's: word j of
+    /// K step kk holds row 8·(j%2)'s codes at columns 16kk + 8·(j/2) + 2t (low half) and the next,
+    /// times that row's scale, exactly (e2m1 times a power of two is a bf16).
+    #[test]
+    fn weight_fragments_are_the_mma_a_fragments_of_the_reordered_rows() {
+        use crate::format::{bf16, e2m1};
+        let mut seed = 0x9E37_79B9u32;
+        let mut next = || {
+            seed ^= seed << 13;
+            seed ^= seed >> 17;
+            seed ^= seed << 5;
+            seed
+        };
+        for _ in 0..50 {
+            // Two rows of 64 codes (K order), each row's reordered chunk, a scale per K step.
+            let codes: [[u8; 64]; 2] =
+                core::array::from_fn(|_| core::array::from_fn(|_| (next() % 16) as u8));
+            let exps: [[i32; 4]; 2] =
+                core::array::from_fn(|_| core::array::from_fn(|_| (next() % 9) as i32 - 4));
+            let chunk = |h: usize| -> [u8; 32] {
+                core::array::from_fn(|b| {
+                    let code = |p: u32| codes[h][weight_k(p) as usize];
+                    e2m1::pack(code(2 * b as u32), code(2 * b as u32 + 1))
+                })
+            };
+            let rows = [chunk(0), chunk(1)];
+            let scale_bits = |e: i32| ((e + 127) as u32) << 7;
+            for t in 0..4usize {
+                let word = |h: usize, w: usize| {
+                    u32::from_le_bytes(
+                        rows[h][8 * t + 4 * w..8 * t + 4 * w + 4]
+                            .try_into()
+                            .unwrap(),
+                    )
+                };
+                let raw = [[word(0, 0), word(0, 1)], [word(1, 0), word(1, 1)]];
+                let frags = weight_fragments(raw, |h, kk| {
+                    let b = scale_bits(exps[h][kk as usize]);
+                    b | b << 16
+                });
+                for (kk, words) in frags.iter().enumerate() {
+                    for (j, word) in words.iter().enumerate() {
+                        let h = j % 2;
+                        let col = 16 * kk + 8 * (j / 2) + 2 * t;
+                        for (half, c) in [col, col + 1].into_iter().enumerate() {
+                            let got = bf16::decode((word >> (16 * half)) as u16);
+                            let want = e2m1::decode(codes[h][c]) * (exps[h][kk] as f32).exp2();
+                            assert_eq!(
+                                got.to_bits(),
+                                want.to_bits(),
+                                "t {t} kk {kk} word {j} half {half}"
+                            );
+                        }
+                    }
                 }
             }
         }

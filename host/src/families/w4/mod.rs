@@ -19,9 +19,11 @@ use crate::format::{ElemType, ScaleBlock, ScaleType};
 use crate::grouped::DeviceGroups;
 use crate::matrix::{GemmShape, MatrixDesc};
 use crate::prepare::{GatherTo, Preparers};
-use crate::tensor_map::{DataType, Swizzle, encode_3d, encode_scale_rows};
+use crate::tensor_map::{DataType, Swizzle, encode, encode_3d, encode_scale_rows};
 use crate::workspace::WorkspaceSize;
+use blockscaled_kernels::gemm::layout::SMEM_LIMIT;
 use blockscaled_kernels::gemm::scheduler::{ClusterShape, Schedule};
+use blockscaled_kernels::sm90_w4::stream::{self, W4StreamKernel, W4StreamParams};
 use blockscaled_kernels::sm90_w4::{
     self as family, A8_SCALE_K, Activation, BLOCK_K, SCALE_ROWS_PAD, Sm90W4Params, W4Tile,
     WEIGHT_ROW_BYTES, WEIGHT_ROWS,
@@ -39,6 +41,10 @@ pub struct Sm90W4Config {
     pub ctas: u32,
     /// K split into this many ranges of 64-wide K blocks (1 to ⌈K / 64⌉).
     pub split_k: u32,
+    /// The stream kernel (`kernels::sm90_w4::stream`: bf16 activations, M ≤ 16) instead of the
+    /// pipelined one: a grid of ⌈N / 128⌉ × `split_k` × L CTAs, two per SM, each warp streaming
+    /// its weight rows straight into registers; `tile`, `group_m` and `ctas` are not used.
+    pub stream: bool,
 }
 
 crate::config::config_fields!(Sm90W4Config {
@@ -46,6 +52,7 @@ crate::config::config_fields!(Sm90W4Config {
     group_m: u32 => with_group_m,
     ctas: u32 => with_ctas,
     split_k: u32 => with_split_k,
+    stream: bool => with_stream,
 });
 
 /// The activations' kind for A, if the kernel takes it beside weights of scale format `b`.
@@ -130,26 +137,38 @@ fn a8_scales_to(d: &MatrixDesc) -> GatherTo {
 
 /// What the kernel keeps of an e2m1 matrix in the weights' role.
 struct Weights {
-    /// The reordered codes, and their map (boxes of 32 bytes × 128 rows).
+    /// The reordered codes (`kernels::sm90_w4::stored_chunk`), and their map (boxes of one
+    /// chunk of 128 rows: 8 groups × 16 rows × 32 bytes).
     data: CudaSlice<u8>,
     tmap: CudaSlice<u8>,
 }
 
 impl Weights {
     /// `m`'s codes reordered for the weights' role by `kernels`: each row's 64-K chunks
-    /// reordered (`weight_k`), K padded with zeros to a multiple of 64.
+    /// reordered (`weight_k`), K padded with zeros to a multiple of 64, rows stored in groups of
+    /// 16 chunk by chunk (the last group padded with zero rows).
     fn make(stream: &Arc<CudaStream>, m: &DeviceMatrix, kernels: &Preparers) -> Result<Self> {
         let (rows, k, l) = (m.desc.rows, m.desc.k, m.desc.batch);
         let chunks = k.div_ceil(BLOCK_K as usize);
         let data = kernels.w4_reorder(stream, m, chunks)?;
         let (wptr, _wg) = data.device_ptr(stream);
-        let tmap = encode_3d(
+        // [bytes of a row's chunk][rows of a group][chunks][groups of every batch entry]: a
+        // tile's box is one chunk of 8 groups, 128 rows × 32 bytes in shared memory.
+        let group = family::GROUP_ROWS as u64;
+        let groups = (rows.div_ceil(group as usize) * l) as u64;
+        let row = WEIGHT_ROW_BYTES as u64;
+        let tmap = encode(
             stream,
             wptr,
             DataType::CU_TENSOR_MAP_DATA_TYPE_UINT8,
-            [chunks * WEIGHT_ROW_BYTES as usize, rows, l],
-            1,
-            [WEIGHT_ROW_BYTES, WEIGHT_ROWS],
+            &[row, group, chunks as u64, groups],
+            &[row, row * group, row * group * chunks as u64],
+            &[
+                WEIGHT_ROW_BYTES,
+                family::GROUP_ROWS,
+                1,
+                WEIGHT_ROWS / family::GROUP_ROWS,
+            ],
             Swizzle::CU_TENSOR_MAP_SWIZZLE_NONE,
         )?;
         drop(_wg);
@@ -186,6 +205,17 @@ struct W4Operand {
 }
 
 impl W4Operand {
+    /// bf16 activations' one scale (every batch entry's).
+    fn bf16_scale(&self) -> Result<f32> {
+        self.uniform_scale.ok_or_else(|| {
+            Error::Format(
+                "bf16 activations whose batch entries have different scales: the sm90 \
+                 4-bit-weights kernel takes one scale for all"
+                    .into(),
+            )
+        })
+    }
+
     /// The scale bytes its maps read, where they are one-byte (e2m1) or its own fp32 copy: its
     /// own buffer, or the MX family's layout of the same matrix (`mx_scales`; `prepared` is the
     /// matrix's).
@@ -201,9 +231,49 @@ impl W4Operand {
 /// One loaded kernel.
 type Kernel = persistent::Kernel<family::Sm90W4Kernel>;
 
+/// The stream kernel's checks beside the shape's (`validate` with `stream`): at most
+/// [`stream::MAX_M`] activation rows, a split of whole chunks of K, a grid within the launch
+/// limits, and staged activations that fit shared memory.
+fn validate_stream(split_k: u32, s: &GemmShape) -> Result<()> {
+    if s.m > stream::MAX_M as usize {
+        return Err(config(format!(
+            "the 4-bit-weights stream kernel takes at most {} activation rows, not M = {}",
+            stream::MAX_M,
+            s.m
+        )));
+    }
+    let chunks = s.k.div_ceil(stream::CHUNK_K as usize);
+    crate::splitk::check_split(split_k, chunks, stream::CHUNK_K, s.k)?;
+    crate::splitk::validate(s, split_k)?;
+    let tiles = s.n.div_ceil(stream::ROWS as usize);
+    if tiles > i32::MAX as usize || s.l > 65_535 || split_k > 65_535 || s.m == 0 {
+        return Err(crate::error::shape(format!(
+            "{}x{}x{}x{}: outside the stream kernel's grid ({tiles} tiles of {} rows, split              {split_k}, batch {}; at most 2³¹ − 1, 65535 and 65535)",
+            s.m,
+            s.n,
+            s.k,
+            s.l,
+            stream::ROWS,
+            s.l
+        )));
+    }
+    let smem = stream::smem_bytes(s.m as u32, chunks as u32, split_k);
+    if smem > SMEM_LIMIT {
+        return Err(config(format!(
+            "split_k = {split_k}: a K range of {} values of {} activation rows needs {smem} bytes \
+             of shared memory (at most {SMEM_LIMIT}): split K further",
+            chunks.div_ceil(split_k as usize) * stream::CHUNK_K as usize,
+            stream::staged_rows(s.m as u32)
+        )));
+    }
+    Ok(())
+}
+
 /// The sm90 4-bit-weights family on one GPU.
 pub(crate) struct Sm90W4 {
     kernels: Vec<Kernel>,
+    /// The stream kernels, each with its function (shared memory raised to the limit).
+    stream: Vec<(&'static W4StreamKernel, cudarc::driver::CudaFunction)>,
     /// For the weights' reorder, made at a matrix's first use as weights.
     preparers: Preparers,
 }
@@ -233,6 +303,9 @@ impl PlanConfig for Sm90W4Config {
     /// Checks every field against the kernel and `s` ([`Error::Config`]) and the shape against
     /// the kernel's 32-bit indexing ([`Error::Shape`]). The launch trusts what passes.
     fn validate(&self, s: &GemmShape) -> Result<()> {
+        if self.stream {
+            return validate_stream(self.split_k, s);
+        }
         // Weight rows along the band, activation rows across it.
         let rows = self.tile.n;
         if !W4Tile::ALL.contains(&self.tile) {
@@ -256,6 +329,14 @@ impl PlanConfig for Sm90W4Config {
 
     /// Split K's buffers.
     fn workspace(&self, q: &Sizing<'_>) -> Result<WorkspaceSize> {
+        if self.stream {
+            if self.split_k <= 1 {
+                return Ok(WorkspaceSize::default());
+            }
+            let (n, l) = (q.shape.n as u32, q.shape.l as u32);
+            let (floats, counters) = stream::workspace(n, l, self.split_k);
+            return WorkspaceSize::split(floats, counters);
+        }
         let schedule = dense_schedule(self, q.shape, q.groups);
         WorkspaceSize::split_k(&schedule, ClusterShape::ONE, self.split_k > 1)
     }
@@ -278,45 +359,46 @@ impl Sm90W4 {
             return Ok(None);
         };
         let preparers = cx.preparers.clone();
-        Ok(Some(Sm90W4 { kernels, preparers }))
+        let stream = stream::KERNELS
+            .iter()
+            .map(|k| {
+                Ok((
+                    k,
+                    crate::launch::load_kernel(cx.module, k.info.name, SMEM_LIMIT)?,
+                ))
+            })
+            .collect::<Result<_>>()?;
+        Ok(Some(Sm90W4 {
+            kernels,
+            stream,
+            preparers,
+        }))
     }
 
     /// C = A · Bᵀ (computed as Cᵀ = B · Aᵀ) with `cfg` (validated for `g.shape`): one launch,
     /// split K included.
     pub(crate) fn gemm(&self, g: Gemm<'_, '_>, cfg: Sm90W4Config) -> Result<()> {
-        let (stream, work, shape, groups) = (g.stream, g.work, g.shape, g.groups);
-        let (a, b, c, epi) = (g.a, g.b, g.c, g.epi);
-        let GemmShape { m, n, k, l } = shape;
-        if epi.is_some() {
+        if g.epi.is_some() {
             return Err(config(
                 "the 4-bit-weights kernel computes Cᵀ: it has no fused epilogue (the sm90 MX \
                  kernel has)",
             ));
         }
-        let act = activation(&a.desc, &b.desc).expect("checked by `unsupported_pair`");
-        let scale = scale_format(&b.desc).expect("checked by `unsupported_pair`");
+        let act = activation(&g.a.desc, &g.b.desc).expect("checked by `unsupported_pair`");
+        let scale = scale_format(&g.b.desc).expect("checked by `unsupported_pair`");
+        if cfg.stream {
+            return self.stream_gemm(g, cfg, (act, scale));
+        }
+        let (stream, work, shape, groups) = (g.stream, g.work, g.shape, g.groups);
+        let (a, b, c) = (g.a, g.b, g.c);
+        let GemmShape { m, n, k, l } = shape;
         let def = family::kernel(cfg.tile, act, scale);
         let kernel = persistent::find(&self.kernels, def, || {
             config(format!("no sm90 4-bit-weights kernel for {:?}", cfg.tile))
         })?;
-        let (Some(ao), Some(bo)) = (a.prepared.get::<W4Operand>(), b.prepared.get::<W4Operand>())
-        else {
-            return Err(Error::Format(
-                "operands were not prepared for the sm90 4-bit-weights kernel".into(),
-            ));
-        };
-        let (Some(w), Some(wscales)) = (&bo.weights, bo.scales_in(&b.prepared)) else {
-            return Err(Error::Format("B was not prepared as 4-bit weights".into()));
-        };
-        let w = w.get_or_make(|| Weights::make(stream, b, &self.preparers))?;
+        let (ao, bo, w, wscales) = self.prepared(stream, a, b)?;
         let a_scale = match act {
-            Activation::Bf16 => ao.uniform_scale.ok_or_else(|| {
-                Error::Format(
-                    "bf16 activations whose batch entries have different scales: the sm90 \
-                     4-bit-weights kernel takes one scale for all"
-                        .into(),
-                )
-            })?,
+            Activation::Bf16 => ao.bf16_scale()?,
             _ => 1.0,
         };
         let mut slot = work.splitk.slot(cfg.split_k);
@@ -380,6 +462,93 @@ impl Sm90W4 {
         // prepared operands (weights reordered with K padded to 64) with boxes of the tile's rows;
         // the scale buffers hold whole padded tiles of rows and stages of K; the output holds
         // l·m·n elements of `out_type` (and `run.splitk` is sized for the schedule).
+        let _gemm = unsafe { launch.launch(&params) }?;
+        Ok(())
+    }
+}
+
+impl Sm90W4 {
+    /// The two operands' copies for this family, and B's weights role (made at its first use as
+    /// weights) with its scale bytes.
+    fn prepared<'m>(
+        &self,
+        stream: &Arc<CudaStream>,
+        a: &'m DeviceMatrix<'m>,
+        b: &'m DeviceMatrix<'m>,
+    ) -> Result<(&'m W4Operand, &'m W4Operand, &'m Weights, &'m CudaSlice<u8>)> {
+        let (Some(ao), Some(bo)) = (a.prepared.get::<W4Operand>(), b.prepared.get::<W4Operand>())
+        else {
+            return Err(Error::Format(
+                "operands were not prepared for the sm90 4-bit-weights kernel".into(),
+            ));
+        };
+        let (Some(w), Some(wscales)) = (&bo.weights, bo.scales_in(&b.prepared)) else {
+            return Err(Error::Format("B was not prepared as 4-bit weights".into()));
+        };
+        let w = w.get_or_make(|| Weights::make(stream, b, &self.preparers))?;
+        Ok((ao, bo, w, wscales))
+    }
+
+    /// [`Sm90W4::gemm`] on the stream kernel (`cfg.stream`, validated for `g.shape`): one launch
+    /// of ⌈N / 128⌉ × `split_k` × L CTAs.
+    fn stream_gemm(
+        &self,
+        g: Gemm<'_, '_>,
+        cfg: Sm90W4Config,
+        (act, scale): (Activation, blockscaled_kernels::format::MxScale),
+    ) -> Result<()> {
+        let (stream, work, shape) = (g.stream, g.work, g.shape);
+        let (a, b, c) = (g.a, g.b, g.c);
+        let GemmShape { m, n, k, l } = shape;
+        if act != Activation::Bf16 || g.groups.is_some() {
+            return Err(config(
+                "the 4-bit-weights stream kernel takes bf16 activations in a dense GEMM",
+            ));
+        }
+        let Some((_, func)) = self.stream.iter().find(|(d, _)| d.scale == scale) else {
+            return Err(config(format!(
+                "no 4-bit-weights stream kernel for {scale:?}"
+            )));
+        };
+        let (ao, bo, w, wscales) = self.prepared(stream, a, b)?;
+        let a_scale = ao.bf16_scale()?;
+        let (m, n, k, l) = (m as u32, n as u32, k as u32, l as u32);
+        let chunks = k.div_ceil(stream::CHUNK_K);
+        let split = cfg.split_k;
+        let mut slot = work.splitk.slot(split);
+        let DeviceOutput {
+            buf: out, dtype, ..
+        } = c;
+        let mut launch = crate::launch::Launch::new(stream, func)
+            .grid(n.div_ceil(stream::ROWS), split, l)
+            .block(stream::THREADS, 1, 1)
+            .shared_mem(stream::smem_bytes(m, chunks, split));
+        let sizes = stream::workspace(n, l, split);
+        let splitk =
+            crate::splitk::SplitK::params_sized(&mut launch, slot.as_mut(), stream, sizes)?;
+        let params = W4StreamParams {
+            w: launch.ptr(&w.data),
+            sfw: launch.ptr(wscales),
+            x: launch.ptr(&a.data),
+            out: launch.ptr_mut(out),
+            splitk,
+            m,
+            n,
+            k,
+            l,
+            chunks,
+            rows_pad: bo.rows_pad,
+            split,
+            out_type: *dtype as u32,
+            alpha: a_scale * a.desc.tensor_scale * b.desc.tensor_scale,
+            _pad: 0,
+        };
+        // SAFETY: `cfg` was validated for this shape (M ≤ 16, 1 ≤ split ≤ chunks, the grid and
+        // shared memory within limits); the reordered weights hold l·n rows of `chunks · 32`
+        // bytes and their scales the MX layout of `rows_pad` rows; the activations are bf16
+        // l·m·k values at a 16-byte-aligned address (their tensor maps were made over it) with
+        // k a multiple of 8 (`unsupported_pair`); the output holds l·m·n elements of `out_type`;
+        // the workspace is sized by `stream::workspace` with its counters zero.
         let _gemm = unsafe { launch.launch(&params) }?;
         Ok(())
     }
@@ -550,7 +719,7 @@ mod tests {
     use crate::families::test_util::desc;
     use crate::format::{Fp4Weights, Recipe};
     use crate::matrix::ScaledMatrix;
-    use blockscaled_kernels::sm90_w4::weight_k;
+    use blockscaled_kernels::sm90_w4::{stored_chunk, weight_k};
 
     #[test]
     fn weight_only_and_fp4_pairs_run_on_the_kernel_and_others_do_not() {
@@ -585,31 +754,41 @@ mod tests {
 
     #[test]
     fn reordered_weights_put_each_code_where_weight_k_says() {
-        let (rows, k) = (3, 96);
-        let v: Vec<f32> = (0..rows * k).map(|i| ((i * 7) % 13) as f32 - 6.0).collect();
-        let m = ScaledMatrix::quantize(&v, rows, k, 1, Recipe::Mxfp4.b()).unwrap();
+        // Two batch entries of 19 rows: a whole group and a padded one each.
+        let (rows, k, l) = (19, 96, 2);
+        let v: Vec<f32> = (0..l * rows * k)
+            .map(|i| ((i * 7) % 13) as f32 - 6.0)
+            .collect();
+        let m = ScaledMatrix::quantize(&v, rows, k, l, Recipe::Mxfp4.b()).unwrap();
+        let chunks = 2;
         let w = blockscaled_kernels::prepare::W4Reorder {
             src: 0,
             dst: 0,
             rows: rows as u32,
             k: k as u32,
-            batch: 1,
-            chunks: 2,
+            batch: l as u32,
+            chunks,
         };
         let mut out = Vec::new();
         for q in 0..w.entries() {
             out.extend(w.chunk_of(m.data(), q).iter().flat_map(|x| x.to_le_bytes()));
         }
-        let row_bytes = 2 * 32;
-        assert_eq!(out.len(), rows * row_bytes);
-        for r in 0..rows {
-            for c in 0..2 {
-                for p in 0..64 {
-                    let byte = out[r * row_bytes + c * 32 + p / 2];
-                    let code = (byte >> (4 * (p % 2))) & 0xF;
-                    let kk = c * 64 + weight_k(p as u32) as usize;
-                    let want = if kk < k { m.code(0, r, kk) as u8 } else { 0 };
-                    assert_eq!(code, want, "row {r} chunk {c} position {p}");
+        assert_eq!(out.len(), l * 32 * 32 * chunks as usize);
+        for b in 0..l {
+            for r in 0..32 {
+                for c in 0..chunks {
+                    let at = stored_chunk(b as u32, r, c, rows as u32, chunks) as usize;
+                    for p in 0..64 {
+                        let code = (out[at + p / 2] >> (4 * (p % 2))) & 0xF;
+                        let kk = c as usize * 64 + weight_k(p as u32) as usize;
+                        let live = (r as usize) < rows && kk < k;
+                        let want = if live {
+                            m.code(b, r as usize, kk) as u8
+                        } else {
+                            0
+                        };
+                        assert_eq!(code, want, "entry {b} row {r} chunk {c} position {p}");
+                    }
                 }
             }
         }

@@ -23,6 +23,20 @@ pub struct Output {
 }
 
 impl Output {
+    /// C at `ptr`, `m` × `n` per batch entry of `out_type` (`OutType` as u32), stored directly (no
+    /// tensor map), rows from `row_end` on left alone.
+    #[inline(always)]
+    pub const fn direct(ptr: u64, (m, n): (u32, u32), out_type: u32, row_end: u32) -> Self {
+        Output {
+            ptr,
+            tmap: 0,
+            m,
+            n,
+            out_type,
+            row_end,
+        }
+    }
+
     /// Rows of a batch entry that may be written.
     #[inline(always)]
     pub const fn rows(&self) -> u32 {
