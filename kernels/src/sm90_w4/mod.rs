@@ -16,9 +16,8 @@
 //! in the order the shift-and-mask conversion emits its bf16 pairs, and the rows are stored in
 //! groups of [`GROUP_ROWS`], chunk by chunk ([`stored_chunk`]): one chunk of a group's rows is 512
 //! adjacent bytes, so that the reads of a tile's chunk (a TMA box here, a warp's loads in
-//! [`stream`]) are whole runs of memory, not 32-byte pieces a row apart (which left HBM at a
-//! quarter of its rate). Host and device share this module; the kernel body is [`kernel`] (sm_90a
-//! only).
+//! [`stream`]) are whole runs of memory, not 32-byte pieces a row apart, each its own DRAM
+//! access. Host and device share this module; the kernel body is [`kernel`] (sm_90a only).
 
 #[cfg(all(target_arch = "nvptx64", target_feature = "sm_90a"))]
 pub mod kernel;

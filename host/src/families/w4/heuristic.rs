@@ -26,12 +26,12 @@ pub fn sm90_w4_default(m: usize, n: usize, k: usize, l: usize, sm_count: u32) ->
 }
 
 /// The stream kernel's configuration (bf16 activations, M ≤ 16): K split into the fewest ranges
-/// that give about 1.6 CTAs per SM (⌈N / 128⌉ · L per range): each SM then holds its two CTAs'
-/// loads in flight for most of the launch, and fewer, longer ranges write fewer partial sums and
-/// stage fewer activations (on the H200, of the splits 2, 4 and 7–8 timed at 1 × 14336 × 4096,
-/// 1 × 7168 × 4096, 1 × 4096 × 7168 and 16 × 7168 × 2048 the fastest were 2, 4, 8 and 4; this
-/// rule gives 2, 4, 7 and 4). Each range keeps at least [`stream::DEPTH`] chunks where K has them,
-/// and its staged activations fit two CTAs' shared memory.
+/// that give about 1.6 CTAs per SM (⌈N / 128⌉ · L per range). Each SM then keeps its two CTAs'
+/// loads in flight for most of the launch, while fewer, longer ranges write fewer partial sums and
+/// stage the activations fewer times; where the waves come out even matters less than either (the
+/// splits measured fastest on decode shapes are in docs/perf-log/w4.md). Each range keeps at
+/// least [`stream::DEPTH`] chunks where K has them, and its staged activations fit two CTAs'
+/// shared memory.
 pub fn sm90_w4_stream_default(
     m: usize,
     n: usize,
@@ -67,7 +67,7 @@ mod tests {
     use crate::matrix::GemmShape;
 
     #[test]
-    fn the_stream_split_is_the_measured_one_and_always_valid() {
+    fn the_stream_split_is_the_fewest_ranges_for_1_6_ctas_per_sm_and_always_valid() {
         for ((m, n, k), want) in [
             ((1, 14336, 4096), 2),
             ((1, 7168, 4096), 4),
