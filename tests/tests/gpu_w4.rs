@@ -70,12 +70,27 @@ fn check(
     seed: u64,
     force: Option<(u32, u32)>,
 ) -> Result<(), String> {
+    let what = format!("sm90 W4 {force:?}");
+    check_with(recipe, (m, n, k, l), dtype, seed, &what, |a, b| {
+        run(a, b, dtype, force)
+    })
+}
+
+/// A random pair of `recipe` and `dims` through `run`, against the CPU reference (`what` names
+/// the kernel and its configuration in a failure).
+fn check_with(
+    recipe: Recipe,
+    (m, n, k, l): (usize, usize, usize, usize),
+    dtype: OutType,
+    seed: u64,
+    what: &str,
+    run: impl FnOnce(&ScaledMatrix, &ScaledMatrix) -> Result<HostOutput, String>,
+) -> Result<(), String> {
     let (a, b) = random_pair(seed, (m, n, k, l), recipe.a(), recipe.b());
     let (want, abs) = reference_output(&a, &b, dtype)?;
-    let got = run(&a, &b, dtype, force)?;
-    compare_outputs(&got, &want, 1.0, &slack(k, &abs)).map_err(|e| {
-        format!("sm90 W4 {recipe} {m}x{n}x{k}x{l} {dtype:?} {force:?} seed {seed}: {e}")
-    })
+    let got = run(&a, &b)?;
+    compare_outputs(&got, &want, 1.0, &slack(k, &abs))
+        .map_err(|e| format!("{what} {recipe} {m}x{n}x{k}x{l} {dtype:?} seed {seed}: {e}"))
 }
 
 /// Runs A · Bᵀ on the stream kernel (bf16 activations, M ≤ 16; output poisoned first), with the
@@ -106,13 +121,9 @@ fn check_stream(
     seed: u64,
     split: Option<u32>,
 ) -> Result<(), String> {
-    let (a, b) = random_pair(seed, (m, n, k, l), recipe.a(), recipe.b());
-    let (want, abs) = reference_output(&a, &b, dtype)?;
-    let got = run_stream(&a, &b, dtype, split)?;
-    compare_outputs(&got, &want, 1.0, &slack(k, &abs)).map_err(|e| {
-        format!(
-            "sm90 W4 stream {recipe} {m}x{n}x{k}x{l} {dtype:?} split {split:?} seed {seed}: {e}"
-        )
+    let what = format!("sm90 W4 stream, split {split:?}");
+    check_with(recipe, (m, n, k, l), dtype, seed, &what, |a, b| {
+        run_stream(a, b, dtype, split)
     })
 }
 
@@ -359,30 +370,28 @@ fn w4_kernel_has_no_systematic_error_on_operands_that_do_not_cancel() {
         .into_iter()
         .flat_map(|r| [(r, 1, true), (r, 16, true)]);
     for (i, (r, m, stream)) in pipelined.chain(streamed).enumerate() {
-        {
-            let plan = |da: &blockscaled::DeviceMatrix, db: &blockscaled::DeviceMatrix| {
-                let (a, b) = (da.desc(), db.desc());
-                let cfg = if stream {
-                    blockscaled::plan::sm90_w4_stream_default(a.rows, b.rows, k, 2, g.sm_count())
-                } else {
-                    blockscaled::plan::sm90_w4_default(a.rows, b.rows, k, 2, g.sm_count())
-                };
-                Ok(Plan::Sm90W4(cfg))
+        let plan = |da: &blockscaled::DeviceMatrix, db: &blockscaled::DeviceMatrix| {
+            let (a, b) = (da.desc(), db.desc());
+            let cfg = if stream {
+                blockscaled::plan::sm90_w4_stream_default(a.rows, b.rows, k, 2, g.sm_count())
+            } else {
+                blockscaled::plan::sm90_w4_default(a.rows, b.rows, k, 2, g.sm_count())
             };
-            let (rel, mean) = no_cancellation_gemm(
-                g,
-                (m, 264 + 8 * i, k, 2),
-                (r.a(), r.b()),
-                seed + i as u64,
-                NoCancellation::half(k),
-                plan,
-                as_they_are,
-            )
-            .unwrap_or_else(|e| panic!("4-bit weights, {r}, M = {m}, stream {stream}: {e}"));
-            eprintln!(
-                "4-bit weights, {r}, M = {m}, stream {stream}: largest relative error {rel:.2e}, \
-                 mean {mean:.2e}"
-            );
-        }
+            Ok(Plan::Sm90W4(cfg))
+        };
+        let (rel, mean) = no_cancellation_gemm(
+            g,
+            (m, 264 + 8 * i, k, 2),
+            (r.a(), r.b()),
+            seed + i as u64,
+            NoCancellation::half(k),
+            plan,
+            as_they_are,
+        )
+        .unwrap_or_else(|e| panic!("4-bit weights, {r}, M = {m}, stream {stream}: {e}"));
+        eprintln!(
+            "4-bit weights, {r}, M = {m}, stream {stream}: largest relative error {rel:.2e}, \
+             mean {mean:.2e}"
+        );
     }
 }
