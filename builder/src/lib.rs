@@ -101,12 +101,12 @@ impl Arch {
         }
     }
 
-    /// PTX ISA version requested from llc. sm_90a needs PTX 8.0; `tcgen05` needs PTX 8.6+ and
-    /// llc's sm_100a support starts at 8.6; 8.8 is what was verified here. The CUDA 13.0 driver on
-    /// the GPU machine JIT-compiles PTX up to 9.0.
+    /// PTX ISA version requested from llc. sm_90a needs PTX 8.0 and `mma` with e4m3 operands
+    /// 8.4; `tcgen05` needs PTX 8.6+ and llc's sm_100a support starts at 8.6; 8.8 is what was
+    /// verified here. The CUDA 13.0 driver on the GPU machine JIT-compiles PTX up to 9.0.
     pub fn ptx_feature(self) -> &'static str {
         match self {
-            Arch::Sm90a => "+ptx80",
+            Arch::Sm90a => "+ptx84",
             Arch::Sm100a => "+ptx88",
         }
     }

@@ -113,7 +113,20 @@ fn run_stream(
     gemm_on(g, a, b, dtype, |_, _| Ok(plan))
 }
 
-/// [`check`] on the stream kernel.
+/// The K of the error bound of `recipe` on the stream kernel (`stream`): twice K for W4A8
+/// ([`check_stream`]), K otherwise.
+fn bound_k(recipe: Recipe, k: usize, stream: bool) -> usize {
+    if stream && matches!(recipe, Recipe::W4A8(_)) {
+        2 * k
+    } else {
+        k
+    }
+}
+
+/// [`check`] on the stream kernel. W4A8 there multiplies exact fp16 values (weight codes times
+/// 2^-6, activation codes) with fp32 sums per 16-K step, then adds each scale block's sum times
+/// its two scales: per 32 K, two steps of at most two roundings each, one of the scales'
+/// product and one of the add, so twice the steps' count of the W4A16 bound covers it.
 fn check_stream(
     recipe: Recipe,
     (m, n, k, l): (usize, usize, usize, usize),
@@ -122,15 +135,19 @@ fn check_stream(
     split: Option<u32>,
 ) -> Result<(), String> {
     let what = format!("sm90 W4 stream, split {split:?}");
-    check_with(recipe, (m, n, k, l), dtype, seed, &what, |a, b| {
-        run_stream(a, b, dtype, split)
-    })
+    let (a, b) = random_pair(seed, (m, n, k, l), recipe.a(), recipe.b());
+    let (want, abs) = reference_output(&a, &b, dtype)?;
+    let got = run_stream(&a, &b, dtype, split)?;
+    compare_outputs(&got, &want, 1.0, &slack(bound_k(recipe, k, true), &abs))
+        .map_err(|e| format!("{what} {recipe} {m}x{n}x{k}x{l} {dtype:?} seed {seed}: {e}"))
 }
 
 /// The weight-only recipes the stream kernel takes.
-const STREAM_RECIPES: [Recipe; 2] = [
+const STREAM_RECIPES: [Recipe; 4] = [
     Recipe::W4A16(Fp4Weights::Mxfp4),
     Recipe::W4A16(Fp4Weights::Nvfp4),
+    Recipe::W4A8(Fp4Weights::Mxfp4),
+    Recipe::W4A8(Fp4Weights::Nvfp4),
 ];
 
 proptest! {
@@ -139,7 +156,7 @@ proptest! {
     #[test]
     #[ignore = "needs a CUDA device"]
     fn w4_stream_kernel_matches_cpu_reference_on_random_ragged_shapes(
-        which in 0usize..2,
+        which in 0usize..4,
         m in 1usize..=16,
         n in 1usize..600,
         k32 in 1usize..40,
@@ -149,7 +166,8 @@ proptest! {
         seed in any::<u64>(),
     ) {
         let dtype = [OutType::Bf16, OutType::F16, OutType::F32][out_i];
-        // K a multiple of 32, often not of the 64 of a chunk (its second half zeros).
+        // K a multiple of 32, often not of the 64 of a chunk (its second half zeros), nor of the
+        // 128 of a W4A8 activation scale block.
         let k = 32 * k32;
         let split = split.min(k.div_ceil(64) as u32);
         check_stream(STREAM_RECIPES[which], (m, n, k, l), dtype, seed, Some(split))
@@ -198,11 +216,11 @@ fn the_stream_kernel_refuses_what_it_cannot_run() {
     })
     .unwrap_err();
     assert!(e.contains("split_k = 5"), "{e}");
-    // W4A8 activations are the pipelined kernel's.
-    let r8 = Recipe::W4A8(Fp4Weights::Mxfp4);
-    let (a8, b8) = random_pair(5, (4, 256, 256, 1), r8.a(), r8.b());
-    let e = gemm_on(g, &a8, &b8, OutType::Bf16, |_, _| Ok(Plan::Sm90W4(d))).unwrap_err();
-    assert!(e.contains("bf16 activations"), "{e}");
+    // e2m1 activations are the pipelined kernel's.
+    let r4 = Recipe::Mxfp4;
+    let (a4, b4) = random_pair(5, (4, 256, 256, 1), r4.a(), r4.b());
+    let e = gemm_on(g, &a4, &b4, OutType::Bf16, |_, _| Ok(Plan::Sm90W4(d))).unwrap_err();
+    assert!(e.contains("bf16 or e4m3"), "{e}");
 }
 
 proptest! {
@@ -258,7 +276,7 @@ fn weight_only_recipes_and_small_fp4_pairs_plan_the_w4_kernel() {
         let plan = g
             .plan(&up(r, 16, 256, false), &up(r, 512, 256, true))
             .unwrap();
-        // bf16 activations stream the weights; the others take the pipelined 16-row tile.
+        // bf16 and e4m3 activations stream the weights; e2m1 ones take the pipelined 16-row tile.
         let stream = STREAM_RECIPES.contains(&r);
         assert!(
             matches!(plan, Plan::Sm90W4(c) if c.tile.n == 16 && c.stream == stream),
@@ -294,9 +312,15 @@ fn edited(m: &ScaledMatrix, edit: impl Fn(&mut Vec<u8>, &mut Vec<u8>)) -> Scaled
 }
 
 /// Column `col` (when `by_col`) or row `row` of C is NaN; every other element matches the CPU
-/// reference (on the stream kernel when `stream`).
-fn check_nan_line(a: &ScaledMatrix, b: &ScaledMatrix, line: usize, by_col: bool, stream: bool) {
-    let (m, n, k) = (a.rows(), b.rows(), a.k());
+/// reference (on the stream kernel when `stream`) within the bound of K = `bound_k`.
+fn check_nan_line(
+    a: &ScaledMatrix,
+    b: &ScaledMatrix,
+    line: usize,
+    by_col: bool,
+    (stream, bound_k): (bool, usize),
+) {
+    let (m, n) = (a.rows(), b.rows());
     let got = if stream {
         run_stream(a, b, OutType::F32, None).unwrap()
     } else {
@@ -309,7 +333,7 @@ fn check_nan_line(a: &ScaledMatrix, b: &ScaledMatrix, line: usize, by_col: bool,
             assert!(g.is_nan(), "element ({r}, {c}): got {g}, want NaN");
         } else {
             let w = round_output(OutType::F32, c64[i]);
-            let tol = slack(k, &abs[i..i + 1])[0]
+            let tol = slack(bound_k, &abs[i..i + 1])[0]
                 + blockscaled::output_ulp(OutType::F32, w.abs().max(g.abs()));
             assert!(
                 (g as f64 - w as f64).abs() <= tol,
@@ -335,7 +359,8 @@ fn nan_weight_scales_and_nan_activations_give_nan_columns_and_rows() {
             let (br, bk) = d.block_extent();
             s[d.scale_layout.index(0, 201 / br, 100 / bk)] = if nv { 0x7F } else { 0xFF };
         });
-        check_nan_line(&a, &b_nan, 201, true, stream);
+        let bound = (stream, bound_k(r, k, stream));
+        check_nan_line(&a, &b_nan, 201, true, bound);
         // A NaN activation (bf16 0x7FC0, e4m3 0x7F; e2m1 has none: a NaN scale) makes row 7 NaN.
         let a_nan = edited(&a, |d, s| {
             let i = 7 * k + 150;
@@ -349,7 +374,7 @@ fn nan_weight_scales_and_nan_activations_give_nan_columns_and_rows() {
                 }
             }
         });
-        check_nan_line(&a_nan, &b, 7, false, stream);
+        check_nan_line(&a_nan, &b, 7, false, bound);
     }
 }
 
@@ -362,7 +387,7 @@ fn nan_weight_scales_and_nan_activations_give_nan_columns_and_rows() {
 fn w4_kernel_has_no_systematic_error_on_operands_that_do_not_cancel() {
     use blockscaled_tests::{NoCancellation, as_they_are, no_cancellation_gemm, run_seed};
     let (g, seed, k) = (gpu(), run_seed(), 1024);
-    // The pipelined kernel at M = 16 and 128, then the stream kernel (bf16 activations) at 1 and 16.
+    // The pipelined kernel at M = 16 and 128, then the stream kernel at 1 and 16.
     let pipelined = W4_RECIPES
         .into_iter()
         .flat_map(|r| [(r, 16, false), (r, 128, false)]);
@@ -384,7 +409,7 @@ fn w4_kernel_has_no_systematic_error_on_operands_that_do_not_cancel() {
             (m, 264 + 8 * i, k, 2),
             (r.a(), r.b()),
             seed + i as u64,
-            NoCancellation::half(k),
+            NoCancellation::half(bound_k(r, k, stream)),
             plan,
             as_they_are,
         )

@@ -300,7 +300,7 @@ pub(crate) fn choose_fused(
 ///   16-bit kernel ([`sm90_half_default`]); a bf16 × fp16 pair runs the reference kernel.
 /// - Hopper, 4-bit weights (e2m1 B with MX or NVFP4 scales) with bf16 activations (W4A16) or
 ///   e4m3 ones with fp32 scales per 1×128 (W4A8) runs the sm90 4-bit-weights kernel
-///   ([`sm90_w4_default`]); W4A16 with M ≤ 16 runs its stream kernel
+///   ([`sm90_w4_default`]); W4A16 and W4A8 with M ≤ 16 run its stream kernel
 ///   ([`sm90_w4_stream_default`]).
 /// - Everything else runs the reference kernel.
 ///
@@ -331,7 +331,7 @@ pub(crate) fn choose_for(
         Ok(Plan::Sm90Fp8(sm90_default(m, n, k, l, sm_count)))
     } else if sm90_half::unsupported_pair(a, b).is_none() {
         Ok(Plan::Sm90Half(sm90_half_default(m, n, sm_count)))
-    } else if w4 && a.format.elem == ElemType::BF16 && m <= stream::MAX_M as usize {
+    } else if w4 && a.format.elem != ElemType::E2M1 && m <= stream::MAX_M as usize {
         Ok(Plan::Sm90W4(sm90_w4_stream_default(m, n, k, l, sm_count)))
     } else if w4 && (a.format.elem != ElemType::E2M1 || m <= W4_MAX_M) {
         Ok(Plan::Sm90W4(sm90_w4_default(m, n, k, l, sm_count)))

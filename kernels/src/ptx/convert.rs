@@ -91,3 +91,17 @@ pub fn f16_to_f32(h: u16) -> f32 {
     };
     r
 }
+
+/// Two e4m3 codes `lo | hi << 8` → two fp16 in one word, `lo` in bits 0–15
+/// (`cvt.rn.f16x2.e4m3x2`, sm_89+): exact, as every e4m3 value (±448 down to the subnormal
+/// 2^-9, NaN) is an fp16 one.
+#[inline(always)]
+pub fn e4m3x2_to_f16x2(codes: u16) -> u32 {
+    let r: u32;
+    // SAFETY: register-only conversion.
+    unsafe {
+        asm!("cvt.rn.f16x2.e4m3x2 {r}, {c};", r = out(reg32) r, c = in(reg16) codes,
+             options(pure, nomem, nostack))
+    };
+    r
+}

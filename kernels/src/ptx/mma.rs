@@ -27,3 +27,23 @@ pub fn m16n8k16_bf16(acc: &mut [f32; 4], a: [u32; 4], b: [u32; 2]) {
         )
     };
 }
+
+/// `mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32`: [`m16n8k16_bf16`] with fp16 operands
+/// (the same fragments). The 4-bit weights' W4A8 stream converts its e4m3 operands to fp16 (exact)
+/// for it: on sm_90, which has no FP8 `mma.sync` unit, ptxas lowers the e4m3 form to the same
+/// conversions and two of these, then adds the accumulator input with one more add per value.
+#[inline(always)]
+pub fn m16n8k16_f16(acc: &mut [f32; 4], a: [u32; 4], b: [u32; 2]) {
+    let [d0, d1, d2, d3] = acc;
+    // SAFETY: as `m16n8k16_bf16`.
+    unsafe {
+        asm!(
+            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {{{d0}, {d1}, {d2}, {d3}}}, \
+             {{{a0}, {a1}, {a2}, {a3}}}, {{{b0}, {b1}}}, {{{d0}, {d1}, {d2}, {d3}}};",
+            d0 = inout(reg32) *d0, d1 = inout(reg32) *d1, d2 = inout(reg32) *d2,
+            d3 = inout(reg32) *d3, a0 = in(reg32) a[0], a1 = in(reg32) a[1],
+            a2 = in(reg32) a[2], a3 = in(reg32) a[3], b0 = in(reg32) b[0], b1 = in(reg32) b[1],
+            options(nostack, pure, nomem)
+        )
+    };
+}

@@ -252,6 +252,42 @@ pub fn weight_fragments(raw: [[u32; 2]; 2], scale: impl Fn(usize, u32) -> u32) -
     })
 }
 
+/// The weights of the two K steps of 32 of one 64-K chunk as e4m3 bytes, in the register order
+/// of an A fragment of `mma` m16n8k32 (rows `r`, `r + 8`, `r`, `r + 8`; the last two 16 columns
+/// on), for the thread `4g + t` of a warp that holds weight rows `r` and `r + 8`, from the same
+/// reordered bytes as [`weight_fragments`] (`raw[h]`: row `r + 8h`'s two words at byte `8t`):
+/// step `s` is `[lo(raw[0][s]), lo(raw[1][s]), hi(raw[0][s]), hi(raw[1][s])]`, where `lo` takes a
+/// word's low nibbles (codes at even positions) and `hi` its high ones, one e4m3 byte per code.
+/// Each byte is the code times 2^-6 exactly: the e2m1 sign to bit 7 and its three magnitude bits
+/// to bits 2–4, which makes e2m1's exponent e4m3's (bias 1 against 7) and its one mantissa bit
+/// e4m3's top one, subnormal 0.5 included. Which K each byte holds is [`a8_k`]; the activations
+/// are staged in that order ([`a8_stage_selector`]). No multiply: the block scales are applied
+/// to each step's fp32 sums.
+#[inline(always)]
+pub fn weight_fragments_e4m3(raw: [[u32; 2]; 2]) -> [[u32; 4]; 2] {
+    let lo = |w: u32| ((w << 2) & 0x1C1C_1C1C) | ((w << 4) & 0x8080_8080);
+    let hi = |w: u32| ((w >> 2) & 0x1C1C_1C1C) | (w & 0x8080_8080);
+    core::array::from_fn(|s| [lo(raw[0][s]), lo(raw[1][s]), hi(raw[0][s]), hi(raw[1][s])])
+}
+
+/// The K offset (within its 64-K chunk) of byte `i` of register `reg` (0: A's registers 0/1, the
+/// fragment's columns `4t..4t + 4`; 1: registers 2/3, columns `16 + 4t..`) of K step `s` of
+/// thread `t`'s [`weight_fragments_e4m3`]: the [`weight_k`] of the nibble it came from. The
+/// activations' B fragment (registers 0 and 1 = the same columns) must hold the activations at
+/// these K. Bytes 0 and 2 lie in the first 16 of the step's 32 K, bytes 1 and 3 in the second.
+pub const fn a8_k(t: u32, s: u32, reg: u32, i: u32) -> u32 {
+    weight_k(16 * t + 8 * s + 2 * i + reg)
+}
+
+/// The `prmt` selector that makes staged word `(t, reg)` of a 32-K step from the step's 32
+/// activation bytes `P` (as two 16-byte halves of four words, `h0 = P[0..16]`, `h1 = P[16..32]`):
+/// `prmt(h0[q], h1[q], sel)` with `q = 2·reg + t / 2` gives the bytes at [`a8_k`]`(t, s, reg, 0..4)`
+/// (less 32s): `P[2t' + 8·reg]`, `P[16 + 2t' + 8·reg]`, and the next of each, `t' = t % 2` within
+/// the word.
+pub const fn a8_stage_selector(t: u32) -> u32 {
+    if t.is_multiple_of(2) { 0x5140 } else { 0x7362 }
+}
+
 /// Parameters of the sm90 4-bit-weights GEMM. Tensor maps (device memory, 64-byte aligned), 3-D:
 /// the reordered weights (bytes of K rounded up to 64, N rows, L; boxes of 32 bytes × 128 rows);
 /// the activations (bf16: elements of K, M rows, L, boxes of 64 × tile rows, 128-byte swizzle;
@@ -462,6 +498,94 @@ mod tests {
                             );
                         }
                     }
+                }
+            }
+        }
+    }
+
+    /// Each e4m3 byte of a thread's fragments is the code at its [`a8_k`] times 2^-6, exactly
+    /// (every code, both signs, the subnormal 0.5); the K of a step's bytes are the step's 32,
+    /// each once per thread and register pair, bytes 0 and 2 in its first 16.
+    #[test]
+    fn e4m3_fragments_are_the_codes_at_their_k_times_a_power_of_two() {
+        use crate::format::{e2m1, e4m3};
+        for rep in 0..40u32 {
+            let codes: [[u8; 64]; 2] = core::array::from_fn(|h| {
+                core::array::from_fn(|c| ((c as u32 * 7 + h as u32 * 3 + rep * 5) % 16) as u8)
+            });
+            let chunk = |h: usize| -> [u8; 32] {
+                core::array::from_fn(|b| {
+                    let code = |p: u32| codes[h][weight_k(p) as usize];
+                    e2m1::pack(code(2 * b as u32), code(2 * b as u32 + 1))
+                })
+            };
+            let rows = [chunk(0), chunk(1)];
+            for t in 0..4u32 {
+                let word = |h: usize, w: usize| {
+                    let at = 8 * t as usize + 4 * w;
+                    u32::from_le_bytes(rows[h][at..at + 4].try_into().unwrap())
+                };
+                let raw = [[word(0, 0), word(0, 1)], [word(1, 0), word(1, 1)]];
+                let frags = weight_fragments_e4m3(raw);
+                for s in 0..2u32 {
+                    let mut seen = [0u32; 32];
+                    for (r, w) in frags[s as usize].iter().enumerate() {
+                        let (h, reg) = (r % 2, r as u32 / 2);
+                        for i in 0..4u32 {
+                            let k = a8_k(t, s, reg, i);
+                            assert!(k / 32 == s && (k % 32 < 16) == (i % 2 == 0));
+                            seen[(k % 32) as usize] += 1;
+                            let got = e4m3::decode((w >> (8 * i)) as u8);
+                            let want = e2m1::decode(codes[h][k as usize]) / 64.0;
+                            assert_eq!(
+                                got.to_bits(),
+                                want.to_bits(),
+                                "t {t} s {s} reg {r} byte {i}"
+                            );
+                        }
+                    }
+                    // Two rows × 8 K per thread and step: K 2t, 2t + 1 of each quarter.
+                    for (k, n) in seen.iter().enumerate() {
+                        assert_eq!(
+                            *n,
+                            if (k % 8) / 2 == t as usize { 2 } else { 0 },
+                            "t {t} K {k}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    /// The staging selectors put each activation byte where [`a8_k`] says the fragment reads it.
+    #[test]
+    fn staged_activation_words_hold_the_k_of_the_weight_bytes() {
+        let prmt = |a: u32, b: u32, sel: u32| -> u32 {
+            let bytes = (a as u64) | ((b as u64) << 32);
+            (0..4).fold(0, |d, j| {
+                let pick = (sel >> (4 * j)) & 0x7;
+                d | ((((bytes >> (8 * pick)) & 0xFF) as u32) << (8 * j))
+            })
+        };
+        // Activation byte at K k of a step is k + 1 (distinct, never 0).
+        let p: [u8; 32] = core::array::from_fn(|k| k as u8 + 1);
+        let words = |half: usize| -> [u32; 4] {
+            core::array::from_fn(|q| {
+                u32::from_le_bytes(
+                    p[16 * half + 4 * q..16 * half + 4 * q + 4]
+                        .try_into()
+                        .unwrap(),
+                )
+            })
+        };
+        let (h0, h1) = (words(0), words(1));
+        for t in 0..4u32 {
+            for reg in 0..2u32 {
+                let q = (2 * reg + t / 2) as usize;
+                let w = prmt(h0[q], h1[q], a8_stage_selector(t));
+                for i in 0..4u32 {
+                    let k = a8_k(t, 0, reg, i);
+                    assert_eq!((w >> (8 * i)) & 0xFF, k + 1, "t {t} reg {reg} byte {i}");
                 }
             }
         }

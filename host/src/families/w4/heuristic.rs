@@ -25,7 +25,7 @@ pub fn sm90_w4_default(m: usize, n: usize, k: usize, l: usize, sm_count: u32) ->
     }
 }
 
-/// The stream kernel's configuration (bf16 activations, M ≤ 16): K split into the fewest ranges
+/// The stream kernel's configuration (bf16 or e4m3 activations, M ≤ 16): K split into the fewest ranges
 /// that give about 1.6 CTAs per SM (⌈N / 128⌉ · L per range). Each SM then keeps its two CTAs'
 /// loads in flight for most of the launch, while fewer, longer ranges write fewer partial sums and
 /// stage the activations fewer times; where the waves come out even matters less than either (the
@@ -44,7 +44,13 @@ pub fn sm90_w4_stream_default(
     let want = (sm_count.max(1) as u64 * 8).div_ceil(5);
     let longest = (chunks / stream::DEPTH as u32).max(1);
     let mut split = (want.div_ceil(tiles) as u32).clamp(1, longest);
-    let fits = |s: u32| stream::smem_bytes(m as u32, chunks, s) <= SMEM_LIMIT / stream::MIN_BLOCKS;
+    // (Either activation format's staging: the larger.)
+    let fits = |s: u32| {
+        let acts = [w4::Activation::Bf16, w4::Activation::E4m3Row128];
+        acts.iter().all(|&act| {
+            stream::smem_bytes(act, m as u32, chunks, s) <= SMEM_LIMIT / stream::MIN_BLOCKS
+        })
+    };
     while split < chunks && !fits(split) {
         split += 1;
     }

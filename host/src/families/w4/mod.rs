@@ -135,6 +135,12 @@ fn a8_scales_to(d: &MatrixDesc) -> GatherTo {
     }
 }
 
+/// Where W4A8 activations' fp32 scales are, and their rows ([`W4Operand::a8_scales`]).
+enum A8Scales<'p> {
+    Own(&'p CudaSlice<u8>, u32),
+    Fp8(&'p CudaSlice<f32>, u32),
+}
+
 /// What the kernel keeps of an e2m1 matrix in the weights' role.
 struct Weights {
     /// The reordered codes (`kernels::sm90_w4::stored_chunk`), and their map (boxes of one
@@ -216,6 +222,20 @@ impl W4Operand {
         })
     }
 
+    /// W4A8 activations' fp32 scales `[l][⌈k/128⌉][rows]` and their rows: its own copy, or the
+    /// FP8 family's A-role scales of the same matrix (`fp8_scales`; `prepared` and `d` are the
+    /// matrix's).
+    fn a8_scales<'p>(&'p self, prepared: &'p Prepared, d: &MatrixDesc) -> Result<A8Scales<'p>> {
+        match (&self.scales, self.fp8_scales) {
+            (Some(s), false) => Ok(A8Scales::Own(s, self.rows_pad)),
+            _ => fp8_a_role(prepared, d)
+                .map(|(sfa, m_pad)| A8Scales::Fp8(sfa, m_pad))
+                .ok_or_else(|| {
+                    Error::Format("the activations' fp32 scales were not prepared".into())
+                }),
+        }
+    }
+
     /// The scale bytes its maps read, where they are one-byte (e2m1) or its own fp32 copy: its
     /// own buffer, or the MX family's layout of the same matrix (`mx_scales`; `prepared` is the
     /// matrix's).
@@ -257,7 +277,12 @@ fn validate_stream(split_k: u32, s: &GemmShape) -> Result<()> {
             s.l
         )));
     }
-    let smem = stream::smem_bytes(s.m as u32, chunks as u32, split_k);
+    // (The activations' format is not known here: the larger of the two layouts.)
+    let smem = [Activation::Bf16, Activation::E4m3Row128]
+        .map(|act| stream::smem_bytes(act, s.m as u32, chunks as u32, split_k))
+        .into_iter()
+        .max()
+        .unwrap_or(0);
     if smem > SMEM_LIMIT {
         return Err(config(format!(
             "split_k = {split_k}: a K range of {} values of {} activation rows needs {smem} bytes \
@@ -500,18 +525,28 @@ impl Sm90W4 {
         let (stream, work, shape) = (g.stream, g.work, g.shape);
         let (a, b, c) = (g.a, g.b, g.c);
         let GemmShape { m, n, k, l } = shape;
-        if act != Activation::Bf16 || g.groups.is_some() {
+        if !stream::takes(act) || g.groups.is_some() {
             return Err(config(
-                "the 4-bit-weights stream kernel takes bf16 activations in a dense GEMM",
+                "the 4-bit-weights stream kernel takes bf16 or e4m3 (1×128 scales) activations \
+                 in a dense GEMM",
             ));
         }
-        let Some((_, func)) = self.stream.iter().find(|(d, _)| d.scale == scale) else {
+        let Some((_, func)) = self
+            .stream
+            .iter()
+            .find(|(d, _)| d.act == act && d.scale == scale)
+        else {
             return Err(config(format!(
-                "no 4-bit-weights stream kernel for {scale:?}"
+                "no 4-bit-weights stream kernel for {act:?} activations and {scale:?}"
             )));
         };
         let (ao, bo, w, wscales) = self.prepared(stream, a, b)?;
-        let a_scale = ao.bf16_scale()?;
+        // bf16: the activations' one scale; e4m3: their fp32 scales per 1×128 (own copy or the
+        // FP8 family's, with its rows), and 2^6 for the weight codes' e4m3 offset.
+        let (a_scale, sx) = match act {
+            Activation::Bf16 => (ao.bf16_scale()?, None),
+            _ => (64.0, Some(ao.a8_scales(&a.prepared, &a.desc)?)),
+        };
         let (m, n, k, l) = (m as u32, n as u32, k as u32, l as u32);
         let chunks = k.div_ceil(stream::CHUNK_K);
         let split = cfg.split_k;
@@ -522,14 +557,20 @@ impl Sm90W4 {
         let mut launch = crate::launch::Launch::new(stream, func)
             .grid(n.div_ceil(stream::ROWS), split, l)
             .block(stream::THREADS, 1, 1)
-            .shared_mem(stream::smem_bytes(m, chunks, split));
+            .shared_mem(stream::smem_bytes(act, m, chunks, split));
         let sizes = stream::workspace(n, l, split);
         let splitk =
             crate::splitk::SplitK::params_sized(&mut launch, slot.as_mut(), stream, sizes)?;
+        let (sx, sx_rows) = match sx {
+            Some(A8Scales::Own(buf, rows)) => (launch.ptr(buf), rows),
+            Some(A8Scales::Fp8(buf, rows)) => (launch.ptr(buf), rows),
+            None => (0, 0),
+        };
         let params = W4StreamParams {
             w: launch.ptr(&w.data),
             sfw: launch.ptr(wscales),
             x: launch.ptr(&a.data),
+            sx,
             out: launch.ptr_mut(out),
             splitk,
             m,
@@ -541,14 +582,15 @@ impl Sm90W4 {
             split,
             out_type: *dtype as u32,
             alpha: a_scale * a.desc.tensor_scale * b.desc.tensor_scale,
-            _pad: 0,
+            sx_rows,
         };
         // SAFETY: `cfg` was validated for this shape (M ≤ 16, 1 ≤ split ≤ chunks, the grid and
         // shared memory within limits); the reordered weights hold l·n rows of `chunks · 32`
-        // bytes and their scales the MX layout of `rows_pad` rows; the activations are bf16
-        // l·m·k values at a 16-byte-aligned address (their tensor maps were made over it) with
-        // k a multiple of 8 (`unsupported_pair`); the output holds l·m·n elements of `out_type`;
-        // the workspace is sized by `stream::workspace` with its counters zero.
+        // bytes and their scales the MX layout of `rows_pad` rows; the activations are l·m·k
+        // bf16 values or e4m3 codes at a 16-byte-aligned address (their tensor maps were made
+        // over it) with rows of a multiple of 16 bytes (`unsupported_pair`), e4m3's scales
+        // fp32 `[l][⌈k/128⌉][sx_rows ≥ m]`; the output holds l·m·n elements of `out_type`; the
+        // workspace is sized by `stream::workspace` with its counters zero.
         let _gemm = unsafe { launch.launch(&params) }?;
         Ok(())
     }
