@@ -187,6 +187,7 @@ pub(crate) mod device {
     use crate::ptx::{global, mma, smem, thread};
     use crate::sm90_mx::MMA_K;
     use crate::sm90_mx::dequant::ScaleDecode;
+    use crate::sm90_w4::GROUP_ROWS;
     use crate::sm90_w4::{
         A8_SCALE_K, Activation, a8_stage_selector, weight_fragments, weight_fragments_e4m3,
     };
@@ -293,36 +294,41 @@ pub(crate) mod device {
         // This thread's two weight rows (clamped inside the matrix: rows past N are read but
         // never stored).
         let first = tile * ROWS + 16 * warp + g;
-        let rows = [first, first + 8].map(|r| r.min(p.n - 1));
-        // Where each row's next chunk to load is: the stored codes (`stored_chunk`: a row's
-        // chunks one row group apart) and its scale bytes (one chunk's scales `rows_pad` rows
-        // apart). The loads go out in chunk order, each advancing its row's two addresses.
-        let w_step = (super::super::GROUP_ROWS * CHUNK_BYTES) as u64;
+        // Its stored group of 16 rows (the last group that exists where the tile runs past N:
+        // rows past N are read but never stored), in which rows g and g + 8 are 8 rows apart.
+        let group = ((tile * ROWS) / GROUP_ROWS + warp).min(p.n.div_ceil(GROUP_ROWS) - 1);
+        let row = group * GROUP_ROWS + g;
+        // Where row g's next chunk to load is: the stored codes (`stored_chunk`: a group's
+        // chunks 512 bytes apart) and its scale bytes (one chunk's scales `rows_pad` rows
+        // apart); row g + 8's are a fixed offset on, so each load takes it as an immediate.
+        let w_step = (GROUP_ROWS * CHUNK_BYTES) as u64;
         let s_step = p.rows_pad as u64 * w_scales as u64;
-        let mut w_at =
-            rows.map(|r| p.w + super::super::stored_chunk(l, r, c0, p.n, p.chunks) + 8 * t as u64);
-        let mut s_at = rows.map(|r| {
-            p.sfw
-                + ((l as u64 * p.chunks as u64 + c0 as u64) * p.rows_pad as u64 + r as u64)
-                    * w_scales as u64
-        });
+        let mut w_at = p.w + super::super::stored_chunk(l, row, c0, p.n, p.chunks) + 8 * t as u64;
+        let mut s_at = p.sfw
+            + ((l as u64 * p.chunks as u64 + c0 as u64) * p.rows_pad as u64 + row as u64)
+                * w_scales as u64;
         let mut load_next = || -> Chunk {
             let mut ch = Chunk::default();
-            for h in 0..2 {
-                // SAFETY: the addresses stay on rows `rows[h]` < n and chunks < c1 ≤ chunks
-                // (the callers load chunks c0, c0 + 1, … below c1 only): inside the stored codes
-                // (8-byte aligned) and the scale layout (aligned to its `w_scales` bytes).
+            for h in 0..2usize {
+                let (w, s) = (
+                    w_at + (h as u32 * 8 * CHUNK_BYTES) as u64,
+                    s_at + (h as u32 * 8 * w_scales) as u64,
+                );
+                // SAFETY: rows g and g + 8 of a stored group (whole, padded with zero rows) and
+                // chunks < c1 ≤ chunks (the callers load chunks c0, c0 + 1, … below c1 only):
+                // inside the stored codes (8-byte aligned) and the scale layout (rows_pad ≥ the
+                // groups' rows; aligned to its `w_scales` bytes).
                 unsafe {
-                    ch.w[h] = global::load_u32x2_stream(w_at[h]);
+                    ch.w[h] = global::load_u32x2_stream(w);
                     ch.s[h] = if w_scales == 2 {
-                        global::load_u16_nc(s_at[h]) as u32
+                        global::load_u16_nc(s) as u32
                     } else {
-                        global::load_u32_nc(s_at[h])
+                        global::load_u32_nc(s)
                     };
                 }
-                w_at[h] += w_step;
-                s_at[h] += s_step;
             }
+            w_at += w_step;
+            s_at += s_step;
             ch
         };
         // The first chunks' loads go out before the activations are staged.
