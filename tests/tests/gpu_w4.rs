@@ -71,25 +71,26 @@ fn check(
     force: Option<(u32, u32)>,
 ) -> Result<(), String> {
     let what = format!("sm90 W4 {force:?}");
-    check_with(recipe, (m, n, k, l), dtype, seed, &what, |a, b| {
+    check_with(recipe, (m, n, k, l), dtype, seed, (&what, false), |a, b| {
         run(a, b, dtype, force)
     })
 }
 
-/// A random pair of `recipe` and `dims` through `run`, against the CPU reference (`what` names
-/// the kernel and its configuration in a failure).
+/// A random pair of `recipe` and `dims` through `run`, against the CPU reference within the bound
+/// of [`bound_k`] (`stream`: run on the stream kernel; `what` names the kernel and its
+/// configuration in a failure).
 fn check_with(
     recipe: Recipe,
     (m, n, k, l): (usize, usize, usize, usize),
     dtype: OutType,
     seed: u64,
-    what: &str,
+    (what, stream): (&str, bool),
     run: impl FnOnce(&ScaledMatrix, &ScaledMatrix) -> Result<HostOutput, String>,
 ) -> Result<(), String> {
     let (a, b) = random_pair(seed, (m, n, k, l), recipe.a(), recipe.b());
     let (want, abs) = reference_output(&a, &b, dtype)?;
     let got = run(&a, &b)?;
-    compare_outputs(&got, &want, 1.0, &slack(k, &abs))
+    compare_outputs(&got, &want, 1.0, &slack(bound_k(recipe, k, stream), &abs))
         .map_err(|e| format!("{what} {recipe} {m}x{n}x{k}x{l} {dtype:?} seed {seed}: {e}"))
 }
 
@@ -135,11 +136,9 @@ fn check_stream(
     split: Option<u32>,
 ) -> Result<(), String> {
     let what = format!("sm90 W4 stream, split {split:?}");
-    let (a, b) = random_pair(seed, (m, n, k, l), recipe.a(), recipe.b());
-    let (want, abs) = reference_output(&a, &b, dtype)?;
-    let got = run_stream(&a, &b, dtype, split)?;
-    compare_outputs(&got, &want, 1.0, &slack(bound_k(recipe, k, true), &abs))
-        .map_err(|e| format!("{what} {recipe} {m}x{n}x{k}x{l} {dtype:?} seed {seed}: {e}"))
+    check_with(recipe, (m, n, k, l), dtype, seed, (&what, true), |a, b| {
+        run_stream(a, b, dtype, split)
+    })
 }
 
 /// The weight-only recipes the stream kernel takes.

@@ -168,6 +168,16 @@ pub const fn smem_bytes(act: Activation, m: u32, chunks: u32, split: u32) -> u32
     rows * staged_row_bytes(chunks, split) + scales
 }
 
+/// [`smem_bytes`] of whichever activation format needs more: for checks made before the format
+/// is known (a configuration's validation, the split heuristic).
+pub const fn smem_bytes_any(m: u32, chunks: u32, split: u32) -> u32 {
+    let (a, b) = (
+        smem_bytes(Activation::Bf16, m, chunks, split),
+        smem_bytes(Activation::E4m3Row128, m, chunks, split),
+    );
+    if a > b { a } else { b }
+}
+
 /// Split K's workspace of a launch: (f32 partial sums, u32 counters); each CTA's threads write
 /// 8 values each.
 pub const fn workspace(n: u32, l: u32, split: u32) -> (u64, u64) {
@@ -177,8 +187,6 @@ pub const fn workspace(n: u32, l: u32, split: u32) -> (u64, u64) {
 
 #[cfg(all(target_arch = "nvptx64", target_feature = "sm_90a"))]
 pub(crate) mod device {
-    use core::marker::PhantomData;
-
     use super::{CHUNK_BYTES, CHUNK_K, DEPTH, ROWS, THREADS, W4StreamParams};
     use crate::entry::Named;
     use crate::gemm::epilogue::{Output, store_transposed};
@@ -217,7 +225,6 @@ pub(crate) mod device {
 
     /// The activations' format: how a CTA stages them and how a warp multiplies a chunk.
     pub(crate) trait StreamAct {
-        const KIND: Activation;
         /// Copies activation rows `0..st.rows` (zeros past `m`) of chunks `c0..c1` into shared
         /// memory, with the 256 threads of the CTA (`tid`).
         /// # Safety
@@ -242,7 +249,7 @@ pub(crate) mod device {
 
     /// The activations' format named by its [`Activation`] value `A` (`as u32`), for the kernel
     /// table ([`crate::entry::Named`]).
-    pub(crate) struct ActOf<const A: u32>(PhantomData<()>);
+    pub(crate) struct ActOf<const A: u32>;
 
     impl Named for ActOf<{ Activation::Bf16 as u32 }> {
         type T = Bf16;
@@ -379,8 +386,6 @@ pub(crate) mod device {
     }
 
     impl StreamAct for Bf16 {
-        const KIND: Activation = Activation::Bf16;
-
         /// In 16-byte units of 8 values, shared over the CTA's threads.
         #[inline(always)]
         unsafe fn stage<S: ScaleDecode>(p: &W4StreamParams, st: &Staged, c1: u32, tid: u32) {
@@ -425,8 +430,6 @@ pub(crate) mod device {
     }
 
     impl StreamAct for E4m3Row128 {
-        const KIND: Activation = Activation::E4m3Row128;
-
         /// One chunk of one row per unit: its 64 codes loaded as four 16-byte words, converted
         /// to fp16 (exact) and stored in the order the fragments read them (thread t's 32
         /// bytes at 32t, [`e4m3_b_words`]); then the rows' scales of the 128-K blocks the range

@@ -44,13 +44,8 @@ pub fn sm90_w4_stream_default(
     let want = (sm_count.max(1) as u64 * 8).div_ceil(5);
     let longest = (chunks / stream::DEPTH as u32).max(1);
     let mut split = (want.div_ceil(tiles) as u32).clamp(1, longest);
-    // (Either activation format's staging: the larger.)
-    let fits = |s: u32| {
-        let acts = [w4::Activation::Bf16, w4::Activation::E4m3Row128];
-        acts.iter().all(|&act| {
-            stream::smem_bytes(act, m as u32, chunks, s) <= SMEM_LIMIT / stream::MIN_BLOCKS
-        })
-    };
+    let fits =
+        |s: u32| stream::smem_bytes_any(m as u32, chunks, s) <= SMEM_LIMIT / stream::MIN_BLOCKS;
     while split < chunks && !fits(split) {
         split += 1;
     }

@@ -277,12 +277,8 @@ fn validate_stream(split_k: u32, s: &GemmShape) -> Result<()> {
             s.l
         )));
     }
-    // (The activations' format is not known here: the larger of the two layouts.)
-    let smem = [Activation::Bf16, Activation::E4m3Row128]
-        .map(|act| stream::smem_bytes(act, s.m as u32, chunks as u32, split_k))
-        .into_iter()
-        .max()
-        .unwrap_or(0);
+    // (The activations' format is not known here.)
+    let smem = stream::smem_bytes_any(s.m as u32, chunks as u32, split_k);
     if smem > SMEM_LIMIT {
         return Err(config(format!(
             "split_k = {split_k}: a K range of {} values of {} activation rows needs {smem} bytes \
