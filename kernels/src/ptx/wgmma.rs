@@ -542,6 +542,26 @@ macro_rules! operand_fence {
     };
 }
 
+/// Orders all later writes of `a` (the A fragments of register-operand MMAs, e.g. four
+/// [`Bf16RsFragment::mma_rs_bf16`] K steps) after this point: placed right after the [`wait`] for
+/// those MMAs, it keeps the registers live, and so unshared with newer values, until the MMAs
+/// have read them (PTX ISA, `wgmma.mma_async`: A's registers must not be accessed before the
+/// `wgmma.wait_group` that covers the MMA). Emits no instruction.
+#[inline(always)]
+pub fn fence_a_fragments(a: &mut [[u32; 4]; 4]) {
+    // SAFETY: an empty template (a PTX comment) that only claims to modify `a`.
+    unsafe {
+        asm!(
+            "// wgmma A fence {0} {1} {2} {3} {4} {5} {6} {7} {8} {9} {10} {11} {12} {13} {14} {15}",
+            inout(reg32) a[0][0], inout(reg32) a[0][1], inout(reg32) a[0][2], inout(reg32) a[0][3],
+            inout(reg32) a[1][0], inout(reg32) a[1][1], inout(reg32) a[1][2], inout(reg32) a[1][3],
+            inout(reg32) a[2][0], inout(reg32) a[2][1], inout(reg32) a[2][2], inout(reg32) a[2][3],
+            inout(reg32) a[3][0], inout(reg32) a[3][1], inout(reg32) a[3][2], inout(reg32) a[3][3],
+            options(nostack, nomem, preserves_flags)
+        )
+    };
+}
+
 with_regs_128!(operand_fence!(fence_operands_128, 128));
 with_regs_72!(operand_fence!(fence_operands_72, 72));
 with_regs_80!(operand_fence!(fence_operands_80, 80));

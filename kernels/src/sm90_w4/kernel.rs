@@ -6,8 +6,9 @@
 //! - Compute (each consumer warpgroup its 64 weight rows): dequantize this thread's fragment from
 //!   the stage into registers; if the activations need converting, convert this thread's share
 //!   into bf16 buffer `use % 3` and meet the other warpgroup; issue four `wgmma m64nNk16` with A
-//!   from registers, wait for them and release the stage (W4A8: into a separate sum, added
-//!   times the activations' fp32 scales).
+//!   from registers (converted formats: while they run, do the same for the next stage); wait
+//!   for them and release the stage (W4A8: into a separate sum per 128 K, added times the
+//!   activations' fp32 scales).
 //! - Store: the sums times `alpha`, transposed, directly (f32, 16-bit, or split-K partials).
 
 use core::marker::PhantomData;
@@ -126,6 +127,21 @@ pub(crate) struct W4Gemm<F, A, S> {
     pub(crate) types: PhantomData<(F, A, S)>,
 }
 
+/// What one use's MMAs take: the thread's weight fragments of K steps 0..4 and the address of
+/// the stage's bf16 activations.
+struct Prepared {
+    frags: [[u32; 4]; 4],
+    x: u32,
+}
+
+impl Prepared {
+    /// Before the first use is prepared.
+    const NONE: Prepared = Prepared {
+        frags: [[0; 4]; 4],
+        x: 0,
+    };
+}
+
 /// One consumer thread's constants.
 pub(crate) struct Consumer {
     c: u32,
@@ -142,6 +158,10 @@ impl<F: Bf16RsFragment, A: Activations, S: ScaleDecode> W4Gemm<F, A, S> {
     /// The TMA box of the activations' scales.
     const ACT_SCALE_BOX: Option<ScaleBox> =
         super::act_scale_box(super::W4Tile { n: F::N }, A::KIND, S::BLOCK);
+    /// Whether a use is prepared while the previous use's MMAs run: for the formats converted in
+    /// shared memory, whose conversion and meeting are long enough to hide them (measured: for
+    /// bf16 activations the fragments' extra registers and moves cost more than they hide).
+    const LOOKAHEAD: bool = A::KIND.converts();
     /// Rounds of the activations' conversion (units = rows × 4, over 256 threads).
     const ROUNDS: u32 = (F::N * UNITS_PER_ROW).div_ceil(THREADS);
 
@@ -191,6 +211,40 @@ impl<F: Bf16RsFragment, A: Activations, S: ScaleDecode> W4Gemm<F, A, S> {
                     store_unit_swizzled(buf + r * BF16_ROW_BYTES, r, q, out);
                 }
             }
+        }
+    }
+
+    /// Waits for use `st`'s stage and makes what its MMAs take: this thread's weight fragments
+    /// and the address of the bf16 activations (the stage's tile, or buffer `use % 3` after
+    /// this thread's share is converted into it and the consumers have met).
+    /// # Safety
+    /// `st` is this warpgroup's next unwaited use; for a converting format, buffer `use % 3` is
+    /// read by no MMA in flight in either consumer.
+    #[inline(always)]
+    unsafe fn prepare(
+        ctx: &Ctx,
+        st: PipelineState,
+        g: u32,
+        lane: u32,
+        row: u32,
+        shift: u32,
+    ) -> Prepared {
+        let (pipe, layout) = (&ctx.pipe, &ctx.layout);
+        let s = pipe.stage(st);
+        // SAFETY: the caller's contract.
+        unsafe {
+            pipe.consumer_wait(st);
+            let frags = Self::weights(layout, s, row, lane);
+            let x = if A::KIND.converts() {
+                let buf = layout.out() + (st.count() % ACT_BUFFERS) * F::N * BF16_ROW_BYTES;
+                Self::convert(layout, s, buf, g, shift);
+                smem::fence_async_proxy();
+                barriers::sync_consumers();
+                buf
+            } else {
+                layout.a(s)
+            };
+            Prepared { frags, x }
         }
     }
 
@@ -296,48 +350,56 @@ impl<F: Bf16RsFragment, A: Activations, S: ScaleDecode> GemmKernel for W4Gemm<F,
             None => 0,
         };
         let mut acc = F::zeros();
-        for kb in own.k_blocks() {
+        // W4A8: the sums of the current 128-K block of activation scales (two stages).
+        let mut tmp = F::zeros();
+        let ks = own.k_blocks();
+        if ks.is_empty() {
+            return acc;
+        }
+        let mut cur = Prepared::NONE;
+        if Self::LOOKAHEAD {
+            // SAFETY: `st` is this warpgroup's next use (both consumers make the same uses).
+            cur = unsafe { Self::prepare(ctx, *st, g, lane, cons.row, shift) };
+        }
+        for kb in ks.clone() {
             let s = pipe.stage(*st);
-            // SAFETY: `st` counts this warpgroup's uses in order (both consumers make the same
-            // uses); a stage is read after `consumer_wait` and released after its MMAs completed
-            // (`wait`); buffer `use % 3` was last read by the MMAs of use − 3, which every
-            // consumer waited for before the meeting of use − 2, which this thread passed.
+            let next_st = st.next();
+            // Whether this stage starts a sum, and whether the sum is complete after it.
+            let (fresh, done) = if A::KIND.promotes() {
+                (kb == ks.start || kb % 2 == 0, kb % 2 == 1 || kb + 1 == ks.end)
+            } else {
+                (kb == ks.start, false)
+            };
+            // SAFETY: use `st` is held and prepared (`cur`) before its MMAs. They read
+            // `cur.frags` from registers until the wait, which the fence after it keeps unshared
+            // with the next use's fragments, made meanwhile with lookahead; that next use is
+            // waited for in `prepare` and held with this one (the ring has more than two
+            // stages). Buffer `use % 3` was last read by the MMAs of use − 3, which every
+            // consumer waited for before the meeting of use − 2's preparation (made during
+            // use − 3's MMAs with lookahead), which this thread passed before preparing this use.
             unsafe {
-                pipe.consumer_wait(*st);
-                let frags = Self::weights(layout, s, cons.row, lane);
-                let x = if A::KIND.converts() {
-                    let buf = layout.out() + (st.count() % ACT_BUFFERS) * F::N * BF16_ROW_BYTES;
-                    Self::convert(layout, s, buf, g, shift);
-                    smem::fence_async_proxy();
-                    barriers::sync_consumers();
-                    buf
-                } else {
-                    layout.a(s)
-                };
+                if !Self::LOOKAHEAD {
+                    cur = Self::prepare(ctx, *st, g, lane, cons.row, shift);
+                }
                 wgmma::fence();
-                // Each stage's MMAs are waited for before the next stage's fragments are made:
-                // an MMA reads its register fragment asynchronously, and nothing stops the
-                // compiler from giving those registers to the next stage's conversion while it
-                // does (measured: corrupted sums with one stage in flight, 128-row tiles).
-                if A::KIND.promotes() {
-                    let mut tmp = F::zeros();
-                    for kk in 0..4 {
-                        tmp.mma_rs_bf16(frags[kk], bf16_desc(x, 0, kk as u32), kk > 0);
-                    }
-                    wgmma::commit();
-                    wgmma::wait::<0>();
-                    tmp.fence();
+                let sums = if A::KIND.promotes() { &mut tmp } else { &mut acc };
+                for kk in 0..4 {
+                    let desc = bf16_desc(cur.x, 0, kk as u32);
+                    sums.mma_rs_bf16(cur.frags[kk], desc, !(fresh && kk == 0));
+                }
+                wgmma::commit();
+                let next = (Self::LOOKAHEAD && kb + 1 < ks.end)
+                    .then(|| Self::prepare(ctx, next_st, g, lane, cons.row, shift));
+                wgmma::wait::<0>();
+                sums.fence();
+                wgmma::fence_a_fragments(&mut cur.frags);
+                if done {
                     Self::promote(layout, s, lane, shift, &mut acc, &tmp);
-                } else {
-                    for kk in 0..4 {
-                        let first = kb == own.k_begin && kk == 0;
-                        acc.mma_rs_bf16(frags[kk], bf16_desc(x, 0, kk as u32), !first);
-                    }
-                    wgmma::commit();
-                    wgmma::wait::<0>();
-                    acc.fence();
                 }
                 pipe.consumer_release(*st, ctx.rank);
+                if let Some(next) = next {
+                    cur = next;
+                }
             }
             st.advance();
         }
