@@ -12,7 +12,7 @@ use blockscaled::{
 };
 use blockscaled_tests::{
     FP8_ACCUMULATION_REL, abs_matrix, compare_outputs, fp8_accumulation_slack, random_values,
-    reference_output,
+    random_weights, reference_output,
 };
 use cudarc::driver::CudaSlice;
 
@@ -68,7 +68,8 @@ const CPU_CHECK_LIMIT: f64 = 2.0 * 8.6e9;
 pub fn run_case(gpu: &Gpu, peer: Option<&LtPeer>, c: &Case) -> Result<Outcome, String> {
     let e = |x: blockscaled::Error| x.to_string();
     let va = random_values(c.seed, c.l * c.m * c.k, c.k);
-    let vb = random_values(c.seed ^ 0x5DEE_CE66_D1CE_4E5B, c.l * c.n * c.k, c.k);
+    // B is the weights: a trained model's magnitudes (which decide the 4-bit kernels' path).
+    let vb = random_weights(c.seed ^ 0x5DEE_CE66_D1CE_4E5B, c.l * c.n * c.k, c.k);
     let a = ScaledMatrix::quantize(&va, c.m, c.k, c.l, c.recipe.a()).map_err(e)?;
     let b = ScaledMatrix::quantize(&vb, c.n, c.k, c.l, c.recipe.b()).map_err(e)?;
     let in_bytes = a.data().len() + a.scales().len() + b.data().len() + b.scales().len();

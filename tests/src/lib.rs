@@ -53,6 +53,29 @@ pub fn random_values(seed: u64, len: usize, row_len: usize) -> Vec<f32> {
     out
 }
 
+/// Random weights: as [`random_values`], but with the magnitudes of a trained model's weights,
+/// each row's 2^e with e in -8..=-1 (so 4-bit block scales are at most 2^0), and one row in 32
+/// at 2^4 (scales of 4: the kernels' paths for large scales run in the same launch).
+pub fn random_weights(seed: u64, len: usize, row_len: usize) -> Vec<f32> {
+    let mut rng = StdRng::seed_from_u64(seed ^ 0x5745_4947_4854_5321);
+    let mut v = random_values(seed, len, row_len);
+    for row in v.chunks_mut(row_len.max(1)) {
+        let e = if rng.random_range(0..32) == 0 {
+            4
+        } else {
+            rng.random_range(-8..=-1)
+        };
+        // random_values' rows are 2^(-6..=6) times values in ±[0.05, 20): rescale the row by
+        // its largest magnitude so that it ends near 2^e.
+        let max = row.iter().fold(0f32, |m, x| m.max(x.abs()));
+        if max > 0.0 {
+            let f = 2f32.powi(e) / max;
+            row.iter_mut().for_each(|x| *x *= f);
+        }
+    }
+    v
+}
+
 /// Quantizes fresh random values into `format`.
 pub fn random_matrix(
     seed: u64,
@@ -64,6 +87,20 @@ pub fn random_matrix(
     let v = random_values(seed, rows * k * batch, k);
     let m = ScaledMatrix::quantize(&v, rows, k, batch, format).expect("valid random matrix");
     (v, m)
+}
+
+/// As [`random_pair`] with B of [`random_weights`] (A's seed the same).
+pub fn random_weight_pair(
+    seed: u64,
+    (m, n, k, l): (usize, usize, usize, usize),
+    fa: OperandFormat,
+    fb: OperandFormat,
+) -> (ScaledMatrix, ScaledMatrix) {
+    let (_, a) = random_matrix(seed, m, k, l, fa);
+    let b_seed = seed.wrapping_mul(0x2545_F491_4F6C_DD1D).wrapping_add(1);
+    let v = random_weights(b_seed, n * k * l, k);
+    let b = ScaledMatrix::quantize(&v, n, k, l, fb).expect("valid random weights");
+    (a, b)
 }
 
 /// Rows `r0..r1` of weights `m` in the DeepSeek layout (fp32 scales per 128×128, K-major):

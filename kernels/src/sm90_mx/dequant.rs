@@ -183,6 +183,19 @@ pub trait ScaleDecode {
     /// The scale byte as bf16 in both halves: exact (every e8m0 and ue4m3 value is a bf16), NaN
     /// codes as NaN.
     fn x2(byte: u32) -> u32;
+    /// Whether [`Self::x2_biased`] can fold e2m1's shift bias into the scale.
+    const FOLDS_BIAS: bool = false;
+    /// Whether [`Self::x2_biased`]`(byte)` is exact: 2^126 times the scale is a finite bf16, or
+    /// the scale is NaN.
+    fn bias_exact(_byte: u32) -> bool {
+        false
+    }
+    /// [`E2m1::BIAS_X2`] times the scale, in both halves, for a byte with [`Self::bias_exact`]:
+    /// one multiply of a shifted e2m1 pair by it is the pair times its scale, rounded once from
+    /// the same exact product as the two multiplies by the bias and the scale.
+    fn x2_biased(byte: u32) -> u32 {
+        mul_bf16x2(Self::x2(byte), E2m1::BIAS_X2)
+    }
 }
 
 /// E8M0 per 32 (MX): 2^(byte − 127) is the bf16 with exponent field `byte`, except 2^-127
@@ -209,11 +222,31 @@ fn e8m0_x2(byte: u32) -> u32 {
     x2(byte << 7 | nan | zero)
 }
 
+/// 2^126 · 2^(byte − 127) = 2^(byte − 1) is the bf16 with exponent field byte + 126 for bytes up
+/// to 128 (scales up to 2, which weights' are: their values are at most 6 times it); NaN for 0xFF.
+#[inline(always)]
+fn e8m0_biased_x2(byte: u32) -> u32 {
+    if byte == 0xFF {
+        x2(0x7FC0)
+    } else {
+        x2((byte + 126) << 7)
+    }
+}
+
 impl ScaleDecode for E8m0x32 {
     const BLOCK: u32 = 32;
     #[inline(always)]
     fn x2(byte: u32) -> u32 {
         e8m0_x2(byte)
+    }
+    const FOLDS_BIAS: bool = true;
+    #[inline(always)]
+    fn bias_exact(byte: u32) -> bool {
+        byte <= 128 || byte == 0xFF
+    }
+    #[inline(always)]
+    fn x2_biased(byte: u32) -> u32 {
+        e8m0_biased_x2(byte)
     }
 }
 
@@ -222,6 +255,15 @@ impl ScaleDecode for E8m0x16 {
     #[inline(always)]
     fn x2(byte: u32) -> u32 {
         e8m0_x2(byte)
+    }
+    const FOLDS_BIAS: bool = true;
+    #[inline(always)]
+    fn bias_exact(byte: u32) -> bool {
+        byte <= 128 || byte == 0xFF
+    }
+    #[inline(always)]
+    fn x2_biased(byte: u32) -> u32 {
+        e8m0_biased_x2(byte)
     }
 }
 

@@ -177,11 +177,23 @@ impl<F: Bf16RsFragment, A: Activations, S: ScaleDecode> W4Gemm<F, A, S> {
         // SAFETY: the caller's contract; rows < 128, bytes < 32, scale bytes < W_SCALES.
         let raw =
             rows.map(|r| unsafe { smem::load_u32x2(tile + r * WEIGHT_ROW_BYTES + 8 * (lane % 4)) });
-        super::weight_fragments(raw, |h, kk| {
-            let byte = kk * MMA_K / S::BLOCK;
-            // SAFETY: as above.
-            S::x2(unsafe { smem::load_u8(sf + rows[h] * Self::W_SCALES + byte) })
-        })
+        // The rows' scale bytes of the stage, each loaded once.
+        // (Index loops over constant bounds: unrolled, the bytes kept in registers.)
+        let mut bytes = [[0u32; 4]; 2];
+        for h in 0..2 {
+            for i in 0..Self::W_SCALES as usize {
+                // SAFETY: as above.
+                bytes[h][i] = unsafe { smem::load_u8(sf + rows[h] * Self::W_SCALES + i as u32) };
+            }
+        }
+        let byte = |h: usize, kk: u32| bytes[h][(kk * MMA_K / S::BLOCK) as usize];
+        if A::KIND.converts() {
+            // (Measured: with the activations' conversion beside it, the ballot and the second
+            // path cost more than the multiplies they save.)
+            super::weight_fragments(raw, |h, kk| S::x2(byte(h, kk)))
+        } else {
+            super::warp_fragments::<S>(raw, byte)
+        }
     }
 
     /// Consumer thread `g` (of 256) converts its units of stage `s`'s activation tile into the
@@ -366,7 +378,10 @@ impl<F: Bf16RsFragment, A: Activations, S: ScaleDecode> GemmKernel for W4Gemm<F,
             let next_st = st.next();
             // Whether this stage starts a sum, and whether the sum is complete after it.
             let (fresh, done) = if A::KIND.promotes() {
-                (kb == ks.start || kb % 2 == 0, kb % 2 == 1 || kb + 1 == ks.end)
+                (
+                    kb == ks.start || kb % 2 == 0,
+                    kb % 2 == 1 || kb + 1 == ks.end,
+                )
             } else {
                 (kb == ks.start, false)
             };
@@ -382,7 +397,11 @@ impl<F: Bf16RsFragment, A: Activations, S: ScaleDecode> GemmKernel for W4Gemm<F,
                     cur = Self::prepare(ctx, *st, g, lane, cons.row, shift);
                 }
                 wgmma::fence();
-                let sums = if A::KIND.promotes() { &mut tmp } else { &mut acc };
+                let sums = if A::KIND.promotes() {
+                    &mut tmp
+                } else {
+                    &mut acc
+                };
                 for kk in 0..4 {
                     let desc = bf16_desc(cur.x, 0, kk as u32);
                     sums.mma_rs_bf16(cur.frags[kk], desc, !(fresh && kk == 0));

@@ -231,14 +231,33 @@ pub const fn weight_k(p: u32) -> u32 {
 /// `r + 8·(j%2)`, columns `8·(j/2) + 2t` and the next: pair `2kk + j/2` of that row.
 #[inline(always)]
 pub fn weight_fragments(raw: [[u32; 2]; 2], scale: impl Fn(usize, u32) -> u32) -> [[u32; 4]; 4] {
+    fragments(raw, |pair, h, kk| {
+        mul_bf16x2(mul_bf16x2(pair, E2m1::BIAS_X2), scale(h, kk))
+    })
+}
+
+/// [`weight_fragments`] with one multiply per pair: `factor(h, kk)` is the scale times e2m1's
+/// shift bias ([`ScaleDecode::x2_biased`]); the same words where that factor is exact
+/// ([`ScaleDecode::bias_exact`]).
+#[inline(always)]
+pub fn weight_fragments_biased(
+    raw: [[u32; 2]; 2],
+    factor: impl Fn(usize, u32) -> u32,
+) -> [[u32; 4]; 4] {
+    fragments(raw, |pair, h, kk| mul_bf16x2(pair, factor(h, kk)))
+}
+
+/// The fragments of [`weight_fragments`], each shifted pair of row `r + 8h` at K step `kk` made a
+/// bf16 pair by `value(pair, h, kk)`.
+#[inline(always)]
+fn fragments(raw: [[u32; 2]; 2], value: impl Fn(u32, usize, u32) -> u32) -> [[u32; 4]; 4] {
     let mut v = [[0u32; 8]; 2];
     for h in 0..2 {
         let pairs = E2m1::shifted([raw[h][0], raw[h][1], 0, 0]);
         // (Index loops: an array's by-value iterator stays a loop, its values in local memory.)
         for kk in 0..4 {
-            let sc = scale(h, kk as u32);
             for i in 2 * kk..2 * kk + 2 {
-                v[h][i] = mul_bf16x2(mul_bf16x2(pairs[i], E2m1::BIAS_X2), sc);
+                v[h][i] = value(pairs[i], h, kk as u32);
             }
         }
     }
@@ -250,6 +269,30 @@ pub fn weight_fragments(raw: [[u32; 2]; 2], scale: impl Fn(usize, u32) -> u32) -
             v[1][2 * kk + 1],
         ]
     })
+}
+
+/// The fragments of [`weight_fragments`] for a whole warp, the scale byte of row `r + 8h` at K
+/// step `kk` being `byte(h, kk)`: with one multiply per pair ([`weight_fragments_biased`]) where
+/// every lane's scales fold the bias exactly, else two. Decided per warp (a ballot), so that the
+/// branch is uniform. All 32 lanes call it together.
+#[cfg(all(target_arch = "nvptx64", target_feature = "sm_90a"))]
+#[inline(always)]
+pub(crate) fn warp_fragments<S: crate::sm90_mx::dequant::ScaleDecode>(
+    raw: [[u32; 2]; 2],
+    byte: impl Fn(usize, u32) -> u32,
+) -> [[u32; 4]; 4] {
+    if S::FOLDS_BIAS {
+        let mut exact = true;
+        for h in 0..2 {
+            for kk in 0..4 {
+                exact &= S::bias_exact(byte(h, kk));
+            }
+        }
+        if crate::ptx::thread::ballot(exact) == u32::MAX {
+            return weight_fragments_biased(raw, |h, kk| S::x2_biased(byte(h, kk)));
+        }
+    }
+    weight_fragments(raw, |h, kk| S::x2(byte(h, kk)))
 }
 
 /// The weights of the two K steps of 32 of one 64-K chunk as e4m3 bytes, in the register order
@@ -506,6 +549,49 @@ mod tests {
     /// Each e4m3 byte of a thread's fragments is the code at its [`a8_k`] times 2^-6, exactly
     /// (every code, both signs, the subnormal 0.5); the K of a step's bytes are the step's 32,
     /// each once per thread and register pair, bytes 0 and 2 in its first 16.
+    /// With e2m1's bias folded into the scale (one multiply per pair), the fragments are
+    /// bit-for-bit those of two multiplies for every code and every e8m0 byte the fold takes
+    /// (scales up to 2, and NaN), and the fold refuses every other byte.
+    #[test]
+    fn folding_the_bias_into_e8m0_scales_changes_no_fragment_bit() {
+        use crate::sm90_mx::dequant::{E8m0x16, E8m0x32, ScaleDecode};
+        // Every code in every nibble of both rows' words.
+        let raw: [[u32; 2]; 2] = [[0x7654_3210, 0xFEDC_BA98], [0x89AB_CDEF, 0x0123_4567]];
+        let mut folded = 0;
+        for byte in 0..256u32 {
+            assert_eq!(E8m0x32::bias_exact(byte), E8m0x16::bias_exact(byte));
+            if !E8m0x32::bias_exact(byte) {
+                assert!((129..255).contains(&byte), "byte {byte} refused");
+                continue;
+            }
+            folded += 1;
+            // Each row and step its own byte: byte, and a neighbour that the fold also takes.
+            let at = |h: usize, kk: u32| {
+                let b = (byte + h as u32 + kk) % 129;
+                if byte == 0xFF { byte } else { b }
+            };
+            let two = weight_fragments(raw, |h, kk| E8m0x32::x2(at(h, kk)));
+            let one = weight_fragments_biased(raw, |h, kk| E8m0x32::x2_biased(at(h, kk)));
+            for (kk, (a, b)) in two.iter().zip(&one).enumerate() {
+                for j in 0..4 {
+                    let nan = |w: u32, s: u32| (w >> s) & 0x7FFF > 0x7F80;
+                    for s in [0, 16] {
+                        if nan(a[j], s) {
+                            assert!(nan(b[j], s), "byte {byte} kk {kk} word {j}: NaN lost");
+                        } else {
+                            assert_eq!(
+                                (a[j] >> s) & 0xFFFF,
+                                (b[j] >> s) & 0xFFFF,
+                                "byte {byte} kk {kk} word {j} half {s}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+        assert_eq!(folded, 130);
+    }
+
     #[test]
     fn e4m3_fragments_are_the_codes_at_their_k_times_a_power_of_two() {
         use crate::format::{e2m1, e4m3};

@@ -197,7 +197,7 @@ pub(crate) mod device {
     use crate::sm90_mx::dequant::ScaleDecode;
     use crate::sm90_w4::GROUP_ROWS;
     use crate::sm90_w4::{
-        A8_SCALE_K, Activation, a8_stage_selector, weight_fragments, weight_fragments_e4m3,
+        A8_SCALE_K, Activation, a8_stage_selector, warp_fragments, weight_fragments_e4m3,
     };
 
     /// One chunk of a thread's two weight rows as loaded: their fragment bytes and scale bytes.
@@ -414,8 +414,8 @@ pub(crate) mod device {
             st: &Staged,
             (g, t): (u32, u32),
         ) {
-            let frags = weight_fragments(cur.w, |h, kk| {
-                S::x2((cur.s[h] >> (8 * (kk * MMA_K / S::BLOCK))) & 0xFF)
+            let frags = warp_fragments::<S>(cur.w, |h, kk| {
+                (cur.s[h] >> (8 * (kk * MMA_K / S::BLOCK))) & 0xFF
             });
             for kk in 0..4 {
                 let col = (at - st.c0) * CHUNK_K + kk as u32 * MMA_K + 2 * t;
