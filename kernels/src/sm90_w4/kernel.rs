@@ -165,19 +165,22 @@ impl<F: Bf16RsFragment, A: Activations, S: ScaleDecode> W4Gemm<F, A, S> {
     /// Rounds of the activations' conversion (units = rows × 4, over 256 threads).
     const ROUNDS: u32 = (F::N * UNITS_PER_ROW).div_ceil(THREADS);
 
-    /// The thread's register fragments of stage `s` for K steps 0..4: rows `row` and `row + 8`,
-    /// 16 codes each (8 reordered bytes at `8·(lane % 4)`, [`super::weight_k`]), times their
-    /// scales.
+    /// The thread's raw bytes of stage `s`: rows `row` and `row + 8`, 16 codes each (8 reordered
+    /// bytes at `8·(lane % 4)`, [`super::weight_k`]), and their scale bytes, each loaded once.
     /// # Safety
     /// Stage `s` is filled and held.
     #[inline(always)]
-    unsafe fn weights(layout: &StageLayout, s: u32, row: u32, lane: u32) -> [[u32; 4]; 4] {
+    unsafe fn stage_bytes(
+        layout: &StageLayout,
+        s: u32,
+        row: u32,
+        lane: u32,
+    ) -> ([[u32; 2]; 2], [[u32; 4]; 2]) {
         let (tile, sf) = (layout.b(s), layout.sfa(s));
         let rows = [row, row + 8];
         // SAFETY: the caller's contract; rows < 128, bytes < 32, scale bytes < W_SCALES.
         let raw =
             rows.map(|r| unsafe { smem::load_u32x2(tile + r * WEIGHT_ROW_BYTES + 8 * (lane % 4)) });
-        // The rows' scale bytes of the stage, each loaded once.
         // (Index loops over constant bounds: unrolled, the bytes kept in registers.)
         let mut bytes = [[0u32; 4]; 2];
         for h in 0..2 {
@@ -186,13 +189,24 @@ impl<F: Bf16RsFragment, A: Activations, S: ScaleDecode> W4Gemm<F, A, S> {
                 bytes[h][i] = unsafe { smem::load_u8(sf + rows[h] * Self::W_SCALES + i as u32) };
             }
         }
-        let byte = |h: usize, kk: u32| bytes[h][(kk * MMA_K / S::BLOCK) as usize];
+        (raw, bytes)
+    }
+
+    /// The register fragments (K steps 0..4) of `N` stages' [`Self::stage_bytes`], times their
+    /// scales.
+    #[inline(always)]
+    fn fragments<const N: usize>(
+        stages: [([[u32; 2]; 2], [[u32; 4]; 2]); N],
+    ) -> [[[u32; 4]; 4]; N] {
+        let byte = |c: usize, h: usize, kk: u32| stages[c].1[h][(kk * MMA_K / S::BLOCK) as usize];
         if A::KIND.converts() {
             // (Measured: with the activations' conversion beside it, the ballot and the second
             // path cost more than the multiplies they save.)
-            super::weight_fragments(raw, |h, kk| S::x2(byte(h, kk)))
+            core::array::from_fn(|c| {
+                super::weight_fragments(stages[c].0, |h, kk| S::x2(byte(c, h, kk)))
+            })
         } else {
-            super::warp_fragments::<S>(raw, byte)
+            super::warp_fragments::<S, N>(stages.map(|st| st.0), byte)
         }
     }
 
@@ -246,7 +260,7 @@ impl<F: Bf16RsFragment, A: Activations, S: ScaleDecode> W4Gemm<F, A, S> {
         // SAFETY: the caller's contract.
         unsafe {
             pipe.consumer_wait(st);
-            let frags = Self::weights(layout, s, row, lane);
+            let [frags] = Self::fragments([Self::stage_bytes(layout, s, row, lane)]);
             let x = if A::KIND.converts() {
                 let buf = layout.out() + (st.count() % ACT_BUFFERS) * F::N * BF16_ROW_BYTES;
                 Self::convert(layout, s, buf, g, shift);
@@ -368,12 +382,51 @@ impl<F: Bf16RsFragment, A: Activations, S: ScaleDecode> GemmKernel for W4Gemm<F,
         if ks.is_empty() {
             return acc;
         }
+        let mut first = ks.start;
+        if !Self::LOOKAHEAD && !A::KIND.promotes() {
+            // Two stages at a time: their fragments are one block of independent work, which
+            // the compiler interleaves (a stage alone is a chain of dependent conversions that
+            // two consumer warps per scheduler cannot hide).
+            while first + 1 < ks.end {
+                let (st0, st1) = (*st, st.next());
+                let (s0, s1) = (pipe.stage(st0), pipe.stage(st1));
+                // SAFETY: uses `st0` and `st1` are this warpgroup's next two (both consumers
+                // make the same uses), held together (the ring has more than two stages) from
+                // their waits to their releases after their MMAs completed; the fence after the
+                // wait keeps the fragments' registers until then.
+                unsafe {
+                    pipe.consumer_wait(st0);
+                    pipe.consumer_wait(st1);
+                    let b0 = Self::stage_bytes(layout, s0, cons.row, lane);
+                    let b1 = Self::stage_bytes(layout, s1, cons.row, lane);
+                    let [mut f0, mut f1] = Self::fragments([b0, b1]);
+                    wgmma::fence();
+                    for kk in 0..4 {
+                        let fresh = first == ks.start && kk == 0;
+                        acc.mma_rs_bf16(f0[kk], bf16_desc(layout.a(s0), 0, kk as u32), !fresh);
+                    }
+                    for kk in 0..4 {
+                        acc.mma_rs_bf16(f1[kk], bf16_desc(layout.a(s1), 0, kk as u32), true);
+                    }
+                    wgmma::commit();
+                    wgmma::wait::<0>();
+                    acc.fence();
+                    wgmma::fence_a_fragments(&mut f0);
+                    wgmma::fence_a_fragments(&mut f1);
+                    pipe.consumer_release(st0, ctx.rank);
+                    pipe.consumer_release(st1, ctx.rank);
+                }
+                st.advance();
+                st.advance();
+                first += 2;
+            }
+        }
         let mut cur = Prepared::NONE;
-        if Self::LOOKAHEAD {
+        if Self::LOOKAHEAD && first < ks.end {
             // SAFETY: `st` is this warpgroup's next use (both consumers make the same uses).
             cur = unsafe { Self::prepare(ctx, *st, g, lane, cons.row, shift) };
         }
-        for kb in ks.clone() {
+        for kb in first..ks.end {
             let s = pipe.stage(*st);
             let next_st = st.next();
             // Whether this stage starts a sum, and whether the sum is complete after it.

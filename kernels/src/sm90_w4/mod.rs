@@ -271,28 +271,34 @@ fn fragments(raw: [[u32; 2]; 2], value: impl Fn(u32, usize, u32) -> u32) -> [[u3
     })
 }
 
-/// The fragments of [`weight_fragments`] for a whole warp, the scale byte of row `r + 8h` at K
-/// step `kk` being `byte(h, kk)`: with one multiply per pair ([`weight_fragments_biased`]) where
-/// every lane's scales fold the bias exactly, else two. Decided per warp (a ballot), so that the
-/// branch is uniform. All 32 lanes call it together.
+/// The fragments of [`weight_fragments`] of `N` chunks for a whole warp, the scale byte of chunk
+/// `c`'s row `r + 8h` at K step `kk` being `byte(c, h, kk)`: with one multiply per pair
+/// ([`weight_fragments_biased`]) where every lane's scales fold the bias exactly, else two.
+/// Decided per warp (one ballot for all `N`), so that the branch is uniform and the chunks'
+/// conversions are one block of independent work the compiler can interleave. All 32 lanes call
+/// it together.
 #[cfg(all(target_arch = "nvptx64", target_feature = "sm_90a"))]
 #[inline(always)]
-pub(crate) fn warp_fragments<S: crate::sm90_mx::dequant::ScaleDecode>(
-    raw: [[u32; 2]; 2],
-    byte: impl Fn(usize, u32) -> u32,
-) -> [[u32; 4]; 4] {
+pub(crate) fn warp_fragments<S: crate::sm90_mx::dequant::ScaleDecode, const N: usize>(
+    raw: [[[u32; 2]; 2]; N],
+    byte: impl Fn(usize, usize, u32) -> u32,
+) -> [[[u32; 4]; 4]; N] {
     if S::FOLDS_BIAS {
         let mut exact = true;
-        for h in 0..2 {
-            for kk in 0..4 {
-                exact &= S::bias_exact(byte(h, kk));
+        for c in 0..N {
+            for h in 0..2 {
+                for kk in 0..4 {
+                    exact &= S::bias_exact(byte(c, h, kk));
+                }
             }
         }
         if crate::ptx::thread::ballot(exact) == u32::MAX {
-            return weight_fragments_biased(raw, |h, kk| S::x2_biased(byte(h, kk)));
+            return core::array::from_fn(|c| {
+                weight_fragments_biased(raw[c], |h, kk| S::x2_biased(byte(c, h, kk)))
+            });
         }
     }
-    weight_fragments(raw, |h, kk| S::x2(byte(h, kk)))
+    core::array::from_fn(|c| weight_fragments(raw[c], |h, kk| S::x2(byte(c, h, kk))))
 }
 
 /// The weights of the two K steps of 32 of one 64-K chunk as e4m3 bytes, in the register order

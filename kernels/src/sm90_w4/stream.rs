@@ -414,7 +414,7 @@ pub(crate) mod device {
             st: &Staged,
             (g, t): (u32, u32),
         ) {
-            let frags = warp_fragments::<S>(cur.w, |h, kk| {
+            let [frags] = warp_fragments::<S, 1>([cur.w], |_, h, kk| {
                 (cur.s[h] >> (8 * (kk * MMA_K / S::BLOCK))) & 0xFF
             });
             for kk in 0..4 {
