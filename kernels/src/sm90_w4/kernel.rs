@@ -6,9 +6,9 @@
 //! - Compute (each consumer warpgroup its 64 weight rows): dequantize this thread's fragment from
 //!   the stage into registers; if the activations need converting, convert this thread's share
 //!   into bf16 buffer `use % 3` and meet the other warpgroup; issue four `wgmma m64nNk16` with A
-//!   from registers (converted formats: while they run, do the same for the next stage); wait
-//!   for them and release the stage (W4A8: into a separate sum per 128 K, added times the
-//!   activations' fp32 scales).
+//!   from registers (converted formats: while they run, do the same for the next stage; bf16
+//!   activations: two stages at a time, eight MMAs); wait for them and release the stage (W4A8:
+//!   into a separate sum per 128 K, added times the activations' fp32 scales).
 //! - Store: the sums times `alpha`, transposed, directly (f32, 16-bit, or split-K partials).
 
 use core::marker::PhantomData;
