@@ -693,6 +693,9 @@ mod tests {
                 "{}",
                 k.info.name
             );
+            // A consumer holds two stages at once (two at a time, or one prepared ahead), and
+            // the producer must have one more to fill meanwhile.
+            assert!(l.stages >= 3, "{}: {} stages", k.info.name, l.stages);
         }
         assert_eq!(
             kernel(W4Tile::N16, Activation::Bf16, MxScale::UE4M3X16).map(|k| k.info.name),
