@@ -89,20 +89,6 @@ pub fn random_matrix(
     (v, m)
 }
 
-/// As [`random_pair`] with B of [`random_weights`] (A's seed the same).
-pub fn random_weight_pair(
-    seed: u64,
-    (m, n, k, l): (usize, usize, usize, usize),
-    fa: OperandFormat,
-    fb: OperandFormat,
-) -> (ScaledMatrix, ScaledMatrix) {
-    let (_, a) = random_matrix(seed, m, k, l, fa);
-    let b_seed = seed.wrapping_mul(0x2545_F491_4F6C_DD1D).wrapping_add(1);
-    let v = random_weights(b_seed, n * k * l, k);
-    let b = ScaledMatrix::quantize(&v, n, k, l, fb).expect("valid random weights");
-    (a, b)
-}
-
 /// Rows `r0..r1` of weights `m` in the DeepSeek layout (fp32 scales per 128×128, K-major):
 /// `r0` and `r1` on 128-row scale blocks (the end may be the last row). A tensor-parallel
 /// rank's share of a column split.
@@ -146,13 +132,34 @@ pub fn with_parts(m: &ScaledMatrix, data: Vec<u8>, scales: Vec<u8>) -> ScaledMat
 /// entries, from one seed (B's derived from it).
 pub fn random_pair(
     seed: u64,
-    (m, n, k, l): (usize, usize, usize, usize),
+    dims: (usize, usize, usize, usize),
     fa: OperandFormat,
     fb: OperandFormat,
 ) -> (ScaledMatrix, ScaledMatrix) {
+    pair_with(seed, dims, (fa, fb), random_values)
+}
+
+/// As [`random_pair`] with B of [`random_weights`] (A's seed the same).
+pub fn random_weight_pair(
+    seed: u64,
+    dims: (usize, usize, usize, usize),
+    fa: OperandFormat,
+    fb: OperandFormat,
+) -> (ScaledMatrix, ScaledMatrix) {
+    pair_with(seed, dims, (fa, fb), random_weights)
+}
+
+/// A of [`random_matrix`] and B quantized from `b_values(b's seed, len, k)`.
+fn pair_with(
+    seed: u64,
+    (m, n, k, l): (usize, usize, usize, usize),
+    (fa, fb): (OperandFormat, OperandFormat),
+    b_values: fn(u64, usize, usize) -> Vec<f32>,
+) -> (ScaledMatrix, ScaledMatrix) {
     let (_, a) = random_matrix(seed, m, k, l, fa);
     let b_seed = seed.wrapping_mul(0x2545_F491_4F6C_DD1D).wrapping_add(1);
-    let (_, b) = random_matrix(b_seed, n, k, l, fb);
+    let v = b_values(b_seed, n * k * l, k);
+    let b = ScaledMatrix::quantize(&v, n, k, l, fb).expect("valid random B");
     (a, b)
 }
 

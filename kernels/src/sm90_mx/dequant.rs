@@ -233,39 +233,31 @@ fn e8m0_biased_x2(byte: u32) -> u32 {
     }
 }
 
-impl ScaleDecode for E8m0x32 {
-    const BLOCK: u32 = 32;
-    #[inline(always)]
-    fn x2(byte: u32) -> u32 {
-        e8m0_x2(byte)
-    }
-    const FOLDS_BIAS: bool = true;
-    #[inline(always)]
-    fn bias_exact(byte: u32) -> bool {
-        byte <= 128 || byte == 0xFF
-    }
-    #[inline(always)]
-    fn x2_biased(byte: u32) -> u32 {
-        e8m0_biased_x2(byte)
-    }
+/// `impl ScaleDecode` for an e8m0 scale per `$block`: one decode, and the bias fold for bytes up
+/// to 128 and NaN.
+macro_rules! e8m0_decode {
+    ($t:ty, $block:literal) => {
+        impl ScaleDecode for $t {
+            const BLOCK: u32 = $block;
+            #[inline(always)]
+            fn x2(byte: u32) -> u32 {
+                e8m0_x2(byte)
+            }
+            const FOLDS_BIAS: bool = true;
+            #[inline(always)]
+            fn bias_exact(byte: u32) -> bool {
+                byte <= 128 || byte == 0xFF
+            }
+            #[inline(always)]
+            fn x2_biased(byte: u32) -> u32 {
+                e8m0_biased_x2(byte)
+            }
+        }
+    };
 }
 
-impl ScaleDecode for E8m0x16 {
-    const BLOCK: u32 = 16;
-    #[inline(always)]
-    fn x2(byte: u32) -> u32 {
-        e8m0_x2(byte)
-    }
-    const FOLDS_BIAS: bool = true;
-    #[inline(always)]
-    fn bias_exact(byte: u32) -> bool {
-        byte <= 128 || byte == 0xFF
-    }
-    #[inline(always)]
-    fn x2_biased(byte: u32) -> u32 {
-        e8m0_biased_x2(byte)
-    }
-}
+e8m0_decode!(E8m0x32, 32);
+e8m0_decode!(E8m0x16, 16);
 
 impl ScaleDecode for Ue4m3x16 {
     const BLOCK: u32 = 16;
