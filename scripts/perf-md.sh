@@ -75,7 +75,12 @@ for set in "${sets[@]}"; do case $set in
     for m in 1 16 128; do for nk in 7168,4096 4096,7168 14336,4096; do
       run --mnkl "$m,$nk,1" --recipe mxfp4,nvfp4,w4a16-mxfp4,w4a16-nvfp4,w4a8-mxfp4,w4a8-nvfp4 \
         "${fast[@]}"
-    done; done ;;
+    done; done
+    # Prefill sizes: W4A8 with e8m0 scales on FP8 tensor cores, against the FP8 block-wise kernel
+    # (the deepseek set's row of the same shape).
+    for mnk in 4096,7168,2048 2048,7168,4096; do
+      run --mnkl "$mnk,1" --recipe w4a16-mxfp4,w4a8-mxfp4,w4a8-nvfp4 "${fast[@]}"
+    done ;;
   half)
     run --mnkl 4096,4096,4096,1 --ab_dtype bf16 "${fast[@]}"
     run --mnkl 8192,8192,8192,1 --ab_dtype bf16 "${fast[@]}"

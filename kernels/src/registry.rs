@@ -41,6 +41,7 @@ pub const KERNELS: &[KernelInfo] = &gather!(
     crate::sm90_mx::KERNELS,
     crate::sm90_w4::KERNELS,
     crate::sm90_w4::stream::KERNELS,
+    crate::sm90_w4::fp8::KERNELS,
     crate::fold::KERNELS,
     crate::sm90::GROUPED_KERNELS,
     crate::sm90::SPARSE_KERNELS,

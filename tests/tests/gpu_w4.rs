@@ -17,8 +17,8 @@ use blockscaled::{
     reference, round_output,
 };
 use blockscaled_tests::{
-    bf16_mma_rel, compare_outputs, gemm_on, random_matrix, random_pair, random_weight_pair,
-    reference_output, with_parts,
+    bf16_mma_rel, compare_outputs, fp8_accumulation_slack, gemm_on, random_matrix, random_pair,
+    random_weight_pair, reference_output, with_parts,
 };
 use proptest::prelude::*;
 
@@ -273,10 +273,7 @@ fn w4_kernel_matches_cpu_reference_on_decode_and_larger_shapes() {
 #[ignore = "needs a CUDA device"]
 fn weight_only_recipes_and_small_fp4_pairs_plan_the_w4_kernel() {
     let g = gpu();
-    let up = |r: Recipe, rows, k, as_b: bool| {
-        let (_, m) = random_matrix(5, rows, k, 1, if as_b { r.b() } else { r.a() });
-        g.upload(&m).unwrap()
-    };
+    let up = |r: Recipe, rows, k, as_b| uploaded(g, r, (rows, k), as_b);
     for r in W4_RECIPES {
         let plan = g
             .plan(&up(r, 16, 256, false), &up(r, 512, 256, true))
@@ -309,6 +306,17 @@ fn weight_only_recipes_and_small_fp4_pairs_plan_the_w4_kernel() {
     assert!(matches!(plan(Recipe::Nvfp4), Plan::Sm90MxFp8(_)));
 }
 
+/// A random `rows` × `k` matrix of `r`'s A or (`as_b`) B format, on the GPU.
+fn uploaded(
+    g: &Gpu,
+    r: Recipe,
+    (rows, k): (usize, usize),
+    as_b: bool,
+) -> blockscaled::DeviceMatrix<'_> {
+    let (_, m) = random_matrix(5, rows, k, 1, if as_b { r.b() } else { r.a() });
+    g.upload(&m).unwrap()
+}
+
 /// A copy of `m` with one value changed through `edit(data, scales, element index)`.
 fn edited(m: &ScaledMatrix, edit: impl Fn(&mut Vec<u8>, &mut Vec<u8>)) -> ScaledMatrix {
     let (mut data, mut scales) = (m.data().to_vec(), m.scales().to_vec());
@@ -316,21 +324,24 @@ fn edited(m: &ScaledMatrix, edit: impl Fn(&mut Vec<u8>, &mut Vec<u8>)) -> Scaled
     with_parts(m, data, scales)
 }
 
+/// Which kernel a NaN check runs, and the K of its error bound.
+#[derive(Clone, Copy)]
+enum On {
+    Pipelined(usize),
+    Stream(usize),
+    Fp8,
+}
+
 /// Column `col` (when `by_col`) or row `row` of C is NaN; every other element matches the CPU
-/// reference (on the stream kernel when `stream`) within the bound of K = `bound_k`.
-fn check_nan_line(
-    a: &ScaledMatrix,
-    b: &ScaledMatrix,
-    line: usize,
-    by_col: bool,
-    (stream, bound_k): (bool, usize),
-) {
+/// reference within the bound of the kernel it ran on.
+fn check_nan_line(a: &ScaledMatrix, b: &ScaledMatrix, line: usize, by_col: bool, on: On) {
     let (m, n) = (a.rows(), b.rows());
-    let got = if stream {
-        run_stream(a, b, OutType::F32, None).unwrap()
-    } else {
-        run(a, b, OutType::F32, None).unwrap()
-    };
+    let got = match on {
+        On::Stream(_) => run_stream(a, b, OutType::F32, None),
+        On::Pipelined(_) => run(a, b, OutType::F32, None),
+        On::Fp8 => run_fp8(a, b, OutType::F32, None),
+    }
+    .unwrap();
     let (c64, abs) = reference::gemm_f64(a, b).unwrap();
     for (i, &g) in got.values.iter().enumerate() {
         let (r, c) = (i / n, i % n);
@@ -338,8 +349,10 @@ fn check_nan_line(
             assert!(g.is_nan(), "element ({r}, {c}): got {g}, want NaN");
         } else {
             let w = round_output(OutType::F32, c64[i]);
-            let tol = slack(bound_k, &abs[i..i + 1])[0]
-                + blockscaled::output_ulp(OutType::F32, w.abs().max(g.abs()));
+            let tol = match on {
+                On::Pipelined(k) | On::Stream(k) => slack(k, &abs[i..i + 1])[0],
+                On::Fp8 => fp8_accumulation_slack(&abs[i..i + 1])[0],
+            } + blockscaled::output_ulp(OutType::F32, w.abs().max(g.abs()));
             assert!(
                 (g as f64 - w as f64).abs() <= tol,
                 "element ({r}, {c}): got {g}, want {w}"
@@ -364,7 +377,10 @@ fn nan_weight_scales_and_nan_activations_give_nan_columns_and_rows() {
             let (br, bk) = d.block_extent();
             s[d.scale_layout.index(0, 201 / br, 100 / bk)] = if nv { 0x7F } else { 0xFF };
         });
-        let bound = (stream, bound_k(r, k, stream));
+        let bound = match stream {
+            true => On::Stream(bound_k(r, k, true)),
+            false => On::Pipelined(k),
+        };
         check_nan_line(&a, &b_nan, 201, true, bound);
         // A NaN activation (bf16 0x7FC0, e4m3 0x7F; e2m1 has none: a NaN scale) makes row 7 NaN.
         let a_nan = edited(&a, |d, s| {
@@ -422,6 +438,203 @@ fn w4_kernel_has_no_systematic_error_on_operands_that_do_not_cancel() {
         eprintln!(
             "4-bit weights, {r}, M = {m}, stream {stream}: largest relative error {rel:.2e}, \
              mean {mean:.2e}"
+        );
+    }
+}
+
+/// The FP8-MMA kernel's pairs (`Sm90W4Config::fp8`): A as W4A8's (e4m3, fp32 scales per 1×128),
+/// B as the second recipe's (e2m1 with e8m0 scales per 32, or per 16).
+const FP8_PAIRS: [(Recipe, Recipe); 2] = [
+    (
+        Recipe::W4A8(Fp4Weights::Mxfp4),
+        Recipe::W4A8(Fp4Weights::Mxfp4),
+    ),
+    (Recipe::W4A8(Fp4Weights::Mxfp4), Recipe::E2m1E8m0x16),
+];
+
+/// Runs A · Bᵀ on the FP8-MMA kernel (output poisoned first), with the split forced when given.
+fn run_fp8(
+    a: &ScaledMatrix,
+    b: &ScaledMatrix,
+    dtype: OutType,
+    split: Option<u32>,
+) -> Result<HostOutput, String> {
+    let g = gpu();
+    let (m, n, k, l) = (a.rows(), b.rows(), a.k(), a.batch());
+    let d = blockscaled::plan::sm90_w4_fp8_default(m, n, k, l, g.sm_count());
+    let plan = Plan::Sm90W4(split.map_or(d, |s| d.with_split_k(s)));
+    gemm_on(g, a, b, dtype, |_, _| Ok(plan))
+}
+
+/// A random pair of FP8 pair `which` through the FP8-MMA kernel against the CPU reference. Tolerance:
+/// every weight value is folded into e4m3 exactly and every activation is its e4m3 code, so the
+/// products are exact and the only error is the FP8 tensor cores' accumulation within each
+/// 128-K stage ([`fp8_accumulation_slack`], as the FP8 block-wise kernel's), then fp32.
+fn check_fp8(
+    which: usize,
+    (m, n, k, l): (usize, usize, usize, usize),
+    dtype: OutType,
+    seed: u64,
+    split: Option<u32>,
+) -> Result<(), String> {
+    let (ra, rb) = FP8_PAIRS[which];
+    let (a, b) = if seed % 2 == 1 {
+        random_weight_pair(seed, (m, n, k, l), ra.a(), rb.b())
+    } else {
+        random_pair(seed, (m, n, k, l), ra.a(), rb.b())
+    };
+    let (want, abs) = reference_output(&a, &b, dtype)?;
+    let got = run_fp8(&a, &b, dtype, split)?;
+    compare_outputs(&got, &want, 1.0, &fp8_accumulation_slack(&abs)).map_err(|e| {
+        format!(
+            "sm90 W4 fp8, split {split:?}, {ra} × {rb} {m}x{n}x{k}x{l} {dtype:?} seed {seed}: {e}"
+        )
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    #[test]
+    #[ignore = "needs a CUDA device"]
+    fn w4_fp8_kernel_matches_cpu_reference_on_random_ragged_shapes(
+        which in 0usize..2,
+        m in 1usize..300,
+        n in 1usize..600,
+        k128 in 1usize..12,
+        l in 1usize..4,
+        out_i in 0usize..3,
+        split in 1u32..5,
+        seed in any::<u64>(),
+    ) {
+        let dtype = [OutType::Bf16, OutType::F16, OutType::F32][out_i];
+        let k = 128 * k128;
+        check_fp8(which, (m, n, k, l), dtype, seed, Some(split.min(k128 as u32)))
+            .map_err(TestCaseError::fail)?;
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn w4a8_with_e8m0_scales_plans_fp8_mmas_and_refuses_what_they_cannot_run() {
+    let g = gpu();
+    let up = |r: Recipe, rows, k, as_b| uploaded(g, r, (rows, k), as_b);
+    let (mx, nv) = (
+        Recipe::W4A8(Fp4Weights::Mxfp4),
+        Recipe::W4A8(Fp4Weights::Nvfp4),
+    );
+    let plan = g
+        .plan(&up(mx, 200, 256, false), &up(mx, 512, 256, true))
+        .unwrap();
+    assert!(
+        matches!(plan, Plan::Sm90W4(c) if c.fp8 && c.tile.n == 128),
+        "{plan:?}"
+    );
+    // ue4m3 scales do not fold; K = 96 is no whole stage: the bf16 path.
+    let plan = g
+        .plan(&up(nv, 200, 256, false), &up(nv, 512, 256, true))
+        .unwrap();
+    assert!(matches!(plan, Plan::Sm90W4(c) if !c.fp8), "{plan:?}");
+    let plan = g
+        .plan(&up(mx, 200, 96, false), &up(mx, 512, 96, true))
+        .unwrap();
+    assert!(matches!(plan, Plan::Sm90W4(c) if !c.fp8), "{plan:?}");
+    // Forced onto pairs and shapes it does not take: typed errors.
+    let d = blockscaled::plan::sm90_w4_fp8_default(200, 512, 256, 1, g.sm_count());
+    let (a, b) = random_pair(6, (200, 512, 256, 1), nv.a(), nv.b());
+    let e = gemm_on(g, &a, &b, OutType::Bf16, |_, _| Ok(Plan::Sm90W4(d))).unwrap_err();
+    assert!(e.contains("e8m0"), "{e}");
+    let (a, b) = random_pair(7, (200, 512, 96, 1), mx.a(), mx.b());
+    let e = gemm_on(g, &a, &b, OutType::Bf16, |_, _| Ok(Plan::Sm90W4(d))).unwrap_err();
+    assert!(e.contains("multiple of 128"), "{e}");
+    let (a, b) = random_pair(8, (200, 512, 256, 1), mx.a(), mx.b());
+    let e = gemm_on(g, &a, &b, OutType::Bf16, |_, _| {
+        Ok(Plan::Sm90W4(d.with_tile(Sm90W4Tile::N16)))
+    })
+    .unwrap_err();
+    assert!(e.contains("tile of 16"), "{e}");
+}
+
+/// Rows whose 128-K blocks each hold one block of zeros with a scale 13, 25 or 40 binades above
+/// the rest: the rest lie one, two or three passes below the first (their row's top is the zero
+/// block's scale), so their columns of C come from the further passes alone, and must match.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn fp8_w4a8_takes_blocks_far_below_their_rows_top_in_further_passes() {
+    for (which, (ra, rb)) in FP8_PAIRS.into_iter().enumerate() {
+        let (m, n, k) = (40, 300, 512);
+        let seed = 0xFA55 + which as u64 + blockscaled_tests::run_seed();
+        let (a, b) = random_pair(seed, (m, n, k, 1), ra.a(), rb.b());
+        let d = b.desc();
+        let (_, bk) = d.block_extent();
+        let b = edited(&b, |data, scales| {
+            for r in (0..n).step_by(3) {
+                let up = [13u8, 25, 40][r % 3];
+                for block in (0..k).step_by(128) {
+                    // The block's first scale block: zero codes, its scale far above the others'.
+                    let top = (0..128 / bk)
+                        .map(|i| scales[d.scale_layout.index(0, r, (block + i * bk) / bk)])
+                        .max()
+                        .unwrap();
+                    scales[d.scale_layout.index(0, r, block / bk)] = top + up;
+                    let at = (r * k + block) / 2;
+                    data[at..at + bk / 2].fill(0);
+                }
+            }
+        });
+        let (want, abs) = reference_output(&a, &b, OutType::F32).unwrap();
+        let got = run_fp8(&a, &b, OutType::F32, None).unwrap();
+        compare_outputs(&got, &want, 1.0, &fp8_accumulation_slack(&abs))
+            .unwrap_or_else(|e| panic!("{rb}: {e}"));
+        // The edited columns are not zero: the further passes were taken.
+        let live = (0..m).any(|i| got.values[i * n + 3] != 0.0);
+        assert!(live, "{rb}: column 3 is all zeros");
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn fp8_w4a8_nan_weight_scales_and_nan_activations_give_nan_columns_and_rows() {
+    for (ra, rb) in FP8_PAIRS {
+        let (m, n, k) = (20, 300, 256);
+        let (_, a) = random_matrix(41, m, k, 1, ra.a());
+        let (_, b) = random_matrix(42, n, k, 1, rb.b());
+        let b_nan = edited(&b, |_, s| {
+            let d = b.desc();
+            let (br, bk) = d.block_extent();
+            s[d.scale_layout.index(0, 201 / br, 100 / bk)] = 0xFF;
+        });
+        check_nan_line(&a, &b_nan, 201, true, On::Fp8);
+        let a_nan = edited(&a, |d, _| d[7 * k + 150] = 0x7F);
+        check_nan_line(&a_nan, &b, 7, false, On::Fp8);
+    }
+}
+
+/// No systematic error on the FP8-MMA kernel: within the FP8 tensor cores' bound
+/// ([`blockscaled_tests::NoCancellation::FP8`]); each check fails a planted 0.5% error.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn fp8_w4a8_has_no_systematic_error_on_operands_that_do_not_cancel() {
+    use blockscaled_tests::{NoCancellation, as_they_are, no_cancellation_gemm, run_seed};
+    let (g, seed, k) = (gpu(), run_seed(), 1024);
+    for (i, (ra, rb)) in FP8_PAIRS.into_iter().enumerate() {
+        let plan = |da: &blockscaled::DeviceMatrix, db: &blockscaled::DeviceMatrix| {
+            let (a, b) = (da.desc(), db.desc());
+            let cfg = blockscaled::plan::sm90_w4_fp8_default(a.rows, b.rows, k, 2, g.sm_count());
+            Ok(Plan::Sm90W4(cfg))
+        };
+        let (rel, mean) = no_cancellation_gemm(
+            g,
+            (200, 264 + 8 * i, k, 2),
+            (ra.a(), rb.b()),
+            seed + i as u64,
+            NoCancellation::FP8,
+            plan,
+            as_they_are,
+        )
+        .unwrap_or_else(|e| panic!("4-bit weights on FP8 MMAs, {rb}: {e}"));
+        eprintln!(
+            "4-bit weights on FP8 MMAs, {rb}: largest relative error {rel:.2e}, mean {mean:.2e}"
         );
     }
 }

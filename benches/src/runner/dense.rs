@@ -73,15 +73,13 @@ pub(super) fn run_dense(
                     .with_split_k(args.split_k.unwrap_or(d.split_k)),
             ))
         }
-        "sm90w4" => {
-            let d = blockscaled::plan::sm90_w4_default(
-                s.mnkl[0],
-                s.mnkl[1],
-                s.mnkl[2],
-                s.mnkl[3],
-                gpu.sm_count(),
-            );
-            let w_tiles = s.mnkl[1].div_ceil(128) as u32;
+        kernel @ ("sm90w4" | "sm90w4fp8") => {
+            let (m, n, k, l) = (s.mnkl[0], s.mnkl[1], s.mnkl[2], s.mnkl[3]);
+            let d = match kernel {
+                "sm90w4" => blockscaled::plan::sm90_w4_default(m, n, k, l, gpu.sm_count()),
+                _ => blockscaled::plan::sm90_w4_fp8_default(m, n, k, l, gpu.sm_count()),
+            };
+            let w_tiles = n.div_ceil(128) as u32;
             Some(Plan::Sm90W4(
                 d.with_tile(s.tiler_mn.map(w4_tile).transpose()?.unwrap_or(d.tile))
                     .with_group_m(args.group_m.unwrap_or(d.group_m).clamp(1, w_tiles.max(1)))
@@ -103,8 +101,8 @@ pub(super) fn run_dense(
         "reference" => Some(Plan::Reference),
         k => {
             return Err(format!(
-                "--kernel `{k}`: want auto, reference, sm90, sm90mx, sm90mxfp8, sm90w4 or \
-                 sm90w4stream"
+                "--kernel `{k}`: want auto, reference, sm90, sm90mx, sm90mxfp8, sm90w4, \
+                 sm90w4fp8 or sm90w4stream"
             ));
         }
     };

@@ -76,8 +76,10 @@ pub struct Args {
     /// Kernel: auto (what `gemm` chooses), reference, sm90 (the Hopper FP8 kernel), sm90mx (the
     /// Hopper MX / NVFP4 kernel; --mma_tiler_mn 128,256 or 128,128), sm90mxfp8 (MX operands
     /// folded into FP8 by a pre-pass, then the sm90 kernel with its tiles), sm90w4 (the Hopper
-    /// 4-bit-weights kernel; --mma_tiler_mn 16,128 or 128,128) or sm90w4stream (its stream
-    /// kernel: bf16 activations, M ≤ 16; --split_k).
+    /// 4-bit-weights kernel, weights converted to bf16; --mma_tiler_mn 16,128 or 128,128),
+    /// sm90w4fp8 (the same kernel family on FP8 tensor cores: W4A8 with e8m0 weight scales, K a
+    /// multiple of 128) or sm90w4stream (its stream kernel: bf16 or e4m3 activations, M ≤ 16;
+    /// --split_k).
     #[arg(long, default_value = "auto")]
     pub kernel: String,
     /// sm90 split-K: K ranges computed by separate CTAs and summed by the last of each tile (default: the
@@ -283,7 +285,7 @@ pub fn run(args: &Args) -> Result<bool, String> {
     let half = args.ab_dtype.as_deref().and_then(half_type);
     let tiler = match (args.kernel.as_str(), tiler_mn) {
         _ if half.is_some() => None,
-        ("sm90mx" | "sm90w4" | "sm90w4stream", _) | (_, None) => None,
+        ("sm90mx" | "sm90w4" | "sm90w4fp8" | "sm90w4stream", _) | (_, None) => None,
         (_, Some(t)) => Some(fp8_tile(t)?),
     };
     let cluster = match &args.cluster_shape_mn {

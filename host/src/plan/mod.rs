@@ -31,7 +31,9 @@ pub use crate::families::fp8::heuristic::{
 };
 pub use crate::families::half::heuristic::{sm90_half_bsr_default, sm90_half_default};
 pub use crate::families::mx::heuristic::sm90_mx_default;
-pub use crate::families::w4::heuristic::{sm90_w4_default, sm90_w4_stream_default};
+pub use crate::families::w4::heuristic::{
+    sm90_w4_default, sm90_w4_fp8_default, sm90_w4_stream_default,
+};
 
 /// Smallest M for which MX and NVFP4 pairs run folded onto the FP8 kernel ([`Plan::Sm90MxFp8`])
 /// rather than on the MX kernel: the pre-pass converts each operand once, where the MX kernel
@@ -301,7 +303,8 @@ pub(crate) fn choose_fused(
 /// - Hopper, 4-bit weights (e2m1 B with MX or NVFP4 scales) with bf16 activations (W4A16) or
 ///   e4m3 ones with fp32 scales per 1×128 (W4A8) runs the sm90 4-bit-weights kernel
 ///   ([`sm90_w4_default`]); W4A16 and W4A8 with M ≤ 16 run its stream kernel
-///   ([`sm90_w4_stream_default`]).
+///   ([`sm90_w4_stream_default`]); W4A8 with e8m0 weight scales and K a multiple of 128 above
+///   that runs on FP8 tensor cores ([`sm90_w4_fp8_default`]).
 /// - Everything else runs the reference kernel.
 ///
 /// The sm90 FP8 configuration is [`sm90_default`]'s.
@@ -333,6 +336,8 @@ pub(crate) fn choose_for(
         Ok(Plan::Sm90Half(sm90_half_default(m, n, sm_count)))
     } else if w4 && a.format.elem != ElemType::E2M1 && m <= stream::MAX_M as usize {
         Ok(Plan::Sm90W4(sm90_w4_stream_default(m, n, k, l, sm_count)))
+    } else if w4 && sm90_w4::fp8_takes(a, b) {
+        Ok(Plan::Sm90W4(sm90_w4_fp8_default(m, n, k, l, sm_count)))
     } else if w4 && (a.format.elem != ElemType::E2M1 || m <= W4_MAX_M) {
         Ok(Plan::Sm90W4(sm90_w4_default(m, n, k, l, sm_count)))
     } else if sm90_mx_fp8::unsupported_pair(a, b).is_none()
@@ -468,6 +473,9 @@ pub fn choose_grouped_exact(p: &GroupedProblem<'_>) -> Result<Plan> {
     }
     if sm90_w4::unsupported_pair(a, b).is_none() && a.format.elem != ElemType::E2M1 {
         let mut cfg = sm90_w4_default(per_group, n, k, 1, sm_count);
+        if cfg.tile == blockscaled_kernels::sm90_w4::fp8::FP8_TILE && sm90_w4::fp8_takes(a, b) {
+            cfg = sm90_w4_fp8_default(per_group, n, k, 1, sm_count);
+        }
         cfg.split_k = 1;
         return Ok(Plan::Sm90W4(cfg));
     }

@@ -45,6 +45,13 @@ pub fn any_consumer(c: u32, pred: bool) -> bool {
     }
 }
 
+/// [`sync_consumers`] that also tells every consumer thread whether `pred` held for any of them.
+#[cfg(target_arch = "nvptx64")]
+#[inline(always)]
+pub fn any_consumers(pred: bool) -> bool {
+    crate::ptx::thread::named_barrier_any::<CONSUMERS_ALL>(2 * WARPGROUP, pred)
+}
+
 /// Synchronizes the 256 threads of consumer warpgroups 0 and 1.
 #[cfg(target_arch = "nvptx64")]
 #[inline(always)]

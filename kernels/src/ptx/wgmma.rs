@@ -473,11 +473,13 @@ pub trait Bf16RsFragment: Fragment {
     unsafe fn mma_rs_bf16(&mut self, a: [u32; 4], b: Descriptor, accumulate: bool);
 }
 
-/// Expands to one `wgmma.mma_async` m64nNk16 with bf16 A from registers and B from shared memory.
-macro_rules! mma_rs_bf16 {
-    ($name:ident, $n:literal, $first:literal $(, $i:literal)*) => {
-        /// `wgmma.mma_async.sync.aligned.m64nNk16.f32.bf16.bf16` with A in registers and N in
-        /// the name: D (64×N f32) = A·Bᵀ (+ D if `accumulate`); B N×16 K-major in shared memory.
+/// Expands to one `wgmma.mma_async` with A from registers and B from shared memory: shape
+/// m64nN`$k` with the types `$types` (`f32.bf16.bf16`, `f32.e4m3.e4m3`) and the immediates after
+/// scale-d `$imm` (scale-a, scale-b, and for 16-bit types B's transpose).
+macro_rules! mma_rs {
+    ($name:ident, $k:literal, $types:literal, $imm:literal, $n:literal, $first:literal $(, $i:literal)*) => {
+        #[doc = concat!("`wgmma.mma_async.sync.aligned.m64nNk", $k, ".", $types, "` with A in registers and N")]
+        /// in the name: D (64×N f32) = A·Bᵀ (+ D if `accumulate`); B K-major in shared memory.
         /// # Safety
         /// As [`Bf16RsFragment::mma_rs_bf16`].
         #[inline(always)]
@@ -488,9 +490,9 @@ macro_rules! mma_rs_bf16 {
                     "{{ .reg .pred p; .reg .b64 db;",
                     "setp.ne.b32 p, {acc}, 0;",
                     "mov.b64 db, {{{blo}, {bhi}}};",
-                    concat!("wgmma.mma_async.sync.aligned.m64n", stringify!($n), "k16.f32.bf16.bf16 {{",
+                    concat!("wgmma.mma_async.sync.aligned.m64n", stringify!($n), "k", $k, ".", $types, " {{",
                             "{", stringify!($first), "}" $(, ", {", stringify!($i), "}")*,
-                            "}}, {{{a0}, {a1}, {a2}, {a3}}}, db, p, 1, 1, 0; }}"),
+                            "}}, {{{a0}, {a1}, {a2}, {a3}}}, db, p", $imm, "; }}"),
                     inout(reg32) d[$first] $(, inout(reg32) d[$i])*,
                     a0 = in(reg32) a[0], a1 = in(reg32) a[1], a2 = in(reg32) a[2], a3 = in(reg32) a[3],
                     blo = in(reg32) b.lo, bhi = in(reg32) b.hi,
@@ -502,8 +504,20 @@ macro_rules! mma_rs_bf16 {
     };
 }
 
-with_regs_64!(mma_rs_bf16!(mma_rs_m64n128k16_bf16, 128));
-with_regs_8!(mma_rs_bf16!(mma_rs_m64n16k16_bf16, 16));
+with_regs_64!(mma_rs!(
+    mma_rs_m64n128k16_bf16,
+    "16",
+    "f32.bf16.bf16",
+    ", 1, 1, 0",
+    128
+));
+with_regs_8!(mma_rs!(
+    mma_rs_m64n16k16_bf16,
+    "16",
+    "f32.bf16.bf16",
+    ", 1, 1, 0",
+    16
+));
 
 impl Bf16RsFragment for [f32; 64] {
     #[inline(always)]
@@ -518,6 +532,33 @@ impl Bf16RsFragment for [f32; 8] {
     unsafe fn mma_rs_bf16(&mut self, a: [u32; 4], b: Descriptor, accumulate: bool) {
         // SAFETY: the caller's contract.
         unsafe { mma_rs_m64n16k16_bf16(self, a, b, accumulate) }
+    }
+}
+
+/// A fragment with the e4m3 MMA of its N whose A comes from registers (m64nNk32, N = 128).
+pub trait Fp8RsFragment: Fragment {
+    /// D = A·Bᵀ (+ D if `accumulate`); A 64×32 e4m3 in registers (`a`: this thread's four words
+    /// of four e4m3 each: PTX ISA "Register Fragments and Shared Memory Matrix Layouts", matrix A
+    /// of `.m64nNk32`: word j holds row `16w + l/4 + 8·(j%2)`, columns `4·(l%4) + 16·(j/2)` and
+    /// the next three, lowest byte first), B N×32 e4m3, K-major in shared memory.
+    /// # Safety
+    /// As [`Fp8Fragment::first`]; `a` is not written until the MMA has completed ([`wait`]).
+    unsafe fn mma_rs_e4m3(&mut self, a: [u32; 4], b: Descriptor, accumulate: bool);
+}
+
+with_regs_64!(mma_rs!(
+    mma_rs_m64n128k32_e4m3,
+    "32",
+    "f32.e4m3.e4m3",
+    ", 1, 1",
+    128
+));
+
+impl Fp8RsFragment for [f32; 64] {
+    #[inline(always)]
+    unsafe fn mma_rs_e4m3(&mut self, a: [u32; 4], b: Descriptor, accumulate: bool) {
+        // SAFETY: the caller's contract.
+        unsafe { mma_rs_m64n128k32_e4m3(self, a, b, accumulate) }
     }
 }
 

@@ -144,10 +144,19 @@ impl Prepared {
 
 /// One consumer thread's constants.
 pub(crate) struct Consumer {
-    c: u32,
-    local: u32,
+    pub(crate) c: u32,
+    pub(crate) local: u32,
     /// The thread's first weight row in the tile (the second is 8 below).
-    row: u32,
+    pub(crate) row: u32,
+}
+
+impl Consumer {
+    /// Thread `local` of consumer warpgroup `c`.
+    #[inline(always)]
+    pub(crate) fn new(c: u32, local: u32) -> Self {
+        let row = c * FRAGMENT_ROWS + wgmma::fragment_row(local);
+        Consumer { c, local, row }
+    }
 }
 
 impl<F: Bf16RsFragment, A: Activations, S: ScaleDecode> W4Gemm<F, A, S> {
@@ -356,8 +365,7 @@ impl<F: Bf16RsFragment, A: Activations, S: ScaleDecode> GemmKernel for W4Gemm<F,
 
     #[inline(always)]
     fn consumer(&self, _ctx: &Ctx, c: u32, local: u32) -> Consumer {
-        let row = c * FRAGMENT_ROWS + wgmma::fragment_row(local);
-        Consumer { c, local, row }
+        Consumer::new(c, local)
     }
 
     #[inline(always)]
@@ -479,26 +487,37 @@ impl<F: Bf16RsFragment, A: Activations, S: ScaleDecode> GemmKernel for W4Gemm<F,
     }
 
     #[inline(always)]
-    fn epilogue(&self, _ctx: &Ctx, cons: &Consumer, own: &WorkUnit, mut acc: F) {
-        let p = &self.p;
-        if p.alpha * plant::W4 != 1.0 {
-            epilogue::scale(&mut acc, p.alpha * plant::W4);
-        }
-        let (who, acc) = (
-            (cons.c, CONSUMERS, cons.local),
-            core::array::from_mut(&mut acc),
-        );
-        // SAFETY: the host sizes `splitk` for this schedule (the entry's contract); the tile is
-        // CONSUMERS fragments of 64 weight rows.
-        let meet =
-            unsafe { splitk::meet(&p.splitk, &self.schedule(), self.cluster(), own, who, acc) };
-        let Some(out_l) = meet else { return };
-        let out = Output::direct(p.out, (p.m, p.n), p.out_type, own.row_end);
-        let n0 = own.m * WEIGHT_ROWS + cons.row;
-        let m0 = own.first_row(own.n, F::N) + 2 * (cons.local % 4);
-        epilogue::store_transposed(&out, out_l, n0, m0, &acc[0]);
+    fn epilogue(&self, _ctx: &Ctx, cons: &Consumer, own: &WorkUnit, acc: F) {
+        let who = (cons.c, cons.local, cons.row);
+        store_unit(&self.p, &self.schedule(), who, (own, F::N), acc);
     }
 
     #[inline(always)]
     fn finish(&self, _cons: &Consumer, _st: PipelineState) {}
+}
+
+/// Stores consumer thread `(c, local, row)`'s sums of unit `own` (tiles of `tile_n` activation
+/// rows; `row` the thread's first weight row in the tile): times `alpha`, through split-K's
+/// meeting, transposed into C. Both kernels of the family store so.
+#[inline(always)]
+pub(crate) fn store_unit<F: Fragment>(
+    p: &Sm90W4Params,
+    schedule: &Schedule,
+    (c, local, row): (u32, u32, u32),
+    (own, tile_n): (&WorkUnit, u32),
+    mut acc: F,
+) {
+    if p.alpha * plant::W4 != 1.0 {
+        epilogue::scale(&mut acc, p.alpha * plant::W4);
+    }
+    let (who, acc) = ((c, CONSUMERS, local), core::array::from_mut(&mut acc));
+    // SAFETY: the host sizes `splitk` for this schedule (the entry's contract); the tile is
+    // CONSUMERS fragments of 64 weight rows.
+    let one = ClusterShape { m: 1, n: 1 };
+    let meet = unsafe { splitk::meet(&p.splitk, schedule, one, own, who, acc) };
+    let Some(out_l) = meet else { return };
+    let out = Output::direct(p.out, (p.m, p.n), p.out_type, own.row_end);
+    let n0 = own.m * WEIGHT_ROWS + row;
+    let m0 = own.first_row(own.n, tile_n) + 2 * (local % 4);
+    epilogue::store_transposed(&out, out_l, n0, m0, &acc[0]);
 }

@@ -22,6 +22,7 @@
 #[cfg(all(target_arch = "nvptx64", target_feature = "sm_90a"))]
 pub mod kernel;
 
+pub mod fp8;
 mod schedule;
 pub mod stream;
 
@@ -119,6 +120,9 @@ pub struct Sm90W4Kernel {
     pub act: Activation,
     /// The weights' scale format (and the activations' for [`Activation::Fp4`]).
     pub scale: MxScale,
+    /// The weights converted to e4m3 for FP8 `wgmma` ([`fp8`]: W4A8 with e8m0 scales, 128-K
+    /// stages) instead of to bf16.
+    pub fp8: bool,
     pub info: KernelInfo,
 }
 
@@ -129,7 +133,18 @@ impl Sm90W4Kernel {
             tile,
             act,
             scale,
+            fp8: false,
             info: KernelInfo::sm90(name, tile.threads()),
+        }
+    }
+    /// The row of the FP8-MMA kernel `name` ([`fp8`]) for weights with scales `scale`.
+    pub const fn fp8(name: &'static str, scale: MxScale) -> Self {
+        Sm90W4Kernel {
+            tile: fp8::FP8_TILE,
+            act: Activation::E4m3Row128,
+            scale,
+            fp8: true,
+            info: KernelInfo::sm90(name, fp8::FP8_TILE.threads()),
         }
     }
     /// The register budgets after `setmaxnreg`.
@@ -140,7 +155,15 @@ impl Sm90W4Kernel {
         self.tile.consumer_regs()
     }
     pub const fn layout(&self) -> StageLayout {
-        layout(self.tile, self.act, self.scale.block)
+        if self.fp8 {
+            fp8::layout(self.scale.block)
+        } else {
+            layout(self.tile, self.act, self.scale.block)
+        }
+    }
+    /// K per stage (and per block of the schedule).
+    pub const fn block_k(&self) -> u32 {
+        if self.fp8 { fp8::FP8_BLOCK_K } else { BLOCK_K }
     }
 }
 
@@ -355,6 +378,9 @@ pub struct Sm90W4Params {
     pub tmap_sx: u64,
     /// `[l][m][n]` of `out_type`.
     pub out: u64,
+    /// The FP8-MMA kernels ([`fp8`]): each weight row's largest non-NaN scale byte over all of
+    /// K, `[l][rows_pad_w]`; else 0.
+    pub tops: u64,
     /// With `split_k` > 1, where the K ranges meet (`crate::gemm::splitk`).
     pub splitk: crate::params::SplitKParams,
     pub m: u32,

@@ -13,15 +13,28 @@ impl W4Tile {
     #[inline(always)]
     pub const fn schedule(
         self,
+        dims: (u32, u32, u32, u32),
+        split: (u32, u32),
+        groups: GroupParams,
+    ) -> Schedule {
+        self.schedule_k(dims, split, groups, BLOCK_K)
+    }
+
+    /// [`Self::schedule`] with K blocks of `block_k` (the FP8-MMA kernel's 128,
+    /// [`super::fp8::FP8_BLOCK_K`]).
+    #[inline(always)]
+    pub const fn schedule_k(
+        self,
         (m, n, k, l): (u32, u32, u32, u32),
         (split_k, group_m): (u32, u32),
         groups: GroupParams,
+        block_k: u32,
     ) -> Schedule {
         Schedule {
             m: n,
             n: m,
             l,
-            k_blocks: k.div_ceil(BLOCK_K),
+            k_blocks: k.div_ceil(block_k),
             split_k,
             unit_m: WEIGHT_ROWS,
             unit_n: self.n,

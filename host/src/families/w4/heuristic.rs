@@ -22,6 +22,24 @@ pub fn sm90_w4_default(m: usize, n: usize, k: usize, l: usize, sm_count: u32) ->
             W4_SPLIT_K_COST_BLOCKS,
         ),
         stream: false,
+        fp8: false,
+    }
+}
+
+/// [`sm90_w4_default`] on the FP8-MMA kernel (W4A8 with e8m0 weight scales, K a multiple of
+/// 128): 128 activation rows per tile, K split over blocks of 128.
+pub fn sm90_w4_fp8_default(m: usize, n: usize, k: usize, l: usize, sm_count: u32) -> Sm90W4Config {
+    let tile = w4::fp8::FP8_TILE;
+    let base = sm90_w4_default(m.max(tile.n as usize), n, k, l, sm_count);
+    let weight_tiles = n.div_ceil(w4::WEIGHT_ROWS as usize);
+    let tiles = weight_tiles * m.div_ceil(tile.n as usize) * l.max(1);
+    let blocks = k.div_ceil(w4::fp8::FP8_BLOCK_K as usize);
+    Sm90W4Config {
+        tile,
+        // (The split's cost in these blocks: each is two of the bf16 path's.)
+        split_k: split_k(tiles, blocks, sm_count, W4_SPLIT_K_COST_BLOCKS / 2),
+        fp8: true,
+        ..base
     }
 }
 
@@ -55,6 +73,7 @@ pub fn sm90_w4_stream_default(
         ctas: sm_count.max(1),
         split_k: split,
         stream: true,
+        fp8: false,
     }
 }
 

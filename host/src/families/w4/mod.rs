@@ -45,6 +45,10 @@ pub struct Sm90W4Config {
     /// pipelined one: a grid of ⌈N / 128⌉ × `split_k` × L CTAs, two per SM, each warp streaming
     /// its weight rows straight into registers; `tile`, `group_m` and `ctas` are not used.
     pub stream: bool,
+    /// W4A8 with e8m0 weight scales on FP8 tensor cores (`kernels::sm90_w4::fp8`: the codes
+    /// folded into e4m3 in the pipeline, FP8 `wgmma`, sums promoted to fp32 every 128 of K):
+    /// tile of 128 activation rows, K a multiple of 128. Else the weights become bf16.
+    pub fp8: bool,
 }
 
 crate::config::config_fields!(Sm90W4Config {
@@ -53,7 +57,16 @@ crate::config::config_fields!(Sm90W4Config {
     ctas: u32 => with_ctas,
     split_k: u32 => with_split_k,
     stream: bool => with_stream,
+    fp8: bool => with_fp8,
 });
+
+/// Whether the pair can run on the FP8-MMA kernel ([`Sm90W4Config::fp8`]): e4m3 activations with
+/// fp32 scales per 1×128, weights with e8m0 scales, K a multiple of 128.
+pub(crate) fn fp8_takes(a: &MatrixDesc, b: &MatrixDesc) -> bool {
+    activation(a, b) == Some(Activation::E4m3Row128)
+        && scale_format(b).and_then(family::fp8::kernel).is_some()
+        && b.k.is_multiple_of(family::fp8::FP8_BLOCK_K as usize)
+}
 
 /// The activations' kind for A, if the kernel takes it beside weights of scale format `b`.
 fn activation(a: &MatrixDesc, b: &MatrixDesc) -> Option<Activation> {
@@ -147,6 +160,9 @@ struct Weights {
     /// chunk of 128 rows: 8 groups × 16 rows × 32 bytes).
     data: CudaSlice<u8>,
     tmap: CudaSlice<u8>,
+    /// e8m0 scales: each row's largest non-NaN scale byte over all of K, `[l][rows_pad]` (the
+    /// FP8-MMA kernel's fold reference).
+    tops: Option<CudaSlice<u8>>,
 }
 
 impl Weights {
@@ -178,7 +194,14 @@ impl Weights {
             Swizzle::CU_TENSOR_MAP_SWIZZLE_NONE,
         )?;
         drop(_wg);
-        Ok(Weights { data, tmap })
+        let tops = match scale_format(&m.desc).and_then(family::fp8::kernel) {
+            Some(_) => {
+                let rows_pad = rows.next_multiple_of(SCALE_ROWS_PAD as usize);
+                Some(kernels.row_tops(stream, m, rows_pad)?)
+            }
+            None => None,
+        };
+        Ok(Weights { data, tmap, tops })
     }
 }
 
@@ -190,6 +213,9 @@ struct W4Operand {
     /// Activation maps for tiles of 16 rows (boxes of [`family::act_box_rows`]) and of 128.
     tmap_16: CudaSlice<u8>,
     tmap_128: CudaSlice<u8>,
+    /// e4m3 activations: the map of the FP8-MMA kernel (boxes of 128 bytes × 128 rows, 128-byte
+    /// swizzle, as `wgmma` reads them).
+    tmap_fp8: Option<CudaSlice<u8>>,
     /// e2m1: the MX kernel-layout scale bytes (none where `mx_scales`); e4m3: fp32
     /// `[l][⌈k/128⌉][rows_pad]` (none where `fp8_scales`); bf16: none.
     scales: Option<CudaSlice<u8>>,
@@ -316,8 +342,20 @@ impl Family for Sm90W4 {
 /// weights' rows, C's N, by the activations' rows, C's M).
 fn dense_schedule(cfg: &Sm90W4Config, shape: GemmShape, groups: Option<&DeviceGroups>) -> Schedule {
     let groups = DeviceGroups::unplaced_or_dense(groups);
+    let split = (cfg.split_k, cfg.group_m);
     cfg.tile
-        .schedule(shape.dims(), (cfg.split_k, cfg.group_m), groups)
+        .schedule_k(shape.dims(), split, groups, cfg.block_k())
+}
+
+impl Sm90W4Config {
+    /// K per stage of the pipelined kernel it runs.
+    fn block_k(&self) -> u32 {
+        if self.fp8 {
+            family::fp8::FP8_BLOCK_K
+        } else {
+            BLOCK_K
+        }
+    }
 }
 
 impl PlanConfig for Sm90W4Config {
@@ -325,7 +363,27 @@ impl PlanConfig for Sm90W4Config {
     /// the kernel's 32-bit indexing ([`Error::Shape`]). The launch trusts what passes.
     fn validate(&self, s: &GemmShape) -> Result<()> {
         if self.stream {
+            if self.fp8 {
+                return Err(config("fp8 and stream: the stream kernel has no FP8 MMAs"));
+            }
             return validate_stream(self.split_k, s);
+        }
+        if self.fp8 {
+            let fp8 = family::fp8::FP8_TILE;
+            if self.tile != fp8 {
+                return Err(config(format!(
+                    "fp8 with a tile of {} activation rows: the FP8-MMA kernel has {}",
+                    self.tile.n, fp8.n
+                )));
+            }
+            if !s.k.is_multiple_of(family::fp8::FP8_BLOCK_K as usize) {
+                return Err(crate::error::shape(format!(
+                    "K = {} is not a multiple of {}: the FP8-MMA 4-bit-weights kernel's stages \
+                     are whole activation scale blocks",
+                    s.k,
+                    family::fp8::FP8_BLOCK_K
+                )));
+            }
         }
         // Weight rows along the band, activation rows across it.
         let rows = self.tile.n;
@@ -337,7 +395,8 @@ impl PlanConfig for Sm90W4Config {
             s.n.div_ceil(WEIGHT_ROWS as usize),
             s.m.div_ceil(rows as usize),
         );
-        persistent::validate_schedule(s, tiles, BLOCK_K, (self.group_m, self.ctas, self.split_k))
+        let fields = (self.group_m, self.ctas, self.split_k);
+        persistent::validate_schedule(s, tiles, self.block_k(), fields)
     }
 
     fn unsupported(&self, a: &MatrixDesc, b: &MatrixDesc) -> Option<String> {
@@ -376,7 +435,8 @@ impl PlanConfig for Sm90W4Config {
 impl Sm90W4 {
     /// Loads the kernels when the module built for `target` has them.
     pub(crate) fn load(cx: &Loader) -> Result<Option<Self>> {
-        let Some(kernels) = cx.kernels(family::KERNELS, false)? else {
+        let rows = family::KERNELS.iter().chain(family::fp8::KERNELS);
+        let Some(kernels) = cx.kernels_of(rows, false)? else {
             return Ok(None);
         };
         let preparers = cx.preparers.clone();
@@ -413,7 +473,17 @@ impl Sm90W4 {
         let (stream, work, shape, groups) = (g.stream, g.work, g.shape, g.groups);
         let (a, b, c) = (g.a, g.b, g.c);
         let GemmShape { m, n, k, l } = shape;
-        let def = family::kernel(cfg.tile, act, scale);
+        if cfg.fp8 && !fp8_takes(&a.desc, &b.desc) {
+            return Err(config(format!(
+                "fp8: the FP8-MMA 4-bit-weights kernel takes e4m3 activations with fp32 scales \
+                 per 1×128 and weights with e8m0 scales ({} × {})",
+                a.desc.format, b.desc.format
+            )));
+        }
+        let def = match cfg.fp8 {
+            true => family::fp8::kernel(scale),
+            false => family::kernel(cfg.tile, act, scale),
+        };
         let kernel = persistent::find(&self.kernels, def, || {
             config(format!("no sm90 4-bit-weights kernel for {:?}", cfg.tile))
         })?;
@@ -441,10 +511,15 @@ impl Sm90W4 {
             ),
             false => None,
         };
-        let tmap_x = if cfg.tile.n == 16 {
-            &ao.tmap_16
-        } else {
-            &ao.tmap_128
+        let tmap_x = match (cfg.fp8, &ao.tmap_fp8) {
+            (true, Some(map)) => map,
+            (true, None) => {
+                return Err(Error::Format(
+                    "the activations were not prepared for FP8 MMAs".into(),
+                ));
+            }
+            _ if cfg.tile.n == 16 => &ao.tmap_16,
+            _ => &ao.tmap_128,
         };
         let params = Sm90W4Params {
             tmap_w: launch.ptr(&w.tmap),
@@ -463,6 +538,15 @@ impl Sm90W4 {
                 _ => 0,
             },
             out: launch.ptr_mut(out),
+            tops: match (cfg.fp8, &w.tops) {
+                (false, _) => 0,
+                (true, Some(tops)) => launch.ptr(tops),
+                (true, None) => {
+                    return Err(Error::Format(
+                        "the weights' row tops were not made (no e8m0 scales)".into(),
+                    ));
+                }
+            },
             splitk: run.splitk,
             m: m as u32,
             n: n as u32,
@@ -628,7 +712,7 @@ impl OperandCopy for W4Operand {
             };
             Ok::<_, crate::Error>([map(W4Tile::N16)?, map(W4Tile::N128)?])
         };
-        let mut maps = None;
+        let (mut maps, mut tmap_fp8) = (None, None);
         let (tmap_16, tmap_128) = match (f.elem, f.scale, f.block) {
             (ElemType::E2M1, _, _) => {
                 let Some(scale) = scale_format(&d) else {
@@ -684,6 +768,16 @@ impl OperandCopy for W4Operand {
                         scales = Some(buf);
                     }
                 }
+                let fp8 = family::fp8::FP8_BLOCK_K;
+                tmap_fp8 = Some(encode_3d(
+                    stream,
+                    ptr,
+                    DataType::CU_TENSOR_MAP_DATA_TYPE_UINT8,
+                    [k, rows, l],
+                    1,
+                    [fp8, family::fp8::FP8_TILE.n],
+                    Swizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+                )?);
                 (code_map(16)?, code_map(128)?)
             }
             (ElemType::BF16, ScaleType::F32, ScaleBlock::PerTensor) => {
@@ -712,6 +806,7 @@ impl OperandCopy for W4Operand {
             weights,
             tmap_16,
             tmap_128,
+            tmap_fp8,
             scales,
             rows_pad: rows_pad as u32,
             scale_maps: maps,
@@ -748,8 +843,8 @@ impl OperandCopy for W4Operand {
     }
 }
 
-crate::held::held!(W4Operand: weights, tmap_16, tmap_128, scales, scale_maps);
-crate::held::held!(Weights: data, tmap);
+crate::held::held!(W4Operand: weights, tmap_16, tmap_128, tmap_fp8, scales, scale_maps);
+crate::held::held!(Weights: data, tmap, tops);
 
 #[cfg(test)]
 mod tests {
