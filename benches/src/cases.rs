@@ -421,6 +421,8 @@ pub fn plan_name(p: &Plan) -> String {
             };
             if c.stream {
                 format!("w4stream{split}")
+            } else if c.fp8 {
+                format!("w4fp8x{}{split}", c.tile.n)
             } else {
                 format!("w4x{}{split}", c.tile.n)
             }
