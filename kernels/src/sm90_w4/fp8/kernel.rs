@@ -2,13 +2,14 @@
 //! ([`crate::gemm::driver`]); it computes Cᵀ = B·Aᵀ (module doc of [`super`]).
 //!
 //! - Load (one producer thread, per stage of 128 K): the weight tile's two reordered chunks and
-//!   the activation tile by TMA, the weights' two planes of scale bytes by bulk copy, the
-//!   activations' fp32 scales by TMA.
+//!   the activation tile by TMA, the weights' two planes of scale bytes and the tile's row tops
+//!   by bulk copy, the activations' fp32 scales by TMA.
 //! - Compute (each consumer warpgroup its 64 weight rows): permute the stage's activations in
 //!   place (all 256 consumer threads, then they meet), fold this thread's weight codes into e4m3
 //!   fragments, issue four `wgmma m64n128k32` e4m3 with A from registers into a fresh sum; while
 //!   they run, do the same for the next stage; wait, add the sum to the fp32 sums times the
-//!   activation row's and the weight row's scale, release the stage.
+//!   activation rows' scales, release the stage. After the K loop, the sums times each weight
+//!   row's `2^(top − 133)`.
 //! - Store: the sums times `alpha`, transposed, directly (f32, 16-bit, or split-K partials).
 
 use core::marker::PhantomData;
@@ -70,7 +71,7 @@ struct Rows {
 }
 
 /// This thread's raw bytes of a stage: `[chunk][row r, r + 8][word]`, and each row's scale bytes
-/// (NaN bytes past the stage's blocks, which no table reads and the top skips).
+/// (NaN bytes past the stage's blocks, which no table reads and the checks skip).
 type StageBytes = ([[[u32; 2]; 2]; 2], [[u32; 8]; 2]);
 
 impl<S: ScaleDecode> W4Fp8Gemm<S> {
