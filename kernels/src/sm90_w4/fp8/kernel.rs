@@ -241,24 +241,29 @@ impl<S: ScaleDecode> W4Fp8Gemm<S> {
         }
     }
 
-    /// Four MMAs of stage `s`'s permuted activations with `frags`, into a fresh `sums`, waited
-    /// for.
+    /// Issues four MMAs of stage `s`'s permuted activations with `frags` into a fresh `sums`,
+    /// committed as one group ([`Self::settle`] waits for them).
     /// # Safety
-    /// The stage is held and permuted (the consumers met after it).
+    /// The stage is held and permuted (the consumers met after it); `frags` and `sums` are not
+    /// touched until [`Self::settle`].
     #[inline(always)]
-    unsafe fn mma_stage(layout: &StageLayout, s: u32, frags: &mut [[u32; 4]; 4], sums: &mut Acc) {
-        // SAFETY: the caller's contract; `frags` are fenced until the MMAs completed.
-        unsafe {
-            wgmma::fence();
-            for kk in 0..STEPS {
-                let desc = Self::act_desc(layout.a(s), kk);
-                sums.mma_rs_e4m3(frags[kk as usize], desc, kk != 0);
-            }
-            wgmma::commit();
-            wgmma::wait::<0>();
-            sums.fence();
-            wgmma::fence_a_fragments(frags);
+    unsafe fn issue(layout: &StageLayout, s: u32, frags: &[[u32; 4]; 4], sums: &mut Acc) {
+        wgmma::fence();
+        for kk in 0..STEPS {
+            let desc = Self::act_desc(layout.a(s), kk);
+            // SAFETY: the caller's contract.
+            unsafe { sums.mma_rs_e4m3(frags[kk as usize], desc, kk != 0) };
         }
+        wgmma::commit();
+    }
+
+    /// Waits for the MMAs [`Self::issue`] committed; the fences keep `sums` and `frags` in their
+    /// registers until then.
+    #[inline(always)]
+    fn settle(frags: &mut [[u32; 4]; 4], sums: &mut Acc) {
+        wgmma::wait::<0>();
+        sums.fence();
+        wgmma::fence_a_fragments(frags);
     }
 
     /// `acc += sums ·` the fp32 scale of each value's activation row (the fragment's column) ·
@@ -411,16 +416,9 @@ impl<S: ScaleDecode> GemmKernel for W4Fp8Gemm<S> {
             // consumer makes the same barrier calls in the same order (`more` and each pass's
             // `any_consumers` are the same for all of them).
             unsafe {
-                wgmma::fence();
-                for kk in 0..STEPS {
-                    let desc = Self::act_desc(layout.a(s), kk);
-                    sums.mma_rs_e4m3(cur.frags[kk as usize], desc, kk != 0);
-                }
-                wgmma::commit();
+                Self::issue(layout, s, &cur.frags, &mut sums);
                 let next = (kb + 1 < ks.end).then(|| Self::prepare(ctx, next_st, who));
-                wgmma::wait::<0>();
-                sums.fence();
-                wgmma::fence_a_fragments(&mut cur.frags);
+                Self::settle(&mut cur.frags, &mut sums);
                 let at = (s, lane, shift);
                 Self::promote(layout, at, (&mut acc, &sums), 0);
                 if cur.more {
@@ -431,7 +429,8 @@ impl<S: ScaleDecode> GemmKernel for W4Fp8Gemm<S> {
                     {
                         let bytes = Self::stage_bytes(layout, s, row, lane);
                         let mut frags = Self::fragments(&bytes, cur.rows.tops, pass);
-                        Self::mma_stage(layout, s, &mut frags, &mut sums);
+                        Self::issue(layout, s, &frags, &mut sums);
+                        Self::settle(&mut frags, &mut sums);
                         Self::promote(layout, at, (&mut acc, &sums), pass);
                         pass += 1;
                     }
