@@ -160,8 +160,9 @@ struct Weights {
     /// chunk of 128 rows: 8 groups × 16 rows × 32 bytes).
     data: CudaSlice<u8>,
     tmap: CudaSlice<u8>,
-    /// e8m0 scales: each row's largest non-NaN scale byte over all of K, `[l][rows_pad]` (the
-    /// FP8-MMA kernel's fold reference).
+    /// e8m0 scales, where the matrix has no MX family copy (whose row tops [`row_tops`] reads):
+    /// each row's largest non-NaN scale byte over all of K, `[l][rows_pad]` (the FP8-MMA
+    /// kernel's fold reference).
     tops: Option<CudaSlice<u8>>,
 }
 
@@ -194,14 +195,34 @@ impl Weights {
             Swizzle::CU_TENSOR_MAP_SWIZZLE_NONE,
         )?;
         drop(_wg);
-        let tops = match scale_format(&m.desc).and_then(family::fp8::kernel) {
-            Some(_) => {
+        let e8m0 = scale_format(&m.desc)
+            .and_then(family::fp8::kernel)
+            .is_some();
+        let tops = match e8m0 && m.prepared.get::<MxOperand>().is_none() {
+            true => {
                 let rows_pad = rows.next_multiple_of(SCALE_ROWS_PAD as usize);
                 Some(kernels.row_tops(stream, m, rows_pad)?)
             }
-            None => None,
+            false => None,
         };
         Ok(Weights { data, tmap, tops })
+    }
+}
+
+/// The weights' row tops for the FP8-MMA kernels: the MX family's of the same matrix where it
+/// keeps its copy (made once and shared with the fold's B role; the same `[l][rows_pad]`
+/// layout), else the reordered weights' own.
+fn row_tops<'m>(
+    stream: &Arc<CudaStream>,
+    m: &'m DeviceMatrix<'m>,
+    w: &'m Weights,
+    kernels: &Preparers,
+) -> Result<&'m CudaSlice<u8>> {
+    match MxOperand::row_tops_of(m, stream, kernels) {
+        Some(tops) => tops,
+        None => w.tops.as_ref().ok_or_else(|| {
+            Error::Format("the weights' row tops were not made (no e8m0 scales)".into())
+        }),
     }
 }
 
@@ -488,6 +509,10 @@ impl Sm90W4 {
             config(format!("no sm90 4-bit-weights kernel for {:?}", cfg.tile))
         })?;
         let (ao, bo, w, wscales) = self.prepared(stream, a, b)?;
+        let tops = match cfg.fp8 {
+            true => Some(row_tops(stream, b, w, &self.preparers)?),
+            false => None,
+        };
         let a_scale = match act {
             Activation::Bf16 => ao.bf16_scale()?,
             _ => 1.0,
@@ -538,15 +563,7 @@ impl Sm90W4 {
                 _ => 0,
             },
             out: launch.ptr_mut(out),
-            tops: match (cfg.fp8, &w.tops) {
-                (false, _) => 0,
-                (true, Some(tops)) => launch.ptr(tops),
-                (true, None) => {
-                    return Err(Error::Format(
-                        "the weights' row tops were not made (no e8m0 scales)".into(),
-                    ));
-                }
-            },
+            tops: tops.map_or(0, |t| launch.ptr(t)),
             splitk: run.splitk,
             m: m as u32,
             n: n as u32,
