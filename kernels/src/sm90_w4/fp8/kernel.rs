@@ -4,20 +4,16 @@
 //! - Load (one producer thread, per stage of 128 K): the weight tile's two reordered chunks and
 //!   the activation tile by TMA, the weights' two planes of scale bytes and the tile's row tops
 //!   by bulk copy, the activations' fp32 scales by TMA.
-//! - Compute (each consumer warpgroup its 64 weight rows): permute the stage's activations in
-//!   place (all 256 consumer threads, then they meet), fold this thread's weight codes into e4m3
-//!   fragments, issue four `wgmma m64n128k32` e4m3 with A from registers into a fresh sum; while
-//!   they run, do the same for the next stage; wait, add the sum to the fp32 sums times the
-//!   activation rows' scales, release the stage. After the K loop, the sums times each weight
-//!   row's `2^(top − 133)`.
+//! - Compute (each consumer warpgroup its 64 weight rows, on its own): fold this thread's weight
+//!   codes into e4m3 fragments in the activations' K order ([`super::direct_words`]), issue four
+//!   `wgmma m64n128k32` e4m3 with A from registers into a fresh sum; while they run, do the same
+//!   for the next stage; wait, add the sum to the fp32 sums times the activation rows' scales,
+//!   release the stage. After the K loop, the sums times each weight row's `2^(top − 133)`.
 //! - Store: the sums times `alpha`, transposed, directly (f32, 16-bit, or split-K partials).
 
 use core::marker::PhantomData;
 
-use super::{
-    ACT_ROW_BYTES, FP8_BLOCK_K, FP8_TILE, PASS_BINADES, fragment_words, row_factor, stage_step,
-    table,
-};
+use super::{ACT_ROW_BYTES, FP8_BLOCK_K, FP8_TILE, PASS_BINADES, direct_words, row_factor, table};
 use crate::gemm::barriers;
 use crate::gemm::driver::{Ctx, GemmKernel};
 use crate::gemm::layout::{ScaleBox, StageLayout};
@@ -34,14 +30,10 @@ use crate::sm90_w4::{
 
 /// The sums of one tile: 64 weight rows × 128 activation rows per warpgroup.
 type Acc = [f32; 64];
-/// Consumer threads, which share the activations' permutation.
-const THREADS: u32 = 128 * CONSUMERS;
 /// K of one `wgmma` step.
 const STEP_K: u32 = 32;
 /// `wgmma` steps per stage.
 const STEPS: u32 = FP8_BLOCK_K / STEP_K;
-/// (activation row, step) units each consumer thread permutes per stage.
-const ROUNDS: u32 = FP8_TILE.n * STEPS / THREADS;
 /// Bytes between 8-row groups of a 128-byte-swizzled tile.
 const SWIZZLE_SBO: u32 = 8 * ACT_ROW_BYTES;
 
@@ -52,8 +44,8 @@ pub(crate) struct W4Fp8Gemm<S> {
 }
 
 /// What one stage's MMAs take: this thread's e4m3 fragments of the first pass (K steps 0..4),
-/// the passes beyond the first its own blocks need, and whether any consumer's rows need the
-/// general rule (then the further passes are checked).
+/// the passes beyond the first its own blocks need, and whether any row of its warpgroup needs
+/// the general rule (then the further passes are checked).
 struct Prepared {
     frags: [[u32; 4]; 4],
     rows: Rows,
@@ -70,9 +62,10 @@ struct Rows {
     bases: [[u32; 2]; 2],
 }
 
-/// This thread's raw bytes of a stage: `[chunk][row r, r + 8][word]`, and each row's scale bytes
+/// This thread's raw bytes of a stage: `[chunk][row r, r + 8][word]` (the stored words of steps 0
+/// and 1 of threads `2·(t % 2)` and `2·(t % 2) + 1`, [`direct_words`]), and each row's scale bytes
 /// (NaN bytes past the stage's blocks, which no table reads and the checks skip).
-type StageBytes = ([[[u32; 2]; 2]; 2], [[u32; 8]; 2]);
+type StageBytes = ([[[u32; 4]; 2]; 2], [[u32; 8]; 2]);
 
 impl<S: ScaleDecode> W4Fp8Gemm<S> {
     /// Scale bytes per weight row and 64-K plane of the MX layout.
@@ -85,52 +78,15 @@ impl<S: ScaleDecode> W4Fp8Gemm<S> {
     const ACT_SCALE_BOX: ScaleBox =
         super::super::act_scale_box(FP8_TILE, Activation::E4m3Row128, S::BLOCK).unwrap();
 
-    /// The `wgmma` descriptor of step `kk` of the permuted activation tile at `a` (K-major, 128
+    /// The `wgmma` descriptor of step `kk` of the activation tile at `a` (K-major, 128
     /// rows of 128 bytes, 128-byte swizzle, as TMA wrote it).
     #[inline(always)]
     fn act_desc(a: u32, kk: u32) -> Descriptor {
         Descriptor::new(a, 16, SWIZZLE_SBO, Swizzle::B128).advance(kk * STEP_K)
     }
 
-    /// Consumer thread `g` (of 256) permutes its (row, step) units of stage `s`'s activation tile
-    /// in place ([`stage_step`]): a step is 16-byte chunks `2k` and `2k + 1` of its row, at their
-    /// 128-byte-swizzle positions (chunk `j` of row `r` at `j ^ (r % 8)`), read and rewritten by
-    /// this thread alone.
-    /// # Safety
-    /// Stage `s` is filled and held; no MMA reads it until the consumers meet.
-    #[inline(always)]
-    unsafe fn permute(layout: &StageLayout, s: u32, g: u32) {
-        let at = |round: u32| {
-            let u = g + THREADS * round;
-            let (r, k) = (u / STEPS, u % STEPS);
-            let row = layout.a(s) + r * ACT_ROW_BYTES;
-            [
-                row + 16 * ((2 * k) ^ (r % 8)),
-                row + 16 * ((2 * k + 1) ^ (r % 8)),
-            ]
-        };
-        // Every load first, then every permutation and store: the rounds' loads in flight
-        // together (an `asm!` load is not moved past an `asm!` store).
-        let mut v = [[0u32; 8]; ROUNDS as usize];
-        for round in 0..ROUNDS {
-            let [p0, p1] = at(round);
-            // SAFETY: the caller's contract; both chunks lie in row r < 128 of the tile.
-            let (x, y) = unsafe { (smem::load_u32x4(p0), smem::load_u32x4(p1)) };
-            v[round as usize] = [x[0], x[1], x[2], x[3], y[0], y[1], y[2], y[3]];
-        }
-        for round in 0..ROUNDS {
-            let [p0, p1] = at(round);
-            let q = stage_step(v[round as usize]);
-            // SAFETY: as above; only this thread reads or writes these chunks.
-            unsafe {
-                smem::store_u32x4(p0, [q[0], q[1], q[2], q[3]]);
-                smem::store_u32x4(p1, [q[4], q[5], q[6], q[7]]);
-            }
-        }
-    }
-
-    /// This thread's [`StageBytes`] of stage `s` (rows `row`, `row + 8`; 8 reordered bytes at
-    /// `8·(lane % 4)` of each chunk).
+    /// This thread's [`StageBytes`] of stage `s` (rows `row`, `row + 8`; 16 reordered bytes at
+    /// `16·(lane % 2)` of each chunk).
     /// # Safety
     /// Stage `s` is filled and held.
     #[inline(always)]
@@ -138,14 +94,14 @@ impl<S: ScaleDecode> W4Fp8Gemm<S> {
         let (tile, sf) = (layout.b(s), layout.sfa(s));
         let rows = [row, row + 8];
         let chunk = WEIGHT_ROWS * WEIGHT_ROW_BYTES;
-        let mut raw = [[[0u32; 2]; 2]; 2];
+        let mut raw = [[[0u32; 4]; 2]; 2];
         let mut bytes = [[0xFFu32; 8]; 2];
         // (Index loops over constant bounds: unrolled, the bytes kept in registers.)
         for h in 0..2 {
             for c in 0..2 {
-                let at = tile + c as u32 * chunk + rows[h] * WEIGHT_ROW_BYTES + 8 * (lane % 4);
-                // SAFETY: the caller's contract; rows < 128, bytes < 32.
-                raw[c][h] = unsafe { smem::load_u32x2(at) };
+                let at = tile + c as u32 * chunk + rows[h] * WEIGHT_ROW_BYTES + 16 * (lane % 2);
+                // SAFETY: the caller's contract; rows < 128, bytes < 32 (16-byte aligned).
+                raw[c][h] = unsafe { smem::load_u32x4(at) };
             }
             for b in 0..Self::BLOCKS {
                 let (plane, i) = (b / Self::PER_PLANE, b % Self::PER_PLANE);
@@ -157,13 +113,14 @@ impl<S: ScaleDecode> W4Fp8Gemm<S> {
         (raw, bytes)
     }
 
-    /// The e4m3 fragments (K steps 0..4) of pass `pass` of this thread's [`StageBytes`], given
-    /// each row's top: step `k` is chunk `k / 2`'s word `k % 2`, whose bytes below 16 of the step
-    /// take block `k` (per 32) or `2k` (per 16) and the others block `k` or `2k + 1`. `table` is
-    /// [`table`] or, for plain rows, [`super::fast_table`].
+    /// The e4m3 fragments (K steps 0..4) of pass `pass` of thread `t`'s (lane % 4) [`StageBytes`],
+    /// given each row's top: step `k` is words `k % 2` and `2 + k % 2` of chunk `k / 2`, whose
+    /// bytes below 16 of the step take block `k` (per 32) or `2k` (per 16) and the others block
+    /// `k` or `2k + 1`. `table` is [`table`] or, for plain rows, [`super::fast_table`].
     #[inline(always)]
     fn fragments_with(
         (raw, bytes): &StageBytes,
+        t: u32,
         table: impl Fn(usize, u32) -> [u32; 2],
     ) -> [[u32; 4]; 4] {
         let per32 = S::BLOCK == 32;
@@ -177,7 +134,8 @@ impl<S: ScaleDecode> W4Fp8Gemm<S> {
                 } else {
                     (table(h, bytes[h][2 * k]), table(h, bytes[h][2 * k + 1]))
                 };
-                words[h] = fragment_words(raw[k / 2][h][k % 2], first, second, per32);
+                let w = &raw[k / 2][h];
+                words[h] = direct_words((w[k % 2], w[2 + k % 2]), t, first, second, per32);
             }
             frags[k] = [words[0][0], words[1][0], words[0][1], words[1][1]];
         }
@@ -187,16 +145,16 @@ impl<S: ScaleDecode> W4Fp8Gemm<S> {
     /// [`Self::fragments_with`] of pass `pass` by the general rule ([`table`]). A byte above its
     /// row's top cannot occur (the tops are the bytes' maxima, remade with the scales).
     #[inline(always)]
-    fn fragments(bytes: &StageBytes, tops: [u32; 2], pass: u32) -> [[u32; 4]; 4] {
-        Self::fragments_with(bytes, |h, b| table(b, tops[h], pass))
+    fn fragments(bytes: &StageBytes, t: u32, tops: [u32; 2], pass: u32) -> [[u32; 4]; 4] {
+        Self::fragments_with(bytes, t, |h, b| table(b, tops[h], pass))
     }
 
-    /// Waits for use `st`'s stage, permutes its activations (with the other consumers, then
-    /// meets them) and makes this thread's first-pass fragments.
+    /// Waits for use `st`'s stage and makes this thread's first-pass fragments; its warpgroup
+    /// `c` learns whether any of its rows needs the general rule.
     /// # Safety
-    /// `st` is this warpgroup's next unwaited use (both consumers make the same uses).
+    /// `st` is this warpgroup's next unwaited use.
     #[inline(always)]
-    unsafe fn prepare(ctx: &Ctx, st: PipelineState, (g, lane, row): (u32, u32, u32)) -> Prepared {
+    unsafe fn prepare(ctx: &Ctx, st: PipelineState, (c, lane, row): (u32, u32, u32)) -> Prepared {
         let (pipe, layout) = (&ctx.pipe, &ctx.layout);
         let s = pipe.stage(st);
         // SAFETY: the caller's contract; the stage is held until this warpgroup releases it.
@@ -204,7 +162,6 @@ impl<S: ScaleDecode> W4Fp8Gemm<S> {
             pipe.consumer_wait(st);
             let bytes = Self::stage_bytes(layout, s, row, lane);
             let rows = Self::rows(layout, s, row);
-            Self::permute(layout, s, g);
             let blocks = Self::BLOCKS as usize;
             let mut plain = true;
             for h in 0..2 {
@@ -212,16 +169,16 @@ impl<S: ScaleDecode> W4Fp8Gemm<S> {
                 let (hi, lo) = super::span(&bytes.1[h], blocks);
                 plain &= hi <= rows.tops[h] && rows.tops[h] - lo < PASS_BINADES;
             }
-            // The fragments of plain rows before the meeting (the common case, made while other
-            // threads reach it); remade below where any consumer's rows are not plain.
-            let base = &rows.bases;
-            let frags = Self::fragments_with(&bytes, |h, b| super::fast_table(b, base[h]));
-            smem::fence_async_proxy();
-            // Whether any consumer's rows need the general rule (a NaN scale, or a block 12 or
-            // more binades below its row's top). (Through a fixed lane: a value ptxas can see
-            // is warp-uniform, so the branch on it around the further passes' `wgmma` is not a
-            // divergent path, which would make it serialize every `wgmma` of the kernel.)
-            let more = thread::warp_uniform(barriers::any_consumers(!plain) as u32) != 0;
+            // The fragments of plain rows (the common case, made while the warpgroup's other
+            // threads reach the check); remade below where any of its rows is not plain.
+            let (base, t) = (&rows.bases, lane % 4);
+            let frags = Self::fragments_with(&bytes, t, |h, b| super::fast_table(b, base[h]));
+            // Whether any row of the warpgroup (whose `wgmma` are collective) needs the general
+            // rule (a NaN scale, or a block 12 or more binades below its row's top). (Through a
+            // fixed lane: a value ptxas can see is warp-uniform, so the branch on it around the
+            // further passes' `wgmma` is not a divergent path, which would make it serialize
+            // every `wgmma` of the kernel.)
+            let more = thread::warp_uniform(barriers::any_consumer(c, !plain) as u32) != 0;
             if !more {
                 return Prepared {
                     frags,
@@ -230,10 +187,12 @@ impl<S: ScaleDecode> W4Fp8Gemm<S> {
                     more,
                 };
             }
+            // (Loaded again: the first loads' registers are free across the check.)
+            let bytes = Self::stage_bytes(layout, s, row, lane);
             let extra = super::extra_passes(&bytes.1[0], rows.tops[0])
                 .max(super::extra_passes(&bytes.1[1], rows.tops[1]));
             Prepared {
-                frags: Self::fragments(&bytes, rows.tops, 0),
+                frags: Self::fragments(&bytes, t, rows.tops, 0),
                 rows,
                 extra,
                 more,
@@ -241,11 +200,10 @@ impl<S: ScaleDecode> W4Fp8Gemm<S> {
         }
     }
 
-    /// Issues four MMAs of stage `s`'s permuted activations with `frags` into a fresh `sums`,
-    /// committed as one group ([`Self::settle`] waits for them).
+    /// Issues four MMAs of stage `s`'s activations with `frags` into a fresh `sums`, committed as
+    /// one group ([`Self::settle`] waits for them).
     /// # Safety
-    /// The stage is held and permuted (the consumers met after it); `frags` and `sums` are not
-    /// touched until [`Self::settle`].
+    /// The stage is held; `frags` and `sums` are not touched until [`Self::settle`].
     #[inline(always)]
     unsafe fn issue(layout: &StageLayout, s: u32, frags: &[[u32; 4]; 4], sums: &mut Acc) {
         wgmma::fence();
@@ -308,6 +266,51 @@ impl<S: ScaleDecode> W4Fp8Gemm<S> {
         let f = [row_factor(rows.tops[0], 0), row_factor(rows.tops[1], 0)];
         for (i, v) in acc.iter_mut().enumerate() {
             *v *= f[(i / 2) % 2];
+        }
+    }
+    /// One stage of the K loop: issues use `st`'s MMAs with `cur`, prepares the next use while
+    /// they run (where `left` uses follow), adds the stage's sums (and any further passes) to
+    /// `acc`, releases the stage and advances `st`. Returns the next use's preparation.
+    /// # Safety
+    /// `cur` is use `st`'s preparation ([`Self::prepare`]), and `st` this warpgroup's next
+    /// unreleased use. Its MMAs read `cur.frags` until the wait, whose fence keeps them unshared
+    /// with the next use's fragments, made meanwhile; that use is waited for in `prepare` and
+    /// held with this one (the ring has more than two stages). Every thread of the warpgroup
+    /// makes the same barrier calls in the same order (`more` and each pass's `any_consumer`
+    /// are the same for all of them).
+    #[inline(always)]
+    unsafe fn step(
+        ctx: &Ctx,
+        (st, (c, lane, row), shift): (&mut PipelineState, (u32, u32, u32), u32),
+        cur: &mut Prepared,
+        left: u32,
+        (acc, sums): (&mut Acc, &mut Acc),
+    ) -> Option<Prepared> {
+        let (pipe, layout) = (&ctx.pipe, &ctx.layout);
+        let s = pipe.stage(*st);
+        // SAFETY: the caller's contract.
+        unsafe {
+            Self::issue(layout, s, &cur.frags, sums);
+            let next = (left > 0).then(|| Self::prepare(ctx, st.next(), (c, lane, row)));
+            Self::settle(&mut cur.frags, sums);
+            let at = (s, lane, shift);
+            Self::promote(layout, at, (&mut *acc, &*sums), 0);
+            if cur.more {
+                // Blocks 12 or more binades below their row's top: one more pass per 12.
+                let mut pass = 1;
+                while thread::warp_uniform(barriers::any_consumer(c, cur.extra >= pass) as u32) != 0
+                {
+                    let bytes = Self::stage_bytes(layout, s, row, lane);
+                    let mut frags = Self::fragments(&bytes, lane % 4, cur.rows.tops, pass);
+                    Self::issue(layout, s, &frags, sums);
+                    Self::settle(&mut frags, sums);
+                    Self::promote(layout, at, (&mut *acc, &*sums), pass);
+                    pass += 1;
+                }
+            }
+            pipe.consumer_release(*st, ctx.rank);
+            st.advance();
+            next
         }
     }
 }
@@ -391,8 +394,7 @@ impl<S: ScaleDecode> GemmKernel for W4Fp8Gemm<S> {
         own: &WorkUnit,
         st: &mut PipelineState,
     ) -> Acc {
-        let (pipe, layout) = (&ctx.pipe, &ctx.layout);
-        let (g, lane, row) = (cons.c * 128 + cons.local, cons.local % 32, cons.row);
+        let (c, lane, row) = (cons.c, cons.local % 32, cons.row);
         // Where the tile's first activation row sits in its scale box.
         let shift = Self::ACT_SCALE_BOX
             .start(own.first_row(own.n, FP8_TILE.n))
@@ -403,46 +405,33 @@ impl<S: ScaleDecode> GemmKernel for W4Fp8Gemm<S> {
         if ks.is_empty() {
             return acc;
         }
-        let who = (g, lane, row);
-        // SAFETY: `st` is this warpgroup's next use (both consumers make the same uses).
-        let mut cur = unsafe { Self::prepare(ctx, *st, who) };
-        for kb in ks.clone() {
-            let s = pipe.stage(*st);
-            let next_st = st.next();
-            // SAFETY: use `st` is held and prepared (`cur`): its activations permuted and the
-            // consumers met. Its MMAs read `cur.frags` until the wait, whose fence keeps them
-            // unshared with the next use's fragments, made meanwhile; that use is waited for in
-            // `prepare` and held with this one (the ring has more than two stages). Every
-            // consumer makes the same barrier calls in the same order (`more` and each pass's
-            // `any_consumers` are the same for all of them).
-            unsafe {
-                Self::issue(layout, s, &cur.frags, &mut sums);
-                let next = (kb + 1 < ks.end).then(|| Self::prepare(ctx, next_st, who));
-                Self::settle(&mut cur.frags, &mut sums);
-                let at = (s, lane, shift);
-                Self::promote(layout, at, (&mut acc, &sums), 0);
-                if cur.more {
-                    // Blocks 12 or more binades below their row's top: one more pass per 12.
-                    let mut pass = 1;
-                    while thread::warp_uniform(barriers::any_consumers(cur.extra >= pass) as u32)
-                        != 0
-                    {
-                        let bytes = Self::stage_bytes(layout, s, row, lane);
-                        let mut frags = Self::fragments(&bytes, cur.rows.tops, pass);
-                        Self::issue(layout, s, &frags, &mut sums);
-                        Self::settle(&mut frags, &mut sums);
-                        Self::promote(layout, at, (&mut acc, &sums), pass);
-                        pass += 1;
-                    }
-                }
-                pipe.consumer_release(*st, ctx.rank);
-                if let Some(next) = next {
-                    cur = next;
-                }
+        let who = (c, lane, row);
+        let mut left = ks.len() as u32;
+        // SAFETY: `st` is this warpgroup's next use.
+        let mut a = unsafe { Self::prepare(ctx, *st, who) };
+        let rows = a.rows;
+        // Two stages a turn, the second's fragments made into the first's registers' place, so
+        // that no turn ends by moving fragments from one set of registers to the other.
+        // SAFETY: `a` is `st`'s preparation, and each step's result the next use's
+        // ([`Self::step`]'s contract).
+        unsafe {
+            loop {
+                left -= 1;
+                let Some(mut b) =
+                    Self::step(ctx, (st, who, shift), &mut a, left, (&mut acc, &mut sums))
+                else {
+                    break;
+                };
+                left -= 1;
+                let Some(next) =
+                    Self::step(ctx, (st, who, shift), &mut b, left, (&mut acc, &mut sums))
+                else {
+                    break;
+                };
+                a = next;
             }
-            st.advance();
         }
-        Self::row_factors(&mut acc, &cur.rows);
+        Self::row_factors(&mut acc, &rows);
         acc
     }
 

@@ -14,10 +14,10 @@
 //!   stage with shifts less 12·pass ([`table`]): rare, and still exact (contributions more than
 //!   2^149 below the top flush to zero, as f32's subnormals end). NaN scales make NaN bytes (e4m3
 //!   `0x7F`) in the first pass.
-//! - Activations: `wgmma`'s B, loaded by TMA 128-byte-swizzled and permuted in place by the
-//!   consumers ([`stage_step`]) so that the B column of each MMA K index holds the activation at
-//!   the K of the weight byte in that A fragment position (the reordered codes put K
-//!   `8i + 2t` (+1) of a 32-K step where the fragment wants `4t + i` (+16)).
+//! - Activations: `wgmma`'s B, used as TMA loads them (128-byte swizzled, K in order). Each
+//!   thread gathers the codes of its fragment's K from the stored words of two threads
+//!   ([`direct_words`]: the stored order serves the bf16 paths' fragments, whose pairs are
+//!   K `2t`, `2t + 1`), so nothing but the weights' registers depends on that order.
 //! - Sums: each stage's four MMAs start a fresh fragment, which is added to the fp32 sums times
 //!   the activation row's scale (and 2^(−12·pass)) — FP8 tensor-core accumulation within 128 of
 //!   K, as the FP8 block-wise kernel's.
@@ -75,6 +75,20 @@ pub fn prmt(a: u32, b: u32, sel: u32) -> u32 {
             let pick = (sel >> (4 * j)) & 0x7;
             d | ((((bytes >> (8 * pick)) & 0xFF) as u32) << (8 * j))
         })
+    }
+}
+
+/// The bits of `a` where `mask` is set, of `b` elsewhere (`lop3`, [`crate::ptx::bits::select`]);
+/// on the host, the same in Rust (tests).
+#[inline(always)]
+pub fn select(a: u32, b: u32, mask: u32) -> u32 {
+    #[cfg(target_arch = "nvptx64")]
+    {
+        crate::ptx::bits::select(a, b, mask)
+    }
+    #[cfg(not(target_arch = "nvptx64"))]
+    {
+        (a & mask) | (b & !mask)
     }
 }
 
@@ -181,14 +195,12 @@ pub fn row_factor(top: u32, pass: u32) -> f32 {
     }
 }
 
-/// The two e4m3 fragment words of one weight row's 32-K step from its reordered word `x`
-/// ([`super::weight_k`]: nibble `i` is K `8i + 2t`, nibble `i + 4` the next K): the word of
-/// nibbles 0–3 (fragment columns `4t..4t + 4`) and of nibbles 4–7 (columns `16 + 4t..`). Bytes 0
-/// and 1 of each (K below 16 of the step) take table `first`, bytes 2 and 3 table `second` (the
-/// same for scales per 32). Magnitudes through the table; signs by bytes: nibble `2b`'s sign
-/// (bit 3 of byte b) is bit 7 of byte b of `x << 4`, nibble `2b + 1`'s is bit 7 of byte b of `x`,
-/// so one `prmt` of `x` and `x << 4` with a constant selector puts every sign at bit 7 of its
-/// output byte.
+/// The e4m3 bytes of a word `x` of eight codes: the word of nibbles 0–3 and that of nibbles 4–7
+/// ([`direct_words`] gathers `x` so that bytes 0 and 1 of each are K below 16 of a step). Bytes
+/// 0 and 1 of each take table `first`, bytes 2 and 3 table `second` (the same for scales per
+/// 32). Magnitudes through the table; signs by bytes: nibble `2b`'s sign (bit 3 of byte b) is
+/// bit 7 of byte b of `x << 4`, nibble `2b + 1`'s is bit 7 of byte b of `x`, so one `prmt` of `x`
+/// and `x << 4` with a constant selector puts every sign at bit 7 of its output byte.
 #[inline(always)]
 pub fn fragment_words(x: u32, first: [u32; 2], second: [u32; 2], same: bool) -> [u32; 2] {
     let mag = x & 0x7777_7777;
@@ -207,25 +219,27 @@ pub fn fragment_words(x: u32, first: [u32; 2], second: [u32; 2], same: bool) -> 
     [word(mag, 0x1504), word(mag >> 16, 0x3726)]
 }
 
-/// One 32-K step of an activation row, as the 8 words `w` of its 32 bytes `P` (`w[q]` = bytes
-/// `4q..4q + 4`), permuted for the weights' fragments: position `4t + i` gets `P[8i + 2t]` and
-/// position `16 + 4t + i` gets `P[8i + 2t + 1]` (t, i in 0..4). Two 4 × 4 byte transposes, of the
-/// even and of the odd words, 16 `prmt`.
+/// The two e4m3 fragment words of one weight row's 32-K step for thread `t` (lane % 4) of a
+/// warp, with the activations in their own K order (`wgmma`'s A fragment of m64nNk32 e4m3, PTX
+/// ISA "Register Fragments and Shared Memory Matrix Layouts": register 0 holds K `4t..4t + 4`,
+/// register 1 K `16 + 4t..`). The stored order ([`super::weight_k`]) puts K `8j + 2t'` and the
+/// next in nibbles `j` and `j + 4` of thread `t'`'s word, so thread `t`'s eight codes lie in the
+/// words `x` and `y` of threads `2·(t % 2)` and `2·(t % 2) + 1`: nibbles `t / 2 + {0, 2, 4, 6}` of
+/// each. They are gathered into one word (those of `x` at even nibbles, of `y` at odd ones),
+/// folded by [`fragment_words`] (K 4t, 4t + 2, 16 + 4t, 16 + 4t + 2 of the gathered word's low
+/// half; the next K in its high half), and interleaved by two byte permutes.
 #[inline(always)]
-pub fn stage_step(w: [u32; 8]) -> [u32; 8] {
-    // Group e (0: words 0, 2, 4, 6; 1: words 1, 3, 5, 7) gives positions 8e.. (bytes 0 and 2
-    // of its words) and 16 + 8e.. (bytes 1 and 3).
-    let mut out = [0u32; 8];
-    for e in 0..2 {
-        let (a, b, c, d) = (w[e], w[e + 2], w[e + 4], w[e + 6]);
-        let (x, y) = (prmt(a, b, 0x5140), prmt(a, b, 0x7362));
-        let (z, u) = (prmt(c, d, 0x5140), prmt(c, d, 0x7362));
-        out[2 * e] = prmt(x, z, 0x5410);
-        out[2 * e + 1] = prmt(y, u, 0x5410);
-        out[4 + 2 * e] = prmt(x, z, 0x7632);
-        out[4 + 2 * e + 1] = prmt(y, u, 0x7632);
-    }
-    out
+pub fn direct_words(
+    (x, y): (u32, u32),
+    t: u32,
+    first: [u32; 2],
+    second: [u32; 2],
+    same: bool,
+) -> [u32; 2] {
+    let a = 4 * (t / 2);
+    let m = select(x >> a, y << (4 - a), 0x0F0F_0F0F);
+    let [p, q] = fragment_words(m, first, second, same);
+    [prmt(p, q, 0x5140), prmt(p, q, 0x7362)]
 }
 
 crate::entry::kernel_table! {
@@ -352,28 +366,36 @@ mod tests {
         }
     }
 
-    /// The K of each weight fragment byte (thread t, register j, byte i of a 32-K step) is the K
-    /// whose activation the staged row puts at that fragment position's MMA column.
+    /// Each byte of [`direct_words`] is the code the stored order ([`weight_k`]) keeps at the K of
+    /// its fragment position (register r, byte i of thread t: K `16r + 4t + i`), for each of a
+    /// step's 32 K, with per-16 tables telling the halves apart.
     #[test]
-    fn staged_activations_meet_the_weight_bytes_at_the_same_k() {
-        // Activation row: byte at K k is k + 1.
-        let p: [u8; 32] = core::array::from_fn(|k| k as u8 + 1);
-        let w: [u32; 8] =
-            core::array::from_fn(|q| u32::from_le_bytes(p[4 * q..4 * q + 4].try_into().unwrap()));
-        let staged = stage_step(w);
-        let col = |c: usize| (staged[c / 4] >> (8 * (c % 4))) as u8;
+    fn direct_words_put_each_code_at_its_own_k() {
+        // A row's 64-K chunk of codes: the code of K k is magnitude k % 7 + 1 with k's sign bit.
+        let code = |k: u32| (k % 7 + 1) | ((k / 7) % 2) << 3;
+        let mut stored = [0u32; 8]; // words [t][s] of the stored chunk, as threads read them
+        for p in 0..64 {
+            stored[(p / 8) as usize] |= code(weight_k(p)) << (4 * (p % 8));
+        }
+        let (first, second) = (fold_table(0), fold_table(1));
         for s in 0..2u32 {
             for t in 0..4u32 {
-                for (reg, half) in [(0, 0u32), (2, 1)] {
-                    for i in 0..4u32 {
-                        // Nibble i (+4) of thread t's word s: position 16t + 8s + i (+4).
-                        let k_w = weight_k(16 * t + 8 * s + i + 4 * half) - 32 * s;
-                        let c = 16 * (reg / 2) + 4 * t + i;
-                        assert_eq!(
-                            col(c as usize) as u32,
-                            k_w + 1,
-                            "s {s} t {t} reg {reg} i {i}"
-                        );
+                let t0 = 2 * (t % 2);
+                let (x, y) = (
+                    stored[(2 * t0 + s) as usize],
+                    stored[(2 * t0 + 2 + s) as usize],
+                );
+                for (same, second) in [(true, first), (false, second)] {
+                    let regs = direct_words((x, y), t, first, second, same);
+                    for r in 0..2u32 {
+                        for i in 0..4u32 {
+                            let k = 32 * s + 16 * r + 4 * t + i;
+                            let c = code(k);
+                            let shift = if r == 1 && !same { 1 } else { 0 };
+                            let want = e2m1::decode(c as u8) * ((6 - shift) as f32).exp2();
+                            let got = e4m3::decode((regs[r as usize] >> (8 * i)) as u8);
+                            assert_eq!(got, want, "s {s} t {t} reg {r} byte {i} same {same}");
+                        }
                     }
                 }
             }
