@@ -439,7 +439,8 @@ fn grouped_plans_fold_what_folds_to_e4m3_and_keep_the_rest_exact() {
         (Recipe::W4A8(Fp4Weights::Nvfp4), "fold", "w4"),
         // e5m2 folds to e5m2, which has no grouped FP8 kernel.
         (Recipe::Mxfp8(Fp8::E5M2), "mx", "mx"),
-        (Recipe::W4A8(Fp4Weights::Mxfp4), "fold", "w4"),
+        // The FP8-MMA 4-bit-weights kernel takes e8m0 experts as they are.
+        (Recipe::W4A8(Fp4Weights::Mxfp4), "w4", "w4"),
         (Recipe::W4A16(Fp4Weights::Nvfp4), "w4", "w4"),
     ] {
         let (a, b) = descs(r);
