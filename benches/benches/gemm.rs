@@ -2,8 +2,9 @@
 //! Without a GPU it says so and exits successfully (CI has none).
 //! `BLOCKSCALED_BENCH=seed`: seed 000's shapes in every recipe, and 8192³;
 //! `BLOCKSCALED_BENCH=deepseek`: the DeepSeek-V3 layer shapes in the DeepSeek recipe;
-//! `BLOCKSCALED_BENCH=mx`: the MX / NVFP4 / 4-bit-weights shapes; `BLOCKSCALED_BENCH=decode`:
-//! M = 1, 8, 16, 32, 64 on the DeepSeek-V3 (N, K) pairs; `BLOCKSCALED_BENCH=grouped`: grouped
+//! `BLOCKSCALED_BENCH=mx`: the MX / NVFP4 / 4-bit-weights shapes (4-bit weights at decode
+//! sizes, M = 128 and 4096); `BLOCKSCALED_BENCH=decode`: M = 1, 8, 16, 32, 64 on the
+//! DeepSeek-V3 (N, K) pairs; `BLOCKSCALED_BENCH=grouped`: grouped
 //! GEMM (the seed's MoE cases, masked decode); `BLOCKSCALED_BENCH=bsr`: block-sparse GEMM at
 //! 4096³ and 8192³, random and banded, densities 5–100 % (peers: our dense kernel and cuBLASLt
 //! dense); `BLOCKSCALED_BENCH=fused`: the device quantizers (bf16 input, 4096 × 7168 and
@@ -80,6 +81,15 @@ fn main() {
                     shapes.push((r, [m, n, k, 1]));
                 }
             }
+        }
+        // 4-bit weights at prefill sizes (W4A8 against the FP8 block-wise kernel's 4096 × 7168
+        // × 2048 of the `deepseek` set).
+        for r in [
+            Recipe::W4A16(blockscaled::Fp4Weights::Mxfp4),
+            Recipe::W4A8(blockscaled::Fp4Weights::Mxfp4),
+            Recipe::W4A8(blockscaled::Fp4Weights::Nvfp4),
+        ] {
+            shapes.push((r, [4096, 7168, 2048, 1]));
         }
     }
     if which == "decode" || which == "all" {
