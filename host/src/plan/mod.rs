@@ -411,8 +411,11 @@ pub fn choose_grouped(p: &GroupedProblem<'_>) -> Result<Plan> {
             && sm90_mx_fp8::kernel_types(a, b) == (ElemType::E4M3, ElemType::E4M3)
             && fold_grouped(a, b),
     );
-    if p.arch != GpuArch::Hopper || (fp8.is_some() && !fold) || w4_fp8_exact(p) {
+    if p.arch != GpuArch::Hopper || (fp8.is_some() && !fold) {
         return choose_grouped_exact(p);
+    }
+    if let Some(plan) = w4_fp8_exact(p) {
+        return Ok(plan);
     }
     let cfg = p.fp8_config();
     Ok(if fp8.is_none() {
@@ -422,14 +425,18 @@ pub fn choose_grouped(p: &GroupedProblem<'_>) -> Result<Plan> {
     })
 }
 
-/// Whether the exact plan of `p` is the 4-bit-weights kernel on FP8 tensor cores (W4A8 experts
+/// The exact plan of `p` where it is the 4-bit-weights kernel on FP8 tensor cores (W4A8 experts
 /// with e8m0 scales): it takes them as they are, where folding them per call writes a G·N·K-byte
-/// FP8 copy each call, and is as fast or faster on the seed's cases (docs/perf-log/w4.md).
-fn w4_fp8_exact(p: &GroupedProblem<'_>) -> bool {
-    matches!(choose_grouped_exact(p), Ok(Plan::Sm90W4(cfg)) if cfg.fp8)
+/// FP8 copy each call, and is faster on the seed's larger cases, within 4% on the smaller ones
+/// (docs/perf-log/w4.md).
+fn w4_fp8_exact(p: &GroupedProblem<'_>) -> Option<Plan> {
+    match choose_grouped_exact(p) {
+        Ok(Plan::Sm90W4(cfg)) if cfg.fp8 => Some(Plan::Sm90W4(cfg)),
+        _ => None,
+    }
 }
 
-/// Whether a grouped GEMM of a pair that can fold does (where [`w4_fp8_exact`] does not hold):
+/// Whether a grouped GEMM of a pair that can fold does (where [`w4_fp8_exact`] gives no plan):
 /// always where B is FP8 already (folded once ahead of time); per call for 4-bit experts with
 /// e8m0 scales (folded exactly but for subnormals) or with FP8 activations (the 4-bit-weights
 /// kernel's bf16 path is slower than the fold); not for the rest (NVFP4 and MXFP8 pairs), whose

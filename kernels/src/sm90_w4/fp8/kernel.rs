@@ -268,6 +268,7 @@ impl<S: ScaleDecode> W4Fp8Gemm<S> {
             *v *= f[(i / 2) % 2];
         }
     }
+
     /// One stage of the K loop: issues use `st`'s MMAs with `cur`, prepares the next use while
     /// they run (where `left` uses follow), adds the stage's sums (and any further passes) to
     /// `acc`, releases the stage and advances `st`. Returns the next use's preparation.
