@@ -8,7 +8,8 @@ use std::sync::Arc;
 
 use blockscaled::kernels::format::fold;
 use blockscaled::{
-    DeviceMatrix, Gpu, HostOutput, OutType, Plan, Recipe, ScaleType, ScaledMatrix, reference,
+    DeviceMatrix, ElemType, Gpu, HostOutput, OutType, Plan, Recipe, ScaleType, ScaledMatrix,
+    reference,
 };
 use blockscaled_tests::{
     FP8_ACCUMULATION_REL, abs_matrix, compare_outputs, fp8_accumulation_slack, random_values,
@@ -115,12 +116,17 @@ pub fn run_case(gpu: &Gpu, peer: Option<&LtPeer>, c: &Case) -> Result<Outcome, S
         let got = o.to_host().map_err(e)?;
         // The fold path computes on the folded operands: its reference is theirs (the fold's own
         // error is bounded and tested element by element: `format::fold`, gpu_mx).
+        // So does the 4-bit-weights kernels' path for e2m1 activations, on A folded.
+        let folds_a = a.format().elem == ElemType::E2M1
+            && matches!(plan, Plan::Sm90W4(cfg) if cfg.fp8 || cfg.stream);
         let (want, abs) = if let Plan::Sm90MxFp8(_) = plan {
             let (fa, fb) = (
                 a.fold_to_fp8(false).map_err(e)?,
                 b.fold_to_fp8(true).map_err(e)?,
             );
             reference_output(&fa, &fb, c.out)?
+        } else if folds_a {
+            reference_output(&a.fold_to_fp8(false).map_err(e)?, &b, c.out)?
         } else {
             reference_output(&a, &b, c.out)?
         };
@@ -141,6 +147,11 @@ pub fn run_case(gpu: &Gpu, peer: Option<&LtPeer>, c: &Case) -> Result<Outcome, S
                 fp8_accumulation_slack(&abs),
                 "the CPU reference on the folded operands (bit-identical to the GPU's fold), \
                  1 ulp + 2^-7·Σ|ab| FP8 accumulation bound",
+            ),
+            // The codes fold into e4m3 exactly; the sums are FP8 tensor-core sums per 128 of K.
+            Plan::Sm90W4(cfg) if cfg.fp8 => (
+                fp8_accumulation_slack(&abs),
+                "1 ulp + 2^-7·Σ|ab| FP8 accumulation bound (4-bit weights folded exactly into e4m3)",
             ),
             Plan::Sm90Mx(_) | Plan::Sm90W4(_) | Plan::Sm90Half(_) => (
                 abs.iter()
@@ -241,6 +252,7 @@ fn agree_with_peer(
             };
             FP8_ACCUMULATION_REL + (1.0 + r) * (1.0 + r) - 1.0
         }
+        Plan::Sm90W4(cfg) if cfg.fp8 => FP8_ACCUMULATION_REL,
         Plan::Sm90Mx(_) | Plan::Sm90W4(_) | Plan::Sm90Half(_) => {
             blockscaled_tests::bf16_mma_rel(c.k)
         }

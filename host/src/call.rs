@@ -283,13 +283,7 @@ impl Gpu {
         call: &Call<'_>,
         quantized: Option<OperandFormat>,
     ) -> Result<WorkspaceSize> {
-        let (plan, fused) = match quantized {
-            None => (self.plan_call(call)?, call.fused().is_some()),
-            Some(format) => {
-                let plain = Epilogue::default();
-                (self.quantized_call(call, format, &plain)?.plan, true)
-            }
-        };
+        let (plan, fused) = self.plan_sized(call, quantized)?;
         match call.operands {
             Operands::Sparse { dense, sparse, .. } => self.sparse_workspace(dense, sparse, plan),
             Operands::Dense { a, b } => {
@@ -309,6 +303,22 @@ impl Gpu {
         }
     }
 
+    /// The plan `call` runs on where it runs as [`Gpu::workspace_size`] sizes it, and whether it
+    /// has a fused epilogue there.
+    fn plan_sized(
+        &self,
+        call: &Call<'_>,
+        quantized: Option<OperandFormat>,
+    ) -> Result<(Plan, bool)> {
+        Ok(match quantized {
+            None => (self.plan_call(call)?, call.fused().is_some()),
+            Some(format) => {
+                let plain = Epilogue::default();
+                (self.quantized_call(call, format, &plain)?.plan, true)
+            }
+        })
+    }
+
     /// Grows `ws` now to what `call` needs ([`Gpu::workspace_size`]), so that running it there
     /// allocates nothing: split K's buffers and a fused epilogue's staging to at least their
     /// sizes, the fold pre-pass's copies to the call's operands. Nothing is launched.
@@ -324,7 +334,9 @@ impl Gpu {
         if need.fold > 0
             && let Operands::Dense { a, b } = call.operands
         {
-            self.reserve_fold(ws, a, b)?;
+            // (The 4-bit-weights kernel folds A alone: its weights stay as they are.)
+            let fold_b = !matches!(self.plan_sized(call, quantized)?.0, Plan::Sm90W4(_));
+            self.reserve_fold(ws, (a, b), fold_b)?;
         }
         Ok(())
     }

@@ -80,13 +80,28 @@ fn every_family_gives_the_same_bits_every_time() {
     };
     dense(&g, "FP8 split K 4", (&a, &b), plan, (128, 1024));
 
-    // The exact MX kernel (MXFP4 below the fold's 256 rows), split K in 2.
-    let (a, b) = uploaded(&g, Recipe::Mxfp4, (128, 512, 2048), seed + 10);
+    // The exact MX kernel (NVFP4 below the fold's 256 rows), split K in 2.
+    let (a, b) = uploaded(&g, Recipe::Nvfp4, (128, 512, 2048), seed + 10);
     let plan = match g.plan(&a, &b).unwrap() {
         Plan::Sm90Mx(c) => Plan::Sm90Mx(c.with_split_k(2)),
-        p => panic!("MXFP4 at 128 rows runs on the MX kernel, not {p:?}"),
+        p => panic!("NVFP4 at 128 rows runs on the MX kernel, not {p:?}"),
     };
     dense(&g, "MX split K 2", (&a, &b), plan, (128, 512));
+
+    // MXFP4 at 128 rows: A folded per call, the weights on the 4-bit-weights kernel's FP8 MMAs,
+    // split K in 2.
+    let (a, b) = uploaded(&g, Recipe::Mxfp4, (128, 512, 2048), seed + 15);
+    let plan = match g.plan(&a, &b).unwrap() {
+        Plan::Sm90W4(c) if c.fp8 => Plan::Sm90W4(c.with_split_k(2)),
+        p => panic!("MXFP4 at 128 rows runs on the FP8-MMA 4-bit-weights kernel, not {p:?}"),
+    };
+    dense(
+        &g,
+        "4-bit weights, A folded, split K 2",
+        (&a, &b),
+        plan,
+        (128, 512),
+    );
 
     // 4-bit weights × bf16 at decode size, split K in 2.
     let (a, b) = uploaded(

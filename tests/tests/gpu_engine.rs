@@ -666,6 +666,43 @@ fn a_bf16_view_made_every_step_matches_the_owned_matrix() {
     }
 }
 
+/// Runs `call` (C of `rows` × `n`) in the handle's workspace, then in a new workspace reserved
+/// for it: the reserve is the size queried, which `expected` accepts, the run in it allocates
+/// nothing, and its result is bit-identical.
+fn reserved_call_allocates_nothing(
+    g: &Gpu,
+    name: &str,
+    call: &Call,
+    (rows, n): (usize, usize),
+    expected: impl Fn(&WorkspaceSize) -> bool,
+) {
+    let mut want = g.output(rows, n, 1, OutType::Bf16).unwrap();
+    g.run(call, &mut want).unwrap(); // (in the handle's workspace)
+    let ws = Workspace::new();
+    let need = g.workspace_size(call, None).unwrap();
+    assert!(expected(&need), "{name}: {need:?}");
+    g.reserve(&ws, call, None).unwrap();
+    assert_eq!(
+        ws.bytes(),
+        need.total(),
+        "{name}: reserved against queried ({need:?})"
+    );
+    let mut got = g.output(rows, n, 1, OutType::Bf16).unwrap();
+    let before = device_allocations();
+    g.run(&call.workspace(&ws), &mut got).unwrap();
+    assert_eq!(
+        device_allocations(),
+        before,
+        "{name}: allocated in a reserved workspace"
+    );
+    assert_bit_identical(
+        &got.to_host().unwrap(),
+        &want.to_host().unwrap(),
+        &format!("{name}: the call's workspace against the handle's"),
+    );
+    println!("{name}: {need:?}");
+}
+
 #[test]
 #[ignore = "needs a CUDA device"]
 fn a_reserved_workspace_is_the_size_queried_and_a_call_in_it_allocates_nothing() {
@@ -713,32 +750,18 @@ fn a_reserved_workspace_is_the_size_queried_and_a_call_in_it_allocates_nothing()
         }),
     ];
     for (name, call, expected) in calls {
-        let mut want = g.output(m, n, 1, OutType::Bf16).unwrap();
-        g.run(&call, &mut want).unwrap(); // (in the handle's workspace)
-        let ws = Workspace::new();
-        let need = g.workspace_size(&call, None).unwrap();
-        assert!(expected(&need), "{name}: {need:?}");
-        g.reserve(&ws, &call, None).unwrap();
-        assert_eq!(
-            ws.bytes(),
-            need.total(),
-            "{name}: reserved against queried ({need:?})"
-        );
-        let mut got = g.output(m, n, 1, OutType::Bf16).unwrap();
-        let before = device_allocations();
-        g.run(&call.workspace(&ws), &mut got).unwrap();
-        assert_eq!(
-            device_allocations(),
-            before,
-            "{name}: allocated in a reserved workspace"
-        );
-        assert_bit_identical(
-            &got.to_host().unwrap(),
-            &want.to_host().unwrap(),
-            &format!("{name}: the call's workspace against the handle's"),
-        );
-        println!("{name}: {need:?}");
+        reserved_call_allocates_nothing(g, name, &call, (m, n), expected);
     }
+    // MXFP4 at 100 rows: A folded per call onto the 4-bit-weights kernel's FP8 MMAs, the weights
+    // as they are: the workspace holds A's fold (M·K codes and their scales), not B's.
+    let r4 = Recipe::Mxfp4;
+    let (_, a4) = random_matrix(93, 100, k, 1, r4.a());
+    let (_, b4) = random_matrix(94, n, k, 1, r4.b());
+    let (a4, b4) = (g.upload(&a4).unwrap(), g.upload(&b4).unwrap());
+    let plan = g.plan(&a4, &b4).unwrap();
+    assert!(matches!(plan, Plan::Sm90W4(c) if c.fp8), "{plan:?}");
+    let fold = |w: &WorkspaceSize| w.fold >= 100 * k && w.fold < 100 * k + n * k;
+    reserved_call_allocates_nothing(g, "A folded", &Call::new(&a4, &b4), (100, n), fold);
     // A quantized output (FP8 codes with scales per 1×128) from the MX kernel's fused epilogue.
     let q = Recipe::DeepSeekFp8.a();
     let call = Call::new(&a_mx, &b_mx).epilogue(&epi);

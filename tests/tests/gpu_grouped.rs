@@ -278,9 +278,14 @@ fn check_on(
         let fb = b.fold_to_fp8(true).map_err(e)?;
         check_result(&got, &fa, &fb, &owned, bar(recipe, k, true, no_cancel))
     } else {
-        // The 4-bit-weights kernel on FP8 MMAs: exact values, FP8 tensor-core sums.
+        // The 4-bit-weights kernel on FP8 MMAs: exact weights, FP8 tensor-core sums; e2m1
+        // activations folded per call (the host's fold is bit-identical).
         let fp8_sums = matches!(plan, Plan::Sm90W4(c) if c.fp8);
-        check_result(&got, &a, &b, &owned, bar(recipe, k, fp8_sums, no_cancel))
+        let fa = match a.desc().format.elem {
+            ElemType::E2M1 if fp8_sums => a.fold_to_fp8(false).map_err(e)?,
+            _ => a.clone(),
+        };
+        check_result(&got, &fa, &b, &owned, bar(recipe, k, fp8_sums, no_cancel))
     };
     result.map_err(|err| format!("{what} ({plan:?}): {err}"))?;
     Ok(plan)

@@ -221,8 +221,9 @@ fn the_stream_kernel_refuses_what_it_cannot_run() {
     })
     .unwrap_err();
     assert!(e.contains("split_k = 5"), "{e}");
-    // e2m1 activations are the pipelined kernel's.
-    let r4 = Recipe::Mxfp4;
+    // e2m1 activations with ue4m3 scales (which do not fold exactly) are the pipelined
+    // kernel's; with e8m0 ones they are folded per call ([`W4A4_RECIPES`]).
+    let r4 = Recipe::Nvfp4;
     let (a4, b4) = random_pair(5, (4, 256, 256, 1), r4.a(), r4.b());
     let e = gemm_on(g, &a4, &b4, OutType::Bf16, |_, _| Ok(Plan::Sm90W4(d))).unwrap_err();
     assert!(e.contains("bf16 or e4m3"), "{e}");
@@ -278,8 +279,9 @@ fn weight_only_recipes_and_small_fp4_pairs_plan_the_w4_kernel() {
         let plan = g
             .plan(&up(r, 16, 256, false), &up(r, 512, 256, true))
             .unwrap();
-        // bf16 and e4m3 activations stream the weights; e2m1 ones take the pipelined 16-row tile.
-        let stream = STREAM_RECIPES.contains(&r);
+        // bf16 and e4m3 activations stream the weights, and e2m1 ones with e8m0 scales folded
+        // per call; the rest (NVFP4 pairs) take the pipelined 16-row tile.
+        let stream = STREAM_RECIPES.contains(&r) || W4A4_RECIPES.contains(&r);
         assert!(
             matches!(plan, Plan::Sm90W4(c) if c.tile.n == 16 && c.stream == stream),
             "{r}: {plan:?}"
@@ -297,13 +299,83 @@ fn weight_only_recipes_and_small_fp4_pairs_plan_the_w4_kernel() {
             "{r}: {plan:?}"
         );
     }
-    // Larger M FP4 pairs leave this kernel: they fold onto the FP8 kernel.
-    let plan = |r: Recipe| {
-        g.plan(&up(r, 1000, 256, false), &up(r, 512, 256, true))
+    // Larger M FP4 pairs leave this kernel: they fold onto the FP8 kernel; up to 128 rows those
+    // with e8m0 scales run on its FP8 MMAs with A folded.
+    let plan = |r: Recipe, m| {
+        g.plan(&up(r, m, 256, false), &up(r, 512, 256, true))
             .unwrap()
     };
-    assert!(matches!(plan(Recipe::Mxfp4), Plan::Sm90MxFp8(_)));
-    assert!(matches!(plan(Recipe::Nvfp4), Plan::Sm90MxFp8(_)));
+    assert!(matches!(plan(Recipe::Mxfp4, 1000), Plan::Sm90MxFp8(_)));
+    assert!(matches!(plan(Recipe::Nvfp4, 1000), Plan::Sm90MxFp8(_)));
+    for r in W4A4_RECIPES {
+        let p = plan(r, 128);
+        assert!(matches!(p, Plan::Sm90W4(c) if c.fp8), "{r}: {p:?}");
+        let p = plan(r, 129);
+        assert!(matches!(p, Plan::Sm90MxFp8(_)), "{r}: {p:?}");
+    }
+}
+
+/// The FP4 pairs with e8m0 scales, whose activations the FP8-MMA and stream kernels take folded
+/// per call (e4m3 with fp32 scales per 1×128; the weights stay 4-bit).
+const W4A4_RECIPES: [Recipe; 2] = [Recipe::Mxfp4, Recipe::E2m1E8m0x16];
+
+/// A random pair of `recipe` (one of [`W4A4_RECIPES`]) through the FP8-MMA kernel, or the stream
+/// kernel (`stream`, M ≤ 16), with A folded per call, against the CPU reference on the host's
+/// fold of A (bit-identical to the device's; exact where a row's 128 span at most 2^14). The
+/// weights are exact in both; the FP8-MMA kernel's error is its FP8 tensor-core sums
+/// ([`check_fp8`]), the stream kernel's W4A8's ([`check_stream`]).
+fn check_w4a4(
+    recipe: Recipe,
+    (m, n, k, l): (usize, usize, usize, usize),
+    dtype: OutType,
+    seed: u64,
+    (stream, split): (bool, Option<u32>),
+) -> Result<(), String> {
+    let (a, b) = if seed % 2 == 1 {
+        random_weight_pair(seed, (m, n, k, l), recipe.a(), recipe.b())
+    } else {
+        random_pair(seed, (m, n, k, l), recipe.a(), recipe.b())
+    };
+    let fa = a.fold_to_fp8(false).map_err(|e| e.to_string())?;
+    let (want, abs) = reference_output(&fa, &b, dtype)?;
+    let (got, tol) = if stream {
+        let tol = slack(2 * k, &abs);
+        (run_stream(&a, &b, dtype, split)?, tol)
+    } else {
+        (run_fp8(&a, &b, dtype, split)?, fp8_accumulation_slack(&abs))
+    };
+    compare_outputs(&got, &want, 1.0, &tol).map_err(|e| {
+        format!(
+            "sm90 W4 A folded, stream {stream} split {split:?}, {recipe} {m}x{n}x{k}x{l} \
+             {dtype:?} seed {seed}: {e}"
+        )
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    #[test]
+    #[ignore = "needs a CUDA device"]
+    fn w4a4_with_e8m0_scales_on_fp8_mmas_and_the_stream_kernel_matches_cpu_reference(
+        which in 0usize..2,
+        m in 1usize..300,
+        n in 1usize..600,
+        k128 in 1usize..12,
+        l in 1usize..3,
+        out_i in 0usize..3,
+        split in 1u32..5,
+        seed in any::<u64>(),
+    ) {
+        let dtype = [OutType::Bf16, OutType::F16, OutType::F32][out_i];
+        let k = 128 * k128;
+        // Decode sizes on the stream kernel (its splits range over 64-K chunks), the rest on FP8
+        // MMAs (splits of 128-K stages).
+        let stream = m <= 16 && seed % 3 != 0;
+        let split = split.min(if stream { 2 * k128 } else { k128 } as u32);
+        check_w4a4(W4A4_RECIPES[which], (m, n, k, l), dtype, seed, (stream, Some(split)))
+            .map_err(TestCaseError::fail)?;
+    }
 }
 
 /// A random `rows` × `k` matrix of `r`'s A or (`as_b`) B format, on the GPU.
@@ -330,6 +402,9 @@ enum On {
     Pipelined(usize),
     Stream(usize),
     Fp8,
+    /// e2m1 activations folded per call onto the stream kernel (W4A8's bound of K) or the
+    /// FP8-MMA one (`None`); the reference multiplies the host's fold of A.
+    FoldedA(Option<usize>),
 }
 
 /// Column `col` (when `by_col`) or row `row` of C is NaN; every other element matches the CPU
@@ -339,10 +414,14 @@ fn check_nan_line(a: &ScaledMatrix, b: &ScaledMatrix, line: usize, by_col: bool,
     let got = match on {
         On::Stream(_) => run_stream(a, b, OutType::F32, None),
         On::Pipelined(_) => run(a, b, OutType::F32, None),
-        On::Fp8 => run_fp8(a, b, OutType::F32, None),
+        On::Fp8 | On::FoldedA(None) => run_fp8(a, b, OutType::F32, None),
+        On::FoldedA(Some(_)) => run_stream(a, b, OutType::F32, None),
     }
     .unwrap();
-    let (c64, abs) = reference::gemm_f64(a, b).unwrap();
+    let (c64, abs) = match on {
+        On::FoldedA(_) => reference::gemm_f64(&a.fold_to_fp8(false).unwrap(), b).unwrap(),
+        _ => reference::gemm_f64(a, b).unwrap(),
+    };
     for (i, &g) in got.values.iter().enumerate() {
         let (r, c) = (i / n, i % n);
         if (by_col && c == line) || (!by_col && r == line) {
@@ -351,7 +430,8 @@ fn check_nan_line(a: &ScaledMatrix, b: &ScaledMatrix, line: usize, by_col: bool,
             let w = round_output(OutType::F32, c64[i]);
             let tol = match on {
                 On::Pipelined(k) | On::Stream(k) => slack(k, &abs[i..i + 1])[0],
-                On::Fp8 => fp8_accumulation_slack(&abs[i..i + 1])[0],
+                On::FoldedA(Some(k)) => slack(2 * k, &abs[i..i + 1])[0],
+                On::Fp8 | On::FoldedA(None) => fp8_accumulation_slack(&abs[i..i + 1])[0],
             } + blockscaled::output_ulp(OutType::F32, w.abs().max(g.abs()));
             assert!(
                 (g as f64 - w as f64).abs() <= tol,
@@ -607,6 +687,30 @@ fn fp8_w4a8_nan_weight_scales_and_nan_activations_give_nan_columns_and_rows() {
         check_nan_line(&a, &b_nan, 201, true, On::Fp8);
         let a_nan = edited(&a, |d, _| d[7 * k + 150] = 0x7F);
         check_nan_line(&a_nan, &b, 7, false, On::Fp8);
+    }
+}
+
+/// e2m1 activations folded per call (stream kernel at 13 rows, FP8 MMAs at 40): a NaN weight
+/// scale makes its column of C NaN, a NaN activation scale (whose block the fold makes NaN) its
+/// row; every other element matches.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn w4a4_nan_weight_and_activation_scales_give_nan_columns_and_rows() {
+    for r in W4A4_RECIPES {
+        for (m, on) in [(13, On::FoldedA(Some(256))), (40, On::FoldedA(None))] {
+            let (n, k) = (300, 256);
+            let (_, a) = random_matrix(51, m, k, 1, r.a());
+            let (_, b) = random_matrix(52, n, k, 1, r.b());
+            let nan_scale = |mat: &ScaledMatrix, row: usize, col: usize| {
+                edited(mat, |_, s| {
+                    let d = mat.desc();
+                    let (br, bk) = d.block_extent();
+                    s[d.scale_layout.index(0, row / br, col / bk)] = 0xFF;
+                })
+            };
+            check_nan_line(&a, &nan_scale(&b, 201, 100), 201, true, on);
+            check_nan_line(&nan_scale(&a, 7, 150), &b, 7, false, on);
+        }
     }
 }
 

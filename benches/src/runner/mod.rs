@@ -79,7 +79,8 @@ pub struct Args {
     /// 4-bit-weights kernel, weights converted to bf16; --mma_tiler_mn 16,128 or 128,128),
     /// sm90w4fp8 (the same kernel family on FP8 tensor cores: W4A8 with e8m0 weight scales, K a
     /// multiple of 128) or sm90w4stream (its stream kernel: bf16 or e4m3 activations, M ≤ 16;
-    /// --split_k).
+    /// --split_k); both also take e2m1 activations with the weights' e8m0 scales, folded per
+    /// call.
     #[arg(long, default_value = "auto")]
     pub kernel: String,
     /// sm90 split-K: K ranges computed by separate CTAs and summed by the last of each tile (default: the

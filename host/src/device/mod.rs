@@ -242,14 +242,15 @@ impl Gpu {
         &self.work
     }
 
-    /// Makes `ws`'s fold copies for `a` and `b` where the fold family would fold them.
+    /// Makes `ws`'s fold copies for `a` and `b` where the fold family would fold them (B's only
+    /// where `fold_b`).
     pub(crate) fn reserve_fold(
         &self,
         ws: &Workspace,
-        a: &DeviceMatrix,
-        b: &DeviceMatrix,
+        (a, b): (&DeviceMatrix, &DeviceMatrix),
+        fold_b: bool,
     ) -> Result<()> {
-        crate::families::fold::Sm90MxFp8::reserve(&self.stream, ws, (a, b))
+        crate::families::fold::Sm90MxFp8::reserve(&self.stream, ws, (a, b), fold_b)
     }
 
     /// [`Device::ones`] on this handle's stream.

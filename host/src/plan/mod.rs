@@ -44,6 +44,14 @@ pub use crate::families::w4::heuristic::{
 /// 56.5).
 pub(crate) const FOLD_MIN_M: usize = 256;
 
+/// Largest M for which e2m1 pairs with e8m0 scales run on the 4-bit-weights kernels with A folded
+/// per call (the stream kernel to 16 rows, the FP8-MMA kernel above: one 128-row activation
+/// tile) rather than with both operands folded onto the FP8 kernel, which is faster from the
+/// second activation tile on. Measured on the H200 at M × 7168 × 4096 (MXFP4, µs, A folded
+/// against both folded against the MX kernel): 33.1 / 35.4 / 37.5 at M = 32, 33.5 / 39.4 / 38.0
+/// at 128, 44.1 / 43.5 / 58.3 at 192 (docs/perf-log/w4.md).
+pub(crate) const W4A4_FP8_MAX_M: usize = 128;
+
 /// Largest M for which e2m1 pairs run the 4-bit-weights kernel rather than the MX kernel
 /// (measured, docs/perf-log, the 4-bit-weights kernel: faster at M ≤ 16, slower at M = 128).
 pub(crate) const W4_MAX_M: usize = 16;
@@ -295,9 +303,14 @@ pub(crate) fn choose_fused(
 /// - Hopper, MXFP8 (e4m3 / e5m2, either pair), MXFP4, NVFP4 and e2m1 with e8m0 per 16 — both
 ///   operands of one code width and one scale format, K a multiple of the scale block and rows a
 ///   multiple of 16 bytes (TMA) — runs the sm90 MX kernel ([`sm90_mx_default`]), except that
-///   e2m1 pairs with M ≤ `W4_MAX_M` run the 4-bit-weights kernel, and pairs with M ≥
-///   `FOLD_MIN_M` and K a multiple of 128 run folded onto
-///   the FP8 kernel ([`Plan::Sm90MxFp8`]: lossy, within each format's own quantization error).
+///   e2m1 pairs with e8m0 scales and K a multiple of 128 run the 4-bit-weights kernels with A
+///   folded per call to M ≤ `W4A4_FP8_MAX_M` (the stream kernel to 16 rows, the FP8-MMA kernel
+///   above) and fold both operands above it, other e2m1 pairs with M ≤ `W4_MAX_M` run the
+///   4-bit-weights kernel, and pairs with M ≥ `FOLD_MIN_M` and K a multiple of 128 run folded
+///   onto the FP8 kernel
+///   ([`Plan::Sm90MxFp8`]: lossy, within each format's own quantization error; A's fold alone
+///   is exact but where a row's 128 span more than 2^14 or an element falls below e4m3's normal
+///   range after its shift).
 /// - Hopper, bf16 × bf16 or fp16 × fp16 (one scale per tensor, K a multiple of 8) runs the sm90
 ///   16-bit kernel ([`sm90_half_default`]); a bf16 × fp16 pair runs the reference kernel.
 /// - Hopper, 4-bit weights (e2m1 B with MX or NVFP4 scales) with bf16 activations (W4A16) or
@@ -330,21 +343,24 @@ pub(crate) fn choose_for(
     };
     let GemmShape { m, n, k, l } = *shape;
     let w4 = sm90_w4::unsupported_pair(a, b).is_none();
+    // e2m1 activations with the weights' e8m0 scales: folded per call, the weights as they are.
+    let w4a4 = w4 && sm90_w4::fp8_folds_a(a, b);
     if sm90_a && sm90_b {
         Ok(Plan::Sm90Fp8(sm90_default(m, n, k, l, sm_count)))
     } else if sm90_half::unsupported_pair(a, b).is_none() {
         Ok(Plan::Sm90Half(sm90_half_default(m, n, sm_count)))
-    } else if w4 && a.format.elem != ElemType::E2M1 && m <= stream::MAX_M as usize {
+    } else if w4 && m <= stream::MAX_M as usize && (a.format.elem != ElemType::E2M1 || w4a4) {
         Ok(Plan::Sm90W4(sm90_w4_stream_default(m, n, k, l, sm_count)))
-    } else if w4 && sm90_w4::fp8_takes(a, b) {
+    } else if w4 && sm90_w4::fp8_takes(a, b) && (!w4a4 || m <= W4A4_FP8_MAX_M) {
         Ok(Plan::Sm90W4(sm90_w4_fp8_default(m, n, k, l, sm_count)))
     } else if w4 && (a.format.elem != ElemType::E2M1 || m <= W4_MAX_M) {
         Ok(Plan::Sm90W4(sm90_w4_default(m, n, k, l, sm_count)))
     } else if sm90_mx_fp8::unsupported_pair(a, b).is_none()
-        && (m >= FOLD_MIN_M || sm90_mx::unsupported_pair(a, b).is_some())
+        && (m >= FOLD_MIN_M || w4a4 || sm90_mx::unsupported_pair(a, b).is_some())
     {
-        // Folded from FOLD_MIN_M rows, and at any M where the MX kernel does not take the pair
-        // (one operand FP8 already, e.g. a B folded once by `Gpu::fold_to_fp8`).
+        // Folded from FOLD_MIN_M rows (past W4A4_FP8_MAX_M for e2m1 pairs with e8m0 scales), and
+        // at any M where the MX kernel does not take the pair (one operand FP8 already, e.g. a B
+        // folded once by `Gpu::fold_to_fp8`).
         Ok(Plan::Sm90MxFp8(sm90_default(m, n, k, l, sm_count)))
     } else if sm90_mx::unsupported_pair(a, b).is_none() {
         Ok(Plan::Sm90Mx(sm90_mx_default(m, n, k, l, sm_count)))
@@ -414,7 +430,7 @@ pub fn choose_grouped(p: &GroupedProblem<'_>) -> Result<Plan> {
     if p.arch != GpuArch::Hopper || (fp8.is_some() && !fold) {
         return choose_grouped_exact(p);
     }
-    if let Some(plan) = w4_fp8_exact(p) {
+    if let Some(plan) = w4_fp8_exact(p).or_else(|| w4a4_fp8(p)) {
         return Ok(plan);
     }
     let cfg = p.fp8_config();
@@ -434,6 +450,21 @@ fn w4_fp8_exact(p: &GroupedProblem<'_>) -> Option<Plan> {
         Ok(Plan::Sm90W4(cfg)) if cfg.fp8 => Some(Plan::Sm90W4(cfg)),
         _ => None,
     }
+}
+
+/// The plan of `p` where it is 4-bit experts with e2m1 activations of the same e8m0 scales: the
+/// 4-bit-weights kernel on FP8 tensor cores with the activations folded per call (M·K bytes) and
+/// the experts as they are, where folding both writes a G·N·K-byte copy of the experts each call
+/// (docs/perf-log/w4.md).
+fn w4a4_fp8(p: &GroupedProblem<'_>) -> Option<Plan> {
+    let (a, b) = (p.a, p.b);
+    if sm90_w4::unsupported_pair(a, b).is_some() || !sm90_w4::fp8_folds_a(a, b) {
+        return None;
+    }
+    let GemmShape { n, k, .. } = p.shape;
+    let mut cfg = sm90_w4_fp8_default(p.per_group(), n, k, 1, p.sm_count);
+    cfg.split_k = 1;
+    Some(Plan::Sm90W4(cfg))
 }
 
 /// Whether a grouped GEMM of a pair that can fold does (where [`w4_fp8_exact`] gives no plan):

@@ -433,7 +433,8 @@ fn grouped_plans_fold_what_folds_to_e4m3_and_keep_the_rest_exact() {
     }
     for (r, chosen, exact) in [
         (Recipe::DeepSeekFp8, "fp8", "fp8"),
-        (Recipe::Mxfp4, "fold", "mx"),
+        // e2m1 activations with e8m0 scales fold per call, the experts stay 4-bit.
+        (Recipe::Mxfp4, "w4", "mx"),
         (Recipe::Nvfp4, "mx", "mx"),
         (Recipe::Mxfp8(Fp8::E4M3), "mx", "mx"),
         (Recipe::W4A8(Fp4Weights::Nvfp4), "fold", "w4"),
@@ -558,20 +559,32 @@ fn each_pair_runs_on_the_family_that_takes_it_and_the_rest_on_the_reference() {
     let (_, b) = pair(Recipe::Mxfp8(Fp8::E4M3), 64, 512);
     let p = choose(GpuArch::Hopper, 132, &a, &b).unwrap();
     assert!(matches!(p, Plan::Sm90MxFp8(_)), "{p:?}");
-    // 4-bit weights: bf16 activations at any M; FP4 pairs up to W4_MAX_M = 16 rows, then the
-    // MX kernel, then the fold from FOLD_MIN_M = 256.
+    // 4-bit weights: bf16 activations at any M; NVFP4 pairs up to W4_MAX_M = 16 rows, then the
+    // MX kernel, then the fold from FOLD_MIN_M = 256; pairs with e8m0 scales on the 4-bit-weights
+    // kernels with A folded (the stream kernel to 16 rows, the FP8-MMA one above) to
+    // W4A4_FP8_MAX_M rows, then the fold.
     let w4a16 = Recipe::W4A16(Fp4Weights::Mxfp4);
     assert!(matches!(plan(pair(w4a16, 256, 512)), Ok(Plan::Sm90W4(_))));
-    let fp4 = |m| plan(pair(Recipe::Mxfp4, m, 512)).unwrap();
-    let kinds: Vec<&str> = [16, 17, 255, 256]
-        .map(|m| match fp4(m) {
+    let kinds = |r, ms: [usize; 4]| -> Vec<&str> {
+        ms.map(|m| match plan(pair(r, m, 512)).unwrap() {
+            Plan::Sm90W4(c) if c.stream => "stream",
+            Plan::Sm90W4(c) if c.fp8 => "w4fp8",
             Plan::Sm90W4(_) => "w4",
             Plan::Sm90Mx(_) => "mx",
             Plan::Sm90MxFp8(_) => "fold",
             _ => "other",
         })
-        .into();
-    assert_eq!(kinds, ["w4", "mx", "mx", "fold"]);
+        .into()
+    };
+    assert_eq!(
+        kinds(Recipe::Nvfp4, [16, 17, 255, 256]),
+        ["w4", "mx", "mx", "fold"]
+    );
+    let top = super::W4A4_FP8_MAX_M;
+    for r in [Recipe::Mxfp4, Recipe::E2m1E8m0x16] {
+        let got = kinds(r, [16, 17, top, top + 1]);
+        assert_eq!(got, ["stream", "w4fp8", "w4fp8", "fold"], "{r}");
+    }
 }
 
 /// `Plan::validate` and `validate_grouped` go to the plan's own configuration: a configuration

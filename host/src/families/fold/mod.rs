@@ -162,6 +162,42 @@ impl Sm90MxFp8 {
         fp8(g, (ao, bo), kernel_types(&a.desc, &b.desc))
     }
 
+    /// Folds A (`a`, of a GEMM on `stream` in workspace `work`) into the workspace's A copy and
+    /// runs `f` on its codes (`l` × `rows` × `k` e4m3, K-major) and on it as the FP8 kernel's A
+    /// operand (fp32 scales `[l][k/128][m_pad]`, the layout the 4-bit-weights kernels read
+    /// too), with the workspace held until `f` has enqueued its launch.
+    pub(crate) fn with_folded_a<R>(
+        &self,
+        (stream, work): (&Arc<CudaStream>, &Workspace),
+        a: &DeviceMatrix,
+        f: impl FnOnce(&CudaSlice<u8>, &Sm90Operand) -> Result<R>,
+    ) -> Result<R> {
+        if let Some(e) = unfoldable(&a.desc) {
+            return Err(Error::Format(e));
+        }
+        let mut ws = crate::alloc::lock(&work.fold);
+        let [wa, _] = &mut *ws;
+        let folded = slot_for(stream, wa, &a.desc, false)?;
+        self.fold(stream, a, folded, false)?;
+        f(&folded.data, &folded.op)
+    }
+
+    /// Whether the pre-pass folds `d` (in either role).
+    pub(crate) fn folds(d: &MatrixDesc) -> bool {
+        unfoldable(d).is_none()
+    }
+
+    /// The workspace bytes of A's folded copy ([`Self::with_folded_a`]).
+    pub(crate) fn a_workspace(a: &DeviceMatrix) -> Result<WorkspaceSize> {
+        if let Some(e) = unfoldable(&a.desc) {
+            return Err(Error::Format(e));
+        }
+        Ok(WorkspaceSize {
+            fold: Folded::bytes(dims_of(&a.desc), false),
+            ..WorkspaceSize::default()
+        })
+    }
+
     /// `src` as the FP8 kernel's operand in its role: its own prepared operand when it is FP8
     /// already, else folded into `slot` (grown when its dimensions differ).
     fn operand<'w>(
@@ -200,16 +236,18 @@ impl Sm90MxFp8 {
     }
 
     /// Makes `ws`'s folded copies for `a` and `b` where they need folding (what a call's
-    /// [`Self::gemm`] would make).
+    /// [`Self::gemm`] would make), B's only where `fold_b` (a plan that folds A alone,
+    /// [`Self::with_folded_a`], takes none for B).
     pub(crate) fn reserve(
         stream: &Arc<CudaStream>,
         ws: &Workspace,
         (a, b): (&DeviceMatrix, &DeviceMatrix),
+        fold_b: bool,
     ) -> Result<()> {
         let mut slots = crate::alloc::lock(&ws.fold);
         let [wa, wb] = &mut *slots;
         for (m, slot, as_b) in [(a, wa, false), (b, wb, true)] {
-            if route(&m.desc, as_b).map_err(Error::Format)? == Route::Fold {
+            if (!as_b || fold_b) && route(&m.desc, as_b).map_err(Error::Format)? == Route::Fold {
                 slot_for(stream, slot, &m.desc, as_b)?;
             }
         }

@@ -10,6 +10,7 @@ use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 
 use crate::buffers::{DeviceMatrix, DeviceOutput, OnFirstUse, Prepared};
 use crate::error::{Error, Result, config};
+use crate::families::fold::Sm90MxFp8;
 use crate::families::operands::Sm90Operand;
 use crate::families::operands::mx::{MxOperand, kernel_scales, kernel_scales_to, scale_format};
 use crate::families::operands::{CopyKind, OperandCopy, Rewrite, Upload};
@@ -60,12 +61,23 @@ crate::config::config_fields!(Sm90W4Config {
     fp8: bool => with_fp8,
 });
 
-/// Whether the pair can run on the FP8-MMA kernel ([`Sm90W4Config::fp8`]): e4m3 activations with
-/// fp32 scales per 1×128, weights with e8m0 scales, K a multiple of 128.
+/// Whether the pair can run on the FP8-MMA kernel ([`Sm90W4Config::fp8`]): weights with e8m0
+/// scales, K a multiple of 128, and e4m3 activations with fp32 scales per 1×128 or e2m1 ones with
+/// the weights' scales (folded per call into that form, [`fp8_folds_a`]).
 pub(crate) fn fp8_takes(a: &MatrixDesc, b: &MatrixDesc) -> bool {
-    activation(a, b) == Some(Activation::E4m3Row128)
-        && scale_format(b).and_then(family::fp8::kernel).is_some()
+    scale_format(b).and_then(family::fp8::kernel).is_some()
         && b.k.is_multiple_of(family::fp8::FP8_BLOCK_K as usize)
+        && (activation(a, b) == Some(Activation::E4m3Row128) || fp8_folds_a(a, b))
+}
+
+/// Whether the FP8-MMA kernel takes the pair with A folded per call (e2m1 activations with the
+/// weights' e8m0 scales: the fold pre-pass writes them as e4m3 with fp32 scales per 1×128, exact
+/// where each 128 of a row spans at most 2^14 and no element falls below e4m3's normal range
+/// after its shift, `format::fold`); the weights stay 4-bit.
+pub(crate) fn fp8_folds_a(a: &MatrixDesc, b: &MatrixDesc) -> bool {
+    activation(a, b) == Some(Activation::Fp4)
+        && scale_format(b).and_then(family::fp8::kernel).is_some()
+        && Sm90MxFp8::folds(a)
 }
 
 /// The activations' kind for A, if the kernel takes it beside weights of scale format `b`.
@@ -295,6 +307,18 @@ impl W4Operand {
     }
 }
 
+/// A folded per call ([`fp8_folds_a`]) is read through the FP8 family's maps: its 128-row code
+/// boxes are the kernel's activation tile, and its scale boxes the kernel's activation scale box.
+const FOLDED_A_FITS: () = {
+    let ours = family::act_scale_box(family::fp8::FP8_TILE, Activation::E4m3Row128, 32);
+    let fp8 = blockscaled_kernels::sm90::SFA_BOX;
+    assert!(family::fp8::FP8_TILE.n == 128 && family::fp8::FP8_BLOCK_K == 128);
+    match ours {
+        Some(b) => assert!(b.entry == fp8.entry && b.rows() == fp8.rows()),
+        None => panic!("W4A8 activations have a scale box"),
+    }
+};
+
 /// One loaded kernel.
 type Kernel = persistent::Kernel<family::Sm90W4Kernel>;
 
@@ -430,16 +454,22 @@ impl PlanConfig for Sm90W4Config {
 
     /// Split K's buffers.
     fn workspace(&self, q: &Sizing<'_>) -> Result<WorkspaceSize> {
-        if self.stream {
-            if self.split_k <= 1 {
-                return Ok(WorkspaceSize::default());
-            }
+        let run = if !self.stream {
+            let schedule = dense_schedule(self, q.shape, q.groups);
+            WorkspaceSize::split_k(&schedule, ClusterShape::ONE, self.split_k > 1)?
+        } else if self.split_k > 1 {
             let (n, l) = (q.shape.n as u32, q.shape.l as u32);
             let (floats, counters) = stream::workspace(n, l, self.split_k);
-            return WorkspaceSize::split(floats, counters);
+            WorkspaceSize::split(floats, counters)?
+        } else {
+            WorkspaceSize::default()
+        };
+        // And A's folded copy where the kernel reads A folded.
+        if (self.fp8 || self.stream) && fp8_folds_a(&q.a.desc, &q.b.desc) {
+            let fold = Sm90MxFp8::a_workspace(q.a)?.fold;
+            return Ok(WorkspaceSize { fold, ..run });
         }
-        let schedule = dense_schedule(self, q.shape, q.groups);
-        WorkspaceSize::split_k(&schedule, ClusterShape::ONE, self.split_k > 1)
+        Ok(run)
     }
 
     /// None: the kernel computes Cᵀ.
@@ -449,7 +479,14 @@ impl PlanConfig for Sm90W4Config {
 
     fn launch(&self, families: &Families, g: Gemm<'_, '_>) -> Result<()> {
         let what = "sm90 4-bit-weights kernel (it needs compute capability 9.0)";
-        families.require::<Sm90W4>(what)?.gemm(g, *self)
+        let w4 = families.require::<Sm90W4>(what)?;
+        if (self.fp8 || self.stream) && fp8_folds_a(&g.a.desc, &g.b.desc) {
+            let what = "MX → FP8 fold kernel (it needs compute capability 9.0)";
+            let fold = families.require::<Sm90MxFp8>(what)?;
+            let ctx = (g.stream, g.work);
+            return fold.with_folded_a(ctx, g.a, |data, op| w4.gemm(g, *self, Some((data, op))));
+        }
+        w4.gemm(g, *self, None)
     }
 }
 
@@ -478,8 +515,15 @@ impl Sm90W4 {
     }
 
     /// C = A · Bᵀ (computed as Cᵀ = B · Aᵀ) with `cfg` (validated for `g.shape`): one launch,
-    /// split K included.
-    pub(crate) fn gemm(&self, g: Gemm<'_, '_>, cfg: Sm90W4Config) -> Result<()> {
+    /// split K included. `folded`: A folded to e4m3 with fp32 scales per 1×128, its codes and its
+    /// FP8 operand (e2m1 activations on the FP8-MMA or the stream kernel, [`fp8_folds_a`]), which
+    /// the kernel then reads in A's place.
+    pub(crate) fn gemm(
+        &self,
+        g: Gemm<'_, '_>,
+        cfg: Sm90W4Config,
+        folded: Option<(&CudaSlice<u8>, &Sm90Operand)>,
+    ) -> Result<()> {
         if g.epi.is_some() {
             return Err(config(
                 "the 4-bit-weights kernel computes Cᵀ: it has no fused epilogue (the sm90 MX \
@@ -489,15 +533,17 @@ impl Sm90W4 {
         let act = activation(&g.a.desc, &g.b.desc).expect("checked by `unsupported_pair`");
         let scale = scale_format(&g.b.desc).expect("checked by `unsupported_pair`");
         if cfg.stream {
-            return self.stream_gemm(g, cfg, (act, scale));
+            return self.stream_gemm(g, cfg, (act, scale), folded);
         }
         let (stream, work, shape, groups) = (g.stream, g.work, g.shape, g.groups);
         let (a, b, c) = (g.a, g.b, g.c);
         let GemmShape { m, n, k, l } = shape;
-        if cfg.fp8 && !fp8_takes(&a.desc, &b.desc) {
+        if cfg.fp8 && (!fp8_takes(&a.desc, &b.desc) || (act == Activation::Fp4) != folded.is_some())
+        {
             return Err(config(format!(
-                "fp8: the FP8-MMA 4-bit-weights kernel takes e4m3 activations with fp32 scales \
-                 per 1×128 and weights with e8m0 scales ({} × {})",
+                "fp8: the FP8-MMA 4-bit-weights kernel takes weights with e8m0 scales and e4m3 \
+                 activations with fp32 scales per 1×128 or e2m1 ones with the weights' scales, \
+                 folded per call, K a multiple of 128 ({} × {})",
                 a.desc.format, b.desc.format
             )));
         }
@@ -536,9 +582,22 @@ impl Sm90W4 {
             ),
             false => None,
         };
-        let tmap_x = match (cfg.fp8, &ao.tmap_fp8) {
-            (true, Some(map)) => map,
-            (true, None) => {
+        // A folded per call: its codes' map and its scales' (boxes of 128 rows, as the
+        // kernel's activation tile and scale box: `FOLDED_A_FITS`).
+        let () = FOLDED_A_FITS;
+        let folded = match folded {
+            Some((_, op)) => {
+                let (Some((sfa, _)), Some(map)) = (&op.sfa, &op.sfa_map) else {
+                    return Err(Error::Format("A's fold has no 1×128 scales".into()));
+                };
+                Some((op.tmap(family::fp8::FP8_TILE.n)?, sfa, map))
+            }
+            None => None,
+        };
+        let tmap_x = match (cfg.fp8, &ao.tmap_fp8, folded) {
+            (true, _, Some((map, _, _))) => map,
+            (true, Some(map), None) => map,
+            (true, None, None) => {
                 return Err(Error::Format(
                     "the activations were not prepared for FP8 MMAs".into(),
                 ));
@@ -551,6 +610,10 @@ impl Sm90W4 {
             tmap_x: launch.ptr(tmap_x),
             sfw: launch.ptr(wscales),
             tmap_sx: match (&ao.scale_maps, ao.scales_in(&a.prepared), a8_shared) {
+                _ if let Some((_, sfa, map)) = folded => {
+                    let _ = launch.ptr(sfa);
+                    launch.ptr(map)
+                }
                 (Some([m16, m128]), Some(sx), _) => {
                     // The maps' buffer is read too.
                     let _ = launch.ptr(sx);
@@ -574,7 +637,14 @@ impl Sm90W4 {
             out_type: *dtype as u32,
             group_m: cfg.group_m,
             split_k: cfg.split_k,
-            alpha: a_scale * a.desc.tensor_scale * b.desc.tensor_scale,
+            // (A's fold multiplies its tensor scale into its scales.)
+            alpha: a_scale
+                * if folded.is_some() {
+                    1.0
+                } else {
+                    a.desc.tensor_scale
+                }
+                * b.desc.tensor_scale,
             groups: run.groups,
         };
         // Keep the reordered weights alive and ordered with the launch.
@@ -618,10 +688,17 @@ impl Sm90W4 {
         g: Gemm<'_, '_>,
         cfg: Sm90W4Config,
         (act, scale): (Activation, blockscaled_kernels::format::MxScale),
+        folded: Option<(&CudaSlice<u8>, &Sm90Operand)>,
     ) -> Result<()> {
         let (stream, work, shape) = (g.stream, g.work, g.shape);
         let (a, b, c) = (g.a, g.b, g.c);
         let GemmShape { m, n, k, l } = shape;
+        // A folded per call reads as e4m3 activations with fp32 scales per 1×128.
+        let act = if folded.is_some() {
+            Activation::E4m3Row128
+        } else {
+            act
+        };
         if !stream::takes(act) || g.groups.is_some() {
             return Err(config(
                 "the 4-bit-weights stream kernel takes bf16 or e4m3 (1×128 scales) activations \
@@ -638,11 +715,19 @@ impl Sm90W4 {
             )));
         };
         let (ao, bo, w, wscales) = self.prepared(stream, a, b)?;
-        // bf16: the activations' one scale; e4m3: their fp32 scales per 1×128 (own copy or the
-        // FP8 family's, with its rows), and 2^6 for the weight codes' e4m3 offset.
-        let (a_scale, sx) = match act {
-            Activation::Bf16 => (ao.bf16_scale()?, None),
-            _ => (64.0, Some(ao.a8_scales(&a.prepared, &a.desc)?)),
+        // bf16: the activations' one scale; e4m3: their fp32 scales per 1×128 (own copy, the
+        // FP8 family's, or A's fold's, with its rows), and 2^6 for the weight codes' e4m3
+        // offset; A's tensor scale (which a fold multiplies into its scales).
+        let (a_scale, sx) = match (act, folded) {
+            (_, Some((_, op))) => match &op.sfa {
+                Some((sfa, m_pad)) => (64.0, Some(A8Scales::Fp8(sfa, *m_pad))),
+                None => return Err(Error::Format("A's fold has no 1×128 scales".into())),
+            },
+            (Activation::Bf16, None) => (ao.bf16_scale()? * a.desc.tensor_scale, None),
+            (_, None) => (
+                64.0 * a.desc.tensor_scale,
+                Some(ao.a8_scales(&a.prepared, &a.desc)?),
+            ),
         };
         let (m, n, k, l) = (m as u32, n as u32, k as u32, l as u32);
         let chunks = k.div_ceil(stream::CHUNK_K);
@@ -666,7 +751,10 @@ impl Sm90W4 {
         let params = W4StreamParams {
             w: launch.ptr(&w.data),
             sfw: launch.ptr(wscales),
-            x: launch.ptr(&a.data),
+            x: match folded {
+                Some((data, _)) => launch.ptr(data),
+                None => launch.ptr(&a.data),
+            },
             sx,
             out: launch.ptr_mut(out),
             splitk,
@@ -678,15 +766,16 @@ impl Sm90W4 {
             rows_pad: bo.rows_pad,
             split,
             out_type: *dtype as u32,
-            alpha: a_scale * a.desc.tensor_scale * b.desc.tensor_scale,
+            alpha: a_scale * b.desc.tensor_scale,
             sx_rows,
         };
         // SAFETY: `cfg` was validated for this shape (M ≤ 16, 1 ≤ split ≤ chunks, the grid and
         // shared memory within limits); the reordered weights hold l·n rows of `chunks · 32`
         // bytes and their scales the MX layout of `rows_pad` rows; the activations are l·m·k
-        // bf16 values or e4m3 codes at a 16-byte-aligned address (their tensor maps were made
-        // over it) with rows of a multiple of 16 bytes (`unsupported_pair`), e4m3's scales
-        // fp32 `[l][⌈k/128⌉][sx_rows ≥ m]`; the output holds l·m·n elements of `out_type`; the
+        // bf16 values or e4m3 codes (A's, with tensor maps made over them, or A's fold's, an
+        // allocation of its own) at a 16-byte-aligned address with rows of a multiple of 16
+        // bytes (`unsupported_pair`; a fold's K is a multiple of 128), e4m3's scales fp32
+        // `[l][⌈k/128⌉][sx_rows ≥ m]`; the output holds l·m·n elements of `out_type`; the
         // workspace is sized by `stream::workspace` with its counters zero.
         let _gemm = unsafe { launch.launch(&params) }?;
         Ok(())
