@@ -92,6 +92,10 @@ for set in "${sets[@]}"; do case $set in
     run --group_case 0 --recipe w4a8-mxfp4 --fold_weights
     run --group_case 0 --recipe nvfp4
     run --group_case 0 --recipe nvfp4 --fold_weights
+    # MXFP4 experts with MXFP4 activations: the activations folded per call onto the
+    # 4-bit-weights kernel's FP8 MMAs (the plan), against both operands folded per call.
+    run --group_case 0 --recipe mxfp4
+    run --group_case 0 --recipe mxfp4 --kernel sm90mxfp8
     # Prefill with large, uneven groups (Mixtral-like: 8 experts, N = 14336, K = 4096), 4096 rows
     # and their top-2 8192.
     run --groups 759,249,651,385,898,320,510,324 --mnkl 4096,14336,4096,1 --recipe deepseek-fp8
