@@ -21,6 +21,7 @@ from ._native import (
     ShapeError,
     WrongGpuError,
     fp8_gemm_nt,
+    gemm_nt,
     m_grouped_fp8_gemm_nt_masked,
     per_token_group_quant_fp8_into,
     quantize_mxfp8_into,

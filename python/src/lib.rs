@@ -100,6 +100,8 @@ enum Dtype {
     I32,
     /// MX scales: a power of two per byte (torch's `float8_e8m0fnu`).
     E8m0,
+    /// Two e2m1 codes per byte, the first in the low nibble (torch's `float4_e2m1fn_x2`).
+    E2m1x2,
 }
 
 impl Dtype {
@@ -113,6 +115,7 @@ impl Dtype {
             "torch.float16" => Dtype::F16,
             "torch.int32" => Dtype::I32,
             "torch.float8_e8m0fnu" => Dtype::E8m0,
+            "torch.float4_e2m1fn_x2" => Dtype::E2m1x2,
             _ => return None,
         })
     }
@@ -131,7 +134,7 @@ impl Dtype {
 
     fn bytes(self) -> usize {
         match self {
-            Dtype::E4m3 | Dtype::E5m2 | Dtype::E8m0 => 1,
+            Dtype::E4m3 | Dtype::E5m2 | Dtype::E8m0 | Dtype::E2m1x2 => 1,
             Dtype::Bf16 | Dtype::F16 => 2,
             Dtype::F32 | Dtype::I32 => 4,
         }
@@ -464,6 +467,187 @@ fn fp8_gemm_nt(
     })
 }
 
+/// `out = a · bᵀ` for any pair of block-scaled operands the crate takes, each given as its codes
+/// and its scales in torch's dtypes, the format read from them: `float8_e4m3fn` / `float8_e5m2`
+/// codes with `float8_e8m0fnu` scales per 32 (MXFP8) or fp32 ones per 1×128 (A) and 128×128 (B,
+/// DeepSeek); `float4_e2m1fn_x2` codes (two per byte, K / 2 columns) with `float8_e8m0fnu`
+/// scales per 32 (MXFP4) or per 16, or `float8_e4m3fn` scales per 16 with an fp32 global scale
+/// (NVFP4, `a_global_scale` / `b_global_scale`); or, for A, bf16 / fp16 activations with
+/// `sfa=None` (4-bit weights × 16-bit activations). Scales are (rows, K / block) — for B's
+/// DeepSeek scales (N / 128, K / 128) — K-major or any strides (batched: a leading L).
+/// The crate's plan picks the kernel (4-bit weights with 16-bit, FP8 or e2m1 activations run on
+/// the 4-bit-weights kernels; MX / NVFP4 pairs on the MX kernel or folded onto FP8 tensor cores).
+#[pyfunction]
+#[pyo3(signature = (a, sfa, b, sfb, out, *, a_global_scale = 1.0, b_global_scale = 1.0, stream = None))]
+#[allow(clippy::too_many_arguments)]
+fn gemm_nt(
+    py: Python<'_>,
+    a: &Bound<'_, PyAny>,
+    sfa: Option<&Bound<'_, PyAny>>,
+    b: &Bound<'_, PyAny>,
+    sfb: &Bound<'_, PyAny>,
+    out: &Bound<'_, PyAny>,
+    a_global_scale: f32,
+    b_global_scale: f32,
+    stream: Option<u64>,
+) -> PyResult<()> {
+    let (a, b, out) = (
+        Tensor::of("a", a)?,
+        Tensor::of("b", b)?,
+        Tensor::of("out", out)?,
+    );
+    let sfa = sfa.map(|s| Tensor::of("sfa", s)).transpose()?;
+    let sfb = Tensor::of("sfb", sfb)?;
+    out.need(&[Dtype::Bf16, Dtype::F16, Dtype::F32])?;
+    for t in [&a, &b, &out] {
+        t.contiguous()?;
+    }
+    let oa = operand_of(&a, sfa.as_ref(), false, a_global_scale)?;
+    let ob = operand_of(&b, Some(&sfb), true, b_global_scale)?;
+    let ((m, k, l), (n, kb, lb)) = (oa.dims(), ob.dims());
+    let (lo, mo, no) = out.dims3()?;
+    if kb != k || lb != l || (lo, mo, no) != (l, m, n) {
+        return Err(PyValueError::new_err(format!(
+            "a {:?} · b {:?}ᵀ does not give out {:?} (K {k} against {kb})",
+            a.shape, b.shape, out.shape
+        )));
+    }
+    let dtype = out_type(&out);
+    let mut all = vec![&a, &b, &sfb, &out];
+    all.extend(sfa.as_ref());
+    let (device, stream) = placement(py, &all, stream)?;
+    let raws = (
+        a.raw(),
+        sfa.as_ref().map(Tensor::raw),
+        b.raw(),
+        sfb.raw(),
+        out.raw(),
+    );
+    py.detach(move || {
+        with_gpu(device, stream, |g| {
+            // SAFETY: as in `fp8_gemm_nt`: the tensors' own addresses and spans, alive for this
+            // call; the crate checks each against the driver's allocation and context.
+            let (ma, mb, mut c) = unsafe {
+                (
+                    oa.view(g, raws.0, raws.1)?,
+                    ob.view(g, raws.2, Some(raws.3))?,
+                    g.output_from_raw(raws.4, dtype, (m, n, l))?,
+                )
+            };
+            g.run(&Call::new(&ma, &mb), &mut c)
+        })
+    })
+}
+
+/// One operand of [`gemm_nt`], its format read from its tensors.
+#[derive(Clone, Copy)]
+enum Operand {
+    /// bf16 or fp16 values (`rows`, `k`, `batch`) with the scale 1.
+    Half(ElemType, (usize, usize, usize)),
+    /// Block-scaled codes and scales.
+    Scaled(MatrixDesc),
+}
+
+impl Operand {
+    /// (rows, K, batch).
+    fn dims(&self) -> (usize, usize, usize) {
+        match self {
+            Operand::Half(_, d) => *d,
+            Operand::Scaled(d) => (d.rows, d.k, d.batch),
+        }
+    }
+
+    /// The view over the codes (and scales).
+    ///
+    /// # Safety
+    /// As [`Gpu::matrix_from_raw`]: the tensors' own memory, alive for the call.
+    unsafe fn view(
+        &self,
+        g: &Gpu,
+        data: RawDevice,
+        scales: Option<RawDevice>,
+    ) -> Result<blockscaled::DeviceMatrix<'static>, Error> {
+        match (self, scales) {
+            // SAFETY: the caller's contract.
+            (Operand::Half(elem, dims), _) => unsafe { g.half_from_raw(data, *elem, *dims) },
+            // SAFETY: the caller's contract.
+            (Operand::Scaled(d), Some(s)) => unsafe { g.matrix_from_raw(*d, data, s, false) },
+            (Operand::Scaled(_), None) => {
+                Err(Error::Format("block-scaled codes need scales".into()))
+            }
+        }
+    }
+}
+
+/// The format of operand `t` with scales `s` (`as_b`: B's role), read from their dtypes and
+/// shapes ([`gemm_nt`]); `global`: NVFP4's fp32 tensor scale.
+fn operand_of(t: &Tensor, s: Option<&Tensor>, as_b: bool, global: f32) -> PyResult<Operand> {
+    let (batch, rows, cols) = t.dims3()?;
+    let s = match (t.dtype, s) {
+        (Dtype::Bf16 | Dtype::F16, None) if !as_b => {
+            let elem = if t.dtype == Dtype::Bf16 {
+                ElemType::BF16
+            } else {
+                ElemType::F16
+            };
+            return Ok(Operand::Half(elem, (rows, cols, batch)));
+        }
+        (Dtype::Bf16 | Dtype::F16, _) => {
+            return Err(PyTypeError::new_err(format!(
+                "{}: 16-bit values are taken as A (activations) with sfa=None",
+                t.name
+            )));
+        }
+        (_, None) => {
+            return Err(PyValueError::new_err(format!(
+                "{}: block-scaled codes need their scales",
+                t.name
+            )));
+        }
+        (_, Some(s)) => s,
+    };
+    let k = if t.dtype == Dtype::E2m1x2 {
+        2 * cols
+    } else {
+        cols
+    };
+    let (_, _, kb) = s.dims3()?;
+    let per = k.checked_div(kb).filter(|p| p * kb == k).unwrap_or(0);
+    let fp8 = |e: Dtype| {
+        if e == Dtype::E5m2 {
+            Fp8::E5M2
+        } else {
+            Fp8::E4M3
+        }
+    };
+    let recipe = match (t.dtype, s.dtype, per) {
+        (Dtype::E4m3 | Dtype::E5m2, Dtype::F32, _) => {
+            return Ok(Operand::Scaled(fp8_desc(t, s, (rows, k, batch), as_b)?));
+        }
+        (Dtype::E4m3 | Dtype::E5m2, Dtype::E8m0, 32) => Recipe::Mxfp8(fp8(t.dtype)),
+        (Dtype::E2m1x2, Dtype::E8m0, 32) => Recipe::Mxfp4,
+        (Dtype::E2m1x2, Dtype::E8m0, 16) => Recipe::E2m1E8m0x16,
+        (Dtype::E2m1x2, Dtype::E4m3, 16) => Recipe::Nvfp4,
+        (e, se, _) => {
+            return Err(PyTypeError::new_err(format!(
+                "{}: {e:?} codes with {se:?} scales of shape {:?} (one per {per} of K = {k}): \
+                 want FP8 with e8m0 per 32 or fp32 (1×128 / 128×128), or e2m1 (two per byte) \
+                 with e8m0 per 32 or 16 or e4m3 per 16",
+                t.name, s.shape
+            )));
+        }
+    };
+    let format = if as_b { recipe.b() } else { recipe.a() };
+    Ok(Operand::Scaled(MatrixDesc {
+        format,
+        rows,
+        k,
+        batch,
+        scale_layout: s.scale_layout(batch)?,
+        tensor_scale: if recipe == Recipe::Nvfp4 { global } else { 1.0 },
+    }))
+}
+
 /// The description of an FP8 operand `t` (DeepSeek-style: A's scales `s` per 1×128, B's per
 /// 128×128, `as_b`) of `rows` × `k` × `batch`.
 fn fp8_desc(
@@ -793,6 +977,7 @@ fn version() -> &'static str {
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
     m.add_function(wrap_pyfunction!(fp8_gemm_nt, m)?)?;
+    m.add_function(wrap_pyfunction!(gemm_nt, m)?)?;
     m.add_function(wrap_pyfunction!(m_grouped_fp8_gemm_nt_contiguous, m)?)?;
     m.add_function(wrap_pyfunction!(m_grouped_fp8_gemm_nt_masked, m)?)?;
     m.add_function(wrap_pyfunction!(per_token_group_quant_fp8_into, m)?)?;

@@ -258,3 +258,43 @@ def test_the_mxfp8_quantizer_checks_its_tensors_first():
         bs.quantize_mxfp8_into(
             FakeTensor((m, 48), "float32"), FakeTensor((m, 48), "float8_e4m3fn"), scales
         )
+
+
+def test_block_scaled_formats_are_read_from_the_dtypes_and_reach_the_device():
+    m, n, k = 100, 256, 512
+    fp4 = lambda rows: FakeTensor((rows, k // 2), "float4_e2m1fn_x2")
+    e8m0 = lambda rows, per: FakeTensor((rows, k // per), "float8_e8m0fnu")
+    out = FakeTensor((m, n), "bfloat16")
+    pairs = [
+        # MXFP4, e2m1 with e8m0 per 16, NVFP4 (e4m3 scales per 16 and a global scale).
+        (fp4(m), e8m0(m, 32), fp4(n), e8m0(n, 32)),
+        (fp4(m), e8m0(m, 16), fp4(n), e8m0(n, 16)),
+        (fp4(m), FakeTensor((m, k // 16), "float8_e4m3fn"), fp4(n), FakeTensor((n, k // 16), "float8_e4m3fn")),
+        # MXFP8; W4A16 (bf16 activations, no scales); W4A8 (DeepSeek activations).
+        (FakeTensor((m, k), "float8_e4m3fn"), e8m0(m, 32), FakeTensor((n, k), "float8_e5m2"), e8m0(n, 32)),
+        (FakeTensor((m, k), "bfloat16"), None, fp4(n), e8m0(n, 32)),
+        (FakeTensor((m, k), "float8_e4m3fn"), FakeTensor((m, k // 128), "float32"), fp4(n), e8m0(n, 32)),
+    ]
+    for a, sfa, b, sfb in pairs:
+        with pytest.raises(REACHES_THE_DEVICE):
+            bs.gemm_nt(a, sfa, b, sfb, out, a_global_scale=0.5, b_global_scale=2.0)
+
+
+def test_block_scaled_calls_that_cannot_be_are_clear_errors():
+    m, n, k = 100, 256, 512
+    fp4 = lambda rows: FakeTensor((rows, k // 2), "float4_e2m1fn_x2")
+    e8m0 = lambda rows, per: FakeTensor((rows, k // per), "float8_e8m0fnu")
+    out = FakeTensor((m, n), "bfloat16")
+    # e2m1 codes with fp32 scales, or scales per 64: no such format.
+    with pytest.raises(TypeError, match="want FP8 with e8m0"):
+        bs.gemm_nt(fp4(m), FakeTensor((m, k // 32), "float32"), fp4(n), e8m0(n, 32), out)
+    with pytest.raises(TypeError, match="one per 64"):
+        bs.gemm_nt(fp4(m), e8m0(m, 64), fp4(n), e8m0(n, 32), out)
+    # 16-bit values are activations, and block-scaled codes need scales.
+    with pytest.raises(TypeError, match="taken as A"):
+        bs.gemm_nt(fp4(m), e8m0(m, 32), FakeTensor((n, k), "bfloat16"), e8m0(n, 32), out)
+    with pytest.raises(ValueError, match="need their scales"):
+        bs.gemm_nt(fp4(m), None, fp4(n), e8m0(n, 32), out)
+    # K of A (two codes a byte) against B's.
+    with pytest.raises(ValueError, match="does not give out"):
+        bs.gemm_nt(FakeTensor((m, k), "float8_e4m3fn"), e8m0(m, 32), FakeTensor((n, k), "float4_e2m1fn_x2"), FakeTensor((n, 2 * k // 32), "float8_e8m0fnu"), out)

@@ -220,3 +220,72 @@ def test_the_mxfp8_quantizer_gives_power_of_two_scales_and_codes_within_the_form
     # code (e4m3: 448 of [256, 512); e5m2: 57344 of [32768, 65536)), and rounding loses at most
     # half a step (2^-4 of the value for e4m3, 2^-3 for e5m2): every element within amax / 4.
     assert ((deq - xb).abs() <= amax / 4).all(), ((deq - xb).abs() / amax).max()
+
+
+E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
+
+
+def random_fp4(rows, k, gen):
+    """Random e2m1 codes, two a byte (the first in the low nibble), and their values."""
+    u8 = torch.randint(0, 256, (rows, k // 2), device="cuda", generator=gen, dtype=torch.uint8)
+    nib = torch.stack([u8 & 0xF, u8 >> 4], dim=2).view(rows, k).long()
+    table = torch.tensor(E2M1, device="cuda", dtype=torch.float64)
+    vals = table[nib & 7] * torch.where(nib >= 8, -1.0, 1.0).double()
+    return u8.view(torch.float4_e2m1fn_x2), vals
+
+
+def random_e8m0(rows, blocks, gen):
+    """Random power-of-two scales (2^-3 .. 2^3) and their values."""
+    u8 = torch.randint(124, 131, (rows, blocks), device="cuda", generator=gen, dtype=torch.uint8)
+    return u8.view(torch.float8_e8m0fnu), torch.exp2(u8.double() - 127)
+
+
+def operand(kind, rows, k, gen, as_b):
+    """Codes, scales (None for bf16) and the dequantized values of one operand of `kind`."""
+    if kind in ("mxfp4", "e2m1x16", "nvfp4"):
+        codes, vals = random_fp4(rows, k, gen)
+        per = 32 if kind == "mxfp4" else 16
+        if kind == "nvfp4":
+            s = (torch.rand(rows, k // per, device="cuda", generator=gen) * 3 + 0.5).to(torch.float8_e4m3fn)
+            sv = s.double()
+        else:
+            s, sv = random_e8m0(rows, k // per, gen)
+        return codes, s, vals * sv.repeat_interleave(per, 1)
+    if kind == "mxfp8":
+        codes = (torch.randn(rows, k, device="cuda", generator=gen) * 8).to(torch.float8_e4m3fn)
+        s, sv = random_e8m0(rows, k // 32, gen)
+        return codes, s, codes.double() * sv.repeat_interleave(32, 1)
+    if kind == "bf16":
+        x = torch.randn(rows, k, device="cuda", generator=gen).to(torch.bfloat16)
+        return x, None, x.double()
+    if kind == "fp8":  # DeepSeek: 1x128 (A) or 128x128 (B)
+        x = torch.randn(rows, k, device="cuda", generator=gen)
+        codes, s = quantize_blocks(x) if as_b else quantize_rows(x)
+        return codes, s, dequantized(codes, s, 128 if as_b else 1).double()
+    raise ValueError(kind)
+
+
+@pytest.mark.parametrize("m,n,k", [(16, 256, 512), (100, 384, 1024)])
+@pytest.mark.parametrize(
+    "ka,kb",
+    [("mxfp4", "mxfp4"), ("e2m1x16", "e2m1x16"), ("nvfp4", "nvfp4"), ("mxfp8", "mxfp8"),
+     ("bf16", "mxfp4"), ("bf16", "nvfp4"), ("fp8", "mxfp4"), ("fp8", "nvfp4"), ("fp8", "fp8")],
+)
+def test_gemm_nt_matches_torch_on_the_dequantized_operands_for_every_format(ka, kb, m, n, k):
+    gen = torch.Generator(device="cuda").manual_seed(hash((ka, kb, m)) % 2**31)
+    a, sfa, fa = operand(ka, m, k, gen, False)
+    b, sfb, fb = operand(kb, n, k, gen, True)
+    ga = 0.5 if ka == "nvfp4" else 1.0
+    gb = 2.0 if kb == "nvfp4" else 1.0
+    out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.float32)
+    bs.gemm_nt(a, sfa, b, sfb, out, a_global_scale=ga, b_global_scale=gb)
+    torch.cuda.current_stream().synchronize()
+    ref = (fa @ fb.t()) * (ga * gb)
+    mag = (fa.abs() @ fb.abs().t()) * (ga * gb)
+    # The loosest of the kernels the plan may pick: FP8 tensor-core sums (2^-7 of sum |a·b|),
+    # then the fp32 output's rounding.
+    tol = 2.0**-7 * mag + 2.0**-23 * ref.abs() + 1e-30
+    got = out.double()
+    assert torch.isfinite(got).all(), "NaN or Inf in the output (poisoned with NaN)"
+    worst = ((got - ref).abs() / tol).max().item()
+    assert worst <= 1.0, f"{ka} x {kb} {m}x{n}x{k}: error {worst:.3f} of the bound"
