@@ -24,6 +24,7 @@ from ._native import (
     gemm_nt,
     m_grouped_fp8_gemm_nt_masked,
     per_token_group_quant_fp8_into,
+    quantize_fp4_into,
     quantize_mxfp8_into,
     version,
 )
@@ -91,6 +92,43 @@ def quantize_mxfp8(x, fp8="e4m3", *, out=None, scales=None, stream=None):
     return out, scales
 
 
+def _fp4_tensors(x, out, scales, per, scale_dtype):
+    """``out`` and ``scales`` of a 4-bit quantizer, allocated with torch where not given: codes
+    (…, M, K/2) two a byte, scales (…, M, K/per) K-major."""
+    if out is None or scales is None:
+        import torch
+    *lead, m, k = x.shape
+    if out is None:
+        out = torch.empty((*lead, m, k // 2), device=x.device, dtype=torch.float4_e2m1fn_x2)
+    if scales is None:
+        scales = torch.empty((*lead, m, k // per), device=x.device, dtype=getattr(torch, scale_dtype))
+    return out, scales
+
+
+def quantize_mxfp4(x, block=32, *, out=None, scales=None, stream=None):
+    """MXFP4 (OCP MX; ``block=16``: e2m1 with e8m0 scales per 16): ``x`` (M, K) or (L, M, K)
+    bf16, fp16 or fp32 to e2m1 codes, two a byte (the first in the low nibble), (M, K/2)
+    ``float4_e2m1fn_x2``, and one power-of-two scale per row and ``block`` columns, (M,
+    K/block) ``float8_e8m0fnu``, K-major. Returns ``(codes, scales)``; ``out`` / ``scales`` may
+    be given (allocated with torch otherwise)."""
+    if block not in (32, 16):
+        raise ValueError(f"block {block}: 32 (MXFP4) or 16")
+    out, scales = _fp4_tensors(x, out, scales, block, "float8_e8m0fnu")
+    quantize_fp4_into(x, out, scales, stream=stream)
+    return out, scales
+
+
+def quantize_nvfp4(x, global_scale=None, *, out=None, scales=None, stream=None):
+    """NVFP4: ``x`` (M, K) or (L, M, K) bf16, fp16 or fp32 to e2m1 codes, two a byte, (M, K/2)
+    ``float4_e2m1fn_x2``, an e4m3 scale per row and 16 columns, (M, K/16) ``float8_e4m3fn``,
+    and one fp32 global scale: ``global_scale`` where given, else computed from the tensor's
+    largest magnitude (one value read back: the call waits for the stream). Returns ``(codes,
+    scales, global_scale)``, the global scale to pass to ``gemm_nt``."""
+    out, scales = _fp4_tensors(x, out, scales, 16, "float8_e4m3fn")
+    g = quantize_fp4_into(x, out, scales, global_scale=global_scale, stream=stream)
+    return out, scales, g
+
+
 def offs_of_m_indices(m_indices, groups):
     """torch-style ``offs`` (each group's end row, (G,) int32) of DeepGEMM's ``m_indices`` (each
     row's group in ``0..groups``, or -1 for padding; groups in order). Checks the indices on the
@@ -121,12 +159,16 @@ __all__ = [
     "ShapeError",
     "WrongGpuError",
     "fp8_gemm_nt",
+    "gemm_nt",
     "m_grouped_fp8_gemm_nt_contiguous",
     "m_grouped_fp8_gemm_nt_masked",
     "offs_of_m_indices",
     "per_token_group_quant_fp8",
     "per_token_group_quant_fp8_into",
+    "quantize_fp4_into",
+    "quantize_mxfp4",
     "quantize_mxfp8",
     "quantize_mxfp8_into",
+    "quantize_nvfp4",
     "version",
 ]

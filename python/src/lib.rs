@@ -9,8 +9,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, LazyLock, Mutex};
 
 use blockscaled::{
-    Call, ElemType, Error, Fp8, Gpu, GroupLayout, InputType, MatrixDesc, OutType, QuantizeOptions,
-    RawDevice, Recipe, ScaleLayout,
+    Activation, Call, DeviceMatrix, ElemType, Epilogue, Error, Fp8, Gpu, GroupLayout, InputType,
+    MatrixDesc, OutType, QuantizeOptions, RawDevice, Recipe, ScaleLayout,
 };
 use cudarc::driver::{CudaContext, sys};
 use pyo3::create_exception;
@@ -424,8 +424,15 @@ fn placement(py: Python<'_>, tensors: &[&Tensor], stream: Option<u64>) -> PyResu
 /// bf16, fp16 or fp32. The codes and the output are contiguous; the scales may have any strides
 /// (DeepGEMM's M-major `sfa` as it is). Enqueued on `stream` (a `CUstream` as an integer), else
 /// on torch's current stream of the tensors' device.
+///
+/// The fused epilogue (each optional, in this order): `out = act(alpha·a·bᵀ + beta·c + bias) +
+/// residual`, `c` of the product's shape, `bias` (N,) or (L, 1, N), `residual` of `out`'s
+/// shape, all bf16, fp16 or fp32; `activation` "relu", "gelu" (erf), "gelu_tanh", "silu" or
+/// "swiglu" (column j of `out` is silu(t[2j])·t[2j+1]: N / 2 columns, B's rows interleaving the
+/// gate's and the up projection's).
 #[pyfunction]
-#[pyo3(signature = (a, sfa, b, sfb, out, *, stream = None))]
+#[pyo3(signature = (a, sfa, b, sfb, out, *, stream = None, alpha = 1.0, bias = None, activation = None, residual = None, c = None, beta = 1.0))]
+#[allow(clippy::too_many_arguments)]
 fn fp8_gemm_nt(
     py: Python<'_>,
     a: &Bound<'_, PyAny>,
@@ -434,22 +441,27 @@ fn fp8_gemm_nt(
     sfb: &Bound<'_, PyAny>,
     out: &Bound<'_, PyAny>,
     stream: Option<u64>,
+    alpha: f32,
+    bias: Option<&Bound<'_, PyAny>>,
+    activation: Option<&str>,
+    residual: Option<&Bound<'_, PyAny>>,
+    c: Option<&Bound<'_, PyAny>>,
+    beta: f32,
 ) -> PyResult<()> {
     let [a, sfa, b, sfb, out] = fp8_operands([a, sfa, b, sfb, out])?;
-    let ((l, m, k), (lb, n, kb), (lo, mo, no)) = (a.dims3()?, b.dims3()?, out.dims3()?);
-    if kb != k || lb != l || (lo, mo, no) != (l, m, n) {
-        return Err(PyValueError::new_err(format!(
-            "a {:?} · b {:?}ᵀ does not give out {:?}",
-            a.shape, b.shape, out.shape
-        )));
-    }
+    let epi = EpiArgs::of(alpha, (c, beta), bias, activation, residual)?;
+    let ((l, m, k), (lb, n, kb)) = (a.dims3()?, b.dims3()?);
+    epi.check_out(&a, &b, &out, (l, m, n), kb == k && lb == l)?;
     let (da, db) = (
         fp8_desc(&a, &sfa, (m, k, l), false)?,
         fp8_desc(&b, &sfb, (n, k, l), true)?,
     );
     let dtype = out_type(&out);
-    let (device, stream) = placement(py, &[&a, &sfa, &b, &sfb, &out], stream)?;
+    let mut all = vec![&a, &sfa, &b, &sfb, &out];
+    all.extend(epi.tensors());
+    let (device, stream) = placement(py, &all, stream)?;
     let raws = (a.raw(), sfa.raw(), b.raw(), sfb.raw(), out.raw());
+    let (n_out, views) = (epi.out_cols(n), epi.views());
     py.detach(move || {
         with_gpu(device, stream, |g| {
             // SAFETY: the addresses and lengths are the tensors' own (their data pointers, and
@@ -459,12 +471,178 @@ fn fp8_gemm_nt(
                 (
                     g.matrix_from_raw(da, raws.0, raws.1, false)?,
                     g.matrix_from_raw(db, raws.2, raws.3, false)?,
-                    g.output_from_raw(raws.4, dtype, (m, n, l))?,
+                    g.output_from_raw(raws.4, dtype, (m, n_out, l))?,
                 )
             };
-            g.run(&Call::new(&ma, &mb), &mut c)
+            // SAFETY: as above, the epilogue's tensors.
+            unsafe { run_with(g, (&ma, &mb), &views, &mut c) }
         })
     })
+}
+
+/// The fused epilogue's arguments of a GEMM call ([`fp8_gemm_nt`]), read and checked.
+struct EpiArgs {
+    alpha: f32,
+    c: Option<(f32, Tensor)>,
+    bias: Option<Tensor>,
+    activation: Activation,
+    residual: Option<Tensor>,
+}
+
+/// An epilogue tensor's memory, element type and (rows, columns, batch).
+type EpiView = (RawDevice, InputType, (usize, usize, usize));
+
+/// What [`run_with`] makes the epilogue of.
+#[derive(Clone, Copy)]
+struct EpiViews {
+    alpha: f32,
+    c: Option<(f32, EpiView)>,
+    bias: Option<EpiView>,
+    activation: Activation,
+    residual: Option<EpiView>,
+}
+
+impl EpiArgs {
+    fn of(
+        alpha: f32,
+        (c, beta): (Option<&Bound<'_, PyAny>>, f32),
+        bias: Option<&Bound<'_, PyAny>>,
+        activation: Option<&str>,
+        residual: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<EpiArgs> {
+        let activation = match activation.unwrap_or("none") {
+            "none" => Activation::None,
+            "relu" => Activation::Relu,
+            "gelu" | "gelu_erf" => Activation::GeluErf,
+            "gelu_tanh" => Activation::GeluTanh,
+            "silu" => Activation::Silu,
+            "swiglu" => Activation::SwiGlu,
+            other => {
+                return Err(PyValueError::new_err(format!(
+                    "activation {other:?}: one of none, relu, gelu, gelu_tanh, silu, swiglu"
+                )));
+            }
+        };
+        let tensor = |name: &'static str, obj: Option<&Bound<'_, PyAny>>| {
+            obj.map(|o| {
+                let t = Tensor::of(name, o)?;
+                t.need(&[Dtype::Bf16, Dtype::F16, Dtype::F32])?;
+                t.contiguous()?;
+                Ok::<_, PyErr>(t)
+            })
+            .transpose()
+        };
+        Ok(EpiArgs {
+            alpha,
+            c: tensor("c", c)?.map(|t| (beta, t)),
+            bias: tensor("bias", bias)?,
+            activation,
+            residual: tensor("residual", residual)?,
+        })
+    }
+
+    /// Columns of the output for a product of `n`.
+    fn out_cols(&self, n: usize) -> usize {
+        if self.activation == Activation::SwiGlu {
+            n / 2
+        } else {
+            n
+        }
+    }
+
+    /// Checks that `a · bᵀ` (`k_ok`: their K and batch agree) gives `out` of (l, m, n) through
+    /// the epilogue.
+    fn check_out(
+        &self,
+        a: &Tensor,
+        b: &Tensor,
+        out: &Tensor,
+        (l, m, n): (usize, usize, usize),
+        k_ok: bool,
+    ) -> PyResult<()> {
+        let want = (l, m, self.out_cols(n));
+        if !k_ok || out.dims3()? != want || (self.activation == Activation::SwiGlu && n % 2 != 0) {
+            return Err(PyValueError::new_err(format!(
+                "a {:?} · b {:?}ᵀ does not give out {:?}{}",
+                a.shape,
+                b.shape,
+                out.shape,
+                if self.activation == Activation::SwiGlu {
+                    " (swiglu: N / 2 columns)"
+                } else {
+                    ""
+                }
+            )));
+        }
+        Ok(())
+    }
+
+    fn tensors(&self) -> impl Iterator<Item = &Tensor> {
+        let c = self.c.as_ref().map(|(_, t)| t);
+        c.into_iter().chain(&self.bias).chain(&self.residual)
+    }
+
+    fn views(&self) -> EpiViews {
+        let view = |t: &Tensor| -> EpiView {
+            let input = match t.dtype {
+                Dtype::Bf16 => InputType::Bf16,
+                Dtype::F16 => InputType::F16,
+                _ => InputType::F32,
+            };
+            // (A bias (N,) is one row.)
+            let (b, r, c) = if t.shape.len() == 1 {
+                (1, 1, t.shape[0])
+            } else {
+                t.dims3().unwrap_or((1, 1, 0))
+            };
+            (t.raw(), input, (r, c, b))
+        };
+        EpiViews {
+            alpha: self.alpha,
+            c: self.c.as_ref().map(|(beta, t)| (*beta, view(t))),
+            bias: self.bias.as_ref().map(view),
+            activation: self.activation,
+            residual: self.residual.as_ref().map(view),
+        }
+    }
+}
+
+/// Runs `a · bᵀ` into `out` with the epilogue of `views` (none where it is plain).
+///
+/// # Safety
+/// The epilogue's tensors are the caller's own memory, alive for the call.
+unsafe fn run_with(
+    g: &Gpu,
+    (a, b): (&DeviceMatrix, &DeviceMatrix),
+    views: &EpiViews,
+    out: &mut blockscaled::DeviceOutput,
+) -> Result<(), Error> {
+    // SAFETY: the caller's contract.
+    let tensor = |v: &EpiView| unsafe { g.tensor_from_raw(v.0, v.1, v.2) };
+    let c = views
+        .c
+        .map(|(beta, v)| Ok::<_, Error>((beta, tensor(&v)?)))
+        .transpose()?;
+    let bias = views.bias.as_ref().map(tensor).transpose()?;
+    let residual = views.residual.as_ref().map(tensor).transpose()?;
+    let mut epi = Epilogue::new()
+        .alpha(views.alpha)
+        .activation(views.activation);
+    if let Some((beta, c)) = &c {
+        epi = epi.beta_c(*beta, c);
+    }
+    if let Some(bias) = &bias {
+        epi = epi.bias(bias);
+    }
+    if let Some(r) = &residual {
+        epi = epi.residual(r);
+    }
+    let call = Call::new(a, b);
+    if epi.is_plain() {
+        g.run(&call, out)
+    } else {
+        g.run(&call.epilogue(&epi), out)
+    }
 }
 
 /// `out = a · bᵀ` for any pair of block-scaled operands the crate takes, each given as its codes
@@ -477,8 +655,9 @@ fn fp8_gemm_nt(
 /// DeepSeek scales (N / 128, K / 128) — K-major or any strides (batched: a leading L).
 /// The crate's plan picks the kernel (4-bit weights with 16-bit, FP8 or e2m1 activations run on
 /// the 4-bit-weights kernels; MX / NVFP4 pairs on the MX kernel or folded onto FP8 tensor cores).
+/// The fused epilogue as [`fp8_gemm_nt`]'s.
 #[pyfunction]
-#[pyo3(signature = (a, sfa, b, sfb, out, *, a_global_scale = 1.0, b_global_scale = 1.0, stream = None))]
+#[pyo3(signature = (a, sfa, b, sfb, out, *, a_global_scale = 1.0, b_global_scale = 1.0, stream = None, alpha = 1.0, bias = None, activation = None, residual = None, c = None, beta = 1.0))]
 #[allow(clippy::too_many_arguments)]
 fn gemm_nt(
     py: Python<'_>,
@@ -490,7 +669,14 @@ fn gemm_nt(
     a_global_scale: f32,
     b_global_scale: f32,
     stream: Option<u64>,
+    alpha: f32,
+    bias: Option<&Bound<'_, PyAny>>,
+    activation: Option<&str>,
+    residual: Option<&Bound<'_, PyAny>>,
+    c: Option<&Bound<'_, PyAny>>,
+    beta: f32,
 ) -> PyResult<()> {
+    let epi = EpiArgs::of(alpha, (c, beta), bias, activation, residual)?;
     let (a, b, out) = (
         Tensor::of("a", a)?,
         Tensor::of("b", b)?,
@@ -505,16 +691,12 @@ fn gemm_nt(
     let oa = operand_of(&a, sfa.as_ref(), false, a_global_scale)?;
     let ob = operand_of(&b, Some(&sfb), true, b_global_scale)?;
     let ((m, k, l), (n, kb, lb)) = (oa.dims(), ob.dims());
-    let (lo, mo, no) = out.dims3()?;
-    if kb != k || lb != l || (lo, mo, no) != (l, m, n) {
-        return Err(PyValueError::new_err(format!(
-            "a {:?} · b {:?}ᵀ does not give out {:?} (K {k} against {kb})",
-            a.shape, b.shape, out.shape
-        )));
-    }
+    epi.check_out(&a, &b, &out, (l, m, n), kb == k && lb == l)?;
     let dtype = out_type(&out);
     let mut all = vec![&a, &b, &sfb, &out];
     all.extend(sfa.as_ref());
+    all.extend(epi.tensors());
+    let (n_out, views) = (epi.out_cols(n), epi.views());
     let (device, stream) = placement(py, &all, stream)?;
     let raws = (
         a.raw(),
@@ -531,10 +713,11 @@ fn gemm_nt(
                 (
                     oa.view(g, raws.0, raws.1)?,
                     ob.view(g, raws.2, Some(raws.3))?,
-                    g.output_from_raw(raws.4, dtype, (m, n, l))?,
+                    g.output_from_raw(raws.4, dtype, (m, n_out, l))?,
                 )
             };
-            g.run(&Call::new(&ma, &mb), &mut c)
+            // SAFETY: as above, the epilogue's tensors.
+            unsafe { run_with(g, (&ma, &mb), &views, &mut c) }
         })
     })
 }
@@ -893,6 +1076,95 @@ fn quantize_mxfp8_into(
     quantize_fp8(py, tensors, (Recipe::Mxfp8(fp8), Dtype::E8m0), stream)
 }
 
+/// 4-bit codes (OCP MX and NVIDIA's NVFP4) of `x` (M, K) or (L, M, K) bf16, fp16 or fp32 into
+/// `out` (…, K/2) `float4_e2m1fn_x2` (two codes a byte, the first in the low nibble) and
+/// `scales` (…, M, K/block): `float8_e8m0fnu` per 32 (MXFP4) or per 16, or `float8_e4m3fn` per 16
+/// (NVFP4, with an fp32 global scale: `global_scale`, or computed from the tensor's largest
+/// magnitude when `None`, which reads one value back and so waits for the stream), any strides.
+/// Returns the global scale (1 for the MX formats).
+#[pyfunction]
+#[pyo3(signature = (x, out, scales, *, global_scale = None, stream = None))]
+fn quantize_fp4_into(
+    py: Python<'_>,
+    x: &Bound<'_, PyAny>,
+    out: &Bound<'_, PyAny>,
+    scales: &Bound<'_, PyAny>,
+    global_scale: Option<f32>,
+    stream: Option<u64>,
+) -> PyResult<f32> {
+    let [x, out, scales] = quantizer_tensors([x, out, scales])?;
+    x.need(&[Dtype::Bf16, Dtype::F16, Dtype::F32])?;
+    out.need(&[Dtype::E2m1x2])?;
+    scales.need(&[Dtype::E8m0, Dtype::E4m3])?;
+    for t in [&x, &out] {
+        t.contiguous()?;
+    }
+    let (l, m, k) = x.dims3()?;
+    let mut half = x.shape.clone();
+    if let Some(last) = half.last_mut() {
+        *last /= 2;
+    }
+    if !k.is_multiple_of(2) || out.shape != half {
+        return Err(PyValueError::new_err(format!(
+            "out {:?} is not x's shape {:?} with K halved (two codes a byte)",
+            out.shape, x.shape
+        )));
+    }
+    let (_, _, kb) = scales.dims3()?;
+    let per = k.checked_div(kb).filter(|p| p * kb == k).unwrap_or(0);
+    let recipe = match (scales.dtype, per) {
+        (Dtype::E8m0, 32) => Recipe::Mxfp4,
+        (Dtype::E8m0, 16) => Recipe::E2m1E8m0x16,
+        (Dtype::E4m3, 16) => Recipe::Nvfp4,
+        (d, _) => {
+            return Err(PyValueError::new_err(format!(
+                "scales {:?} of {d:?}: one per 32 or 16 of K = {k} in e8m0, or per 16 in e4m3 \
+                 (NVFP4), is needed",
+                scales.shape
+            )));
+        }
+    };
+    if recipe != Recipe::Nvfp4 && global_scale.is_some() {
+        return Err(PyValueError::new_err(
+            "global_scale is NVFP4's (e4m3 scales per 16)",
+        ));
+    }
+    let input = match x.dtype {
+        Dtype::Bf16 => InputType::Bf16,
+        Dtype::F16 => InputType::F16,
+        _ => InputType::F32,
+    };
+    let desc = MatrixDesc {
+        format: recipe.a(),
+        rows: m,
+        k,
+        batch: l,
+        scale_layout: scales.scale_layout(l)?,
+        tensor_scale: 1.0,
+    };
+    let place = placement(py, &[&x, &out, &scales], stream)?;
+    let (raw_x, raw_out, raw_scales) = (x.raw(), out.raw(), scales.raw());
+    let opts = QuantizeOptions {
+        tensor_scale: global_scale,
+        ..QuantizeOptions::default()
+    };
+    py.detach(move || {
+        with_gpu(place.0, place.1, |g| {
+            // SAFETY: as in `quantize_fp8`: the tensors' own memory, alive for this call, `out`
+            // and `scales` writable; the crate checks each against the driver's allocation and
+            // context.
+            let (t, mut q) = unsafe {
+                (
+                    g.tensor_from_raw(raw_x, input, (m, k, l))?,
+                    g.matrix_from_raw(desc, raw_out, raw_scales, true)?,
+                )
+            };
+            g.quantize_into(&t, &mut q, &opts)?;
+            Ok(q.desc().tensor_scale)
+        })
+    })
+}
+
 /// A quantizer call's `x`, `out` and `scales`, read.
 fn quantizer_tensors(objs: [&Bound<'_, PyAny>; 3]) -> PyResult<[Tensor; 3]> {
     let [x, out, scales] = objs;
@@ -982,6 +1254,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(m_grouped_fp8_gemm_nt_masked, m)?)?;
     m.add_function(wrap_pyfunction!(per_token_group_quant_fp8_into, m)?)?;
     m.add_function(wrap_pyfunction!(quantize_mxfp8_into, m)?)?;
+    m.add_function(wrap_pyfunction!(quantize_fp4_into, m)?)?;
     m.add_function(wrap_pyfunction!(version, m)?)?;
     m.add("BlockscaledError", py.get_type::<BlockscaledError>())?;
     m.add("ShapeError", py.get_type::<ShapeError>())?;

@@ -298,3 +298,35 @@ def test_block_scaled_calls_that_cannot_be_are_clear_errors():
     # K of A (two codes a byte) against B's.
     with pytest.raises(ValueError, match="does not give out"):
         bs.gemm_nt(FakeTensor((m, k), "float8_e4m3fn"), e8m0(m, 32), FakeTensor((n, k), "float4_e2m1fn_x2"), FakeTensor((n, 2 * k // 32), "float8_e8m0fnu"), out)
+
+
+def test_the_fp4_quantizer_checks_its_tensors_before_the_device():
+    x = FakeTensor((64, 256), "bfloat16")
+    codes = FakeTensor((64, 128), "float4_e2m1fn_x2")
+    for scales in [FakeTensor((64, 8), "float8_e8m0fnu"), FakeTensor((64, 16), "float8_e4m3fn")]:
+        with pytest.raises(REACHES_THE_DEVICE):
+            bs.quantize_fp4_into(x, codes, scales)
+    with pytest.raises(ValueError, match="K halved"):
+        bs.quantize_fp4_into(x, FakeTensor((64, 256), "float4_e2m1fn_x2"), FakeTensor((64, 8), "float8_e8m0fnu"))
+    with pytest.raises(ValueError, match="one per 32 or 16"):
+        bs.quantize_fp4_into(x, codes, FakeTensor((64, 8), "float8_e4m3fn"))
+    with pytest.raises(ValueError, match="NVFP4's"):
+        bs.quantize_fp4_into(x, codes, FakeTensor((64, 8), "float8_e8m0fnu"), global_scale=2.0)
+
+
+def test_the_fused_epilogue_is_checked_before_the_device():
+    args = operands()
+    bias = FakeTensor((512,), "float32")
+    res = FakeTensor((256, 512), "bfloat16")
+    with pytest.raises(REACHES_THE_DEVICE):
+        bs.fp8_gemm_nt(*args.values(), alpha=0.5, bias=bias, activation="silu", residual=res)
+    with pytest.raises(ValueError, match='activation "tanh"'):
+        bs.fp8_gemm_nt(*args.values(), activation="tanh")
+    # SwiGLU halves the output's columns.
+    with pytest.raises(ValueError, match="swiglu: N / 2"):
+        bs.fp8_gemm_nt(*args.values(), activation="swiglu")
+    with pytest.raises(REACHES_THE_DEVICE):
+        a = dict(args, out=FakeTensor((256, 256), "bfloat16"))
+        bs.fp8_gemm_nt(*a.values(), activation="swiglu")
+    with pytest.raises(TypeError, match="bias: dtype"):
+        bs.fp8_gemm_nt(*args.values(), bias=FakeTensor((512,), "int32"))

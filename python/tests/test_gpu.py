@@ -289,3 +289,86 @@ def test_gemm_nt_matches_torch_on_the_dequantized_operands_for_every_format(ka, 
     assert torch.isfinite(got).all(), "NaN or Inf in the output (poisoned with NaN)"
     worst = ((got - ref).abs() / tol).max().item()
     assert worst <= 1.0, f"{ka} x {kb} {m}x{n}x{k}: error {worst:.3f} of the bound"
+
+
+def fp4_values(codes):
+    """The e2m1 values of codes two a byte (the first in the low nibble)."""
+    u8 = codes.view(torch.uint8)
+    rows, half = u8.shape
+    nib = torch.stack([u8 & 0xF, u8 >> 4], dim=2).view(rows, 2 * half).long()
+    table = torch.tensor(E2M1, device="cuda", dtype=torch.float64)
+    return table[nib & 7] * torch.where(nib >= 8, -1.0, 1.0).double()
+
+
+@pytest.mark.parametrize("kind", ["mxfp4", "e2m1x16", "nvfp4"])
+def test_the_fp4_quantizers_give_codes_and_scales_that_feed_gemm_nt(kind):
+    gen = torch.Generator(device="cuda").manual_seed(43)
+    m, n, k = 96, 256, 512
+    x = torch.randn(m, k, device="cuda", generator=gen, dtype=torch.bfloat16) * 3
+    w = torch.randn(n, k, device="cuda", generator=gen, dtype=torch.bfloat16)
+    per = 32 if kind == "mxfp4" else 16
+    if kind == "nvfp4":
+        xq, xs, xg = bs.quantize_nvfp4(x)
+        wq, ws, wg = bs.quantize_nvfp4(w, 0.01)
+        assert wg == pytest.approx(0.01) and xg > 0
+    else:
+        (xq, xs), (wq, ws) = bs.quantize_mxfp4(x, per), bs.quantize_mxfp4(w, per)
+        xg = wg = 1.0
+    torch.cuda.current_stream().synchronize()
+    assert xq.shape == (m, k // 2) and xq.dtype == torch.float4_e2m1fn_x2
+    assert xs.shape == (m, k // per)
+    sv = xs.double()
+    assert torch.isfinite(sv).all() and (sv > 0).all()
+    if kind != "nvfp4":
+        assert torch.equal(torch.exp2(torch.log2(sv).round()), sv), "scales are powers of two"
+    deq = fp4_values(xq) * sv.repeat_interleave(per, 1) * xg
+    xb = x.double().view(m, k // per, per)
+    amax = xb.abs().amax(dim=2, keepdim=True)
+    # e2m1's top step (4 to 6) is a third of the block's largest value at most, and a
+    # power-of-two or e4m3 scale leaves that value within 8 / 6 of the largest code: every
+    # element within half the block's largest magnitude.
+    assert ((deq.view(m, k // per, per) - xb).abs() <= amax / 2).all()
+    # The codes and scales as they are feed the GEMM.
+    out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.float32)
+    bs.gemm_nt(xq, xs, wq, ws, out, a_global_scale=xg, b_global_scale=wg)
+    torch.cuda.current_stream().synchronize()
+    fw = fp4_values(wq) * ws.double().repeat_interleave(per, 1) * wg
+    ref = deq @ fw.t()
+    mag = deq.abs() @ fw.abs().t()
+    got = out.double()
+    assert torch.isfinite(got).all()
+    worst = ((got - ref).abs() / (2.0**-7 * mag + 2.0**-23 * ref.abs() + 1e-30)).max().item()
+    assert worst <= 1.0, f"{kind}: error {worst:.3f} of the bound"
+
+
+@pytest.mark.parametrize("kind", ["fp8", "mxfp4"])
+def test_the_fused_epilogue_matches_torch(kind):
+    gen = torch.Generator(device="cuda").manual_seed(47)
+    m, n, k = 100, 512, 1024
+    a, sfa, fa = operand(kind, m, k, gen, False)
+    b, sfb, fb = operand(kind, n, k, gen, True)
+    alpha = 0.5
+    bias = torch.randn(n, device="cuda", generator=gen)
+    res = torch.randn(m, n // 2, device="cuda", generator=gen).to(torch.bfloat16)
+    call = bs.fp8_gemm_nt if kind == "fp8" else bs.gemm_nt
+    t = alpha * (fa @ fb.t()) + bias.double()
+    err = alpha * 2.0**-7 * (fa.abs() @ fb.abs().t())  # FP8 sums' bound, before the epilogue
+    # SiLU + bias (Lipschitz 1.1), then SwiGLU with a residual.
+    out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.float32)
+    call(a, sfa, b, sfb, out, alpha=alpha, bias=bias, activation="silu")
+    torch.cuda.current_stream().synchronize()
+    ref = t * torch.sigmoid(t)
+    tol = 1.1 * err + 2.0**-20 * ref.abs() + 1e-6
+    got = out.double()
+    assert torch.isfinite(got).all()
+    assert ((got - ref).abs() <= tol).all(), ((got - ref).abs() / tol).max()
+    out2 = torch.full((m, n // 2), float("nan"), device="cuda", dtype=torch.float32)
+    call(a, sfa, b, sfb, out2, alpha=alpha, bias=bias, activation="swiglu", residual=res)
+    torch.cuda.current_stream().synchronize()
+    g_, u_ = t[:, 0::2], t[:, 1::2]
+    eg, eu = err[:, 0::2], err[:, 1::2]
+    ref2 = g_ * torch.sigmoid(g_) * u_ + res.double()
+    tol2 = 1.1 * u_.abs() * eg + (g_.abs() + eg) * eu + 2.0**-20 * ref2.abs() + 1e-6
+    got2 = out2.double()
+    assert torch.isfinite(got2).all()
+    assert ((got2 - ref2).abs() <= tol2).all(), ((got2 - ref2).abs() / tol2).max()
