@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream, sys};
 
+use crate::buffers::OnFirstUse;
 use crate::error::Result;
 
 pub(crate) use sys::CUtensorMapDataType as DataType;
@@ -48,6 +49,19 @@ pub(crate) fn encode(
     boxes: &[u32],
     swizzle: Swizzle,
 ) -> Result<CudaSlice<u8>> {
+    let bytes = encode_host(ptr, dtype, sizes, strides, boxes, swizzle)?;
+    crate::alloc::copy_of(stream, &bytes)
+}
+
+/// [`encode`]'s map, in host memory (its bytes, to copy to the device where a kernel reads it).
+fn encode_host(
+    ptr: u64,
+    dtype: DataType,
+    sizes: &[u64],
+    strides: &[u64],
+    boxes: &[u32],
+    swizzle: Swizzle,
+) -> Result<Vec<u8>> {
     let rank = sizes.len();
     assert!(strides.len() + 1 == rank && boxes.len() == rank && (1..=5).contains(&rank));
     let mut map = sys::CUtensorMap { opaque: [0; 16] };
@@ -73,13 +87,15 @@ pub(crate) fn encode(
     };
     r.result()?;
     let bytes: Vec<u8> = map.opaque.iter().flat_map(|w| w.to_le_bytes()).collect();
-    crate::alloc::copy_of(stream, &bytes)
+    Ok(bytes)
 }
 
 /// One 3-D operand's tensor maps by box height (`encode_3d` with boxes of `box_x` × each
 /// height, the same layout otherwise): a kernel reads a tile's rows through the map whose boxes
-/// are that many rows.
-pub(crate) struct BoxMaps(Vec<(u32, CudaSlice<u8>)>);
+/// are that many rows. Each is encoded when the operand is prepared and copied to the device at
+/// its first use: a call uses one or two of the heights, and each copy is a device allocation
+/// and a host-to-device copy, the larger part of a view's preparation.
+pub(crate) struct BoxMaps(Vec<(u32, Vec<u8>, OnFirstUse<CudaSlice<u8>>)>);
 
 /// What [`BoxMaps::new`] encodes: the data type, dims (innermost first), bytes per element, the
 /// boxes' inner extent, and the swizzle.
@@ -88,36 +104,50 @@ pub(crate) type MapLayout = (DataType, [usize; 3], usize, u32, Swizzle);
 impl BoxMaps {
     /// The maps over `ptr` of `layout` with boxes of each height of `rows`.
     pub(crate) fn new(
-        stream: &Arc<CudaStream>,
         ptr: u64,
         (dtype, dims, elem, box_x, swizzle): MapLayout,
         rows: impl IntoIterator<Item = u32>,
     ) -> Result<Self> {
+        let sizes = dims.map(|d| d as u64);
+        let strides = [(dims[0] * elem) as u64, (dims[0] * dims[1] * elem) as u64];
         rows.into_iter()
             .map(|r| {
-                Ok((
-                    r,
-                    encode_3d(stream, ptr, dtype, dims, elem, [box_x, r], swizzle)?,
-                ))
+                let host = encode_host(ptr, dtype, &sizes, &strides, &[box_x, r, 1], swizzle)?;
+                Ok((r, host, OnFirstUse::default()))
             })
             .collect::<Result<_>>()
             .map(BoxMaps)
     }
 
-    /// The map whose boxes are `rows` rows ([`Error::Config`](crate::Error::Config) where there
-    /// is none: a configuration the operand's maps were not made for).
-    pub(crate) fn get(&self, rows: u32) -> Result<&CudaSlice<u8>> {
-        self.0
-            .iter()
-            .find(|(r, _)| *r == rows)
-            .map(|(_, m)| m)
-            .ok_or_else(|| crate::error::config(format!("no tensor map with boxes of {rows} rows")))
+    /// The map whose boxes are `rows` rows, in device memory (copied on `stream` at its first
+    /// use; [`Error::Config`](crate::Error::Config) where there is none: a configuration the
+    /// operand's maps were not made for).
+    pub(crate) fn get(&self, stream: &Arc<CudaStream>, rows: u32) -> Result<&CudaSlice<u8>> {
+        let (_, host, dev) = self.0.iter().find(|(r, ..)| *r == rows).ok_or_else(|| {
+            crate::error::config(format!("no tensor map with boxes of {rows} rows"))
+        })?;
+        dev.get_or_make(|| crate::alloc::copy_of(stream, host))
+    }
+}
+
+impl BoxMaps {
+    /// Copies every map to the device now (weights, sparse matrices and workspace copies, which
+    /// are prepared once so that no later GEMM on them allocates).
+    pub(crate) fn make_all(&self, stream: &Arc<CudaStream>) -> Result<&Self> {
+        for (r, ..) in &self.0 {
+            self.get(stream, *r)?;
+        }
+        Ok(self)
     }
 }
 
 impl crate::held::Held for BoxMaps {
     fn device_bytes(&self) -> usize {
-        crate::held::Held::device_bytes(&self.0)
+        self.0
+            .iter()
+            .filter_map(|(_, _, d)| d.get())
+            .map(crate::held::Held::device_bytes)
+            .sum()
     }
 }
 

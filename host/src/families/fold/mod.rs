@@ -459,6 +459,8 @@ impl Folded {
             let sfa = crate::alloc::zeros::<f32>(stream, l * k_chunks * m_pad as usize)?;
             Sm90Operand::over(stream, &data, dims, Some((sfa, m_pad)), None)?
         };
+        // (A workspace's copy, made once and reused: every map on the device now.)
+        op.make_maps(stream)?;
         Ok(Folded { dims, data, op })
     }
 }

@@ -50,7 +50,9 @@ impl Sm90Sparse {
     ) -> Result<Self> {
         let (bs, blocks) = (FP8_BLOCK, m.nnz().max(1));
         let (ptr, _g) = values.device_ptr(stream);
-        let tmaps = BoxMaps::new(stream, ptr, code_layout([bs, bs, blocks]), [128, 64])?;
+        let tmaps = BoxMaps::new(ptr, code_layout([bs, bs, blocks]), [128, 64])?;
+        // (Prepared once per sparse matrix: every map on the device now.)
+        tmaps.make_all(stream)?;
         Ok(Sm90Sparse { tmaps })
     }
 }
@@ -128,8 +130,8 @@ impl Sm90Fp8 {
             ),
         };
         let params = Sm90Fp8Params {
-            tmap_a: launch.ptr(ao.tmap(tile.a_box_rows(1))?),
-            tmap_b: launch.ptr(bo.tmaps.get(b_rows)?),
+            tmap_a: launch.ptr(ao.tmap(stream, tile.a_box_rows(1))?),
+            tmap_b: launch.ptr(bo.tmaps.get(stream, b_rows)?),
             tmap_c,
             tmap_sfa: launch.ptr(sfa_map),
             sfb: launch.ptr(&sparse.scales),

@@ -51,8 +51,9 @@ pub(crate) struct Sm90Fp8 {
 
 impl Family for Sm90Fp8 {
     fn prepare_weights(&self, stream: &Arc<CudaStream>, m: &DeviceMatrix<'_>) -> Result<()> {
-        if m.prepared.get::<Sm90Operand>().is_some() {
+        if let Some(op) = m.prepared.get::<Sm90Operand>() {
             Sm90Operand::as_b(m, stream, &self.preparers)?;
+            op.make_maps(stream)?;
         }
         Ok(())
     }
@@ -212,8 +213,8 @@ impl Sm90Fp8 {
             kernel.persistent(stream, &schedule, (cfg.ctas, cl), groups, slot.as_mut())?;
         // A in boxes of `Tile::a_box_rows`; B in boxes of block_n / cluster_m rows (each CTA's
         // share of a pair along M; validated).
-        let tmap_a = launch.ptr(ao.tmap(tile.a_box_rows(cl.n))?);
-        let tmap_b = launch.ptr(bo.tmap(b_box_rows(tile, cl).unwrap_or(BLOCK_N))?);
+        let tmap_a = launch.ptr(ao.tmap(stream, tile.a_box_rows(cl.n))?);
+        let tmap_b = launch.ptr(bo.tmap(stream, b_box_rows(tile, cl).unwrap_or(BLOCK_N))?);
         // Swapped tiles hold Cᵀ fragments: stored directly; so do the finishing warps of a fused
         // epilogue, and a quantized output is codes (the consumers' 16-bit stores of a fused
         // epilogue in registers go through the map, as the dense kernel's).

@@ -266,7 +266,7 @@ impl OperandCopy for HalfOperand {
         };
         let (ptr, _g) = data.device_ptr(stream);
         let layout = half_layout([d.k, d.rows, d.batch]);
-        let tmaps = BoxMaps::new(stream, ptr, layout, BOX_ROWS)?;
+        let tmaps = BoxMaps::new(ptr, layout, BOX_ROWS)?;
         Ok(Some(HalfOperand { tmaps, scale }))
     }
 }
@@ -294,7 +294,9 @@ impl HalfSparse {
         let (bs, blocks) = (m.block(), m.nnz().max(1));
         let (ptr, _g) = values.device_ptr(stream);
         let rows = BOX_ROWS.into_iter().filter(|&r| r as usize <= bs);
-        let tmaps = BoxMaps::new(stream, ptr, half_layout([bs, bs, blocks]), rows)?;
+        let tmaps = BoxMaps::new(ptr, half_layout([bs, bs, blocks]), rows)?;
+        // (Prepared once per sparse matrix: every map on the device now.)
+        tmaps.make_all(stream)?;
         Ok(HalfSparse { tmaps })
     }
 }
@@ -310,6 +312,18 @@ pub(crate) struct Sm90Half {
 impl Family for Sm90Half {
     fn operand_copy(&self) -> Option<CopyKind> {
         Some(CopyKind::of::<HalfOperand>())
+    }
+
+    /// Weights' tensor maps on the device now, so that no GEMM on them allocates.
+    fn prepare_weights(
+        &self,
+        stream: &std::sync::Arc<cudarc::driver::CudaStream>,
+        m: &crate::buffers::DeviceMatrix<'_>,
+    ) -> Result<()> {
+        match m.prepared.get::<HalfOperand>() {
+            Some(op) => op.tmaps.make_all(stream).map(|_| ()),
+            None => Ok(()),
+        }
     }
 
     fn prepare_sparse(&self, stream: &Arc<CudaStream>, blocks: StoredBlocks<'_>) -> Made {
@@ -376,8 +390,8 @@ impl Sm90Half {
         let (mut launch, run) =
             kernel.persistent(stream, &schedule, (cfg.ctas, cl), None, slot.as_mut())?;
         let (tmap_a, tmap_b) = (
-            launch.ptr(ao.tmaps.get(128)?),
-            launch.ptr(bo.tmaps.get(tile.block_n / cl.m)?),
+            launch.ptr(ao.tmaps.get(stream, 128)?),
+            launch.ptr(bo.tmaps.get(stream, tile.block_n / cl.m)?),
         );
         // A fused epilogue stores directly: no output map.
         let staged = epi.is_none();
@@ -456,8 +470,8 @@ impl Sm90Half {
         let (mut launch, run) =
             kernel.persistent(stream, &schedule, (cfg.ctas, cl), None, slot.as_mut())?;
         let (tmap_a, tmap_b) = (
-            launch.ptr(ao.tmaps.get(128)?),
-            launch.ptr(bo.tmaps.get(tile.block_n / cl.m)?),
+            launch.ptr(ao.tmaps.get(stream, 128)?),
+            launch.ptr(bo.tmaps.get(stream, tile.block_n / cl.m)?),
         );
         // With A sparse the tile is Cᵀ: stored directly.
         let params = output_params(

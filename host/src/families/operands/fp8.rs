@@ -215,7 +215,7 @@ impl Sm90Operand {
         // (Row strides are multiples of 16 bytes: K % 128 == 0.)
         let (ptr, _g) = data.device_ptr(stream);
         Ok(Sm90Operand {
-            tmaps: BoxMaps::new(stream, ptr, code_layout([k, rows, l]), BOX_ROWS)?,
+            tmaps: BoxMaps::new(ptr, code_layout([k, rows, l]), BOX_ROWS)?,
             sfa,
             sfa_map,
             b_role: b_role.map(OnFirstUse::made),
@@ -224,9 +224,16 @@ impl Sm90Operand {
 }
 
 impl Sm90Operand {
-    /// The tensor map whose boxes are `rows` rows ([`BOX_ROWS`]).
-    pub(crate) fn tmap(&self, rows: u32) -> Result<&CudaSlice<u8>> {
-        self.tmaps.get(rows)
+    /// The tensor map whose boxes are `rows` rows ([`BOX_ROWS`]), in device memory (copied on
+    /// `stream` at its first use).
+    pub(crate) fn tmap(&self, stream: &Arc<CudaStream>, rows: u32) -> Result<&CudaSlice<u8>> {
+        self.tmaps.get(stream, rows)
+    }
+
+    /// Every tensor map in device memory now (an operand prepared once: weights, a workspace's
+    /// folded copy).
+    pub(crate) fn make_maps(&self, stream: &Arc<CudaStream>) -> Result<()> {
+        self.tmaps.make_all(stream).map(|_| ())
     }
 }
 

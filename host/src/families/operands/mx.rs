@@ -137,8 +137,13 @@ impl MxOperand {
         )
     }
 
-    pub(crate) fn tmap(&self, box_rows: u32) -> Result<&CudaSlice<u8>> {
-        self.tmaps.get(box_rows)
+    pub(crate) fn tmap(&self, stream: &Arc<CudaStream>, box_rows: u32) -> Result<&CudaSlice<u8>> {
+        self.tmaps.get(stream, box_rows)
+    }
+
+    /// Every tensor map in device memory now ([`Sm90Operand::make_maps`]).
+    pub(crate) fn make_maps(&self, stream: &Arc<CudaStream>) -> Result<()> {
+        self.tmaps.make_all(stream).map(|_| ())
     }
 }
 
@@ -169,7 +174,7 @@ impl OperandCopy for MxOperand {
             encode_scale_rows(stream, sp, entry, dims, family::sfa_box(scale.block).rows())?
         };
         Ok(Some(MxOperand {
-            tmaps: BoxMaps::new(stream, ptr, layout, [128, 256])?,
+            tmaps: BoxMaps::new(ptr, layout, [128, 256])?,
             scales,
             rows_pad: rows_pad as u32,
             scale_map,

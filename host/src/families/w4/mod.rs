@@ -590,7 +590,7 @@ impl Sm90W4 {
                 let (Some((sfa, _)), Some(map)) = (&op.sfa, &op.sfa_map) else {
                     return Err(Error::Format("A's fold has no 1×128 scales".into()));
                 };
-                Some((op.tmap(family::fp8::FP8_TILE.n)?, sfa, map))
+                Some((op.tmap(stream, family::fp8::FP8_TILE.n)?, sfa, map))
             }
             None => None,
         };
