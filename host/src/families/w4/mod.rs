@@ -609,17 +609,17 @@ impl Sm90W4 {
             tmap_w: launch.ptr(&w.tmap),
             tmap_x: launch.ptr(tmap_x),
             sfw: launch.ptr(wscales),
-            tmap_sx: match (&ao.scale_maps, ao.scales_in(&a.prepared), a8_shared) {
-                _ if let Some((_, sfa, map)) = folded => {
+            tmap_sx: match (folded, &ao.scale_maps, ao.scales_in(&a.prepared), a8_shared) {
+                (Some((_, sfa, map)), ..) => {
                     let _ = launch.ptr(sfa);
                     launch.ptr(map)
                 }
-                (Some([m16, m128]), Some(sx), _) => {
+                (None, Some([m16, m128]), Some(sx), _) => {
                     // The maps' buffer is read too.
                     let _ = launch.ptr(sx);
                     launch.ptr(if cfg.tile.n == 16 { m16 } else { m128 })
                 }
-                (Some([m16, m128]), None, Some(sfa)) => {
+                (None, Some([m16, m128]), None, Some(sfa)) => {
                     let _ = launch.ptr(sfa);
                     launch.ptr(if cfg.tile.n == 16 { m16 } else { m128 })
                 }
