@@ -586,16 +586,16 @@ impl Sm90W4 {
         // kernel's activation tile and scale box: `FOLDED_A_FITS`).
         let () = FOLDED_A_FITS;
         let folded = match folded {
-            Some((_, op)) => {
+            Some((data, op)) => {
                 let (Some((sfa, _)), Some(map)) = (&op.sfa, &op.sfa_map) else {
                     return Err(Error::Format("A's fold has no 1×128 scales".into()));
                 };
-                Some((op.tmap(stream, family::fp8::FP8_TILE.n)?, sfa, map))
+                Some((data, op.tmap(stream, family::fp8::FP8_TILE.n)?, sfa, map))
             }
             None => None,
         };
         let tmap_x = match (cfg.fp8, &ao.tmap_fp8, folded) {
-            (true, _, Some((map, _, _))) => map,
+            (true, _, Some((_, map, _, _))) => map,
             (true, Some(map), None) => map,
             (true, None, None) => {
                 return Err(Error::Format(
@@ -610,7 +610,9 @@ impl Sm90W4 {
             tmap_x: launch.ptr(tmap_x),
             sfw: launch.ptr(wscales),
             tmap_sx: match (folded, &ao.scale_maps, ao.scales_in(&a.prepared), a8_shared) {
-                (Some((_, sfa, map)), ..) => {
+                (Some((data, _, sfa, map)), ..) => {
+                    // (The codes and scales its maps read.)
+                    let _ = launch.ptr(data);
                     let _ = launch.ptr(sfa);
                     launch.ptr(map)
                 }
