@@ -231,6 +231,9 @@ impl Gpu {
     /// The plan a dense GEMM of `a` and `b` runs by default.
     pub(crate) fn dense_plan(&self, a: &DeviceMatrix, b: &DeviceMatrix) -> Result<Plan> {
         let shape = self.check_operands(a, b)?;
+        if let Some(p) = self.tuned_plan((&a.desc, &b.desc), &shape, None) {
+            return Ok(p);
+        }
         plan::choose_for(self.dev.arch, self.dev.sm_count, &shape, &a.desc, &b.desc)
     }
 
@@ -254,6 +257,9 @@ impl Gpu {
         groups: &DeviceGroups,
     ) -> Result<Plan> {
         let shape = self.check_grouped(a, b, groups)?;
+        if let Some(p) = self.tuned_plan((&a.desc, &b.desc), &shape, Some(groups.count())) {
+            return Ok(p);
+        }
         plan::choose_grouped(&plan::GroupedProblem {
             arch: self.dev.arch,
             sm_count: self.dev.sm_count,

@@ -51,6 +51,9 @@ struct Device {
     /// fp32 ones, the scales of every bf16 / fp16 view ([`Gpu::half_view`]): made once, grown to
     /// the most batch entries a view has had, shared (read only) by the views.
     ones: std::sync::Mutex<Option<Arc<cudarc::driver::CudaSlice<u8>>>>,
+    /// The tuner's plans for this GPU and driver ([`crate::plan::cache`]), read once; `None`
+    /// where there is no cache or it holds none.
+    tuned: Option<(crate::plan::cache::Machine, crate::plan::cache::PlanCache)>,
 }
 
 impl Device {
@@ -160,6 +163,7 @@ impl Gpu {
             crate::families::load(&module, &stream, arch.target(), sm_count, &preparers)?;
         let quantizers = Quantizers::load(&module, sm_count)?;
         let moe = crate::moe::kernels::MoeKernels::load(&module, sm_count)?;
+        let tuned = tuned_plans(&name, sm_count);
         Ok(Gpu {
             dev: Arc::new(Device {
                 id: GpuId::next(),
@@ -174,6 +178,7 @@ impl Gpu {
                 name,
                 sm_count,
                 ones: Default::default(),
+                tuned,
             }),
             stream,
             work: Workspace::default(),
@@ -381,5 +386,49 @@ pub(crate) fn library_present(names: &[&str], what: &str) -> std::result::Result
                 .collect::<Vec<_>>()
                 .join(" or ")
         )),
+    }
+}
+
+/// The tuner's cache ([`crate::plan::cache::default_path`]) for this GPU, where it holds plans;
+/// what reading it found wrong is printed once (the heuristic plans every call then).
+fn tuned_plans(
+    name: &str,
+    sm_count: u32,
+) -> Option<(crate::plan::cache::Machine, crate::plan::cache::PlanCache)> {
+    let cache = crate::plan::cache::PlanCache::open_default()?;
+    for w in cache.warnings() {
+        eprintln!("blockscaled: plan cache: {w}");
+    }
+    if cache.is_empty() {
+        return None;
+    }
+    let mut driver = 0;
+    // SAFETY: `cuDriverGetVersion` writes one int through the pointer, a live local.
+    unsafe { sys::cuDriverGetVersion(&mut driver) };
+    let machine = crate::plan::cache::Machine {
+        gpu: name.to_string(),
+        sm_count,
+        driver,
+    };
+    Some((machine, cache))
+}
+
+impl Gpu {
+    /// The tuned plan of a dense or grouped call of `a` and `b` (`groups`: their count) in the
+    /// tuner's cache, where it has one that validates for `shape`.
+    pub(crate) fn tuned_plan(
+        &self,
+        (a, b): (&crate::matrix::MatrixDesc, &crate::matrix::MatrixDesc),
+        shape: &crate::matrix::GemmShape,
+        groups: Option<usize>,
+    ) -> Option<crate::plan::Plan> {
+        let (machine, cache) = self.dev.tuned.as_ref()?;
+        let key = crate::plan::cache::key(machine, (a, b), shape, groups);
+        let plan = cache.get(&key)?.plan;
+        let ok = match groups {
+            Some(_) => plan.validate_grouped(shape).is_ok(),
+            None => plan.validate(shape).is_ok(),
+        };
+        ok.then_some(plan)
     }
 }

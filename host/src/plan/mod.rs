@@ -5,6 +5,8 @@
 //! [`Gpu`](crate::Gpu) or the device buffers. The choice between families (the thresholds
 //! below) is the plan's; each family's own rules and tuning constants are in its folder.
 
+pub mod cache;
+
 use crate::error::{Error, Result, config, shape};
 pub(crate) use crate::families::FusedNeeds;
 use crate::families::fold::{self as sm90_mx_fp8, Sm90MxFp8};
@@ -98,6 +100,63 @@ pub enum Plan {
 }
 
 impl Plan {
+    /// The plan as one line of text: its family's name and its configuration's fields as
+    /// numbers, in their order (`"fp8 2 1 128 0 2 1 8 132 1"`); what the tuner's cache stores.
+    pub fn to_text(&self) -> String {
+        use crate::config::Words;
+        let mut words = Vec::new();
+        let name = match self {
+            Plan::Reference => "reference",
+            Plan::Sm90Fp8(c) => {
+                c.put(&mut words);
+                "fp8"
+            }
+            Plan::Sm90Mx(c) => {
+                c.put(&mut words);
+                "mx"
+            }
+            Plan::Sm90W4(c) => {
+                c.put(&mut words);
+                "w4"
+            }
+            Plan::Sm90MxFp8(c) => {
+                c.put(&mut words);
+                "fold"
+            }
+            Plan::Sm90Half(c) => {
+                c.put(&mut words);
+                "half"
+            }
+        };
+        words
+            .iter()
+            .fold(name.to_string(), |t, w| format!("{t} {w}"))
+    }
+
+    /// The plan [`Plan::to_text`] wrote, or `None` where `text` is not one (an unknown family,
+    /// a field count or value of another version). Whether it can run a shape is
+    /// [`Plan::validate`]'s.
+    pub fn from_text(text: &str) -> Option<Plan> {
+        use crate::config::Words;
+        let mut parts = text.split_ascii_whitespace();
+        let name = parts.next()?;
+        let mut words = parts.map(|w| w.parse::<u32>().ok());
+        let mut it = std::iter::from_fn(|| words.next().flatten());
+        let plan = match name {
+            "reference" => Plan::Reference,
+            "fp8" => Plan::Sm90Fp8(Sm90Config::take(&mut it)?),
+            "mx" => Plan::Sm90Mx(Sm90MxConfig::take(&mut it)?),
+            "w4" => Plan::Sm90W4(Sm90W4Config::take(&mut it)?),
+            "fold" => Plan::Sm90MxFp8(Sm90Config::take(&mut it)?),
+            "half" => Plan::Sm90Half(Sm90HalfConfig::take(&mut it)?),
+            _ => return None,
+        };
+        // Every word read, none left over, none unparsable.
+        (words.next().is_none()
+            && plan.to_text() == text.split_ascii_whitespace().collect::<Vec<_>>().join(" "))
+        .then_some(plan)
+    }
+
     /// The plan's configuration as its family runs it ([`PlanConfig`]), handed to `f`: the one
     /// place that tells the variants apart for validation, sizing, fused epilogues and launch.
     fn with_config<R>(&self, f: impl FnOnce(&dyn PlanConfig) -> R) -> R {
