@@ -132,6 +132,15 @@ impl Dtype {
         })
     }
 
+    /// A 16- or 32-bit float's type as the crate's tensors name it (bf16, fp16, else fp32).
+    fn input(self) -> InputType {
+        match self {
+            Dtype::Bf16 => InputType::Bf16,
+            Dtype::F16 => InputType::F16,
+            _ => InputType::F32,
+        }
+    }
+
     fn bytes(self) -> usize {
         match self {
             Dtype::E4m3 | Dtype::E5m2 | Dtype::E8m0 | Dtype::E2m1x2 => 1,
@@ -461,7 +470,7 @@ fn fp8_gemm_nt(
     all.extend(epi.tensors());
     let (device, stream) = placement(py, &all, stream)?;
     let raws = (a.raw(), sfa.raw(), b.raw(), sfb.raw(), out.raw());
-    let (n_out, views) = (epi.out_cols(n), epi.views());
+    let (n_out, views) = (epi.out_cols(n), epi.views()?);
     py.detach(move || {
         with_gpu(device, stream, |g| {
             // SAFETY: the addresses and lengths are the tensors' own (their data pointers, and
@@ -582,28 +591,26 @@ impl EpiArgs {
         c.into_iter().chain(&self.bias).chain(&self.residual)
     }
 
-    fn views(&self) -> EpiViews {
-        let view = |t: &Tensor| -> EpiView {
-            let input = match t.dtype {
-                Dtype::Bf16 => InputType::Bf16,
-                Dtype::F16 => InputType::F16,
-                _ => InputType::F32,
-            };
+    fn views(&self) -> PyResult<EpiViews> {
+        let view = |t: &Tensor| -> PyResult<EpiView> {
             // (A bias (N,) is one row.)
-            let (b, r, c) = if t.shape.len() == 1 {
-                (1, 1, t.shape[0])
-            } else {
-                t.dims3().unwrap_or((1, 1, 0))
+            let (b, r, c) = match t.shape[..] {
+                [n] => (1, 1, n),
+                _ => t.dims3()?,
             };
-            (t.raw(), input, (r, c, b))
+            Ok((t.raw(), t.dtype.input(), (r, c, b)))
         };
-        EpiViews {
+        Ok(EpiViews {
             alpha: self.alpha,
-            c: self.c.as_ref().map(|(beta, t)| (*beta, view(t))),
-            bias: self.bias.as_ref().map(view),
+            c: self
+                .c
+                .as_ref()
+                .map(|(beta, t)| Ok::<_, PyErr>((*beta, view(t)?)))
+                .transpose()?,
+            bias: self.bias.as_ref().map(view).transpose()?,
             activation: self.activation,
-            residual: self.residual.as_ref().map(view),
-        }
+            residual: self.residual.as_ref().map(view).transpose()?,
+        })
     }
 }
 
@@ -696,7 +703,7 @@ fn gemm_nt(
     let mut all = vec![&a, &b, &sfb, &out];
     all.extend(sfa.as_ref());
     all.extend(epi.tensors());
-    let (n_out, views) = (epi.out_cols(n), epi.views());
+    let (n_out, views) = (epi.out_cols(n), epi.views()?);
     let (device, stream) = placement(py, &all, stream)?;
     let raws = (
         a.raw(),
@@ -1099,7 +1106,7 @@ fn quantize_fp4_into(
     for t in [&x, &out] {
         t.contiguous()?;
     }
-    let (l, m, k) = x.dims3()?;
+    let (_, _, k) = x.dims3()?;
     let mut half = x.shape.clone();
     if let Some(last) = half.last_mut() {
         *last /= 2;
@@ -1129,40 +1136,11 @@ fn quantize_fp4_into(
             "global_scale is NVFP4's (e4m3 scales per 16)",
         ));
     }
-    let input = match x.dtype {
-        Dtype::Bf16 => InputType::Bf16,
-        Dtype::F16 => InputType::F16,
-        _ => InputType::F32,
-    };
-    let desc = MatrixDesc {
-        format: recipe.a(),
-        rows: m,
-        k,
-        batch: l,
-        scale_layout: scales.scale_layout(l)?,
-        tensor_scale: 1.0,
-    };
-    let place = placement(py, &[&x, &out, &scales], stream)?;
-    let (raw_x, raw_out, raw_scales) = (x.raw(), out.raw(), scales.raw());
     let opts = QuantizeOptions {
         tensor_scale: global_scale,
         ..QuantizeOptions::default()
     };
-    py.detach(move || {
-        with_gpu(place.0, place.1, |g| {
-            // SAFETY: as in `quantize_fp8`: the tensors' own memory, alive for this call, `out`
-            // and `scales` writable; the crate checks each against the driver's allocation and
-            // context.
-            let (t, mut q) = unsafe {
-                (
-                    g.tensor_from_raw(raw_x, input, (m, k, l))?,
-                    g.matrix_from_raw(desc, raw_out, raw_scales, true)?,
-                )
-            };
-            g.quantize_into(&t, &mut q, &opts)?;
-            Ok(q.desc().tensor_scale)
-        })
-    })
+    run_quantizer(py, [&x, &out, &scales], recipe.a(), opts, stream)
 }
 
 /// A quantizer call's `x`, `out` and `scales`, read.
@@ -1195,7 +1173,7 @@ fn quantize_fp8(
     for t in [&x, &out] {
         t.contiguous()?;
     }
-    let (l, m, k) = x.dims3()?;
+    let (_, m, k) = x.dims3()?;
     if out.shape != x.shape {
         return Err(PyValueError::new_err(format!(
             "out {:?} is not of x's shape {:?}",
@@ -1208,11 +1186,27 @@ fn quantize_fp8(
             "x: K = {k} is not a multiple of the group size {group}"
         )));
     }
-    let input = match x.dtype {
-        Dtype::Bf16 => InputType::Bf16,
-        Dtype::F16 => InputType::F16,
-        _ => InputType::F32,
-    };
+    run_quantizer(
+        py,
+        [&x, &out, &scales],
+        format,
+        QuantizeOptions::default(),
+        stream,
+    )?;
+    Ok(())
+}
+
+/// Quantizes the checked `x` (…, M, K) into `out` and `scales` of `format` with `opts`, on the
+/// caller's stream; returns the tensor scale the quantizer used (1 but for NVFP4).
+fn run_quantizer(
+    py: Python<'_>,
+    [x, out, scales]: [&Tensor; 3],
+    format: blockscaled::OperandFormat,
+    opts: QuantizeOptions,
+    stream: Option<u64>,
+) -> PyResult<f32> {
+    let (l, m, k) = x.dims3()?;
+    let input = x.dtype.input();
     let desc = MatrixDesc {
         format,
         rows: m,
@@ -1221,7 +1215,7 @@ fn quantize_fp8(
         scale_layout: scales.scale_layout(l)?,
         tensor_scale: 1.0,
     };
-    let place = placement(py, &[&x, &out, &scales], stream)?;
+    let place = placement(py, &[x, out, scales], stream)?;
     let (raw_x, raw_out, raw_scales) = (x.raw(), out.raw(), scales.raw());
     py.detach(move || {
         with_gpu(place.0, place.1, |g| {
@@ -1234,7 +1228,8 @@ fn quantize_fp8(
                     g.matrix_from_raw(desc, raw_out, raw_scales, true)?,
                 )
             };
-            g.quantize_into(&t, &mut q, &QuantizeOptions::default())
+            g.quantize_into(&t, &mut q, &opts)?;
+            Ok(q.desc().tensor_scale)
         })
     })
 }
