@@ -283,8 +283,24 @@ impl Gpu {
         call: &Call<'_>,
         quantized: Option<OperandFormat>,
     ) -> Result<WorkspaceSize> {
-        let (plan, fused) = self.plan_sized(call, quantized)?;
-        match call.operands {
+        self.sized(call, quantized).map(|(_, need)| need)
+    }
+
+    /// The plan `call` runs on where it runs as [`Gpu::workspace_size`] sizes it, and the
+    /// workspace it needs there.
+    fn sized(
+        &self,
+        call: &Call<'_>,
+        quantized: Option<OperandFormat>,
+    ) -> Result<(Plan, WorkspaceSize)> {
+        let (plan, fused) = match quantized {
+            None => (self.plan_call(call)?, call.fused().is_some()),
+            Some(format) => {
+                let plain = Epilogue::default();
+                (self.quantized_call(call, format, &plain)?.plan, true)
+            }
+        };
+        let need = match call.operands {
             Operands::Sparse { dense, sparse, .. } => self.sparse_workspace(dense, sparse, plan),
             Operands::Dense { a, b } => {
                 let s = match call.groups {
@@ -300,23 +316,8 @@ impl Gpu {
                     fused,
                 })
             }
-        }
-    }
-
-    /// The plan `call` runs on where it runs as [`Gpu::workspace_size`] sizes it, and whether it
-    /// has a fused epilogue there.
-    fn plan_sized(
-        &self,
-        call: &Call<'_>,
-        quantized: Option<OperandFormat>,
-    ) -> Result<(Plan, bool)> {
-        Ok(match quantized {
-            None => (self.plan_call(call)?, call.fused().is_some()),
-            Some(format) => {
-                let plain = Epilogue::default();
-                (self.quantized_call(call, format, &plain)?.plan, true)
-            }
-        })
+        }?;
+        Ok((plan, need))
     }
 
     /// Grows `ws` now to what `call` needs ([`Gpu::workspace_size`]), so that running it there
@@ -329,13 +330,13 @@ impl Gpu {
         quantized: Option<OperandFormat>,
     ) -> Result<()> {
         ws.bind(self.id())?;
-        let need = self.workspace_size(call, quantized)?;
+        let (plan, need) = self.sized(call, quantized)?;
         ws.reserve(self.stream(), &need)?;
         if need.fold > 0
             && let Operands::Dense { a, b } = call.operands
         {
             // (The 4-bit-weights kernel folds A alone: its weights stay as they are.)
-            let fold_b = !matches!(self.plan_sized(call, quantized)?.0, Plan::Sm90W4(_));
+            let fold_b = !matches!(plan, Plan::Sm90W4(_));
             self.reserve_fold(ws, (a, b), fold_b)?;
         }
         Ok(())

@@ -24,17 +24,19 @@ pub(crate) fn encode_3d(
     box_xy: [u32; 2],
     swizzle: Swizzle,
 ) -> Result<CudaSlice<u8>> {
+    let host = encode_3d_host(ptr, (dtype, dims, elem, box_xy[0], swizzle), box_xy[1])?;
+    crate::alloc::copy_of(stream, &host)
+}
+
+/// [`encode_3d`]'s map of `layout` with boxes `rows` high, in host memory.
+fn encode_3d_host(
+    ptr: u64,
+    (dtype, dims, elem, box_x, swizzle): MapLayout,
+    rows: u32,
+) -> Result<Vec<u8>> {
     let sizes = dims.map(|d| d as u64);
     let strides = [(dims[0] * elem) as u64, (dims[0] * dims[1] * elem) as u64];
-    encode(
-        stream,
-        ptr,
-        dtype,
-        &sizes,
-        &strides,
-        &[box_xy[0], box_xy[1], 1],
-        swizzle,
-    )
+    encode_host(ptr, dtype, &sizes, &strides, &[box_x, rows, 1], swizzle)
 }
 
 /// A tensor map over `ptr` of `sizes` (innermost first, elements), `strides` (bytes, of every
@@ -105,16 +107,11 @@ impl BoxMaps {
     /// The maps over `ptr` of `layout` with boxes of each height of `rows`.
     pub(crate) fn new(
         ptr: u64,
-        (dtype, dims, elem, box_x, swizzle): MapLayout,
+        layout: MapLayout,
         rows: impl IntoIterator<Item = u32>,
     ) -> Result<Self> {
-        let sizes = dims.map(|d| d as u64);
-        let strides = [(dims[0] * elem) as u64, (dims[0] * dims[1] * elem) as u64];
         rows.into_iter()
-            .map(|r| {
-                let host = encode_host(ptr, dtype, &sizes, &strides, &[box_x, r, 1], swizzle)?;
-                Ok((r, host, OnFirstUse::default()))
-            })
+            .map(|r| Ok((r, encode_3d_host(ptr, layout, r)?, OnFirstUse::default())))
             .collect::<Result<_>>()
             .map(BoxMaps)
     }

@@ -140,8 +140,8 @@ impl Plan {
         use crate::config::Words;
         let mut parts = text.split_ascii_whitespace();
         let name = parts.next()?;
-        let mut words = parts.map(|w| w.parse::<u32>().ok());
-        let mut it = std::iter::from_fn(|| words.next().flatten());
+        let words: Vec<u32> = parts.map(|w| w.parse().ok()).collect::<Option<_>>()?;
+        let mut it = words.into_iter();
         let plan = match name {
             "reference" => Plan::Reference,
             "fp8" => Plan::Sm90Fp8(Sm90Config::take(&mut it)?),
@@ -151,10 +151,8 @@ impl Plan {
             "half" => Plan::Sm90Half(Sm90HalfConfig::take(&mut it)?),
             _ => return None,
         };
-        // Every word read, none left over, none unparsable.
-        (words.next().is_none()
-            && plan.to_text() == text.split_ascii_whitespace().collect::<Vec<_>>().join(" "))
-        .then_some(plan)
+        // Every word read, none left over.
+        it.next().is_none().then_some(plan)
     }
 
     /// The plan's configuration as its family runs it ([`PlanConfig`]), handed to `f`: the one

@@ -307,9 +307,9 @@ impl W4Operand {
     }
 }
 
-/// A folded per call ([`fp8_folds_a`]) is read through the FP8 family's maps: its 128-row code
-/// boxes are the kernel's activation tile, and its scale boxes the kernel's activation scale box.
-const FOLDED_A_FITS: () = {
+// A folded per call ([`fp8_folds_a`]) is read through the FP8 family's maps: its 128-row code
+// boxes are the kernel's activation tile, and its scale boxes the kernel's activation scale box.
+const _: () = {
     let ours = family::act_scale_box(family::fp8::FP8_TILE, Activation::E4m3Row128, 32);
     let fp8 = blockscaled_kernels::sm90::SFA_BOX;
     assert!(family::fp8::FP8_TILE.n == 128 && family::fp8::FP8_BLOCK_K == 128);
@@ -393,6 +393,12 @@ fn dense_schedule(cfg: &Sm90W4Config, shape: GemmShape, groups: Option<&DeviceGr
 }
 
 impl Sm90W4Config {
+    /// Whether its kernel reads `a` folded per call ([`fp8_folds_a`]: the FP8-MMA and the stream
+    /// kernels take e2m1 activations so).
+    fn folds_a(&self, a: &MatrixDesc, b: &MatrixDesc) -> bool {
+        (self.fp8 || self.stream) && fp8_folds_a(a, b)
+    }
+
     /// K per stage of the pipelined kernel it runs.
     fn block_k(&self) -> u32 {
         if self.fp8 {
@@ -465,7 +471,7 @@ impl PlanConfig for Sm90W4Config {
             WorkspaceSize::default()
         };
         // And A's folded copy where the kernel reads A folded.
-        if (self.fp8 || self.stream) && fp8_folds_a(&q.a.desc, &q.b.desc) {
+        if self.folds_a(&q.a.desc, &q.b.desc) {
             let fold = Sm90MxFp8::a_workspace(q.a)?.fold;
             return Ok(WorkspaceSize { fold, ..run });
         }
@@ -480,7 +486,7 @@ impl PlanConfig for Sm90W4Config {
     fn launch(&self, families: &Families, g: Gemm<'_, '_>) -> Result<()> {
         let what = "sm90 4-bit-weights kernel (it needs compute capability 9.0)";
         let w4 = families.require::<Sm90W4>(what)?;
-        if (self.fp8 || self.stream) && fp8_folds_a(&g.a.desc, &g.b.desc) {
+        if self.folds_a(&g.a.desc, &g.b.desc) {
             let what = "MX → FP8 fold kernel (it needs compute capability 9.0)";
             let fold = families.require::<Sm90MxFp8>(what)?;
             let ctx = (g.stream, g.work);
@@ -583,8 +589,7 @@ impl Sm90W4 {
             false => None,
         };
         // A folded per call: its codes' map and its scales' (boxes of 128 rows, as the
-        // kernel's activation tile and scale box: `FOLDED_A_FITS`).
-        let () = FOLDED_A_FITS;
+        // kernel's activation tile and scale box: checked at compile time above).
         let folded = match folded {
             Some((data, op)) => {
                 let (Some((sfa, _)), Some(map)) = (&op.sfa, &op.sfa_map) else {
