@@ -23,10 +23,13 @@
 //!    installed here, so `-Clinker` points at a small script this crate writes. It runs the
 //!    toolchain's own `llvm-link` → `opt` (internalize everything but the kernel entry points,
 //!    `default<O3>`, a high unroll threshold so register arrays stay in registers) → `llc`.
-//! 3. The PTX is edited in two places LLVM cannot express from Rust: a module-scope
-//!    `.extern .shared` array for dynamic shared memory (Rust has no address-space statics), and
+//! 3. The PTX is edited in three places LLVM cannot express from Rust: a module-scope
+//!    `.extern .shared` array for dynamic shared memory (Rust has no address-space statics),
 //!    per-kernel `.maxntid` / `.minnctapersm` (Rust has no launch bounds; `setmaxnreg` is ignored
-//!    by ptxas without a register cap at entry, warning C7508).
+//!    by ptxas without a register cap at entry, warning C7508), and the entry parameter that
+//!    carries the launch's tensor maps: declared 64-byte aligned (TMA's rule; rustc declares a
+//!    by-value parameter at most 16-byte aligned) and named in the asm that takes its address
+//!    (`mov` of the parameter, `cvta.param`: Rust's `&param` would copy it to local memory).
 //! 4. If a `ptxas` is found (`PTXAS`, the pinned install `scripts/setup.sh` makes, the `PATH`, or
 //!    the pip package `nvidia-cuda-nvcc`), the PTX is assembled for its target into
 //!    `<arch>.cubin` ([`PTXAS_FLAGS`]); a failure is an error carrying ptxas' message, and the `-v`

@@ -151,6 +151,20 @@ pub(crate) enum Mem<'a> {
 }
 
 impl Mem<'_> {
+    /// The address of the caller's read-only memory by address ([`Mem::Raw`], not writable):
+    /// memory whose every use is ordered by the stream alone, which a kernel may read in place
+    /// of a copy made from it (nothing rewrites it in place through this crate).
+    pub(crate) fn read_only_raw(&self) -> Option<sys::CUdeviceptr> {
+        match self {
+            Mem::Raw {
+                ptr,
+                writable: false,
+                ..
+            } => Some(*ptr),
+            _ => None,
+        }
+    }
+
     /// Whether a kernel may write this memory (every kind but a read-only view).
     pub(crate) fn writable(&self) -> bool {
         match self {

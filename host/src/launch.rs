@@ -7,8 +7,11 @@ use cudarc::driver::{
     CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, SyncOnDrop, sys,
 };
 
-use crate::error::Result;
-use blockscaled_kernels::params::{EpilogueParams, FusedParams, GemmParams};
+use crate::error::{Result, config};
+use crate::tensor_map::HostMap;
+use blockscaled_kernels::params::{
+    EpilogueParams, FusedParams, GemmParams, MAP_BYTES, MAP_IN_PARAMS, MAP_SLOTS, Mapped,
+};
 use blockscaled_kernels::sm90::Sm90Fp8Params;
 use blockscaled_kernels::sm90_mx::Sm90MxParams;
 
@@ -37,23 +40,37 @@ pub(crate) fn set_smem_limit(func: &CudaFunction, bytes: u32) -> Result<()> {
 ///
 /// # Safety
 /// `Self` is `#[repr(C)]`, `Copy`, holds only integers, floats and device addresses, and is the
-/// struct the kernel declares as its only parameter (one source: `blockscaled_kernels::params`).
-pub(crate) unsafe trait KernelParams: Copy {}
+/// struct the kernel declares as its only parameter (one source: `blockscaled_kernels::params`)
+/// — wrapped in [`Mapped`] exactly when [`KernelParams::MAPPED`] (the GEMM entry points of
+/// `kernel_table!`'s `plain`, `fused` and `bare` rows).
+pub(crate) unsafe trait KernelParams: Copy {
+    /// Whether the kernel takes `Mapped<Self>`: the launch's tensor maps, then `Self`.
+    const MAPPED: bool = false;
+}
 // SAFETY: all are `#[repr(C)]` structs of `blockscaled_kernels::params`, the kernels' own
-// parameter types, made of integers, floats and device addresses.
+// parameter types, made of integers, floats and device addresses; the GEMM families' are taken
+// `Mapped` by their entry points.
 unsafe impl KernelParams for GemmParams {}
-unsafe impl KernelParams for Sm90Fp8Params {}
+unsafe impl KernelParams for Sm90Fp8Params {
+    const MAPPED: bool = true;
+}
 // SAFETY: as above (`#[repr(C)]`, seven u64 then ten 4-byte fields: no padding).
-unsafe impl KernelParams for Sm90MxParams {}
+unsafe impl KernelParams for Sm90MxParams {
+    const MAPPED: bool = true;
+}
 // SAFETY: as above.
-unsafe impl KernelParams for blockscaled_kernels::sm90_w4::Sm90W4Params {}
+unsafe impl KernelParams for blockscaled_kernels::sm90_w4::Sm90W4Params {
+    const MAPPED: bool = true;
+}
 // SAFETY: as above (`#[repr(C)]`, four u64 then six u32: no padding).
 unsafe impl KernelParams for blockscaled_kernels::fold::FoldParams {}
 // SAFETY: as above (`#[repr(C)]`, six u64 then ten 4-byte fields: no padding).
 unsafe impl KernelParams for blockscaled_kernels::sm90_w4::stream::W4StreamParams {}
 // SAFETY: as above (`#[repr(C)]`, six u64, eight 4-byte fields, then two u64 and six u32: no
 // padding).
-unsafe impl KernelParams for blockscaled_kernels::sm90_half::Sm90HalfParams {}
+unsafe impl KernelParams for blockscaled_kernels::sm90_half::Sm90HalfParams {
+    const MAPPED: bool = true;
+}
 // SAFETY: as above (`#[repr(C)]`, eleven u64 then eight 4-byte fields: no padding).
 unsafe impl KernelParams for blockscaled_kernels::quantize::QuantizeParams {}
 // SAFETY: as above (`#[repr(C)]`: five u64 then twelve 4-byte fields; five u64 then six u32; two
@@ -64,7 +81,9 @@ unsafe impl KernelParams for blockscaled_kernels::prepare::W4Reorder {}
 // SAFETY: as above: `#[repr(C)]`, a family's parameters (8-byte aligned, so a multiple of 8
 // bytes) then the epilogue's (ten u64 then twelve 4-byte fields: no padding), what the
 // families' fused kernels declare.
-unsafe impl<P: KernelParams> KernelParams for FusedParams<P> {}
+unsafe impl<P: KernelParams> KernelParams for FusedParams<P> {
+    const MAPPED: bool = P::MAPPED;
+}
 
 /// One launch of `func` on `stream`: its configuration and the buffers it uses. Each buffer's
 /// device address is taken through [`Launch::ptr`] / [`Launch::ptr_mut`], whose guards live until
@@ -79,6 +98,9 @@ pub(crate) struct Launch<'a> {
     /// CTAs per cluster along x (the attribute is set when `Some`, 1 included).
     cluster: Option<u32>,
     guards: Vec<SyncOnDrop<'a>>,
+    /// The tensor maps the kernel reads, carried in its parameter ([`Launch::map`]).
+    maps: [HostMap; MAP_SLOTS],
+    mapped: usize,
 }
 
 impl<'a> Launch<'a> {
@@ -91,6 +113,8 @@ impl<'a> Launch<'a> {
             shared_mem: 0,
             cluster: None,
             guards: Vec::new(),
+            maps: [HostMap([0; MAP_BYTES / 8]); MAP_SLOTS],
+            mapped: 0,
         }
     }
 
@@ -138,6 +162,27 @@ impl<'a> Launch<'a> {
         let (p, g) = buf.device_ptr(self.stream);
         self.guards.push(g);
         p
+    }
+
+    /// The value of a map field of the parameters for `map`, which the launch carries in the
+    /// kernel's parameter (`MAP_IN_PARAMS` | its offset there; the kernel's TMA instructions
+    /// read it in place): nothing is allocated or copied. [`Error::Config`] past the
+    /// [`MAP_SLOTS`] a launch carries.
+    pub(crate) fn map(&mut self, map: HostMap) -> Result<u64> {
+        let slot = self.mapped;
+        if slot == MAP_SLOTS {
+            return Err(config(format!(
+                "a launch carries at most {MAP_SLOTS} tensor maps"
+            )));
+        }
+        self.maps[slot] = map;
+        self.mapped += 1;
+        Ok(MAP_IN_PARAMS | (slot * MAP_BYTES) as u64)
+    }
+
+    /// [`Launch::map`], or 0 (the kernels' "absent") for `None`.
+    pub(crate) fn opt_map(&mut self, map: Option<HostMap>) -> Result<u64> {
+        map.map_or(Ok(0), |m| self.map(m))
     }
 
     /// The device address of a buffer the kernel writes.
@@ -230,15 +275,27 @@ impl<'a> Launch<'a> {
     /// # Safety
     /// `P` is the parameter struct `func` declares; every address in `params` comes from this
     /// launch's [`Launch::ptr`] / [`Launch::ptr_mut`] (or is 0 where the kernel reads it as
-    /// absent) or points into such a buffer, and the kernel reads and writes inside those buffers
-    /// for this grid and these parameters.
+    /// absent) or points into such a buffer, every map field from [`Launch::map`] over such a
+    /// buffer, and the kernel reads and writes inside those buffers for this grid and these
+    /// parameters.
     pub(crate) unsafe fn launch<P: KernelParams>(self, params: &P) -> Result<Enqueued<'a>> {
         let mut attrs = Vec::with_capacity(1);
         let cfg = self.config(&mut attrs);
-        let mut args = [params as *const P as *mut std::ffi::c_void];
+        let mapped = Mapped {
+            maps: self.maps.map(|m| m.0),
+            p: *params,
+        };
+        if !P::MAPPED && self.mapped > 0 {
+            return Err(config("a kernel that takes no tensor maps was given some"));
+        }
+        let arg = match P::MAPPED {
+            true => &mapped as *const Mapped<P> as *mut std::ffi::c_void,
+            false => params as *const P as *mut std::ffi::c_void,
+        };
+        let mut args = [arg];
         self.stream.context().bind_to_thread()?;
-        // SAFETY: `args` points at one live `P`, the kernel's single parameter (the caller's
-        // contract, and `KernelParams`'s); `cfg`'s attributes live in `attrs` until the call
+        // SAFETY: `args` points at one live `P`, or `Mapped<P>` where the kernel takes that (the
+        // caller's contract, and `KernelParams`'s), its single parameter; `cfg`'s attributes live in `attrs` until the call
         // returns; the buffers stay alive and ordered on this stream by `self.guards`, dropped
         // only after the launch is enqueued.
         unsafe {

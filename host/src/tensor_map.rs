@@ -1,69 +1,32 @@
-//! TMA tensor maps (`cuTensorMapEncodeTiled`), encoded once per uploaded matrix or output and kept
-//! in device memory: a by-value kernel parameter cannot carry the 64-byte alignment TMA needs from
-//! Rust.
+//! TMA tensor maps (`cuTensorMapEncodeTiled`), encoded on the host and carried by each launch in
+//! its kernel parameter ([`crate::launch::Launch::map`], `kernels::params::Mapped`): no device
+//! memory, no copy. An operand's or output's maps are encoded at their first use (a call reads
+//! one or two of an operand's box heights) and kept with it.
 
-use std::sync::Arc;
-
-use cudarc::driver::{CudaSlice, CudaStream, sys};
+use cudarc::driver::sys;
 
 use crate::buffers::OnFirstUse;
 use crate::error::Result;
+use blockscaled_kernels::params::MAP_BYTES;
 
 pub(crate) use sys::CUtensorMapDataType as DataType;
 pub(crate) use sys::CUtensorMapSwizzle as Swizzle;
 
-/// Encodes a 3-D row-major tensor map (`dims` innermost first, `elem` bytes per element, dense;
-/// boxes of `box_xy` × 1, `swizzle`) over device memory at `ptr` and copies it to device memory.
-/// The row strides (`dims[0] · elem`) must be multiples of 16 bytes, and `ptr` 16-byte aligned.
-pub(crate) fn encode_3d(
-    stream: &Arc<CudaStream>,
-    ptr: u64,
-    dtype: DataType,
-    dims: [usize; 3],
-    elem: usize,
-    box_xy: [u32; 2],
-    swizzle: Swizzle,
-) -> Result<CudaSlice<u8>> {
-    let host = encode_3d_host(ptr, (dtype, dims, elem, box_xy[0], swizzle), box_xy[1])?;
-    crate::alloc::copy_of(stream, &host)
-}
-
-/// [`encode_3d`]'s map of `layout` with boxes `rows` high, in host memory.
-fn encode_3d_host(
-    ptr: u64,
-    (dtype, dims, elem, box_x, swizzle): MapLayout,
-    rows: u32,
-) -> Result<Vec<u8>> {
-    let sizes = dims.map(|d| d as u64);
-    let strides = [(dims[0] * elem) as u64, (dims[0] * dims[1] * elem) as u64];
-    encode_host(ptr, dtype, &sizes, &strides, &[box_x, rows, 1], swizzle)
-}
+/// One encoded `CUtensorMap`: the 128 bytes a kernel's TMA instructions read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct HostMap(pub(crate) [u64; MAP_BYTES / 8]);
 
 /// A tensor map over `ptr` of `sizes` (innermost first, elements), `strides` (bytes, of every
 /// dimension after the first) and `boxes` (elements per dimension), no interleave, L2 promotion
-/// by 256 bytes, zeros past the sizes; copied to the device.
+/// by 256 bytes, zeros past the sizes.
 pub(crate) fn encode(
-    stream: &Arc<CudaStream>,
     ptr: u64,
     dtype: DataType,
     sizes: &[u64],
     strides: &[u64],
     boxes: &[u32],
     swizzle: Swizzle,
-) -> Result<CudaSlice<u8>> {
-    let bytes = encode_host(ptr, dtype, sizes, strides, boxes, swizzle)?;
-    crate::alloc::copy_of(stream, &bytes)
-}
-
-/// [`encode`]'s map, in host memory (its bytes, to copy to the device where a kernel reads it).
-fn encode_host(
-    ptr: u64,
-    dtype: DataType,
-    sizes: &[u64],
-    strides: &[u64],
-    boxes: &[u32],
-    swizzle: Swizzle,
-) -> Result<Vec<u8>> {
+) -> Result<HostMap> {
     let rank = sizes.len();
     assert!(strides.len() + 1 == rank && boxes.len() == rank && (1..=5).contains(&rank));
     let mut map = sys::CUtensorMap { opaque: [0; 16] };
@@ -88,78 +51,114 @@ fn encode_host(
         )
     };
     r.result()?;
-    let bytes: Vec<u8> = map.opaque.iter().flat_map(|w| w.to_le_bytes()).collect();
-    Ok(bytes)
+    Ok(HostMap(map.opaque))
 }
 
-/// One 3-D operand's tensor maps by box height (`encode_3d` with boxes of `box_x` × each
-/// height, the same layout otherwise): a kernel reads a tile's rows through the map whose boxes
-/// are that many rows. Each is encoded when the operand is prepared and copied to the device at
-/// its first use: a call uses one or two of the heights, and each copy is a device allocation
-/// and a host-to-device copy, the larger part of a view's preparation.
-pub(crate) struct BoxMaps(Vec<(u32, Vec<u8>, OnFirstUse<CudaSlice<u8>>)>);
-
-/// What [`BoxMaps::new`] encodes: the data type, dims (innermost first), bytes per element, the
-/// boxes' inner extent, and the swizzle.
+/// What a 3-D row-major map is made of: the data type, dims (innermost first), bytes per
+/// element, the boxes' inner extent, and the swizzle.
 pub(crate) type MapLayout = (DataType, [usize; 3], usize, u32, Swizzle);
+
+/// A 3-D map encoded at its first use ([`OnFirstUse`]) and kept: [`encode`]'s arguments.
+pub(crate) struct LazyMap {
+    ptr: u64,
+    dtype: DataType,
+    sizes: [u64; 3],
+    strides: [u64; 2],
+    boxes: [u32; 3],
+    swizzle: Swizzle,
+    map: OnFirstUse<HostMap>,
+}
+
+impl LazyMap {
+    /// The 3-D map of `layout` over `ptr` (dense rows) with boxes `rows` high.
+    pub(crate) fn new(ptr: u64, (dtype, dims, elem, box_x, swizzle): MapLayout, rows: u32) -> Self {
+        let sizes = dims.map(|d| d as u64);
+        let strides = [(dims[0] * elem) as u64, (dims[0] * dims[1] * elem) as u64];
+        LazyMap::strided(ptr, dtype, (sizes, strides), [box_x, rows, 1], swizzle)
+    }
+
+    /// The 3-D map over `ptr` of `sizes` (innermost first) with the byte `strides` of the outer
+    /// two dimensions, in `boxes`.
+    pub(crate) fn strided(
+        ptr: u64,
+        dtype: DataType,
+        (sizes, strides): ([u64; 3], [u64; 2]),
+        boxes: [u32; 3],
+        swizzle: Swizzle,
+    ) -> Self {
+        LazyMap {
+            ptr,
+            dtype,
+            sizes,
+            strides,
+            boxes,
+            swizzle,
+            map: OnFirstUse::default(),
+        }
+    }
+
+    /// The encoded map.
+    pub(crate) fn get(&self) -> Result<HostMap> {
+        self.map
+            .get_or_make(|| {
+                let (p, d) = (self.ptr, self.dtype);
+                encode(p, d, &self.sizes, &self.strides, &self.boxes, self.swizzle)
+            })
+            .copied()
+    }
+}
+
+/// The 3-D map over `ptr` of `dims` (innermost first, `elem` bytes each, dense rows) in boxes of
+/// `box_xy` × 1 with `swizzle`, encoded at its first use.
+pub(crate) fn map_3d(
+    ptr: u64,
+    dtype: DataType,
+    dims: [usize; 3],
+    elem: usize,
+    box_xy: [u32; 2],
+    swizzle: Swizzle,
+) -> LazyMap {
+    LazyMap::new(ptr, (dtype, dims, elem, box_xy[0], swizzle), box_xy[1])
+}
+
+/// One 3-D operand's tensor maps by box height (the same layout otherwise): a kernel reads a
+/// tile's rows through the map whose boxes are that many rows. Each is encoded at its first use.
+pub(crate) struct BoxMaps(Vec<LazyMap>);
 
 impl BoxMaps {
     /// The maps over `ptr` of `layout` with boxes of each height of `rows`.
-    pub(crate) fn new(
-        ptr: u64,
-        layout: MapLayout,
-        rows: impl IntoIterator<Item = u32>,
-    ) -> Result<Self> {
-        rows.into_iter()
-            .map(|r| Ok((r, encode_3d_host(ptr, layout, r)?, OnFirstUse::default())))
-            .collect::<Result<_>>()
-            .map(BoxMaps)
+    pub(crate) fn new(ptr: u64, layout: MapLayout, rows: impl IntoIterator<Item = u32>) -> Self {
+        BoxMaps(
+            rows.into_iter()
+                .map(|r| LazyMap::new(ptr, layout, r))
+                .collect(),
+        )
     }
 
-    /// The map whose boxes are `rows` rows, in device memory (copied on `stream` at its first
-    /// use; [`Error::Config`](crate::Error::Config) where there is none: a configuration the
-    /// operand's maps were not made for).
-    pub(crate) fn get(&self, stream: &Arc<CudaStream>, rows: u32) -> Result<&CudaSlice<u8>> {
-        let (_, host, dev) = self.0.iter().find(|(r, ..)| *r == rows).ok_or_else(|| {
-            crate::error::config(format!("no tensor map with boxes of {rows} rows"))
-        })?;
-        dev.get_or_make(|| crate::alloc::copy_of(stream, host))
-    }
-}
-
-impl BoxMaps {
-    /// Copies every map to the device now (weights, sparse matrices and workspace copies, which
-    /// are prepared once so that no later GEMM on them allocates).
-    pub(crate) fn make_all(&self, stream: &Arc<CudaStream>) -> Result<&Self> {
-        for (r, ..) in &self.0 {
-            self.get(stream, *r)?;
-        }
-        Ok(self)
-    }
-}
-
-impl crate::held::Held for BoxMaps {
-    fn device_bytes(&self) -> usize {
+    /// The map whose boxes are `rows` rows ([`Error::Config`](crate::Error::Config) where there
+    /// is none: a configuration the operand's maps were not made for).
+    pub(crate) fn get(&self, rows: u32) -> Result<HostMap> {
         self.0
             .iter()
-            .filter_map(|(_, _, d)| d.get())
-            .map(crate::held::Held::device_bytes)
-            .sum()
+            .find(|m| m.boxes[1] == rows)
+            .ok_or_else(|| {
+                crate::error::config(format!("no tensor map with boxes of {rows} rows"))
+            })?
+            .get()
     }
 }
 
-/// The tensor map of a scale buffer `[l][planes][rows_pad]` whose entries are one row's scales of
-/// one plane (`elem` = 2 or 4 bytes), in boxes of `box_rows` rows of one plane, no swizzle: the
+/// The map of a scale buffer `[l][planes][rows_pad]` whose entries are one row's scales of one
+/// plane (`elem` = 2 or 4 bytes), in boxes of `box_rows` rows of one plane, no swizzle: the
 /// kernels copy a tile's scales from any first row (a grouped GEMM's groups start mid-tile; a
 /// 16-byte bulk copy could not), zero past `rows_pad`. `rows_pad · elem` must be a multiple of 16
-/// and `box_rows · elem` too.
-pub(crate) fn encode_scale_rows(
-    stream: &Arc<CudaStream>,
+/// and `box_rows · elem` too. Encoded at its first use.
+pub(crate) fn scale_rows_map(
     ptr: u64,
     elem: usize,
     (rows_pad, planes, l): (usize, usize, usize),
     box_rows: u32,
-) -> Result<CudaSlice<u8>> {
+) -> Result<LazyMap> {
     let dtype = match elem {
         2 => DataType::CU_TENSOR_MAP_DATA_TYPE_UINT16,
         4 => DataType::CU_TENSOR_MAP_DATA_TYPE_UINT32,
@@ -169,13 +168,25 @@ pub(crate) fn encode_scale_rows(
             )));
         }
     };
-    encode_3d(
-        stream,
-        ptr,
+    let layout = (
         dtype,
         [rows_pad, planes, l],
         elem,
-        [box_rows, 1],
+        box_rows,
         Swizzle::CU_TENSOR_MAP_SWIZZLE_NONE,
-    )
+    );
+    Ok(LazyMap::new(ptr, layout, 1))
+}
+
+/// A map lives in host memory: none of its bytes are on the device.
+impl crate::held::Held for LazyMap {
+    fn device_bytes(&self) -> usize {
+        0
+    }
+}
+
+impl<T: crate::held::Held> crate::held::Held for (T, LazyMap) {
+    fn device_bytes(&self) -> usize {
+        self.0.device_bytes()
+    }
 }

@@ -15,7 +15,8 @@
 //! - `bare`: the kernel type of the `bare` template, made of the family's parameters alone;
 //! - `call`: a call of the device function of the `call` template with the parameters.
 //!
-//! GEMM entry points run `gemm::driver::run` with the register budgets of the row's
+//! GEMM entry points take [`crate::params::Mapped`] (the launch's tensor maps, then the family's
+//! parameters) and run `gemm::driver::run` with the register budgets of the row's
 //! `producer_regs()` and `consumer_regs()` (a `const fn` of each GEMM family's kernel type), and
 //! check that a `plain` row's kernel has no fused epilogue and a `fused` row's has one
 //! (`fused()`). Where a kernel type takes a type the row holds as a value (an element type, a
@@ -129,9 +130,10 @@ macro_rules! kernel_table {
             }
         };
     };
-    // A GEMM entry point: the kernel `$gemm` made of the fields `$field…` from `$arg: $param`,
-    // run by the driver with the row's register budgets; `$check`: the row's kernel has the
-    // epilogue the entry point takes.
+    // A GEMM entry point: the kernel `$gemm` made of the fields `$field…` from `$arg: $param`
+    // (the parameter is `Mapped<$param>`: the launch's tensor maps travel with it), run by the
+    // driver with the row's register budgets; `$check`: the row's kernel has the epilogue the
+    // entry point takes.
     (@gemm ($name:literal $($rest:tt)*) [$($doc:literal)*] $k:ident: $row:ty = $ctor:path,
      [$($check:expr)?], $arg:ident: $param:ty => { $($field:tt)* }, $gemm:ty) => {
         const _: () = {
@@ -142,7 +144,8 @@ macro_rules! kernel_table {
             );)?
             $(#[doc = $doc])*
             #[unsafe(export_name = $name)]
-            unsafe extern "ptx-kernel" fn kernel($arg: $param) {
+            unsafe extern "ptx-kernel" fn kernel(mapped: $crate::params::Mapped<$param>) {
+                let $arg = mapped.p;
                 type Gemm = $gemm;
                 let gemm = Gemm {
                     $($field)*

@@ -329,6 +329,30 @@ pub struct FusedParams<P> {
     pub epi: EpilogueParams,
 }
 
+/// Tensor maps one GEMM launch can carry in its parameter ([`Mapped`]): A's, B's, the
+/// output's and A's scales'.
+pub const MAP_SLOTS: usize = 4;
+
+/// Bytes of one `CUtensorMap`.
+pub const MAP_BYTES: usize = 128;
+
+/// The tag of a map field: `MAP_IN_PARAMS` | the map's byte offset in the launch's
+/// [`Mapped::maps`] (so that a present map is never 0, the kernels' "absent").
+pub const MAP_IN_PARAMS: u64 = 1 << 63;
+
+/// The parameter of every GEMM kernel (the TMA kernels): the launch's tensor maps, then the
+/// family's parameters `p`. TMA reads a map from the kernel's parameter space where it is
+/// 64-byte aligned; rustc's nvptx64 ABI declares by-value parameters at most 16-byte aligned, so
+/// the kernel build rewrites this parameter's alignment to 64 in the PTX (`blockscaled-builder`),
+/// and the maps come first so that each starts 64-byte aligned too. A map field of `p` holds
+/// [`MAP_IN_PARAMS`] | the map's byte offset here (`ptx::tma` resolves it), or 0 where absent.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Mapped<P> {
+    pub maps: [[u64; MAP_BYTES / 8]; MAP_SLOTS],
+    pub p: P,
+}
+
 /// [`EpilogueParams::q_elem`] of an epilogue without quantized output.
 pub const EPI_NO_QUANT: u32 = u32::MAX;
 

@@ -23,12 +23,14 @@ from ._native import (
     fp8_gemm_nt,
     gemm_nt,
     m_grouped_fp8_gemm_nt_masked,
+    m_grouped_gemm_nt_masked,
     per_token_group_quant_fp8_into,
     quantize_fp4_into,
     quantize_mxfp8_into,
     version,
 )
 from ._native import m_grouped_fp8_gemm_nt_contiguous as _contiguous
+from ._native import m_grouped_gemm_nt_contiguous
 
 __version__ = version()
 
@@ -162,6 +164,8 @@ __all__ = [
     "gemm_nt",
     "m_grouped_fp8_gemm_nt_contiguous",
     "m_grouped_fp8_gemm_nt_masked",
+    "m_grouped_gemm_nt_contiguous",
+    "m_grouped_gemm_nt_masked",
     "offs_of_m_indices",
     "per_token_group_quant_fp8",
     "per_token_group_quant_fp8_into",

@@ -911,7 +911,29 @@ fn run_grouped(
     dtype: OutType,
     c_dims: (usize, usize, usize),
 ) -> PyResult<()> {
-    let [a, sfa, b, sfb, out, groups] = tensors.map(Tensor::raw);
+    let [a, sfa, b, sfb, out, groups] = tensors;
+    let ops = (Operand::Scaled(da), Operand::Scaled(db));
+    let raws = [a, b, sfb, out, groups].map(Tensor::raw);
+    run_grouped_ops(
+        py,
+        (device, stream),
+        ops,
+        (raws, Some(sfa.raw())),
+        layout,
+        (dtype, c_dims),
+    )
+}
+
+/// [`run_grouped`] for operands of any format ([`Operand`]): `raws` are A's codes, B's codes, B's
+/// scales, the output and the groups, then A's scales where A has them.
+fn run_grouped_ops(
+    py: Python<'_>,
+    (device, stream): (usize, u64),
+    (oa, ob): (Operand, Operand),
+    ([a, b, sfb, out, groups], sfa): ([RawDevice; 5], Option<RawDevice>),
+    layout: GroupLayout,
+    (dtype, c_dims): (OutType, (usize, usize, usize)),
+) -> PyResult<()> {
     py.detach(move || {
         with_gpu(device, stream, |g| {
             // SAFETY: the addresses and lengths are the tensors' own (their data pointers, and
@@ -919,8 +941,8 @@ fn run_grouped(
             // holds them); the crate checks each against the driver's allocation and context.
             let (ma, mb, groups, mut c) = unsafe {
                 (
-                    g.matrix_from_raw(da, a, sfa, false)?,
-                    g.matrix_from_raw(db, b, sfb, false)?,
+                    oa.view(g, a, sfa)?,
+                    ob.view(g, b, Some(sfb))?,
                     g.groups_from_raw(layout, groups)?,
                     g.output_from_raw(out, dtype, c_dims)?,
                 )
@@ -928,6 +950,141 @@ fn run_grouped(
             g.grouped_gemm(&ma, &mb, &groups, &mut c)
         })
     })
+}
+
+/// Grouped `out = a · bᵀ` for operands of any block-scaled format ([`gemm_nt`]'s, read from the
+/// dtypes), over groups of consecutive rows: `a` (R, K′) with `sfa` (or bf16 / fp16 with
+/// `sfa=None`), `b` (G, N, K′) experts with `sfb` (G, N, K / block) — DeepSeek: (G, N/128,
+/// K/128) — `out` (R, N), `offs` (G,) int32 on the GPU, each group's end row (torch
+/// `_grouped_mm`'s). Rows past the last end are not written.
+#[pyfunction]
+#[pyo3(signature = (a, sfa, b, sfb, out, offs, *, a_global_scale = 1.0, b_global_scale = 1.0, stream = None))]
+#[allow(clippy::too_many_arguments)]
+fn m_grouped_gemm_nt_contiguous(
+    py: Python<'_>,
+    a: &Bound<'_, PyAny>,
+    sfa: Option<&Bound<'_, PyAny>>,
+    b: &Bound<'_, PyAny>,
+    sfb: &Bound<'_, PyAny>,
+    out: &Bound<'_, PyAny>,
+    offs: &Bound<'_, PyAny>,
+    a_global_scale: f32,
+    b_global_scale: f32,
+    stream: Option<u64>,
+) -> PyResult<()> {
+    let t = GroupedTensors::of([a, b, sfb, out], sfa, ("offs", offs))?;
+    let (oa, ob) = t.operands((a_global_scale, b_global_scale))?;
+    let ((r, k, la), (n, kb, g)) = (oa.dims(), ob.dims());
+    let (lo, ro, no) = t.out.dims3()?;
+    if t.a.shape.len() != 2 || t.b.shape.len() != 3 || t.out.shape.len() != 2 || la != 1 {
+        return Err(PyValueError::new_err(format!(
+            "a (R, K), b (G, N, K) and out (R, N) are needed: a {:?}, b {:?}, out {:?}",
+            t.a.shape, t.b.shape, t.out.shape
+        )));
+    }
+    if kb != k || (lo, ro, no) != (1, r, n) || t.groups.shape != [g] {
+        return Err(PyValueError::new_err(format!(
+            "a {:?} · b {:?}ᵀ does not give out {:?} over offs {:?} (one end per expert)",
+            t.a.shape, t.b.shape, t.out.shape, t.groups.shape
+        )));
+    }
+    t.run(py, stream, (oa, ob), GroupLayout::Contiguous, (r, n, 1))
+}
+
+/// Grouped `out[g] = a[g] · b[g]ᵀ` on each group's first `masked_m[g]` rows, for operands of any
+/// block-scaled format ([`gemm_nt`]'s): `a` (G, C, K′) with `sfa` (G, C, K / block) (or bf16 /
+/// fp16 with `sfa=None`), `b` (G, N, K′) with `sfb`, `out` (G, C, N), `masked_m` (G,) int32 on
+/// the GPU. Rows at or past a group's count are not written.
+#[pyfunction]
+#[pyo3(signature = (a, sfa, b, sfb, out, masked_m, expected_m = None, *, a_global_scale = 1.0, b_global_scale = 1.0, stream = None))]
+#[allow(clippy::too_many_arguments)]
+fn m_grouped_gemm_nt_masked(
+    py: Python<'_>,
+    a: &Bound<'_, PyAny>,
+    sfa: Option<&Bound<'_, PyAny>>,
+    b: &Bound<'_, PyAny>,
+    sfb: &Bound<'_, PyAny>,
+    out: &Bound<'_, PyAny>,
+    masked_m: &Bound<'_, PyAny>,
+    expected_m: Option<usize>,
+    a_global_scale: f32,
+    b_global_scale: f32,
+    stream: Option<u64>,
+) -> PyResult<()> {
+    let _ = expected_m;
+    let t = GroupedTensors::of([a, b, sfb, out], sfa, ("masked_m", masked_m))?;
+    let (oa, ob) = t.operands((a_global_scale, b_global_scale))?;
+    let ((cap, k, ga), (n, kb, g)) = (oa.dims(), ob.dims());
+    if t.a.shape.len() != 3 || t.b.shape.len() != 3 || t.out.shape.len() != 3 {
+        return Err(PyValueError::new_err(format!(
+            "a (G, C, K), b (G, N, K) and out (G, C, N) are needed: a {:?}, b {:?}, out {:?}",
+            t.a.shape, t.b.shape, t.out.shape
+        )));
+    }
+    if kb != k || ga != g || t.out.dims3()? != (g, cap, n) || t.groups.shape != [g] {
+        return Err(PyValueError::new_err(format!(
+            "a {:?} · b {:?}ᵀ does not give out {:?} over masked_m {:?} (one count per expert)",
+            t.a.shape, t.b.shape, t.out.shape, t.groups.shape
+        )));
+    }
+    t.run(py, stream, (oa, ob), GroupLayout::Masked, (cap, n, g))
+}
+
+/// A generic grouped call's tensors, read and checked.
+struct GroupedTensors {
+    a: Tensor,
+    sfa: Option<Tensor>,
+    b: Tensor,
+    sfb: Tensor,
+    out: Tensor,
+    groups: Tensor,
+}
+
+impl GroupedTensors {
+    fn of(
+        [a, b, sfb, out]: [&Bound<'_, PyAny>; 4],
+        sfa: Option<&Bound<'_, PyAny>>,
+        (groups_name, groups): (&'static str, &Bound<'_, PyAny>),
+    ) -> PyResult<GroupedTensors> {
+        let t = GroupedTensors {
+            a: Tensor::of("a", a)?,
+            sfa: sfa.map(|s| Tensor::of("sfa", s)).transpose()?,
+            b: Tensor::of("b", b)?,
+            sfb: Tensor::of("sfb", sfb)?,
+            out: Tensor::of("out", out)?,
+            groups: group_values(groups_name, groups)?,
+        };
+        t.out.need(&[Dtype::Bf16, Dtype::F16, Dtype::F32])?;
+        for x in [&t.a, &t.b, &t.out] {
+            x.contiguous()?;
+        }
+        Ok(t)
+    }
+
+    /// A's and B's formats ([`operand_of`]).
+    fn operands(&self, (ga, gb): (f32, f32)) -> PyResult<(Operand, Operand)> {
+        Ok((
+            operand_of(&self.a, self.sfa.as_ref(), false, ga)?,
+            operand_of(&self.b, Some(&self.sfb), true, gb)?,
+        ))
+    }
+
+    fn run(
+        &self,
+        py: Python<'_>,
+        stream: Option<u64>,
+        ops: (Operand, Operand),
+        layout: GroupLayout,
+        c_dims: (usize, usize, usize),
+    ) -> PyResult<()> {
+        let mut all = vec![&self.a, &self.b, &self.sfb, &self.out, &self.groups];
+        all.extend(self.sfa.as_ref());
+        let place = placement(py, &all, stream)?;
+        let raws = [&self.a, &self.b, &self.sfb, &self.out, &self.groups].map(Tensor::raw);
+        let sfa = self.sfa.as_ref().map(Tensor::raw);
+        let dtype = out_type(&self.out);
+        run_grouped_ops(py, place, ops, (raws, sfa), layout, (dtype, c_dims))
+    }
 }
 
 /// Grouped `out = a · bᵀ` over groups of consecutive rows (mixture of experts, prefill):
@@ -1247,6 +1404,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(gemm_nt, m)?)?;
     m.add_function(wrap_pyfunction!(m_grouped_fp8_gemm_nt_contiguous, m)?)?;
     m.add_function(wrap_pyfunction!(m_grouped_fp8_gemm_nt_masked, m)?)?;
+    m.add_function(wrap_pyfunction!(m_grouped_gemm_nt_contiguous, m)?)?;
+    m.add_function(wrap_pyfunction!(m_grouped_gemm_nt_masked, m)?)?;
     m.add_function(wrap_pyfunction!(per_token_group_quant_fp8_into, m)?)?;
     m.add_function(wrap_pyfunction!(quantize_mxfp8_into, m)?)?;
     m.add_function(wrap_pyfunction!(quantize_fp4_into, m)?)?;

@@ -330,3 +330,20 @@ def test_the_fused_epilogue_is_checked_before_the_device():
         bs.fp8_gemm_nt(*a.values(), activation="swiglu")
     with pytest.raises(TypeError, match="bias: dtype"):
         bs.fp8_gemm_nt(*args.values(), bias=FakeTensor((512,), "int32"))
+
+
+def test_grouped_calls_of_any_format_are_checked_before_the_device():
+    g, r, n, k, cap = 4, 300, 256, 512, 64
+    fp4 = lambda *shape: FakeTensor(shape, "float4_e2m1fn_x2")
+    e8m0 = lambda *shape: FakeTensor(shape, "float8_e8m0fnu")
+    offs = FakeTensor((g,), "int32")
+    # MXFP4 activations and experts; bf16 activations with MXFP4 experts (W4A16).
+    with pytest.raises(REACHES_THE_DEVICE):
+        bs.m_grouped_gemm_nt_contiguous(fp4(r, k // 2), e8m0(r, k // 32), fp4(g, n, k // 2), e8m0(g, n, k // 32), FakeTensor((r, n), "bfloat16"), offs)
+    with pytest.raises(REACHES_THE_DEVICE):
+        bs.m_grouped_gemm_nt_masked(FakeTensor((g, cap, k), "bfloat16"), None, fp4(g, n, k // 2), e8m0(g, n, k // 32), FakeTensor((g, cap, n), "bfloat16"), offs)
+    # One end per expert; A's K against B's.
+    with pytest.raises(ValueError, match="one end per expert"):
+        bs.m_grouped_gemm_nt_contiguous(fp4(r, k // 2), e8m0(r, k // 32), fp4(g, n, k // 2), e8m0(g, n, k // 32), FakeTensor((r, n), "bfloat16"), FakeTensor((g + 1,), "int32"))
+    with pytest.raises(ValueError, match="does not give out"):
+        bs.m_grouped_gemm_nt_masked(fp4(g, cap, k // 2), e8m0(g, cap, k // 32), fp4(g, n, k), e8m0(g, n, k // 16), FakeTensor((g, cap, n), "bfloat16"), offs)

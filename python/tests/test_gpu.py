@@ -372,3 +372,48 @@ def test_the_fused_epilogue_matches_torch(kind):
     got2 = out2.double()
     assert torch.isfinite(got2).all()
     assert ((got2 - ref2).abs() <= tol2).all(), ((got2 - ref2).abs() / tol2).max()
+
+
+@pytest.mark.parametrize("ka,kb", [("mxfp4", "mxfp4"), ("bf16", "mxfp4"), ("fp8", "mxfp4"), ("nvfp4", "nvfp4")])
+def test_grouped_calls_of_any_format_match_torch_per_expert(ka, kb):
+    gen = torch.Generator(device="cuda").manual_seed(53)
+    g, n, k = 4, 256, 512
+    sizes = [40, 0, 130, 70]
+    r = sum(sizes) + 16  # rows past the last end stay unwritten
+    a, sfa, fa = operand(ka, r, k, gen, False)
+    experts = [operand(kb, n, k, gen, True) for _ in range(g)]
+    b = torch.stack([e[0] for e in experts])
+    sfb = torch.stack([e[1] for e in experts])
+    ga, gb = (0.5, 2.0) if kb == "nvfp4" else (1.0, 1.0)
+    ends = torch.tensor(sizes, device="cuda", dtype=torch.int32).cumsum(0).to(torch.int32)
+    out = torch.full((r, n), float("nan"), device="cuda", dtype=torch.float32)
+    bs.m_grouped_gemm_nt_contiguous(a, sfa, b, sfb, out, ends, a_global_scale=ga, b_global_scale=gb)
+    torch.cuda.current_stream().synchronize()
+    start = 0
+    for e, size in enumerate(sizes):
+        fb = experts[e][2]
+        ref = (fa[start:start + size] @ fb.t()) * (ga * gb)
+        mag = (fa[start:start + size].abs() @ fb.abs().t()) * (ga * gb)
+        got = out[start:start + size].double()
+        assert torch.isfinite(got).all()
+        tol = 2.0**-7 * mag + 2.0**-23 * ref.abs() + 1e-30
+        assert ((got - ref).abs() <= tol).all(), (e, ((got - ref).abs() / tol).max())
+        start += size
+    assert torch.isnan(out[start:]).all(), "rows past the last end are not written"
+    # Masked: the same experts, each group's first rows of a capacity of 160.
+    cap = 160
+    am, sfam, fam = operand(ka, g * cap, k, gen, False)
+    am = am.view(g, cap, *am.shape[1:])
+    sfam = None if sfam is None else sfam.view(g, cap, *sfam.shape[1:])
+    counts = torch.tensor(sizes, device="cuda", dtype=torch.int32)
+    outm = torch.full((g, cap, n), float("nan"), device="cuda", dtype=torch.float32)
+    bs.m_grouped_gemm_nt_masked(am, sfam, b, sfb, outm, counts, a_global_scale=ga, b_global_scale=gb)
+    torch.cuda.current_stream().synchronize()
+    for e, size in enumerate(sizes):
+        fa_e = fam[e * cap:e * cap + size]
+        ref = (fa_e @ experts[e][2].t()) * (ga * gb)
+        mag = (fa_e.abs() @ experts[e][2].abs().t()) * (ga * gb)
+        got = outm[e, :size].double()
+        tol = 2.0**-7 * mag + 2.0**-23 * ref.abs() + 1e-30
+        assert torch.isfinite(got).all() and ((got - ref).abs() <= tol).all(), e
+        assert torch.isnan(outm[e, size:]).all(), "rows past a group's count are not written"

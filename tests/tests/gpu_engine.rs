@@ -10,7 +10,7 @@ use std::sync::{Arc, OnceLock};
 use blockscaled::kernels::params::Activation;
 use blockscaled::{
     BsrMatrix, Call, ClusterShape, DeviceMatrix, DeviceOutput, DeviceTensor, ElemType, Epilogue,
-    Error, Fp4Weights, Fp8, Gpu, GroupLayout, HostOutput, InputType, OutType, Plan,
+    Error, Fp4Weights, Fp8, Gpu, GroupLayout, HostOutput, InputType, MatrixDesc, OutType, Plan,
     QuantizeOptions, RawDevice, Recipe, ScaleLayout, ScaleMajor, ScaledMatrix, Sm90Config,
     Sm90Tile, SparseSide, Workspace, WorkspaceSize, device_allocations,
 };
@@ -56,6 +56,25 @@ struct Arena {
 }
 
 impl Arena {
+    /// Read-only views of `ms` (the matrices `Arena::of` was made of) by raw address, as a
+    /// binding makes them.
+    fn raw_views(&self, g: &Gpu, ms: &[&ScaledMatrix]) -> Vec<DeviceMatrix<'static>> {
+        let (base, _g) = self.buf.device_ptr(g.stream());
+        let raw = |off: usize, len: usize| RawDevice {
+            ptr: base + off as u64,
+            len,
+        };
+        ms.iter()
+            .zip(&self.at)
+            .map(|(m, &(d, dl, sc, sl))| {
+                // SAFETY: the addresses lie in `self.buf`, which the callers keep alive past
+                // the views and the work on them (synchronized before it is dropped); nothing
+                // writes it.
+                unsafe { g.matrix_from_raw(*m.desc(), raw(d, dl), raw(sc, sl), false) }.unwrap()
+            })
+            .collect()
+    }
+
     fn of(stream: &Arc<CudaStream>, ms: &[&ScaledMatrix]) -> Arena {
         let mut at = Vec::new();
         let mut end = 256;
@@ -101,6 +120,125 @@ fn owned_gemm(g: &Gpu, a: &ScaledMatrix, b: &ScaledMatrix, dtype: OutType) -> (P
 /// A caller's output buffer: `bytes` past a 512-byte offset in a larger allocation, poisoned.
 fn caller_output(stream: &Arc<CudaStream>, bytes: usize) -> CudaSlice<u8> {
     stream.clone_htod(&vec![0xFFu8; bytes + 1024]).unwrap()
+}
+
+/// `m` with its scales laid out at `layout` (unused positions poisoned with NaN, which a read
+/// of them would carry into the product).
+fn with_scale_layout(m: &ScaledMatrix, layout: ScaleLayout) -> ScaledMatrix {
+    let (d, old) = (*m.desc(), m.desc().scale_layout);
+    let len = layout.required_len(d.batch).unwrap();
+    let mut scales = f32::NAN.to_le_bytes().repeat(len);
+    for l in 0..d.batch {
+        for r in 0..old.row_blocks {
+            for q in 0..old.k_blocks {
+                let (from, to) = (4 * old.index(l, r, q), 4 * layout.index(l, r, q));
+                scales[to..to + 4].copy_from_slice(&m.scales()[from..from + 4]);
+            }
+        }
+    }
+    let desc = MatrixDesc {
+        scale_layout: layout,
+        ..d
+    };
+    ScaledMatrix::from_desc(desc, m.data().to_vec(), scales).unwrap()
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn raw_views_read_scales_in_place_where_their_layout_is_the_kernels() {
+    // Read-only raw views, as a binding makes every call: A's scales M-major (DeepGEMM's,
+    // planes 16-byte aligned, padded past M) are mapped in place, B's 128 × 128 tiles in the
+    // kernel's order are read in place, and a weights-like matrix as A gets its A-role copy at
+    // its first use as A. Each gives the crate-owned upload's result bit for bit.
+    let _serial = serial();
+    let g = gpu();
+    let recipe = Recipe::DeepSeekFp8;
+    for (i, &(m, n, k, l)) in [(20, 256, 512, 1), (128, 384, 1024, 2), (1, 128, 256, 1)]
+        .iter()
+        .enumerate()
+    {
+        let (_, a) = random_matrix(40 + i as u64, m, k, l, recipe.a());
+        let (_, b) = random_matrix(50 + i as u64, n, k, l, recipe.b());
+        let kb = k / 128;
+        let pitch = m.next_multiple_of(4) + 4 * (i % 2);
+        let mn_major = ScaleLayout {
+            row_blocks: m,
+            k_blocks: kb,
+            row_stride: 1,
+            k_stride: pitch,
+            batch_stride: pitch * kb + 4,
+        };
+        let a_mn = with_scale_layout(&a, mn_major);
+        let (_, want) = owned_gemm(g, &a, &b, OutType::F32);
+        // B as A (its scales per 128 × 128), A's rows as B: the weights-like A role.
+        let (_, b_first) = random_matrix(60 + i as u64, n, k, l, recipe.b());
+        let (_, want_bb) = owned_gemm(g, &b_first, &b, OutType::F32);
+        let arena = Arena::of(g.stream(), &[&a_mn, &b, &b_first]);
+        let base = {
+            let (p, _g) = arena.buf.device_ptr(g.stream());
+            p
+        };
+        let raw = |off: usize, len: usize| RawDevice {
+            ptr: base + off as u64,
+            len,
+        };
+        let view = |j: usize, desc: MatrixDesc| {
+            let (d, dl, sc, sl) = arena.at[j];
+            // SAFETY: the addresses lie in `arena.buf`, which outlives the views and the work on
+            // them (synchronized by `to_host`); nothing writes it.
+            unsafe { g.matrix_from_raw(desc, raw(d, dl), raw(sc, sl), false) }.unwrap()
+        };
+        let (va, vb, vbb) = (
+            view(0, *a_mn.desc()),
+            view(1, *b.desc()),
+            view(2, *b_first.desc()),
+        );
+        let mut c = g.output(m, n, l, OutType::F32).unwrap();
+        c.poison().unwrap();
+        g.gemm(&va, &vb, &mut c).unwrap();
+        let what = format!("{m}×{n}×{k}×{l}, A's scales M-major at pitch {pitch}");
+        assert_bit_identical(&c.to_host().unwrap(), &want, &what);
+        let mut c = g.output(n, n, l, OutType::F32).unwrap();
+        c.poison().unwrap();
+        g.gemm(&vbb, &vb, &mut c).unwrap();
+        let what = format!("{n}×{n}×{k}×{l}, a weights-like matrix as A");
+        assert_bit_identical(&c.to_host().unwrap(), &want_bb, &what);
+    }
+    // The 4-bit-weights kernels' e4m3 activations (W4A8): the stream kernel (M ≤ 16) and the
+    // FP8-MMA kernel read M-major scales in place where each batch entry follows the last
+    // densely, else from their own copy (the last case's padded batch stride).
+    let recipe = Recipe::W4A8(Fp4Weights::Mxfp4);
+    for (i, &(m, n, k, l, gap)) in [
+        (16, 256, 512, 1, 0),
+        (64, 256, 512, 1, 0),
+        (5, 128, 256, 2, 0),
+        (5, 128, 256, 2, 4),
+    ]
+    .iter()
+    .enumerate()
+    {
+        let (_, a) = random_matrix(70 + i as u64, m, k, l, recipe.a());
+        let (_, b) = random_matrix(80 + i as u64, n, k, l, recipe.b());
+        let (kb, pitch) = (k / 128, m.next_multiple_of(4) + 4);
+        let a_mn = with_scale_layout(
+            &a,
+            ScaleLayout {
+                row_blocks: m,
+                k_blocks: kb,
+                row_stride: 1,
+                k_stride: pitch,
+                batch_stride: pitch * kb + gap,
+            },
+        );
+        let (plan, want) = owned_gemm(g, &a, &b, OutType::F32);
+        let arena = Arena::of(g.stream(), &[&a_mn, &b]);
+        let views = arena.raw_views(g, &[&a_mn, &b]);
+        let mut c = g.output(m, n, l, OutType::F32).unwrap();
+        c.poison().unwrap();
+        g.gemm(&views[0], &views[1], &mut c).unwrap();
+        let what = format!("W4A8 {m}×{n}×{k}×{l} ({plan:?}), A's scales M-major, gap {gap}");
+        assert_bit_identical(&c.to_host().unwrap(), &want, &what);
+    }
 }
 
 #[test]

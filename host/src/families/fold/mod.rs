@@ -23,6 +23,7 @@ use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMu
 
 use crate::buffers::DeviceMatrix;
 use crate::error::{Error, Result, shape};
+use crate::families::operands::fp8::Sfb;
 use crate::families::operands::{BRole, Sm90Operand, fp8 as sm90_fp8};
 use crate::families::operands::{MxOperand, mx as sm90_mx};
 use crate::families::persistent::Loader;
@@ -426,16 +427,15 @@ fn slot_for<'w>(
 }
 
 impl Folded {
-    /// The device bytes [`Folded::alloc`] makes for `dims` in a role: the codes, the scales
-    /// (B: the tiles' ones and the per-row scales; A: the kernel's padded 1×128 scales) and
-    /// the FP8 kernel's tensor maps over them.
+    /// The device bytes [`Folded::alloc`] makes for `dims` in a role: the codes and the scales
+    /// (B: the tiles' ones and the per-row scales; A: the kernel's padded 1×128 scales).
     fn bytes((rows, k, l): (usize, usize, usize), as_b: bool) -> usize {
         let k_chunks = k / FOLD_K as usize;
         let scales = match as_b {
             true => 4 * l * (rows.div_ceil(FOLD_ROWS as usize) * k_chunks + rows),
             false => 4 * l * k_chunks * m_pad(rows as u32) as usize,
         };
-        rows * k * l + scales + crate::families::operands::fp8::operand_map_bytes(!as_b)
+        rows * k * l + scales
     }
 
     /// Buffers for an `l` × `rows` × `k` operand folded in one role, with the FP8 kernel's
@@ -450,7 +450,7 @@ impl Folded {
             let ones = crate::alloc::copy_of(stream, &vec![1f32; l * row_blocks * k_chunks])?;
             let cols = crate::alloc::zeros::<f32>(stream, l * rows)?;
             let b_role = BRole {
-                sfb: ones,
+                sfb: Sfb::Own(ones),
                 sfb_col: Some(cols),
             };
             Sm90Operand::over(stream, &data, dims, None, Some(b_role))?
@@ -459,8 +459,6 @@ impl Folded {
             let sfa = crate::alloc::zeros::<f32>(stream, l * k_chunks * m_pad as usize)?;
             Sm90Operand::over(stream, &data, dims, Some((sfa, m_pad)), None)?
         };
-        // (A workspace's copy, made once and reused: every map on the device now.)
-        op.make_maps(stream)?;
         Ok(Folded { dims, data, op })
     }
 }

@@ -50,9 +50,9 @@ impl Sm90Sparse {
     ) -> Result<Self> {
         let (bs, blocks) = (FP8_BLOCK, m.nnz().max(1));
         let (ptr, _g) = values.device_ptr(stream);
-        let tmaps = BoxMaps::new(ptr, code_layout([bs, bs, blocks]), [128, 64])?;
-        // (Prepared once per sparse matrix: every map on the device now.)
-        tmaps.make_all(stream)?;
+        let tmaps = BoxMaps::new(ptr, code_layout([bs, bs, blocks]), [128, 64]);
+        // (Encoded now: a driver's refusal surfaces at upload rather than in a call.)
+        tmaps.get(128)?;
         Ok(Sm90Sparse { tmaps })
     }
 }
@@ -91,15 +91,13 @@ impl Sm90Fp8 {
             return Err(Error::Format(e));
         }
         let kernel = self.bsr_kernel(dense, &cfg)?;
-        let (Some(ao), Some(bo)) = (
-            dense.prepared.get::<Sm90Operand>(),
-            sparse.prepared.get::<Sm90Sparse>(),
-        ) else {
+        let ao = Sm90Operand::as_a(dense, stream, &self.preparers)?;
+        let Some(bo) = sparse.prepared.get::<Sm90Sparse>() else {
             return Err(Error::Format(
                 "operands not prepared for the sm90 block-sparse kernel".into(),
             ));
         };
-        let Some(sfa_map) = &ao.sfa_map else {
+        let Some(sfa_map) = ao.sfa_map()? else {
             return Err(Error::Format(
                 "the dense operand of a block-sparse GEMM needs fp32 scales per 1×128 (or per row \
                  or tensor)"
@@ -123,17 +121,16 @@ impl Sm90Fp8 {
         // With A sparse the tile is Cᵀ: stored directly.
         let tmap_c = match side {
             SparseSide::A => 0,
-            SparseSide::B => launch.opt_ptr(
-                out_prepared
-                    .get::<Sm90Output>()
-                    .and_then(|o| o.tmap(out_box_n(tile.block_n))),
-            ),
+            SparseSide::B => match out_prepared.get::<Sm90Output>() {
+                Some(o) => launch.opt_map(o.tmap(out_box_n(tile.block_n))?)?,
+                None => 0,
+            },
         };
         let params = Sm90Fp8Params {
-            tmap_a: launch.ptr(ao.tmap(stream, tile.a_box_rows(1))?),
-            tmap_b: launch.ptr(bo.tmaps.get(stream, b_rows)?),
+            tmap_a: launch.map(ao.tmap(tile.a_box_rows(1))?)?,
+            tmap_b: launch.map(bo.tmaps.get(b_rows)?)?,
             tmap_c,
-            tmap_sfa: launch.ptr(sfa_map),
+            tmap_sfa: launch.map(sfa_map)?,
             sfb: launch.ptr(&sparse.scales),
             sfb_col: 0,
             out: launch.ptr_mut(out),
@@ -165,4 +162,8 @@ impl Sm90Fp8 {
     }
 }
 
-crate::held::held!(Sm90Sparse: tmaps);
+impl crate::held::Held for Sm90Sparse {
+    fn device_bytes(&self) -> usize {
+        0
+    }
+}

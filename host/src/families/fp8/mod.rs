@@ -11,6 +11,7 @@ use cudarc::driver::CudaStream;
 
 use crate::buffers::{DeviceMatrix, DeviceOutput, PreparedValue};
 use crate::error::{Error, Result, config};
+use crate::families::operands::fp8::Sfb;
 pub(crate) use crate::families::operands::fp8::unsupported;
 use crate::families::operands::{CopyKind, Sm90Operand, Sm90Output};
 use crate::families::persistent::{self, Loader};
@@ -53,7 +54,8 @@ impl Family for Sm90Fp8 {
     fn prepare_weights(&self, stream: &Arc<CudaStream>, m: &DeviceMatrix<'_>) -> Result<()> {
         if let Some(op) = m.prepared.get::<Sm90Operand>() {
             Sm90Operand::as_b(m, stream, &self.preparers)?;
-            op.make_maps(stream)?;
+            // (Encoding the maps now surfaces a driver's refusal here rather than in a call.)
+            op.tmap(BLOCK_N)?;
         }
         Ok(())
     }
@@ -193,7 +195,7 @@ impl Sm90Fp8 {
                 }
             ))
         })?;
-        let (Some(sfa_map), Some(b_role)) = (&ao.sfa_map, bo.b_role()) else {
+        let (Some(sfa_map), Some(b_role)) = (ao.sfa_map()?, bo.b_role()) else {
             return Err(Error::Format(
                 "operands not prepared for the sm90 kernel in these roles".into(),
             ));
@@ -213,8 +215,8 @@ impl Sm90Fp8 {
             kernel.persistent(stream, &schedule, (cfg.ctas, cl), groups, slot.as_mut())?;
         // A in boxes of `Tile::a_box_rows`; B in boxes of block_n / cluster_m rows (each CTA's
         // share of a pair along M; validated).
-        let tmap_a = launch.ptr(ao.tmap(stream, tile.a_box_rows(cl.n))?);
-        let tmap_b = launch.ptr(bo.tmap(stream, b_box_rows(tile, cl).unwrap_or(BLOCK_N))?);
+        let tmap_a = launch.map(ao.tmap(tile.a_box_rows(cl.n))?)?;
+        let tmap_b = launch.map(bo.tmap(b_box_rows(tile, cl).unwrap_or(BLOCK_N))?)?;
         // Swapped tiles hold Cᵀ fragments: stored directly; so do the finishing warps of a fused
         // epilogue, and a quantized output is codes (the consumers' 16-bit stores of a fused
         // epilogue in registers go through the map, as the dense kernel's).
@@ -222,19 +224,22 @@ impl Sm90Fp8 {
         let tmap_c = if tile.is_swapped() || mode == Mode::Fused || quantized {
             0
         } else {
-            launch.opt_ptr(
-                out_prepared
-                    .get::<Sm90Output>()
-                    .and_then(|o| o.tmap(out_box_n(tile.block_n))),
-            )
+            match out_prepared.get::<Sm90Output>() {
+                Some(o) => launch.opt_map(o.tmap(out_box_n(tile.block_n))?)?,
+                None => 0,
+            }
         };
         let out_ptr = launch.ptr_mut(out);
         let params = Sm90Fp8Params {
             tmap_a,
             tmap_b,
             tmap_c,
-            tmap_sfa: launch.ptr(sfa_map),
-            sfb: launch.ptr(&b_role.sfb),
+            tmap_sfa: launch.map(sfa_map)?,
+            sfb: match &b_role.sfb {
+                Sfb::Own(s) => launch.ptr(s),
+                // (The caller's memory by address: ordered by the stream alone.)
+                Sfb::Caller(p) => *p,
+            },
             sfb_col: launch.opt_ptr(b_role.sfb_col.as_ref()),
             out: out_ptr,
             splitk: run.splitk,
@@ -274,9 +279,6 @@ fn operands<'a>(
     if let Some(e) = unsupported(&a.desc, false).or_else(|| unsupported(&b.desc, true)) {
         return Err(Error::Format(e));
     }
-    let ao = a
-        .prepared
-        .get::<Sm90Operand>()
-        .ok_or_else(|| Error::Format("operands were not prepared for the sm90 kernel".into()))?;
+    let ao = Sm90Operand::as_a(a, stream, kernels)?;
     Ok((ao, Sm90Operand::as_b(b, stream, kernels)?))
 }

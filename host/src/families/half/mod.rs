@@ -266,7 +266,7 @@ impl OperandCopy for HalfOperand {
         };
         let (ptr, _g) = data.device_ptr(stream);
         let layout = half_layout([d.k, d.rows, d.batch]);
-        let tmaps = BoxMaps::new(ptr, layout, BOX_ROWS)?;
+        let tmaps = BoxMaps::new(ptr, layout, BOX_ROWS);
         Ok(Some(HalfOperand { tmaps, scale }))
     }
 }
@@ -294,9 +294,9 @@ impl HalfSparse {
         let (bs, blocks) = (m.block(), m.nnz().max(1));
         let (ptr, _g) = values.device_ptr(stream);
         let rows = BOX_ROWS.into_iter().filter(|&r| r as usize <= bs);
-        let tmaps = BoxMaps::new(ptr, half_layout([bs, bs, blocks]), rows)?;
-        // (Prepared once per sparse matrix: every map on the device now.)
-        tmaps.make_all(stream)?;
+        let tmaps = BoxMaps::new(ptr, half_layout([bs, bs, blocks]), rows);
+        // (Encoded now: a driver's refusal surfaces at upload rather than in a call.)
+        tmaps.get(32)?;
         Ok(HalfSparse { tmaps })
     }
 }
@@ -312,18 +312,6 @@ pub(crate) struct Sm90Half {
 impl Family for Sm90Half {
     fn operand_copy(&self) -> Option<CopyKind> {
         Some(CopyKind::of::<HalfOperand>())
-    }
-
-    /// Weights' tensor maps on the device now, so that no GEMM on them allocates.
-    fn prepare_weights(
-        &self,
-        stream: &std::sync::Arc<cudarc::driver::CudaStream>,
-        m: &crate::buffers::DeviceMatrix<'_>,
-    ) -> Result<()> {
-        match m.prepared.get::<HalfOperand>() {
-            Some(op) => op.tmaps.make_all(stream).map(|_| ()),
-            None => Ok(()),
-        }
     }
 
     fn prepare_sparse(&self, stream: &Arc<CudaStream>, blocks: StoredBlocks<'_>) -> Made {
@@ -390,12 +378,12 @@ impl Sm90Half {
         let (mut launch, run) =
             kernel.persistent(stream, &schedule, (cfg.ctas, cl), None, slot.as_mut())?;
         let (tmap_a, tmap_b) = (
-            launch.ptr(ao.tmaps.get(stream, 128)?),
-            launch.ptr(bo.tmaps.get(stream, tile.block_n / cl.m)?),
+            launch.map(ao.tmaps.get(128)?)?,
+            launch.map(bo.tmaps.get(tile.block_n / cl.m)?)?,
         );
         // A fused epilogue stores directly: no output map.
         let staged = epi.is_none();
-        let params = output_params(&mut launch, c, tile, staged, (tmap_a, tmap_b, run.splitk));
+        let params = output_params(&mut launch, c, tile, staged, (tmap_a, tmap_b, run.splitk))?;
         // (The fused kernels stage their rows in shared memory, `HalfTile::fused_layout`.)
         let epi = Fused::params(epi, &mut launch, params.out, None);
         let params = Sm90HalfParams {
@@ -470,8 +458,8 @@ impl Sm90Half {
         let (mut launch, run) =
             kernel.persistent(stream, &schedule, (cfg.ctas, cl), None, slot.as_mut())?;
         let (tmap_a, tmap_b) = (
-            launch.ptr(ao.tmaps.get(stream, 128)?),
-            launch.ptr(bo.tmaps.get(stream, tile.block_n / cl.m)?),
+            launch.map(ao.tmaps.get(128)?)?,
+            launch.map(bo.tmaps.get(tile.block_n / cl.m)?)?,
         );
         // With A sparse the tile is Cᵀ: stored directly.
         let params = output_params(
@@ -480,7 +468,7 @@ impl Sm90Half {
             tile,
             side == SparseSide::B,
             (tmap_a, tmap_b, run.splitk),
-        );
+        )?;
         let params = Sm90HalfParams {
             m: m as u32,
             n: n as u32,
@@ -519,23 +507,18 @@ fn output_params<'a>(
     tile: HalfTile,
     staged: bool,
     (tmap_a, tmap_b, splitk): (u64, u64, blockscaled_kernels::params::SplitKParams),
-) -> Sm90HalfParams {
+) -> Result<Sm90HalfParams> {
     let DeviceOutput {
         buf: out,
         prepared,
         dtype,
         ..
     } = c;
-    let tmap_c = if staged {
-        launch.opt_ptr(
-            prepared
-                .get::<Sm90Output>()
-                .and_then(|o| o.tmap(out_box_n(tile.block_n))),
-        )
-    } else {
-        0
+    let tmap_c = match prepared.get::<Sm90Output>() {
+        Some(o) if staged => launch.opt_map(o.tmap(out_box_n(tile.block_n))?)?,
+        _ => 0,
     };
-    Sm90HalfParams {
+    Ok(Sm90HalfParams {
         tmap_a,
         tmap_b,
         tmap_c,
@@ -552,11 +535,20 @@ fn output_params<'a>(
         cluster_m: 1,
         _pad: 0,
         sparse: SparseParams::default(),
+    })
+}
+
+impl crate::held::Held for HalfOperand {
+    fn device_bytes(&self) -> usize {
+        0
     }
 }
 
-crate::held::held!(HalfOperand: tmaps);
-crate::held::held!(HalfSparse: tmaps);
+impl crate::held::Held for HalfSparse {
+    fn device_bytes(&self) -> usize {
+        0
+    }
+}
 
 #[cfg(test)]
 mod tests {

@@ -83,18 +83,6 @@ impl Family for Sm90Mx {
     fn operand_copy(&self) -> Option<CopyKind> {
         Some(CopyKind::of::<MxOperand>())
     }
-
-    /// Weights' tensor maps on the device now, so that no GEMM on them allocates.
-    fn prepare_weights(
-        &self,
-        stream: &std::sync::Arc<cudarc::driver::CudaStream>,
-        m: &crate::buffers::DeviceMatrix<'_>,
-    ) -> Result<()> {
-        match m.prepared.get::<MxOperand>() {
-            Some(op) => op.make_maps(stream),
-            None => Ok(()),
-        }
-    }
 }
 
 impl PlanConfig for Sm90MxConfig {
@@ -219,9 +207,12 @@ impl Sm90Mx {
         let scratch = Fused::scratch(&epi, stream, geometry, &mut staging)?;
         let out_ptr = launch.ptr_mut(out);
         let params = Sm90MxParams {
-            tmap_a: launch.ptr(ao.tmap(stream, BLOCK_M)?),
-            tmap_b: launch.ptr(bo.tmap(stream, tile.block_n)?),
-            tmap_sfa: launch.ptr(&ao.scale_map),
+            tmap_a: launch.map(ao.tmap(BLOCK_M)?)?,
+            tmap_b: launch.map(bo.tmap(tile.block_n)?)?,
+            tmap_sfa: {
+                launch.ptr(&ao.scales);
+                launch.map(ao.scale_map()?)?
+            },
             sfb: launch.ptr(&bo.scales),
             out: out_ptr,
             splitk: run.splitk,

@@ -13,7 +13,7 @@ use crate::error::{Error, Result};
 use crate::format::{ElemType, ScaleType};
 use crate::matrix::MatrixDesc;
 use crate::prepare::{GatherTo, Preparers, Source};
-use crate::tensor_map::{BoxMaps, DataType, MapLayout, Swizzle, encode_scale_rows};
+use crate::tensor_map::{BoxMaps, DataType, HostMap, LazyMap, MapLayout, Swizzle, scale_rows_map};
 use blockscaled_kernels::gemm::scheduler::MAX_CLUSTER;
 use blockscaled_kernels::sm90::{
     self as family, BLOCK_K, BLOCK_N, ROW_BYTES, Tile, WG_ROWS, m_pad,
@@ -63,14 +63,19 @@ pub(crate) fn per_row(desc: &MatrixDesc) -> bool {
 /// device buffers another family wrote ([`Sm90Operand::over`]).
 pub(crate) struct Sm90Operand {
     /// The 128-byte CUtensorMaps (3-D: K, rows, L; box 128 bytes × [`BOX_ROWS`]; 128-byte
-    /// swizzle) in device memory: 128 rows (a wave; a 256-row A tile is two boxes); 64 (each CTA's
+    /// swizzle), encoded at their first use: 128 rows (a wave; a 256-row A tile is two boxes); 64 (each CTA's
     /// share of a multicast B tile, 128 / MAX_CLUSTER, or one consumer's rows of a
     /// three-consumer A tile); 32 and 16 (the A tiles of swapped tiles).
     tmaps: BoxMaps,
     /// A-role scales `[l][k/128][m_pad]`, rows contiguous, zero-padded (None if not eligible as A).
     pub(crate) sfa: Option<(CudaSlice<f32>, u32)>,
-    /// Their tensor map (boxes of `SFA_BOX` rows), when `sfa` is set.
-    pub(crate) sfa_map: Option<CudaSlice<u8>>,
+    /// Their tensor map (boxes of `SFA_BOX` rows), when `sfa` is set, or over the caller's
+    /// scales read in place; encoded at its first use ([`Sm90Operand::sfa_map`]).
+    sfa_map: Option<LazyMap>,
+    /// The A role's copy and map made at the matrix's first use as A ([`Sm90Operand::as_a`]),
+    /// for the caller's read-only weights-like matrices (scales shared by several rows), which
+    /// serve as B: a binding's view of them, made every call, never pays for it.
+    a_later: Option<OnFirstUse<(CudaSlice<f32>, LazyMap)>>,
     /// The B role's scales (None if not eligible as B): made at the matrix's first use as B
     /// ([`Sm90Operand::as_b`]; activations quantized every step never pay for them), or given
     /// with the operand (a fold's).
@@ -80,9 +85,18 @@ pub(crate) struct Sm90Operand {
 /// The FP8 kernel's B-role scales of one operand.
 pub(crate) struct BRole {
     /// `[l][⌈rows/128⌉][k/128]`; all 1 when the scales are per row, which `sfb_col` then holds.
-    pub(crate) sfb: CudaSlice<f32>,
+    pub(crate) sfb: Sfb,
     /// Per-row scales `[l][rows]`, when B is scaled per row over all of K.
     pub(crate) sfb_col: Option<CudaSlice<f32>>,
+}
+
+/// Where the B role's tile scales are.
+pub(crate) enum Sfb {
+    /// A copy in the kernel's layout.
+    Own(CudaSlice<f32>),
+    /// The caller's read-only scales by address ([`Mem::read_only_raw`]), already in the
+    /// kernel's layout and unscaled: read in place.
+    Caller(u64),
 }
 
 impl BRole {
@@ -92,17 +106,107 @@ impl BRole {
         let (rows, k, l) = (d.rows, d.k, d.batch);
         Ok(if column_scales(&d) {
             let nb = rows.div_ceil(BLOCK_N as usize);
+            let ones = crate::alloc::copy_of(stream, &vec![1f32; l * nb * (k / BLOCK_K as usize)])?;
             BRole {
-                sfb: crate::alloc::copy_of(stream, &vec![1f32; l * nb * (k / BLOCK_K as usize)])?,
+                sfb: Sfb::Own(ones),
                 sfb_col: Some(m.gather(stream, scales_to(&d, Scales::Columns))?),
+            }
+        } else if let Some(ptr) = caller_scales(m, &d, Scales::B) {
+            BRole {
+                sfb: Sfb::Caller(ptr),
+                sfb_col: None,
             }
         } else {
             BRole {
-                sfb: m.gather(stream, scales_to(&d, Scales::B))?,
+                sfb: Sfb::Own(m.gather(stream, scales_to(&d, Scales::B))?),
                 sfb_col: None,
             }
         })
     }
+}
+
+/// The address of `m`'s scales where the kernel can read them in place as the copy `s` (A or B
+/// role) would hold them: the caller's read-only memory by address ([`Mem::read_only_raw`]),
+/// fp32 values the copy would not scale (tensor scale 1), in the copy's blocks and order — B:
+/// `[l][⌈rows/128⌉][k/128]` dense; A: M-major, each plane's row of values 16-byte aligned
+/// (the scale map's strides), which the map reads with zeros past the rows as the copy's
+/// padding would give.
+fn caller_scales(m: &Source<'_>, d: &MatrixDesc, s: Scales) -> Option<u64> {
+    let Source::Device { scales, .. } = m else {
+        return None;
+    };
+    let ptr = scales.read_only_raw()?;
+    let (lay, kb) = (&d.scale_layout, d.k / BLOCK_K as usize);
+    if d.tensor_scale != 1.0 || d.format.scale != ScaleType::F32 || lay.k_blocks != kb {
+        return None;
+    }
+    let fits = match s {
+        Scales::B => {
+            let nb = d.rows.div_ceil(BLOCK_N as usize);
+            d.block_extent() == (BLOCK_N as usize, BLOCK_K as usize)
+                && lay.row_blocks == nb
+                && (lay.k_stride, lay.row_stride) == (1, kb)
+                && (d.batch == 1 || lay.batch_stride == nb * kb)
+                && ptr.is_multiple_of(4)
+        }
+        Scales::A(_) => {
+            d.block_extent() == (1, BLOCK_K as usize)
+                && lay.row_blocks == d.rows
+                && lay.row_stride == 1
+                && lay.k_stride >= d.rows
+                && (4 * lay.k_stride).is_multiple_of(16)
+                && (d.batch == 1
+                    || (lay.batch_stride >= lay.k_stride * kb
+                        && (4 * lay.batch_stride).is_multiple_of(16)))
+                && ptr.is_multiple_of(16)
+        }
+        Scales::Columns => false,
+    };
+    fits.then_some(ptr)
+}
+
+/// The caller's A-role scales read in place ([`caller_scales`]): their address and the fp32
+/// values from one K plane to the next, where every batch entry follows the last densely (the
+/// 4-bit-weights stream kernel's layout with that many rows a plane).
+pub(crate) fn caller_a_scales(m: &Source<'_>, d: &MatrixDesc) -> Option<(u64, usize)> {
+    let ptr = caller_scales(m, d, Scales::A(0))?;
+    let lay = &d.scale_layout;
+    let dense = d.batch == 1 || lay.batch_stride == lay.k_stride * lay.k_blocks;
+    dense.then_some((ptr, lay.k_stride))
+}
+
+/// The A-role scale map over the copy `sfa` `[l][k/128][m_pad]`.
+fn a_scale_map(
+    stream: &Arc<CudaStream>,
+    sfa: &CudaSlice<f32>,
+    (m_pad, k, l): (u32, usize, usize),
+) -> Result<LazyMap> {
+    let (ptr, _g) = sfa.device_ptr(stream);
+    let dims = (m_pad as usize, k / BLOCK_K as usize, l);
+    scale_rows_map(ptr, 4, dims, family::SFA_BOX.rows())
+}
+
+/// The A-role scale map over the caller's scales at `ptr` ([`caller_scales`]): rows, planes of
+/// K, batch entries at the caller's strides, in `SFA_BOX` boxes, zeros past the rows.
+fn caller_sfa_map(ptr: u64, d: &MatrixDesc) -> LazyMap {
+    let lay = &d.scale_layout;
+    let kb = d.k / BLOCK_K as usize;
+    let batch_stride = if d.batch == 1 {
+        lay.k_stride * kb
+    } else {
+        lay.batch_stride
+    };
+    let sizes = [d.rows as u64, kb as u64, d.batch as u64];
+    let strides = [4 * lay.k_stride as u64, 4 * batch_stride as u64];
+    let boxes = [family::SFA_BOX.rows(), 1, 1];
+    let dtype = DataType::CU_TENSOR_MAP_DATA_TYPE_UINT32;
+    LazyMap::strided(
+        ptr,
+        dtype,
+        (sizes, strides),
+        boxes,
+        Swizzle::CU_TENSOR_MAP_SWIZZLE_NONE,
+    )
 }
 
 impl Sm90Operand {
@@ -118,6 +222,30 @@ impl Sm90Operand {
         let mut op = Sm90Operand::over(stream, data, (d.rows, d.k, d.batch), sfa, None)?;
         if unsupported(d, true).is_none() {
             op.b_role = Some(OnFirstUse::default());
+        }
+        Ok(op)
+    }
+
+    /// `m`'s operand (prepared for this family) with its A-role scales, made by `kernels` on
+    /// `stream` where they were left for the first use as A ([`Sm90Operand::a_later`]).
+    pub(crate) fn as_a<'m>(
+        m: &'m DeviceMatrix,
+        stream: &Arc<CudaStream>,
+        kernels: &Preparers,
+    ) -> Result<&'m Sm90Operand> {
+        let op = m
+            .prepared
+            .get::<Sm90Operand>()
+            .ok_or_else(|| Error::Format("operand was not prepared for the sm90 kernel".into()))?;
+        if let Some(later) = &op.a_later {
+            later.get_or_make(|| {
+                let d = m.desc;
+                let m_pad = m_pad(d.rows as u32);
+                let src = Source::of(m, kernels);
+                let sfa = src.gather(stream, scales_to(&d, Scales::A(m_pad)))?;
+                let map = a_scale_map(stream, &sfa, (m_pad, d.k, d.batch))?;
+                Ok((sfa, map))
+            })?;
         }
         Ok(op)
     }
@@ -199,53 +327,42 @@ impl Sm90Operand {
         b_role: Option<BRole>,
     ) -> Result<Self> {
         let sfa_map = match &sfa {
-            Some((buf, m_pad)) => {
-                let (ptr, _g) = buf.device_ptr(stream);
-                let dims = (*m_pad as usize, k / BLOCK_K as usize, l);
-                Some(encode_scale_rows(
-                    stream,
-                    ptr,
-                    4,
-                    dims,
-                    family::SFA_BOX.rows(),
-                )?)
-            }
+            Some((buf, m_pad)) => Some(a_scale_map(stream, buf, (*m_pad, k, l))?),
             None => None,
         };
         // (Row strides are multiples of 16 bytes: K % 128 == 0.)
         let (ptr, _g) = data.device_ptr(stream);
         Ok(Sm90Operand {
-            tmaps: BoxMaps::new(ptr, code_layout([k, rows, l]), BOX_ROWS)?,
+            tmaps: BoxMaps::new(ptr, code_layout([k, rows, l]), BOX_ROWS),
             sfa,
             sfa_map,
+            a_later: None,
             b_role: b_role.map(OnFirstUse::made),
         })
     }
 }
 
 impl Sm90Operand {
-    /// The tensor map whose boxes are `rows` rows ([`BOX_ROWS`]), in device memory (copied on
-    /// `stream` at its first use).
-    pub(crate) fn tmap(&self, stream: &Arc<CudaStream>, rows: u32) -> Result<&CudaSlice<u8>> {
-        self.tmaps.get(stream, rows)
+    /// The tensor map whose boxes are `rows` rows ([`BOX_ROWS`]).
+    pub(crate) fn tmap(&self, rows: u32) -> Result<HostMap> {
+        self.tmaps.get(rows)
     }
 
-    /// Every tensor map in device memory now (an operand prepared once: weights, a workspace's
-    /// folded copy).
-    pub(crate) fn make_maps(&self, stream: &Arc<CudaStream>) -> Result<()> {
-        self.tmaps.make_all(stream).map(|_| ())
+    /// The A-role scales' tensor map, where the operand has A-role scales (made, where left for
+    /// the first use as A, by [`Sm90Operand::as_a`]).
+    pub(crate) fn sfa_map(&self) -> Result<Option<HostMap>> {
+        let later = self.a_later.as_ref().and_then(|l| l.get()).map(|(_, m)| m);
+        self.sfa_map
+            .as_ref()
+            .or(later)
+            .map(LazyMap::get)
+            .transpose()
     }
 }
 
 /// The box heights the operands' tensor maps are made for: every `Tile::a_box_rows` and
 /// [`b_box_rows`] (a tile's width, and half of it for a pair along M).
 pub(crate) const BOX_ROWS: [u32; 10] = [128, 64, 32, 16, 144, 160, 192, 72, 80, 96];
-
-/// The device bytes of the tensor maps [`Sm90Operand::over`] makes: one per box height, and one
-/// over A-role scales (`a_role`).
-pub(crate) fn operand_map_bytes(a_role: bool) -> usize {
-    (BOX_ROWS.len() + a_role as usize) * std::mem::size_of::<cudarc::driver::sys::CUtensorMap>()
-}
 
 // The 64-row box serves both: a pair's half of a B tile and one consumer's A rows.
 const _: () = assert!(BLOCK_N / MAX_CLUSTER == WG_ROWS);
@@ -300,13 +417,31 @@ impl OperandCopy for Sm90Operand {
         if !as_a && !as_b {
             return Ok(None);
         }
-        let sfa = if as_a {
-            let m_pad = m_pad(d.rows as u32);
-            Some((m.gather(stream, scales_to(&d, Scales::A(m_pad)))?, m_pad))
-        } else {
-            None
+        let m_pad = m_pad(d.rows as u32);
+        let caller = as_a
+            .then(|| caller_scales(m, &d, Scales::A(m_pad)))
+            .flatten();
+        // The caller's weights-like matrices (scales shared by rows) leave the A role for a
+        // first use as A: a binding makes their view every call, as B.
+        let later = as_a && caller.is_none() && d.block_extent().0 > 1;
+        let later =
+            later && matches!(m, Source::Device { scales, .. } if scales.read_only_raw().is_some());
+        let sfa = match (as_a, caller, later) {
+            (true, None, false) => {
+                Some((m.gather(stream, scales_to(&d, Scales::A(m_pad)))?, m_pad))
+            }
+            _ => None,
         };
-        Sm90Operand::written(stream, &d, data, sfa).map(Some)
+        let mut op = Sm90Operand::written(stream, &d, data, sfa)?;
+        if later {
+            op.a_later = Some(OnFirstUse::default());
+        }
+        if let Some(ptr) = caller {
+            // (No copy: the map reads the caller's scales; `sfa` stays empty, so the families
+            // that read the copy itself make their own.)
+            op.sfa_map = Some(caller_sfa_map(ptr, &d));
+        }
+        Ok(Some(op))
     }
 
     /// Its scale copies for `m` (rewritten in place): the A role's made again in the same buffer
@@ -327,5 +462,14 @@ impl OperandCopy for Sm90Operand {
     }
 }
 
-crate::held::held!(Sm90Operand: tmaps, sfa, sfa_map, b_role);
+crate::held::held!(Sm90Operand: sfa, a_later, b_role);
 crate::held::held!(BRole: sfb, sfb_col);
+
+impl crate::held::Held for Sfb {
+    fn device_bytes(&self) -> usize {
+        match self {
+            Sfb::Own(s) => crate::held::Held::device_bytes(s),
+            Sfb::Caller(_) => 0,
+        }
+    }
+}

@@ -13,7 +13,7 @@ use crate::error::Result;
 use crate::format::{ElemType, ScaleBlock, ScaleType};
 use crate::matrix::MatrixDesc;
 use crate::prepare::{GatherTo, Preparers, Source};
-use crate::tensor_map::{BoxMaps, DataType, Swizzle, encode_scale_rows};
+use crate::tensor_map::{BoxMaps, DataType, HostMap, LazyMap, Swizzle, scale_rows_map};
 use blockscaled_kernels::sm90_mx::{self as family, BLOCK_K, MxScale, SCALE_ROWS_PAD};
 
 /// The scale format of an operand the kernel takes (`None`: none of its kernels does).
@@ -87,14 +87,14 @@ pub(crate) fn kernel_scales_to(d: &MatrixDesc, scale: MxScale) -> (GatherTo, usi
 /// What the kernel needs of one uploaded matrix, made at upload time.
 pub(crate) struct MxOperand {
     /// CUtensorMaps (3-D: K bytes, rows, L; boxes of one stage's row bytes × 128 and × 256 rows;
-    /// no swizzle) in device memory.
+    /// no swizzle), encoded at their first use.
     tmaps: BoxMaps,
     /// Scale bytes `[l][⌈k/64⌉][rows_pad][64 / block]`, zero past the rows and past K.
     pub(crate) scales: CudaSlice<u8>,
     pub(crate) rows_pad: u32,
     /// The scales' tensor map for the A role (entries of one row's `64 / block` bytes, boxes of
     /// `family::sfa_box` rows): a tile may start at any row (grouped GEMM).
-    pub(crate) scale_map: CudaSlice<u8>,
+    scale_map: LazyMap,
     /// Each row's largest non-NaN scale code over all of K, `[l][rows_pad]` (the fold
     /// pre-pass's B-role scale): made when the matrix is first folded as B, as only weights are
     /// (activations quantized every step never pay for it).
@@ -137,13 +137,13 @@ impl MxOperand {
         )
     }
 
-    pub(crate) fn tmap(&self, stream: &Arc<CudaStream>, box_rows: u32) -> Result<&CudaSlice<u8>> {
-        self.tmaps.get(stream, box_rows)
+    pub(crate) fn tmap(&self, box_rows: u32) -> Result<HostMap> {
+        self.tmaps.get(box_rows)
     }
 
-    /// Every tensor map in device memory now ([`Sm90Operand::make_maps`]).
-    pub(crate) fn make_maps(&self, stream: &Arc<CudaStream>) -> Result<()> {
-        self.tmaps.make_all(stream).map(|_| ())
+    /// The A role's map over [`MxOperand::scales`].
+    pub(crate) fn scale_map(&self) -> Result<HostMap> {
+        self.scale_map.get()
     }
 }
 
@@ -171,10 +171,10 @@ impl OperandCopy for MxOperand {
             let (sp, _g) = scales.device_ptr(stream);
             let entry = (BLOCK_K / scale.block) as usize;
             let dims = (rows_pad, k.div_ceil(BLOCK_K as usize), l);
-            encode_scale_rows(stream, sp, entry, dims, family::sfa_box(scale.block).rows())?
+            scale_rows_map(sp, entry, dims, family::sfa_box(scale.block).rows())?
         };
         Ok(Some(MxOperand {
-            tmaps: BoxMaps::new(ptr, layout, [128, 256])?,
+            tmaps: BoxMaps::new(ptr, layout, [128, 256]),
             scales,
             rows_pad: rows_pad as u32,
             scale_map,
@@ -201,4 +201,4 @@ impl OperandCopy for MxOperand {
     }
 }
 
-crate::held::held!(MxOperand: tmaps, scales, scale_map, row_tops);
+crate::held::held!(MxOperand: scales, row_tops);

@@ -12,6 +12,7 @@ use crate::buffers::{DeviceMatrix, DeviceOutput, OnFirstUse, Prepared};
 use crate::error::{Error, Result, config};
 use crate::families::fold::Sm90MxFp8;
 use crate::families::operands::Sm90Operand;
+use crate::families::operands::fp8::caller_a_scales;
 use crate::families::operands::mx::{MxOperand, kernel_scales, kernel_scales_to, scale_format};
 use crate::families::operands::{CopyKind, OperandCopy, Rewrite, Upload};
 use crate::families::persistent::{self, Loader};
@@ -20,7 +21,7 @@ use crate::format::{ElemType, ScaleBlock, ScaleType};
 use crate::grouped::DeviceGroups;
 use crate::matrix::{GemmShape, MatrixDesc};
 use crate::prepare::{GatherTo, Preparers};
-use crate::tensor_map::{DataType, Swizzle, encode, encode_3d, encode_scale_rows};
+use crate::tensor_map::{DataType, HostMap, LazyMap, Swizzle, encode, map_3d, scale_rows_map};
 use crate::workspace::WorkspaceSize;
 use blockscaled_kernels::gemm::layout::SMEM_LIMIT;
 use blockscaled_kernels::gemm::scheduler::{ClusterShape, Schedule};
@@ -164,6 +165,8 @@ fn a8_scales_to(d: &MatrixDesc) -> GatherTo {
 enum A8Scales<'p> {
     Own(&'p CudaSlice<u8>, u32),
     Fp8(&'p CudaSlice<f32>, u32),
+    /// The caller's memory by address (ordered by the stream alone).
+    Caller(u64, u32),
 }
 
 /// What the kernel keeps of an e2m1 matrix in the weights' role.
@@ -171,7 +174,7 @@ struct Weights {
     /// The reordered codes (`kernels::sm90_w4::stored_chunk`), and their map (boxes of one
     /// chunk of 128 rows: 8 groups × 16 rows × 32 bytes).
     data: CudaSlice<u8>,
-    tmap: CudaSlice<u8>,
+    tmap: HostMap,
     /// e8m0 scales, where the matrix has no MX family copy (whose row tops [`row_tops`] reads):
     /// each row's largest non-NaN scale byte over all of K, `[l][rows_pad]` (the FP8-MMA
     /// kernel's fold reference).
@@ -193,7 +196,6 @@ impl Weights {
         let groups = (rows.div_ceil(group as usize) * l) as u64;
         let row = WEIGHT_ROW_BYTES as u64;
         let tmap = encode(
-            stream,
             wptr,
             DataType::CU_TENSOR_MAP_DATA_TYPE_UINT8,
             &[row, group, chunks as u64, groups],
@@ -244,18 +246,23 @@ struct W4Operand {
     /// activation quantized every step never pays for the reorder).
     weights: Option<OnFirstUse<Weights>>,
     /// Activation maps for tiles of 16 rows (boxes of [`family::act_box_rows`]) and of 128.
-    tmap_16: CudaSlice<u8>,
-    tmap_128: CudaSlice<u8>,
+    /// Every map here is encoded at its first use (a call reads one or two).
+    tmap_16: LazyMap,
+    tmap_128: LazyMap,
     /// e4m3 activations: the map of the FP8-MMA kernel (boxes of 128 bytes × 128 rows, 128-byte
     /// swizzle, as `wgmma` reads them).
-    tmap_fp8: Option<CudaSlice<u8>>,
+    tmap_fp8: Option<LazyMap>,
     /// e2m1: the MX kernel-layout scale bytes (none where `mx_scales`); e4m3: fp32
     /// `[l][⌈k/128⌉][rows_pad]` (none where `fp8_scales`); bf16: none.
     scales: Option<CudaSlice<u8>>,
     rows_pad: u32,
     /// The scales' tensor maps in the activation role, for tiles of 16 and of 128 rows (boxes
     /// of [`family::act_scale_rows`]; a tile may start at any row); none for bf16.
-    scale_maps: Option<[CudaSlice<u8>; 2]>,
+    scale_maps: Option<[LazyMap; 2]>,
+    /// W4A8 activations whose scales are the caller's, read in place (their address and
+    /// values per K plane, `operands::fp8::caller_a_scales`): neither `scales` nor the FP8
+    /// family's.
+    caller_scales: Option<(u64, u32)>,
     /// W4A8 activations whose scale maps read the FP8 family's A-role scales of the same
     /// matrix (`Sm90Operand::sfa`, `[l][k/128][m_pad]`: this layout with `m_pad` rows) rather
     /// than `scales`. Both live in the matrix's one `Prepared`, so the buffer outlives the maps.
@@ -285,6 +292,9 @@ impl W4Operand {
     /// FP8 family's A-role scales of the same matrix (`fp8_scales`; `prepared` and `d` are the
     /// matrix's).
     fn a8_scales<'p>(&'p self, prepared: &'p Prepared, d: &MatrixDesc) -> Result<A8Scales<'p>> {
+        if let Some((ptr, pitch)) = self.caller_scales {
+            return Ok(A8Scales::Caller(ptr, pitch));
+        }
         match (&self.scales, self.fp8_scales) {
             (Some(s), false) => Ok(A8Scales::Own(s, self.rows_pad)),
             _ => fp8_a_role(prepared, d)
@@ -592,44 +602,53 @@ impl Sm90W4 {
         // kernel's activation tile and scale box: checked at compile time above).
         let folded = match folded {
             Some((data, op)) => {
-                let (Some((sfa, _)), Some(map)) = (&op.sfa, &op.sfa_map) else {
+                let (Some((sfa, _)), Some(map)) = (&op.sfa, op.sfa_map()?) else {
                     return Err(Error::Format("A's fold has no 1×128 scales".into()));
                 };
-                Some((data, op.tmap(stream, family::fp8::FP8_TILE.n)?, sfa, map))
+                Some((data, op.tmap(family::fp8::FP8_TILE.n)?, sfa, map))
             }
             None => None,
         };
         let tmap_x = match (cfg.fp8, &ao.tmap_fp8, folded) {
             (true, _, Some((_, map, _, _))) => map,
-            (true, Some(map), None) => map,
+            (true, Some(map), None) => map.get()?,
             (true, None, None) => {
                 return Err(Error::Format(
                     "the activations were not prepared for FP8 MMAs".into(),
                 ));
             }
-            _ if cfg.tile.n == 16 => &ao.tmap_16,
-            _ => &ao.tmap_128,
+            _ if cfg.tile.n == 16 => ao.tmap_16.get()?,
+            _ => ao.tmap_128.get()?,
+        };
+        let scale_map = match &ao.scale_maps {
+            Some([m16, m128]) => Some(if cfg.tile.n == 16 { m16 } else { m128 }.get()?),
+            None => None,
         };
         let params = Sm90W4Params {
-            tmap_w: launch.ptr(&w.tmap),
-            tmap_x: launch.ptr(tmap_x),
+            tmap_w: {
+                launch.ptr(&w.data);
+                launch.map(w.tmap)?
+            },
+            tmap_x: launch.map(tmap_x)?,
             sfw: launch.ptr(wscales),
-            tmap_sx: match (folded, &ao.scale_maps, ao.scales_in(&a.prepared), a8_shared) {
+            tmap_sx: match (folded, scale_map, ao.scales_in(&a.prepared), a8_shared) {
                 (Some((data, _, sfa, map)), ..) => {
                     // (The codes and scales its maps read.)
                     let _ = launch.ptr(data);
                     let _ = launch.ptr(sfa);
-                    launch.ptr(map)
+                    launch.map(map)?
                 }
-                (None, Some([m16, m128]), Some(sx), _) => {
+                (None, Some(map), Some(sx), _) => {
                     // The maps' buffer is read too.
                     let _ = launch.ptr(sx);
-                    launch.ptr(if cfg.tile.n == 16 { m16 } else { m128 })
+                    launch.map(map)?
                 }
-                (None, Some([m16, m128]), None, Some(sfa)) => {
+                (None, Some(map), None, Some(sfa)) => {
                     let _ = launch.ptr(sfa);
-                    launch.ptr(if cfg.tile.n == 16 { m16 } else { m128 })
+                    launch.map(map)?
                 }
+                // (The caller's scales by address: ordered by the stream alone.)
+                (None, Some(map), None, None) if ao.caller_scales.is_some() => launch.map(map)?,
                 _ => 0,
             },
             out: launch.ptr_mut(out),
@@ -753,6 +772,7 @@ impl Sm90W4 {
         let (sx, sx_rows) = match sx {
             Some(A8Scales::Own(buf, rows)) => (launch.ptr(buf), rows),
             Some(A8Scales::Fp8(buf, rows)) => (launch.ptr(buf), rows),
+            Some(A8Scales::Caller(ptr, rows)) => (ptr, rows),
             None => (0, 0),
         };
         let params = W4StreamParams {
@@ -803,8 +823,7 @@ impl OperandCopy for W4Operand {
             return Ok(None);
         }
         let code_map = |box_rows: u32| {
-            encode_3d(
-                stream,
+            map_3d(
                 ptr,
                 DataType::CU_TENSOR_MAP_DATA_TYPE_UINT8,
                 [k * bits / 8, rows, l],
@@ -814,14 +833,14 @@ impl OperandCopy for W4Operand {
             )
         };
         let (mut weights, mut scales, mut uniform_scale) = (None, None, None);
-        let (mut fp8_scales, mut mx_scales) = (false, false);
+        let (mut fp8_scales, mut mx_scales, mut caller_scales) = (false, false, None);
         // The activation role's scale maps: entries of `entry` bytes, `rows` per plane, `planes`
         // per batch entry.
         let scale_maps = |sp: u64, act: Activation, block: u32, (rows, planes): (usize, usize)| {
             let entry = act.scale_bytes(block) as usize;
             let map = |tile| {
                 let box_rows = family::act_scale_rows(tile, act, block);
-                encode_scale_rows(stream, sp, entry, (rows, planes, l), box_rows)
+                scale_rows_map(sp, entry, (rows, planes, l), box_rows)
             };
             Ok::<_, crate::Error>([map(W4Tile::N16)?, map(W4Tile::N128)?])
         };
@@ -852,7 +871,7 @@ impl OperandCopy for W4Operand {
                 )?);
                 weights = Some(OnFirstUse::default());
                 let rows16 = family::act_box_rows(W4Tile::N16, Activation::Fp4);
-                (code_map(rows16)?, code_map(128)?)
+                (code_map(rows16), code_map(128))
             }
             (
                 ElemType::E4M3,
@@ -865,15 +884,30 @@ impl OperandCopy for W4Operand {
                 // fp32 `[l][⌈k/128⌉][rows_pad]`, zero past the rows.
                 let chunks = k.div_ceil(A8_SCALE_K as usize);
                 let act = Activation::E4m3Row128;
-                match fp8_a_role(made, &d) {
+                match (fp8_a_role(made, &d), caller_a_scales(m, &d)) {
                     // The FP8 family's A-role scales are this layout with `m_pad` rows (what
                     // the device quantizers write in place): read them, no copy of our own.
-                    Some((sfa, m_pad)) => {
+                    (Some((sfa, m_pad)), _) => {
                         let (sp, _g) = sfa.device_ptr(stream);
                         maps = Some(scale_maps(sp, act, 0, (m_pad as usize, chunks))?);
                         fp8_scales = true;
                     }
-                    None => {
+                    // The caller's read-only scales where they are this layout (M-major, planes
+                    // 16-byte aligned): maps over them with zeros past the rows, no copy.
+                    (None, Some((sp, pitch))) => {
+                        let map = |tile| {
+                            let box_rows = family::act_scale_rows(tile, act, 0);
+                            let sizes = [rows as u64, chunks as u64, l as u64];
+                            let plane = 4 * pitch as u64;
+                            let strides = [plane, plane * chunks as u64];
+                            let dtype = DataType::CU_TENSOR_MAP_DATA_TYPE_UINT32;
+                            let none = Swizzle::CU_TENSOR_MAP_SWIZZLE_NONE;
+                            LazyMap::strided(sp, dtype, (sizes, strides), [box_rows, 1, 1], none)
+                        };
+                        maps = Some([map(W4Tile::N16), map(W4Tile::N128)]);
+                        caller_scales = Some((sp, pitch as u32));
+                    }
+                    (None, None) => {
                         let buf = m.gather(stream, a8_scales_to(&d))?;
                         let (sp, _g) = buf.device_ptr(stream);
                         maps = Some(scale_maps(sp, act, 0, (rows_pad, chunks))?);
@@ -882,16 +916,15 @@ impl OperandCopy for W4Operand {
                     }
                 }
                 let fp8 = family::fp8::FP8_BLOCK_K;
-                tmap_fp8 = Some(encode_3d(
-                    stream,
+                tmap_fp8 = Some(map_3d(
                     ptr,
                     DataType::CU_TENSOR_MAP_DATA_TYPE_UINT8,
                     [k, rows, l],
                     1,
                     [fp8, family::fp8::FP8_TILE.n],
                     Swizzle::CU_TENSOR_MAP_SWIZZLE_128B,
-                )?);
-                (code_map(16)?, code_map(128)?)
+                ));
+                (code_map(16), code_map(128))
             }
             (ElemType::BF16, ScaleType::F32, ScaleBlock::PerTensor) => {
                 let Some(s) = m.uniform_scale() else {
@@ -899,8 +932,7 @@ impl OperandCopy for W4Operand {
                 };
                 uniform_scale = Some(s / d.tensor_scale);
                 let map = |box_rows: u32| {
-                    encode_3d(
-                        stream,
+                    map_3d(
                         ptr,
                         DataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
                         [k, rows, l],
@@ -909,11 +941,12 @@ impl OperandCopy for W4Operand {
                         Swizzle::CU_TENSOR_MAP_SWIZZLE_128B,
                     )
                 };
-                (map(16)?, map(128)?)
+                (map(16), map(128))
             }
             _ => return Ok(None),
         };
         Ok(Some(W4Operand {
+            caller_scales,
             fp8_scales,
             mx_scales,
             weights,
@@ -956,8 +989,8 @@ impl OperandCopy for W4Operand {
     }
 }
 
-crate::held::held!(W4Operand: weights, tmap_16, tmap_128, tmap_fp8, scales, scale_maps);
-crate::held::held!(Weights: data, tmap, tops);
+crate::held::held!(W4Operand: weights, scales);
+crate::held::held!(Weights: data, tops);
 
 #[cfg(test)]
 mod tests {
