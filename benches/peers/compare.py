@@ -11,10 +11,12 @@ Peers: torch's block-wise `_scaled_mm` where this torch has it, else torch's bf1
 dequantized operands (`_grouped_mm` for groups where it exists, else a loop of matmuls; `bmm` for
 masked groups, every capacity row); DeepGEMM where `deep_gemm` imports. Every side's result is
 checked against an fp32 product of the dequantized operands (relative Frobenius error ≤ 1e-2 on
-the rows it owns). The host time per call in the warm-up is printed beside ours: the package's
-overhead per call (issue 50's target is ≤ 5 µs over the Rust call, at 16 × 7168 × 2048).
+the rows it owns). The host time per call after the warm-up is printed beside ours; `--host-cost`
+times the call alone as `blockscaled-run --engine` times the Rust one (issue 50's target: the
+package ≤ 5 µs over the Rust call, at 16 × 7168 × 2048).
 
     python3 benches/peers/compare.py [--cases all|NAME,...] [--iters 50] [--warmup 10] [--json F]
+    python3 benches/peers/compare.py --host-cost
 """
 import argparse
 import json
@@ -270,14 +272,54 @@ def row(rec):
     return "| " + " | ".join(cells) + " |"
 
 
+def host_cost(calls=300):
+    """The package's host time per call, as `blockscaled-run --engine` measures the Rust call's:
+    16 × 7168 × 2048 FP8 in DeepGEMM's layouts (A's scales M-major), the same tensors every
+    call, `calls` calls enqueued without waiting after a warm-up; beside it, torch's current
+    stream looked up alone and the call with the stream given."""
+    import time
+    import torch as t
+    import blockscaled as bs
+
+    m, n, k = 16, 7168, 2048
+    a = t.randn(m, k, device="cuda").to(t.float8_e4m3fn)
+    sfa = (t.rand(k // 128, m, device="cuda") + 0.5).t()
+    b = t.randn(n, k, device="cuda").to(t.float8_e4m3fn)
+    sfb = t.rand(n // 128, k // 128, device="cuda") + 0.5
+    out = t.empty(m, n, device="cuda", dtype=t.bfloat16)
+    raw = t.cuda.current_stream().cuda_stream
+
+    def each(what, f):
+        for _ in range(20):
+            f()
+        t.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            f()
+        us = (time.perf_counter() - t0) * 1e6 / calls
+        t.cuda.synchronize()
+        print("  %-52s %8.2f µs" % (what, us))
+        return us
+
+    print("host time per call (%d×%d×%d FP8, DeepGEMM's layouts, %d calls):" % (m, n, k, calls))
+    each("an empty Python call", lambda: None)
+    each("torch.cuda.current_stream().cuda_stream", lambda: t.cuda.current_stream().cuda_stream)
+    each("fp8_gemm_nt(a, sfa, b, sfb, out, stream=raw)", lambda: bs.fp8_gemm_nt(a, sfa, b, sfb, out, stream=raw))
+    each("fp8_gemm_nt(a, sfa, b, sfb, out)", lambda: bs.fp8_gemm_nt(a, sfa, b, sfb, out))
+    return 0
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--host-cost", action="store_true", help="the host time per call alone")
     ap.add_argument("--cases", default="all")
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--json", help="append one JSON object a line per case")
     ap.add_argument("--list", action="store_true")
     args = ap.parse_args()
+    if args.host_cost:
+        return host_cost()
     if args.list:
         print("\n".join(c[0] for c in CASES))
         return 0

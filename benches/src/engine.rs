@@ -11,7 +11,7 @@ use blockscaled::{
     device_allocations,
 };
 use blockscaled_tests::{random_matrix, random_values};
-use cudarc::driver::{CudaSlice, CudaStream, CudaView};
+use cudarc::driver::{CudaSlice, CudaStream, CudaView, DevicePtr};
 use half::bf16;
 
 use crate::report::{Entry, row};
@@ -262,9 +262,114 @@ fn two_streams(g: &Gpu, steps: usize) -> R<Vec<Entry>> {
     Ok(vec![Entry::new("engine", r)])
 }
 
+/// Host time per call of a GEMM whose views are made from raw device addresses every call, as
+/// a binding does (DeepSeek FP8 16 × 7168 × 2048, DeepGEMM's layouts: A's scales M-major, B's
+/// per 128 × 128), and of each part: the mean over `calls` calls enqueued without waiting (the
+/// kernels are shorter than the host's work, so the queue never fills), after a warm-up.
+fn host_cost(g: &Gpu, calls: usize) -> R<Vec<Entry>> {
+    let (m, n, k) = (16usize, 7168usize, 2048usize);
+    println!(
+        "host time per call, views from raw addresses ({m}×{n}×{k} DeepSeek FP8, DeepGEMM's layouts):"
+    );
+    let recipe = Recipe::DeepSeekFp8;
+    let s = g.stream().clone();
+    let (_, a) = random_matrix(31, m, k, 1, recipe.a());
+    let (_, b) = random_matrix(32, n, k, 1, recipe.b());
+    // A's scales M-major (k/128 planes of m), as DeepGEMM's quantizer writes them.
+    let kb = k / 128;
+    let mut sfa_mn = vec![0f32; m * kb];
+    let sa: Vec<f32> = a
+        .scales()
+        .chunks(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
+    for r in 0..m {
+        for q in 0..kb {
+            sfa_mn[q * m + r] = sa[a.desc().scale_layout.index(0, r, q)];
+        }
+    }
+    let mut da = *a.desc();
+    da.scale_layout = blockscaled::ScaleLayout::packed(blockscaled::ScaleMajor::Mn, m, kb);
+    let db = *b.desc();
+    let ad: CudaSlice<u8> = s.clone_htod(a.data()).map_err(e)?;
+    let asf: CudaSlice<f32> = s.clone_htod(&sfa_mn).map_err(e)?;
+    let bd: CudaSlice<u8> = s.clone_htod(b.data()).map_err(e)?;
+    let bsf: CudaSlice<u8> = s.clone_htod(b.scales()).map_err(e)?;
+    let out: CudaSlice<u16> = s.clone_htod(&vec![0u16; m * n]).map_err(e)?;
+    let raw = |p: u64, len: usize| blockscaled::RawDevice { ptr: p, len };
+    let ptr = |x: &CudaSlice<u8>| x.device_ptr(&s).0;
+    let (ra, rsa) = (
+        raw(ptr(&ad), ad.len()),
+        raw(asf.device_ptr(&s).0, 4 * asf.len()),
+    );
+    let (rb, rsb) = (raw(ptr(&bd), bd.len()), raw(ptr(&bsf), bsf.len()));
+    let ro = raw(out.device_ptr(&s).0, 2 * out.len());
+    // SAFETY: every address is a live allocation above, of the length given, alive until the
+    // stream is synchronized at the end of this function.
+    let view_a = || unsafe { g.matrix_from_raw(da, ra, rsa, false) }.map_err(e);
+    let view_b = || unsafe { g.matrix_from_raw(db, rb, rsb, false) }.map_err(e);
+    let view_c = || unsafe { g.output_from_raw(ro, OutType::Bf16, (m, n, 1)) }.map_err(e);
+    let (va, vb) = (view_a()?, view_b()?);
+    let mut vc = view_c()?;
+    let time = |what: &str, f: &mut dyn FnMut() -> R<()>| -> R<(f64, f64)> {
+        for _ in 0..20 {
+            f()?;
+        }
+        s.synchronize().map_err(e)?;
+        let before = device_allocations();
+        let t0 = Instant::now();
+        for _ in 0..calls {
+            f()?;
+        }
+        let us = t0.elapsed().as_secs_f64() * 1e6 / calls as f64;
+        let allocs = (device_allocations() - before) as f64 / calls as f64;
+        s.synchronize().map_err(e)?;
+        println!("  {what:<44} {us:>8.2} µs   {allocs:.1} device allocations a call");
+        Ok((us, allocs))
+    };
+    let (kept, _) = time("gemm on views kept", &mut || {
+        g.gemm(&va, &vb, &mut vc).map_err(e)
+    })?;
+    time("A view (matrix_from_raw, dropped)", &mut || {
+        view_a().map(drop)
+    })?;
+    time("B view (matrix_from_raw, dropped)", &mut || {
+        view_b().map(drop)
+    })?;
+    time("output view (output_from_raw, dropped)", &mut || {
+        view_c().map(drop)
+    })?;
+    time("A view + gemm (B and output kept)", &mut || {
+        let a = view_a()?;
+        g.gemm(&a, &vb, &mut vc).map_err(e)
+    })?;
+    time("B view + gemm (A and output kept)", &mut || {
+        let b = view_b()?;
+        g.gemm(&va, &b, &mut vc).map_err(e)
+    })?;
+    let (all, allocs) = time("every view + gemm (a binding's call)", &mut || {
+        let (a, b, mut c) = (view_a()?, view_b()?, view_c()?);
+        g.gemm(&a, &b, &mut c).map_err(e)
+    })?;
+    drop((va, vb, vc));
+    s.synchronize().map_err(e)?;
+    let note = format!(
+        "host µs per call: {all:.2} with every view made from raw addresses ({allocs:.1} device \
+         allocations a call), {kept:.2} on views kept"
+    );
+    let r = row(
+        format!("{recipe} GEMM, views from raw addresses every call (host time)"),
+        (m, n, k, 1),
+        (all * 1e-3, 2.0 * (m * n * k) as f64, 0.0),
+        Some(("views kept (host time)", kept * 1e-3)),
+    );
+    Ok(vec![Entry::new("engine", r).note(note)])
+}
+
 /// The whole `--engine` report, and its rows ([`crate::report`]).
 pub fn run_engine(g: &Gpu, iters: usize) -> R<Vec<Entry>> {
-    let mut entries = views_against_owned(g, iters)?;
+    let mut entries = host_cost(g, 300)?;
+    entries.extend(views_against_owned(g, iters)?);
     entries.extend(quantize_then_gemm(g, iters)?);
     entries.extend(two_streams(g, 200)?);
     Ok(entries)

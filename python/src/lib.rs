@@ -15,8 +15,10 @@ use blockscaled::{
 use cudarc::driver::{CudaContext, sys};
 use pyo3::create_exception;
 use pyo3::exceptions::{PyException, PyTypeError, PyValueError};
+use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyTuple};
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyDict, PyTuple, PyType};
 
 create_exception!(
     _native,
@@ -165,10 +167,77 @@ struct Tensor {
     stream: Option<u64>,
 }
 
+/// What a call reads of torch, looked up once the first torch tensor arrives (torch is loaded
+/// then): its tensor type, its dtypes, and the current stream's raw handle (one C call; the
+/// `torch.cuda.current_stream` object costs microseconds to make).
+struct TorchApi {
+    tensor: Py<PyType>,
+    dtypes: Vec<(Py<PyAny>, Dtype)>,
+    raw_stream: Option<Py<PyAny>>,
+}
+
+static TORCH: PyOnceLock<TorchApi> = PyOnceLock::new();
+
+impl TorchApi {
+    /// torch's API, where torch is loaded (`sys.modules` holds it); `None` otherwise (nothing
+    /// is imported).
+    fn get(py: Python<'_>) -> PyResult<Option<&'static TorchApi>> {
+        if let Some(api) = TORCH.get(py) {
+            return Ok(Some(api));
+        }
+        let modules = py.import("sys")?.getattr("modules")?;
+        let Some(torch) = modules.cast::<PyDict>()?.get_item("torch")? else {
+            return Ok(None);
+        };
+        let api = TORCH.get_or_try_init(py, || {
+            let dtypes = DTYPE_NAMES
+                .iter()
+                .filter_map(|(name, d)| Some((torch.getattr(*name).ok()?.unbind(), *d)))
+                .collect();
+            let raw_stream = torch
+                .getattr("_C")
+                .and_then(|c| c.getattr("_cuda_getCurrentRawStream"))
+                .ok()
+                .map(Bound::unbind);
+            Ok::<_, PyErr>(TorchApi {
+                tensor: torch.getattr("Tensor")?.cast_into::<PyType>()?.unbind(),
+                dtypes,
+                raw_stream,
+            })
+        })?;
+        Ok(Some(api))
+    }
+
+    fn dtype(&self, obj: &Bound<'_, PyAny>) -> Option<Dtype> {
+        self.dtypes
+            .iter()
+            .find(|(d, _)| d.bind(obj.py()).is(obj))
+            .map(|(_, d)| *d)
+    }
+}
+
+/// torch's dtypes by attribute name.
+const DTYPE_NAMES: [(&str, Dtype); 8] = [
+    ("float8_e4m3fn", Dtype::E4m3),
+    ("float8_e5m2", Dtype::E5m2),
+    ("float32", Dtype::F32),
+    ("bfloat16", Dtype::Bf16),
+    ("float16", Dtype::F16),
+    ("int32", Dtype::I32),
+    ("float8_e8m0fnu", Dtype::E8m0),
+    ("float4_e2m1fn_x2", Dtype::E2m1x2),
+];
+
 impl Tensor {
     /// Reads a torch tensor (by its methods: no torch import) or a `__cuda_array_interface__`
     /// producer.
     fn of(name: &'static str, obj: &Bound<'_, PyAny>) -> PyResult<Tensor> {
+        let py = obj.py();
+        if let Some(api) = TorchApi::get(py)?
+            && obj.is_instance(api.tensor.bind(py))?
+        {
+            return Tensor::of_torch(name, obj, api);
+        }
         if obj.hasattr("data_ptr")? && obj.hasattr("dtype")? && obj.hasattr("stride")? {
             let dtype_name = obj.getattr("dtype")?.str()?.to_string();
             let dtype = Dtype::of_torch(&dtype_name).ok_or_else(|| {
@@ -252,6 +321,43 @@ impl Tensor {
             "{name}: a torch tensor or an object with __cuda_array_interface__ is needed, not {}",
             obj.get_type().name()?
         )))
+    }
+
+    /// A torch tensor, read with the fewest calls into torch: its dtype object compared with
+    /// torch's, `get_device()` (-1: on the CPU), `stride()`, `data_ptr()` and `shape`.
+    fn of_torch(name: &'static str, obj: &Bound<'_, PyAny>, api: &TorchApi) -> PyResult<Tensor> {
+        let py = obj.py();
+        let dtype_obj = obj.getattr(intern!(py, "dtype"))?;
+        let dtype = api.dtype(&dtype_obj).ok_or_else(|| {
+            PyTypeError::new_err(format!(
+                "{name}: dtype {} is not one blockscaled takes here",
+                dtype_obj.str().map(|s| s.to_string()).unwrap_or_default()
+            ))
+        })?;
+        let device: i64 = obj.call_method0(intern!(py, "get_device"))?.extract()?;
+        if device < 0 {
+            return Err(PyValueError::new_err(format!(
+                "{name}: a CUDA tensor is needed (this one is on {})",
+                obj.getattr("device")?.str()?
+            )));
+        }
+        let strides: Vec<i64> = obj.call_method0(intern!(py, "stride"))?.extract()?;
+        let strides = strides
+            .into_iter()
+            .map(|s| {
+                usize::try_from(s)
+                    .map_err(|_| PyValueError::new_err(format!("{name}: negative stride {s}")))
+            })
+            .collect::<PyResult<_>>()?;
+        Ok(Tensor {
+            name,
+            ptr: obj.call_method0(intern!(py, "data_ptr"))?.extract()?,
+            shape: obj.getattr(intern!(py, "shape"))?.extract()?,
+            strides,
+            dtype,
+            device: Some(device as usize),
+            stream: None,
+        })
     }
 
     /// The shape as (batch, rows, cols) for a 2-D or 3-D tensor.
@@ -379,6 +485,13 @@ fn with_gpu<T>(
 
 /// torch's current stream on `device`, if torch is loaded.
 fn torch_stream(py: Python<'_>, device: usize) -> PyResult<Option<u64>> {
+    if let Some(TorchApi {
+        raw_stream: Some(raw),
+        ..
+    }) = TorchApi::get(py)?
+    {
+        return Ok(Some(raw.bind(py).call1((device,))?.extract::<u64>()?));
+    }
     let Ok(torch) = py.import("torch") else {
         return Ok(None);
     };
