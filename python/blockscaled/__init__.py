@@ -21,7 +21,6 @@ from ._native import (
     ShapeError,
     WrongGpuError,
     fp8_gemm_nt,
-    gemm_nt,
     m_grouped_fp8_gemm_nt_masked,
     m_grouped_gemm_nt_masked,
     per_token_group_quant_fp8_into,
@@ -29,6 +28,7 @@ from ._native import (
     quantize_mxfp8_into,
     version,
 )
+from ._native import gemm_nt as _gemm_nt
 from ._native import m_grouped_fp8_gemm_nt_contiguous as _contiguous
 from ._native import m_grouped_gemm_nt_contiguous
 
@@ -131,6 +131,107 @@ def quantize_nvfp4(x, global_scale=None, *, out=None, scales=None, stream=None):
     return out, scales, g
 
 
+def _swizzle_shape(rows, k_blocks, batch):
+    return (1 if batch is None else batch), -(-rows // 128), -(-k_blocks // 4)
+
+
+def unswizzle_scales_128x4(scales, rows, k_blocks, batch=None):
+    """The ``(rows, k_blocks)`` scale grid (``(batch, rows, k_blocks)`` where ``batch`` is given)
+    of one-byte scales in the 128×4 swizzled layout of cuBLAS's block-scaled GEMMs and torch's
+    ``_scaled_mm`` (torchao's ``to_blocked``): each batch entry padded to whole tiles of 128
+    rows × 4 K blocks, tiles row-major, each tile's scale ``(r, c)`` at ``(r % 32)·16 + (r //
+    32)·4 + c``. ``scales`` holds exactly those tiles in any shape (flat, or padded 2-D / 3-D).
+    One torch copy; the result is a strided view of it, which ``gemm_nt`` takes as it is."""
+    import torch
+
+    l, rt, ct = _swizzle_shape(rows, k_blocks, batch)
+    if scales.numel() != l * rt * ct * 512:
+        raise ValueError(
+            f"scales: {scales.numel()} values, the 128x4 swizzled layout of {l} x {rows} x {k_blocks} "
+            f"scales holds {l * rt * ct * 512} (whole tiles of 128 rows x 4 K blocks)"
+        )
+    u8 = scales.contiguous().view(torch.uint8).reshape(l, rt, ct, 32, 4, 4)
+    grid = u8.permute(0, 1, 4, 3, 2, 5).reshape(l, rt * 128, ct * 4).view(scales.dtype)
+    grid = grid[:, :rows, :k_blocks]
+    return grid[0] if batch is None else grid
+
+
+def swizzle_scales_128x4(scales):
+    """``scales`` (rows, K blocks) or (batch, rows, K blocks), one byte each, in the 128×4
+    swizzled layout (``unswizzle_scales_128x4``'s inverse): a flat tensor of whole tiles,
+    zero-padded, as torch's ``_scaled_mm`` takes MX and NVFP4 scales."""
+    import torch
+
+    grid = scales if scales.dim() == 3 else scales.unsqueeze(0)
+    l, rows, kb = grid.shape
+    _, rt, ct = _swizzle_shape(rows, kb, l)
+    padded = torch.zeros((l, rt * 128, ct * 4), device=scales.device, dtype=torch.uint8)
+    padded[:, :rows, :kb] = grid.view(torch.uint8)
+    tiles = padded.reshape(l, rt, 4, 32, ct, 4).permute(0, 1, 4, 3, 2, 5)
+    return tiles.reshape(-1).view(scales.dtype)
+
+
+def _scale_block(scales, block):
+    """The K extent of one scale: ``block`` where given, else e4m3 scales' 16 (NVFP4) and
+    e8m0's 32 (MX)."""
+    if block is not None:
+        return block
+    return 16 if "e4m3" in str(scales.dtype) else 32
+
+
+def gemm_nt(
+    a,
+    sfa,
+    b,
+    sfb,
+    out,
+    *,
+    a_global_scale=1.0,
+    b_global_scale=1.0,
+    scale_layout=None,
+    scale_block=None,
+    stream=None,
+    **epilogue,
+):
+    """``out = a · bᵀ`` for any pair of block-scaled operands the crate takes, the format read
+    from the tensors' dtypes (see the native ``gemm_nt``'s documentation and docs/PYTHON.md):
+    FP8 with e8m0 scales per 32 (MXFP8) or DeepSeek's fp32 ones; e2m1 (``float4_e2m1fn_x2``)
+    with e8m0 scales per 32 (MXFP4) or 16, or e4m3 scales per 16 and a global scale (NVFP4);
+    A may be bf16 / fp16 with ``sfa=None``. Scales are (rows, K / block) with any strides, or,
+    with ``scale_layout="128x4"``, one-byte scales in the swizzled layout torch's
+    ``_scaled_mm`` takes (``unswizzle_scales_128x4``: one torch copy each; ``scale_block``
+    overrides the K extent their dtype implies, 32 for e8m0 and 16 for e4m3). The fused epilogue
+    as ``fp8_gemm_nt``'s keywords."""
+    if scale_layout not in (None, "rows", "128x4"):
+        raise ValueError(f"scale_layout {scale_layout!r}: None (rows x K blocks) or '128x4'")
+    if scale_layout == "128x4":
+        sfa = _unswizzled(a, sfa, scale_block)
+        sfb = _unswizzled(b, sfb, scale_block)
+    _gemm_nt(
+        a,
+        sfa,
+        b,
+        sfb,
+        out,
+        a_global_scale=a_global_scale,
+        b_global_scale=b_global_scale,
+        stream=stream,
+        **epilogue,
+    )
+
+
+def _unswizzled(t, scales, block):
+    """The scale grid of operand ``t`` whose ``scales`` are in the 128×4 swizzled layout."""
+    if scales is None:
+        return None
+    k = t.shape[-1] * (2 if "float4" in str(t.dtype) else 1)
+    per = _scale_block(scales, block)
+    if k % per:
+        raise ValueError(f"K = {k} is not a multiple of the scale block {per}")
+    batch = t.shape[0] if t.dim() == 3 else None
+    return unswizzle_scales_128x4(scales, t.shape[-2], k // per, batch)
+
+
 def offs_of_m_indices(m_indices, groups):
     """torch-style ``offs`` (each group's end row, (G,) int32) of DeepGEMM's ``m_indices`` (each
     row's group in ``0..groups``, or -1 for padding; groups in order). Checks the indices on the
@@ -168,6 +269,8 @@ __all__ = [
     "m_grouped_gemm_nt_masked",
     "offs_of_m_indices",
     "per_token_group_quant_fp8",
+    "swizzle_scales_128x4",
+    "unswizzle_scales_128x4",
     "per_token_group_quant_fp8_into",
     "quantize_fp4_into",
     "quantize_mxfp4",
