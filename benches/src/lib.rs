@@ -12,3 +12,4 @@ pub mod report;
 pub mod runner;
 pub mod table;
 pub mod timing;
+pub mod tune;

@@ -230,6 +230,28 @@ impl GemmShape {
     }
 }
 
+impl MatrixDesc {
+    /// A `batch` × `rows` × `k` matrix of `format` with its scales packed in the format's
+    /// default major order ([`ScaleMajor::default_for`]) and a tensor scale of 1: what a
+    /// recipe's operand is described as without its bytes (a tuner's shapes).
+    pub fn packed(format: OperandFormat, rows: usize, k: usize, batch: usize) -> Self {
+        let (br, bk) = format.block.extent(rows, k);
+        let scale_layout = ScaleLayout::packed(
+            ScaleMajor::default_for(&format),
+            rows.div_ceil(br.max(1)),
+            k.div_ceil(bk.max(1)),
+        );
+        MatrixDesc {
+            format,
+            rows,
+            k,
+            batch,
+            scale_layout,
+            tensor_scale: 1.0,
+        }
+    }
+}
+
 #[cfg(test)]
 impl MatrixDesc {
     /// One batch entry of `recipe`'s A (or, `as_b`, B) operand, `rows` × `k`, scales packed in
@@ -241,19 +263,7 @@ impl MatrixDesc {
         as_b: bool,
     ) -> Self {
         let format = if as_b { recipe.b() } else { recipe.a() };
-        let (br, bk) = format.block.extent(rows, k);
-        MatrixDesc {
-            format,
-            rows,
-            k,
-            batch: 1,
-            scale_layout: ScaleLayout::packed(
-                ScaleMajor::default_for(&format),
-                rows.div_ceil(br),
-                k.div_ceil(bk),
-            ),
-            tensor_scale: 1.0,
-        }
+        MatrixDesc::packed(format, rows, k, 1)
     }
 }
 

@@ -402,18 +402,28 @@ fn tuned_plans(
     if cache.is_empty() {
         return None;
     }
+    Some((machine_of(name, sm_count), cache))
+}
+
+/// The tuner's cache key of a GPU: its name, SMs and the driver's CUDA version.
+fn machine_of(name: &str, sm_count: u32) -> crate::plan::cache::Machine {
     let mut driver = 0;
     // SAFETY: `cuDriverGetVersion` writes one int through the pointer, a live local.
     unsafe { sys::cuDriverGetVersion(&mut driver) };
-    let machine = crate::plan::cache::Machine {
+    crate::plan::cache::Machine {
         gpu: name.to_string(),
         sm_count,
         driver,
-    };
-    Some((machine, cache))
+    }
 }
 
 impl Gpu {
+    /// This GPU as the tuner's cache names it (`plan::cache::key`): what a tuned plan's speed
+    /// was measured on.
+    pub fn machine(&self) -> crate::plan::cache::Machine {
+        machine_of(self.name(), self.sm_count())
+    }
+
     /// The tuned plan of a dense or grouped call of `a` and `b` (`groups`: their count) in the
     /// tuner's cache, where it has one that validates for `shape`.
     pub(crate) fn tuned_plan(

@@ -6,6 +6,8 @@
 //! below) is the plan's; each family's own rules and tuning constants are in its folder.
 
 pub mod cache;
+mod candidates;
+pub use candidates::candidates;
 
 use crate::error::{Error, Result, config, shape};
 pub(crate) use crate::families::FusedNeeds;

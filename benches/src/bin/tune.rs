@@ -1,0 +1,174 @@
+//! `blockscaled-tune`: tunes a model's GEMMs ahead of time and stores the fastest plans in the
+//! tuner's cache, which every later process consults before the heuristic
+//! (`blockscaled_benches::tune`).
+//!
+//! ```text
+//! blockscaled-tune --preset deepseek-v3                      # its layers at the default Ms
+//! blockscaled-tune --preset llama3-70b,qwen2.5-72b --m 16,128,4096 --recipe deepseek-fp8,mxfp4
+//! blockscaled-tune --shapes my-model.txt --cache ./plans.json
+//! blockscaled-tune --preset all --dry-run                    # the jobs and candidates, no GPU
+//! ```
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use blockscaled::plan::cache::{PlanCache, default_path};
+use blockscaled::{GpuArch, MatrixDesc, Recipe};
+use blockscaled_benches::tune::{DEFAULT_MS, jobs, read_shapes, remember, tune};
+use clap::Parser;
+
+#[derive(Parser, Debug)]
+#[command(
+    version,
+    about = "Tune a model's GEMMs on this GPU and store the fastest plans in the tuner's cache"
+)]
+struct Args {
+    /// Models whose layers to tune, comma-separated: deepseek-v3, llama3-70b, mixtral-8x7b,
+    /// qwen2.5-72b, or all (default: deepseek-v3, or none where --shapes is given).
+    #[arg(long)]
+    preset: Option<String>,
+    /// Rows (M) to tune each layer at, comma-separated.
+    #[arg(long, value_delimiter = ',')]
+    m: Vec<usize>,
+    /// Recipes, comma-separated (deepseek-fp8, mxfp8-e4m3, mxfp4, nvfp4, w4a16-mxfp4, …).
+    #[arg(long, default_value = "deepseek-fp8")]
+    recipe: String,
+    /// More shapes: a file of `M N K` or `label M N K` lines (`#` comments).
+    #[arg(long)]
+    shapes: Option<PathBuf>,
+    /// The cache file (default: BLOCKSCALED_TUNE_CACHE, else the user's cache directory).
+    #[arg(long)]
+    cache: Option<PathBuf>,
+    /// Timed launches per candidate (medians), after a warm-up.
+    #[arg(long, default_value_t = 10)]
+    iters: usize,
+    /// The GPU's ordinal.
+    #[arg(long, default_value_t = 0)]
+    gpu: usize,
+    /// List the jobs and their candidates (for an H200's 132 SMs) without a GPU.
+    #[arg(long)]
+    dry_run: bool,
+}
+
+fn main() -> ExitCode {
+    match run(Args::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn run(args: Args) -> Result<(), String> {
+    let recipes = args
+        .recipe
+        .split(',')
+        .map(|r| Recipe::from_name(r.trim()).ok_or_else(|| format!("unknown recipe {r:?}")))
+        .collect::<Result<Vec<_>, _>>()?;
+    let presets: Vec<String> = match (&args.preset, &args.shapes) {
+        (Some(p), _) => p.split(',').map(|s| s.trim().to_string()).collect(),
+        (None, Some(_)) => Vec::new(),
+        (None, None) => vec!["deepseek-v3".to_string()],
+    };
+    let extra = match &args.shapes {
+        Some(p) => read_shapes(p)?,
+        None => Vec::new(),
+    };
+    let ms = if args.m.is_empty() {
+        DEFAULT_MS.to_vec()
+    } else {
+        args.m.clone()
+    };
+    let jobs = jobs(&presets, &ms, &recipes, &extra)?;
+    if args.dry_run {
+        for j in &jobs {
+            let a = MatrixDesc::packed(j.recipe.a(), j.m, j.k, 1);
+            let b = MatrixDesc::packed(j.recipe.b(), j.n, j.k, 1);
+            let c = blockscaled::plan::candidates(GpuArch::Hopper, 132, &a, &b)
+                .map_err(|e| e.to_string())?;
+            println!(
+                "{} {} {} {}x{}x{}: {} candidates, heuristic {:?}",
+                j.model,
+                j.layer,
+                j.recipe,
+                j.m,
+                j.n,
+                j.k,
+                c.len(),
+                c[0]
+            );
+        }
+        return Ok(());
+    }
+    let path = args
+        .cache
+        .clone()
+        .or_else(default_path)
+        .ok_or("no cache file: BLOCKSCALED_TUNE_CACHE is off and --cache is not given")?;
+    let mut cache = PlanCache::open(&path);
+    for w in cache.warnings() {
+        eprintln!("warning: {w}");
+    }
+    let g = blockscaled::Gpu::new(args.gpu).map_err(|e| e.to_string())?;
+    println!("{g:?}; cache {}", path.display());
+    let start = Instant::now();
+    let mut rows = Vec::new();
+    for (i, job) in jobs.iter().enumerate() {
+        let t = tune(&g, job, args.iters, 1000 + i as u64)?;
+        println!(
+            "[{}/{}] {} {} {} {}x{}x{}: {} timed ({} refused); heuristic {:.1} µs, tuned {:.1} µs \
+             ({:.3}x) {:?}",
+            i + 1,
+            jobs.len(),
+            job.model,
+            job.layer,
+            job.recipe,
+            job.m,
+            job.n,
+            job.k,
+            t.timed,
+            t.refused,
+            t.heuristic.1,
+            t.best.1,
+            t.heuristic.1 / t.best.1,
+            t.best.0
+        );
+        remember(&mut cache, &t);
+        cache
+            .save()
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        rows.push(t);
+    }
+    println!(
+        "\n{} jobs in {:.1} s\n\n| model | layer | recipe | M×N×K | heuristic µs | tuned µs | gain |\n|---|---|---|---|--:|--:|--:|",
+        rows.len(),
+        start.elapsed().as_secs_f64()
+    );
+    for t in &rows {
+        let j = &t.job;
+        println!(
+            "| {} | {} | {} | {}×{}×{} | {:.1} | {:.1} | {:.3} |",
+            j.model,
+            j.layer,
+            j.recipe,
+            j.m,
+            j.n,
+            j.k,
+            t.heuristic.1,
+            t.best.1,
+            t.heuristic.1 / t.best.1
+        );
+    }
+    let gains: Vec<_> = rows
+        .iter()
+        .filter(|t| t.heuristic.1 >= 1.03 * t.best.1)
+        .collect();
+    println!(
+        "\n{} of {} shapes gain ≥ 3% from tuning",
+        gains.len(),
+        rows.len()
+    );
+    Ok(())
+}

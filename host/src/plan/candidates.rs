@@ -1,0 +1,209 @@
+//! The plans a tuner times for a dense GEMM (`blockscaled-tune`, whose fastest goes to
+//! [`super::cache`]): the heuristic's first, then the configurations of every family that takes
+//! the pair, varied along what their speed depends on — tile, cluster, split K, scheduler band,
+//! and for 4-bit weights the kernel (stream, FP8 MMAs, bf16 MMAs) — each validated for the shape.
+//! A candidate may still be refused at launch by a rule the shape alone does not show (a
+//! kernel's formats): the tuner skips those.
+
+use super::{GpuArch, Plan, choose_for};
+use crate::error::Result;
+use crate::families::fold as sm90_mx_fp8;
+use crate::families::fp8::{self as sm90_fp8, Sm90Config};
+use crate::families::half::{self as sm90_half, Sm90HalfConfig};
+use crate::families::mx::{self as sm90_mx, Sm90MxConfig};
+use crate::families::w4::{self as sm90_w4, Sm90W4Config};
+use crate::matrix::{GemmShape, MatrixDesc};
+use blockscaled_kernels::gemm::scheduler::ClusterShape;
+use blockscaled_kernels::sm90::{BLOCK_K, Tile};
+use blockscaled_kernels::sm90_half::HalfTile;
+use blockscaled_kernels::sm90_mx::MxTile;
+use blockscaled_kernels::sm90_w4::W4Tile;
+
+/// K split into this many ranges (each at most K / 128).
+const SPLITS: [u32; 4] = [1, 2, 4, 8];
+
+/// The clusters of the FP8 kernel: alone, a pair along M (B multicast), a pair along N.
+const CLUSTERS: [ClusterShape; 3] = [
+    ClusterShape::ONE,
+    ClusterShape { m: 2, n: 1 },
+    ClusterShape { m: 1, n: 2 },
+];
+
+/// The plans to time for `a · bᵀ` on a GPU of `arch` with `sm_count` SMs: the heuristic's plan
+/// first, then every other candidate that validates for the shape, each once.
+pub fn candidates(
+    arch: GpuArch,
+    sm_count: u32,
+    a: &MatrixDesc,
+    b: &MatrixDesc,
+) -> Result<Vec<Plan>> {
+    let shape = GemmShape::of(a, b)?;
+    let mut plans = vec![choose_for(arch, sm_count, &shape, a, b)?];
+    if arch != GpuArch::Hopper {
+        return Ok(plans);
+    }
+    let GemmShape { m, n, k, l } = shape;
+    let k_blocks = (k / BLOCK_K as usize).max(1) as u32;
+    // The fixed splits, and the heuristic's own with its halves and doubles.
+    let splits = |own: u32| {
+        let mut s: Vec<u32> = SPLITS.to_vec();
+        s.extend([own, own.div_ceil(2), own * 2]);
+        s.sort_unstable();
+        s.dedup();
+        s.retain(|&x| x >= 1 && x <= k_blocks);
+        s
+    };
+    let fp8 = sm90_fp8::unsupported(a, false).is_none() && sm90_fp8::unsupported(b, true).is_none();
+    let fold = sm90_mx_fp8::unsupported_pair(a, b).is_none();
+    if fp8 || fold {
+        let base = super::sm90_default(m, n, k, l, sm_count);
+        for tile in Tile::ALL {
+            for cluster in CLUSTERS {
+                for split_k in splits(base.split_k) {
+                    for group_m in [base.group_m, 1] {
+                        let c = Sm90Config {
+                            tile,
+                            cluster,
+                            group_m,
+                            ctas: base.ctas,
+                            split_k,
+                        };
+                        if fp8 {
+                            plans.push(Plan::Sm90Fp8(c));
+                        }
+                        if fold {
+                            plans.push(Plan::Sm90MxFp8(c));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    if sm90_mx::unsupported_pair(a, b).is_none() {
+        let base = super::sm90_mx_default(m, n, k, l, sm_count);
+        for tile in MxTile::ALL {
+            for split_k in splits(base.split_k) {
+                plans.push(Plan::Sm90Mx(Sm90MxConfig {
+                    tile,
+                    split_k,
+                    ..base
+                }));
+            }
+        }
+    }
+    if sm90_w4::unsupported_pair(a, b).is_none() {
+        let bases = [
+            super::sm90_w4_default(m, n, k, l, sm_count),
+            super::sm90_w4_fp8_default(m, n, k, l, sm_count),
+            super::sm90_w4_stream_default(m, n, k, l, sm_count),
+        ];
+        for base in bases {
+            for tile in W4Tile::ALL {
+                for split_k in splits(base.split_k) {
+                    plans.push(Plan::Sm90W4(Sm90W4Config {
+                        tile: if base.fp8 || base.stream {
+                            base.tile
+                        } else {
+                            tile
+                        },
+                        split_k,
+                        ..base
+                    }));
+                }
+            }
+        }
+    }
+    if sm90_half::unsupported_pair(a, b).is_none() {
+        let base = super::sm90_half_default(m, n, sm_count);
+        for tile in HalfTile::ALL {
+            for cluster_m in [1, 2] {
+                for split_k in splits(base.split_k) {
+                    plans.push(Plan::Sm90Half(Sm90HalfConfig {
+                        tile,
+                        cluster_m,
+                        split_k,
+                        ..base
+                    }));
+                }
+            }
+        }
+    }
+    let mut seen = Vec::with_capacity(plans.len());
+    for p in plans {
+        if !seen.contains(&p) && (seen.is_empty() || p.validate(&shape).is_ok()) {
+            seen.push(p);
+        }
+    }
+    Ok(seen)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::{Fp4Weights, Fp8, Recipe};
+
+    fn desc(r: Recipe, rows: usize, k: usize, b: bool) -> MatrixDesc {
+        MatrixDesc::of_recipe(r, rows, k, b)
+    }
+
+    #[test]
+    fn the_heuristic_comes_first_then_distinct_plans_that_validate() {
+        let cases = [
+            (Recipe::DeepSeekFp8, 16, 7168, 2048),
+            (Recipe::DeepSeekFp8, 128, 7168, 2048),
+            (Recipe::DeepSeekFp8, 4096, 7168, 2048),
+            (Recipe::Mxfp8(Fp8::E4M3), 2048, 4096, 4096),
+            (Recipe::Mxfp4, 128, 7168, 4096),
+            (Recipe::Nvfp4, 4096, 4096, 4096),
+            (Recipe::W4A16(Fp4Weights::Mxfp4), 1, 14336, 4096),
+            (Recipe::W4A8(Fp4Weights::Mxfp4), 64, 7168, 2048),
+            (Recipe::W4A8(Fp4Weights::Nvfp4), 4096, 7168, 2048),
+        ];
+        for (r, m, n, k) in cases {
+            let (a, b) = (desc(r, m, k, false), desc(r, n, k, true));
+            let plans = candidates(GpuArch::Hopper, 132, &a, &b).unwrap();
+            let shape = GemmShape::of(&a, &b).unwrap();
+            assert_eq!(
+                plans[0],
+                super::super::choose(GpuArch::Hopper, 132, &a, &b).unwrap()
+            );
+            assert!(
+                plans.len() > 1,
+                "{r} {m}x{n}x{k}: nothing to compare the heuristic with"
+            );
+            assert!(
+                plans.len() <= 400,
+                "{r} {m}x{n}x{k}: {} candidates",
+                plans.len()
+            );
+            for (i, p) in plans.iter().enumerate() {
+                assert!(p.validate(&shape).is_ok(), "{r}: {p:?} does not validate");
+                assert!(!plans[..i].contains(p), "{r}: {p:?} twice");
+            }
+        }
+        // bf16 × bf16 on the 16-bit kernel.
+        let r = Recipe::DeepSeekFp8;
+        let mut a = desc(r, 4096, 4096, false);
+        let mut b = desc(r, 4096, 4096, true);
+        let half = crate::format::OperandFormat {
+            elem: crate::format::ElemType::BF16,
+            scale: crate::format::ScaleType::F32,
+            block: crate::format::ScaleBlock::PerTensor,
+            tensor_scale: false,
+        };
+        a.format = half;
+        b.format = half;
+        a.scale_layout = crate::matrix::ScaleLayout::packed(crate::format::ScaleMajor::K, 1, 1);
+        b.scale_layout = a.scale_layout;
+        let plans = candidates(GpuArch::Hopper, 132, &a, &b).unwrap();
+        assert!(matches!(plans[0], Plan::Sm90Half(_)) && plans.len() > 4);
+    }
+
+    #[test]
+    fn other_gpus_get_the_heuristic_alone() {
+        let r = Recipe::DeepSeekFp8;
+        let (a, b) = (desc(r, 256, 512, false), desc(r, 256, 512, true));
+        let plans = candidates(GpuArch::Blackwell, 148, &a, &b).unwrap();
+        assert_eq!(plans, vec![Plan::Reference]);
+    }
+}
