@@ -330,6 +330,10 @@ fn host_cost(g: &Gpu, calls: usize) -> R<Vec<Entry>> {
     let (kept, _) = time("gemm on views kept", &mut || {
         g.gemm(&va, &vb, &mut vc).map_err(e)
     })?;
+    time(
+        "the call's plan (tuner's cache, else heuristic)",
+        &mut || g.plan(&va, &vb).map(drop).map_err(e),
+    )?;
     time("A view (matrix_from_raw, dropped)", &mut || {
         view_a().map(drop)
     })?;
