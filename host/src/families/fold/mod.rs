@@ -209,12 +209,10 @@ impl Sm90MxFp8 {
         as_b: bool,
     ) -> Result<&'w Sm90Operand> {
         if route(&src.desc, as_b).map_err(Error::Format)? == Route::Ready {
-            if as_b {
-                return Sm90Operand::as_b(src, stream, &self.preparers);
-            }
-            return src.prepared.get::<Sm90Operand>().ok_or_else(|| {
-                Error::Format("operand was not prepared for the sm90 kernel".into())
-            });
+            return match as_b {
+                true => Sm90Operand::as_b(src, stream, &self.preparers),
+                false => Sm90Operand::as_a(src, stream, &self.preparers),
+            };
         }
         let folded = slot_for(stream, slot, &src.desc, as_b)?;
         self.fold(stream, src, folded, as_b)?;
