@@ -276,32 +276,16 @@ fn host_cost(g: &Gpu, calls: usize) -> R<Vec<Entry>> {
     let (_, a) = random_matrix(31, m, k, 1, recipe.a());
     let (_, b) = random_matrix(32, n, k, 1, recipe.b());
     // A's scales M-major (k/128 planes of m), as DeepGEMM's quantizer writes them.
-    let kb = k / 128;
-    let mut sfa_mn = vec![0f32; m * kb];
-    let sa: Vec<f32> = a
-        .scales()
-        .chunks(4)
-        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect();
-    for r in 0..m {
-        for q in 0..kb {
-            sfa_mn[q * m + r] = sa[a.desc().scale_layout.index(0, r, q)];
-        }
-    }
-    let mut da = *a.desc();
-    da.scale_layout = blockscaled::ScaleLayout::packed(blockscaled::ScaleMajor::Mn, m, kb);
-    let db = *b.desc();
+    let a = blockscaled_tests::layouts::mn_major(&a);
+    let (da, db) = (*a.desc(), *b.desc());
     let ad: CudaSlice<u8> = s.clone_htod(a.data()).map_err(e)?;
-    let asf: CudaSlice<f32> = s.clone_htod(&sfa_mn).map_err(e)?;
+    let asf: CudaSlice<u8> = s.clone_htod(a.scales()).map_err(e)?;
     let bd: CudaSlice<u8> = s.clone_htod(b.data()).map_err(e)?;
     let bsf: CudaSlice<u8> = s.clone_htod(b.scales()).map_err(e)?;
     let out: CudaSlice<u16> = s.clone_htod(&vec![0u16; m * n]).map_err(e)?;
     let raw = |p: u64, len: usize| blockscaled::RawDevice { ptr: p, len };
     let ptr = |x: &CudaSlice<u8>| x.device_ptr(&s).0;
-    let (ra, rsa) = (
-        raw(ptr(&ad), ad.len()),
-        raw(asf.device_ptr(&s).0, 4 * asf.len()),
-    );
+    let (ra, rsa) = (raw(ptr(&ad), ad.len()), raw(ptr(&asf), asf.len()));
     let (rb, rsb) = (raw(ptr(&bd), bd.len()), raw(ptr(&bsf), bsf.len()));
     let ro = raw(out.device_ptr(&s).0, 2 * out.len());
     // SAFETY: every address is a live allocation above, of the length given, alive until the

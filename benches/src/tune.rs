@@ -75,6 +75,20 @@ pub struct Job {
     pub k: usize,
 }
 
+impl std::fmt::Display for Job {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let Job {
+            model,
+            layer,
+            recipe,
+            m,
+            n,
+            k,
+        } = self;
+        write!(f, "{model} {layer} {recipe} {m}x{n}x{k}")
+    }
+}
+
 /// The jobs of `presets` (names; "all" for every preset) at each of `ms`, for each recipe,
 /// plus the shapes of `extra` ((label, M, N, K)); [`Err`] names an unknown preset.
 pub fn jobs(

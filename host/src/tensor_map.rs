@@ -108,19 +108,6 @@ impl LazyMap {
     }
 }
 
-/// The 3-D map over `ptr` of `dims` (innermost first, `elem` bytes each, dense rows) in boxes of
-/// `box_xy` × 1 with `swizzle`, encoded at its first use.
-pub(crate) fn map_3d(
-    ptr: u64,
-    dtype: DataType,
-    dims: [usize; 3],
-    elem: usize,
-    box_xy: [u32; 2],
-    swizzle: Swizzle,
-) -> LazyMap {
-    LazyMap::new(ptr, (dtype, dims, elem, box_xy[0], swizzle), box_xy[1])
-}
-
 /// One 3-D operand's tensor maps by box height (the same layout otherwise): a kernel reads a
 /// tile's rows through the map whose boxes are that many rows. Each is encoded at its first use.
 pub(crate) struct BoxMaps(Vec<LazyMap>);
@@ -182,6 +169,12 @@ pub(crate) fn scale_rows_map(
 impl crate::held::Held for LazyMap {
     fn device_bytes(&self) -> usize {
         0
+    }
+}
+
+impl crate::held::Held for BoxMaps {
+    fn device_bytes(&self) -> usize {
+        self.0.device_bytes()
     }
 }
 

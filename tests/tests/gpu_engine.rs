@@ -10,10 +10,11 @@ use std::sync::{Arc, OnceLock};
 use blockscaled::kernels::params::Activation;
 use blockscaled::{
     BsrMatrix, Call, ClusterShape, DeviceMatrix, DeviceOutput, DeviceTensor, ElemType, Epilogue,
-    Error, Fp4Weights, Fp8, Gpu, GroupLayout, HostOutput, InputType, MatrixDesc, OutType, Plan,
+    Error, Fp4Weights, Fp8, Gpu, GroupLayout, HostOutput, InputType, OutType, Plan,
     QuantizeOptions, RawDevice, Recipe, ScaleLayout, ScaleMajor, ScaledMatrix, Sm90Config,
     Sm90Tile, SparseSide, Workspace, WorkspaceSize, device_allocations,
 };
+use blockscaled_tests::layouts::with_scale_layout;
 use blockscaled_tests::{random_matrix, random_values};
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, sys};
 use half::bf16;
@@ -122,27 +123,6 @@ fn caller_output(stream: &Arc<CudaStream>, bytes: usize) -> CudaSlice<u8> {
     stream.clone_htod(&vec![0xFFu8; bytes + 1024]).unwrap()
 }
 
-/// `m` with its scales laid out at `layout` (unused positions poisoned with NaN, which a read
-/// of them would carry into the product).
-fn with_scale_layout(m: &ScaledMatrix, layout: ScaleLayout) -> ScaledMatrix {
-    let (d, old) = (*m.desc(), m.desc().scale_layout);
-    let len = layout.required_len(d.batch).unwrap();
-    let mut scales = f32::NAN.to_le_bytes().repeat(len);
-    for l in 0..d.batch {
-        for r in 0..old.row_blocks {
-            for q in 0..old.k_blocks {
-                let (from, to) = (4 * old.index(l, r, q), 4 * layout.index(l, r, q));
-                scales[to..to + 4].copy_from_slice(&m.scales()[from..from + 4]);
-            }
-        }
-    }
-    let desc = MatrixDesc {
-        scale_layout: layout,
-        ..d
-    };
-    ScaledMatrix::from_desc(desc, m.data().to_vec(), scales).unwrap()
-}
-
 #[test]
 #[ignore = "needs a CUDA device"]
 fn raw_views_read_scales_in_place_where_their_layout_is_the_kernels() {
@@ -168,31 +148,14 @@ fn raw_views_read_scales_in_place_where_their_layout_is_the_kernels() {
             k_stride: pitch,
             batch_stride: pitch * kb + 4,
         };
-        let a_mn = with_scale_layout(&a, mn_major);
+        let a_mn = with_scale_layout(&a, mn_major, 0);
         let (_, want) = owned_gemm(g, &a, &b, OutType::F32);
         // B as A (its scales per 128 × 128), A's rows as B: the weights-like A role.
         let (_, b_first) = random_matrix(60 + i as u64, n, k, l, recipe.b());
         let (_, want_bb) = owned_gemm(g, &b_first, &b, OutType::F32);
-        let arena = Arena::of(g.stream(), &[&a_mn, &b, &b_first]);
-        let base = {
-            let (p, _g) = arena.buf.device_ptr(g.stream());
-            p
-        };
-        let raw = |off: usize, len: usize| RawDevice {
-            ptr: base + off as u64,
-            len,
-        };
-        let view = |j: usize, desc: MatrixDesc| {
-            let (d, dl, sc, sl) = arena.at[j];
-            // SAFETY: the addresses lie in `arena.buf`, which outlives the views and the work on
-            // them (synchronized by `to_host`); nothing writes it.
-            unsafe { g.matrix_from_raw(desc, raw(d, dl), raw(sc, sl), false) }.unwrap()
-        };
-        let (va, vb, vbb) = (
-            view(0, *a_mn.desc()),
-            view(1, *b.desc()),
-            view(2, *b_first.desc()),
-        );
+        let ms = [&a_mn, &b, &b_first];
+        let arena = Arena::of(g.stream(), &ms);
+        let [va, vb, vbb]: [DeviceMatrix; 3] = arena.raw_views(g, &ms).try_into().unwrap();
         let mut c = g.output(m, n, l, OutType::F32).unwrap();
         c.poison().unwrap();
         g.gemm(&va, &vb, &mut c).unwrap();
@@ -229,6 +192,7 @@ fn raw_views_read_scales_in_place_where_their_layout_is_the_kernels() {
                 k_stride: pitch,
                 batch_stride: pitch * kb + gap,
             },
+            0,
         );
         let (plan, want) = owned_gemm(g, &a, &b, OutType::F32);
         let arena = Arena::of(g.stream(), &[&a_mn, &b]);

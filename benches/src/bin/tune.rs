@@ -88,17 +88,7 @@ fn run(args: Args) -> Result<(), String> {
             let b = MatrixDesc::packed(j.recipe.b(), j.n, j.k, 1);
             let c = blockscaled::plan::candidates(GpuArch::Hopper, 132, &a, &b)
                 .map_err(|e| e.to_string())?;
-            println!(
-                "{} {} {} {}x{}x{}: {} candidates, heuristic {:?}",
-                j.model,
-                j.layer,
-                j.recipe,
-                j.m,
-                j.n,
-                j.k,
-                c.len(),
-                c[0]
-            );
+            println!("{j}: {} candidates, heuristic {:?}", c.len(), c[0]);
         }
         return Ok(());
     }
@@ -118,16 +108,9 @@ fn run(args: Args) -> Result<(), String> {
     for (i, job) in jobs.iter().enumerate() {
         let t = tune(&g, job, args.iters, 1000 + i as u64)?;
         println!(
-            "[{}/{}] {} {} {} {}x{}x{}: {} timed ({} refused); heuristic {:.1} µs, tuned {:.1} µs \
-             ({:.3}x) {:?}",
+            "[{}/{}] {job}: {} timed ({} refused); heuristic {:.1} µs, tuned {:.1} µs ({:.3}x) {:?}",
             i + 1,
             jobs.len(),
-            job.model,
-            job.layer,
-            job.recipe,
-            job.m,
-            job.n,
-            job.k,
             t.timed,
             t.refused,
             t.heuristic.1,

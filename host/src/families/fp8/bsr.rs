@@ -162,8 +162,4 @@ impl Sm90Fp8 {
     }
 }
 
-impl crate::held::Held for Sm90Sparse {
-    fn device_bytes(&self) -> usize {
-        0
-    }
-}
+crate::held::held!(Sm90Sparse: tmaps);

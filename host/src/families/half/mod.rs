@@ -538,17 +538,8 @@ fn output_params<'a>(
     })
 }
 
-impl crate::held::Held for HalfOperand {
-    fn device_bytes(&self) -> usize {
-        0
-    }
-}
-
-impl crate::held::Held for HalfSparse {
-    fn device_bytes(&self) -> usize {
-        0
-    }
-}
+crate::held::held!(HalfOperand: tmaps);
+crate::held::held!(HalfSparse: tmaps);
 
 #[cfg(test)]
 mod tests {

@@ -226,6 +226,13 @@ impl Sm90Operand {
         Ok(op)
     }
 
+    /// `m`'s operand as this family prepared it.
+    fn of<'m>(m: &'m DeviceMatrix) -> Result<&'m Sm90Operand> {
+        m.prepared
+            .get::<Sm90Operand>()
+            .ok_or_else(|| Error::Format("operand was not prepared for the sm90 kernel".into()))
+    }
+
     /// `m`'s operand (prepared for this family) with its A-role scales, made by `kernels` on
     /// `stream` where they were left for the first use as A ([`Sm90Operand::a_later`]).
     pub(crate) fn as_a<'m>(
@@ -233,10 +240,7 @@ impl Sm90Operand {
         stream: &Arc<CudaStream>,
         kernels: &Preparers,
     ) -> Result<&'m Sm90Operand> {
-        let op = m
-            .prepared
-            .get::<Sm90Operand>()
-            .ok_or_else(|| Error::Format("operand was not prepared for the sm90 kernel".into()))?;
+        let op = Sm90Operand::of(m)?;
         if let Some(later) = &op.a_later {
             later.get_or_make(|| {
                 let d = m.desc;
@@ -257,10 +261,7 @@ impl Sm90Operand {
         stream: &Arc<CudaStream>,
         kernels: &Preparers,
     ) -> Result<&'m Sm90Operand> {
-        let op = m
-            .prepared
-            .get::<Sm90Operand>()
-            .ok_or_else(|| Error::Format("operand was not prepared for the sm90 kernel".into()))?;
+        let op = Sm90Operand::of(m)?;
         if let Some(b) = &op.b_role {
             b.get_or_make(|| BRole::make(stream, &Source::of(m, kernels)))?;
         }

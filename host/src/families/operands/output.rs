@@ -61,8 +61,4 @@ impl Sm90Output {
     }
 }
 
-impl crate::held::Held for Sm90Output {
-    fn device_bytes(&self) -> usize {
-        0
-    }
-}
+crate::held::held!(Sm90Output: tmaps);

@@ -21,7 +21,7 @@ use crate::format::{ElemType, ScaleBlock, ScaleType};
 use crate::grouped::DeviceGroups;
 use crate::matrix::{GemmShape, MatrixDesc};
 use crate::prepare::{GatherTo, Preparers};
-use crate::tensor_map::{DataType, HostMap, LazyMap, Swizzle, encode, map_3d, scale_rows_map};
+use crate::tensor_map::{DataType, HostMap, LazyMap, Swizzle, encode, scale_rows_map};
 use crate::workspace::WorkspaceSize;
 use blockscaled_kernels::gemm::layout::SMEM_LIMIT;
 use blockscaled_kernels::gemm::scheduler::{ClusterShape, Schedule};
@@ -823,14 +823,16 @@ impl OperandCopy for W4Operand {
             return Ok(None);
         }
         let code_map = |box_rows: u32| {
-            map_3d(
-                ptr,
+            let none = Swizzle::CU_TENSOR_MAP_SWIZZLE_NONE;
+            let dims = [k * bits / 8, rows, l];
+            let layout = (
                 DataType::CU_TENSOR_MAP_DATA_TYPE_UINT8,
-                [k * bits / 8, rows, l],
+                dims,
                 1,
-                [BLOCK_K * bits as u32 / 8, box_rows],
-                Swizzle::CU_TENSOR_MAP_SWIZZLE_NONE,
-            )
+                BLOCK_K * bits as u32 / 8,
+                none,
+            );
+            LazyMap::new(ptr, layout, box_rows)
         };
         let (mut weights, mut scales, mut uniform_scale) = (None, None, None);
         let (mut fp8_scales, mut mx_scales, mut caller_scales) = (false, false, None);
@@ -916,14 +918,15 @@ impl OperandCopy for W4Operand {
                     }
                 }
                 let fp8 = family::fp8::FP8_BLOCK_K;
-                tmap_fp8 = Some(map_3d(
-                    ptr,
+                let swizzle = Swizzle::CU_TENSOR_MAP_SWIZZLE_128B;
+                let layout = (
                     DataType::CU_TENSOR_MAP_DATA_TYPE_UINT8,
                     [k, rows, l],
                     1,
-                    [fp8, family::fp8::FP8_TILE.n],
-                    Swizzle::CU_TENSOR_MAP_SWIZZLE_128B,
-                ));
+                    fp8,
+                    swizzle,
+                );
+                tmap_fp8 = Some(LazyMap::new(ptr, layout, family::fp8::FP8_TILE.n));
                 (code_map(16), code_map(128))
             }
             (ElemType::BF16, ScaleType::F32, ScaleBlock::PerTensor) => {
@@ -932,14 +935,9 @@ impl OperandCopy for W4Operand {
                 };
                 uniform_scale = Some(s / d.tensor_scale);
                 let map = |box_rows: u32| {
-                    map_3d(
-                        ptr,
-                        DataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
-                        [k, rows, l],
-                        2,
-                        [BLOCK_K, box_rows],
-                        Swizzle::CU_TENSOR_MAP_SWIZZLE_128B,
-                    )
+                    let swizzle = Swizzle::CU_TENSOR_MAP_SWIZZLE_128B;
+                    let bf16 = DataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+                    LazyMap::new(ptr, (bf16, [k, rows, l], 2, BLOCK_K, swizzle), box_rows)
                 };
                 (map(16), map(128))
             }
