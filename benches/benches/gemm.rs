@@ -37,7 +37,7 @@ fn main() {
             return;
         }
     };
-    if let Err(why) = blockscaled_benches::ceilings::measure(&gpu) {
+    if let Err(why) = blockscaled_benches::ceilings::measure(&gpu, false) {
         println!("ceilings not measured ({why}): no fraction of the ceiling in the tables");
     }
     let peer = open_peer(&gpu)

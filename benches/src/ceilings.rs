@@ -5,24 +5,22 @@
 //! - compute: the best of cuBLASLt's FP8 GEMM at 8192³ (per-tensor scales, random codes), the
 //!   fastest FP8 GEMM the peer has. FP4 formats run on FP8 tensor cores on Hopper: one compute ceiling.
 //!
-//! [`measure`] sets them once for the process; [`get`] reads them (`None` before).
+//! They are measured once per GPU and driver and stored beside the tuner's plans
+//! (`blockscaled::plan::cache`, the file `BLOCKSCALED_TUNE_CACHE` names or the user's cache
+//! directory's): [`measure`] reads them from there where they are, and measures and stores them
+//! where not (or where asked to measure again); it sets them once for the process, and [`get`]
+//! reads them (`None` before).
 
+use std::path::PathBuf;
 use std::sync::OnceLock;
 
 use blockscaled::Gpu;
+pub use blockscaled::plan::cache::Ceilings;
+use blockscaled::plan::cache::{PlanCache, default_path};
 use cudarc::driver::CudaSlice;
 
 use crate::cublaslt::LtPeer;
 use crate::timing::time_on_stream;
-
-/// The measured ceilings of one GPU.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Ceilings {
-    /// The peer's best FP8 GEMM, TFLOP/s.
-    pub tflops: f64,
-    /// A device copy's bytes read and written per second, GB/s.
-    pub gbs: f64,
-}
 
 static MEASURED: OnceLock<Ceilings> = OnceLock::new();
 
@@ -31,11 +29,47 @@ pub fn get() -> Option<Ceilings> {
     MEASURED.get().copied()
 }
 
-/// Measures `gpu`'s ceilings (once per process: later calls return the first), and prints them.
-pub fn measure(gpu: &Gpu) -> Result<Ceilings, String> {
+/// Sets `gpu`'s ceilings for this process (once: later calls return the first) and prints them:
+/// those stored for this GPU and driver beside the tuner's plans, else (or where `fresh`)
+/// measured now and stored there (a cache that cannot be written is a printed warning; the
+/// ceilings still hold for the process).
+pub fn measure(gpu: &Gpu, fresh: bool) -> Result<Ceilings, String> {
+    measure_at(gpu, fresh, default_path())
+}
+
+/// [`measure`] with the plans' file at `path` (none: measured, not stored).
+pub fn measure_at(gpu: &Gpu, fresh: bool, path: Option<PathBuf>) -> Result<Ceilings, String> {
     if let Some(c) = get() {
         return Ok(c);
     }
+    let machine = gpu.machine();
+    let mut cache = path.map(|p| (PlanCache::open(&p), p));
+    if !fresh
+        && let Some((stored, path)) = &cache
+        && let Some(c) = stored.ceilings(&machine)
+    {
+        println!(
+            "ceilings on {}: {:.0} GB/s, {:.0} TFLOP/s (stored in {}; --measure_ceilings measures them again)",
+            gpu.name(),
+            c.gbs,
+            c.tflops,
+            path.display()
+        );
+        return Ok(*MEASURED.get_or_init(|| c));
+    }
+    let c = measure_now(gpu)?;
+    if let Some((stored, path)) = &mut cache {
+        stored.set_ceilings(&machine, c);
+        match stored.save() {
+            Ok(()) => println!("ceilings stored in {}", path.display()),
+            Err(e) => println!("ceilings not stored ({}: {e})", path.display()),
+        }
+    }
+    Ok(*MEASURED.get_or_init(|| c))
+}
+
+/// Measures `gpu`'s ceilings now, and prints them.
+fn measure_now(gpu: &Gpu) -> Result<Ceilings, String> {
     let e = |x: cudarc::driver::DriverError| x.to_string();
     let s = gpu.stream();
     // Bandwidth: 2 GiB copied, read + written.
@@ -67,10 +101,9 @@ pub fn measure(gpu: &Gpu) -> Result<Ceilings, String> {
     })
     .map_err(|x| x.to_string())?;
     let tflops = 2.0 * (n as f64).powi(3) / (gemm.min_ms * 1e-3) / 1e12;
-    let ceilings = Ceilings { tflops, gbs };
     println!(
         "ceilings on {}: {gbs:.0} GB/s (2 GiB device copy), {tflops:.0} TFLOP/s (cuBLASLt FP8 8192³, best of 10)",
         gpu.name()
     );
-    Ok(*MEASURED.get_or_init(|| ceilings))
+    Ok(Ceilings { tflops, gbs })
 }

@@ -181,16 +181,21 @@ pub fn run_grouped(
 /// from its own memory).
 fn experts(c: &GroupedCase, g: usize) -> blockscaled::Result<ScaledMatrix> {
     let v = random_values(c.seed ^ 0x5DEE_CE66_D1CE_4E5B, c.n * c.k, c.k);
-    let one = ScaledMatrix::quantize(&v, c.n, c.k, 1, c.recipe.b())?;
+    repeated(&ScaledMatrix::quantize(&v, c.n, c.k, 1, c.recipe.b())?, g)
+}
+
+/// `g` batch entries, each a copy of `one`'s first.
+pub fn repeated(one: &ScaledMatrix, g: usize) -> blockscaled::Result<ScaledMatrix> {
     let d = *one.desc();
     let per = d.scale_layout.required_len(1).expect("one batch entry") * d.format.scale.bytes();
+    let data = d.data_bytes().expect("a valid matrix") / d.batch;
     let layout = d.scale_layout;
     ScaledMatrix::from_parts(
         d.format,
-        c.n,
-        c.k,
+        d.rows,
+        d.k,
         g,
-        one.data().repeat(g),
+        one.data()[..data].repeat(g),
         one.scales()[..per].repeat(g),
         blockscaled::ScaleLayout {
             batch_stride: layout.required_len(1).expect("one batch entry"),

@@ -165,8 +165,8 @@ lent since the runner wrote JSON) are measured in the history — what each vers
 experiments, the measurements behind them — in [docs/perf-log/](perf-log/).
 
 Times are medians of CUDA-event timings (µs). *% of ceiling* is the larger of TFLOP/s over the
-compute ceiling and GB/s over the bandwidth ceiling, both measured on that GPU at the start of the
-run, and which it was; *peer/ours* is the peer's time over ours, timed in the same run (above 1:
+compute ceiling and GB/s over the bandwidth ceiling, both measured on that GPU (once per GPU and
+driver, stored beside the tuner's plans: docs/TUNING.md), and which it was; *peer/ours* is the peer's time over ours, timed in the same run (above 1:
 we are faster).
 ";
 
@@ -197,7 +197,7 @@ fn section(s: &mut String, gpu: &str, rows: &[&Record]) {
             };
             let _ = writeln!(
                 s,
-                " Ceilings, measured at the start of each run (the latest run's): bandwidth {} GB/s \
+                " Ceilings (the latest run's; measured once per GPU and driver and stored beside the tuner's plans): bandwidth {} GB/s \
                  (a 2 GiB device copy, bytes read + written){}; compute {} TFLOP/s (cuBLASLt FP8 at \
                  8192³, best of 10){}.",
                 num(gbs),

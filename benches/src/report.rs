@@ -4,8 +4,9 @@
 //!
 //! A record holds where and when it was measured (the GPU's name and SM count, the UTC date, the
 //! crate's version), what (a kind, a name, M N K L) and the numbers the printed table shows: our
-//! median time, TFLOP/s, GB/s, the fraction of the bounding ceiling measured at the start of the
-//! run ([`crate::ceilings`]), and the peer's time and ratio where one was timed.
+//! median time, TFLOP/s, GB/s, the fraction of the bounding ceiling (the GPU's, stored or
+//! measured when the run starts: [`crate::ceilings`]), and the peer's time and ratio where one
+//! was timed.
 
 use std::fs::{File, OpenOptions};
 use std::io::Write as _;
@@ -87,7 +88,7 @@ impl Entry {
     }
 }
 
-/// A [`Row`] with the ceilings measured at the start of the run (0, none, where not measured).
+/// A [`Row`] with the run's ceilings (0, none, where not measured).
 /// `peer`: the peer's name and median time (ms).
 pub fn row(
     name: impl Into<String>,

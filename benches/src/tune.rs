@@ -7,7 +7,10 @@
 use std::path::Path;
 
 use blockscaled::plan::cache::{Entry, PlanCache, key};
-use blockscaled::{Call, DeviceMatrix, GemmShape, Gpu, OutType, Plan, Recipe};
+use blockscaled::{
+    Call, DeviceMatrix, GemmShape, Gpu, GroupLayout, MatrixDesc, OutType, Plan, Recipe,
+    ScaledMatrix, plan,
+};
 use blockscaled_tests::random_matrix;
 
 use crate::cases::L2_BYTES;
@@ -64,7 +67,8 @@ pub const PRESETS: [(&str, Layers); 4] = [
 /// The rows tuned by default: decode, small and large prefill.
 pub const DEFAULT_MS: [usize; 6] = [16, 64, 128, 512, 2048, 4096];
 
-/// One GEMM to tune.
+/// One GEMM to tune: dense, or grouped (then `m` is A's rows: every group's, stacked, or the
+/// capacity of each masked group).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Job {
     pub model: String,
@@ -73,6 +77,15 @@ pub struct Job {
     pub m: usize,
     pub n: usize,
     pub k: usize,
+    pub groups: Option<Groups>,
+}
+
+/// A grouped job's groups: their layout and rows (contiguous: summing to the job's M; masked:
+/// each at most the job's M).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Groups {
+    pub layout: GroupLayout,
+    pub rows: Vec<usize>,
 }
 
 impl std::fmt::Display for Job {
@@ -84,9 +97,75 @@ impl std::fmt::Display for Job {
             m,
             n,
             k,
+            groups,
         } = self;
-        write!(f, "{model} {layer} {recipe} {m}x{n}x{k}")
+        write!(f, "{model} {layer} {recipe} {m}x{n}x{k}")?;
+        match groups {
+            Some(g) if g.layout == GroupLayout::Masked => {
+                write!(f, " masked G{} (≤ {m} rows each)", g.rows.len())
+            }
+            Some(g) => write!(f, " contiguous G{}", g.rows.len()),
+            None => Ok(()),
+        }
     }
+}
+
+/// The mixture-of-experts layers of the presets that have them: (model, layers), each layer's
+/// experts N × K.
+pub const MOE_PRESETS: [(&str, Layers); 2] = [
+    (
+        "deepseek-v3",
+        &[
+            ("experts gate_up", 4096, 7168),
+            ("experts down", 7168, 2048),
+        ],
+    ),
+    (
+        "mixtral-8x7b",
+        &[("experts w1+w3", 28672, 4096), ("experts w2", 4096, 14336)],
+    ),
+];
+
+/// The grouped calls tuned for each expert layer: 8 experts with uneven contiguous groups of
+/// 4096 and 16384 rows in all (prefill), and 8 masked groups of up to 64 rows in a capacity of
+/// 256 (decode).
+fn moe_groups(seed: u64) -> Vec<(usize, Groups)> {
+    let uneven = |total: usize, s: u64| {
+        // Shares of 0.5 to 1.5 of the mean, the last group taking the rest.
+        let w: Vec<f64> = blockscaled_tests::random_values(s, 8, 8)
+            .iter()
+            .map(|v| 1.0 + (v.abs() as f64 % 1.0) - 0.5)
+            .collect();
+        let sum: f64 = w.iter().sum();
+        let mut rows: Vec<usize> = w
+            .iter()
+            .map(|x| (x / sum * total as f64) as usize)
+            .collect();
+        let head: usize = rows[..7].iter().sum();
+        rows[7] = total - head;
+        rows
+    };
+    let contiguous = |total, s| {
+        let rows = uneven(total, s);
+        (
+            total,
+            Groups {
+                layout: GroupLayout::Contiguous,
+                rows,
+            },
+        )
+    };
+    vec![
+        contiguous(4096, seed),
+        contiguous(16384, seed + 1),
+        (
+            256,
+            Groups {
+                layout: GroupLayout::Masked,
+                rows: crate::grouped::decode_counts(8, 64, seed + 2),
+            },
+        ),
+    ]
 }
 
 /// The jobs of `presets` (names; "all" for every preset) at each of `ms`, for each recipe,
@@ -96,6 +175,7 @@ pub fn jobs(
     ms: &[usize],
     recipes: &[Recipe],
     extra: &[(String, usize, usize, usize)],
+    grouped: bool,
 ) -> Result<Vec<Job>, String> {
     let mut out = Vec::new();
     for name in presets {
@@ -121,6 +201,27 @@ pub fn jobs(
                             m,
                             n,
                             k,
+                            groups: None,
+                        });
+                    }
+                }
+            }
+        }
+        let moe = MOE_PRESETS
+            .iter()
+            .filter(|(p, _)| grouped && (name == "all" || p == name));
+        for (model, layers) in moe {
+            for &(layer, n, k) in layers.iter() {
+                for (m, groups) in moe_groups((n * 7 + k) as u64) {
+                    for &recipe in recipes {
+                        out.push(Job {
+                            model: model.to_string(),
+                            layer: layer.to_string(),
+                            recipe,
+                            m,
+                            n,
+                            k,
+                            groups: Some(groups.clone()),
                         });
                     }
                 }
@@ -136,6 +237,7 @@ pub fn jobs(
                 m: *m,
                 n: *n,
                 k: *k,
+                groups: None,
             });
         }
     }
@@ -185,41 +287,143 @@ pub struct Tuned {
     pub refused: usize,
     pub heuristic: (Plan, f64),
     pub best: (Plan, f64),
+    /// Every candidate that ran, fastest first (µs).
+    pub all: Vec<(Plan, f64)>,
     /// The tuner's cache key of the job's call on this GPU (the operands' formats and layouts
     /// as the recipe gives them, the shape).
     pub key: String,
 }
 
-/// Tunes `job` on `g`: every candidate timed (`iters` medians after a warm-up, operand sets
-/// rotated past L2; a candidate refused at launch is skipped), then the fastest checked against
-/// the heuristic's output (relative Frobenius error at most 1e-2, no NaN; one that differs is
-/// dropped and the next fastest checked).
-pub fn tune(g: &Gpu, job: &Job, iters: usize, seed: u64) -> Result<Tuned, String> {
+/// The weights a job multiplies: random values of its recipe's B format, N × K (seeded by the
+/// shape). Jobs of one layer at several Ms share them, as a model's calls do.
+pub fn weights(job: &Job) -> ScaledMatrix {
+    let seed = (job.n * 131 + job.k) as u64;
+    random_matrix(seed, job.n, job.k, 1, job.recipe.b()).1
+}
+
+/// The candidates of `job` for operands `a`, `b` on `g` (grouped: [`plan::grouped_candidates`]),
+/// the heuristic's first, and the job's shape as the cache keys it.
+pub fn job_candidates(
+    arch: blockscaled::GpuArch,
+    sm_count: u32,
+    job: &Job,
+    a: &MatrixDesc,
+    b: &MatrixDesc,
+) -> Result<(Vec<Plan>, GemmShape), String> {
+    let e = |x: blockscaled::Error| x.to_string();
+    match &job.groups {
+        None => {
+            let plans = plan::candidates(arch, sm_count, a, b).map_err(e)?;
+            Ok((plans, GemmShape::of(a, b).map_err(e)?))
+        }
+        Some(groups) => {
+            let shape = GemmShape {
+                m: job.m,
+                n: job.n,
+                k: job.k,
+                l: a.batch,
+            };
+            let p = plan::GroupedProblem {
+                arch,
+                sm_count,
+                shape,
+                a,
+                b,
+                groups: groups.rows.len(),
+            };
+            Ok((plan::grouped_candidates(&p).map_err(e)?, shape))
+        }
+    }
+}
+
+/// A and B's descriptions for `job` (grouped: A of every group's rows or of a batch of masked
+/// groups, B of an expert per group).
+pub fn job_descs(job: &Job) -> (MatrixDesc, MatrixDesc) {
+    let g = job.groups.as_ref().map_or(1, |g| g.rows.len());
+    let a_batch = match &job.groups {
+        Some(x) if x.layout == GroupLayout::Masked => g,
+        _ => 1,
+    };
+    (
+        MatrixDesc::packed(job.recipe.a(), job.m, job.k, a_batch),
+        MatrixDesc::packed(job.recipe.b(), job.n, job.k, g),
+    )
+}
+
+/// Tunes `job` on `g` with weights `b0` ([`weights`] of a job of the same layer and recipe; a
+/// grouped job's experts are copies of it): every candidate timed (`iters` medians after a
+/// warm-up, operand sets rotated past L2; a candidate refused at launch is skipped), then the
+/// fastest checked against the heuristic's output on every row the call writes (relative
+/// Frobenius error at most 1e-2, no NaN; one that differs is dropped and the next fastest
+/// checked).
+pub fn tune(
+    g: &Gpu,
+    job: &Job,
+    b0: &ScaledMatrix,
+    iters: usize,
+    seed: u64,
+) -> Result<Tuned, String> {
     let e = |x: blockscaled::Error| x.to_string();
     let (m, n, k) = (job.m, job.n, job.k);
-    let (_, a0) = random_matrix(seed, m, k, 1, job.recipe.a());
-    let (_, b0) = random_matrix(seed + 1, n, k, 1, job.recipe.b());
-    let plans =
-        blockscaled::plan::candidates(g.arch(), g.sm_count(), a0.desc(), b0.desc()).map_err(e)?;
+    if (b0.rows(), b0.k(), b0.format()) != (n, k, job.recipe.b()) {
+        return Err(format!("{job}: weights of another shape or format"));
+    }
+    let (a_desc, _) = job_descs(job);
+    let a_batch = a_desc.batch;
+    let (_, a0) = random_matrix(seed, m, k, a_batch, job.recipe.a());
+    let experts;
+    let b0 = match &job.groups {
+        Some(x) => {
+            experts = crate::grouped::repeated(b0, x.rows.len()).map_err(e)?;
+            &experts
+        }
+        None => b0,
+    };
+    let (plans, shape) = job_candidates(g.arch(), g.sm_count(), job, a0.desc(), b0.desc())?;
+    let groups = match &job.groups {
+        None => None,
+        Some(x) if x.layout == GroupLayout::Masked => {
+            let counts: Vec<i32> = x.rows.iter().map(|&r| r as i32).collect();
+            Some(g.group_counts(&counts).map_err(e)?)
+        }
+        Some(x) => {
+            let ends: Vec<i32> = x
+                .rows
+                .iter()
+                .scan(0, |end, &r| {
+                    *end += r as i32;
+                    Some(*end)
+                })
+                .collect();
+            Some(g.group_ends(&ends).map_err(e)?)
+        }
+    };
+    let call = |a, b, p| {
+        let c = Call::new(a, b).with_plan(p);
+        match &groups {
+            Some(x) => c.groups(x),
+            None => c,
+        }
+    };
     let bytes = a0.data().len() + a0.scales().len() + b0.data().len() + b0.scales().len();
-    let sets = rotation_count(bytes + 2 * m * n, L2_BYTES);
+    let sets = rotation_count(bytes + 2 * m * n * a_batch, L2_BYTES);
     // (Copies of one pair: the rotation is for L2, not for the values.)
     let mats: Vec<(DeviceMatrix<'static>, DeviceMatrix<'static>)> = (0..sets)
         .map(|_| {
-            let (a, b) = (g.upload(&a0).map_err(e)?, g.upload(&b0).map_err(e)?);
+            let (a, b) = (g.upload(&a0).map_err(e)?, g.upload(b0).map_err(e)?);
             g.prepare_weights(&b).map_err(e)?;
             Ok((a, b))
         })
         .collect::<Result<_, String>>()?;
     let mut outs: Vec<_> = (0..sets)
-        .map(|_| g.output(m, n, 1, OutType::Bf16).map_err(e))
+        .map(|_| g.output(m, n, a_batch, OutType::Bf16).map_err(e))
         .collect::<Result<_, _>>()?;
     let mut results: Vec<(Plan, f64)> = Vec::new();
     let mut refused = 0;
     for &p in &plans {
         let t = time_on_stream(g.stream(), 3, iters, |i| {
             let (a, b) = &mats[i % sets];
-            g.run(&Call::new(a, b).with_plan(p), &mut outs[i % sets])
+            g.run(&call(a, b, p), &mut outs[i % sets])
         });
         match t {
             Ok(t) => results.push((p, t.median_ms * 1e3)),
@@ -230,13 +434,29 @@ pub fn tune(g: &Gpu, job: &Job, iters: usize, seed: u64) -> Result<Tuned, String
         .iter()
         .find(|(p, _)| *p == plans[0])
         .ok_or("the heuristic's plan did not run")?;
+    // The rows the call writes: all (dense, contiguous groups summing to M), or each masked
+    // group's first rows.
+    let written = |i: usize| match &job.groups {
+        Some(x) if x.layout == GroupLayout::Masked => (i / n) % m < x.rows[i / (m * n)],
+        _ => true,
+    };
     let result = |p: Plan| -> Result<Vec<f32>, blockscaled::Error> {
-        let mut c = g.output(m, n, 1, OutType::F32)?;
+        let mut c = g.output(m, n, a_batch, OutType::F32)?;
         c.poison()?;
-        g.run(&Call::new(&mats[0].0, &mats[0].1).with_plan(p), &mut c)?;
-        Ok(c.to_host()?.values)
+        g.run(&call(&mats[0].0, &mats[0].1, p), &mut c)?;
+        let v = c.to_host()?.values;
+        Ok(v.into_iter()
+            .enumerate()
+            .filter(|&(i, _)| written(i))
+            .map(|x| x.1)
+            .collect())
     };
     let want = result(heuristic.0).map_err(e)?;
+    if want.iter().any(|x| !x.is_finite()) {
+        return Err(format!(
+            "{job}: the heuristic's plan left a row unwritten or not finite"
+        ));
+    }
     let norm: f64 = want.iter().map(|&x| (x as f64).powi(2)).sum::<f64>().sqrt();
     results.sort_by(|x, y| x.1.total_cmp(&y.1));
     let mut best = heuristic;
@@ -259,14 +479,15 @@ pub fn tune(g: &Gpu, job: &Job, iters: usize, seed: u64) -> Result<Tuned, String
         }
         refused += 1;
     }
-    let shape = GemmShape::of(a0.desc(), b0.desc()).map_err(e)?;
+    let count = job.groups.as_ref().map(|x| x.rows.len());
     Ok(Tuned {
         job: job.clone(),
         timed: results.len(),
         refused,
         heuristic,
         best,
-        key: key(&g.machine(), (a0.desc(), b0.desc()), &shape, None),
+        all: results,
+        key: key(&g.machine(), (a0.desc(), b0.desc()), &shape, count),
     })
 }
 
@@ -286,14 +507,35 @@ mod tests {
     #[test]
     fn presets_expand_to_every_layer_m_and_recipe_and_unknown_ones_are_errors() {
         let recipes = [Recipe::DeepSeekFp8, Recipe::Mxfp4];
-        let j = jobs(&["deepseek-v3".into()], &[16, 4096], &recipes, &[]).unwrap();
+        let j = jobs(&["deepseek-v3".into()], &[16, 4096], &recipes, &[], false).unwrap();
         assert_eq!(j.len(), 7 * 2 * 2);
         assert!(j.iter().all(|x| x.model == "deepseek-v3"));
-        let all = jobs(&["all".into()], &[16], &recipes[..1], &[]).unwrap();
+        let all = jobs(&["all".into()], &[16], &recipes[..1], &[], false).unwrap();
         assert_eq!(all.len(), 7 + 4 + 4 + 4);
-        assert!(jobs(&["gpt-5".into()], &[16], &recipes, &[]).is_err());
+        assert!(jobs(&["gpt-5".into()], &[16], &recipes, &[], false).is_err());
+        // Grouped: each expert layer's contiguous groups sum to M, masked ones fit M.
+        let g = jobs(&["all".into()], &[16], &recipes[..1], &[], true).unwrap();
+        let grouped: Vec<_> = g
+            .iter()
+            .filter_map(|j| Some((j, j.groups.as_ref()?)))
+            .collect();
+        assert_eq!(
+            grouped.len(),
+            2 * 2 * 3,
+            "two models, two expert layers, three calls"
+        );
+        for (j, x) in grouped {
+            assert_eq!(x.rows.len(), 8);
+            match x.layout {
+                GroupLayout::Contiguous => assert_eq!(x.rows.iter().sum::<usize>(), j.m, "{j}"),
+                GroupLayout::Masked => assert!(x.rows.iter().all(|&r| r <= j.m), "{j}"),
+            }
+            let (a, b) = job_descs(j);
+            let (plans, _) = job_candidates(blockscaled::GpuArch::Hopper, 132, j, &a, &b).unwrap();
+            assert!(plans.len() > 4, "{j}: {} candidates", plans.len());
+        }
         let extra = [("x".to_string(), 8, 256, 512)];
-        let j = jobs(&[], &[16], &recipes[..1], &extra).unwrap();
+        let j = jobs(&[], &[16], &recipes[..1], &extra, false).unwrap();
         assert_eq!((j[0].m, j[0].n, j[0].k), (8, 256, 512));
     }
 

@@ -289,7 +289,7 @@ fn weight_only_recipes_and_small_fp4_pairs_plan_the_w4_kernel() {
     }
     for r in [
         Recipe::W4A16(Fp4Weights::Nvfp4),
-        Recipe::W4A8(Fp4Weights::Mxfp4),
+        Recipe::W4A8(Fp4Weights::Nvfp4),
     ] {
         let plan = g
             .plan(&up(r, 1000, 256, false), &up(r, 512, 256, true))
@@ -299,6 +299,19 @@ fn weight_only_recipes_and_small_fp4_pairs_plan_the_w4_kernel() {
             "{r}: {plan:?}"
         );
     }
+    // W4A8 with e8m0 weight scales: its FP8 MMAs for one activation tile, then the weights
+    // folded per call (exactly) onto the FP8 kernel.
+    let r = Recipe::W4A8(Fp4Weights::Mxfp4);
+    let plan = |m| {
+        g.plan(&up(r, m, 256, false), &up(r, 512, 256, true))
+            .unwrap()
+    };
+    assert!(
+        matches!(plan(128), Plan::Sm90W4(c) if c.fp8 && c.tile.n == 128),
+        "{:?}",
+        plan(128)
+    );
+    assert!(matches!(plan(129), Plan::Sm90MxFp8(_)), "{:?}", plan(129));
     // Larger M FP4 pairs leave this kernel: they fold onto the FP8 kernel; up to 128 rows those
     // with e8m0 scales run on its FP8 MMAs with A folded.
     let plan = |r: Recipe, m| {
@@ -603,8 +616,9 @@ fn w4a8_with_e8m0_scales_plans_fp8_mmas_and_refuses_what_they_cannot_run() {
         Recipe::W4A8(Fp4Weights::Mxfp4),
         Recipe::W4A8(Fp4Weights::Nvfp4),
     );
+    // (One activation tile: past it the weights fold onto the FP8 kernel.)
     let plan = g
-        .plan(&up(mx, 200, 256, false), &up(mx, 512, 256, true))
+        .plan(&up(mx, 128, 256, false), &up(mx, 512, 256, true))
         .unwrap();
     assert!(
         matches!(plan, Plan::Sm90W4(c) if c.fp8 && c.tile.n == 128),

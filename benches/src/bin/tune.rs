@@ -6,6 +6,7 @@
 //! blockscaled-tune --preset deepseek-v3                      # its layers at the default Ms
 //! blockscaled-tune --preset llama3-70b,qwen2.5-72b --m 16,128,4096 --recipe deepseek-fp8,mxfp4
 //! blockscaled-tune --shapes my-model.txt --cache ./plans.json
+//! blockscaled-tune --preset deepseek-v3 --grouped            # and its experts as grouped calls
 //! blockscaled-tune --preset all --dry-run                    # the jobs and candidates, no GPU
 //! ```
 
@@ -14,8 +15,10 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use blockscaled::plan::cache::{PlanCache, default_path};
-use blockscaled::{GpuArch, MatrixDesc, Recipe};
-use blockscaled_benches::tune::{DEFAULT_MS, jobs, read_shapes, remember, tune};
+use blockscaled::{GpuArch, Recipe, ScaledMatrix};
+use blockscaled_benches::tune::{
+    DEFAULT_MS, Tuned, job_candidates, job_descs, jobs, read_shapes, remember, tune, weights,
+};
 use clap::Parser;
 
 #[derive(Parser, Debug)]
@@ -46,6 +49,17 @@ struct Args {
     /// The GPU's ordinal.
     #[arg(long, default_value_t = 0)]
     gpu: usize,
+    /// Also write every candidate's time to this file, a JSON object a line (job, plan, µs,
+    /// whether it is the heuristic's): the data the heuristic's rules are fitted to.
+    #[arg(long)]
+    timings: Option<PathBuf>,
+    /// Also tune the presets' expert layers (deepseek-v3, mixtral-8x7b) as grouped calls: 8
+    /// experts, uneven contiguous groups of 4096 and 16384 rows in all, and masked decode groups.
+    #[arg(long)]
+    grouped: bool,
+    /// Tune the expert layers' grouped calls alone (no dense jobs; implies --grouped).
+    #[arg(long)]
+    grouped_only: bool,
     /// List the jobs and their candidates (for an H200's 132 SMs) without a GPU.
     #[arg(long)]
     dry_run: bool,
@@ -81,13 +95,20 @@ fn run(args: Args) -> Result<(), String> {
     } else {
         args.m.clone()
     };
-    let jobs = jobs(&presets, &ms, &recipes, &extra)?;
+    let mut jobs = jobs(
+        &presets,
+        &ms,
+        &recipes,
+        &extra,
+        args.grouped || args.grouped_only,
+    )?;
+    if args.grouped_only {
+        jobs.retain(|j| j.groups.is_some());
+    }
     if args.dry_run {
         for j in &jobs {
-            let a = MatrixDesc::packed(j.recipe.a(), j.m, j.k, 1);
-            let b = MatrixDesc::packed(j.recipe.b(), j.n, j.k, 1);
-            let c = blockscaled::plan::candidates(GpuArch::Hopper, 132, &a, &b)
-                .map_err(|e| e.to_string())?;
+            let (a, b) = job_descs(j);
+            let (c, _) = job_candidates(GpuArch::Hopper, 132, j, &a, &b)?;
             println!("{j}: {} candidates, heuristic {:?}", c.len(), c[0]);
         }
         return Ok(());
@@ -103,14 +124,30 @@ fn run(args: Args) -> Result<(), String> {
     }
     let g = blockscaled::Gpu::new(args.gpu).map_err(|e| e.to_string())?;
     println!("{g:?}; cache {}", path.display());
+    if let Err(why) = blockscaled_benches::ceilings::measure_at(&g, false, Some(path.clone())) {
+        println!("ceilings not measured ({why})");
+    }
     let start = Instant::now();
     let mut rows = Vec::new();
+    let mut b: Option<ScaledMatrix> = None;
     for (i, job) in jobs.iter().enumerate() {
-        let t = tune(&g, job, args.iters, 1000 + i as u64)?;
+        let same =
+            |w: &ScaledMatrix| (w.rows(), w.k(), w.format()) == (job.n, job.k, job.recipe.b());
+        if !b.as_ref().is_some_and(same) {
+            b = Some(weights(job));
+        }
+        let t = tune(
+            &g,
+            job,
+            b.as_ref().expect("made above"),
+            args.iters,
+            1000 + i as u64,
+        )?;
         println!(
-            "[{}/{}] {job}: {} timed ({} refused); heuristic {:.1} µs, tuned {:.1} µs ({:.3}x) {:?}",
+            "[{}/{} {:.0} s] {job}: {} timed ({} refused); heuristic {:.1} µs, tuned {:.1} µs ({:.3}x) {:?}",
             i + 1,
             jobs.len(),
+            start.elapsed().as_secs_f64(),
             t.timed,
             t.refused,
             t.heuristic.1,
@@ -118,6 +155,9 @@ fn run(args: Args) -> Result<(), String> {
             t.heuristic.1 / t.best.1,
             t.best.0
         );
+        if let Some(f) = &args.timings {
+            write_timings(f, &t).map_err(|e| format!("{}: {e}", f.display()))?;
+        }
         remember(&mut cache, &t);
         cache
             .save()
@@ -125,14 +165,21 @@ fn run(args: Args) -> Result<(), String> {
         rows.push(t);
     }
     println!(
-        "\n{} jobs in {:.1} s\n\n| model | layer | recipe | M×N×K | heuristic µs | tuned µs | gain |\n|---|---|---|---|--:|--:|--:|",
+        "\n{} jobs in {:.1} s\n\n| model | layer | recipe | M×N×K | groups | heuristic µs | tuned µs | gain |\n|---|---|---|---|---|--:|--:|--:|",
         rows.len(),
         start.elapsed().as_secs_f64()
     );
     for t in &rows {
         let j = &t.job;
+        let groups = match &j.groups {
+            None => "—".to_string(),
+            Some(g) if g.layout == blockscaled::GroupLayout::Masked => {
+                format!("{} masked", g.rows.len())
+            }
+            Some(g) => format!("{} contiguous", g.rows.len()),
+        };
         println!(
-            "| {} | {} | {} | {}×{}×{} | {:.1} | {:.1} | {:.3} |",
+            "| {} | {} | {} | {}×{}×{} | {groups} | {:.1} | {:.1} | {:.3} |",
             j.model,
             j.layer,
             j.recipe,
@@ -153,5 +200,24 @@ fn run(args: Args) -> Result<(), String> {
         gains.len(),
         rows.len()
     );
+    Ok(())
+}
+
+/// Appends `t`'s candidates' times to `path`, a JSON object a line.
+fn write_timings(path: &std::path::Path, t: &Tuned) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)?;
+    for (p, us) in &t.all {
+        let line = serde_json::json!({
+            "job": t.job.to_string(),
+            "plan": p.to_text(),
+            "us": us,
+            "heuristic": *p == t.heuristic.0,
+        });
+        writeln!(f, "{line}")?;
+    }
     Ok(())
 }

@@ -65,6 +65,10 @@ pub struct Args {
     /// measured as without it.
     #[arg(long)]
     pub sustained: bool,
+    /// Measure the GPU's ceilings (copy rate, cuBLASLt's best FP8 GEMM) again, and store them
+    /// beside the tuner's plans, instead of reading those stored there.
+    #[arg(long = "measure_ceilings", alias = "measure-ceilings")]
+    pub measure_ceilings: bool,
     /// Skip the comparison with the CPU reference.
     #[arg(long = "skip_ref_check", alias = "skip-ref-check")]
     pub skip_ref_check: bool,
@@ -353,7 +357,7 @@ pub fn run(args: &Args) -> Result<bool, String> {
     }
     if !args.tp
         && !args.ep
-        && let Err(why) = crate::ceilings::measure(&gpu)
+        && let Err(why) = crate::ceilings::measure(&gpu, args.measure_ceilings)
     {
         println!("ceilings not measured ({why}): no fraction of the ceiling in the tables");
     }

@@ -53,7 +53,7 @@ struct Device {
     ones: std::sync::Mutex<Option<Arc<cudarc::driver::CudaSlice<u8>>>>,
     /// The tuner's plans for this GPU and driver ([`crate::plan::cache`]), read once; `None`
     /// where there is no cache or it holds none.
-    tuned: Option<(crate::plan::cache::Machine, crate::plan::cache::PlanCache)>,
+    tuned: Option<crate::plan::cache::TunedPlans>,
 }
 
 impl Device {
@@ -391,10 +391,7 @@ pub(crate) fn library_present(names: &[&str], what: &str) -> std::result::Result
 
 /// The tuner's cache ([`crate::plan::cache::default_path`]) for this GPU, where it holds plans;
 /// what reading it found wrong is printed once (the heuristic plans every call then).
-fn tuned_plans(
-    name: &str,
-    sm_count: u32,
-) -> Option<(crate::plan::cache::Machine, crate::plan::cache::PlanCache)> {
+fn tuned_plans(name: &str, sm_count: u32) -> Option<crate::plan::cache::TunedPlans> {
     let cache = crate::plan::cache::PlanCache::open_default()?;
     for w in cache.warnings() {
         eprintln!("blockscaled: plan cache: {w}");
@@ -402,7 +399,10 @@ fn tuned_plans(
     if cache.is_empty() {
         return None;
     }
-    Some((machine_of(name, sm_count), cache))
+    Some(crate::plan::cache::TunedPlans::new(
+        machine_of(name, sm_count),
+        cache,
+    ))
 }
 
 /// The tuner's cache key of a GPU: its name, SMs and the driver's CUDA version.
@@ -432,9 +432,8 @@ impl Gpu {
         shape: &crate::matrix::GemmShape,
         groups: Option<usize>,
     ) -> Option<crate::plan::Plan> {
-        let (machine, cache) = self.dev.tuned.as_ref()?;
-        let key = crate::plan::cache::key(machine, (a, b), shape, groups);
-        let plan = cache.get(&key)?.plan;
+        let tuned = self.dev.tuned.as_ref()?;
+        let plan = tuned.get(&crate::plan::cache::CallKey::of((a, b), shape, groups))?;
         let ok = match groups {
             Some(_) => plan.validate_grouped(shape).is_ok(),
             None => plan.validate(shape).is_ok(),

@@ -5,13 +5,14 @@
 //! A candidate may still be refused at launch by a rule the shape alone does not show (a
 //! kernel's formats): the tuner skips those.
 
-use super::{GpuArch, Plan, choose_for};
+use super::{GpuArch, GroupedProblem, Plan, choose_for};
 use crate::error::Result;
 use crate::families::fold as sm90_mx_fp8;
 use crate::families::fp8::{self as sm90_fp8, Sm90Config};
 use crate::families::half::{self as sm90_half, Sm90HalfConfig};
 use crate::families::mx::{self as sm90_mx, Sm90MxConfig};
 use crate::families::w4::{self as sm90_w4, Sm90W4Config};
+use crate::format::ScaleType;
 use crate::matrix::{GemmShape, MatrixDesc};
 use blockscaled_kernels::gemm::scheduler::ClusterShape;
 use blockscaled_kernels::sm90::{BLOCK_K, Tile};
@@ -38,14 +39,76 @@ pub fn candidates(
     b: &MatrixDesc,
 ) -> Result<Vec<Plan>> {
     let shape = GemmShape::of(a, b)?;
-    let mut plans = vec![choose_for(arch, sm_count, &shape, a, b)?];
+    let first = choose_for(arch, sm_count, &shape, a, b)?;
     if arch != GpuArch::Hopper {
-        return Ok(plans);
+        return Ok(vec![first]);
     }
     let GemmShape { m, n, k, l } = shape;
+    let base = super::sm90_default(m, n, k, l, sm_count);
+    let lossy = matches!(first, Plan::Sm90MxFp8(_));
+    let more = variants(&shape, m, (a, b), base, sm_count, (true, lossy));
+    Ok(distinct(first, more, |p| p.validate(&shape).is_ok()))
+}
+
+/// The plans to time for the grouped GEMM `p`: the heuristic's plan first
+/// ([`super::choose_grouped`]), then the exact one ([`super::choose_grouped_exact`]), then every
+/// family's configurations with the rows of one group (tiles, clusters, band; K is never split
+/// in a grouped GEMM), each that validates for a grouped GEMM of the shape, once.
+pub fn grouped_candidates(p: &GroupedProblem<'_>) -> Result<Vec<Plan>> {
+    let first = super::choose_grouped(p)?;
+    if p.arch != GpuArch::Hopper {
+        return Ok(vec![first]);
+    }
+    let mut more: Vec<Plan> = super::choose_grouped_exact(p).into_iter().collect();
+    let rows = p.per_group();
+    let lossy = matches!(first, Plan::Sm90MxFp8(_));
+    more.extend(variants(
+        &p.shape,
+        rows,
+        (p.a, p.b),
+        p.fp8_config(),
+        p.sm_count,
+        (false, lossy),
+    ));
+    Ok(distinct(first, more, |x| {
+        x.validate_grouped(&p.shape).is_ok()
+    }))
+}
+
+/// `first`, then each plan of `more` that `valid` takes and is not there yet.
+fn distinct(first: Plan, more: Vec<Plan>, valid: impl Fn(&Plan) -> bool) -> Vec<Plan> {
+    let mut seen = Vec::with_capacity(more.len() + 1);
+    seen.push(first);
+    for p in more {
+        if !seen.contains(&p) && valid(&p) {
+            seen.push(p);
+        }
+    }
+    seen
+}
+
+/// Every family's configurations for a GEMM of `shape` whose tiles see `rows` rows of A (a
+/// group's, in a grouped GEMM), from the FP8 kernel's `fp8_base` and each family's defaults,
+/// with K split (where `split`) into 1, 2, 4, 8 and each default's own split, its half and
+/// double. The fold onto the FP8 kernel only where it is exact for the pair (no ue4m3 scales:
+/// an NVFP4 value folded to e4m3 rounds) or `lossy` (the heuristic's plan folds already): a
+/// tuned plan never trades the heuristic's numbers for speed.
+fn variants(
+    shape: &GemmShape,
+    rows: usize,
+    (a, b): (&MatrixDesc, &MatrixDesc),
+    fp8_base: Sm90Config,
+    sm_count: u32,
+    (split, lossy): (bool, bool),
+) -> Vec<Plan> {
+    let GemmShape { n, k, l, .. } = *shape;
+    let m = rows;
     let k_blocks = (k / BLOCK_K as usize).max(1) as u32;
-    // The fixed splits, and the heuristic's own with its halves and doubles.
+    // The fixed splits, and the default's own with its halves and doubles.
     let splits = |own: u32| {
+        if !split {
+            return vec![1];
+        }
         let mut s: Vec<u32> = SPLITS.to_vec();
         s.extend([own, own.div_ceil(2), own * 2]);
         s.sort_unstable();
@@ -53,10 +116,13 @@ pub fn candidates(
         s.retain(|&x| x >= 1 && x <= k_blocks);
         s
     };
+    let mut plans = Vec::new();
     let fp8 = sm90_fp8::unsupported(a, false).is_none() && sm90_fp8::unsupported(b, true).is_none();
-    let fold = sm90_mx_fp8::unsupported_pair(a, b).is_none();
+    let rounds = |d: &MatrixDesc| d.format.scale == ScaleType::UE4M3;
+    let fold =
+        sm90_mx_fp8::unsupported_pair(a, b).is_none() && (lossy || !(rounds(a) || rounds(b)));
     if fp8 || fold {
-        let base = super::sm90_default(m, n, k, l, sm_count);
+        let base = fp8_base;
         for tile in Tile::ALL {
             for cluster in CLUSTERS {
                 for split_k in splits(base.split_k) {
@@ -81,13 +147,21 @@ pub fn candidates(
     }
     if sm90_mx::unsupported_pair(a, b).is_none() {
         let base = super::sm90_mx_default(m, n, k, l, sm_count);
+        let group_ms = if split {
+            vec![base.group_m]
+        } else {
+            vec![base.group_m, 1]
+        };
         for tile in MxTile::ALL {
             for split_k in splits(base.split_k) {
-                plans.push(Plan::Sm90Mx(Sm90MxConfig {
-                    tile,
-                    split_k,
-                    ..base
-                }));
+                for &group_m in &group_ms {
+                    plans.push(Plan::Sm90Mx(Sm90MxConfig {
+                        tile,
+                        split_k,
+                        group_m,
+                        ..base
+                    }));
+                }
             }
         }
     }
@@ -128,13 +202,7 @@ pub fn candidates(
             }
         }
     }
-    let mut seen = Vec::with_capacity(plans.len());
-    for p in plans {
-        if !seen.contains(&p) && (seen.is_empty() || p.validate(&shape).is_ok()) {
-            seen.push(p);
-        }
-    }
-    Ok(seen)
+    plans
 }
 
 #[cfg(test)]
@@ -181,6 +249,32 @@ mod tests {
                 assert!(!plans[..i].contains(p), "{r}: {p:?} twice");
             }
         }
+        // NVFP4 weights whose heuristic plan is exact get no (rounding) fold to time; pairs the
+        // heuristic folds keep theirs.
+        let r = Recipe::W4A8(Fp4Weights::Nvfp4);
+        let plans = candidates(
+            GpuArch::Hopper,
+            132,
+            &desc(r, 4096, 2048, false),
+            &desc(r, 7168, 2048, true),
+        )
+        .unwrap();
+        assert!(
+            !plans.iter().any(|p| matches!(p, Plan::Sm90MxFp8(_))),
+            "{r}"
+        );
+        let r = Recipe::Nvfp4;
+        let plans = candidates(
+            GpuArch::Hopper,
+            132,
+            &desc(r, 4096, 4096, false),
+            &desc(r, 4096, 4096, true),
+        )
+        .unwrap();
+        assert!(
+            matches!(plans[0], Plan::Sm90MxFp8(_)) && plans.len() > 4,
+            "{r}"
+        );
         // bf16 × bf16 on the 16-bit kernel.
         let r = Recipe::DeepSeekFp8;
         let mut a = desc(r, 4096, 4096, false);
@@ -197,6 +291,50 @@ mod tests {
         b.scale_layout = a.scale_layout;
         let plans = candidates(GpuArch::Hopper, 132, &a, &b).unwrap();
         assert!(matches!(plans[0], Plan::Sm90Half(_)) && plans.len() > 4);
+    }
+
+    #[test]
+    fn grouped_candidates_start_with_the_heuristic_and_never_split_k() {
+        let cases = [
+            (Recipe::DeepSeekFp8, 8, 4096, 4096, 7168, 1),
+            (Recipe::DeepSeekFp8, 32, 256, 7168, 2048, 32),
+            (Recipe::Nvfp4, 8, 2048, 4096, 4096, 1),
+            (Recipe::W4A8(Fp4Weights::Mxfp4), 8, 1024, 4096, 7168, 1),
+            (Recipe::Mxfp4, 8, 64, 4096, 7168, 8),
+        ];
+        for (r, groups, m, n, k, l) in cases {
+            let a = MatrixDesc {
+                batch: l,
+                ..desc(r, m, k, false)
+            };
+            let b = MatrixDesc {
+                batch: groups,
+                ..desc(r, n, k, true)
+            };
+            let shape = GemmShape { m, n, k, l };
+            let p = GroupedProblem {
+                arch: GpuArch::Hopper,
+                sm_count: 132,
+                shape,
+                a: &a,
+                b: &b,
+                groups,
+            };
+            let plans = grouped_candidates(&p).unwrap();
+            assert_eq!(plans[0], super::super::choose_grouped(&p).unwrap());
+            assert!(
+                plans.contains(&super::super::choose_grouped_exact(&p).unwrap()),
+                "{r}: the exact plan is a candidate"
+            );
+            assert!(plans.len() > 4, "{r} G{groups}: {} candidates", plans.len());
+            for (i, x) in plans.iter().enumerate() {
+                assert!(
+                    x.validate_grouped(&shape).is_ok(),
+                    "{r}: {x:?} does not validate for a grouped GEMM"
+                );
+                assert!(!plans[..i].contains(x), "{r}: {x:?} twice");
+            }
+        }
     }
 
     #[test]

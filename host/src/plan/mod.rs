@@ -7,7 +7,7 @@
 
 pub mod cache;
 mod candidates;
-pub use candidates::candidates;
+pub use candidates::{candidates, grouped_candidates};
 
 use crate::error::{Error, Result, config, shape};
 pub(crate) use crate::families::FusedNeeds;
@@ -55,6 +55,17 @@ pub(crate) const FOLD_MIN_M: usize = 256;
 /// against both folded against the MX kernel): 33.1 / 35.4 / 37.5 at M = 32, 33.5 / 39.4 / 38.0
 /// at 128, 44.1 / 43.5 / 58.3 at 192 (docs/perf-log/w4.md).
 pub(crate) const W4A4_FP8_MAX_M: usize = 128;
+
+/// Rows from which 4-bit weights with e8m0 scales and FP8 activations (W4A8 MXFP4) run with the
+/// weights folded to FP8 per call on the FP8 kernel rather than on the 4-bit-weights kernels,
+/// dense or as contiguous groups of that many rows on average: past one 128-row activation tile,
+/// as for e2m1 pairs ([`W4A4_FP8_MAX_M`]). Measured on the H200 (the tuner, µs, 4-bit-weights kernel against
+/// folded, DeepSeek-V3 layers): W4A8 MXFP4 at 4096 rows 269.2 / 118.3 (× 7168 × 2048), 452.6 /
+/// 205.6 (× 4096 × 7168), 1730.8 / 785.3 (× 7168 × 16384); grouped, 8 experts of 512 rows on
+/// average 303.1 / 205.4 (× 7168 × 2048), of 2048 rows 1043.6 / 487.2; at 128 rows the kernel
+/// wins (27.7 against 33.5, docs/perf-log/w4.md), and on the seed's grouped cases of about 128
+/// rows a group (173.3 / 115.9 against 204.6 / 125.2 folded).
+pub(crate) const W4A8_FOLD_MIN_M: usize = W4A4_FP8_MAX_M + 1;
 
 /// Largest M for which e2m1 pairs run the 4-bit-weights kernel rather than the MX kernel
 /// (measured, docs/perf-log, the 4-bit-weights kernel: faster at M ≤ 16, slower at M = 128).
@@ -404,19 +415,25 @@ pub(crate) fn choose_for(
     let w4 = sm90_w4::unsupported_pair(a, b).is_none();
     // e2m1 activations with the weights' e8m0 scales: folded per call, the weights as they are.
     let w4a4 = w4 && sm90_w4::fp8_folds_a(a, b);
+    let folds = sm90_mx_fp8::unsupported_pair(a, b).is_none();
     if sm90_a && sm90_b {
         Ok(Plan::Sm90Fp8(sm90_default(m, n, k, l, sm_count)))
     } else if sm90_half::unsupported_pair(a, b).is_none() {
         Ok(Plan::Sm90Half(sm90_half_default(m, n, sm_count)))
+    } else if w4 && sm90_w4::fp8_takes(a, b) && folds && m >= W4A8_FOLD_MIN_M {
+        // FP8 activations past one activation tile: the 4-bit weights with e8m0 scales folded
+        // to FP8 per call (exactly; N·K bytes written, about 5 µs at 7168 × 4096) and the FP8
+        // kernel, as for e2m1 pairs past `W4A4_FP8_MAX_M` (measured: `W4A8_FOLD_MIN_M`).
+        // NVFP4 weights stay on the 4-bit-weights kernel: their fold to e4m3 rounds (a code
+        // times an e4m3 scale needs more than e4m3's 3 mantissa bits).
+        Ok(Plan::Sm90MxFp8(sm90_default(m, n, k, l, sm_count)))
     } else if w4 && m <= stream::MAX_M as usize && (a.format.elem != ElemType::E2M1 || w4a4) {
         Ok(Plan::Sm90W4(sm90_w4_stream_default(m, n, k, l, sm_count)))
     } else if w4 && sm90_w4::fp8_takes(a, b) && (!w4a4 || m <= W4A4_FP8_MAX_M) {
         Ok(Plan::Sm90W4(sm90_w4_fp8_default(m, n, k, l, sm_count)))
     } else if w4 && (a.format.elem != ElemType::E2M1 || m <= W4_MAX_M) {
         Ok(Plan::Sm90W4(sm90_w4_default(m, n, k, l, sm_count)))
-    } else if sm90_mx_fp8::unsupported_pair(a, b).is_none()
-        && (m >= FOLD_MIN_M || w4a4 || sm90_mx::unsupported_pair(a, b).is_some())
-    {
+    } else if folds && (m >= FOLD_MIN_M || w4a4 || sm90_mx::unsupported_pair(a, b).is_some()) {
         // Folded from FOLD_MIN_M rows (past W4A4_FP8_MAX_M for e2m1 pairs with e8m0 scales), and
         // at any M where the MX kernel does not take the pair (one operand FP8 already, e.g. a B
         // folded once by `Gpu::fold_to_fp8`).
@@ -489,7 +506,10 @@ pub fn choose_grouped(p: &GroupedProblem<'_>) -> Result<Plan> {
     if p.arch != GpuArch::Hopper || (fp8.is_some() && !fold) {
         return choose_grouped_exact(p);
     }
-    if let Some(plan) = w4_fp8_exact(p).or_else(|| w4a4_fp8(p)) {
+    // Contiguous groups of more rows than one activation tile on average fold (as dense calls
+    // do); masked groups hold at most their capacity, decode's few rows, and stay.
+    let small = p.shape.l > 1 || p.per_group() < W4A8_FOLD_MIN_M;
+    if let Some(plan) = w4_fp8_exact(p).or_else(|| w4a4_fp8(p)).filter(|_| small) {
         return Ok(plan);
     }
     let cfg = p.fp8_config();

@@ -463,6 +463,29 @@ fn grouped_plans_fold_what_folds_to_e4m3_and_keep_the_rest_exact() {
             "{r}"
         );
     }
+    // Contiguous groups of more than one activation tile's rows on average fold W4A8 and e2m1
+    // pairs' experts too; masked ones (rows up to their capacity) stay on the kernel.
+    for r in [Recipe::W4A8(Fp4Weights::Mxfp4), Recipe::Mxfp4] {
+        let (_, b) = descs(r);
+        let rows = 8 * super::W4A8_FOLD_MIN_M;
+        let a = MatrixDesc::of_recipe(r, rows, 7168, false);
+        let mut p = problem(hopper, &a, &b);
+        p.shape.m = rows;
+        assert_eq!(kind(choose_grouped(&p)), "fold", "{r}: contiguous");
+        p.shape.m -= 8;
+        assert_eq!(kind(choose_grouped(&p)), "w4", "{r}: one tile a group");
+        let masked = MatrixDesc {
+            batch: 8,
+            ..MatrixDesc::of_recipe(r, 256, 7168, false)
+        };
+        let mut p = problem(hopper, &masked, &b);
+        p.shape = GemmShape {
+            m: 256,
+            l: 8,
+            ..p.shape
+        };
+        assert_eq!(kind(choose_grouped(&p)), "w4", "{r}: masked");
+    }
     let (a, b) = descs(Recipe::Mxfp4);
     let bw = choose_grouped(&problem(GpuArch::Blackwell, &a, &b));
     assert!(matches!(bw, Err(Error::Architecture(_))));
@@ -585,6 +608,18 @@ fn each_pair_runs_on_the_family_that_takes_it_and_the_rest_on_the_reference() {
         let got = kinds(r, [16, 17, top, top + 1]);
         assert_eq!(got, ["stream", "w4fp8", "w4fp8", "fold"], "{r}");
     }
+    // FP8 activations (W4A8): the 4-bit-weights kernels through one activation tile, then
+    // weights with e8m0 scales folded per call (exactly) onto the FP8 kernel; NVFP4 weights,
+    // whose fold rounds, stay.
+    let from = super::W4A8_FOLD_MIN_M;
+    assert_eq!(
+        kinds(Recipe::W4A8(Fp4Weights::Mxfp4), [16, 17, from - 1, from]),
+        ["stream", "w4fp8", "w4fp8", "fold"]
+    );
+    assert_eq!(
+        kinds(Recipe::W4A8(Fp4Weights::Nvfp4), [16, 17, from, 4096]),
+        ["stream", "w4", "w4", "w4"]
+    );
 }
 
 /// `Plan::validate` and `validate_grouped` go to the plan's own configuration: a configuration

@@ -281,3 +281,106 @@ fn savers_at_once_each_leave_a_whole_file() {
     assert_eq!(left.len(), 1, "no temporary file left behind");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn ceilings_are_kept_per_machine_beside_the_plans_and_bad_ones_are_left_out() {
+    let dir = scratch("ceilings");
+    let path = dir.join("plans.json");
+    let h200 = Machine {
+        gpu: "NVIDIA H200".into(),
+        sm_count: 132,
+        driver: 13000,
+    };
+    let h100 = Machine {
+        gpu: "NVIDIA H100 80GB HBM3".into(),
+        ..h200.clone()
+    };
+    let newer_driver = Machine {
+        driver: 13010,
+        ..h200.clone()
+    };
+    let c200 = Ceilings {
+        tflops: 1453.5,
+        gbs: 4120.25,
+    };
+    let mut first = PlanCache::open(&path);
+    let mut second = PlanCache::open(&path);
+    first.set_ceilings(&h200, c200);
+    first.insert(
+        "k".into(),
+        Entry {
+            plan: Plan::Reference,
+            us: 2.0,
+        },
+    );
+    first.save().unwrap();
+    // Another process stores another GPU's ceilings: both are kept, and the plans.
+    let c100 = Ceilings {
+        tflops: 1200.0,
+        gbs: 3000.0,
+    };
+    second.set_ceilings(&h100, c100);
+    second.save().unwrap();
+    let read = PlanCache::open(&path);
+    assert!(read.warnings().is_empty(), "{:?}", read.warnings());
+    assert_eq!(read.ceilings(&h200), Some(c200));
+    assert_eq!(read.ceilings(&h100), Some(c100));
+    assert_eq!(
+        read.ceilings(&newer_driver),
+        None,
+        "a new driver measures again"
+    );
+    assert_eq!(read.len(), 1);
+    // A file of plans alone (no ceilings) reads without a warning; a bad ceiling is a warning
+    // and left out, the rest kept.
+    let good = Plan::Reference.to_text();
+    let text = format!(
+        r#"{{"format": 1, "entries": {{"a": {{"plan": "{good}", "us": 3.0}}}}, "ceilings": {{"x|1|1": {{"tflops": -1, "gbs": 5}}, "{}": {{"tflops": 9.5, "gbs": 7.5}}}}}}"#,
+        machine_key(&h200)
+    );
+    std::fs::write(&path, text).unwrap();
+    let c = PlanCache::open(&path);
+    assert_eq!(c.len(), 1);
+    assert_eq!(
+        c.ceilings(&h200),
+        Some(Ceilings {
+            tflops: 9.5,
+            gbs: 7.5
+        })
+    );
+    assert_eq!(c.warnings().len(), 1, "{:?}", c.warnings());
+    assert!(c.warnings()[0].contains("x|1|1"), "{:?}", c.warnings());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn tuned_plans_answer_from_the_cache_and_keep_each_keys_answer() {
+    let h200 = Machine {
+        gpu: "NVIDIA H200".into(),
+        sm_count: 132,
+        driver: 13000,
+    };
+    let r = Recipe::DeepSeekFp8;
+    let (a, b) = (desc(r, 100, 1024, false), desc(r, 512, 1024, true));
+    let s = |m| GemmShape {
+        m,
+        n: 512,
+        k: 1024,
+        l: 1,
+    };
+    let plan = plans()[2];
+    let mut cache = PlanCache::default();
+    cache.insert(key(&h200, (&a, &b), &s(100), None), Entry { plan, us: 4.0 });
+    let tuned = TunedPlans::new(h200.clone(), cache);
+    for _ in 0..2 {
+        // The first lookup reads the cache, the second the kept answer: the same.
+        assert_eq!(tuned.get(&CallKey::of((&a, &b), &s(100), None)), Some(plan));
+        assert_eq!(tuned.get(&CallKey::of((&a, &b), &s(128), None)), Some(plan));
+        assert_eq!(tuned.get(&CallKey::of((&a, &b), &s(129), None)), None);
+        assert_eq!(tuned.get(&CallKey::of((&a, &b), &s(100), Some(8))), None);
+    }
+    // The text key is the one the file holds.
+    let k = CallKey::of((&a, &b), &s(100), None);
+    assert_eq!(k.text(&h200), key(&h200, (&a, &b), &s(100), None));
+    assert_ne!(k, CallKey::of((&a, &b), &s(129), None));
+}
