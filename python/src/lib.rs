@@ -9,8 +9,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, LazyLock, Mutex};
 
 use blockscaled::{
-    Activation, Call, DeviceMatrix, ElemType, Epilogue, Error, Fp8, Gpu, GroupLayout, InputType,
-    MatrixDesc, OutType, QuantizeOptions, RawDevice, Recipe, ScaleLayout,
+    Activation, BsrMatrix, Call, DeviceMatrix, ElemType, Epilogue, Error, Fp8, Gpu, GroupLayout,
+    InputType, MatrixDesc, OutType, QuantizeOptions, RawDevice, Recipe, ScaleLayout, SparseSide,
 };
 use cudarc::driver::{CudaContext, sys};
 use pyo3::create_exception;
@@ -882,6 +882,105 @@ impl Operand {
     }
 }
 
+/// `out = a · bᵀ` with one operand block-sparse (`side` "a" or "b"): its structure (`crow`,
+/// `col`: torch's BSR indices), stored blocks' bytes `values` and, for e4m3 blocks, one fp32
+/// scale per block (`scales`), `dims` (rows, K, block), read on the host and uploaded for this
+/// call; the other operand `dense` (with `dense_scales` for FP8: DeepSeek's layouts, or bf16 /
+/// fp16 without) and `out` on the GPU, used where they are. The package's `bsr_mm` passes a
+/// torch `sparse_bsr` tensor so.
+#[pyfunction]
+#[pyo3(signature = (side, elem, dims, crow, col, values, scales, dense, dense_scales, out, *, stream = None))]
+#[allow(clippy::too_many_arguments)]
+fn _bsr_mm(
+    py: Python<'_>,
+    side: &str,
+    elem: &str,
+    dims: (usize, usize, usize),
+    crow: Vec<i64>,
+    col: Vec<i64>,
+    values: Vec<u8>,
+    scales: Vec<f32>,
+    dense: &Bound<'_, PyAny>,
+    dense_scales: Option<&Bound<'_, PyAny>>,
+    out: &Bound<'_, PyAny>,
+    stream: Option<u64>,
+) -> PyResult<()> {
+    let side = match side {
+        "a" => SparseSide::A,
+        "b" => SparseSide::B,
+        other => {
+            return Err(PyValueError::new_err(format!(
+                "side {other:?}: \"a\" or \"b\""
+            )));
+        }
+    };
+    let elem = match elem {
+        "e4m3" => ElemType::E4M3,
+        "bf16" => ElemType::BF16,
+        "f16" => ElemType::F16,
+        other => {
+            return Err(PyTypeError::new_err(format!(
+                "sparse blocks of {other}: e4m3 (with a scale per block), bf16 or f16"
+            )));
+        }
+    };
+    let (rows, cols, block) = dims;
+    let bsr = BsrMatrix::from_parts(elem, rows, cols, block, &crow, &col, values, scales)
+        .map_err(py_err)?;
+    let d = Tensor::of("dense", dense)?;
+    d.contiguous()?;
+    let ds = dense_scales
+        .map(|s| Tensor::of("dense_scales", s))
+        .transpose()?;
+    let o = Tensor::of("out", out)?;
+    o.need(&[Dtype::Bf16, Dtype::F16, Dtype::F32])?;
+    o.contiguous()?;
+    // The dense operand takes the other role: B where A is sparse.
+    let op = match d.dtype {
+        Dtype::Bf16 | Dtype::F16 if ds.is_none() => {
+            let (batch, r, c) = d.dims3()?;
+            let e = if d.dtype == Dtype::Bf16 {
+                ElemType::BF16
+            } else {
+                ElemType::F16
+            };
+            Operand::Half(e, (r, c, batch))
+        }
+        _ => operand_of(&d, ds.as_ref(), side == SparseSide::A, 1.0)?,
+    };
+    let (dense_rows, k, batch) = op.dims();
+    let (m, n) = match side {
+        SparseSide::A => (rows, dense_rows),
+        SparseSide::B => (dense_rows, rows),
+    };
+    if k != cols || batch != 1 || o.dims3()? != (1, m, n) {
+        return Err(PyValueError::new_err(format!(
+            "the sparse {rows} × {cols} and dense {:?} operands do not give out {:?} (K must \
+             match, one batch entry)",
+            d.shape, o.shape
+        )));
+    }
+    let mut all = vec![&d, &o];
+    all.extend(ds.as_ref());
+    let (device, stream) = placement(py, &all, stream)?;
+    let (draw, sraw, oraw) = (d.raw(), ds.as_ref().map(Tensor::raw), o.raw());
+    let dtype = out_type(&o);
+    py.detach(move || {
+        with_gpu(device, stream, |g| {
+            let sparse = g.upload_bsr(&bsr)?;
+            // SAFETY: the dense operand's and the output's tensors, alive for this call (the
+            // Python caller holds them); the crate checks each against the driver's allocation.
+            let (dense, mut c) = unsafe {
+                (
+                    op.view(g, draw, sraw)?,
+                    g.output_from_raw(oraw, dtype, (m, n, 1))?,
+                )
+            };
+            g.bsr_gemm(&dense, &sparse, side, &mut c)
+        })
+    })
+}
+
 /// The format of operand `t` with scales `s` (`as_b`: B's role), read from their dtypes and
 /// shapes ([`gemm_nt`]); `global`: NVFP4's fp32 tensor scale.
 fn operand_of(t: &Tensor, s: Option<&Tensor>, as_b: bool, global: f32) -> PyResult<Operand> {
@@ -1515,6 +1614,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
     m.add_function(wrap_pyfunction!(fp8_gemm_nt, m)?)?;
     m.add_function(wrap_pyfunction!(gemm_nt, m)?)?;
+    m.add_function(wrap_pyfunction!(_bsr_mm, m)?)?;
     m.add_function(wrap_pyfunction!(m_grouped_fp8_gemm_nt_contiguous, m)?)?;
     m.add_function(wrap_pyfunction!(m_grouped_fp8_gemm_nt_masked, m)?)?;
     m.add_function(wrap_pyfunction!(m_grouped_gemm_nt_contiguous, m)?)?;

@@ -335,6 +335,67 @@ def test_gemm_nt_takes_scales_in_the_128x4_swizzled_layout(ka, kb):
             bs.gemm_nt(a, sfa, b, bs.swizzle_scales_128x4(sfb), got, scale_layout="128x4")
 
 
+def sparse_blocks(rows, k, bs, gen, keep=0.4):
+    """A (rows, k) fp32 matrix of random blocks of bs x bs, about `keep` of them nonzero (at
+    least one)."""
+    mask = torch.rand(rows // bs, k // bs, device="cuda", generator=gen) < keep
+    mask[0, 0] = True
+    x = torch.randn(rows, k, device="cuda", generator=gen)
+    return x * mask.repeat_interleave(bs, 0).repeat_interleave(bs, 1)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("sparse_side", ["a", "b"])
+def test_bsr_mm_of_16_bit_blocks_matches_torch(dtype, sparse_side):
+    gen = torch.Generator(device="cuda").manual_seed(46)
+    m, n, k, blk = 256, 384, 512, 64
+    sp = sparse_blocks(m if sparse_side == "a" else n, k, blk, gen).to(dtype)
+    de = torch.randn(n if sparse_side == "a" else m, k, device="cuda", generator=gen).to(dtype)
+    s = sp.to_sparse_bsr((blk, blk))
+    a, b = (s, de) if sparse_side == "a" else (de, s)
+    fa, fb = (sp, de) if sparse_side == "a" else (de, sp)
+    out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.float32)
+    bs.bsr_mm(a, b, out)
+    torch.cuda.current_stream().synchronize()
+    ref = fa.double() @ fb.double().t()
+    mag = fa.double().abs() @ fb.double().abs().t()
+    # 16-bit tensor cores add each 16-wide step's exact products to an fp32 sum with at most
+    # two roundings of 2^-23 of Σ|a·b| (the Rust tests' bf16_mma_rel), then one fp32 rounding.
+    tol = (k / 8 + 1) * 2.0**-23 * mag + 2.0**-24 * ref.abs() + 1e-30
+    assert torch.isfinite(out).all()
+    worst = ((out.double() - ref).abs() / tol).max().item()
+    assert worst <= 1.0, f"{dtype} sparse {sparse_side}: error {worst:.3f} of the bound"
+
+
+def test_bsr_mm_of_fp8_blocks_with_a_dense_fp8_a_matches_torch():
+    gen = torch.Generator(device="cuda").manual_seed(47)
+    m, n, k, blk = 200, 384, 512, 128
+    x = torch.randn(m, k, device="cuda", generator=gen)
+    a, sa = quantize_rows(x)
+    w = sparse_blocks(n, k, blk, gen, keep=0.5)
+    blocks = w.to_sparse_bsr((blk, blk))
+    vals = blocks.values()
+    scale = vals.abs().amax(dim=(1, 2)).clamp(min=1e-12) / 448.0
+    codes = (vals / scale[:, None, None]).to(torch.float8_e4m3fn)
+    sparse = (blocks.crow_indices(), blocks.col_indices(), codes, (n, k))
+    out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.float32)
+    bs.bsr_mm(a, sparse, out, sfa=sa, block_scales=scale)
+    torch.cuda.current_stream().synchronize()
+    fa = dequantized(a, sa, 1).double()
+    fw = (codes.double() * scale.double()[:, None, None])
+    dense_w = torch.sparse_bsr_tensor(blocks.crow_indices(), blocks.col_indices(), fw, size=(n, k)).to_dense()
+    ref = fa @ dense_w.t()
+    mag = fa.abs() @ dense_w.abs().t()
+    tol = 2.0**-7 * mag + 2.0**-23 * ref.abs() + 1e-30
+    assert torch.isfinite(out).all()
+    worst = ((out.double() - ref).abs() / tol).max().item()
+    assert worst <= 1.0, f"FP8 blocks: error {worst:.3f} of the bound"
+    with pytest.raises(ValueError):
+        bs.bsr_mm(a, sparse, out, sfa=sa)  # e4m3 blocks without their scales
+    with pytest.raises(ValueError):
+        bs.bsr_mm(a, a, out, sfa=sa)  # neither sparse
+
+
 def fp4_values(codes):
     """The e2m1 values of codes two a byte (the first in the low nibble)."""
     u8 = codes.view(torch.uint8)
