@@ -355,13 +355,13 @@ pub fn job_descs(job: &Job) -> (MatrixDesc, MatrixDesc) {
 /// warm-up, operand sets rotated past L2; a candidate refused at launch is skipped), then the
 /// fastest checked against the heuristic's output on every row the call writes (relative
 /// Frobenius error at most 1e-2, no NaN; one that differs is dropped and the next fastest
-/// checked).
+/// checked). `progress` hears (candidates timed, candidates) after each.
 pub fn tune(
     g: &Gpu,
     job: &Job,
     b0: &ScaledMatrix,
-    iters: usize,
-    seed: u64,
+    (iters, seed): (usize, u64),
+    mut progress: impl FnMut(usize, usize),
 ) -> Result<Tuned, String> {
     let e = |x: blockscaled::Error| x.to_string();
     let (m, n, k) = (job.m, job.n, job.k);
@@ -420,7 +420,7 @@ pub fn tune(
         .collect::<Result<_, _>>()?;
     let mut results: Vec<(Plan, f64)> = Vec::new();
     let mut refused = 0;
-    for &p in &plans {
+    for (done, &p) in plans.iter().enumerate() {
         let t = time_on_stream(g.stream(), 3, iters, |i| {
             let (a, b) = &mats[i % sets];
             g.run(&call(a, b, p), &mut outs[i % sets])
@@ -429,6 +429,7 @@ pub fn tune(
             Ok(t) => results.push((p, t.median_ms * 1e3)),
             Err(_) => refused += 1,
         }
+        progress(done + 1, plans.len());
     }
     let heuristic = *results
         .iter()

@@ -10,6 +10,7 @@
 //! blockscaled-tune --preset all --dry-run                    # the jobs and candidates, no GPU
 //! ```
 
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
@@ -136,13 +137,22 @@ fn run(args: Args) -> Result<(), String> {
         if !b.as_ref().is_some_and(same) {
             b = Some(weights(job));
         }
-        let t = tune(
-            &g,
-            job,
-            b.as_ref().expect("made above"),
-            args.iters,
-            1000 + i as u64,
-        )?;
+        // A progress line on a terminal, overwritten as the candidates are timed.
+        let live = std::io::stderr().is_terminal();
+        let progress = |done: usize, all: usize| {
+            if live {
+                eprint!(
+                    "\r[{}/{}] {job}: {done}/{all} candidates",
+                    i + 1,
+                    jobs.len()
+                );
+            }
+        };
+        let weights = b.as_ref().expect("made above");
+        let t = tune(&g, job, weights, (args.iters, 1000 + i as u64), progress)?;
+        if live {
+            eprint!("\r\x1b[2K");
+        }
         println!(
             "[{}/{} {:.0} s] {job}: {} timed ({} refused); heuristic {:.1} µs, tuned {:.1} µs ({:.3}x) {:?}",
             i + 1,
