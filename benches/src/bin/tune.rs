@@ -54,8 +54,14 @@ struct Args {
     /// whether it is the heuristic's): the data the heuristic's rules are fitted to.
     #[arg(long)]
     timings: Option<PathBuf>,
+    /// Tune nothing: read this timings file (`--timings`' lines, or docs/perf-data's
+    /// tune-<gpu>.jsonl) and print, without a GPU, the heuristic's regret on each job — the
+    /// time of the plan it chooses now over the fastest timed candidate.
+    #[arg(long)]
+    regret: Option<PathBuf>,
     /// Also tune the presets' expert layers (deepseek-v3, mixtral-8x7b) as grouped calls: 8
-    /// experts, uneven contiguous groups of 4096 and 16384 rows in all, and masked decode groups.
+    /// experts, contiguous groups of 0.5–1.5 times the mean, 4096 and 16384 rows in all, and
+    /// masked decode groups.
     #[arg(long)]
     grouped: bool,
     /// Tune the expert layers' grouped calls alone (no dense jobs; implies --grouped).
@@ -96,6 +102,9 @@ fn run(args: Args) -> Result<(), String> {
     } else {
         args.m.clone()
     };
+    if let Some(path) = &args.regret {
+        return print_regrets(path);
+    }
     let mut jobs = jobs(
         &presets,
         &ms,
@@ -110,7 +119,11 @@ fn run(args: Args) -> Result<(), String> {
         for j in &jobs {
             let (a, b) = job_descs(j);
             let (c, _) = job_candidates(GpuArch::Hopper, 132, j, &a, &b)?;
-            println!("{j}: {} candidates, heuristic {:?}", c.len(), c[0]);
+            let rows = j
+                .groups
+                .as_ref()
+                .map_or(String::new(), |g| format!(" (rows {:?})", g.rows));
+            println!("{j}{rows}: {} candidates, heuristic {:?}", c.len(), c[0]);
         }
         return Ok(());
     }
@@ -229,5 +242,40 @@ fn write_timings(path: &std::path::Path, t: &Tuned) -> std::io::Result<()> {
         });
         writeln!(f, "{line}")?;
     }
+    Ok(())
+}
+
+/// `--regret`: the heuristic's regret on each job of a timings file, the worst first.
+fn print_regrets(path: &std::path::Path) -> Result<(), String> {
+    let timed = blockscaled_benches::tune::read_timings(path)?;
+    let mut rows = blockscaled_benches::tune::regrets(&timed)?;
+    rows.sort_by(|x, y| {
+        let r = |r: &blockscaled_benches::tune::Regret| r.ratio().unwrap_or(f64::INFINITY);
+        r(y).total_cmp(&r(x))
+    });
+    println!("| job | heuristic | µs | fastest | µs | regret |\n|---|---|--:|---|--:|--:|");
+    let mut logs = (0.0, 0);
+    for r in &rows {
+        let us = r
+            .heuristic_us
+            .map_or("not timed".into(), |u| format!("{u:.1}"));
+        let ratio = r.ratio().map_or("—".into(), |x| format!("{x:.3}"));
+        if let Some(x) = r.ratio() {
+            logs = (logs.0 + x.ln(), logs.1 + 1);
+        }
+        println!(
+            "| {} | `{}` | {us} | `{}` | {:.1} | {ratio} |",
+            r.job,
+            r.heuristic.to_text(),
+            r.best.0.to_text(),
+            r.best.1
+        );
+    }
+    println!(
+        "\n{} jobs; geometric-mean regret {:.4} over the {} whose heuristic plan was timed",
+        rows.len(),
+        (logs.0 / logs.1.max(1) as f64).exp(),
+        logs.1
+    );
     Ok(())
 }
