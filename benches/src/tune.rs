@@ -501,7 +501,7 @@ pub fn remember(cache: &mut PlanCache, t: &Tuned) {
     cache.insert(t.key.clone(), entry);
 }
 
-/// One job of a tuner's timings file (`docs/perf-data/tune-<gpu>.jsonl`, a JSON object a
+/// One job of a tuner's timings file (`docs/tune-data/<gpu>.jsonl`, a JSON object a
 /// line): the GPU, the call (recipe, M N K, groups) and every candidate's measured time (µs,
 /// keyed by `Plan::to_text`), all timed in one run.
 #[derive(Clone, Debug)]
@@ -510,6 +510,38 @@ pub struct Timed {
     pub sm_count: u32,
     pub job: Job,
     pub times: Vec<(Plan, f64)>,
+}
+
+/// `t`'s line in a timings file (what [`read_timings`] reads), timed on `gpu` with `sm_count`
+/// SMs: the job, the heuristic's plan then, and every candidate's time.
+pub fn timings_line(gpu: &str, sm_count: u32, t: &Tuned) -> String {
+    let j = &t.job;
+    let groups = j.groups.as_ref().map(|g| {
+        let layout = match g.layout {
+            GroupLayout::Masked => "masked",
+            _ => "contiguous",
+        };
+        serde_json::json!({"layout": layout, "rows": g.rows})
+    });
+    let times: serde_json::Map<String, serde_json::Value> = t
+        .all
+        .iter()
+        .map(|(p, us)| (p.to_text(), serde_json::json!(us)))
+        .collect();
+    serde_json::json!({
+        "gpu": gpu,
+        "sm_count": sm_count,
+        "date": crate::report::utc_date(std::time::SystemTime::now()),
+        "job": j.to_string(),
+        "recipe": j.recipe.name(),
+        "m": j.m,
+        "n": j.n,
+        "k": j.k,
+        "groups": groups,
+        "heuristic": t.heuristic.0.to_text(),
+        "times": times,
+    })
+    .to_string()
 }
 
 /// The jobs of a tuner's timings file; a line that cannot be read is an error naming it.
@@ -669,14 +701,14 @@ mod tests {
         assert_eq!((j[0].m, j[0].n, j[0].k), (8, 256, 512));
     }
 
-    /// The heuristic against the H200's measured candidates (docs/perf-data/tune-h200.jsonl,
+    /// The heuristic against the H200's measured candidates (docs/tune-data/h200.jsonl,
     /// timed by `blockscaled-tune --timings`): each plan it chooses now was timed, and its
     /// regret (its time over the fastest candidate's) stays within what it was when the file
     /// was taken — a rule change that makes it worse fails here, one that makes it better
     /// lowers the bounds.
     #[test]
     fn the_heuristic_keeps_its_regret_on_the_measured_h200_candidates() {
-        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/perf-data/tune-h200.jsonl");
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/tune-data/h200.jsonl");
         let timed = read_timings(&path).unwrap();
         assert!(timed.len() >= 100, "{} jobs", timed.len());
         let rows = regrets(&timed).unwrap();
@@ -708,6 +740,61 @@ mod tests {
             worst.1,
             worst.0
         );
+    }
+
+    #[test]
+    fn a_timings_line_reads_back_as_its_job_and_times() {
+        let recipes = [Recipe::DeepSeekFp8];
+        let all = jobs(&["deepseek-v3".into()], &[64], &recipes, &[], true).unwrap();
+        let dir = std::env::temp_dir().join(format!("bs-timings-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("t.jsonl");
+        let mut text = String::new();
+        for j in [&all[0], all.iter().find(|j| j.groups.is_some()).unwrap()] {
+            let (a, b) = job_descs(j);
+            let (plans, _) = job_candidates(blockscaled::GpuArch::Hopper, 132, j, &a, &b).unwrap();
+            let all: Vec<(Plan, f64)> = plans
+                .iter()
+                .enumerate()
+                .map(|(i, p)| (*p, 10.0 + i as f64))
+                .collect();
+            let t = Tuned {
+                job: j.clone(),
+                timed: all.len(),
+                refused: 0,
+                heuristic: all[0],
+                best: all[0],
+                all,
+                key: String::new(),
+            };
+            text += &timings_line("NVIDIA H200", 132, &t);
+            text.push('\n');
+        }
+        std::fs::write(&path, text).unwrap();
+        let read = read_timings(&path).unwrap();
+        assert_eq!(read.len(), 2);
+        for (r, j) in read
+            .iter()
+            .zip([&all[0], all.iter().find(|j| j.groups.is_some()).unwrap()])
+        {
+            assert_eq!(
+                r.job, *j,
+                "the job reads back, its model and layer included"
+            );
+            assert_eq!((r.gpu.as_str(), r.sm_count), ("NVIDIA H200", 132));
+            let regret = &regrets(std::slice::from_ref(r)).unwrap()[0];
+            assert_eq!(
+                regret.ratio(),
+                Some(1.0),
+                "the heuristic's plan was the fastest"
+            );
+        }
+        std::fs::write(&path, "{\"recipe\": \"fp7\"}\n").unwrap();
+        assert!(
+            read_timings(&path).unwrap_err().contains(":1:"),
+            "the line is named"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     /// The bounds of `the_heuristic_keeps_its_regret_on_the_measured_h200_candidates`: the

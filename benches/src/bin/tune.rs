@@ -50,12 +50,13 @@ struct Args {
     /// The GPU's ordinal.
     #[arg(long, default_value_t = 0)]
     gpu: usize,
-    /// Also write every candidate's time to this file, a JSON object a line (job, plan, µs,
-    /// whether it is the heuristic's): the data the heuristic's rules are fitted to.
+    /// Also append each job's candidates' times to this file, a JSON object a line (the GPU,
+    /// the job, the heuristic's plan, every plan's µs; docs/tune-data's format): the data the
+    /// heuristic's rules are checked against (`--regret`).
     #[arg(long)]
     timings: Option<PathBuf>,
-    /// Tune nothing: read this timings file (`--timings`' lines, or docs/perf-data's
-    /// tune-<gpu>.jsonl) and print, without a GPU, the heuristic's regret on each job — the
+    /// Tune nothing: read this timings file (`--timings`' output, or docs/tune-data's
+    /// <gpu>.jsonl) and print, without a GPU, the heuristic's regret on each job — the
     /// time of the plan it chooses now over the fastest timed candidate.
     #[arg(long)]
     regret: Option<PathBuf>,
@@ -179,7 +180,7 @@ fn run(args: Args) -> Result<(), String> {
             t.best.0
         );
         if let Some(f) = &args.timings {
-            write_timings(f, &t).map_err(|e| format!("{}: {e}", f.display()))?;
+            write_timings(f, &g, &t).map_err(|e| format!("{}: {e}", f.display()))?;
         }
         remember(&mut cache, &t);
         cache
@@ -226,23 +227,15 @@ fn run(args: Args) -> Result<(), String> {
     Ok(())
 }
 
-/// Appends `t`'s candidates' times to `path`, a JSON object a line.
-fn write_timings(path: &std::path::Path, t: &Tuned) -> std::io::Result<()> {
+/// Appends `t`'s line ([`blockscaled_benches::tune::timings_line`]) to `path`.
+fn write_timings(path: &std::path::Path, g: &blockscaled::Gpu, t: &Tuned) -> std::io::Result<()> {
     use std::io::Write;
     let mut f = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(path)?;
-    for (p, us) in &t.all {
-        let line = serde_json::json!({
-            "job": t.job.to_string(),
-            "plan": p.to_text(),
-            "us": us,
-            "heuristic": *p == t.heuristic.0,
-        });
-        writeln!(f, "{line}")?;
-    }
-    Ok(())
+    let line = blockscaled_benches::tune::timings_line(g.name(), g.sm_count(), t);
+    writeln!(f, "{line}")
 }
 
 /// `--regret`: the heuristic's regret on each job of a timings file, the worst first.

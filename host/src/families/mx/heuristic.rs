@@ -36,7 +36,7 @@ pub fn sm90_mx_default(m: usize, n: usize, k: usize, l: usize, sm_count: u32) ->
 pub(crate) const MX_N256_COST: f64 = 1.8;
 
 /// What a split costs the MX kernel, in 64-wide K blocks of one tile. Measured on the H200 (the
-/// tuner's timings, docs/perf-data/tune-h200.jsonl): MXFP8 16 × 7168 × 2048 (56 tiles, 32
+/// tuner's timings, docs/tune-data/h200.jsonl): MXFP8 16 × 7168 × 2048 (56 tiles, 32
 /// blocks) ran 26.2 µs split in 2 against 33.9 unsplit, so a split of 2 pays from 16 + 12 < 32
 /// blocks; none of the other timed MX shapes moves between 20 and 4.
 pub(crate) const MX_SPLIT_K_COST_BLOCKS: usize = 12;
