@@ -98,22 +98,7 @@ pub fn run_grouped(
     if c.route == GroupedRoute::FoldedOnce {
         db = gpu.fold_to_fp8(&db, true).map_err(e)?;
     }
-    let values: Vec<i32> = match c.layout {
-        GroupLayout::Contiguous => c
-            .sizes
-            .iter()
-            .scan(0usize, |acc, s| {
-                *acc += s;
-                Some(*acc as i32)
-            })
-            .collect(),
-        GroupLayout::Masked => c.sizes.iter().map(|&s| s as i32).collect(),
-    };
-    let groups = match c.layout {
-        GroupLayout::Contiguous => gpu.group_ends(&values),
-        GroupLayout::Masked => gpu.group_counts(&values),
-    }
-    .map_err(e)?;
+    let groups = upload_groups(gpu, c.layout, &c.sizes).map_err(e)?;
     let mut out = gpu.output(rows, c.n, a_batch, OutType::Bf16).map_err(e)?;
     let problem = blockscaled::plan::GroupedProblem {
         arch: gpu.arch(),
@@ -174,6 +159,30 @@ pub fn run_grouped(
         flops,
         min_bytes,
     })
+}
+
+/// Groups of `sizes` rows on `gpu`: each group's end row (contiguous) or its count (masked).
+pub fn upload_groups(
+    gpu: &Gpu,
+    layout: GroupLayout,
+    sizes: &[usize],
+) -> blockscaled::Result<blockscaled::DeviceGroups<'static>> {
+    match layout {
+        GroupLayout::Contiguous => {
+            let ends: Vec<i32> = sizes
+                .iter()
+                .scan(0usize, |acc, s| {
+                    *acc += s;
+                    Some(*acc as i32)
+                })
+                .collect();
+            gpu.group_ends(&ends)
+        }
+        GroupLayout::Masked => {
+            let counts: Vec<i32> = sizes.iter().map(|&s| s as i32).collect();
+            gpu.group_counts(&counts)
+        }
+    }
 }
 
 /// The G experts: copies of one random expert (quantizing G × N × K values on the CPU takes

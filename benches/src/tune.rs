@@ -88,6 +88,16 @@ pub struct Groups {
     pub rows: Vec<usize>,
 }
 
+impl Groups {
+    /// The layout's name: "contiguous" or "masked" (the timings file's, the tables').
+    pub fn kind(&self) -> &'static str {
+        match self.layout {
+            GroupLayout::Masked => "masked",
+            _ => "contiguous",
+        }
+    }
+}
+
 impl std::fmt::Display for Job {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let Job {
@@ -104,7 +114,7 @@ impl std::fmt::Display for Job {
             Some(g) if g.layout == GroupLayout::Masked => {
                 write!(f, " masked G{} (≤ {m} rows each)", g.rows.len())
             }
-            Some(g) => write!(f, " contiguous G{}", g.rows.len()),
+            Some(g) => write!(f, " {} G{}", g.kind(), g.rows.len()),
             None => Ok(()),
         }
     }
@@ -281,13 +291,11 @@ pub fn read_shapes(path: &Path) -> Result<Vec<(String, usize, usize, usize)>, St
 #[derive(Clone, Debug)]
 pub struct Tuned {
     pub job: Job,
-    /// Candidates timed, and those refused at launch or giving another result than the
-    /// heuristic's.
-    pub timed: usize,
+    /// Candidates refused at launch or giving another result than the heuristic's.
     pub refused: usize,
     pub heuristic: (Plan, f64),
     pub best: (Plan, f64),
-    /// Every candidate that ran, fastest first (µs).
+    /// Every candidate that ran, fastest first (µs): `all.len()` were timed.
     pub all: Vec<(Plan, f64)>,
     /// The tuner's cache key of the job's call on this GPU (the operands' formats and layouts
     /// as the recipe gives them, the shape).
@@ -382,21 +390,7 @@ pub fn tune(
     let (plans, shape) = job_candidates(g.arch(), g.sm_count(), job, a0.desc(), b0.desc())?;
     let groups = match &job.groups {
         None => None,
-        Some(x) if x.layout == GroupLayout::Masked => {
-            let counts: Vec<i32> = x.rows.iter().map(|&r| r as i32).collect();
-            Some(g.group_counts(&counts).map_err(e)?)
-        }
-        Some(x) => {
-            let ends: Vec<i32> = x
-                .rows
-                .iter()
-                .scan(0, |end, &r| {
-                    *end += r as i32;
-                    Some(*end)
-                })
-                .collect();
-            Some(g.group_ends(&ends).map_err(e)?)
-        }
+        Some(x) => Some(crate::grouped::upload_groups(g, x.layout, &x.rows).map_err(e)?),
     };
     let call = |a, b, p| {
         let c = Call::new(a, b).with_plan(p);
@@ -483,7 +477,6 @@ pub fn tune(
     let count = job.groups.as_ref().map(|x| x.rows.len());
     Ok(Tuned {
         job: job.clone(),
-        timed: results.len(),
         refused,
         heuristic,
         best,
@@ -516,13 +509,10 @@ pub struct Timed {
 /// SMs: the job, the heuristic's plan then, and every candidate's time.
 pub fn timings_line(gpu: &str, sm_count: u32, t: &Tuned) -> String {
     let j = &t.job;
-    let groups = j.groups.as_ref().map(|g| {
-        let layout = match g.layout {
-            GroupLayout::Masked => "masked",
-            _ => "contiguous",
-        };
-        serde_json::json!({"layout": layout, "rows": g.rows})
-    });
+    let groups = j
+        .groups
+        .as_ref()
+        .map(|g| serde_json::json!({"layout": g.kind(), "rows": g.rows}));
     let times: serde_json::Map<String, serde_json::Value> = t
         .all
         .iter()
@@ -760,7 +750,6 @@ mod tests {
                 .collect();
             let t = Tuned {
                 job: j.clone(),
-                timed: all.len(),
                 refused: 0,
                 heuristic: all[0],
                 best: all[0],

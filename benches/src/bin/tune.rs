@@ -145,14 +145,14 @@ fn run(args: Args) -> Result<(), String> {
     let start = Instant::now();
     let mut rows = Vec::new();
     let mut b: Option<ScaledMatrix> = None;
+    // A progress line on a terminal, overwritten as each job's candidates are timed.
+    let live = std::io::stderr().is_terminal();
     for (i, job) in jobs.iter().enumerate() {
         let same =
             |w: &ScaledMatrix| (w.rows(), w.k(), w.format()) == (job.n, job.k, job.recipe.b());
         if !b.as_ref().is_some_and(same) {
             b = Some(weights(job));
         }
-        // A progress line on a terminal, overwritten as the candidates are timed.
-        let live = std::io::stderr().is_terminal();
         let progress = |done: usize, all: usize| {
             if live {
                 eprint!(
@@ -172,7 +172,7 @@ fn run(args: Args) -> Result<(), String> {
             i + 1,
             jobs.len(),
             start.elapsed().as_secs_f64(),
-            t.timed,
+            t.all.len(),
             t.refused,
             t.heuristic.1,
             t.best.1,
@@ -195,13 +195,9 @@ fn run(args: Args) -> Result<(), String> {
     );
     for t in &rows {
         let j = &t.job;
-        let groups = match &j.groups {
-            None => "—".to_string(),
-            Some(g) if g.layout == blockscaled::GroupLayout::Masked => {
-                format!("{} masked", g.rows.len())
-            }
-            Some(g) => format!("{} contiguous", g.rows.len()),
-        };
+        let groups = j.groups.as_ref().map_or("—".to_string(), |g| {
+            format!("{} {}", g.rows.len(), g.kind())
+        });
         println!(
             "| {} | {} | {} | {}×{}×{} | {groups} | {:.1} | {:.1} | {:.3} |",
             j.model,

@@ -214,13 +214,12 @@ pub struct Entry {
 #[derive(Debug, Default)]
 pub struct PlanCache {
     path: Option<PathBuf>,
-    entries: BTreeMap<String, Entry>,
-    ceilings: BTreeMap<String, Ceilings>,
+    contents: Contents,
     warnings: Vec<String>,
 }
 
 /// What a cache file holds.
-#[derive(Default)]
+#[derive(Debug, Default)]
 struct Contents {
     entries: BTreeMap<String, Entry>,
     ceilings: BTreeMap<String, Ceilings>,
@@ -243,8 +242,7 @@ impl PlanCache {
         };
         PlanCache {
             path: Some(path.to_path_buf()),
-            entries: contents.entries,
-            ceilings: contents.ceilings,
+            contents,
             warnings,
         }
     }
@@ -261,32 +259,32 @@ impl PlanCache {
 
     /// The tuned plan of `key`.
     pub fn get(&self, key: &str) -> Option<&Entry> {
-        self.entries.get(key)
+        self.contents.entries.get(key)
     }
 
     /// How many plans it holds.
     pub fn len(&self) -> usize {
-        self.entries.len()
+        self.contents.entries.len()
     }
 
     /// Whether it holds no plan.
     pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
+        self.contents.entries.is_empty()
     }
 
     /// Records the plan tuned for `key` (in memory; [`PlanCache::save`] writes it).
     pub fn insert(&mut self, key: String, entry: Entry) {
-        self.entries.insert(key, entry);
+        self.contents.entries.insert(key, entry);
     }
 
     /// The ceilings stored for `machine`.
     pub fn ceilings(&self, machine: &Machine) -> Option<Ceilings> {
-        self.ceilings.get(&machine_key(machine)).copied()
+        self.contents.ceilings.get(&machine_key(machine)).copied()
     }
 
     /// Records `machine`'s measured ceilings (in memory; [`PlanCache::save`] writes them).
     pub fn set_ceilings(&mut self, machine: &Machine, c: Ceilings) {
-        self.ceilings.insert(machine_key(machine), c);
+        self.contents.ceilings.insert(machine_key(machine), c);
     }
 
     /// Writes the cache to its file: what is on disk now, read again and merged under this
@@ -299,10 +297,13 @@ impl PlanCache {
             Ok(text) => parse(&text, path).0,
             Err(_) => Contents::default(),
         };
-        merged
-            .entries
-            .extend(self.entries.iter().map(|(k, e)| (k.clone(), e.clone())));
-        merged.ceilings.extend(self.ceilings.clone());
+        merged.entries.extend(
+            self.contents
+                .entries
+                .iter()
+                .map(|(k, e)| (k.clone(), e.clone())),
+        );
+        merged.ceilings.extend(self.contents.ceilings.clone());
         let mut entries = Map::new();
         for (k, e) in &merged.entries {
             entries.insert(k.clone(), json!({"plan": e.plan.to_text(), "us": e.us}));

@@ -251,26 +251,23 @@ mod tests {
         }
         // NVFP4 weights whose heuristic plan is exact get no (rounding) fold to time; pairs the
         // heuristic folds keep theirs.
+        let of = |r, m, n, k| {
+            candidates(
+                GpuArch::Hopper,
+                132,
+                &desc(r, m, k, false),
+                &desc(r, n, k, true),
+            )
+            .unwrap()
+        };
         let r = Recipe::W4A8(Fp4Weights::Nvfp4);
-        let plans = candidates(
-            GpuArch::Hopper,
-            132,
-            &desc(r, 4096, 2048, false),
-            &desc(r, 7168, 2048, true),
-        )
-        .unwrap();
+        let plans = of(r, 4096, 7168, 2048);
         assert!(
             !plans.iter().any(|p| matches!(p, Plan::Sm90MxFp8(_))),
             "{r}"
         );
         let r = Recipe::Nvfp4;
-        let plans = candidates(
-            GpuArch::Hopper,
-            132,
-            &desc(r, 4096, 4096, false),
-            &desc(r, 4096, 4096, true),
-        )
-        .unwrap();
+        let plans = of(r, 4096, 4096, 4096);
         assert!(
             matches!(plans[0], Plan::Sm90MxFp8(_)) && plans.len() > 4,
             "{r}"

@@ -75,21 +75,31 @@ fn m_shares_entries_in_powers_of_two_then_in_256_rows() {
     assert_eq!(got, [1, 1, 2, 4, 16, 32, 128, 256, 256, 512, 4096]);
 }
 
-#[test]
-fn keys_tell_apart_machines_formats_layouts_shapes_and_groups() {
-    let h200 = Machine {
+/// An H200 as the cache names it.
+fn h200() -> Machine {
+    Machine {
         gpu: "NVIDIA H200".into(),
         sm_count: 132,
         driver: 13000,
-    };
+    }
+}
+
+/// A DeepSeek FP8 call's A (100 rows) and B (512 rows) at K = 1024, and its shape at a given M.
+fn fp8_call() -> (MatrixDesc, MatrixDesc, impl Fn(usize) -> GemmShape) {
     let r = Recipe::DeepSeekFp8;
-    let (a, b) = (desc(r, 100, 1024, false), desc(r, 512, 1024, true));
-    let s = |m| GemmShape {
+    let shape = |m| GemmShape {
         m,
         n: 512,
         k: 1024,
         l: 1,
     };
+    (desc(r, 100, 1024, false), desc(r, 512, 1024, true), shape)
+}
+
+#[test]
+fn keys_tell_apart_machines_formats_layouts_shapes_and_groups() {
+    let h200 = h200();
+    let (a, b, s) = fp8_call();
     let k0 = key(&h200, (&a, &b), &s(100), None);
     assert_eq!(k0, key(&h200, (&a, &b), &s(128), None), "one bucket");
     assert!(k0.contains(env!("CARGO_PKG_VERSION")), "{k0}");
@@ -274,7 +284,7 @@ fn savers_at_once_each_leave_a_whole_file() {
     let c = PlanCache::open(&path);
     assert!(c.warnings().is_empty(), "{:?}", c.warnings());
     assert!(!c.is_empty());
-    for (k, e) in &c.entries {
+    for (k, e) in &c.contents.entries {
         assert!(k.starts_with('t') && e.plan == plan, "{k}");
     }
     let left: Vec<_> = std::fs::read_dir(&dir).unwrap().collect();
@@ -286,11 +296,7 @@ fn savers_at_once_each_leave_a_whole_file() {
 fn ceilings_are_kept_per_machine_beside_the_plans_and_bad_ones_are_left_out() {
     let dir = scratch("ceilings");
     let path = dir.join("plans.json");
-    let h200 = Machine {
-        gpu: "NVIDIA H200".into(),
-        sm_count: 132,
-        driver: 13000,
-    };
+    let h200 = h200();
     let h100 = Machine {
         gpu: "NVIDIA H100 80GB HBM3".into(),
         ..h200.clone()
@@ -355,19 +361,8 @@ fn ceilings_are_kept_per_machine_beside_the_plans_and_bad_ones_are_left_out() {
 
 #[test]
 fn tuned_plans_answer_from_the_cache_and_keep_each_keys_answer() {
-    let h200 = Machine {
-        gpu: "NVIDIA H200".into(),
-        sm_count: 132,
-        driver: 13000,
-    };
-    let r = Recipe::DeepSeekFp8;
-    let (a, b) = (desc(r, 100, 1024, false), desc(r, 512, 1024, true));
-    let s = |m| GemmShape {
-        m,
-        n: 512,
-        k: 1024,
-        l: 1,
-    };
+    let h200 = h200();
+    let (a, b, s) = fp8_call();
     let plan = plans()[2];
     let mut cache = PlanCache::default();
     cache.insert(key(&h200, (&a, &b), &s(100), None), Entry { plan, us: 4.0 });
