@@ -651,6 +651,10 @@ impl DeviceBsr {
             slots: list.slots,
             counters: list.counters,
         });
+        // The copy completes before the list is shared: a later call of this key may run on
+        // another stream (a handle per stream: `Gpu::with_stream`), which the copy's stream
+        // does not order. Once per key.
+        stream.synchronize()?;
         cache.insert(key, w.clone());
         Ok(w)
     }

@@ -28,7 +28,7 @@ from ._native import (
     quantize_mxfp8_into,
     version,
 )
-from ._native import _bsr_mm
+from ._native import PreparedBsr, _bsr_mm, _bsr_prepare
 from ._native import gemm_nt as _gemm_nt
 from ._native import m_grouped_fp8_gemm_nt_contiguous as _contiguous
 from ._native import m_grouped_gemm_nt_contiguous
@@ -233,49 +233,79 @@ def _unswizzled(t, scales, block):
     return unswizzle_scales_128x4(scales, t.shape[-2], k // per, batch)
 
 
-def bsr_mm(a, b, out, *, sfa=None, sfb=None, block_scales=None, stream=None):
-    """``out = a · bᵀ`` with one of ``a``, ``b`` block-sparse (rows × K) on the tensor cores
-    (``docs/SPARSE.md``): a torch ``sparse_bsr`` tensor, or its parts as a tuple ``(crow_indices,
-    col_indices, values, (rows, K))`` (torch has no FP8 sparse tensors); its blocks e4m3 with
-    ``block_scales`` (nnz,) fp32, one per stored block (blocks of 128), or bf16 / fp16 (blocks of
-    64 or 128, no scales). The other
-    operand dense, (rows, K): FP8 with its scales as ``fp8_gemm_nt`` takes them (``sfa`` for a
-    dense A per 1×128, ``sfb`` for a dense B per 128×128), or bf16 / fp16 of the blocks' type
-    without. ``out`` (M, N) bf16, fp16 or fp32.
-
-    The sparse tensor's structure, blocks and scales are read to the host and uploaded for the
-    call (the stream is synchronized once); the dense operand and ``out`` are used where they
-    are, on torch's current stream."""
+def _bsr_parts(x, block_scales, what):
+    """The host parts `_bsr_mm` and `_bsr_prepare` take of a sparse operand: a torch
+    ``sparse_bsr`` tensor or a tuple ``(crow_indices, col_indices, values, (rows, K))``, with
+    ``block_scales`` for e4m3 blocks."""
     import torch
 
-    def parts(x):
-        """(crow, col, values, (rows, cols)) of a sparse operand, else None."""
-        if isinstance(x, tuple) and len(x) == 4:
-            return x
-        if getattr(x, "layout", None) == torch.sparse_bsr:
-            return x.crow_indices(), x.col_indices(), x.values(), tuple(x.shape)
-        return None
-
-    pa, pb = parts(a), parts(b)
-    if (pa is None) == (pb is None):
-        raise ValueError("bsr_mm: exactly one of a, b is sparse (a torch.sparse_bsr tensor or a tuple)")
-    sparse_a = pa is not None
-    (crow_t, col_t, vals, (rows, cols)), d, ds = (pa, b, sfb) if sparse_a else (pb, a, sfa)
+    if isinstance(x, tuple) and len(x) == 4:
+        crow_t, col_t, vals, (rows, cols) = x
+    elif getattr(x, "layout", None) == torch.sparse_bsr:
+        crow_t, col_t, vals, (rows, cols) = x.crow_indices(), x.col_indices(), x.values(), tuple(x.shape)
+    else:
+        raise ValueError(f"{what}: a torch.sparse_bsr tensor or (crow_indices, col_indices, values, (rows, K))")
     if vals.dim() != 3 or vals.shape[1] != vals.shape[2]:
-        raise ValueError(f"bsr_mm: square blocks are needed, not values of shape {tuple(vals.shape)}")
+        raise ValueError(f"{what}: square blocks are needed, not values of shape {tuple(vals.shape)}")
     elem = {torch.float8_e4m3fn: "e4m3", torch.bfloat16: "bf16", torch.float16: "f16"}.get(vals.dtype)
     if elem is None:
-        raise TypeError(f"bsr_mm: sparse blocks of {vals.dtype}: float8_e4m3fn, bfloat16 or float16")
+        raise TypeError(f"{what}: sparse blocks of {vals.dtype}: float8_e4m3fn, bfloat16 or float16")
     if (elem == "e4m3") != (block_scales is not None):
-        raise ValueError("bsr_mm: e4m3 blocks need block_scales (one fp32 per block); 16-bit blocks take none")
+        raise ValueError(f"{what}: e4m3 blocks need block_scales (one fp32 per block); 16-bit blocks take none")
     if block_scales is not None and block_scales.numel() != vals.shape[0]:
-        raise ValueError(f"bsr_mm: {block_scales.numel()} block scales for {vals.shape[0]} stored blocks")
+        raise ValueError(f"{what}: {block_scales.numel()} block scales for {vals.shape[0]} stored blocks")
     crow = crow_t.cpu().tolist()
     col = col_t.cpu().tolist()
     values = vals.contiguous().view(torch.uint8).cpu().numpy().tobytes()
     scales = [] if block_scales is None else block_scales.float().cpu().tolist()
-    side = "a" if sparse_a else "b"
-    _bsr_mm(side, elem, (rows, cols, vals.shape[1]), crow, col, values, scales, d, ds, out, stream=stream)
+    device = vals.device.index if vals.is_cuda else None
+    return (elem, (rows, cols, vals.shape[1]), crow, col, values, scales), device
+
+
+def prepare_bsr(sparse, *, block_scales=None, device=None, stream=None):
+    """A block-sparse operand uploaded to the GPU once, for ``bsr_mm`` to take as it is in every
+    later call on that GPU (on any stream): the sparse weights of a model, prepared at load.
+    ``sparse`` as ``bsr_mm`` takes it (a torch ``sparse_bsr`` tensor or its parts), with
+    ``block_scales`` for e4m3 blocks; ``device`` the CUDA ordinal (default: the blocks' device,
+    else 0). Its structure, blocks and scales are read to the host here, once."""
+    parts, on = _bsr_parts(sparse, block_scales, "prepare_bsr")
+    device = on if device is None else device
+    return _bsr_prepare(parts, 0 if device is None else device, stream=stream)
+
+
+def bsr_mm(a, b, out, *, sfa=None, sfb=None, block_scales=None, stream=None):
+    """``out = a · bᵀ`` with one of ``a``, ``b`` block-sparse (rows × K) on the tensor cores
+    (``docs/SPARSE.md``): a ``prepare_bsr`` result (uploaded once, taken as it is), a torch
+    ``sparse_bsr`` tensor, or its parts as a tuple ``(crow_indices, col_indices, values, (rows,
+    K))`` (torch has no FP8 sparse tensors); its blocks e4m3 with ``block_scales`` (nnz,) fp32,
+    one per stored block (blocks of 128), or bf16 / fp16 (blocks of 64 or 128, no scales). The
+    other operand dense, (rows, K): FP8 with its scales as ``fp8_gemm_nt`` takes them (``sfa``
+    for a dense A per 1×128, ``sfb`` for a dense B per 128×128), or bf16 / fp16 of the blocks'
+    type without. ``out`` (M, N) bf16, fp16 or fp32.
+
+    A sparse tensor or tuple is read to the host and uploaded for the call (the stream is
+    synchronized once); a ``prepare_bsr`` result, the dense operand and ``out`` are used where
+    they are, on torch's current stream."""
+    import torch
+
+    def sparse(x):
+        return (
+            isinstance(x, PreparedBsr)
+            or (isinstance(x, tuple) and len(x) == 4)
+            or getattr(x, "layout", None) == torch.sparse_bsr
+        )
+
+    if sparse(a) == sparse(b):
+        raise ValueError("bsr_mm: exactly one of a, b is sparse (prepare_bsr's, a torch.sparse_bsr tensor or a tuple)")
+    sparse_a = sparse(a)
+    s, d, ds = (a, b, sfb) if sparse_a else (b, a, sfa)
+    if isinstance(s, PreparedBsr):
+        if block_scales is not None:
+            raise ValueError("bsr_mm: a prepared operand holds its block scales (give them to prepare_bsr)")
+        parts = s
+    else:
+        parts, _ = _bsr_parts(s, block_scales, "bsr_mm")
+    _bsr_mm("a" if sparse_a else "b", parts, d, ds, out, stream=stream)
 
 
 def offs_of_m_indices(m_indices, groups):
@@ -307,7 +337,9 @@ __all__ = [
     "NoDeviceError",
     "ShapeError",
     "WrongGpuError",
+    "PreparedBsr",
     "bsr_mm",
+    "prepare_bsr",
     "fp8_gemm_nt",
     "gemm_nt",
     "m_grouped_fp8_gemm_nt_contiguous",

@@ -882,24 +882,118 @@ impl Operand {
     }
 }
 
-/// `out = a · bᵀ` with one operand block-sparse (`side` "a" or "b"): its structure (`crow`,
-/// `col`: torch's BSR indices), stored blocks' bytes `values` and, for e4m3 blocks, one fp32
-/// scale per block (`scales`), `dims` (rows, K, block), read on the host and uploaded for this
-/// call; the other operand `dense` (with `dense_scales` for FP8: DeepSeek's layouts, or bf16 /
-/// fp16 without) and `out` on the GPU, used where they are. The package's `bsr_mm` passes a
-/// torch `sparse_bsr` tensor so.
+/// A block-sparse operand's host parts: the block type (`elem`: "e4m3", "bf16" or "f16"),
+/// `dims` (rows, K, block), torch's BSR indices (`crow`, `col`), the stored blocks' bytes and,
+/// for e4m3 blocks, one fp32 scale per block.
+type BsrParts = (
+    String,
+    (usize, usize, usize),
+    Vec<i64>,
+    Vec<i64>,
+    Vec<u8>,
+    Vec<f32>,
+);
+
+/// The crate's block-sparse matrix of `parts`.
+fn bsr_of(parts: BsrParts) -> PyResult<BsrMatrix> {
+    let (elem, (rows, cols, block), crow, col, values, scales) = parts;
+    let elem = match elem.as_str() {
+        "e4m3" => ElemType::E4M3,
+        "bf16" => ElemType::BF16,
+        "f16" => ElemType::F16,
+        other => {
+            return Err(PyTypeError::new_err(format!(
+                "sparse blocks of {other}: e4m3 (with a scale per block), bf16 or f16"
+            )));
+        }
+    };
+    BsrMatrix::from_parts(elem, rows, cols, block, &crow, &col, values, scales).map_err(py_err)
+}
+
+/// A block-sparse operand on a GPU, uploaded once (`_bsr_prepare`: its blocks, scales and the
+/// kernels' preparation of them) and taken as it is by every later `_bsr_mm` on that GPU, on
+/// any stream: the sparse weights of a model, prepared at load.
+#[pyclass(module = "blockscaled._native", frozen)]
+struct PreparedBsr {
+    device: usize,
+    bsr: blockscaled::DeviceBsr,
+}
+
+#[pymethods]
+impl PreparedBsr {
+    /// (rows, K): the matrix's shape.
+    #[getter]
+    fn shape(&self) -> (usize, usize) {
+        (self.bsr.rows(), self.bsr.cols())
+    }
+
+    /// The block size.
+    #[getter]
+    fn block(&self) -> usize {
+        self.bsr.block()
+    }
+
+    /// The number of stored blocks.
+    #[getter]
+    fn nnz(&self) -> usize {
+        self.bsr.nnz()
+    }
+
+    /// The CUDA device it lives on.
+    #[getter]
+    fn device(&self) -> usize {
+        self.device
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "PreparedBsr({} × {}, blocks of {}, {} stored, cuda:{})",
+            self.bsr.rows(),
+            self.bsr.cols(),
+            self.bsr.block(),
+            self.bsr.nnz(),
+            self.device
+        )
+    }
+}
+
+/// Uploads the block-sparse operand of `parts` to GPU `device` once, on `stream` (else torch's
+/// current stream there), and waits for the copies: the result is ready on any stream.
 #[pyfunction]
-#[pyo3(signature = (side, elem, dims, crow, col, values, scales, dense, dense_scales, out, *, stream = None))]
-#[allow(clippy::too_many_arguments)]
+#[pyo3(signature = (parts, device, *, stream = None))]
+fn _bsr_prepare(
+    py: Python<'_>,
+    parts: BsrParts,
+    device: usize,
+    stream: Option<u64>,
+) -> PyResult<PreparedBsr> {
+    let m = bsr_of(parts)?;
+    open(device)?;
+    let stream = match stream {
+        Some(s) => s,
+        None => torch_stream(py, device)?.unwrap_or(0),
+    };
+    let bsr = py.detach(move || {
+        with_gpu(device, stream, |g| {
+            let d = g.upload_bsr(&m)?;
+            g.stream().synchronize()?;
+            Ok(d)
+        })
+    })?;
+    Ok(PreparedBsr { device, bsr })
+}
+
+/// `out = a · bᵀ` with one operand block-sparse (`side` "a" or "b"): `sparse` a
+/// [`PreparedBsr`] on the call's GPU, used as it is, or its host parts ([`BsrParts`]), read on
+/// the host and uploaded for this call; the other operand `dense` (with `dense_scales` for FP8:
+/// DeepSeek's layouts, or bf16 / fp16 without) and `out` on the GPU, used where they are. The
+/// package's `bsr_mm` passes a torch `sparse_bsr` tensor so.
+#[pyfunction]
+#[pyo3(signature = (side, sparse, dense, dense_scales, out, *, stream = None))]
 fn _bsr_mm(
     py: Python<'_>,
     side: &str,
-    elem: &str,
-    dims: (usize, usize, usize),
-    crow: Vec<i64>,
-    col: Vec<i64>,
-    values: Vec<u8>,
-    scales: Vec<f32>,
+    sparse: &Bound<'_, PyAny>,
     dense: &Bound<'_, PyAny>,
     dense_scales: Option<&Bound<'_, PyAny>>,
     out: &Bound<'_, PyAny>,
@@ -914,19 +1008,16 @@ fn _bsr_mm(
             )));
         }
     };
-    let elem = match elem {
-        "e4m3" => ElemType::E4M3,
-        "bf16" => ElemType::BF16,
-        "f16" => ElemType::F16,
-        other => {
-            return Err(PyTypeError::new_err(format!(
-                "sparse blocks of {other}: e4m3 (with a scale per block), bf16 or f16"
-            )));
-        }
+    // The sparse operand: prepared on a GPU, or host parts to upload for this call.
+    let (prepared, parts) = match sparse.cast::<PreparedBsr>() {
+        Ok(p) => (Some(p.clone().unbind()), None),
+        Err(_) => (None, Some(bsr_of(sparse.extract::<BsrParts>()?)?)),
     };
-    let (rows, cols, block) = dims;
-    let bsr = BsrMatrix::from_parts(elem, rows, cols, block, &crow, &col, values, scales)
-        .map_err(py_err)?;
+    let (rows, cols) = match (&prepared, &parts) {
+        (Some(p), _) => p.get().shape(),
+        (_, Some(m)) => (m.rows(), m.cols()),
+        _ => unreachable!("one of them is set above"),
+    };
     let d = Tensor::of("dense", dense)?;
     d.contiguous()?;
     let ds = dense_scales
@@ -963,11 +1054,27 @@ fn _bsr_mm(
     let mut all = vec![&d, &o];
     all.extend(ds.as_ref());
     let (device, stream) = placement(py, &all, stream)?;
+    if let Some(p) = &prepared
+        && p.get().device != device
+    {
+        return Err(WrongGpuError::new_err(format!(
+            "the sparse operand was prepared on cuda:{}, the tensors are on cuda:{device}",
+            p.get().device
+        )));
+    }
     let (draw, sraw, oraw) = (d.raw(), ds.as_ref().map(Tensor::raw), o.raw());
     let dtype = out_type(&o);
     py.detach(move || {
         with_gpu(device, stream, |g| {
-            let sparse = g.upload_bsr(&bsr)?;
+            let uploaded;
+            let sparse = match (&prepared, &parts) {
+                (Some(p), _) => &p.get().bsr,
+                (_, Some(m)) => {
+                    uploaded = g.upload_bsr(m)?;
+                    &uploaded
+                }
+                _ => unreachable!("one of them is set above"),
+            };
             // SAFETY: the dense operand's and the output's tensors, alive for this call (the
             // Python caller holds them); the crate checks each against the driver's allocation.
             let (dense, mut c) = unsafe {
@@ -976,7 +1083,7 @@ fn _bsr_mm(
                     g.output_from_raw(oraw, dtype, (m, n, 1))?,
                 )
             };
-            g.bsr_gemm(&dense, &sparse, side, &mut c)
+            g.bsr_gemm(&dense, sparse, side, &mut c)
         })
     })
 }
@@ -1615,6 +1722,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(fp8_gemm_nt, m)?)?;
     m.add_function(wrap_pyfunction!(gemm_nt, m)?)?;
     m.add_function(wrap_pyfunction!(_bsr_mm, m)?)?;
+    m.add_function(wrap_pyfunction!(_bsr_prepare, m)?)?;
+    m.add_class::<PreparedBsr>()?;
     m.add_function(wrap_pyfunction!(m_grouped_fp8_gemm_nt_contiguous, m)?)?;
     m.add_function(wrap_pyfunction!(m_grouped_fp8_gemm_nt_masked, m)?)?;
     m.add_function(wrap_pyfunction!(m_grouped_gemm_nt_contiguous, m)?)?;

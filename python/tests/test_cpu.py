@@ -347,3 +347,48 @@ def test_grouped_calls_of_any_format_are_checked_before_the_device():
         bs.m_grouped_gemm_nt_contiguous(fp4(r, k // 2), e8m0(r, k // 32), fp4(g, n, k // 2), e8m0(g, n, k // 32), FakeTensor((r, n), "bfloat16"), FakeTensor((g + 1,), "int32"))
     with pytest.raises(ValueError, match="does not give out"):
         bs.m_grouped_gemm_nt_masked(fp4(g, cap, k // 2), e8m0(g, cap, k // 32), fp4(g, n, k), e8m0(g, n, k // 16), FakeTensor((g, cap, n), "bfloat16"), offs)
+
+
+def bsr_parts(elem="bf16", rows=128, k=256, block=64):
+    """Host parts of a block-sparse operand as `_bsr_mm` / `_bsr_prepare` take them: two stored
+    blocks, one in each block row."""
+    size = 1 if elem == "e4m3" else 2
+    values = bytes(range(256)) * (2 * block * block * size // 256)
+    scales = [0.5, 2.0] if elem == "e4m3" else []
+    return (elem, (rows, k, block), [0, 1, 2], [0, 3], values, scales)
+
+
+def test_sparse_operands_are_checked_before_the_device():
+    from blockscaled import _native
+
+    for bad, err in [
+        (bsr_parts(elem="fp32"), TypeError),
+        (bsr_parts()[:4] + (b"\0" * 10, []), bs.BlockscaledError),  # too few bytes
+        (bsr_parts()[:2] + ([0, 2, 1], [0, 3]) + bsr_parts()[4:], bs.BlockscaledError),
+    ]:
+        with pytest.raises(err):
+            _native._bsr_prepare(bad, 0)
+        with pytest.raises(err):
+            _native._bsr_mm("a", bad, FakeTensor((64, 256), "bfloat16"), None, FakeTensor((128, 64), "float32"))
+    good = bsr_parts()
+    with pytest.raises(ValueError):
+        _native._bsr_mm("c", good, FakeTensor((64, 256), "bfloat16"), None, FakeTensor((128, 64), "float32"))
+    # K of the dense operand, and out's shape, must match the sparse one's.
+    with pytest.raises(ValueError):
+        _native._bsr_mm("a", good, FakeTensor((64, 512), "bfloat16"), None, FakeTensor((128, 64), "float32"))
+    with pytest.raises(ValueError):
+        _native._bsr_mm("b", good, FakeTensor((64, 256), "bfloat16"), None, FakeTensor((128, 64), "float32"))
+
+
+def test_well_formed_sparse_calls_reach_the_device():
+    from blockscaled import _native
+
+    dense, out = FakeTensor((64, 256), "bfloat16"), FakeTensor((128, 64), "float32")
+    with pytest.raises(REACHES_THE_DEVICE):
+        _native._bsr_mm("a", bsr_parts(), dense, None, out)
+    try:
+        p = _native._bsr_prepare(bsr_parts(), 0)
+    except bs.NoDeviceError:
+        return
+    # A GPU is present: the operand was uploaded for real.
+    assert (p.shape, p.block, p.nnz, p.device) == ((128, 256), 64, 2, 0)

@@ -396,6 +396,40 @@ def test_bsr_mm_of_fp8_blocks_with_a_dense_fp8_a_matches_torch():
         bs.bsr_mm(a, a, out, sfa=sa)  # neither sparse
 
 
+def test_a_prepared_sparse_operand_gives_the_per_call_result_on_any_stream():
+    gen = torch.Generator(device="cuda").manual_seed(48)
+    m, n, k, blk = 200, 384, 512, 128
+    x = torch.randn(m, k, device="cuda", generator=gen)
+    a, sa = quantize_rows(x)
+    blocks = sparse_blocks(n, k, blk, gen, keep=0.5).to_sparse_bsr((blk, blk))
+    vals = blocks.values()
+    scale = vals.abs().amax(dim=(1, 2)).clamp(min=1e-12) / 448.0
+    codes = (vals / scale[:, None, None]).to(torch.float8_e4m3fn)
+    sparse = (blocks.crow_indices(), blocks.col_indices(), codes, (n, k))
+    want = torch.full((m, n), float("nan"), device="cuda", dtype=torch.float32)
+    bs.bsr_mm(a, sparse, want, sfa=sa, block_scales=scale)
+    w = bs.prepare_bsr(sparse, block_scales=scale)
+    assert (w.shape, w.block, w.nnz) == ((n, k), blk, codes.shape[0])
+    side = torch.cuda.Stream()
+    for stream in [None, side]:
+        got = torch.full((m, n), float("nan"), device="cuda", dtype=torch.float32)
+        with torch.cuda.stream(stream or torch.cuda.current_stream()):
+            bs.bsr_mm(a, w, got, sfa=sa)
+        torch.cuda.synchronize()
+        assert torch.equal(got, want), "a prepared operand gives another result"
+    # 16-bit blocks as the sparse A, prepared.
+    sp = sparse_blocks(256, k, 64, gen).to(torch.bfloat16)
+    de = torch.randn(n, k, device="cuda", generator=gen).to(torch.bfloat16)
+    ref = torch.full((256, n), float("nan"), device="cuda", dtype=torch.float32)
+    bs.bsr_mm(sp.to_sparse_bsr((64, 64)), de, ref)
+    got = torch.full_like(ref, float("nan"))
+    bs.bsr_mm(bs.prepare_bsr(sp.to_sparse_bsr((64, 64))), de, got)
+    torch.cuda.synchronize()
+    assert torch.equal(got, ref)
+    with pytest.raises(ValueError):
+        bs.bsr_mm(a, w, got, sfa=sa, block_scales=scale)  # the prepared operand holds them
+
+
 def fp4_values(codes):
     """The e2m1 values of codes two a byte (the first in the low nibble)."""
     u8 = codes.view(torch.uint8)
