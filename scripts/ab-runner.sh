@@ -6,6 +6,7 @@
 # and the range. Rows are read from the runner's printed tables (every version prints them; the
 # --json rows are newer than some versions worth comparing with).
 #   bash stage/ab-runner.sh path/to/old/blockscaled-run     (OUT: where the runs' output goes)
+# CASES=FILE replaces the cases below by FILE's lines (one runner argument list a line).
 set -uo pipefail
 old=$(realpath "${1:?usage: ab-runner.sh OLD_RUNNER}")
 cd "$(dirname "$0")"
@@ -35,6 +36,7 @@ cases=(
   "--mnkl 4096,7168,2048,1 $ds --epilogue bias,silu --out_quant fp8-1x128"
   "--mnkl 4096,7168,2048,1 --recipe mxfp8-e4m3 --epilogue bias,silu --out_quant mxfp8"
 )
+if [ -n "${CASES:-}" ]; then mapfile -t cases < "$CASES"; fi
 for r in $(seq 1 "${ROUNDS:-2}"); do
   i=0
   for c in "${cases[@]}"; do
