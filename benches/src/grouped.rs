@@ -102,7 +102,7 @@ pub fn run_grouped(
     let mut out = gpu.output(rows, c.n, a_batch, OutType::Bf16).map_err(e)?;
     let problem = blockscaled::plan::GroupedProblem {
         arch: gpu.arch(),
-        sm_count: gpu.sm_count(),
+        hw: gpu.hardware(),
         shape: blockscaled::GemmShape {
             m: rows,
             n: c.n,

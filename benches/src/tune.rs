@@ -313,7 +313,7 @@ pub fn weights(job: &Job) -> ScaledMatrix {
 /// the heuristic's first, and the job's shape as the cache keys it.
 pub fn job_candidates(
     arch: blockscaled::GpuArch,
-    sm_count: u32,
+    hw: plan::Hardware,
     job: &Job,
     a: &MatrixDesc,
     b: &MatrixDesc,
@@ -321,7 +321,7 @@ pub fn job_candidates(
     let e = |x: blockscaled::Error| x.to_string();
     match &job.groups {
         None => {
-            let plans = plan::candidates(arch, sm_count, a, b).map_err(e)?;
+            let plans = plan::candidates(arch, hw, a, b).map_err(e)?;
             Ok((plans, GemmShape::of(a, b).map_err(e)?))
         }
         Some(groups) => {
@@ -333,7 +333,7 @@ pub fn job_candidates(
             };
             let p = plan::GroupedProblem {
                 arch,
-                sm_count,
+                hw,
                 shape,
                 a,
                 b,
@@ -387,7 +387,7 @@ pub fn tune(
         }
         None => b0,
     };
-    let (plans, shape) = job_candidates(g.arch(), g.sm_count(), job, a0.desc(), b0.desc())?;
+    let (plans, shape) = job_candidates(g.arch(), g.hardware(), job, a0.desc(), b0.desc())?;
     let groups = match &job.groups {
         None => None,
         Some(x) => Some(crate::grouped::upload_groups(g, x.layout, &x.rows).map_err(e)?),
@@ -500,14 +500,15 @@ pub fn remember(cache: &mut PlanCache, t: &Tuned) {
 #[derive(Clone, Debug)]
 pub struct Timed {
     pub gpu: String,
-    pub sm_count: u32,
+    /// Its SMs and DRAM rate, as the heuristic read them.
+    pub hw: plan::Hardware,
     pub job: Job,
     pub times: Vec<(Plan, f64)>,
 }
 
-/// `t`'s line in a timings file (what [`read_timings`] reads), timed on `gpu` with `sm_count`
-/// SMs: the job, the heuristic's plan then, and every candidate's time.
-pub fn timings_line(gpu: &str, sm_count: u32, t: &Tuned) -> String {
+/// `t`'s line in a timings file (what [`read_timings`] reads), timed on `gpu` with the facts
+/// `hw`: the job, the heuristic's plan then, and every candidate's time.
+pub fn timings_line(gpu: &str, hw: plan::Hardware, t: &Tuned) -> String {
     let j = &t.job;
     let groups = j
         .groups
@@ -520,7 +521,8 @@ pub fn timings_line(gpu: &str, sm_count: u32, t: &Tuned) -> String {
         .collect();
     serde_json::json!({
         "gpu": gpu,
-        "sm_count": sm_count,
+        "sm_count": hw.sm_count,
+        "dram_bytes_per_us": hw.dram_bytes_per_us,
         "date": crate::report::utc_date(std::time::SystemTime::now()),
         "job": j.to_string(),
         "recipe": j.recipe.name(),
@@ -593,7 +595,12 @@ pub fn read_timings(path: &Path) -> Result<Vec<Timed>, String> {
         let (model, layer) = head.split_once(' ').unwrap_or((head, ""));
         out.push(Timed {
             gpu: v["gpu"].as_str().unwrap_or("").to_string(),
-            sm_count: num("sm_count")? as u32,
+            hw: plan::Hardware {
+                sm_count: num("sm_count")? as u32,
+                dram_bytes_per_us: v["dram_bytes_per_us"]
+                    .as_f64()
+                    .ok_or_else(|| format!("{}: no dram_bytes_per_us", at()))?,
+            },
             job: Job {
                 model: model.to_string(),
                 layer: layer.to_string(),
@@ -635,7 +642,7 @@ pub fn regrets(timed: &[Timed]) -> Result<Vec<Regret>, String> {
         .map(|t| {
             let (a, b) = job_descs(&t.job);
             let arch = blockscaled::GpuArch::Hopper;
-            let (plans, _) = job_candidates(arch, t.sm_count, &t.job, &a, &b)?;
+            let (plans, _) = job_candidates(arch, t.hw, &t.job, &a, &b)?;
             let time = |p: &Plan| t.times.iter().find(|(q, _)| q == p).map(|x| x.1);
             let best = plans
                 .iter()
@@ -683,7 +690,14 @@ mod tests {
                 GroupLayout::Masked => assert!(x.rows.iter().all(|&r| r <= j.m), "{j}"),
             }
             let (a, b) = job_descs(j);
-            let (plans, _) = job_candidates(blockscaled::GpuArch::Hopper, 132, j, &a, &b).unwrap();
+            let (plans, _) = job_candidates(
+                blockscaled::GpuArch::Hopper,
+                plan::Hardware::H100,
+                j,
+                &a,
+                &b,
+            )
+            .unwrap();
             assert!(plans.len() > 4, "{j}: {} candidates", plans.len());
         }
         let extra = [("x".to_string(), 8, 256, 512)];
@@ -742,7 +756,14 @@ mod tests {
         let mut text = String::new();
         for j in [&all[0], all.iter().find(|j| j.groups.is_some()).unwrap()] {
             let (a, b) = job_descs(j);
-            let (plans, _) = job_candidates(blockscaled::GpuArch::Hopper, 132, j, &a, &b).unwrap();
+            let (plans, _) = job_candidates(
+                blockscaled::GpuArch::Hopper,
+                plan::Hardware::H200,
+                j,
+                &a,
+                &b,
+            )
+            .unwrap();
             let all: Vec<(Plan, f64)> = plans
                 .iter()
                 .enumerate()
@@ -756,7 +777,7 @@ mod tests {
                 all,
                 key: String::new(),
             };
-            text += &timings_line("NVIDIA H200", 132, &t);
+            text += &timings_line("NVIDIA H200", plan::Hardware::H200, &t);
             text.push('\n');
         }
         std::fs::write(&path, text).unwrap();
@@ -770,7 +791,10 @@ mod tests {
                 r.job, *j,
                 "the job reads back, its model and layer included"
             );
-            assert_eq!((r.gpu.as_str(), r.sm_count), ("NVIDIA H200", 132));
+            assert_eq!(
+                (r.gpu.as_str(), r.hw),
+                ("NVIDIA H200", plan::Hardware::H200)
+            );
             let regret = &regrets(std::slice::from_ref(r)).unwrap()[0];
             assert_eq!(
                 regret.ratio(),
@@ -787,10 +811,10 @@ mod tests {
     }
 
     /// The bounds of `the_heuristic_keeps_its_regret_on_the_measured_h200_candidates`: the
-    /// heuristic's regret on the file's 109 jobs, rounded up (geometric mean 1.0265; worst
-    /// 1.343, FP8 64 × 576 × 7168 and MXFP8 16 × 576 × 7168).
-    const REGRET_MEAN: f64 = 1.027;
-    const REGRET_WORST: f64 = 1.35;
+    /// heuristic's regret on the file's 110 jobs, rounded up (geometric mean 1.0208; worst
+    /// 1.388, FP8 64 × 576 × 7168).
+    const REGRET_MEAN: f64 = 1.021;
+    const REGRET_WORST: f64 = 1.39;
 
     #[test]
     fn shape_files_take_three_or_four_words_and_comments() {

@@ -248,7 +248,7 @@ fn check_on(
             };
             choose_grouped_exact(&GroupedProblem {
                 arch: g.arch(),
-                sm_count: g.sm_count(),
+                hw: g.hardware(),
                 shape,
                 a: da.desc(),
                 b: db.desc(),

@@ -372,7 +372,7 @@ fn fold_plan(da: &DeviceMatrix, db: &DeviceMatrix) -> Result<Plan, String> {
         b.rows,
         a.k,
         a.batch,
-        gpu().sm_count(),
+        gpu().hardware(),
     )))
 }
 

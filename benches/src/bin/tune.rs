@@ -119,7 +119,13 @@ fn run(args: Args) -> Result<(), String> {
     if args.dry_run {
         for j in &jobs {
             let (a, b) = job_descs(j);
-            let (c, _) = job_candidates(GpuArch::Hopper, 132, j, &a, &b)?;
+            let (c, _) = job_candidates(
+                GpuArch::Hopper,
+                blockscaled::plan::Hardware::H100,
+                j,
+                &a,
+                &b,
+            )?;
             let rows = j
                 .groups
                 .as_ref()
@@ -230,7 +236,7 @@ fn write_timings(path: &std::path::Path, g: &blockscaled::Gpu, t: &Tuned) -> std
         .create(true)
         .append(true)
         .open(path)?;
-    let line = blockscaled_benches::tune::timings_line(g.name(), g.sm_count(), t);
+    let line = blockscaled_benches::tune::timings_line(g.name(), g.hardware(), t);
     writeln!(f, "{line}")
 }
 

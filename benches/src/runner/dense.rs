@@ -31,7 +31,7 @@ pub(super) fn run_dense(
                 s.mnkl[1],
                 s.mnkl[2],
                 s.mnkl[3],
-                gpu.sm_count(),
+                gpu.hardware(),
             );
             let shape = GemmShape {
                 m: s.mnkl[0],

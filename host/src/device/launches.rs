@@ -219,13 +219,7 @@ impl Gpu {
             fused::quant_block(f)?;
         }
         let needs = fused_needs((a, b), epi, quantized.as_ref());
-        plan::choose_fused(
-            self.dev.arch,
-            self.dev.sm_count,
-            &s,
-            (&a.desc, &b.desc),
-            needs,
-        )
+        plan::choose_fused(self.dev.arch, self.dev.hw, &s, (&a.desc, &b.desc), needs)
     }
 
     /// The plan a dense GEMM of `a` and `b` runs by default.
@@ -234,7 +228,7 @@ impl Gpu {
         if let Some(p) = self.tuned_plan((&a.desc, &b.desc), &shape, None) {
             return Ok(p);
         }
-        plan::choose_for(self.dev.arch, self.dev.sm_count, &shape, &a.desc, &b.desc)
+        plan::choose_for(self.dev.arch, self.dev.hw, &shape, &a.desc, &b.desc)
     }
 
     /// The plan a block-sparse GEMM runs by default (its shape is the kernel's: M the dense
@@ -262,7 +256,7 @@ impl Gpu {
         }
         plan::choose_grouped(&plan::GroupedProblem {
             arch: self.dev.arch,
-            sm_count: self.dev.sm_count,
+            hw: self.dev.hw,
             shape,
             a: &a.desc,
             b: &b.desc,

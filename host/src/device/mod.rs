@@ -48,6 +48,8 @@ struct Device {
     image: KernelImage,
     name: String,
     sm_count: u32,
+    /// What the configuration rules read of it: its SMs and DRAM rate.
+    hw: crate::plan::Hardware,
     /// fp32 ones, the scales of every bf16 / fp16 view ([`Gpu::half_view`]): made once, grown to
     /// the most batch entries a view has had, shared (read only) by the views.
     ones: std::sync::Mutex<Option<Arc<cudarc::driver::CudaSlice<u8>>>>,
@@ -104,8 +106,13 @@ impl std::fmt::Debug for Gpu {
         let d = &self.dev;
         write!(
             f,
-            "Gpu({}, {:?}, {} SMs, {} image{:?})",
-            d.name, d.arch, d.sm_count, d.image, d.families
+            "Gpu({}, {:?}, {} SMs, DRAM {:.2} TB/s, {} image{:?})",
+            d.name,
+            d.arch,
+            d.sm_count,
+            d.hw.dram_bytes_per_us / 1e6,
+            d.image,
+            d.families
         )
     }
 }
@@ -157,6 +164,12 @@ impl Gpu {
         let sm_count = ctx
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?
             as u32;
+        let attribute = |a| ctx.attribute(a).map(|v| v.max(0) as u32);
+        let hw = crate::plan::Hardware::new(
+            sm_count,
+            attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE)?,
+            attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH)?,
+        );
         let (module, image) = image::load(&ctx, (major, minor), images)?;
         let preparers = Preparers::load(&module, sm_count)?;
         let families =
@@ -177,6 +190,7 @@ impl Gpu {
                 image,
                 name,
                 sm_count,
+                hw,
                 ones: Default::default(),
                 tuned,
             }),
@@ -227,6 +241,11 @@ impl Gpu {
     /// The number of SMs.
     pub fn sm_count(&self) -> u32 {
         self.dev.sm_count
+    }
+    /// What the configuration rules know of this GPU ([`plan::choose`](crate::plan::choose)):
+    /// its SMs and its DRAM's peak rate.
+    pub fn hardware(&self) -> crate::plan::Hardware {
+        self.dev.hw
     }
     /// The stream every operation of this handle is ordered on.
     pub fn stream(&self) -> &Arc<CudaStream> {

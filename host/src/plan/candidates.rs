@@ -5,7 +5,7 @@
 //! A candidate may still be refused at launch by a rule the shape alone does not show (a
 //! kernel's formats): the tuner skips those.
 
-use super::{GpuArch, GroupedProblem, Plan, choose_for};
+use super::{GpuArch, GroupedProblem, Hardware, Plan, choose_for};
 use crate::error::Result;
 use crate::families::fold as sm90_mx_fp8;
 use crate::families::fp8::{self as sm90_fp8, Sm90Config};
@@ -30,23 +30,23 @@ const CLUSTERS: [ClusterShape; 3] = [
     ClusterShape { m: 1, n: 2 },
 ];
 
-/// The plans to time for `a · bᵀ` on a GPU of `arch` with `sm_count` SMs: the heuristic's plan
+/// The plans to time for `a · bᵀ` on a GPU of `arch` with the facts `hw`: the heuristic's plan
 /// first, then every other candidate that validates for the shape, each once.
 pub fn candidates(
     arch: GpuArch,
-    sm_count: u32,
+    hw: Hardware,
     a: &MatrixDesc,
     b: &MatrixDesc,
 ) -> Result<Vec<Plan>> {
     let shape = GemmShape::of(a, b)?;
-    let first = choose_for(arch, sm_count, &shape, a, b)?;
+    let first = choose_for(arch, hw, &shape, a, b)?;
     if arch != GpuArch::Hopper {
         return Ok(vec![first]);
     }
     let GemmShape { m, n, k, l } = shape;
-    let base = super::sm90_default(m, n, k, l, sm_count);
+    let base = super::sm90_default(m, n, k, l, hw);
     let lossy = matches!(first, Plan::Sm90MxFp8(_));
-    let more = variants(&shape, m, (a, b), base, sm_count, (true, lossy));
+    let more = variants(&shape, m, (a, b), base, hw.sm_count, (true, lossy));
     Ok(distinct(first, more, |p| p.validate(&shape).is_ok()))
 }
 
@@ -67,7 +67,7 @@ pub fn grouped_candidates(p: &GroupedProblem<'_>) -> Result<Vec<Plan>> {
         rows,
         (p.a, p.b),
         p.fp8_config(),
-        p.sm_count,
+        p.hw.sm_count,
         (false, lossy),
     ));
     Ok(distinct(first, more, |x| {
@@ -229,11 +229,11 @@ mod tests {
         ];
         for (r, m, n, k) in cases {
             let (a, b) = (desc(r, m, k, false), desc(r, n, k, true));
-            let plans = candidates(GpuArch::Hopper, 132, &a, &b).unwrap();
+            let plans = candidates(GpuArch::Hopper, Hardware::H100, &a, &b).unwrap();
             let shape = GemmShape::of(&a, &b).unwrap();
             assert_eq!(
                 plans[0],
-                super::super::choose(GpuArch::Hopper, 132, &a, &b).unwrap()
+                super::super::choose(GpuArch::Hopper, Hardware::H100, &a, &b).unwrap()
             );
             assert!(
                 plans.len() > 1,
@@ -254,7 +254,7 @@ mod tests {
         let of = |r, m, n, k| {
             candidates(
                 GpuArch::Hopper,
-                132,
+                Hardware::H100,
                 &desc(r, m, k, false),
                 &desc(r, n, k, true),
             )
@@ -286,7 +286,7 @@ mod tests {
         b.format = half;
         a.scale_layout = crate::matrix::ScaleLayout::packed(crate::format::ScaleMajor::K, 1, 1);
         b.scale_layout = a.scale_layout;
-        let plans = candidates(GpuArch::Hopper, 132, &a, &b).unwrap();
+        let plans = candidates(GpuArch::Hopper, Hardware::H100, &a, &b).unwrap();
         assert!(matches!(plans[0], Plan::Sm90Half(_)) && plans.len() > 4);
     }
 
@@ -311,7 +311,7 @@ mod tests {
             let shape = GemmShape { m, n, k, l };
             let p = GroupedProblem {
                 arch: GpuArch::Hopper,
-                sm_count: 132,
+                hw: Hardware::H100,
                 shape,
                 a: &a,
                 b: &b,
@@ -338,7 +338,7 @@ mod tests {
     fn other_gpus_get_the_heuristic_alone() {
         let r = Recipe::DeepSeekFp8;
         let (a, b) = (desc(r, 256, 512, false), desc(r, 256, 512, true));
-        let plans = candidates(GpuArch::Blackwell, 148, &a, &b).unwrap();
+        let plans = candidates(GpuArch::Blackwell, Hardware::with_sms(148), &a, &b).unwrap();
         assert_eq!(plans, vec![Plan::Reference]);
     }
 }

@@ -7,6 +7,7 @@
 
 pub mod cache;
 mod candidates;
+pub use crate::families::heuristic::Hardware;
 pub use candidates::{candidates, grouped_candidates};
 
 use crate::error::{Error, Result, config, shape};
@@ -318,12 +319,13 @@ fn mx_fused(c: Sm90MxConfig) -> Plan {
 /// kernel for FP4 pairs the 4-bit-weights kernel would take).
 pub(crate) fn choose_fused(
     arch: GpuArch,
-    sm_count: u32,
+    hw: Hardware,
     shape: &GemmShape,
     (a, b): (&MatrixDesc, &MatrixDesc),
     needs: FusedNeeds,
 ) -> Result<Plan> {
-    let plan = choose_for(arch, sm_count, shape, a, b)?;
+    let plan = choose_for(arch, hw, shape, a, b)?;
+    let sm_count = hw.sm_count;
     if plan.check_fused(needs).is_ok() {
         return Ok(plan);
     }
@@ -365,7 +367,7 @@ pub(crate) fn choose_fused(
     Ok(alt)
 }
 
-/// Picks the kernel for A (M×K) · Bᵀ (N×K) on `arch` with `sm_count` SMs.
+/// Picks the kernel for A (M×K) · Bᵀ (N×K) on `arch`, a GPU with the facts `hw`.
 ///
 /// - Hopper, e4m3 or e5m2 with fp32 scales that are constant over 1×128 (A) and 128×128 (B)
 ///   blocks — DeepSeek, per-tensor, per-row — runs the sm90 kernel. Its 128-wide scale blocks
@@ -391,14 +393,14 @@ pub(crate) fn choose_fused(
 /// - Everything else runs the reference kernel.
 ///
 /// The sm90 FP8 configuration is [`sm90_default`]'s.
-pub fn choose(arch: GpuArch, sm_count: u32, a: &MatrixDesc, b: &MatrixDesc) -> Result<Plan> {
-    choose_for(arch, sm_count, &GemmShape::of(a, b)?, a, b)
+pub fn choose(arch: GpuArch, hw: Hardware, a: &MatrixDesc, b: &MatrixDesc) -> Result<Plan> {
+    choose_for(arch, hw, &GemmShape::of(a, b)?, a, b)
 }
 
 /// [`choose`] for operands already checked to form `shape`.
 pub(crate) fn choose_for(
     arch: GpuArch,
-    sm_count: u32,
+    hw: Hardware,
     shape: &GemmShape,
     a: &MatrixDesc,
     b: &MatrixDesc,
@@ -406,6 +408,7 @@ pub(crate) fn choose_for(
     if arch != GpuArch::Hopper {
         return Ok(Plan::Reference);
     }
+    let sm_count = hw.sm_count;
     let sm90_a = sm90_fp8::unsupported(a, false).is_none();
     let sm90_b = sm90_fp8::unsupported(b, true).is_none();
     let fp32_fp8 = |d: &MatrixDesc| {
@@ -417,7 +420,7 @@ pub(crate) fn choose_for(
     let w4a4 = w4 && sm90_w4::fp8_folds_a(a, b);
     let folds = sm90_mx_fp8::unsupported_pair(a, b).is_none();
     if sm90_a && sm90_b {
-        Ok(Plan::Sm90Fp8(sm90_default(m, n, k, l, sm_count)))
+        Ok(Plan::Sm90Fp8(sm90_default(m, n, k, l, hw)))
     } else if sm90_half::unsupported_pair(a, b).is_none() {
         Ok(Plan::Sm90Half(sm90_half_default(m, n, sm_count)))
     } else if w4 && sm90_w4::fp8_takes(a, b) && folds && m >= W4A8_FOLD_MIN_M {
@@ -426,7 +429,7 @@ pub(crate) fn choose_for(
         // kernel, as for e2m1 pairs past `W4A4_FP8_MAX_M` (measured: `W4A8_FOLD_MIN_M`).
         // NVFP4 weights stay on the 4-bit-weights kernel: their fold to e4m3 rounds (a code
         // times an e4m3 scale needs more than e4m3's 3 mantissa bits).
-        Ok(Plan::Sm90MxFp8(sm90_default(m, n, k, l, sm_count)))
+        Ok(Plan::Sm90MxFp8(sm90_default(m, n, k, l, hw)))
     } else if w4 && m <= stream::MAX_M as usize && (a.format.elem != ElemType::E2M1 || w4a4) {
         Ok(Plan::Sm90W4(sm90_w4_stream_default(m, n, k, l, sm_count)))
     } else if w4 && sm90_w4::fp8_takes(a, b) && (!w4a4 || m <= W4A4_FP8_MAX_M) {
@@ -437,7 +440,7 @@ pub(crate) fn choose_for(
         // Folded from FOLD_MIN_M rows (past W4A4_FP8_MAX_M for e2m1 pairs with e8m0 scales), and
         // at any M where the MX kernel does not take the pair (one operand FP8 already, e.g. a B
         // folded once by `Gpu::fold_to_fp8`).
-        Ok(Plan::Sm90MxFp8(sm90_default(m, n, k, l, sm_count)))
+        Ok(Plan::Sm90MxFp8(sm90_default(m, n, k, l, hw)))
     } else if sm90_mx::unsupported_pair(a, b).is_none() {
         Ok(Plan::Sm90Mx(sm90_mx_default(m, n, k, l, sm_count)))
     } else if fp32_fp8(a) && fp32_fp8(b) && !shape.k.is_multiple_of(BLOCK_K as usize) {
@@ -453,8 +456,8 @@ pub(crate) fn choose_for(
 pub struct GroupedProblem<'a> {
     /// The GPU's architecture.
     pub arch: GpuArch,
-    /// Its SMs.
-    pub sm_count: u32,
+    /// Its SMs and DRAM rate.
+    pub hw: Hardware,
     /// C's rows, N, K and C's batch.
     pub shape: GemmShape,
     /// A (all groups' rows).
@@ -541,7 +544,7 @@ fn w4a4_fp8(p: &GroupedProblem<'_>) -> Option<Plan> {
         return None;
     }
     let GemmShape { n, k, .. } = p.shape;
-    let mut cfg = sm90_w4_fp8_default(p.per_group(), n, k, 1, p.sm_count);
+    let mut cfg = sm90_w4_fp8_default(p.per_group(), n, k, 1, p.hw.sm_count);
     cfg.split_k = 1;
     Some(Plan::Sm90W4(cfg))
 }
@@ -571,7 +574,7 @@ impl GroupedProblem<'_> {
     /// The FP8 kernel's configuration for it ([`sm90_grouped_default`]), folded or not.
     pub fn fp8_config(&self) -> Sm90Config {
         let GemmShape { m, n, k, .. } = self.shape;
-        sm90_grouped_default(m, n, k, self.groups, self.per_group(), self.sm_count)
+        sm90_grouped_default(m, n, k, self.groups, self.per_group(), self.hw.sm_count)
     }
 }
 
@@ -583,7 +586,7 @@ impl GroupedProblem<'_> {
 ///
 /// Anything else is [`Error::Config`]: there is no grouped reference kernel.
 pub fn choose_grouped_exact(p: &GroupedProblem<'_>) -> Result<Plan> {
-    let (a, b, sm_count) = (p.a, p.b, p.sm_count);
+    let (a, b, sm_count) = (p.a, p.b, p.hw.sm_count);
     if p.arch != GpuArch::Hopper {
         return Err(Error::Architecture(
             "grouped GEMM has Hopper (sm_90a) kernels only".into(),

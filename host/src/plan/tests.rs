@@ -6,7 +6,7 @@ use blockscaled_kernels::gemm::scheduler::ClusterShape;
 
 #[test]
 fn fused_epilogues_need_a_fused_kernel_that_computes_c_and_scale_blocks_inside_a_pass() {
-    let big = sm90_default(4096, 7168, 2048, 1, 132);
+    let big = sm90_default(4096, 7168, 2048, 1, Hardware::H100);
     let s = GemmShape {
         m: 4096,
         n: 7168,
@@ -23,7 +23,7 @@ fn fused_epilogues_need_a_fused_kernel_that_computes_c_and_scale_blocks_inside_a
     assert!(with(Tile::M128).check_fused(needs(0)).is_ok());
     assert!(Plan::Reference.check_fused(needs(0)).is_err());
     // Decode tiles compute Cᵀ.
-    let decode = sm90_default(16, 7168, 2048, 1, 132);
+    let decode = sm90_default(16, 7168, 2048, 1, Hardware::H100);
     assert!(decode.tile.is_swapped());
     assert!(Plan::Sm90Fp8(decode).check_fused(needs(0)).is_err());
     // FP8 1×128 output (128 columns) on a 128-column tile; with SwiGLU (256) refused.
@@ -84,7 +84,6 @@ fn fused_epilogues_need_a_fused_kernel_that_computes_c_and_scale_blocks_inside_a
 #[test]
 fn fused_plans_move_to_the_tiles_and_kernels_that_fuse() {
     use crate::format::{Fp8, Recipe};
-    let h100 = 132;
     let s = GemmShape {
         m: 4096,
         n: 7168,
@@ -99,13 +98,13 @@ fn fused_plans_move_to_the_tiles_and_kernels_that_fuse() {
             elems: (a.format.elem, b.format.elem),
             in_registers,
         };
-        choose_fused(GpuArch::Hopper, h100, &s, (&a, &b), needs)
+        choose_fused(GpuArch::Hopper, Hardware::H100, &s, (&a, &b), needs)
     };
     let fused = |r: Recipe| fused_with(r, sm90::InRegisters::No);
     // DeepSeek FP8: the plain plan's tall tile moves to the fused 128 × 128 tile.
     let plain = choose_for(
         GpuArch::Hopper,
-        h100,
+        Hardware::H100,
         &s,
         &desc(Recipe::DeepSeekFp8, 4096, false),
         &desc(Recipe::DeepSeekFp8, 7168, true),
@@ -152,7 +151,7 @@ fn fused_plans_move_to_the_tiles_and_kernels_that_fuse() {
         MatrixDesc::of_recipe(r, 256, 1024, false),
         MatrixDesc::of_recipe(r, 512, 1024, true),
     );
-    let plain = choose_for(GpuArch::Hopper, h100, &small, &a, &b).unwrap();
+    let plain = choose_for(GpuArch::Hopper, Hardware::H100, &small, &a, &b).unwrap();
     assert!(matches!(plain, Plan::Sm90MxFp8(_)), "{plain:?}");
     let needs = FusedNeeds {
         block_cols: 0,
@@ -160,27 +159,70 @@ fn fused_plans_move_to_the_tiles_and_kernels_that_fuse() {
         in_registers: sm90::InRegisters::No,
     };
     assert!(matches!(
-        choose_fused(GpuArch::Hopper, h100, &small, (&a, &b), needs),
+        choose_fused(GpuArch::Hopper, Hardware::H100, &small, (&a, &b), needs),
         Ok(Plan::Sm90Mx(c)) if c.tile == MxTile::N256
     ));
 }
 
 #[test]
 fn tall_tiles_for_large_m_short_tiles_where_they_would_idle_sms() {
-    let h100 = 132;
-    assert_eq!(sm90_default(8192, 8192, 8192, 1, h100).tile.block_m(), 256);
-    assert_eq!(sm90_default(4096, 7168, 2048, 1, h100).tile.block_m(), 256);
+    assert_eq!(
+        sm90_default(8192, 8192, 8192, 1, Hardware::H100)
+            .tile
+            .block_m(),
+        256
+    );
+    assert_eq!(
+        sm90_default(4096, 7168, 2048, 1, Hardware::H100)
+            .tile
+            .block_m(),
+        256
+    );
     // One 256-row tile per N tile would be half empty.
-    assert_eq!(sm90_default(128, 7168, 2048, 1, h100).tile.block_m(), 128);
-    assert_eq!(sm90_default(200, 2112, 7168, 1, h100).tile.block_m(), 128);
+    assert_eq!(
+        sm90_default(128, 7168, 2048, 1, Hardware::H100)
+            .tile
+            .block_m(),
+        128
+    );
+    assert_eq!(
+        sm90_default(200, 2112, 7168, 1, Hardware::H100)
+            .tile
+            .block_m(),
+        128
+    );
     // 4096 × 2112: 374 tiles of 192 rows are 3 rounds (544 of 128 rows are 5; 272 of 256
     // rows 3, at 1.86 each; 352 of 128 × 192 3, at 1.55).
-    assert_eq!(sm90_default(4096, 2112, 7168, 1, h100).tile.block_m(), 192);
-    for (m, n) in [(8192, 8192), (4096, 2112), (200, 2112), (256, 7168)] {
+    assert_eq!(
+        sm90_default(4096, 2112, 7168, 1, Hardware::H100)
+            .tile
+            .block_m(),
+        192
+    );
+    for (m, n) in [(8192, 8192), (4096, 2112), (256, 7168)] {
         assert_eq!(
-            sm90_default(m, n, 2048, 1, h100).tile.block_n,
+            sm90_default(m, n, 2048, 1, Hardware::H100).tile.block_n,
             128,
             "{m}×{n}"
+        );
+    }
+    // From 257 to 512 rows, 128 × 64 tiles where they fit one round (measured on the H200, µs,
+    // against the 128 × 128 tiles: 512 × 2112 × 7168 25.3 / 28.8, 512 × 576 × 7168 15.5 /
+    // 17.4); not where they take a second round (512 × 4096: 256 tiles), nor at 256 rows
+    // (256 × 4096 × 7168: 41.9 against 41.0 split 2).
+    for (m, n, k, block_n) in [
+        (256, 4096, 7168, 128),
+        (257, 2112, 2048, 64),
+        (512, 2112, 7168, 64),
+        (512, 576, 7168, 64),
+        (512, 4096, 7168, 128),
+        (513, 576, 7168, 128),
+    ] {
+        let c = sm90_default(m, n, k, 1, Hardware::H200);
+        assert_eq!(
+            (c.tile.block_m(), c.tile.block_n),
+            (128, block_n),
+            "{m}×{n}×{k}"
         );
     }
 }
@@ -208,16 +250,19 @@ fn tiles_follow_the_measured_sweep() {
         ((4096, 12288, 2048), Tile::M256),
     ];
     for ((m, n, k), tile) in sweep {
-        let cfg = sm90_default(m, n, k, 1, 132);
+        let cfg = sm90_default(m, n, k, 1, Hardware::H100);
         assert_eq!(cfg.tile, tile, "{m}×{n}×{k}");
     }
     // Wide tiles go in pairs along N where pairing costs no round, as they were measured.
-    let wide = sm90_default(2048, 2112, 7168, 1, 132);
+    let wide = sm90_default(2048, 2112, 7168, 1, Hardware::H100);
     assert_eq!(wide.cluster, ClusterShape { m: 1, n: 2 });
     // At M ≤ 128 (memory-bound) they are not candidates, nor for grouped GEMM (no grouped
     // wide kernels).
     for n in [2112, 7168, 24576, 32768] {
-        assert!(!sm90_default(128, n, 2048, 1, 132).tile.is_wide(), "{n}");
+        assert!(
+            !sm90_default(128, n, 2048, 1, Hardware::H100).tile.is_wide(),
+            "{n}"
+        );
     }
     let grouped = sm90_grouped_default(16 * 2048, 2112, 7168, 16, 2048, 132);
     assert!(!grouped.tile.is_wide(), "{grouped:?}");
@@ -237,7 +282,7 @@ fn tiles_follow_the_measured_sweep() {
 fn narrow_tiles_only_for_one_row_of_tiles_that_leaves_sms_idle() {
     let h100 = 132;
     let tile = |m, n, k| {
-        let c = sm90_default(m, n, k, 1, h100);
+        let c = sm90_default(m, n, k, 1, Hardware::H100);
         (c.tile.block_m(), c.tile.block_n)
     };
     // 56 tiles of 128 columns on 132 SMs: 112 of 64.
@@ -249,7 +294,7 @@ fn narrow_tiles_only_for_one_row_of_tiles_that_leaves_sms_idle() {
     // Never with more than one row of tiles (A is read once per 64 columns).
     assert_eq!(tile(129, 7168, 2048).1, 128);
     for (m, n, l) in [(1, 1, 1), (8192, 8192, 1), (128, 2112, 3)] {
-        let c = sm90_default(m, n, 1024, l, h100);
+        let c = sm90_default(m, n, 1024, l, Hardware::H100);
         assert!(c.group_m >= 1 && c.group_m * c.tile.block_m() <= GROUP_ROWS.max(c.tile.block_m()));
         assert_eq!(c.ctas, h100);
     }
@@ -257,9 +302,8 @@ fn narrow_tiles_only_for_one_row_of_tiles_that_leaves_sms_idle() {
 
 #[test]
 fn pairs_only_where_they_cost_no_extra_round() {
-    let h100 = 132;
     let cl = |m, n, k| {
-        let c = sm90_default(m, n, k, 1, h100);
+        let c = sm90_default(m, n, k, 1, Hardware::H100);
         (c.cluster.m, c.cluster.n)
     };
     // 256-row tiles, even tile counts: pairs along N (share A).
@@ -272,7 +316,12 @@ fn pairs_only_where_they_cost_no_extra_round() {
     // 256-row tiles with an odd number of N tiles where pairing adds a round: alone. (4224
     // columns: 33 N tiles; 2048 rows: 8 M tiles; 264 tiles = 2 rounds, 8 × 17 = 136 pairs on
     // 66 pair slots = 3 rounds.)
-    assert_eq!(sm90_default(2048, 4224, 7168, 1, h100).tile.block_m(), 256);
+    assert_eq!(
+        sm90_default(2048, 4224, 7168, 1, Hardware::H100)
+            .tile
+            .block_m(),
+        256
+    );
     assert_eq!(cl(2048, 4224, 7168), (1, 1));
     // Fewer tiles than SMs, or split-K: alone.
     assert_eq!(cl(256, 1024, 1024), (1, 1));
@@ -285,32 +334,35 @@ fn pairs_only_where_they_cost_no_extra_round() {
 
 #[test]
 fn split_k_only_where_tiles_leave_most_sms_idle() {
-    let h100 = 132;
     // 33 tiles of 128 × 64 × 4 ranges of 14 K blocks = 132 CTAs.
-    assert_eq!(sm90_default(128, 2112, 7168, 1, h100).split_k, 4);
+    assert_eq!(sm90_default(128, 2112, 7168, 1, Hardware::H100).split_k, 4);
     // 64 tiles × 2 = 128 CTAs.
-    assert_eq!(sm90_default(128, 4096, 7168, 1, h100).split_k, 2);
+    assert_eq!(sm90_default(128, 4096, 7168, 1, Hardware::H100).split_k, 2);
     // 384 tiles fill the GPU; 1024 tiles too.
-    assert_eq!(sm90_default(128, 24576, 1536, 1, h100).split_k, 1);
-    assert_eq!(sm90_default(4096, 4096, 7168, 1, h100).split_k, 1);
+    assert_eq!(sm90_default(128, 24576, 1536, 1, Hardware::H100).split_k, 1);
+    assert_eq!(sm90_default(4096, 4096, 7168, 1, Hardware::H100).split_k, 1);
     // Too little K to split: 512 = 4 blocks is one range of 4; at K = 2048 (16 blocks) two
     // ranges of 8 save less than the split costs (docs/perf-log, the sm90 FP8 kernel's split K).
-    assert_eq!(sm90_default(128, 128, 512, 1, h100).split_k, 1);
-    assert_eq!(sm90_default(128, 7168, 2048, 1, h100).split_k, 1);
+    assert_eq!(sm90_default(128, 128, 512, 1, Hardware::H100).split_k, 1);
+    assert_eq!(sm90_default(128, 7168, 2048, 1, Hardware::H100).split_k, 1);
     // 112 tiles of 128 × 64: no split (at 128 columns, 56 tiles took 2).
-    assert_eq!(sm90_default(128, 7168, 16384, 1, h100).split_k, 1);
-    assert_eq!(sm90_default(128, 7168, 16384, 1, h100).tile.block_n, 64);
+    assert_eq!(sm90_default(128, 7168, 16384, 1, Hardware::H100).split_k, 1);
+    assert_eq!(
+        sm90_default(128, 7168, 16384, 1, Hardware::H100)
+            .tile
+            .block_n,
+        64
+    );
     for (m, n, k) in [(1, 1, 128), (64, 64, 128 * 300), (128, 2112, 7168)] {
-        let c = sm90_default(m, n, k, 1, h100);
+        let c = sm90_default(m, n, k, 1, Hardware::H100);
         assert!(c.split_k >= 1 && c.split_k as usize <= k / 128);
     }
 }
 
 #[test]
 fn decode_sizes_take_the_swapped_tile_that_holds_m_and_split_as_measured() {
-    let h100 = 132;
     for (m, rows) in [(1, 16), (16, 16), (17, 32), (32, 32), (33, 64), (64, 64)] {
-        let c = sm90_default(m, 7168, 16384, 1, h100);
+        let c = sm90_default(m, 7168, 16384, 1, Hardware::H100);
         assert_eq!(
             (c.tile, c.cluster),
             (Tile::swapped(rows), ClusterShape::ONE)
@@ -325,12 +377,28 @@ fn decode_sizes_take_the_swapped_tile_that_holds_m_and_split_as_measured() {
             .is_ok()
         );
     }
-    assert!(!sm90_default(65, 7168, 2048, 1, h100).tile.is_swapped());
+    assert!(
+        !sm90_default(65, 7168, 2048, 1, Hardware::H100)
+            .tile
+            .is_swapped()
+    );
     // 33 to 64 rows: swapped only from K = 1024.
-    assert!(!sm90_default(64, 32768, 512, 1, h100).tile.is_swapped());
-    assert!(sm90_default(64, 24576, 1024, 1, h100).tile.is_swapped());
-    assert!(sm90_default(64, 7168, 2048, 1, h100).tile.is_swapped());
-    let split = |m, n, k| sm90_default(m, n, k, 1, h100).split_k;
+    assert!(
+        !sm90_default(64, 32768, 512, 1, Hardware::H100)
+            .tile
+            .is_swapped()
+    );
+    assert!(
+        sm90_default(64, 24576, 1024, 1, Hardware::H100)
+            .tile
+            .is_swapped()
+    );
+    assert!(
+        sm90_default(64, 7168, 2048, 1, Hardware::H100)
+            .tile
+            .is_swapped()
+    );
+    let split = |m, n, k| sm90_default(m, n, k, 1, Hardware::H100).split_k;
     // The decode sweep (docs/perf-log, decode-sized M): the splits measured within 7% of the fastest
     // (and the untimed ones between two such).
     for (m, n, k, best) in [
@@ -348,6 +416,28 @@ fn decode_sizes_take_the_swapped_tile_that_holds_m_and_split_as_measured() {
         assert!(
             best.contains(&s),
             "{m}×{n}×{k}: split {s}, measured best {best:?}"
+        );
+    }
+    // The same model on the H200's DRAM (docs/tune-data/h200.jsonl, every split timed by the
+    // tuner): the splits within 5% of the fastest (and the untimed ones between two such). Its
+    // one miss there is not listed: 64 × 576 × 7168 splits 14 ways, 9% slower than 7.
+    let split = |m, n, k| sm90_default(m, n, k, 1, Hardware::H200).split_k;
+    for (m, n, k, best) in [
+        (16, 7168, 16384, &[1, 2, 3, 4][..]),
+        (16, 2112, 7168, &[4, 5, 6][..]),
+        (16, 576, 7168, &(8..=16).collect::<Vec<_>>()[..]),
+        (16, 24576, 1536, &[1][..]),
+        (16, 32768, 512, &[1][..]),
+        (16, 4096, 7168, &[2, 3, 4][..]),
+        (16, 7168, 2048, &[1][..]),
+        (64, 7168, 16384, &[2, 3][..]),
+        (64, 2112, 7168, &[3, 4, 5, 6][..]),
+        (64, 4096, 7168, &[2, 3, 4][..]),
+    ] {
+        let s = split(m, n, k);
+        assert!(
+            best.contains(&s),
+            "H200 {m}×{n}×{k}: split {s}, measured best {best:?}"
         );
     }
 }
@@ -368,7 +458,7 @@ fn sixteen_bit_pairs_of_one_type_run_the_16_bit_kernel_and_mixed_ones_the_refere
         (hf, bf, false),
     ] {
         let (a, b) = (desc(ta, 1000, 4096), desc(tb, 3000, 4096));
-        let p = choose(GpuArch::Hopper, 132, &a, &b).unwrap();
+        let p = choose(GpuArch::Hopper, Hardware::H100, &a, &b).unwrap();
         assert_eq!(
             matches!(p, Plan::Sm90Half(_)),
             half,
@@ -390,7 +480,7 @@ fn sixteen_bit_pairs_of_one_type_run_the_16_bit_kernel_and_mixed_ones_the_refere
     // K not a multiple of 8 (TMA's 16-byte rows): the reference kernel.
     let (a, b) = (desc(hf, 64, 100), desc(hf, 64, 100));
     assert_eq!(
-        choose(GpuArch::Hopper, 132, &a, &b).unwrap(),
+        choose(GpuArch::Hopper, Hardware::H100, &a, &b).unwrap(),
         Plan::Reference
     );
 }
@@ -424,7 +514,7 @@ fn grouped_plans_fold_what_folds_to_e4m3_and_keep_the_rest_exact() {
         };
         GroupedProblem {
             arch,
-            sm_count: 132,
+            hw: Hardware::H100,
             shape,
             a,
             b,
@@ -544,12 +634,12 @@ fn each_pair_runs_on_the_family_that_takes_it_and_the_rest_on_the_reference() {
             MatrixDesc::of_recipe(r, 512, k, true),
         )
     };
-    let plan = |(a, b): (MatrixDesc, MatrixDesc)| choose(GpuArch::Hopper, 132, &a, &b);
+    let plan = |(a, b): (MatrixDesc, MatrixDesc)| choose(GpuArch::Hopper, Hardware::H100, &a, &b);
     let ds = Recipe::DeepSeekFp8;
     assert!(matches!(plan(pair(ds, 256, 512)), Ok(Plan::Sm90Fp8(_))));
     let (a, b) = pair(ds, 256, 512);
     assert_eq!(
-        choose(GpuArch::Blackwell, 148, &a, &b).unwrap(),
+        choose(GpuArch::Blackwell, Hardware::with_sms(148), &a, &b).unwrap(),
         Plan::Reference
     );
     assert_eq!(
@@ -570,7 +660,7 @@ fn each_pair_runs_on_the_family_that_takes_it_and_the_rest_on_the_reference() {
     let mut bf16_b = b16;
     bf16_b.format = Recipe::W4A16(Fp4Weights::Mxfp4).a();
     assert_eq!(
-        choose(GpuArch::Hopper, 132, &a, &bf16_b).unwrap(),
+        choose(GpuArch::Hopper, Hardware::H100, &a, &bf16_b).unwrap(),
         Plan::Reference
     );
     assert_eq!(
@@ -580,7 +670,7 @@ fn each_pair_runs_on_the_family_that_takes_it_and_the_rest_on_the_reference() {
     // An FP8 A with an MXFP8 B: not the FP8 kernel (B is not FP8 with fp32 scales); folded.
     let (a, _) = pair(ds, 64, 512);
     let (_, b) = pair(Recipe::Mxfp8(Fp8::E4M3), 64, 512);
-    let p = choose(GpuArch::Hopper, 132, &a, &b).unwrap();
+    let p = choose(GpuArch::Hopper, Hardware::H100, &a, &b).unwrap();
     assert!(matches!(p, Plan::Sm90MxFp8(_)), "{p:?}");
     // 4-bit weights: bf16 activations at any M; NVFP4 pairs up to W4_MAX_M = 16 rows, then the
     // MX kernel, then the fold from FOLD_MIN_M = 256; pairs with e8m0 scales on the 4-bit-weights
@@ -633,7 +723,7 @@ fn a_plan_validates_through_its_familys_configuration() {
         k: 1024,
         l: 1,
     };
-    let fp8 = sm90_default(s.m, s.n, s.k, s.l, 132);
+    let fp8 = sm90_default(s.m, s.n, s.k, s.l, Hardware::H100);
     for p in [
         Plan::Sm90Fp8(fp8.with_ctas(0)),
         Plan::Sm90MxFp8(fp8.with_ctas(0)),
@@ -696,10 +786,10 @@ fn fused_plans_take_the_folds_types_and_the_kernels_that_fuse() {
         k: 2048,
         l: 1,
     };
-    let cfg = sm90_default(s.m, s.n, s.k, s.l, 132).with_tile_for(Tile::M128, &s);
+    let cfg = sm90_default(s.m, s.n, s.k, s.l, Hardware::H100).with_tile_for(Tile::M128, &s);
     let fp4 = (ElemType::E2M1, ElemType::E2M1);
     assert!(Plan::Sm90MxFp8(cfg).check_fused(needs(fp4, 128)).is_ok());
-    let swapped = sm90_default(16, 7168, 2048, 1, 132);
+    let swapped = sm90_default(16, 7168, 2048, 1, Hardware::H100);
     let r = Plan::Sm90MxFp8(swapped).check_fused(needs(fp4, 0));
     assert!(
         matches!(&r, Err(Error::Config(m)) if m.contains("Cᵀ")),
@@ -717,7 +807,13 @@ fn fused_plans_take_the_folds_types_and_the_kernels_that_fuse() {
             k: 2048,
             l: 1,
         };
-        choose_fused(GpuArch::Hopper, 132, &shape, (&a, &b), needs(elems, 0))
+        choose_fused(
+            GpuArch::Hopper,
+            Hardware::H100,
+            &shape,
+            (&a, &b),
+            needs(elems, 0),
+        )
     };
     assert!(matches!(fused(Recipe::Mxfp4, 16), Ok(Plan::Sm90Mx(_))));
     assert!(fused(Recipe::W4A16(Fp4Weights::Mxfp4), 16).is_err());
@@ -740,7 +836,13 @@ fn fused_plans_take_the_folds_types_and_the_kernels_that_fuse() {
     };
     assert_ne!(sm90_half_default(4096, 4096, 132).tile, HalfTile::M128);
     let elems = (ElemType::BF16, ElemType::BF16);
-    match choose_fused(GpuArch::Hopper, 132, &shape, (&a, &b), needs(elems, 0)) {
+    match choose_fused(
+        GpuArch::Hopper,
+        Hardware::H100,
+        &shape,
+        (&a, &b),
+        needs(elems, 0),
+    ) {
         Ok(Plan::Sm90Half(c)) => assert_eq!(c.tile, HalfTile::M128),
         other => panic!("{other:?}"),
     }
@@ -782,7 +884,7 @@ fn a_groups_rows_are_the_capacity_or_the_mean() {
     );
     let problem = |m, l, groups| GroupedProblem {
         arch: GpuArch::Hopper,
-        sm_count: 132,
+        hw: Hardware::H100,
         shape: GemmShape {
             m,
             n: 512,

@@ -229,6 +229,7 @@ mod tests {
     use super::*;
     use crate::error::Error;
     use crate::families::test_util::shape;
+    use crate::plan::Hardware;
     use crate::plan::sm90_default;
 
     /// 128-row tiles alone, one band, 132 CTAs, K in `split_k` ranges.
@@ -254,7 +255,7 @@ mod tests {
             (2048, 4224, 7168, 1),
         ] {
             let s = shape(m, n, k, l);
-            let cfg = sm90_default(m, n, k, l, 132);
+            let cfg = sm90_default(m, n, k, l, Hardware::H100);
             assert!(cfg.validate(&s).is_ok(), "{s:?}: {cfg:?}");
         }
     }

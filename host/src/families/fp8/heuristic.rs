@@ -3,14 +3,14 @@
 //! grouped.
 
 use super::Sm90Config;
-use crate::families::heuristic::{GROUP_ROWS, MIN_SPLIT_K_BLOCKS, split_k};
+use crate::families::heuristic::{GROUP_ROWS, Hardware, MIN_SPLIT_K_BLOCKS, split_k};
 use blockscaled_kernels::gemm::scheduler::ClusterShape;
 use blockscaled_kernels::sm90::{BLOCK_K, Tile};
 
 /// The sm90 configuration `choose` uses for an A of `m` rows and a B of `n` rows (`l` batch
-/// entries) on a GPU with `sm_count` SMs (the runner starts from it when it forces a field).
+/// entries) on the GPU `hw` (the runner starts from it when it forces a field).
 ///
-/// Tile: the persistent CTAs work through the tiles in rounds of `sm_count`; the time is about
+/// Tile: the persistent CTAs work through the tiles in rounds of the SMs; the time is about
 /// rounds × the time of one tile (`tile_cost`, in 128-row tiles). The 256-row tile does twice
 /// the work with a quarter fewer L2 bytes per FLOP, so it wins unless its coarser rounds leave SMs
 /// idle (small M, or few tiles); the 192-row tile sits between them and fills rounds that
@@ -21,11 +21,11 @@ use blockscaled_kernels::sm90::{BLOCK_K, Tile};
 /// Cluster: see `cluster` (private). Split-K: see `split_k` (private). Raster band (`group_m`):
 /// CTAs running together cover `group_m` M tiles × (SMs / group_m) N tiles, so both operands'
 /// working sets stay in L2; a band is `GROUP_ROWS` rows of A.
-pub fn sm90_default(m: usize, n: usize, k: usize, l: usize, sm_count: u32) -> Sm90Config {
+pub fn sm90_default(m: usize, n: usize, k: usize, l: usize, hw: Hardware) -> Sm90Config {
     if m <= SWAPPED_MAX_M && (m <= 32 || k >= SWAPPED_64_MIN_K) {
-        return sm90_decode_default(m, n, k, l, sm_count);
+        return sm90_decode_default(m, n, k, l, hw);
     }
-    sm90_unswapped(m, n, k, l, sm_count, true)
+    sm90_unswapped(m, n, k, l, hw.sm_count, true)
 }
 
 /// [`sm90_default`]'s choice among the unswapped tiles, the wide ones only if `wide` (the
@@ -44,9 +44,11 @@ pub(crate) fn sm90_unswapped(
         rounds * tile_cost(t)
     };
     let mut candidates = vec![Tile::M256, Tile::M192, Tile::M128];
-    if m <= N64_MAX_M {
+    let n64_tiles = m.div_ceil(128) * n.div_ceil(64) * l.max(1);
+    if m <= N64_MAX_M || (N64_ROUND_M.contains(&m) && n64_tiles <= sm_count as usize) {
         candidates.push(Tile::M128N64);
-    } else if wide {
+    }
+    if m > N64_MAX_M && wide {
         // The wide tiles' costs were measured where the tensor cores are the limit (M ≥ 1024);
         // at M ≤ 128 the shapes wait on memory and keep the rule fitted there.
         candidates.extend([Tile::M128N192, Tile::M128N160, Tile::M128N144]);
@@ -96,7 +98,8 @@ pub(crate) const SWAPPED_64_MIN_K: usize = 1024;
 
 /// The sm90 configuration at decode sizes (M ≤ `SWAPPED_MAX_M`): the swapped tile of the
 /// fewest rows that holds M (16, 32 or 64), and K split by `decode_split`.
-pub fn sm90_decode_default(m: usize, n: usize, k: usize, l: usize, sm_count: u32) -> Sm90Config {
+pub fn sm90_decode_default(m: usize, n: usize, k: usize, l: usize, hw: Hardware) -> Sm90Config {
+    let sm_count = hw.sm_count;
     let tile = [Tile::S16, Tile::S32, Tile::S64]
         .into_iter()
         .find(|t| m <= t.block_m() as usize)
@@ -110,13 +113,7 @@ pub fn sm90_decode_default(m: usize, n: usize, k: usize, l: usize, sm_count: u32
         // matter, and a band of 2048 rows of B is the dense rule's.
         group_m: b_tiles.clamp(1, (GROUP_ROWS / tile.block_n) as usize) as u32,
         ctas: sm_count.max(1),
-        split_k: decode_split(
-            tile,
-            tiles,
-            k / BLOCK_K as usize,
-            m * n * l.max(1),
-            sm_count,
-        ),
+        split_k: decode_split(tile, tiles, k / BLOCK_K as usize, m * n * l.max(1), hw),
     }
 }
 
@@ -125,11 +122,12 @@ pub fn sm90_decode_default(m: usize, n: usize, k: usize, l: usize, sm_count: u32
 ///
 /// `t(s) = Σ over rounds r of smax(bytes_r / HBM, unit / SM) + [s > 1] · (REDUCE + partials / HBM)`
 ///
-/// - units = `tiles · s`, taken by the persistent CTAs in rounds of `sm_count`; `bytes_r` is
+/// - units = `tiles · s`, taken by the persistent CTAs in rounds of the SMs; `bytes_r` is
 ///   round `r`'s share of B (16 KiB per K block of a unit: A comes from L2), so a last round of
 ///   few units is limited by what one SM streams, not by DRAM;
 /// - `unit`: one unit's bytes, `⌈k_blocks / s⌉ · 16 KiB`; `SM`: the bytes per µs one SM's
-///   pipeline streams through the tile (`decode_sm_rate`);
+///   pipeline streams through the tile (`decode_sm_rate`); `HBM`: the rate B streams from DRAM,
+///   `DECODE_DRAM_FRACTION` of the GPU's peak;
 /// - `smax(x, y) = (x⁸ + y⁸)^⅛`: the larger, plus a little where the two limits meet (measured:
 ///   at M = 64, 7168 × 16384 unsplit, each limit alone predicts 42 µs of streaming, 44 ran);
 /// - the split's cost: the K ranges' meeting in the last CTA of each tile, a chain of L2 round
@@ -143,22 +141,23 @@ pub(crate) fn decode_split(
     tiles: usize,
     k_blocks: usize,
     outputs: usize,
-    sm_count: u32,
+    hw: Hardware,
 ) -> u32 {
-    let sms = sm_count.max(1) as usize;
+    let sms = hw.sm_count.max(1) as usize;
+    let hbm = DECODE_DRAM_FRACTION * hw.dram_bytes_per_us;
     let block = (tile.block_n * BLOCK_K) as f64;
     let smax = |x: f64, y: f64| (x.powi(8) + y.powi(8)).powf(0.125);
     let cost = |s: usize| {
         let units = tiles.max(1) * s;
         let unit = k_blocks.div_ceil(s) as f64 * block / decode_sm_rate(tile);
-        let all = (tiles.max(1) * k_blocks) as f64 * block / DECODE_HBM_BYTES_PER_US;
+        let all = (tiles.max(1) * k_blocks) as f64 * block / hbm;
         let mut t = 0.0;
         for r in 0..units.div_ceil(sms) {
             let in_round = (units - r * sms).min(sms);
             t += smax(all * in_round as f64 / units as f64, unit);
         }
         if s > 1 {
-            t += DECODE_REDUCE_US + (8 * s * outputs) as f64 / DECODE_HBM_BYTES_PER_US;
+            t += DECODE_REDUCE_US + (8 * s * outputs) as f64 / hbm;
         }
         t
     };
@@ -166,9 +165,14 @@ pub(crate) fn decode_split(
     (1..=most).fold(1, |best, s| if cost(s) < cost(best) { s } else { best }) as u32
 }
 
-/// DRAM bytes per µs that a swapped-tile GEMM streams B at (fitted to the decode sweep on the
-/// H100: 93% of its 3.0 TB/s copy ceiling once the launch's constant costs are set apart).
-pub(crate) const DECODE_HBM_BYTES_PER_US: f64 = 2.78e6;
+/// The fraction of the DRAM's peak rate at which a swapped-tile GEMM streams B: fitted to the
+/// decode sweep on the H100 (2.78 MB/µs of its 3.35: 93% of its 3.0 TB/s copy ceiling once the
+/// launch's constant costs are set apart). Checked on the H200 (4.81 MB/µs peak) against the
+/// tuner's timings of every split (docs/tune-data): with the same fraction of its peak the
+/// model's split ran within 5% of the fastest timed one on 13 of the 14 DeepSeek-V3 shapes at
+/// M = 16 and 64 (64 × 576 × 7168: 14 ways, 9% slower than 7), where the H100's rate left
+/// 16 × 4096 × 7168 unsplit, 15% slower than split 2.
+pub(crate) const DECODE_DRAM_FRACTION: f64 = 0.83;
 
 /// Bytes of B per µs one SM streams through a swapped tile's pipeline when DRAM is not the limit
 /// (fitted to the unsplit shapes with fewer tiles than SMs): the wider the tile, the more MMA
@@ -243,6 +247,14 @@ pub(crate) fn tile_cost(t: Tile) -> f64 {
 /// Largest M for 128 × 64 tiles: they read A once per 64 columns instead of 128, which only
 /// pays where A is a single tile that stays in L2 and B (from DRAM) is what the SMs wait for.
 pub(crate) const N64_MAX_M: usize = 128;
+
+/// The Ms past [`N64_MAX_M`] for which 128 × 64 tiles are a candidate (at their cost) where
+/// they fit one round of the SMs: with so few tiles the shape waits on B's bytes, and twice the
+/// CTAs stream them while A (at most 512 × K) stays in L2. Measured on the H200 (the tuner, µs,
+/// 128 × 64 against the 128 × 128 tiles, docs/tune-data/h200.jsonl): 512 × 2112 × 7168 25.3
+/// against 28.8, 512 × 576 × 7168 15.5 against 17.4; at 256 rows, where the 128 × 128 tiles
+/// split K 2 ways to fill the SMs, 41.9 against 41.0 (folded W4A8, 256 × 4096 × 7168).
+pub(crate) const N64_ROUND_M: std::ops::RangeInclusive<usize> = 257..=512;
 
 /// The block-sparse configuration for `m` dense rows and `n` sparse rows: 128 × 64 tiles at
 /// M ≤ `N64_MAX_M` (twice the tiles), else 128 × 128, in pairs along M (sharing each stored

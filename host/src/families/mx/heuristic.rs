@@ -2,6 +2,7 @@
 
 use super::Sm90MxConfig;
 use crate::families::heuristic::{GROUP_ROWS, split_k};
+use blockscaled_kernels::sm90::BLOCK_K;
 use blockscaled_kernels::sm90_mx::{self as mx, MxTile};
 
 /// The sm90 MX configuration `choose` uses (the runner starts from it when it forces a field).
@@ -21,13 +22,21 @@ pub fn sm90_mx_default(m: usize, n: usize, k: usize, l: usize, sm_count: u32) ->
     } else {
         MxTile::N128
     };
-    let k_blocks = k.div_ceil(mx::BLOCK_K as usize);
+    // The split rule counts K in blocks of 128 (its shortest range, `MIN_SPLIT_K_BLOCKS`, is
+    // in those): the kernel's 64-wide blocks in pairs, the split's cost with them.
+    let per = (BLOCK_K / mx::BLOCK_K) as usize;
+    let k_blocks = k.div_ceil(mx::BLOCK_K as usize).div_ceil(per);
     let m_tiles = m.div_ceil(mx::BLOCK_M as usize);
     Sm90MxConfig {
         tile,
         group_m: m_tiles.clamp(1, (GROUP_ROWS / mx::BLOCK_M) as usize) as u32,
         ctas: sm_count.max(1),
-        split_k: split_k(tiles(tile), k_blocks, sm_count, MX_SPLIT_K_COST_BLOCKS),
+        split_k: split_k(
+            tiles(tile),
+            k_blocks,
+            sm_count,
+            MX_SPLIT_K_COST_BLOCKS / per,
+        ),
     }
 }
 
@@ -38,5 +47,7 @@ pub(crate) const MX_N256_COST: f64 = 1.8;
 /// What a split costs the MX kernel, in 64-wide K blocks of one tile. Measured on the H200 (the
 /// tuner's timings, docs/tune-data/h200.jsonl): MXFP8 16 × 7168 × 2048 (56 tiles, 32
 /// blocks) ran 26.2 µs split in 2 against 33.9 unsplit, so a split of 2 pays from 16 + 12 < 32
-/// blocks; none of the other timed MX shapes moves between 20 and 4.
+/// blocks; none of the other timed MX shapes moves between 20 and 4. Each range is at least
+/// `MIN_SPLIT_K_BLOCKS` blocks of 128: MXFP8 16 × 576 × 7168 (5 tiles) ran 24.3 µs split in 13,
+/// 28.6 in 26 (ranges of 4 blocks of 64).
 pub(crate) const MX_SPLIT_K_COST_BLOCKS: usize = 12;

@@ -1,7 +1,7 @@
 use super::*;
 use crate::families::test_util::desc;
 use crate::format::{Fp4Weights, Fp8, Recipe};
-use crate::plan::{GpuArch, choose};
+use crate::plan::{GpuArch, Hardware, choose};
 
 /// Plans of every family, as `choose` makes them, and their variants with other fields.
 fn plans() -> Vec<Plan> {
@@ -17,7 +17,7 @@ fn plans() -> Vec<Plan> {
     for r in recipes {
         for m in [1, 64, 128, 300, 4096] {
             let (a, b) = (desc(r, m, 1024, false), desc(r, 512, 1024, true));
-            all.push(choose(GpuArch::Hopper, 132, &a, &b).unwrap());
+            all.push(choose(GpuArch::Hopper, Hardware::H100, &a, &b).unwrap());
         }
     }
     let more: Vec<Plan> = all
