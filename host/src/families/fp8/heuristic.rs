@@ -120,7 +120,8 @@ pub fn sm90_decode_default(m: usize, n: usize, k: usize, l: usize, hw: Hardware)
 /// The split of K for `tiles` swapped tiles of `k_blocks` K blocks (`outputs` = M·N·L values),
 /// from a cost model of a GEMM that waits on B's bytes (µs, constant launch costs left out):
 ///
-/// `t(s) = Σ over rounds r of smax(bytes_r / HBM, unit / SM) + [s > 1] · (REDUCE + partials / HBM)`
+/// `t(s) = Σ over rounds r of smax(bytes_r / HBM, unit / SM)
+///        + [s > 1] · (REDUCE + partials / HBM + (s − 1) · PARTIAL · rows / 64)`
 ///
 /// - units = `tiles · s`, taken by the persistent CTAs in rounds of the SMs; `bytes_r` is
 ///   round `r`'s share of B (16 KiB per K block of a unit: A comes from L2), so a last round of
@@ -131,8 +132,10 @@ pub fn sm90_decode_default(m: usize, n: usize, k: usize, l: usize, hw: Hardware)
 /// - `smax(x, y) = (x⁸ + y⁸)^⅛`: the larger, plus a little where the two limits meet (measured:
 ///   at M = 64, 7168 × 16384 unsplit, each limit alone predicts 42 µs of streaming, 44 ran);
 /// - the split's cost: the K ranges' meeting in the last CTA of each tile, a chain of L2 round
-///   trips after the last range's K loop (`DECODE_REDUCE_US`), and the f32 partials written
-///   and read back, `2 · 4 · s · outputs` bytes.
+///   trips after the last range's K loop (`DECODE_REDUCE_US`), the f32 partials written and
+///   read back, `2 · 4 · s · outputs` bytes, and that CTA's reading and adding the other
+///   ranges' partial tiles one after another (`DECODE_PARTIAL_US` each per 64 rows of the
+///   tile: its partials are the tile's rows × 128 whatever M is).
 ///
 /// Splits range over 1..=16 with at least `MIN_SPLIT_K_BLOCKS` K blocks each; ties go to the
 /// smaller split. Checked against a sweep of splits 1–8 on the decode set (docs/perf-log, decode-sized M).
@@ -157,7 +160,9 @@ pub(crate) fn decode_split(
             t += smax(all * in_round as f64 / units as f64, unit);
         }
         if s > 1 {
-            t += DECODE_REDUCE_US + (8 * s * outputs) as f64 / hbm;
+            t += DECODE_REDUCE_US
+                + (8 * s * outputs) as f64 / hbm
+                + (s - 1) as f64 * DECODE_PARTIAL_US * tile.block_m() as f64 / 64.0;
         }
         t
     };
@@ -169,9 +174,9 @@ pub(crate) fn decode_split(
 /// decode sweep on the H100 (2.78 MB/µs of its 3.35: 93% of its 3.0 TB/s copy ceiling once the
 /// launch's constant costs are set apart). Checked on the H200 (4.81 MB/µs peak) against the
 /// tuner's timings of every split (docs/tune-data): with the same fraction of its peak the
-/// model's split ran within 5% of the fastest timed one on 13 of the 14 DeepSeek-V3 shapes at
-/// M = 16 and 64 (64 × 576 × 7168: 14 ways, 9% slower than 7), where the H100's rate left
-/// 16 × 4096 × 7168 unsplit, 15% slower than split 2.
+/// model's split ran within 1% of the fastest timed one on the 14 DeepSeek-V3 shapes at M = 16
+/// and 64 (with `DECODE_PARTIAL_US`), where the H100's rate left 16 × 4096 × 7168 unsplit, 15%
+/// slower than split 2.
 pub(crate) const DECODE_DRAM_FRACTION: f64 = 0.83;
 
 /// Bytes of B per µs one SM streams through a swapped tile's pipeline when DRAM is not the limit
@@ -189,6 +194,14 @@ pub(crate) fn decode_sm_rate(tile: Tile) -> f64 {
 /// M); with the partials summed by the last CTA of each tile, as now, a second sweep measured the
 /// same within ±5%.
 pub(crate) const DECODE_REDUCE_US: f64 = 2.2;
+
+/// What the last CTA of a swapped tile spends per other K range's partial, per 64 rows of the
+/// tile, µs: a 32 KiB f32 tile read from L2 and added, one after another. Fitted to the H200's
+/// timings of every split (docs/tune-data/h200.jsonl): with it the model's split runs within 1%
+/// of the fastest timed one on all 14 DeepSeek-V3 shapes at M = 16 and 64 (without it
+/// 64 × 576 × 7168 split 14 ways on the 64-row tile, 14.1 µs against 13.0 at 8); the H100
+/// sweep's choices stay within its measured bests.
+pub(crate) const DECODE_PARTIAL_US: f64 = 0.2;
 
 /// CTAs per cluster: 256- and 192-row tiles and the wide tiles go in pairs along N (the pair
 /// shares the A tile by TMA multicast, halving its L2 reads) when the tiles fill at least one round
