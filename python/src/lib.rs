@@ -983,6 +983,14 @@ fn _bsr_prepare(
     Ok(PreparedBsr { device, bsr })
 }
 
+/// `_bsr_mm`'s sparse operand.
+enum Sparse {
+    /// Uploaded once, used as it is.
+    Prepared(Py<PreparedBsr>),
+    /// Read on the host, uploaded for the call.
+    Host(BsrMatrix),
+}
+
 /// `out = a · bᵀ` with one operand block-sparse (`side` "a" or "b"): `sparse` a
 /// [`PreparedBsr`] on the call's GPU, used as it is, or its host parts ([`BsrParts`]), read on
 /// the host and uploaded for this call; the other operand `dense` (with `dense_scales` for FP8:
@@ -1009,14 +1017,13 @@ fn _bsr_mm(
         }
     };
     // The sparse operand: prepared on a GPU, or host parts to upload for this call.
-    let (prepared, parts) = match sparse.cast::<PreparedBsr>() {
-        Ok(p) => (Some(p.clone().unbind()), None),
-        Err(_) => (None, Some(bsr_of(sparse.extract::<BsrParts>()?)?)),
+    let sparse = match sparse.cast::<PreparedBsr>() {
+        Ok(p) => Sparse::Prepared(p.clone().unbind()),
+        Err(_) => Sparse::Host(bsr_of(sparse.extract::<BsrParts>()?)?),
     };
-    let (rows, cols) = match (&prepared, &parts) {
-        (Some(p), _) => p.get().shape(),
-        (_, Some(m)) => (m.rows(), m.cols()),
-        _ => unreachable!("one of them is set above"),
+    let (rows, cols) = match &sparse {
+        Sparse::Prepared(p) => p.get().shape(),
+        Sparse::Host(m) => (m.rows(), m.cols()),
     };
     let d = Tensor::of("dense", dense)?;
     d.contiguous()?;
@@ -1054,7 +1061,7 @@ fn _bsr_mm(
     let mut all = vec![&d, &o];
     all.extend(ds.as_ref());
     let (device, stream) = placement(py, &all, stream)?;
-    if let Some(p) = &prepared
+    if let Sparse::Prepared(p) = &sparse
         && p.get().device != device
     {
         return Err(WrongGpuError::new_err(format!(
@@ -1067,13 +1074,12 @@ fn _bsr_mm(
     py.detach(move || {
         with_gpu(device, stream, |g| {
             let uploaded;
-            let sparse = match (&prepared, &parts) {
-                (Some(p), _) => &p.get().bsr,
-                (_, Some(m)) => {
+            let sparse = match &sparse {
+                Sparse::Prepared(p) => &p.get().bsr,
+                Sparse::Host(m) => {
                     uploaded = g.upload_bsr(m)?;
                     &uploaded
                 }
-                _ => unreachable!("one of them is set above"),
             };
             // SAFETY: the dense operand's and the output's tensors, alive for this call (the
             // Python caller holds them); the crate checks each against the driver's allocation.

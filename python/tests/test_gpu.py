@@ -344,6 +344,16 @@ def sparse_blocks(rows, k, bs, gen, keep=0.4):
     return x * mask.repeat_interleave(bs, 0).repeat_interleave(bs, 1)
 
 
+def fp8_sparse_blocks(rows, k, blk, gen, keep):
+    """`sparse_blocks` quantized to e4m3 blocks with one fp32 scale per stored block: its torch
+    BSR tensor, the scales, the codes, and the parts tuple `bsr_mm` takes."""
+    blocks = sparse_blocks(rows, k, blk, gen, keep).to_sparse_bsr((blk, blk))
+    vals = blocks.values()
+    scale = vals.abs().amax(dim=(1, 2)).clamp(min=1e-12) / E4M3_MAX
+    codes = (vals / scale[:, None, None]).to(torch.float8_e4m3fn)
+    return blocks, scale, codes, (blocks.crow_indices(), blocks.col_indices(), codes, (rows, k))
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("sparse_side", ["a", "b"])
 def test_bsr_mm_of_16_bit_blocks_matches_torch(dtype, sparse_side):
@@ -372,12 +382,7 @@ def test_bsr_mm_of_fp8_blocks_with_a_dense_fp8_a_matches_torch():
     m, n, k, blk = 200, 384, 512, 128
     x = torch.randn(m, k, device="cuda", generator=gen)
     a, sa = quantize_rows(x)
-    w = sparse_blocks(n, k, blk, gen, keep=0.5)
-    blocks = w.to_sparse_bsr((blk, blk))
-    vals = blocks.values()
-    scale = vals.abs().amax(dim=(1, 2)).clamp(min=1e-12) / 448.0
-    codes = (vals / scale[:, None, None]).to(torch.float8_e4m3fn)
-    sparse = (blocks.crow_indices(), blocks.col_indices(), codes, (n, k))
+    blocks, scale, codes, sparse = fp8_sparse_blocks(n, k, blk, gen, keep=0.5)
     out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.float32)
     bs.bsr_mm(a, sparse, out, sfa=sa, block_scales=scale)
     torch.cuda.current_stream().synchronize()
@@ -401,11 +406,7 @@ def test_a_prepared_sparse_operand_gives_the_per_call_result_on_any_stream():
     m, n, k, blk = 200, 384, 512, 128
     x = torch.randn(m, k, device="cuda", generator=gen)
     a, sa = quantize_rows(x)
-    blocks = sparse_blocks(n, k, blk, gen, keep=0.5).to_sparse_bsr((blk, blk))
-    vals = blocks.values()
-    scale = vals.abs().amax(dim=(1, 2)).clamp(min=1e-12) / 448.0
-    codes = (vals / scale[:, None, None]).to(torch.float8_e4m3fn)
-    sparse = (blocks.crow_indices(), blocks.col_indices(), codes, (n, k))
+    _, scale, codes, sparse = fp8_sparse_blocks(n, k, blk, gen, keep=0.5)
     want = torch.full((m, n), float("nan"), device="cuda", dtype=torch.float32)
     bs.bsr_mm(a, sparse, want, sfa=sa, block_scales=scale)
     w = bs.prepare_bsr(sparse, block_scales=scale)

@@ -237,7 +237,7 @@ impl Gpu {
         let s = self.check_bsr(dense, sparse)?;
         plan::choose_bsr(
             self.dev.arch,
-            self.dev.sm_count,
+            self.dev.hw.sm_count,
             &s,
             (sparse.elem, sparse.block, sparse.nnz()),
         )

@@ -47,8 +47,7 @@ struct Device {
     /// The kernels' image: ptxas' cubin, or the PTX (JIT) where the cubin does not fit.
     image: KernelImage,
     name: String,
-    sm_count: u32,
-    /// What the configuration rules read of it: its SMs and DRAM rate.
+    /// Its SMs and DRAM rate: what the configuration rules read of it.
     hw: crate::plan::Hardware,
     /// fp32 ones, the scales of every bf16 / fp16 view ([`Gpu::half_view`]): made once, grown to
     /// the most batch entries a view has had, shared (read only) by the views.
@@ -109,7 +108,7 @@ impl std::fmt::Debug for Gpu {
             "Gpu({}, {:?}, {} SMs, DRAM {:.2} TB/s, {} image{:?})",
             d.name,
             d.arch,
-            d.sm_count,
+            d.hw.sm_count,
             d.hw.dram_bytes_per_us / 1e6,
             d.image,
             d.families
@@ -189,7 +188,6 @@ impl Gpu {
                 arch,
                 image,
                 name,
-                sm_count,
                 hw,
                 ones: Default::default(),
                 tuned,
@@ -240,7 +238,7 @@ impl Gpu {
     }
     /// The number of SMs.
     pub fn sm_count(&self) -> u32 {
-        self.dev.sm_count
+        self.dev.hw.sm_count
     }
     /// What the configuration rules know of this GPU ([`plan::choose`](crate::plan::choose)):
     /// its SMs and its DRAM's peak rate.
