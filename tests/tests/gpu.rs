@@ -441,8 +441,8 @@ fn sm90_kernel_matches_cpu_reference_on_larger_ragged_shapes() {
 }
 
 /// Decode sizes: what `gemm` chooses by itself at M ≤ 64 (the swapped tiles, split-K as the
-/// plan decides; from 33 rows only with K ≥ 1024) on DeepSeek-V3's shapes and ragged ones, every
-/// recipe of the sm90 kernel.
+/// plan decides; from 33 rows only with K ≥ 1024) and past 64 rows where swapped tiles share B
+/// (128 × 576 × 7168) on DeepSeek-V3's shapes and ragged ones, every recipe of the sm90 kernel.
 #[test]
 #[ignore = "needs a CUDA device"]
 fn sm90_decode_sizes_take_swapped_tiles_and_match_cpu_reference() {
@@ -462,6 +462,9 @@ fn sm90_decode_sizes_take_swapped_tiles_and_match_cpu_reference() {
         (17, 1000, 1280, 3, OutType::F32),
         (63, 777, 640, 2, OutType::Bf16),
         (48, 1000, 4096, 2, OutType::Bf16),
+        (64, 576, 7168, 1, OutType::Bf16),
+        (128, 576, 7168, 1, OutType::Bf16),
+        (100, 500, 2048, 1, OutType::F16),
     ]
     .into_iter()
     .enumerate()
@@ -470,11 +473,22 @@ fn sm90_decode_sizes_take_swapped_tiles_and_match_cpu_reference() {
         let (_, b) = random_matrix(seed ^ i as u64, n, k, l, Recipe::DeepSeekFp8.b());
         let (da, db) = (g.upload(&a).unwrap(), g.upload(&b).unwrap());
         let plan = g.plan(&da, &db).unwrap();
-        // (The decode rule: swapped tiles to 32 rows, and to 64 rows from K = 1024.)
-        let swapped = m <= 32 || k >= 1024;
+        // (The decode rule: swapped tiles to 32 rows, and to 64 rows from K = 1024; a tile of
+        // fewer rows than M only with its units in one round of the SMs.)
+        // Past 64 rows either, as the model weighs them (swapped at 128 × 576 × 7168).
+        let swapped = match m {
+            ..=64 => Some(m <= 32 || k >= 1024),
+            _ => (n == 576).then_some(true),
+        };
+        let sms = g.sm_count() as usize;
         assert!(
             matches!(plan, Plan::Sm90Fp8(c)
-                if c.tile.is_swapped() == swapped && (!swapped || c.tile.block_m() as usize >= m)),
+                if swapped.is_none_or(|s| c.tile.is_swapped() == s)
+                    && (!c.tile.is_swapped()
+                        || c.tile.block_m() as usize >= m
+                        || m.div_ceil(c.tile.block_m() as usize) * n.div_ceil(128) * l
+                            * c.split_k as usize
+                            <= sms)),
             "{m}×{n}×{k}: {plan:?}"
         );
         check_sm90(

@@ -16,7 +16,10 @@ use blockscaled_kernels::sm90::{BLOCK_K, Tile};
 /// idle (small M, or few tiles); the 192-row tile sits between them and fills rounds that
 /// neither does (4096 × 2112: 3 rounds of 192-row tiles for 5 of 128 or 3 of 256). Where A is one
 /// 128-row tile (M ≤ `N64_MAX_M`), 128 × 64 tiles double the tiles: more SMs share B, the
-/// operand that comes from DRAM, while A stays in L2.
+/// operand that comes from DRAM, while A stays in L2. To 64 rows (from 33 with K ≥
+/// `SWAPPED_64_MIN_K`) the swapped tiles (`sm90_decode_default`); from 65 to `SHARED_B_MAX_M`
+/// rows with such K, swapped tiles of 16 or 32 rows where the decode model finds them faster
+/// (`swapped_past_64`).
 ///
 /// Cluster: see `cluster` (private). Split-K: see `split_k` (private). Raster band (`group_m`):
 /// CTAs running together cover `group_m` M tiles × (SMs / group_m) N tiles, so both operands'
@@ -24,6 +27,9 @@ use blockscaled_kernels::sm90::{BLOCK_K, Tile};
 pub fn sm90_default(m: usize, n: usize, k: usize, l: usize, hw: Hardware) -> Sm90Config {
     if m <= SWAPPED_MAX_M && (m <= 32 || k >= SWAPPED_64_MIN_K) {
         return sm90_decode_default(m, n, k, l, hw);
+    }
+    if let Some(c) = swapped_past_64(m, n, k, l, hw) {
+        return c;
     }
     sm90_unswapped(m, n, k, l, hw.sm_count, true)
 }
@@ -96,79 +102,196 @@ pub(crate) const SWAPPED_MAX_M: usize = 64;
 /// against 23.8 / 13.3. The H200's gains at 1536 and 2048 outweigh the H100's losses there.
 pub(crate) const SWAPPED_64_MIN_K: usize = 1024;
 
-/// The sm90 configuration at decode sizes (M ≤ `SWAPPED_MAX_M`): the swapped tile of the
-/// fewest rows that holds M (16, 32 or 64), and K split by `decode_split`.
+/// The sm90 configuration at decode sizes (M ≤ `SWAPPED_MAX_M`): of the swapped tiles, the one
+/// and the K split the decode model (`decode_cost`) finds fastest: the tile of the fewest rows
+/// that holds M, with any split, or a narrower one whose A tiles share each B tile
+/// (`Sharing::OneRound`).
 pub fn sm90_decode_default(m: usize, n: usize, k: usize, l: usize, hw: Hardware) -> Sm90Config {
-    let sm_count = hw.sm_count;
-    let tile = [Tile::S16, Tile::S32, Tile::S64]
+    let holds = [Tile::S16, Tile::S32, Tile::S64]
         .into_iter()
         .find(|t| m <= t.block_m() as usize)
         .unwrap_or(Tile::S64);
-    let b_tiles = n.div_ceil(tile.block_n as usize);
-    let tiles = b_tiles * m.div_ceil(tile.block_m() as usize) * l.max(1);
-    Sm90Config {
-        tile,
-        cluster: ClusterShape::ONE,
-        // Bands run over B's tiles (the swapped schedule's M); with one A tile they do not
-        // matter, and a band of 2048 rows of B is the dense rule's.
-        group_m: b_tiles.clamp(1, (GROUP_ROWS / tile.block_n) as usize) as u32,
-        ctas: sm_count.max(1),
-        split_k: decode_split(tile, tiles, k / BLOCK_K as usize, m * n * l.max(1), hw),
+    // With any split there is always one (split 1).
+    let mut best = fastest_split(holds, m, n, k, l, hw, Sharing::Any).unwrap_or(Swapped {
+        tile: holds,
+        split: 1,
+        us: f64::INFINITY,
+    });
+    // Ties go to the tile that holds M: fewer L2 bytes for the same time.
+    for narrower in [Tile::S16, Tile::S32] {
+        if narrower.block_m() < holds.block_m() {
+            let shared = fastest_split(narrower, m, n, k, l, hw, Sharing::OneRound);
+            if let Some(p) = shared.filter(|p| p.us < best.us) {
+                best = p;
+            }
+        }
+    }
+    best.config(n, hw)
+}
+
+/// From 65 to `SHARED_B_MAX_M` rows with K ≥ `SWAPPED_64_MIN_K`: a swapped plan of 16 or 32 rows whose A tiles share each B
+/// tile (`Sharing::OneRound`) where the decode model finds it faster than the 128 × 64 tiles;
+/// `None` where it does not. The model has no term for the 128 × 64 tiles: it stands in the
+/// 64-row swapped tile over two A tiles, with any split (as many tiles, and as many bytes of B
+/// per tile). On the H200 the two ran within 3% of each other at 128 × 576 × 7168, splits 1–8,
+/// and the 128 × 64 tiles up to 13% faster elsewhere (128 × 4096 × 7168 split 2;
+/// docs/tune-data/h200.jsonl), so the stand-in errs toward the swapped plans. With it the
+/// heuristic took the fastest timed plan on 10 of the 12 shapes of 96 and 128 rows there (at
+/// 128 × 576 × 7168 32 rows split 6, 5% slower than split 4; at 128 × 4608 × 7168 the 128 × 64
+/// tiles, 7.6% slower than 128 × 128 split 2).
+fn swapped_past_64(m: usize, n: usize, k: usize, l: usize, hw: Hardware) -> Option<Sm90Config> {
+    if m > SHARED_B_MAX_M || k < SWAPPED_64_MIN_K {
+        return None;
+    }
+    let unswapped = fastest_split(Tile::S64, m, n, k, l, hw, Sharing::Any)?;
+    [Tile::S16, Tile::S32]
+        .into_iter()
+        .filter_map(|t| fastest_split(t, m, n, k, l, hw, Sharing::OneRound))
+        .filter(|p| p.us < unswapped.us)
+        .min_by(|a, b| a.us.total_cmp(&b.us))
+        .map(|p| p.config(n, hw))
+}
+
+/// Largest M for which [`sm90_default`] weighs swapped tiles against the unswapped ones
+/// (`swapped_past_64`): past it A's tiles are too many to share each B tile in one round.
+pub(crate) const SHARED_B_MAX_M: usize = 128;
+
+/// A swapped tile, its K split and the decode model's time for them (µs).
+#[derive(Clone, Copy, Debug)]
+struct Swapped {
+    tile: Tile,
+    split: u32,
+    us: f64,
+}
+
+impl Swapped {
+    fn config(self, n: usize, hw: Hardware) -> Sm90Config {
+        let b_tiles = n.div_ceil(self.tile.block_n as usize);
+        Sm90Config {
+            tile: self.tile,
+            cluster: ClusterShape::ONE,
+            // Bands run over B's tiles (the swapped schedule's M); with one A tile they do not
+            // matter, and a band of 2048 rows of B is the dense rule's.
+            group_m: b_tiles.clamp(1, (GROUP_ROWS / self.tile.block_n) as usize) as u32,
+            ctas: hw.sm_count.max(1),
+            split_k: self.split,
+        }
     }
 }
 
-/// The split of K for `tiles` swapped tiles of `k_blocks` K blocks (`outputs` = M·N·L values),
-/// from a cost model of a GEMM that waits on B's bytes (µs, constant launch costs left out):
+/// Which splits a swapped tile may take when M spans several of its A tiles.
+#[derive(Clone, Copy, PartialEq)]
+enum Sharing {
+    /// Any split (one A tile, or the model of the 128 × 64 tiles).
+    Any,
+    /// The A tiles of each B tile read it from L2 after the first brought it from DRAM: only
+    /// where all the units run in one round of the SMs (a later round's units find their B
+    /// evicted or read it again: measured 1.4× slower, 64 × 576 × 7168 on 16-row tiles split 7
+    /// against 4) and B fits in the L2 (`L2_BYTES`): past it the A tiles' reads drift apart and
+    /// B comes from DRAM more than once (64 × 7168 × 16384, B 117 MB: the 32-row tiles unsplit
+    /// ran 13 µs over the model on the H200, where the other plans of the shape ran 5–8 over).
+    OneRound,
+}
+
+/// L2 bytes of the H100 and H200 (50 MB).
+pub(crate) const L2_BYTES: usize = 50 << 20;
+
+/// The split of K for `tile` that `decode_cost` finds fastest (ties to the smaller split),
+/// among 1..=16 with at least `MIN_SPLIT_K_BLOCKS` K blocks each and `sharing`'s condition;
+/// `None` where no split meets it.
+fn fastest_split(
+    tile: Tile,
+    m: usize,
+    n: usize,
+    k: usize,
+    l: usize,
+    hw: Hardware,
+    sharing: Sharing,
+) -> Option<Swapped> {
+    let k_blocks = k / BLOCK_K as usize;
+    let b_tiles = n.div_ceil(tile.block_n as usize) * l.max(1);
+    let a_tiles = m.div_ceil(tile.block_m() as usize).max(1);
+    if sharing == Sharing::OneRound && (a_tiles == 1 || n * k * l.max(1) > L2_BYTES) {
+        return None;
+    }
+    let most = (k_blocks / MIN_SPLIT_K_BLOCKS).clamp(1, 16);
+    (1..=most)
+        .filter(|s| sharing == Sharing::Any || b_tiles * a_tiles * s <= hw.sm_count as usize)
+        .map(|s| Swapped {
+            tile,
+            split: s as u32,
+            us: decode_cost(tile, b_tiles, a_tiles, s, k_blocks, m * n * l.max(1), hw),
+        })
+        .fold(None, |best: Option<Swapped>, p| match best {
+            Some(b) if b.us <= p.us => Some(b),
+            _ => Some(p),
+        })
+}
+
+/// The decode model: the time in µs (launch costs left out) of `b_tiles` × `a_tiles` swapped
+/// tiles, K (`k_blocks`) split `s` ways (`outputs` = M·N·L values), for a GEMM that waits on
+/// B's bytes:
 ///
-/// `t(s) = Σ over rounds r of smax(bytes_r / HBM, unit / SM)
+/// `t(s) = Σ over rounds r of smax(dram_r, unit, l2_r)
 ///        + [s > 1] · (REDUCE + partials / HBM + (s − 1) · PARTIAL · rows / 64)`
 ///
-/// - units = `tiles · s`, taken by the persistent CTAs in rounds of the SMs; `bytes_r` is
-///   round `r`'s share of B (16 KiB per K block of a unit: A comes from L2), so a last round of
-///   few units is limited by what one SM streams, not by DRAM;
-/// - `unit`: one unit's bytes, `⌈k_blocks / s⌉ · 16 KiB`; `SM`: the bytes per µs one SM's
-///   pipeline streams through the tile (`decode_sm_rate`); `HBM`: the rate B streams from DRAM,
+/// - units = `tiles · s`, taken by the persistent CTAs in rounds of the SMs; `dram_r` is round
+///   `r`'s share of B's bytes at `HBM` (16 KiB per K block of each B tile, once whatever the A
+///   tiles: they read it together), so a last round of few units is limited by what one SM
+///   streams, not by DRAM; `l2_r` its share of the bytes the units read from L2 (every unit its
+///   B tile's) at `DECODE_L2_BYTES_PER_US`;
+/// - `unit`: one unit's bytes, `⌈k_blocks / s⌉ · 16 KiB`, at the rate one SM's pipeline
+///   streams them through the tile (`decode_sm_rate`); `HBM`: the rate B streams from DRAM,
 ///   `DECODE_DRAM_FRACTION` of the GPU's peak;
-/// - `smax(x, y) = (x⁸ + y⁸)^⅛`: the larger, plus a little where the two limits meet (measured:
-///   at M = 64, 7168 × 16384 unsplit, each limit alone predicts 42 µs of streaming, 44 ran);
+/// - `smax(x, y, z) = (x⁸ + y⁸ + z⁸)^⅛`: the largest, plus a little where the limits meet
+///   (measured: at M = 64, 7168 × 16384 unsplit, the DRAM and SM limits alone each predict 42 µs
+///   of streaming, 44 ran);
 /// - the split's cost: the K ranges' meeting in the last CTA of each tile, a chain of L2 round
 ///   trips after the last range's K loop (`DECODE_REDUCE_US`), the f32 partials written and
 ///   read back, `2 · 4 · s · outputs` bytes, and that CTA's reading and adding the other
 ///   ranges' partial tiles one after another (`DECODE_PARTIAL_US` each per 64 rows of the
 ///   tile: its partials are the tile's rows × 128 whatever M is).
 ///
-/// Splits range over 1..=16 with at least `MIN_SPLIT_K_BLOCKS` K blocks each; ties go to the
-/// smaller split. Checked against a sweep of splits 1–8 on the decode set (docs/perf-log, decode-sized M).
-pub(crate) fn decode_split(
+/// Checked against a sweep of splits 1–8 on the decode set (docs/perf-log, decode-sized M) and
+/// the tuner's timings of every tile and split on the H200 (docs/tune-data/h200.jsonl).
+fn decode_cost(
     tile: Tile,
-    tiles: usize,
+    b_tiles: usize,
+    a_tiles: usize,
+    s: usize,
     k_blocks: usize,
     outputs: usize,
     hw: Hardware,
-) -> u32 {
+) -> f64 {
     let sms = hw.sm_count.max(1) as usize;
     let hbm = DECODE_DRAM_FRACTION * hw.dram_bytes_per_us;
     let block = (tile.block_n * BLOCK_K) as f64;
-    let smax = |x: f64, y: f64| (x.powi(8) + y.powi(8)).powf(0.125);
-    let cost = |s: usize| {
-        let units = tiles.max(1) * s;
-        let unit = k_blocks.div_ceil(s) as f64 * block / decode_sm_rate(tile);
-        let all = (tiles.max(1) * k_blocks) as f64 * block / hbm;
-        let mut t = 0.0;
-        for r in 0..units.div_ceil(sms) {
-            let in_round = (units - r * sms).min(sms);
-            t += smax(all * in_round as f64 / units as f64, unit);
-        }
-        if s > 1 {
-            t += DECODE_REDUCE_US
-                + (8 * s * outputs) as f64 / hbm
-                + (s - 1) as f64 * DECODE_PARTIAL_US * tile.block_m() as f64 / 64.0;
-        }
-        t
-    };
-    let most = (k_blocks / MIN_SPLIT_K_BLOCKS).clamp(1, 16);
-    (1..=most).fold(1, |best, s| if cost(s) < cost(best) { s } else { best }) as u32
+    let smax = |x: f64, y: f64, z: f64| (x.powi(8) + y.powi(8) + z.powi(8)).powf(0.125);
+    let units = b_tiles.max(1) * a_tiles * s;
+    let unit = k_blocks.div_ceil(s) as f64 * block / decode_sm_rate(tile);
+    let dram = (b_tiles.max(1) * k_blocks) as f64 * block / hbm;
+    let l2 = (b_tiles.max(1) * a_tiles * k_blocks) as f64 * block / DECODE_L2_BYTES_PER_US;
+    let mut t = 0.0;
+    for r in 0..units.div_ceil(sms) {
+        let share = (units - r * sms).min(sms) as f64 / units as f64;
+        t += smax(dram * share, unit, l2 * share);
+    }
+    if s > 1 {
+        t += DECODE_REDUCE_US
+            + (8 * s * outputs) as f64 / hbm
+            + (s - 1) as f64 * DECODE_PARTIAL_US * tile.block_m() as f64 / 64.0;
+    }
+    t
 }
+
+/// The rate at which the SMs together read B's tiles from L2 in a swapped-tile GEMM, bytes per
+/// µs: what makes A tiles sharing each B tile (`Sharing::OneRound`) cost more than their
+/// units' count alone. Fitted to the H200's timings of every swapped tile and split
+/// (docs/tune-data/h200.jsonl, 43 FP8 shapes of 16 to 128 rows): with 7 TB/s the heuristic's
+/// geometric-mean regret there is 1.014 (its plan's time over the fastest of every family's);
+/// with 6 and 8 TB/s 1.016 and 1.019, without the term 1.027 (16-row tiles at 64 × 4096 ×
+/// 7168, 20.2 µs against 18.6), each over those of its plans that were timed.
+pub(crate) const DECODE_L2_BYTES_PER_US: f64 = 7e6;
 
 /// The fraction of the DRAM's peak rate at which a swapped-tile GEMM streams B: fitted to the
 /// decode sweep on the H100 (2.78 MB/µs of its 3.35: 93% of its 3.0 TB/s copy ceiling once the
