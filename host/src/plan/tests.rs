@@ -293,6 +293,25 @@ fn narrow_tiles_only_for_one_row_of_tiles_that_leaves_sms_idle() {
     assert_eq!(tile(128, 32768, 512), (128, 128));
     // Never with more than one row of tiles (A is read once per 64 columns).
     assert_eq!(tile(129, 7168, 2048).1, 128);
+    // The streaming model weighs the split 128 × 128 tiles against them by the DRAM's rate: at
+    // 128 × 7168 × 16384 the H200 ran 128 × 128 split 2 in 43.9 µs against 49.5 for 128 × 64
+    // unsplit, the H100 56.5 against 49.2; at 128 × 4608 × 7168 the H200 23.7 (split 2) against
+    // 25.5 (docs/tune-data/h200.jsonl, docs/perf-log).
+    let plan = |m, n, k, hw| {
+        let c = sm90_default(m, n, k, 1, hw);
+        (c.tile, c.split_k)
+    };
+    assert_eq!(plan(128, 7168, 16384, Hardware::H200), (Tile::M128, 2));
+    assert_eq!(plan(128, 7168, 16384, Hardware::H100), (Tile::M128N64, 1));
+    assert_eq!(plan(128, 4608, 7168, Hardware::H200).0, Tile::M128);
+    // Where the 128 × 64 tiles measured fastest on the H200, they stay.
+    for (n, k, split) in [(2112, 7168, 4), (4096, 7168, 2), (7168, 2048, 1)] {
+        assert_eq!(
+            plan(128, n, k, Hardware::H200),
+            (Tile::M128N64, split),
+            "{n}×{k}"
+        );
+    }
     for (m, n, l) in [(1, 1, 1), (8192, 8192, 1), (128, 2112, 3)] {
         let c = sm90_default(m, n, 1024, l, Hardware::H100);
         assert!(c.group_m >= 1 && c.group_m * c.tile.block_m() <= GROUP_ROWS.max(c.tile.block_m()));

@@ -31,8 +31,73 @@ pub fn sm90_default(m: usize, n: usize, k: usize, l: usize, hw: Hardware) -> Sm9
     if let Some(c) = swapped_past_64(m, n, k, l, hw) {
         return c;
     }
-    sm90_unswapped(m, n, k, l, hw.sm_count, true)
+    let rule = sm90_unswapped(m, n, k, l, hw.sm_count, true);
+    if m <= N64_MAX_M {
+        return narrow_or_square(rule, m, n, k, l, hw);
+    }
+    rule
 }
+
+/// At M ≤ `N64_MAX_M` (one row of tiles, a shape that waits on memory): `rule`'s plan where it
+/// is on 128 × 64 or 128 × 128 tiles, or the other of the two with the split the streaming
+/// model finds fastest, whichever that model (`unswapped_streaming`) finds faster; any other
+/// plan as it is. The tile-cost rule counts rounds, not the split's shorter K ranges nor the
+/// DRAM's rate: at 128 × 7168 × 16384 the 128 × 128 tiles split 2 ways ran 43.9 µs against 49.5
+/// for 128 × 64 unsplit on the H200, where the H100 (slower DRAM) measured the opposite, 56.5
+/// against 49.2; the model has both GPUs' order.
+fn narrow_or_square(
+    rule: Sm90Config,
+    m: usize,
+    n: usize,
+    k: usize,
+    l: usize,
+    hw: Hardware,
+) -> Sm90Config {
+    let other = match rule.tile {
+        Tile::M128N64 => Tile::M128,
+        Tile::M128 => Tile::M128N64,
+        _ => return rule,
+    };
+    let cost = |tile: Tile, s: usize| unswapped_streaming(tile, m, n, k, l).cost(s, hw);
+    let most = (k / BLOCK_K as usize / MIN_SPLIT_K_BLOCKS).clamp(1, 16);
+    let (split, us) = (1..=most)
+        .map(|s| (s, cost(other, s)))
+        .fold((1, f64::INFINITY), |b, x| if x.1 < b.1 { x } else { b });
+    if us < cost(rule.tile, rule.split_k as usize) {
+        Sm90Config {
+            tile: other,
+            cluster: ClusterShape::ONE,
+            group_m: 1,
+            ctas: rule.ctas,
+            split_k: split as u32,
+        }
+    } else {
+        rule
+    }
+}
+
+/// The streaming model of unswapped 128-row tiles at M ≤ `N64_MAX_M`: each unit streams a K
+/// block of A (16 KiB) and of B (`block_n` × 128 bytes) through its pipeline at
+/// `UNSWAPPED_SM_RATE`; A and B come from DRAM once; a split's partial tile is 128 × `block_n`
+/// f32.
+fn unswapped_streaming(tile: Tile, m: usize, n: usize, k: usize, l: usize) -> Streaming {
+    let l = l.max(1);
+    let block_bytes = (tile.block_m() + tile.block_n) * BLOCK_K;
+    Streaming {
+        tiles: m.div_ceil(tile.block_m() as usize) * n.div_ceil(tile.block_n as usize) * l,
+        k_blocks: k / BLOCK_K as usize,
+        unit_block_us: block_bytes as f64 / UNSWAPPED_SM_RATE,
+        dram_bytes: ((m + n) * k * l) as f64,
+        l2_us: 0.0,
+        outputs: m * n * l,
+        partial_rows: tile.block_m() * tile.block_n / 128,
+    }
+}
+
+/// Bytes of A and B per µs one SM streams through a 128 × 64 or 128 × 128 tile's pipeline when
+/// DRAM is not the limit: fitted to the H200's unsplit timings of both tiles at 128 × 7168 ×
+/// 2048 and 16384 (one round each: 74–84 GB/s per SM once the launch's 7 µs are set apart).
+pub(crate) const UNSWAPPED_SM_RATE: f64 = 80e3;
 
 /// [`sm90_default`]'s choice among the unswapped tiles, the wide ones only if `wide` (the
 /// grouped kernels have none).
@@ -230,27 +295,10 @@ fn fastest_split(
 
 /// The decode model: the time in µs (launch costs left out) of `b_tiles` × `a_tiles` swapped
 /// tiles, K (`k_blocks`) split `s` ways (`outputs` = M·N·L values), for a GEMM that waits on
-/// B's bytes:
-///
-/// `t(s) = Σ over rounds r of smax(dram_r, unit, l2_r)
-///        + [s > 1] · (REDUCE + partials / HBM + (s − 1) · PARTIAL · rows / 64)`
-///
-/// - units = `tiles · s`, taken by the persistent CTAs in rounds of the SMs; `dram_r` is round
-///   `r`'s share of B's bytes at `HBM` (16 KiB per K block of each B tile, once whatever the A
-///   tiles: they read it together), so a last round of few units is limited by what one SM
-///   streams, not by DRAM; `l2_r` its share of the bytes the units read from L2 (every unit its
-///   B tile's) at `DECODE_L2_BYTES_PER_US`;
-/// - `unit`: one unit's bytes, `⌈k_blocks / s⌉ · 16 KiB`, at the rate one SM's pipeline
-///   streams them through the tile (`decode_sm_rate`); `HBM`: the rate B streams from DRAM,
-///   `DECODE_DRAM_FRACTION` of the GPU's peak;
-/// - `smax(x, y, z) = (x⁸ + y⁸ + z⁸)^⅛`: the largest, plus a little where the limits meet
-///   (measured: at M = 64, 7168 × 16384 unsplit, the DRAM and SM limits alone each predict 42 µs
-///   of streaming, 44 ran);
-/// - the split's cost: the K ranges' meeting in the last CTA of each tile, a chain of L2 round
-///   trips after the last range's K loop (`DECODE_REDUCE_US`), the f32 partials written and
-///   read back, `2 · 4 · s · outputs` bytes, and that CTA's reading and adding the other
-///   ranges' partial tiles one after another (`DECODE_PARTIAL_US` each per 64 rows of the
-///   tile: its partials are the tile's rows × 128 whatever M is).
+/// B's bytes ([`Streaming::cost`]): each unit streams 16 KiB of B per K block through its
+/// pipeline at `decode_sm_rate`; B comes from DRAM once whatever the A tiles (they read it
+/// together), and every unit reads its B tile from L2 (`DECODE_L2_BYTES_PER_US`); a split's
+/// partial tiles are the tile's rows × 128 whatever M is.
 ///
 /// Checked against a sweep of splits 1–8 on the decode set (docs/perf-log, decode-sized M) and
 /// the tuner's timings of every tile and split on the H200 (docs/tune-data/h200.jsonl).
@@ -263,25 +311,68 @@ fn decode_cost(
     outputs: usize,
     hw: Hardware,
 ) -> f64 {
-    let sms = hw.sm_count.max(1) as usize;
-    let hbm = DECODE_DRAM_FRACTION * hw.dram_bytes_per_us;
     let block = (tile.block_n * BLOCK_K) as f64;
-    let smax = |x: f64, y: f64, z: f64| (x.powi(8) + y.powi(8) + z.powi(8)).powf(0.125);
-    let units = b_tiles.max(1) * a_tiles * s;
-    let unit = k_blocks.div_ceil(s) as f64 * block / decode_sm_rate(tile);
-    let dram = (b_tiles.max(1) * k_blocks) as f64 * block / hbm;
-    let l2 = (b_tiles.max(1) * a_tiles * k_blocks) as f64 * block / DECODE_L2_BYTES_PER_US;
-    let mut t = 0.0;
-    for r in 0..units.div_ceil(sms) {
-        let share = (units - r * sms).min(sms) as f64 / units as f64;
-        t += smax(dram * share, unit, l2 * share);
+    let b_bytes = (b_tiles.max(1) * k_blocks) as f64 * block;
+    Streaming {
+        tiles: b_tiles.max(1) * a_tiles,
+        k_blocks,
+        unit_block_us: block / decode_sm_rate(tile),
+        dram_bytes: b_bytes,
+        l2_us: b_bytes * a_tiles as f64 / DECODE_L2_BYTES_PER_US,
+        outputs,
+        partial_rows: tile.block_m(),
     }
-    if s > 1 {
-        t += DECODE_REDUCE_US
-            + (8 * s * outputs) as f64 / hbm
-            + (s - 1) as f64 * DECODE_PARTIAL_US * tile.block_m() as f64 / 64.0;
+    .cost(s, hw)
+}
+
+/// A GEMM that streams its operands through persistent CTAs, K split `s` ways, as the decode
+/// model and `narrow_or_square` price it (µs, launch costs left out):
+///
+/// `t(s) = Σ over rounds r of smax(dram_r, unit, l2_r)
+///        + [s > 1] · (REDUCE + partials / HBM + (s − 1) · PARTIAL · partial_rows / 64)`
+///
+/// - units = `tiles · s`, taken by the persistent CTAs in rounds of the SMs; `dram_r` is round
+///   `r`'s share of `dram_bytes` at `HBM`, so a last round of few units is limited by what one
+///   SM streams, not by DRAM; `l2_r` its share of `l2_us`;
+/// - `unit`: one unit's time alone, `⌈k_blocks / s⌉ · unit_block_us`; `HBM`: the rate the
+///   operands stream from DRAM, `DECODE_DRAM_FRACTION` of the GPU's peak;
+/// - `smax(x, y, z) = (x⁸ + y⁸ + z⁸)^⅛`: the largest, plus a little where the limits meet
+///   (measured: at M = 64, 7168 × 16384 unsplit, the DRAM and SM limits alone each predict 42 µs
+///   of streaming, 44 ran);
+/// - the split's cost: the K ranges' meeting in the last CTA of each tile, a chain of L2 round
+///   trips after the last range's K loop (`DECODE_REDUCE_US`), the f32 partials written and
+///   read back, `2 · 4 · s · outputs` bytes, and that CTA's reading and adding the other
+///   ranges' partial tiles one after another (`DECODE_PARTIAL_US` each per 64 of its rows).
+struct Streaming {
+    tiles: usize,
+    k_blocks: usize,
+    unit_block_us: f64,
+    dram_bytes: f64,
+    l2_us: f64,
+    outputs: usize,
+    partial_rows: u32,
+}
+
+impl Streaming {
+    fn cost(&self, s: usize, hw: Hardware) -> f64 {
+        let sms = hw.sm_count.max(1) as usize;
+        let hbm = DECODE_DRAM_FRACTION * hw.dram_bytes_per_us;
+        let smax = |x: f64, y: f64, z: f64| (x.powi(8) + y.powi(8) + z.powi(8)).powf(0.125);
+        let units = self.tiles.max(1) * s;
+        let unit = self.k_blocks.div_ceil(s) as f64 * self.unit_block_us;
+        let dram = self.dram_bytes / hbm;
+        let mut t = 0.0;
+        for r in 0..units.div_ceil(sms) {
+            let share = (units - r * sms).min(sms) as f64 / units as f64;
+            t += smax(dram * share, unit, self.l2_us * share);
+        }
+        if s > 1 {
+            t += DECODE_REDUCE_US
+                + (8 * s * self.outputs) as f64 / hbm
+                + (s - 1) as f64 * DECODE_PARTIAL_US * self.partial_rows as f64 / 64.0;
+        }
+        t
     }
-    t
 }
 
 /// The rate at which the SMs together read B's tiles from L2 in a swapped-tile GEMM, bytes per
