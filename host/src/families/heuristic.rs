@@ -2,8 +2,9 @@
 //! and the split-K rule.
 
 /// What the configuration rules know of a GPU: its SMs and the peak rate of its DRAM. Rules that
-/// model a GEMM waiting on the weights' bytes (the FP8 decode split) scale with the DRAM rate;
-/// the others need only the SMs.
+/// model a GEMM waiting on its operands' bytes (the FP8 streaming model: swapped tiles and
+/// their split, and 128-row tiles at M ≤ 128) scale with the DRAM rate; the others need only
+/// the SMs.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Hardware {
     /// Its SMs.

@@ -153,8 +153,9 @@ pub(crate) fn sm90_unswapped(
     }
 }
 
-/// Largest M for the swapped tiles ([`Tile::swapped`]): up to 64 rows, one swapped tile holds
-/// all of A, so B (the weights) is read from DRAM once, in stages of 16 KiB.
+/// Largest M for which the swapped tiles ([`Tile::swapped`]) are the rule: up to 64 rows, one
+/// swapped tile holds all of A, so B (the weights) is read from DRAM once, in stages of 16 KiB
+/// (past it, only where `swapped_past_64` finds them faster).
 pub(crate) const SWAPPED_MAX_M: usize = 64;
 
 /// Smallest K for which 33 to 64 rows take the 64-row swapped tile: with less K there are
