@@ -977,3 +977,29 @@ fn split_k_fills_idle_sms_only_where_it_pays() {
     assert_eq!(split_k(66, 64, 132, 32), 1);
     assert_eq!(split_k(66, 64, 132, 31), 2);
 }
+
+/// Whatever the streaming model chooses (swapped tiles of any rows, shared B tiles, 128 × 128
+/// against 128 × 64, any split) is a configuration the kernel accepts for the shape, on either
+/// GPU's DRAM rate and any SM count.
+#[test]
+fn every_small_m_choice_is_a_valid_configuration() {
+    for hw in [Hardware::H100, Hardware::H200, Hardware::with_sms(78)] {
+        for m in [
+            1, 2, 15, 16, 17, 31, 33, 48, 63, 64, 65, 80, 96, 100, 127, 128, 129,
+        ] {
+            for n in [1, 100, 576, 1000, 2112, 4608, 7168, 24576] {
+                for k in [128, 512, 1024, 2048, 7168, 16384] {
+                    for l in [1, 3] {
+                        let c = sm90_default(m, n, k, l, hw);
+                        let s = GemmShape { m, n, k, l };
+                        assert!(c.validate(&s).is_ok(), "{s:?} {hw:?}: {c:?}");
+                        assert!(
+                            c.split_k >= 1 && c.split_k as usize <= k / 128,
+                            "{s:?}: {c:?}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
