@@ -166,39 +166,15 @@ fn fused_plans_move_to_the_tiles_and_kernels_that_fuse() {
 
 #[test]
 fn tall_tiles_for_large_m_short_tiles_where_they_would_idle_sms() {
-    assert_eq!(
-        sm90_default(8192, 8192, 8192, 1, Hardware::H100)
-            .tile
-            .block_m(),
-        256
-    );
-    assert_eq!(
-        sm90_default(4096, 7168, 2048, 1, Hardware::H100)
-            .tile
-            .block_m(),
-        256
-    );
+    let rows = |m, n, k| sm90_default(m, n, k, 1, Hardware::H100).tile.block_m();
+    assert_eq!(rows(8192, 8192, 8192), 256);
+    assert_eq!(rows(4096, 7168, 2048), 256);
     // One 256-row tile per N tile would be half empty.
-    assert_eq!(
-        sm90_default(128, 7168, 2048, 1, Hardware::H100)
-            .tile
-            .block_m(),
-        128
-    );
-    assert_eq!(
-        sm90_default(200, 2112, 7168, 1, Hardware::H100)
-            .tile
-            .block_m(),
-        128
-    );
+    assert_eq!(rows(128, 7168, 2048), 128);
+    assert_eq!(rows(200, 2112, 7168), 128);
     // 4096 × 2112: 374 tiles of 192 rows are 3 rounds (544 of 128 rows are 5; 272 of 256
     // rows 3, at 1.86 each; 352 of 128 × 192 3, at 1.55).
-    assert_eq!(
-        sm90_default(4096, 2112, 7168, 1, Hardware::H100)
-            .tile
-            .block_m(),
-        192
-    );
+    assert_eq!(rows(4096, 2112, 7168), 192);
     for (m, n) in [(8192, 8192), (4096, 2112), (256, 7168)] {
         assert_eq!(
             sm90_default(m, n, 2048, 1, Hardware::H100).tile.block_n,

@@ -58,21 +58,16 @@ fn narrow_or_square(
         Tile::M128 => Tile::M128N64,
         _ => return rule,
     };
-    let cost = |tile: Tile, s: usize| unswapped_streaming(tile, m, n, k, l).cost(s, hw);
-    let most = (k / BLOCK_K as usize / MIN_SPLIT_K_BLOCKS).clamp(1, 16);
-    let (split, us) = (1..=most)
-        .map(|s| (s, cost(other, s)))
-        .fold((1, f64::INFINITY), |b, x| if x.1 < b.1 { x } else { b });
-    if us < cost(rule.tile, rule.split_k as usize) {
-        Sm90Config {
+    let ours = unswapped_streaming(rule.tile, m, n, k, l).cost(rule.split_k as usize, hw);
+    match unswapped_streaming(other, m, n, k, l).fastest_split(hw, |_| true) {
+        Some((split, us)) if us < ours => Sm90Config {
             tile: other,
             cluster: ClusterShape::ONE,
             group_m: 1,
             ctas: rule.ctas,
             split_k: split as u32,
-        }
-    } else {
-        rule
+        },
+        _ => rule,
     }
 }
 
@@ -169,7 +164,7 @@ pub(crate) const SWAPPED_MAX_M: usize = 64;
 pub(crate) const SWAPPED_64_MIN_K: usize = 1024;
 
 /// The sm90 configuration at decode sizes (M ≤ `SWAPPED_MAX_M`): of the swapped tiles, the one
-/// and the K split the decode model (`decode_cost`) finds fastest: the tile of the fewest rows
+/// and the K split the decode model (`swapped_streaming`) finds fastest: the tile of the fewest rows
 /// that holds M, with any split, or a narrower one whose A tiles share each B tile
 /// (`Sharing::OneRound`).
 pub fn sm90_decode_default(m: usize, n: usize, k: usize, l: usize, hw: Hardware) -> Sm90Config {
@@ -262,9 +257,9 @@ enum Sharing {
 /// L2 bytes of the H100 and H200 (50 MB).
 pub(crate) const L2_BYTES: usize = 50 << 20;
 
-/// The split of K for `tile` that `decode_cost` finds fastest (ties to the smaller split),
-/// among 1..=16 with at least `MIN_SPLIT_K_BLOCKS` K blocks each and `sharing`'s condition;
-/// `None` where no split meets it.
+/// The split of K for `tile` that the decode model (`swapped_streaming`) finds fastest, among
+/// those `Streaming::fastest_split` weighs that meet `sharing`'s condition; `None` where none
+/// does.
 fn fastest_split(
     tile: Tile,
     m: usize,
@@ -274,44 +269,42 @@ fn fastest_split(
     hw: Hardware,
     sharing: Sharing,
 ) -> Option<Swapped> {
-    let k_blocks = k / BLOCK_K as usize;
     let b_tiles = n.div_ceil(tile.block_n as usize) * l.max(1);
     let a_tiles = m.div_ceil(tile.block_m() as usize).max(1);
     if sharing == Sharing::OneRound && (a_tiles == 1 || n * k * l.max(1) > L2_BYTES) {
         return None;
     }
-    let most = (k_blocks / MIN_SPLIT_K_BLOCKS).clamp(1, 16);
-    (1..=most)
-        .filter(|s| sharing == Sharing::Any || b_tiles * a_tiles * s <= hw.sm_count as usize)
-        .map(|s| Swapped {
-            tile,
-            split: s as u32,
-            us: decode_cost(tile, b_tiles, a_tiles, s, k_blocks, m * n * l.max(1), hw),
-        })
-        .fold(None, |best: Option<Swapped>, p| match best {
-            Some(b) if b.us <= p.us => Some(b),
-            _ => Some(p),
-        })
+    let one_round = |s: usize| b_tiles * a_tiles * s <= hw.sm_count as usize;
+    let model = swapped_streaming(
+        tile,
+        b_tiles,
+        a_tiles,
+        k / BLOCK_K as usize,
+        m * n * l.max(1),
+    );
+    let (split, us) = model.fastest_split(hw, |s| sharing == Sharing::Any || one_round(s))?;
+    Some(Swapped {
+        tile,
+        split: split as u32,
+        us,
+    })
 }
 
-/// The decode model: the time in µs (launch costs left out) of `b_tiles` × `a_tiles` swapped
-/// tiles, K (`k_blocks`) split `s` ways (`outputs` = M·N·L values), for a GEMM that waits on
-/// B's bytes ([`Streaming::cost`]): each unit streams 16 KiB of B per K block through its
-/// pipeline at `decode_sm_rate`; B comes from DRAM once whatever the A tiles (they read it
-/// together), and every unit reads its B tile from L2 (`DECODE_L2_BYTES_PER_US`); a split's
-/// partial tiles are the tile's rows × 128 whatever M is.
+/// The decode model of `b_tiles` × `a_tiles` swapped tiles over `k_blocks` K blocks (`outputs`
+/// = M·N·L values), a GEMM that waits on B's bytes ([`Streaming`]): each unit streams 16 KiB
+/// of B per K block through its pipeline at `decode_sm_rate`; B comes from DRAM once whatever
+/// the A tiles (they read it together), and every unit reads its B tile from L2
+/// (`DECODE_L2_BYTES_PER_US`); a split's partial tiles are the tile's rows × 128 whatever M is.
 ///
 /// Checked against a sweep of splits 1–8 on the decode set (docs/perf-log, decode-sized M) and
 /// the tuner's timings of every tile and split on the H200 (docs/tune-data/h200.jsonl).
-fn decode_cost(
+fn swapped_streaming(
     tile: Tile,
     b_tiles: usize,
     a_tiles: usize,
-    s: usize,
     k_blocks: usize,
     outputs: usize,
-    hw: Hardware,
-) -> f64 {
+) -> Streaming {
     let block = (tile.block_n * BLOCK_K) as f64;
     let b_bytes = (b_tiles.max(1) * k_blocks) as f64 * block;
     Streaming {
@@ -323,11 +316,10 @@ fn decode_cost(
         outputs,
         partial_rows: tile.block_m(),
     }
-    .cost(s, hw)
 }
 
 /// A GEMM that streams its operands through persistent CTAs, K split `s` ways, as the decode
-/// model and `narrow_or_square` price it (µs, launch costs left out):
+/// model (`swapped_streaming`) and `narrow_or_square` (`unswapped_streaming`) price it (µs, launch costs left out):
 ///
 /// `t(s) = Σ over rounds r of smax(dram_r, unit, l2_r)
 ///        + [s > 1] · (REDUCE + partials / HBM + (s − 1) · PARTIAL · partial_rows / 64)`
@@ -355,6 +347,20 @@ struct Streaming {
 }
 
 impl Streaming {
+    /// The split of K, 1..=16 with at least `MIN_SPLIT_K_BLOCKS` K blocks each and `allowed`,
+    /// that `cost` finds fastest (ties to the smaller), with its time; `None` where none is
+    /// allowed.
+    fn fastest_split(&self, hw: Hardware, allowed: impl Fn(usize) -> bool) -> Option<(usize, f64)> {
+        let most = (self.k_blocks / MIN_SPLIT_K_BLOCKS).clamp(1, 16);
+        (1..=most)
+            .filter(|&s| allowed(s))
+            .map(|s| (s, self.cost(s, hw)))
+            .fold(None, |best, x| match best {
+                Some(b) if b.1 <= x.1 => Some(b),
+                _ => Some(x),
+            })
+    }
+
     fn cost(&self, s: usize, hw: Hardware) -> f64 {
         let sms = hw.sm_count.max(1) as usize;
         let hbm = DECODE_DRAM_FRACTION * hw.dram_bytes_per_us;
